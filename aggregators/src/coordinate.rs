@@ -1,0 +1,437 @@
+//! Coordinate-wise rules: mean, median, trimmed mean.
+//!
+//! Each coordinate is reduced independently. Inputs are read in blocks of coordinates that are
+//! transposed into a small scratch buffer of total-order keys (one contiguous column of `n`
+//! keys per coordinate), so the selection works on integers in cache and rayon splits blocks.
+
+use rayon::prelude::*;
+
+use crate::{check_lengths, AggError, Aggregator, Element, Inputs, Output, Structure};
+
+/// Coordinates per block: enough to amortise the transpose, small enough to stay in L2.
+fn block_len(n: usize) -> usize {
+    (16 * 1024 / n.max(1)).clamp(16, 2048)
+}
+
+/// Runs `reduce` on every coordinate's column of keys and writes the result.
+/// `reduce` returns `None` when the result would be non-finite.
+fn reduce_columns<T: Element>(
+    inputs: &[&[T]],
+    out: &mut [T],
+    reduce: impl Fn(&mut [T::Key]) -> Option<T> + Sync,
+) -> Result<(), usize> {
+    let n = inputs.len();
+    let block = block_len(n);
+    out.par_chunks_mut(block).enumerate().try_for_each_init(
+        Vec::new,
+        |scratch: &mut Vec<T::Key>, (b, chunk)| {
+            let base = b * block;
+            let len = chunk.len();
+            scratch.clear();
+            scratch.resize(n * len, T::Key::default());
+            for (i, x) in inputs.iter().enumerate() {
+                for (c, v) in x[base..base + len].iter().enumerate() {
+                    scratch[c * n + i] = v.key();
+                }
+            }
+            for (c, (o, col)) in chunk.iter_mut().zip(scratch.chunks_exact_mut(n)).enumerate() {
+                *o = reduce(col).ok_or(base + c)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+fn precondition(rule: &str, n: usize, f: usize) -> Result<(), AggError> {
+    if n > 2 * f {
+        Ok(())
+    } else {
+        Err(AggError::Precondition {
+            rule: rule.to_string(),
+            requirement: "n > 2f",
+            n,
+            f,
+        })
+    }
+}
+
+macro_rules! dispatch {
+    ($self:ident, $inputs:ident, $out:ident) => {
+        match ($inputs, $out) {
+            (Inputs::F32(x), Output::F32(o)) => $self.run(x, o),
+            (Inputs::F64(x), Output::F64(o)) => $self.run(x, o),
+            _ => Err(AggError::Unsupported {
+                rule: $self.name().to_string(),
+                what: "inputs and output of different element types".to_string(),
+            }),
+        }
+    };
+}
+
+/// Coordinate-wise median; for an even count, the mean of the two middle values.
+///
+/// Tolerates `f` Byzantine inputs when `n > 2f`: each output coordinate then lies between two
+/// honest values of that coordinate.
+#[derive(Debug, Clone)]
+pub struct Median {
+    f: usize,
+}
+
+impl Median {
+    /// A median configured to tolerate `f` Byzantine inputs.
+    pub fn new(f: usize) -> Self {
+        Median { f }
+    }
+
+    fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<(), AggError> {
+        check_lengths(inputs, out.len())?;
+        self.check(inputs.len())?;
+        let mid = inputs.len() / 2;
+        let even = inputs.len() % 2 == 0;
+        reduce_columns(inputs, out, |col| {
+            let (low, hi, _) = col.select_nth_unstable(mid);
+            let hi = T::from_key(*hi);
+            let v = if even {
+                let lo = T::from_key(*low.iter().max()?);
+                if !lo.is_finite() {
+                    return None;
+                }
+                T::from_f64(lo.to_f64() * 0.5 + hi.to_f64() * 0.5)
+            } else {
+                hi
+            };
+            v.is_finite().then_some(v)
+        })
+        .map_err(|coordinate| AggError::NonFiniteResult {
+            rule: self.name().to_string(),
+            f: self.f,
+            coordinate,
+        })
+    }
+}
+
+impl Aggregator for Median {
+    fn name(&self) -> &str {
+        "median"
+    }
+
+    fn byzantine(&self) -> usize {
+        self.f
+    }
+
+    fn check(&self, n: usize) -> Result<(), AggError> {
+        precondition(self.name(), n, self.f)
+    }
+
+    fn structure(&self) -> Structure {
+        Structure::CoordinateWise
+    }
+
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<(), AggError> {
+        dispatch!(self, inputs, out)
+    }
+}
+
+/// Coordinate-wise trimmed mean: drop the `f` smallest and `f` largest values of each
+/// coordinate, average the remaining `n - 2f` (accumulated in `f64`). Requires `n > 2f`.
+#[derive(Debug, Clone)]
+pub struct TrimmedMean {
+    f: usize,
+}
+
+impl TrimmedMean {
+    /// A trimmed mean that drops `f` values at each end.
+    pub fn new(f: usize) -> Self {
+        TrimmedMean { f }
+    }
+
+    fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<(), AggError> {
+        check_lengths(inputs, out.len())?;
+        self.check(inputs.len())?;
+        let f = self.f;
+        let keep = inputs.len() - 2 * f;
+        reduce_columns(inputs, out, |col| {
+            let middle = if f == 0 {
+                &mut col[..]
+            } else {
+                let (_, _, upper) = col.select_nth_unstable(f - 1);
+                upper.select_nth_unstable(keep).0
+            };
+            let mut sum = 0.0f64;
+            for &k in middle.iter() {
+                let v = T::from_key(k);
+                if !v.is_finite() {
+                    return None;
+                }
+                sum += v.to_f64();
+            }
+            let v = T::from_f64(sum / keep as f64);
+            v.is_finite().then_some(v)
+        })
+        .map_err(|coordinate| AggError::NonFiniteResult {
+            rule: self.name().to_string(),
+            f,
+            coordinate,
+        })
+    }
+}
+
+impl Aggregator for TrimmedMean {
+    fn name(&self) -> &str {
+        "trimmed-mean"
+    }
+
+    fn byzantine(&self) -> usize {
+        self.f
+    }
+
+    fn check(&self, n: usize) -> Result<(), AggError> {
+        precondition(self.name(), n, self.f)
+    }
+
+    fn structure(&self) -> Structure {
+        Structure::CoordinateWise
+    }
+
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<(), AggError> {
+        dispatch!(self, inputs, out)
+    }
+}
+
+/// Arithmetic mean, accumulated in `f64`. **Not robust**: one input moves it arbitrarily far.
+/// It exists as a baseline and tolerates `f = 0`; non-finite inputs are refused.
+#[derive(Debug, Clone, Default)]
+pub struct Mean;
+
+impl Mean {
+    /// The non-robust mean.
+    pub fn new() -> Self {
+        Mean
+    }
+
+    fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<(), AggError> {
+        check_lengths(inputs, out.len())?;
+        self.check(inputs.len())?;
+        let bad: Vec<usize> = inputs
+            .par_iter()
+            .enumerate()
+            .filter(|(_, x)| !x.iter().all(|v| v.is_finite()))
+            .map(|(i, _)| i)
+            .collect();
+        if !bad.is_empty() {
+            return Err(AggError::NonFiniteInputs {
+                rule: self.name().to_string(),
+                inputs: bad,
+            });
+        }
+        let scale = 1.0 / inputs.len() as f64;
+        let block = 4096;
+        out.par_chunks_mut(block)
+            .enumerate()
+            .try_for_each_init(Vec::new, |acc: &mut Vec<f64>, (b, chunk)| {
+                let base = b * block;
+                acc.clear();
+                acc.resize(chunk.len(), 0.0);
+                for x in inputs {
+                    for (a, v) in acc.iter_mut().zip(&x[base..base + chunk.len()]) {
+                        *a += v.to_f64();
+                    }
+                }
+                for (c, (o, a)) in chunk.iter_mut().zip(acc.iter()).enumerate() {
+                    *o = T::from_f64(a * scale);
+                    if !o.is_finite() {
+                        return Err(base + c);
+                    }
+                }
+                Ok(())
+            })
+            .map_err(|coordinate| AggError::NonFiniteResult {
+                rule: self.name().to_string(),
+                f: 0,
+                coordinate,
+            })
+    }
+}
+
+impl Aggregator for Mean {
+    fn name(&self) -> &str {
+        "mean"
+    }
+
+    fn byzantine(&self) -> usize {
+        0
+    }
+
+    fn check(&self, n: usize) -> Result<(), AggError> {
+        if n >= 1 {
+            Ok(())
+        } else {
+            Err(AggError::Precondition {
+                rule: self.name().to_string(),
+                requirement: "n >= 1",
+                n,
+                f: 0,
+            })
+        }
+    }
+
+    fn structure(&self) -> Structure {
+        Structure::CoordinateWise
+    }
+
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<(), AggError> {
+        dispatch!(self, inputs, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate_into;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// Straightforward per-coordinate reference: sort with `total_cmp`.
+    fn reference(inputs: &[Vec<f64>], f: usize, median: bool) -> Vec<f64> {
+        let n = inputs.len();
+        (0..inputs[0].len())
+            .map(|c| {
+                let mut col: Vec<f64> = inputs.iter().map(|x| x[c]).collect();
+                col.sort_by(|a, b| a.total_cmp(b));
+                if median {
+                    if n % 2 == 1 {
+                        col[n / 2]
+                    } else {
+                        col[n / 2 - 1] * 0.5 + col[n / 2] * 0.5
+                    }
+                } else {
+                    col[f..n - f].iter().sum::<f64>() / (n - 2 * f) as f64
+                }
+            })
+            .collect()
+    }
+
+    fn random_inputs(rng: &mut StdRng, n: usize, d: usize) -> Vec<Vec<f64>> {
+        (0..n)
+            .map(|_| (0..d).map(|_| rng.gen_range(-10.0..10.0)).collect())
+            .collect()
+    }
+
+    #[test]
+    fn median_and_trimmed_mean_match_reference_on_random_inputs() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for n in [1usize, 2, 3, 4, 7, 8, 11, 33] {
+            for d in [0usize, 1, 5, 1000, 5000] {
+                let inputs = random_inputs(&mut rng, n, d);
+                let refs: Vec<&[f64]> = inputs.iter().map(Vec::as_slice).collect();
+                let f = (n - 1) / 2;
+                let mut out = vec![0.0; d];
+                aggregate_into(&Median::new(f), &refs, &mut out).unwrap();
+                assert_eq!(out, reference(&inputs, f, true), "median n={n} d={d}");
+                aggregate_into(&TrimmedMean::new(f), &refs, &mut out).unwrap();
+                let want = reference(&inputs, f, false);
+                for (a, b) in out.iter().zip(&want) {
+                    assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "trimmed n={n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_median_matches_f64_reference() {
+        let mut rng = StdRng::seed_from_u64(9);
+        let inputs = random_inputs(&mut rng, 5, 3000);
+        let f32s: Vec<Vec<f32>> = inputs
+            .iter()
+            .map(|x| x.iter().map(|&v| v as f32).collect())
+            .collect();
+        let as64: Vec<Vec<f64>> = f32s
+            .iter()
+            .map(|x| x.iter().map(|&v| v as f64).collect())
+            .collect();
+        let refs: Vec<&[f32]> = f32s.iter().map(Vec::as_slice).collect();
+        let mut out = vec![0.0f32; 3000];
+        aggregate_into(&Median::new(2), &refs, &mut out).unwrap();
+        let want = reference(&as64, 2, true);
+        assert!(out.iter().zip(&want).all(|(a, b)| *a as f64 == *b));
+    }
+
+    #[test]
+    fn up_to_f_non_finite_inputs_never_reach_the_output() {
+        let honest = [[1.0f32, 2.0, 3.0], [1.5, 2.5, 3.5], [2.0, 3.0, 4.0]];
+        let attacks = [
+            [f32::NAN, -f32::NAN, f32::NAN],
+            [f32::INFINITY, f32::NEG_INFINITY, f32::NAN],
+        ];
+        let mut inputs: Vec<&[f32]> = honest.iter().map(|x| &x[..]).collect();
+        inputs.extend(attacks.iter().map(|x| &x[..]));
+        for rule in [&Median::new(2) as &dyn Aggregator, &TrimmedMean::new(2)] {
+            let mut out = [0.0f32; 3];
+            aggregate_into(rule, &inputs, &mut out).unwrap();
+            for (c, v) in out.iter().enumerate() {
+                let lo = honest.iter().map(|x| x[c]).fold(f32::MAX, f32::min);
+                let hi = honest.iter().map(|x| x[c]).fold(f32::MIN, f32::max);
+                assert!(v.is_finite() && lo <= *v && *v <= hi, "{} gave {v}", rule.name());
+            }
+        }
+    }
+
+    #[test]
+    fn more_than_f_non_finite_is_an_error_not_a_nan() {
+        let a = [f32::NAN];
+        let b = [f32::NAN];
+        let c = [1.0f32];
+        let mut out = [0.0f32];
+        let err = aggregate_into(&Median::new(1), &[&a, &b, &c], &mut out).unwrap_err();
+        assert!(matches!(err, AggError::NonFiniteResult { coordinate: 0, .. }), "{err}");
+        let err = aggregate_into(&TrimmedMean::new(1), &[&a, &b, &c], &mut out).unwrap_err();
+        assert!(matches!(err, AggError::NonFiniteResult { .. }), "{err}");
+    }
+
+    #[test]
+    fn mean_refuses_non_finite_inputs_and_names_them() {
+        let a = [1.0f64, 2.0];
+        let b = [1.0f64, f64::INFINITY];
+        let c = [f64::NAN, 2.0];
+        let mut out = [0.0f64; 2];
+        let err = aggregate_into(&Mean::new(), &[&a, &b, &c], &mut out).unwrap_err();
+        assert_eq!(
+            err,
+            AggError::NonFiniteInputs {
+                rule: "mean".into(),
+                inputs: vec![1, 2]
+            }
+        );
+        aggregate_into(&Mean::new(), &[&a, &a, &[4.0, 5.0][..]], &mut out).unwrap();
+        assert_eq!(out, [2.0, 3.0]);
+    }
+
+    #[test]
+    fn preconditions_are_checked() {
+        assert!(Median::new(1).check(3).is_ok());
+        let err = Median::new(1).check(2).unwrap_err();
+        assert!(err.to_string().contains("n > 2f"), "{err}");
+        assert!(TrimmedMean::new(3).check(6).is_err());
+        assert!(Mean::new().check(0).is_err());
+        let x = [1.0f32];
+        let mut out = [0.0f32];
+        assert!(matches!(
+            aggregate_into(&Median::new(1), &[&x, &x], &mut out),
+            Err(AggError::Precondition { n: 2, f: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn length_mismatch_names_the_input() {
+        let a = [1.0f32, 2.0];
+        let b = [1.0f32];
+        let mut out = [0.0f32; 2];
+        assert_eq!(
+            aggregate_into(&Median::new(0), &[&a, &b], &mut out),
+            Err(AggError::LengthMismatch {
+                input: 1,
+                len: 1,
+                expected: 2
+            })
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! Element types that aggregators and collectives operate on.
+
+use crate::{Inputs, Output};
+
+/// Data type of a vector's elements, as carried in reports and error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE-754 binary32.
+    F32,
+    /// IEEE-754 binary64.
+    F64,
+}
+
+impl DType {
+    /// Size of one element in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F64 => 8,
+        }
+    }
+
+    /// The name used in tables (`float`, `double`, as nccl-tests prints them).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float",
+            DType::F64 => "double",
+        }
+    }
+}
+
+/// A floating-point element type (`f32` or `f64`).
+///
+/// Sealed: the aggregators are written for these two types only.
+pub trait Element:
+    bytemuck::Pod + PartialOrd + Send + Sync + std::fmt::Debug + sealed::Sealed + 'static
+{
+    /// The matching [`DType`].
+    const DTYPE: DType;
+    /// A key whose integer order is IEEE-754 `totalOrder` on `Self`:
+    /// `-NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN`.
+    type Key: Ord + Copy + Send + Sync + Default;
+
+    /// Maps a value to its total-order key.
+    fn key(self) -> Self::Key;
+    /// Inverse of [`Element::key`].
+    fn from_key(key: Self::Key) -> Self;
+    /// Widens to `f64` for accumulation.
+    fn to_f64(self) -> f64;
+    /// Narrows from `f64` (round to nearest).
+    fn from_f64(v: f64) -> Self;
+    /// `true` unless NaN or infinite.
+    fn is_finite(self) -> bool;
+    /// Wraps borrowed input slices for an [`crate::Aggregator`].
+    fn inputs<'a>(inputs: &'a [&'a [Self]]) -> Inputs<'a>;
+    /// Wraps an output slice for an [`crate::Aggregator`].
+    fn output(out: &mut [Self]) -> Output<'_>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+}
+
+macro_rules! float_element {
+    ($t:ty, $bits:ty, $key:ty, $dtype:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            type Key = $key;
+
+            #[inline(always)]
+            fn key(self) -> $key {
+                // Flip the magnitude bits of negative numbers so that signed integer order
+                // matches totalOrder (the same trick as `f32::total_cmp`).
+                let b = self.to_bits() as $key;
+                b ^ ((((b >> (<$key>::BITS - 1)) as $bits) >> 1) as $key)
+            }
+
+            #[inline(always)]
+            fn from_key(key: $key) -> Self {
+                let b = key ^ ((((key >> (<$key>::BITS - 1)) as $bits) >> 1) as $key);
+                <$t>::from_bits(b as $bits)
+            }
+
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+
+            #[inline(always)]
+            fn is_finite(self) -> bool {
+                <$t>::is_finite(self)
+            }
+
+            fn inputs<'a>(inputs: &'a [&'a [Self]]) -> Inputs<'a> {
+                Inputs::$dtype(inputs)
+            }
+
+            fn output(out: &mut [Self]) -> Output<'_> {
+                Output::$dtype(out)
+            }
+        }
+    };
+}
+
+float_element!(f32, u32, i32, F32);
+float_element!(f64, u64, i64, F64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_order_is_total_order() {
+        let vals = [
+            -f32::NAN,
+            f32::NEG_INFINITY,
+            -3.5,
+            -f32::MIN_POSITIVE,
+            -0.0,
+            0.0,
+            1e-40,
+            2.0,
+            f32::MAX,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        for w in vals.windows(2) {
+            assert!(w[0].key() < w[1].key(), "{:?} !< {:?}", w[0], w[1]);
+            assert_eq!(w[0].total_cmp(&w[1]), w[0].key().cmp(&w[1].key()));
+        }
+        for v in vals {
+            assert_eq!(f32::from_key(v.key()).to_bits(), v.to_bits());
+            assert_eq!(f64::from_key((v as f64).key()).to_bits(), (v as f64).to_bits());
+        }
+    }
+}

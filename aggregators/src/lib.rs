@@ -1,0 +1,230 @@
+//! Aggregation rules for byzcoll's robust collectives.
+//!
+//! An [`Aggregator`] turns `n` input vectors of length `d` into one output vector. Every rule
+//! states how many Byzantine inputs `f` it tolerates and the precondition on `n` that makes the
+//! guarantee hold; [`Aggregator::check`] verifies it before any data moves, and
+//! [`Aggregator::aggregate`] verifies it again against the inputs that actually arrived.
+//!
+//! There is no default rule: callers name one ([`by_name`]) or construct it. The non-robust
+//! [`Mean`] exists for comparison and must be asked for explicitly.
+//!
+//! # Non-finite inputs
+//! Coordinate-wise rules order values by IEEE-754 `totalOrder`
+//! (`-NaN < -inf < finite < +inf < +NaN`), so NaN and infinities are extreme values: with at most
+//! `f` non-finite values in a coordinate they are discarded by the median or trimmed away. When
+//! more than `f` are present and one would reach the output, the rule returns
+//! [`AggError::NonFiniteResult`] instead of a NaN. [`Mean`] refuses non-finite inputs with
+//! [`AggError::NonFiniteInputs`].
+//!
+//! ```
+//! use byzcoll_aggregators::{aggregate_into, Median};
+//! let a = [1.0f32, 2.0];
+//! let b = [2.0f32, f32::NAN];
+//! let c = [3.0f32, 4.0];
+//! let mut out = [0.0f32; 2];
+//! aggregate_into(&Median::new(1), &[&a, &b, &c], &mut out).unwrap();
+//! assert_eq!(out, [2.0, 4.0]);
+//! ```
+
+mod coordinate;
+mod element;
+
+use std::fmt;
+
+pub use coordinate::{Mean, Median, TrimmedMean};
+pub use element::{DType, Element};
+
+/// Borrowed input vectors, one slice per input, all of the same length.
+///
+/// Non-exhaustive: device-memory inputs (CUDA) will be added as further variants; a rule that
+/// cannot read a variant returns [`AggError::Unsupported`].
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Inputs<'a> {
+    /// `f32` vectors in host memory.
+    F32(&'a [&'a [f32]]),
+    /// `f64` vectors in host memory.
+    F64(&'a [&'a [f64]]),
+}
+
+impl Inputs<'_> {
+    /// Number of input vectors.
+    pub fn count(&self) -> usize {
+        match self {
+            Inputs::F32(x) => x.len(),
+            Inputs::F64(x) => x.len(),
+        }
+    }
+}
+
+/// The caller's output buffer, of the same element type and length as the inputs.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Output<'a> {
+    /// `f32` output in host memory.
+    F32(&'a mut [f32]),
+    /// `f64` output in host memory.
+    F64(&'a mut [f64]),
+}
+
+/// How a rule's output depends on its inputs; schedules use it to decide what they must exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Structure {
+    /// Output coordinate `j` depends only on coordinate `j` of the inputs (median, trimmed mean,
+    /// mean): shards can be aggregated independently.
+    CoordinateWise,
+    /// The output depends on global statistics of whole vectors (pairwise distances, norms), as
+    /// in Krum or the geometric median.
+    Global,
+}
+
+/// Why an aggregation could not produce a trustworthy result.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AggError {
+    /// The rule's guarantee does not hold for this many inputs: configure a smaller `f`, or
+    /// make sure more ranks take part.
+    #[error("{rule} needs {requirement} but has n = {n}, f = {f}")]
+    Precondition {
+        /// Rule name.
+        rule: String,
+        /// The condition, e.g. `n > 2f`.
+        requirement: &'static str,
+        /// Inputs available.
+        n: usize,
+        /// Byzantine inputs tolerated.
+        f: usize,
+    },
+    /// An input's length differs from the output's: a caller bug (the runtime rejects peers'
+    /// wrong-length vectors before they get here).
+    #[error("input {input} has length {len}, expected {expected}")]
+    LengthMismatch {
+        /// Index of the offending input.
+        input: usize,
+        /// Its length.
+        len: usize,
+        /// The output's length.
+        expected: usize,
+    },
+    /// A non-robust rule was given NaN or infinite values; these inputs are named so the
+    /// caller can exclude them or switch to a robust rule.
+    #[error("{rule} refuses non-finite values from inputs {inputs:?}")]
+    NonFiniteInputs {
+        /// Rule name.
+        rule: String,
+        /// Indices of the inputs holding NaN or infinities.
+        inputs: Vec<usize>,
+    },
+    /// More than `f` inputs were non-finite at a coordinate, so the result there would be NaN
+    /// or infinite; the rule refuses to return it.
+    #[error("{rule}: more than f = {f} inputs are non-finite at coordinate {coordinate}")]
+    NonFiniteResult {
+        /// Rule name.
+        rule: String,
+        /// Byzantine inputs tolerated.
+        f: usize,
+        /// First coordinate affected.
+        coordinate: usize,
+    },
+    /// A parameter is out of range or a rule name is not known.
+    #[error("invalid aggregator specification: {0}")]
+    InvalidSpec(String),
+    /// The rule cannot read this kind of input (element type or memory kind).
+    #[error("{rule} does not support {what}")]
+    Unsupported {
+        /// Rule name.
+        rule: String,
+        /// What is missing.
+        what: String,
+    },
+}
+
+/// A rule that aggregates `n` vectors into one.
+///
+/// Implementations must be deterministic: every honest rank that aggregates the same inputs in
+/// the same order gets bitwise the same output.
+pub trait Aggregator: Send + Sync + fmt::Debug {
+    /// The rule's name as accepted by [`by_name`], e.g. `median`.
+    fn name(&self) -> &str;
+
+    /// The number `f` of Byzantine inputs the rule is configured to tolerate.
+    fn byzantine(&self) -> usize;
+
+    /// Checks the rule's precondition for `n` inputs (e.g. `n > 2f`).
+    ///
+    /// # Errors
+    /// [`AggError::Precondition`] naming the requirement.
+    fn check(&self, n: usize) -> Result<(), AggError>;
+
+    /// Whether the output is coordinate-wise or needs global statistics.
+    fn structure(&self) -> Structure;
+
+    /// Aggregates `inputs` into `out`.
+    ///
+    /// # Errors
+    /// [`AggError::Precondition`] when there are too few inputs, [`AggError::LengthMismatch`]
+    /// when lengths differ, [`AggError::NonFiniteInputs`] / [`AggError::NonFiniteResult`] under
+    /// the non-finite policy in the crate docs, [`AggError::Unsupported`] for an input kind the
+    /// rule cannot read.
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<(), AggError>;
+}
+
+/// Typed convenience wrapper around [`Aggregator::aggregate`].
+///
+/// # Errors
+/// As [`Aggregator::aggregate`].
+pub fn aggregate_into<T: Element>(
+    rule: &(impl Aggregator + ?Sized),
+    inputs: &[&[T]],
+    out: &mut [T],
+) -> Result<(), AggError> {
+    rule.aggregate(T::inputs(inputs), T::output(out))
+}
+
+/// The rule names [`by_name`] accepts.
+pub const RULES: &[(&str, &str)] = &[
+    ("mean", "arithmetic mean; NOT robust, for comparison only"),
+    ("median", "coordinate-wise median; n > 2f"),
+    ("trimmed-mean", "coordinate-wise mean after dropping the f smallest and f largest; n > 2f"),
+];
+
+/// Builds a rule from its name and the number `f` of Byzantine inputs to tolerate.
+///
+/// # Errors
+/// [`AggError::InvalidSpec`] for an unknown name; the message lists the known ones.
+pub fn by_name(name: &str, f: usize) -> Result<Box<dyn Aggregator>, AggError> {
+    match name {
+        "mean" => Ok(Box::new(Mean::new())),
+        "median" => Ok(Box::new(Median::new(f))),
+        "trimmed-mean" | "trimmed_mean" => Ok(Box::new(TrimmedMean::new(f))),
+        other => Err(AggError::InvalidSpec(format!(
+            "unknown rule `{other}`; known rules: {}",
+            RULES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+fn check_lengths<T>(inputs: &[&[T]], expected: usize) -> Result<(), AggError> {
+    match inputs.iter().position(|x| x.len() != expected) {
+        Some(input) => Err(AggError::LengthMismatch {
+            input,
+            len: inputs[input].len(),
+            expected,
+        }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn by_name_knows_every_listed_rule_and_rejects_others() {
+        for (name, _) in RULES {
+            assert_eq!(by_name(name, 1).unwrap().name(), *name);
+        }
+        let err = by_name("average", 1).unwrap_err();
+        assert!(err.to_string().contains("known rules: mean, median"), "{err}");
+    }
+}
