@@ -1,0 +1,463 @@
+//! The async driver: executes schedules from [`crate::schedule`] over a [`Transport`].
+
+use std::borrow::Cow;
+
+use byzcoll_aggregators::{AggError, Aggregator, Element};
+use bytemuck::Pod;
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::schedule::{self, chunk_range};
+use crate::{
+    Config, Error, Fault, Payload, PeerFault, Rank, RecvOp, RecvOutcome, Result, SendOp, Step,
+    Transport,
+};
+
+/// Element-wise reduction of the non-robust [`Communicator::all_reduce`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReduceOp {
+    /// Sum (in the element type, like MPI and NCCL).
+    Sum,
+    /// Minimum (IEEE `min`: a NaN loses to a number).
+    Min,
+    /// Maximum (IEEE `max`: a NaN loses to a number).
+    Max,
+}
+
+/// How a robust all-reduce moves data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Policy {
+    /// Every rank sends its vector directly to every other rank and aggregates all of them:
+    /// memory `n·d` per rank, no relaying through third ranks, strongest guarantees.
+    Gather,
+}
+
+/// What happened in one robust round.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    /// Number of vectors that entered the aggregation (this rank's own included).
+    pub inputs: usize,
+    /// Peers whose vector was missing or malformed and was treated as an erasure.
+    pub faults: Vec<PeerFault>,
+    /// Ranks whose vector held NaN or infinities (it still entered the aggregation, where the
+    /// rule's non-finite policy applies).
+    pub non_finite: Vec<Rank>,
+}
+
+/// A group of ranks running collectives over one transport.
+///
+/// Every rank must call the same collectives in the same order (SPMD); each call is numbered
+/// and messages are matched by that number, so a late message from an earlier call is never
+/// mistaken for a current one.
+#[derive(Debug)]
+pub struct Communicator {
+    transport: Box<dyn Transport>,
+    config: Config,
+    next_collective: u64,
+    /// Keeps bootstrap resources (such as a rendezvous store hosted by this rank) alive for as
+    /// long as the communicator.
+    _keep_alive: Vec<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl Communicator {
+    /// A communicator over `transport`.
+    pub fn new(transport: Box<dyn Transport>, config: Config) -> Self {
+        Communicator {
+            transport,
+            config,
+            next_collective: 0,
+            _keep_alive: Vec::new(),
+        }
+    }
+
+    /// Ties the lifetime of `resource` (a hosted rendezvous store, say) to the communicator.
+    pub fn keep_alive(&mut self, resource: impl std::any::Any + Send + Sync) {
+        self._keep_alive.push(Box::new(resource));
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> Rank {
+        self.transport.rank()
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.transport.size()
+    }
+
+    /// The transport underneath.
+    pub fn transport(&self) -> &dyn Transport {
+        self.transport.as_ref()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn begin(&mut self) -> Sequence<'_> {
+        let collective = self.next_collective;
+        self.next_collective += 1;
+        Sequence {
+            transport: self.transport.as_ref(),
+            timeout: self.config.step_timeout,
+            collective,
+            step: 0,
+        }
+    }
+
+    /// Blocks until every rank has entered the barrier.
+    ///
+    /// # Errors
+    /// [`Error::PeerFaults`] naming the ranks that did not arrive before the step timeout.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a dropped call leaves the other ranks waiting until their timeout.
+    pub async fn barrier(&mut self) -> Result<()> {
+        let (me, n) = (self.rank(), self.size());
+        let mut seq = self.begin();
+        let empty = Payload::Host(Bytes::new());
+        let sends = schedule::direct_peers(me, n).map(|p| send(p, empty.clone()));
+        let recvs = schedule::direct_peers(me, n).map(|p| recv(p, 0));
+        seq.run_strict("barrier", sends.collect(), recvs.collect())
+            .await
+            .map(drop)
+    }
+
+    /// Copies `root`'s `buf` into every other rank's `buf`. Every rank passes a buffer of the
+    /// same length; non-root contents are overwritten. The root sends directly to each rank.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] for a root out of range; [`Error::PeerFaults`] when the root's
+    /// message is missing or has another length.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: other ranks wait for this one until their timeout.
+    pub async fn broadcast_into<T: Pod>(&mut self, root: Rank, buf: &mut [T]) -> Result<()> {
+        let (me, n) = (self.rank(), self.size());
+        let mut seq = self.begin();
+        if root >= n {
+            return Err(Error::InvalidUsage(format!("broadcast root {root} in a world of {n}")));
+        }
+        if me == root {
+            let payload = Payload::Host(to_bytes(buf));
+            let sends = schedule::direct_peers(me, n).map(|p| send(p, payload.clone()));
+            seq.run_strict("broadcast", sends.collect(), Vec::new())
+                .await?;
+        } else {
+            let got = seq
+                .run_strict("broadcast", Vec::new(), vec![recv(root, byte_len(buf))])
+                .await?;
+            copy_payload(&got[0], buf);
+        }
+        Ok(())
+    }
+
+    /// Gathers every rank's `send` into `recv`, ordered by rank: rank `r`'s block lands at
+    /// `recv[r * send.len()..(r + 1) * send.len()]`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] when `recv.len() != size * send.len()`; [`Error::PeerFaults`]
+    /// naming the ranks whose block was missing or malformed.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: other ranks wait for this one until their timeout.
+    pub async fn all_gather_into<T: Pod>(&mut self, send_buf: &[T], recv_buf: &mut [T]) -> Result<()> {
+        let (me, n) = (self.rank(), self.size());
+        let mut seq = self.begin();
+        let block = send_buf.len();
+        if recv_buf.len() != block * n {
+            return Err(Error::InvalidUsage(format!(
+                "all_gather: receive buffer holds {} elements, expected {n} x {block}",
+                recv_buf.len()
+            )));
+        }
+        let payload = Payload::Host(to_bytes(send_buf));
+        let sends = schedule::direct_peers(me, n).map(|p| send(p, payload.clone()));
+        let recvs = schedule::direct_peers(me, n).map(|p| recv(p, byte_len(send_buf)));
+        let got = seq
+            .run_strict("all_gather", sends.collect(), recvs.collect())
+            .await?;
+        for (p, payload) in schedule::direct_peers(me, n).zip(&got) {
+            copy_payload(payload, &mut recv_buf[p * block..(p + 1) * block]);
+        }
+        recv_buf[me * block..(me + 1) * block].copy_from_slice(send_buf);
+        Ok(())
+    }
+
+    /// Personalised exchange: block `p` of `send` (blocks of `send.len() / size` elements) goes
+    /// to rank `p`, and block `p` of `recv` comes from rank `p`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] when the lengths differ or are not a multiple of `size`;
+    /// [`Error::PeerFaults`] naming the ranks whose block was missing or malformed.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: other ranks wait for this one until their timeout.
+    pub async fn all_to_all_into<T: Pod>(&mut self, send_buf: &[T], recv_buf: &mut [T]) -> Result<()> {
+        let (me, n) = (self.rank(), self.size());
+        let mut seq = self.begin();
+        if send_buf.len() != recv_buf.len() || send_buf.len() % n != 0 {
+            return Err(Error::InvalidUsage(format!(
+                "all_to_all: send ({}) and receive ({}) lengths must be equal multiples of {n}",
+                send_buf.len(),
+                recv_buf.len()
+            )));
+        }
+        let block = send_buf.len() / n;
+        let range = |p: Rank| p * block..(p + 1) * block;
+        let sends = schedule::direct_peers(me, n)
+            .map(|p| send(p, Payload::Host(to_bytes(&send_buf[range(p)]))));
+        let recvs = schedule::direct_peers(me, n).map(|p| recv(p, block * size_of::<T>()));
+        let got = seq
+            .run_strict("all_to_all", sends.collect(), recvs.collect())
+            .await?;
+        for (p, payload) in schedule::direct_peers(me, n).zip(&got) {
+            copy_payload(payload, &mut recv_buf[range(p)]);
+        }
+        recv_buf[range(me)].copy_from_slice(&send_buf[range(me)]);
+        Ok(())
+    }
+
+    /// Non-robust all-reduce: every rank's `buf` becomes the element-wise `op` of all ranks'
+    /// `buf`s. Ring reduce-scatter then ring all-gather (the bandwidth-optimal schedule NCCL and
+    /// MPI use); every rank ends with bitwise the same result. This is the baseline that robust
+    /// rules are compared with: one faulty rank corrupts every result, silently.
+    ///
+    /// # Errors
+    /// [`Error::PeerFaults`] when a neighbour's chunk is missing or malformed.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: `buf` holds partial sums when the call is dropped.
+    pub async fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let (me, n) = (self.rank(), self.size());
+        let mut seq = self.begin();
+        let d = buf.len();
+        let chunk = |c: usize| chunk_range(d, n, c);
+        for s in 0..n - 1 {
+            let st = schedule::ring_reduce_scatter_step(me, n, s);
+            let out = Payload::Host(to_bytes(&buf[chunk(st.send_chunk)]));
+            let dst = chunk(st.recv_chunk);
+            let got = seq
+                .run_strict(
+                    "all_reduce",
+                    vec![send(st.send_to, out)],
+                    vec![recv(st.recv_from, dst.len() * size_of::<T>())],
+                )
+                .await?;
+            let theirs = cast_payload::<T>(&got[0]);
+            combine(op, &mut buf[dst], &theirs);
+        }
+        for s in 0..n - 1 {
+            let st = schedule::ring_all_gather_step(me, n, s);
+            let out = Payload::Host(to_bytes(&buf[chunk(st.send_chunk)]));
+            let dst = chunk(st.recv_chunk);
+            let got = seq
+                .run_strict(
+                    "all_reduce",
+                    vec![send(st.send_to, out)],
+                    vec![recv(st.recv_from, dst.len() * size_of::<T>())],
+                )
+                .await?;
+            copy_payload(&got[0], &mut buf[dst]);
+        }
+        Ok(())
+    }
+
+    /// Byzantine-robust all-reduce: every honest rank's `buf` becomes `rule` applied to all
+    /// ranks' vectors.
+    ///
+    /// The rule's precondition is checked for the world size before any data moves. A peer
+    /// whose vector is missing at the deadline or malformed (wrong length, bad frame) is an
+    /// erasure for this round and named in the report; the round still completes when the
+    /// precondition holds for the vectors that did arrive. This rank's own vector always takes
+    /// part.
+    ///
+    /// # Errors
+    /// [`Error::Aggregation`] when the precondition fails for the world size, or the rule
+    /// refuses its inputs (input indices in `NonFiniteInputs` are ranks);
+    /// [`Error::TooManyFaults`] when too many peers failed the round.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: `buf` is left unchanged, but the other ranks count this one missing.
+    pub async fn robust_all_reduce<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        rule: &dyn Aggregator,
+        policy: Policy,
+    ) -> Result<RoundReport> {
+        let (me, n) = (self.rank(), self.size());
+        let mut seq = self.begin();
+        rule.check(n)?;
+        match policy {
+            Policy::Gather => {}
+        }
+        let payload = Payload::Host(to_bytes(buf));
+        let sends = schedule::direct_peers(me, n).map(|p| send(p, payload.clone()));
+        let recvs = schedule::direct_peers(me, n).map(|p| recv(p, byte_len(buf)));
+        let outcomes = seq.run(sends.collect(), recvs.collect()).await?;
+
+        let mut report = RoundReport::default();
+        let mut received = Vec::with_capacity(n);
+        for (p, outcome) in schedule::direct_peers(me, n).zip(outcomes) {
+            match outcome {
+                RecvOutcome::Received(payload) => received.push((p, payload)),
+                other => report.faults.push(fault(p, other)),
+            }
+        }
+        let ranks: Vec<Rank> = std::iter::once(me)
+            .chain(received.iter().map(|(p, _)| *p))
+            .collect();
+        let vectors: Vec<Cow<'_, [T]>> = std::iter::once(Cow::Borrowed(&*buf))
+            .chain(received.iter().map(|(_, payload)| cast_payload::<T>(payload)))
+            .collect();
+        report.inputs = ranks.len();
+        report.non_finite = ranks
+            .iter()
+            .zip(&vectors)
+            .filter(|(_, v)| !v.iter().all(|x| x.is_finite()))
+            .map(|(&r, _)| r)
+            .collect();
+        if !report.faults.is_empty() {
+            tracing::warn!(
+                collective = seq.collective,
+                faults = %crate::error::Faults(&report.faults),
+                "robust_all_reduce: peers treated as erasures"
+            );
+        }
+        if let Err(source) = rule.check(ranks.len()) {
+            return Err(Error::TooManyFaults {
+                source,
+                faults: report.faults,
+            });
+        }
+        let inputs: Vec<&[T]> = vectors.iter().map(|v| v.as_ref()).collect();
+        let mut out = vec![T::zeroed(); buf.len()];
+        byzcoll_aggregators::aggregate_into(rule, &inputs, &mut out).map_err(|e| match e {
+            AggError::NonFiniteInputs { rule, inputs } => {
+                Error::Aggregation(AggError::NonFiniteInputs {
+                    rule,
+                    inputs: inputs.into_iter().map(|i| ranks[i]).collect(),
+                })
+            }
+            other => Error::Aggregation(other),
+        })?;
+        drop(inputs);
+        drop(vectors);
+        buf.copy_from_slice(&out);
+        Ok(report)
+    }
+}
+
+/// The steps of one collective call.
+struct Sequence<'a> {
+    transport: &'a dyn Transport,
+    timeout: std::time::Duration,
+    collective: u64,
+    step: u32,
+}
+
+impl Sequence<'_> {
+    async fn run(&mut self, sends: Vec<SendOp>, recvs: Vec<RecvOp>) -> Result<Vec<RecvOutcome>> {
+        let step = Step {
+            collective: self.collective,
+            step: self.step,
+            sends,
+            recvs,
+            deadline: Instant::now() + self.timeout,
+        };
+        self.step += 1;
+        Ok(self.transport.exchange(step).await?)
+    }
+
+    /// Runs a step whose every receive must succeed.
+    async fn run_strict(
+        &mut self,
+        collective: &'static str,
+        sends: Vec<SendOp>,
+        recvs: Vec<RecvOp>,
+    ) -> Result<Vec<Payload>> {
+        let step = self.step;
+        let peers: Vec<Rank> = recvs.iter().map(|r| r.peer).collect();
+        let outcomes = self.run(sends, recvs).await?;
+        let mut faults = Vec::new();
+        let mut payloads = Vec::with_capacity(outcomes.len());
+        for (p, outcome) in peers.into_iter().zip(outcomes) {
+            match outcome {
+                RecvOutcome::Received(payload) => payloads.push(payload),
+                other => faults.push(fault(p, other)),
+            }
+        }
+        if faults.is_empty() {
+            Ok(payloads)
+        } else {
+            Err(Error::PeerFaults {
+                collective,
+                step,
+                faults,
+            })
+        }
+    }
+}
+
+fn send(peer: Rank, payload: Payload) -> SendOp {
+    SendOp {
+        peer,
+        tag: 0,
+        payload,
+    }
+}
+
+fn recv(peer: Rank, len: usize) -> RecvOp {
+    RecvOp { peer, tag: 0, len }
+}
+
+fn fault(rank: Rank, outcome: RecvOutcome) -> PeerFault {
+    let fault = match outcome {
+        RecvOutcome::Received(_) | RecvOutcome::Missing => Fault::Missing,
+        RecvOutcome::Malformed(why) => Fault::Malformed(why),
+    };
+    PeerFault { rank, fault }
+}
+
+fn byte_len<T>(buf: &[T]) -> usize {
+    std::mem::size_of_val(buf)
+}
+
+fn to_bytes<T: Pod>(buf: &[T]) -> Bytes {
+    Bytes::copy_from_slice(bytemuck::cast_slice(buf))
+}
+
+fn host_bytes(payload: &Payload) -> &[u8] {
+    match payload {
+        Payload::Host(b) => b,
+    }
+}
+
+/// Views a received payload as elements, copying only if the buffer is misaligned.
+fn cast_payload<T: Pod>(payload: &Payload) -> Cow<'_, [T]> {
+    let bytes = host_bytes(payload);
+    match bytemuck::try_cast_slice(bytes) {
+        Ok(v) => Cow::Borrowed(v),
+        Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
+    }
+}
+
+fn copy_payload<T: Pod>(payload: &Payload, dst: &mut [T]) {
+    bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(host_bytes(payload));
+}
+
+fn combine<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) {
+    for (a, &b) in acc.iter_mut().zip(other) {
+        let (x, y) = (a.to_f64(), b.to_f64());
+        *a = match op {
+            // Summing through f64 and rounding once is exact for f32 pairs and identical to
+            // the native sum for f64.
+            ReduceOp::Sum => T::from_f64(x + y),
+            ReduceOp::Min => T::from_f64(x.min(y)),
+            ReduceOp::Max => T::from_f64(x.max(y)),
+        };
+    }
+}

@@ -1,0 +1,153 @@
+//! Errors returned by collectives, transports and the bootstrap.
+
+use std::fmt;
+use std::io;
+
+use byzcoll_aggregators::AggError;
+
+use crate::Rank;
+
+/// What a peer did wrong in one step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Nothing arrived before the deadline, or the peer's connection is gone.
+    Missing,
+    /// Something arrived but was not acceptable (wrong length, bad frame, non-finite values
+    /// where the rule refuses them); the string says what.
+    Malformed(String),
+}
+
+/// A peer at fault, as reported by collectives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerFault {
+    /// The rank at fault.
+    pub rank: Rank,
+    /// What it did.
+    pub fault: Fault,
+}
+
+impl fmt::Display for PeerFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.fault {
+            Fault::Missing => write!(f, "rank {}: missing at deadline", self.rank),
+            Fault::Malformed(why) => write!(f, "rank {}: malformed ({why})", self.rank),
+        }
+    }
+}
+
+/// Formats a list of faults for error messages.
+#[derive(Debug)]
+pub struct Faults<'a>(pub &'a [PeerFault]);
+
+impl fmt::Display for Faults<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Failures of a transport as a whole (per-peer problems are outcomes, not errors).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The caller broke the transport's contract (unknown peer, sending to itself, a memory
+    /// kind the transport does not support): fix the calling code.
+    #[error("invalid use of transport: {0}")]
+    InvalidUsage(String),
+    /// Establishing the transport failed (a peer never connected, addresses could not be
+    /// exchanged): check that every rank started and can reach the others.
+    #[error("transport setup failed: {0}")]
+    Setup(String),
+    /// An operating-system I/O error.
+    #[error("transport I/O error: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Failures of the bootstrap: launcher environment and rendezvous store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    /// A launcher variable is missing: set it, or run under a launcher that sets it.
+    #[error("{launcher} environment is incomplete: {var} is not set")]
+    MissingVar {
+        /// The launcher whose variables were found.
+        launcher: &'static str,
+        /// The variable that is missing.
+        var: &'static str,
+    },
+    /// A variable is set to something that cannot be used.
+    #[error("{var}={value:?} is invalid: {why}")]
+    InvalidVar {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// No launcher environment at all.
+    #[error(
+        "no launcher environment found: run under `byzcoll launch`, srun, mpirun or torchrun, \
+         or set BYZCOLL_RANK and BYZCOLL_WORLD_SIZE"
+    )]
+    NoLauncher,
+    /// The rendezvous store failed or answered with an error.
+    #[error("rendezvous store: {0}")]
+    Store(String),
+    /// An I/O error talking to the store.
+    #[error("rendezvous store I/O error: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// The error type of byzcoll's collectives.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller broke a collective's contract (buffer lengths, root out of range, ...): fix
+    /// the calling code.
+    #[error("invalid use: {0}")]
+    InvalidUsage(String),
+    /// A non-robust collective could not complete because these peers failed it. Robust
+    /// collectives report faults in their report instead and only fail with
+    /// [`Error::TooManyFaults`].
+    #[error("{collective} step {step} failed: {}", Faults(faults))]
+    PeerFaults {
+        /// The collective.
+        collective: &'static str,
+        /// The step that failed.
+        step: u32,
+        /// The peers at fault.
+        faults: Vec<PeerFault>,
+    },
+    /// Too many peers were at fault this round for the rule's precondition to hold; no result
+    /// is returned rather than an unprotected one.
+    #[error("{source}; peers at fault: {}", Faults(faults))]
+    TooManyFaults {
+        /// The precondition that failed.
+        source: AggError,
+        /// The peers at fault.
+        faults: Vec<PeerFault>,
+    },
+    /// The aggregation rule refused its inputs (input indices have been mapped to ranks in
+    /// `NonFiniteInputs`).
+    #[error(transparent)]
+    Aggregation(#[from] AggError),
+    /// The transport failed as a whole.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// Bootstrapping failed.
+    #[error(transparent)]
+    Bootstrap(#[from] BootstrapError),
+    /// Something was asked for that this build or this transport does not provide; the message
+    /// says how to get it.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+/// Result alias for byzcoll's collectives.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,169 @@
+//! The transport plug-in boundary.
+//!
+//! A transport moves owned buffers between ranks and reports one outcome per receive; it knows
+//! nothing about aggregation. The runtime hands it one [`Step`] at a time: a batch of sends and
+//! receives that all complete, or time out, by the step's deadline.
+
+use std::fmt;
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use crate::{MemoryKind, MsgKey, Payload, Rank, Tag, TransportError};
+
+/// A send in a step: `payload` goes to `peer` under `tag`.
+#[derive(Debug, Clone)]
+pub struct SendOp {
+    /// Destination rank (never the sender itself).
+    pub peer: Rank,
+    /// Message tag.
+    pub tag: Tag,
+    /// The buffer; the transport keeps it alive until the bytes have left.
+    pub payload: Payload,
+}
+
+/// A receive in a step: exactly `len` bytes are expected from `peer` under `tag`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvOp {
+    /// Source rank (never the receiver itself).
+    pub peer: Rank,
+    /// Message tag.
+    pub tag: Tag,
+    /// Expected length in bytes; anything else is [`RecvOutcome::Malformed`].
+    pub len: usize,
+}
+
+/// One step of a collective: sends and receives posted together.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Collective sequence number (identical on every rank for the same call).
+    pub collective: u64,
+    /// Step number within the collective.
+    pub step: u32,
+    /// Messages to send.
+    pub sends: Vec<SendOp>,
+    /// Messages to receive.
+    pub recvs: Vec<RecvOp>,
+    /// When to stop waiting: receives still open then are [`RecvOutcome::Missing`].
+    pub deadline: Instant,
+}
+
+impl Step {
+    /// The message key of a send or receive with `tag` in this step.
+    pub fn key(&self, tag: Tag) -> MsgKey {
+        MsgKey {
+            collective: self.collective,
+            step: self.step,
+            tag,
+        }
+    }
+
+    /// Checks the parts of the contract every transport shares: peers in range and not `me`,
+    /// no duplicate receive, payloads in a memory kind the transport supports.
+    ///
+    /// # Errors
+    /// [`TransportError::InvalidUsage`] naming the offending operation.
+    pub fn validate(&self, me: Rank, size: usize, caps: &Capabilities) -> Result<(), TransportError> {
+        let peer_ok = |p: Rank| p < size && p != me;
+        if let Some(s) = self.sends.iter().find(|s| !peer_ok(s.peer)) {
+            return Err(TransportError::InvalidUsage(format!(
+                "send to rank {} from rank {me} in a world of {size}",
+                s.peer
+            )));
+        }
+        if let Some(s) = self
+            .sends
+            .iter()
+            .find(|s| !caps.memory.contains(&s.payload.memory_kind()))
+        {
+            return Err(TransportError::InvalidUsage(format!(
+                "payload in {:?} memory, which this transport does not support",
+                s.payload.memory_kind()
+            )));
+        }
+        if let Some(r) = self.recvs.iter().find(|r| !peer_ok(r.peer)) {
+            return Err(TransportError::InvalidUsage(format!(
+                "receive from rank {} at rank {me} in a world of {size}",
+                r.peer
+            )));
+        }
+        if let Some(m) = self
+            .sends
+            .iter()
+            .map(|s| s.payload.len())
+            .chain(self.recvs.iter().map(|r| r.len))
+            .find(|&len| len as u64 > caps.max_message_bytes)
+        {
+            return Err(TransportError::InvalidUsage(format!(
+                "message of {m} bytes exceeds this transport's limit of {}",
+                caps.max_message_bytes
+            )));
+        }
+        let mut seen: Vec<(Rank, Tag)> = self.recvs.iter().map(|r| (r.peer, r.tag)).collect();
+        seen.sort_unstable();
+        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+            return Err(TransportError::InvalidUsage(format!(
+                "two receives from rank {} with tag {} in one step",
+                w[0].0, w[0].1
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What became of one receive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecvOutcome {
+    /// The expected bytes arrived.
+    Received(Payload),
+    /// Nothing arrived by the deadline, or the peer's connection is gone.
+    Missing,
+    /// Something arrived that was not acceptable; the string says what.
+    Malformed(String),
+}
+
+/// What a transport can do, declared rather than discovered by trial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Memory kinds payloads may live in.
+    pub memory: Vec<MemoryKind>,
+    /// Whether one peer can time out without tearing down the whole communicator
+    /// (TCP, UCX, libfabric: yes; NCCL: no, it must abort).
+    pub per_peer_timeout: bool,
+    /// Largest message in bytes.
+    pub max_message_bytes: u64,
+}
+
+/// A transport under byzcoll's collectives.
+///
+/// Implementations own their connections; the runtime owns schedules and deadlines. One step
+/// is in flight at a time per transport, and steps are posted in increasing
+/// ([`Step::collective`], [`Step::step`]) order on every rank.
+pub trait Transport: Send + Sync + fmt::Debug {
+    /// Short name (`tcp`, `local`, ...), as accepted by `BYZCOLL_TRANSPORT`.
+    fn name(&self) -> &'static str;
+
+    /// This process's rank.
+    fn rank(&self) -> Rank;
+
+    /// Number of ranks.
+    fn size(&self) -> usize;
+
+    /// What the transport supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Posts a step and completes when every receive has an outcome and every send has left,
+    /// or at the step's deadline, whichever comes first. Returns one outcome per receive, in
+    /// the order of `step.recvs`.
+    ///
+    /// # Errors
+    /// [`TransportError::InvalidUsage`] when the step breaks the contract ([`Step::validate`]);
+    /// other errors when the transport as a whole has failed. A single peer's failure is an
+    /// outcome, not an error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future retires the step: its receives are withdrawn and messages for it
+    /// that arrive later are discarded. Buffers are owned, so nothing is left pointing into
+    /// freed memory; sends already queued may still be delivered.
+    fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>>;
+}

@@ -1,0 +1,69 @@
+//! Identifiers and buffers shared by every layer.
+
+use bytes::Bytes;
+
+/// A process's index in a communicator, `0..size`.
+pub type Rank = usize;
+
+/// A user-chosen message tag; collectives use tag 0 unless a schedule needs several streams.
+pub type Tag = u32;
+
+/// Identifies one message between a pair of ranks: which collective call (counted from 0 on every
+/// rank, so SPMD programs agree on it), which step of that collective, and the tag.
+///
+/// Keys are ordered; a rank executes its collectives and their steps in increasing key order,
+/// which lets transports tell stale messages (from a step that has already completed) from early
+/// ones (for a step not yet posted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MsgKey {
+    /// Collective sequence number.
+    pub collective: u64,
+    /// Step within the collective.
+    pub step: u32,
+    /// Message tag.
+    pub tag: Tag,
+}
+
+/// Where a buffer lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemoryKind {
+    /// Ordinary host memory.
+    Host,
+}
+
+/// An owned message buffer. Owned so that dropping a future can never leave a transport
+/// reading from or writing into memory that has been freed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Payload {
+    /// Bytes in host memory.
+    Host(Bytes),
+}
+
+impl Payload {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Host(b) => b.len(),
+        }
+    }
+
+    /// `true` when the payload holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The memory the payload lives in.
+    pub fn memory_kind(&self) -> MemoryKind {
+        match self {
+            Payload::Host(_) => MemoryKind::Host,
+        }
+    }
+}
+
+impl From<Bytes> for Payload {
+    fn from(b: Bytes) -> Self {
+        Payload::Host(b)
+    }
+}
