@@ -6,16 +6,20 @@
 //! [`claims`](Mailbox::claim) the receive that a message is for before it allocates anything,
 //! so a message's length is checked against what the receiver expects, never trusted.
 //!
-//! Because steps are posted in increasing [`MsgKey`] order, a message whose key is not yet
-//! posted is either early (the claim waits for it, which back-pressures that one peer) or stale
-//! (at or below the retired watermark: the claim says so and the message is dropped).
+//! Because steps are posted in increasing [`MsgKey`] order, and all receives of a step from
+//! one peer are posted at once, a message whose key is not posted is either early (above every
+//! key posted so far: the claim waits for it, which back-pressures that one peer) or stale
+//! (below a key already posted, or at or below the retired watermark: it will never be
+//! posted, so the claim says so and the message is dropped).
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{oneshot, Notify};
 
-use crate::{MsgKey, Payload, Rank, RecvOutcome};
+use tokio::time::Instant;
+
+use crate::{MsgKey, Payload, Rank, RecvOutcome, Step};
 
 /// Why a peer's slot was closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,8 +43,30 @@ impl Closed {
 #[derive(Debug, Default)]
 struct Slot {
     posted: BTreeMap<MsgKey, Posted>,
+    /// Highest key ever posted.
+    high: Option<MsgKey>,
     retired: Option<MsgKey>,
     closed: Option<Closed>,
+}
+
+impl Slot {
+    fn post(&mut self, key: MsgKey, len: usize) -> oneshot::Receiver<RecvOutcome> {
+        let (tx, rx) = oneshot::channel();
+        match &self.closed {
+            Some(c) => {
+                let _ = tx.send(c.outcome());
+            }
+            None => {
+                self.posted.insert(key, Posted { len, tx });
+                self.high = self.high.max(Some(key));
+            }
+        }
+        rx
+    }
+
+    fn is_stale(&self, key: MsgKey) -> bool {
+        self.retired.is_some_and(|r| key <= r) || self.high.is_some_and(|h| key <= h)
+    }
 }
 
 #[derive(Debug)]
@@ -124,18 +150,7 @@ impl Mailbox {
     /// # Panics
     /// If `peer` is out of range (callers validate steps first).
     pub fn post(&self, peer: Rank, key: MsgKey, len: usize) -> oneshot::Receiver<RecvOutcome> {
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut slot = self.slot(peer);
-            match &slot.closed {
-                Some(c) => {
-                    let _ = tx.send(c.outcome());
-                }
-                None => {
-                    slot.posted.insert(key, Posted { len, tx });
-                }
-            }
-        }
+        let rx = self.slot(peer).post(key, len);
         self.changed.notify_waiters();
         rx
     }
@@ -171,7 +186,7 @@ impl Mailbox {
                 if let Some(p) = slot.posted.remove(&key) {
                     return Claim::Posted(Delivery { len: p.len, tx: p.tx });
                 }
-                if slot.retired.is_some_and(|r| key <= r) {
+                if slot.is_stale(key) {
                     return Claim::Stale;
                 }
             }
@@ -197,6 +212,70 @@ impl Mailbox {
     /// Why `peer`'s slot is closed, if it is.
     pub fn closed(&self, peer: Rank) -> Option<Closed> {
         self.slot(peer).closed.clone()
+    }
+}
+
+/// The receives of one step, posted together; see [`Mailbox::post_step`].
+///
+/// Dropping it retires the step for every peer, so messages for it that arrive later are
+/// stale, whether the step completed or its future was dropped.
+#[derive(Debug)]
+pub struct PostedStep<'a> {
+    mailbox: &'a Mailbox,
+    receivers: Vec<oneshot::Receiver<RecvOutcome>>,
+    last: MsgKey,
+}
+
+impl Mailbox {
+    /// Posts every receive of `step`.
+    ///
+    /// # Panics
+    /// If a receive's peer is out of range (validate the step first).
+    pub fn post_step(&self, step: &Step) -> PostedStep<'_> {
+        // All receives from one peer are posted under one lock, so a claim never sees a later
+        // tag of the step without the earlier ones (which would make those look stale).
+        let mut order: Vec<usize> = (0..step.recvs.len()).collect();
+        order.sort_by_key(|&i| step.recvs[i].peer);
+        let mut receivers: Vec<Option<oneshot::Receiver<RecvOutcome>>> =
+            (0..step.recvs.len()).map(|_| None).collect();
+        for group in order.chunk_by(|&a, &b| step.recvs[a].peer == step.recvs[b].peer) {
+            let mut slot = self.slot(step.recvs[group[0]].peer);
+            for &i in group {
+                let r = &step.recvs[i];
+                receivers[i] = Some(slot.post(step.key(r.tag), r.len));
+            }
+        }
+        self.changed.notify_waiters();
+        PostedStep {
+            mailbox: self,
+            receivers: receivers.into_iter().flatten().collect(),
+            last: step.key(crate::Tag::MAX),
+        }
+    }
+}
+
+impl PostedStep<'_> {
+    /// Waits for every receive until `deadline`; those still open then are
+    /// [`RecvOutcome::Missing`]. Outcomes are in the order of the step's receives.
+    ///
+    /// # Cancel safety
+    /// Dropping the future retires the step (see [`PostedStep`]).
+    pub async fn outcomes(mut self, deadline: Instant) -> Vec<RecvOutcome> {
+        let waits = std::mem::take(&mut self.receivers).into_iter().map(|rx| async move {
+            match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(_)) | Err(_) => RecvOutcome::Missing,
+            }
+        });
+        futures::future::join_all(waits).await
+    }
+}
+
+impl Drop for PostedStep<'_> {
+    fn drop(&mut self) {
+        for peer in 0..self.mailbox.slots.len() {
+            self.mailbox.retire(peer, self.last);
+        }
     }
 }
 
@@ -256,12 +335,22 @@ mod tests {
         // A bogus key that is never posted: the claim must not wait forever once the steps
         // around it are retired.
         let claimer = tokio::spawn(async move { mb2.claim(0, key(1, 7)).await });
-        let _rx = mb.post(0, key(1, 9), 8);
+        let _rx = mb.post(0, key(1, 5), 8);
         tokio::task::yield_now().await;
-        assert!(!claimer.is_finished());
+        assert!(!claimer.is_finished(), "a key above every posted one is early, not stale");
         mb.retire(0, key(1, 9));
         assert!(matches!(claimer.await.unwrap(), Claim::Stale));
         assert!(matches!(mb.claim(0, key(0, 3)).await, Claim::Stale));
+    }
+
+    #[tokio::test]
+    async fn keys_below_a_posted_key_are_stale_at_once() {
+        let mb = Mailbox::new(2);
+        let _rx = mb.post(1, key(2, 1), 8);
+        assert!(matches!(mb.claim(1, key(2, 0)).await, Claim::Stale));
+        assert!(matches!(mb.claim(1, key(2, 1)).await, Claim::Posted(_)));
+        // Claimed already: a duplicate is stale too.
+        assert!(matches!(mb.claim(1, key(2, 1)).await, Claim::Stale));
     }
 
     #[tokio::test]

@@ -1,1 +1,392 @@
-//! placeholder
+//! The transport conformance suite: one set of test bodies that every transport runs, with
+//! the real transport underneath.
+//!
+//! A transport crate instantiates it with a factory that builds all ranks of a world in one
+//! process:
+//!
+//! ```ignore
+//! async fn world(n: usize) -> Vec<Box<dyn Transport>> { ... }
+//! byzcoll_conformance::conformance_suite!(world);
+//! ```
+//!
+//! Every body runs at the world sizes in [`WORLD_SIZES`] unless it needs a particular one.
+
+#![allow(clippy::unwrap_used)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use byzcoll_aggregators::{aggregate_into, Aggregator, Mean, Median, TrimmedMean};
+use byzcoll_runtime::{
+    Communicator, Config, Error, Fault, Policy, RecvOp, RecvOutcome, ReduceOp, SendOp, Step,
+    Transport,
+};
+
+/// World sizes that break naive schedules.
+pub const WORLD_SIZES: [usize; 5] = [1, 2, 3, 7, 8];
+
+/// Instantiates every conformance test for a transport factory
+/// `async fn(usize) -> Vec<Box<dyn Transport>>`.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:expr) => {
+        $crate::conformance_suite!(@tests $factory;
+            collectives_match_reference,
+            robust_all_reduce_survives_byzantine_and_crashed_ranks,
+            wrong_length_is_malformed_and_named,
+            missing_peer_is_reported_within_the_deadline,
+            steps_are_matched_by_key_not_arrival_order,
+            invalid_steps_are_rejected,
+        );
+    };
+    (@tests $factory:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $crate::$name($factory).await;
+            }
+        )*
+    };
+}
+
+/// Rank `r`'s test vector: small integers, so sums are exact in `f32`.
+pub fn vector(rank: usize, d: usize) -> Vec<f32> {
+    (0..d)
+        .map(|j| ((rank * 31 + j * 7) % 101) as f32 - 50.0)
+        .collect()
+}
+
+fn comms(transports: Vec<Box<dyn Transport>>, timeout: Duration) -> Vec<Communicator> {
+    transports
+        .into_iter()
+        .map(|t| {
+            Communicator::new(
+                t,
+                Config {
+                    step_timeout: timeout,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Runs `body` on every rank concurrently and returns the results in rank order.
+pub async fn run_ranks<T, F, Fut>(comms: Vec<Communicator>, body: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(Communicator) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let tasks: Vec<_> = comms
+        .into_iter()
+        .map(|c| tokio::spawn(body.clone()(c)))
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("rank task panicked"));
+    }
+    out
+}
+
+fn reference(rule: &dyn Aggregator, inputs: &[Vec<f32>]) -> Vec<f32> {
+    let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+    let mut out = vec![0.0; inputs.first().map_or(0, Vec::len)];
+    aggregate_into(rule, &refs, &mut out).unwrap();
+    out
+}
+
+/// Every collective gives the result computed directly from all ranks' inputs, at every
+/// world size, including vectors shorter than the world.
+pub async fn collectives_match_reference<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    for n in WORLD_SIZES {
+        for d in [0usize, 1, n + 3, 1000] {
+            let comms = comms(factory(n).await, Duration::from_secs(20));
+            let results = run_ranks(comms, move |mut c| async move {
+                let (me, n) = (c.rank(), c.size());
+                c.barrier().await.unwrap();
+
+                let mut b = if me == n - 1 { vector(me, d) } else { vec![0.0; d] };
+                c.broadcast_into(n - 1, &mut b).await.unwrap();
+
+                let mut gathered = vec![0.0f32; n * d];
+                c.all_gather_into(&vector(me, d), &mut gathered).await.unwrap();
+
+                let send: Vec<u32> = (0..n * 2).map(|i| (me * 1000 + i) as u32).collect();
+                let mut a2a = vec![0u32; n * 2];
+                c.all_to_all_into(&send, &mut a2a).await.unwrap();
+
+                let mut sum = vector(me, d);
+                c.all_reduce(&mut sum, ReduceOp::Sum).await.unwrap();
+                let mut max = vector(me, d);
+                c.all_reduce(&mut max, ReduceOp::Max).await.unwrap();
+
+                let f = (n - 1) / 2;
+                let mut robust = Vec::new();
+                let rules: [Box<dyn Aggregator>; 3] = [
+                    Box::new(Median::new(f)),
+                    Box::new(TrimmedMean::new(f)),
+                    Box::new(Mean::new()),
+                ];
+                for rule in &rules {
+                    let mut v = vector(me, d);
+                    let report = c
+                        .robust_all_reduce(&mut v, rule.as_ref(), Policy::Gather)
+                        .await
+                        .unwrap();
+                    assert_eq!(report.inputs, n);
+                    assert!(report.faults.is_empty() && report.non_finite.is_empty());
+                    robust.push(v);
+                }
+                (me, b, gathered, a2a, sum, max, robust)
+            })
+            .await;
+
+            let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, d)).collect();
+            let f = (n - 1) / 2;
+            let want_robust = [
+                reference(&Median::new(f), &inputs),
+                reference(&TrimmedMean::new(f), &inputs),
+                reference(&Mean::new(), &inputs),
+            ];
+            let want_sum: Vec<f32> = (0..d).map(|j| inputs.iter().map(|x| x[j]).sum()).collect();
+            let want_max: Vec<f32> = (0..d)
+                .map(|j| inputs.iter().map(|x| x[j]).fold(f32::MIN, f32::max))
+                .collect();
+            for (me, b, gathered, a2a, sum, max, robust) in results {
+                assert_eq!(b, vector(n - 1, d), "broadcast n={n} d={d} rank {me}");
+                assert_eq!(gathered, inputs.concat(), "all_gather n={n} d={d} rank {me}");
+                let want_a2a: Vec<u32> = (0..n)
+                    .flat_map(|p| (0..2).map(move |i| (p * 1000 + me * 2 + i) as u32))
+                    .collect();
+                assert_eq!(a2a, want_a2a, "all_to_all n={n} rank {me}");
+                assert_eq!(sum, want_sum, "all_reduce sum n={n} d={d} rank {me}");
+                assert_eq!(max, want_max, "all_reduce max n={n} d={d} rank {me}");
+                assert_eq!(robust, want_robust, "robust n={n} d={d} rank {me}");
+            }
+        }
+    }
+}
+
+/// Seven ranks tolerating f = 2: one sends a sign-flipped vector scaled by 1000, one sends
+/// NaN and infinities; then one rank crashes (its transport is dropped) and the others still
+/// complete within the deadline with the crashed rank named.
+pub async fn robust_all_reduce_survives_byzantine_and_crashed_ranks<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f, d) = (7usize, 2usize, 257usize);
+    let honest = move |r: usize| -> Vec<f32> { (0..d).map(|j| 1.0 + 0.01 * (r + j % 5) as f32).collect() };
+    let comms = comms(factory(n).await, Duration::from_millis(1500));
+    let results = run_ranks(comms, move |mut c| async move {
+        let me = c.rank();
+        let mut v = match me {
+            5 => honest(5).iter().map(|x| -1000.0 * x).collect(),
+            6 => (0..d)
+                .map(|j| [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][j % 3])
+                .collect(),
+            _ => honest(me),
+        };
+        let first = c
+            .robust_all_reduce(&mut v, &Median::new(f), Policy::Gather)
+            .await
+            .map(|report| (report, v));
+        // Rank 3 crashes before the second round.
+        if me == 3 {
+            return (me, first, None);
+        }
+        let mut w = honest(me);
+        let second = c
+            .robust_all_reduce(&mut w, &TrimmedMean::new(f), Policy::Gather)
+            .await
+            .map(|report| (report, w));
+        (me, first, Some(second))
+    })
+    .await;
+    let in_honest_range = |v: &[f32]| {
+        v.iter().enumerate().all(|(j, x)| {
+            let col: Vec<f32> = (0..5).map(|r| honest(r)[j]).collect();
+            let lo = col.iter().copied().fold(f32::MAX, f32::min);
+            let hi = col.iter().copied().fold(f32::MIN, f32::max);
+            x.is_finite() && lo <= *x && *x <= hi
+        })
+    };
+    for (me, first, second) in results {
+        if me >= 5 {
+            continue;
+        }
+        let (report, v) = first.unwrap();
+        assert_eq!(report.inputs, n);
+        assert_eq!(report.non_finite, vec![6]);
+        assert!(in_honest_range(&v), "rank {me}: {:?}", &v[..4]);
+        if let Some(second) = second {
+            let (report, w) = second.unwrap();
+            assert_eq!(report.inputs, n - 1, "rank {me}");
+            assert_eq!(report.faults.len(), 1, "rank {me}: {:?}", report.faults);
+            assert_eq!(report.faults[0].rank, 3);
+            assert_eq!(report.faults[0].fault, Fault::Missing);
+            assert!(w.iter().all(|x| x.is_finite()));
+        }
+    }
+}
+
+/// A peer whose vector has the wrong length is a per-peer `Malformed` erasure, named in the
+/// report, and the round completes for everyone else.
+pub async fn wrong_length_is_malformed_and_named<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let n = 4;
+    let comms = comms(factory(n).await, Duration::from_secs(10));
+    let results = run_ranks(comms, |mut c| async move {
+        let me = c.rank();
+        let mut v = vector(me, if me == 2 { 11 } else { 10 });
+        let r = c.robust_all_reduce(&mut v, &Median::new(1), Policy::Gather).await;
+        (me, r.map(|report| (report, v)))
+    })
+    .await;
+    for (me, r) in results {
+        match me {
+            2 => {
+                // The liar sees everyone else as malformed and too few inputs remain.
+                assert!(matches!(r, Err(Error::TooManyFaults { .. })), "{r:?}");
+            }
+            _ => {
+                let (report, v) = r.unwrap();
+                assert_eq!(report.inputs, 3);
+                assert_eq!(report.faults.len(), 1);
+                assert_eq!(report.faults[0].rank, 2);
+                assert!(
+                    matches!(&report.faults[0].fault, Fault::Malformed(why) if why.contains("44")),
+                    "{:?}",
+                    report.faults
+                );
+                let inputs: Vec<Vec<f32>> = [0, 1, 3].iter().map(|&r| vector(r, 10)).collect();
+                assert_eq!(v, reference(&Median::new(1), &inputs));
+            }
+        }
+    }
+}
+
+/// A peer that never sends is `Missing` once the deadline passes, no sooner than the deadline
+/// and not much later; a non-robust collective fails with its rank named.
+pub async fn missing_peer_is_reported_within_the_deadline<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let n = 3;
+    let timeout = Duration::from_millis(400);
+    let comms = comms(factory(n).await, timeout);
+    let results = run_ranks(comms, move |mut c| async move {
+        let me = c.rank();
+        if me == 1 {
+            // Alive but silent: it keeps its transport open past the others' deadline.
+            tokio::time::sleep(timeout * 3).await;
+            return (me, None, Duration::ZERO);
+        }
+        let start = tokio::time::Instant::now();
+        let r = c.all_reduce(&mut [1.0f32; 8], ReduceOp::Sum).await;
+        (me, Some(r), start.elapsed())
+    })
+    .await;
+    for (me, r, elapsed) in results {
+        let Some(r) = r else { continue };
+        match r {
+            Err(Error::PeerFaults { faults, .. }) => {
+                // Rank 2 waits on rank 1 directly; rank 0 waits on rank 2, which gave up.
+                assert!(faults.iter().all(|f| f.fault == Fault::Missing), "{faults:?}");
+            }
+            other => panic!("rank {me}: expected a peer fault, got {other:?}"),
+        }
+        assert!(elapsed >= timeout, "rank {me} gave up early: {elapsed:?}");
+        assert!(elapsed < timeout * 3, "rank {me} took {elapsed:?}");
+    }
+}
+
+/// Messages are matched by (collective, step, tag), not by arrival order: a rank that posts
+/// tags in the opposite order of the sender still gets each payload under its own tag, and a
+/// message for a step that has been retired is dropped rather than delivered to the next.
+pub async fn steps_are_matched_by_key_not_arrival_order<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let mut ranks = factory(2).await.into_iter();
+    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let deadline = || tokio::time::Instant::now() + Duration::from_secs(10);
+    let payload = |s: &str| byzcoll_runtime::Payload::Host(s.as_bytes().to_vec().into());
+    let sender = async {
+        // Step 0 is sent, but the receiver never posts it: it must not leak into step 1.
+        let step0 = Step {
+            collective: 0,
+            step: 0,
+            sends: vec![SendOp { peer: 1, tag: 0, payload: payload("stale") }],
+            recvs: vec![],
+            deadline: tokio::time::Instant::now() + Duration::from_millis(200),
+        };
+        a.exchange(step0).await.unwrap();
+        let step1 = Step {
+            collective: 0,
+            step: 1,
+            sends: vec![
+                SendOp { peer: 1, tag: 1, payload: payload("one") },
+                SendOp { peer: 1, tag: 2, payload: payload("two!") },
+            ],
+            recvs: vec![],
+            deadline: deadline(),
+        };
+        a.exchange(step1).await.unwrap()
+    };
+    let receiver = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let step1 = Step {
+            collective: 0,
+            step: 1,
+            sends: vec![],
+            recvs: vec![RecvOp { peer: 0, tag: 2, len: 4 }, RecvOp { peer: 0, tag: 1, len: 3 }],
+            deadline: deadline(),
+        };
+        b.exchange(step1).await.unwrap()
+    };
+    let (_, got) = tokio::join!(sender, receiver);
+    assert_eq!(got, vec![RecvOutcome::Received(payload("two!")), RecvOutcome::Received(payload("one"))]);
+}
+
+/// Steps that break the contract are errors, not hangs or panics.
+pub async fn invalid_steps_are_rejected<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let ranks = factory(2).await;
+    let t = &ranks[0];
+    let base = || Step {
+        collective: 0,
+        step: 0,
+        sends: vec![],
+        recvs: vec![],
+        deadline: tokio::time::Instant::now() + Duration::from_secs(1),
+    };
+    let to_self = Step {
+        sends: vec![SendOp { peer: 0, tag: 0, payload: byzcoll_runtime::Payload::Host(Default::default()) }],
+        ..base()
+    };
+    let unknown = Step {
+        recvs: vec![RecvOp { peer: 9, tag: 0, len: 1 }],
+        ..base()
+    };
+    let twice = Step {
+        recvs: vec![RecvOp { peer: 1, tag: 0, len: 1 }, RecvOp { peer: 1, tag: 0, len: 1 }],
+        ..base()
+    };
+    for step in [to_self, unknown, twice] {
+        let err = t.exchange(step).await.unwrap_err();
+        assert!(matches!(err, byzcoll_runtime::TransportError::InvalidUsage(_)), "{err}");
+    }
+}

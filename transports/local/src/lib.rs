@@ -1,1 +1,129 @@
-//! placeholder
+//! In-process transport: every rank is a task or thread of one process, and a message is a
+//! reference-counted buffer handed from sender to receiver without copying.
+//!
+//! It follows the same matching rules as the network transports (lengths checked against the
+//! posted receive, stale messages dropped, deadlines), so tests written against it exercise the
+//! runtime's real fault handling. Dropping a rank's transport makes it `Missing` for the others,
+//! like a crashed process.
+//!
+//! ```
+//! # tokio_test_block_on(async {
+//! use byzcoll_runtime::{Communicator, Config, ReduceOp};
+//! use byzcoll_transport_local::LocalTransport;
+//!
+//! let ranks = LocalTransport::world(3);
+//! let tasks: Vec<_> = ranks
+//!     .into_iter()
+//!     .map(|t| tokio::spawn(async move {
+//!         let mut comm = Communicator::new(Box::new(t), Config::default());
+//!         let mut v = [comm.rank() as f32; 4];
+//!         comm.all_reduce(&mut v, ReduceOp::Sum).await.unwrap();
+//!         v
+//!     }))
+//!     .collect();
+//! for t in tasks {
+//!     assert_eq!(t.await.unwrap(), [3.0; 4]);
+//! }
+//! # });
+//! # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+//! #     tokio::runtime::Runtime::new().unwrap().block_on(f)
+//! # }
+//! ```
+
+use std::sync::Arc;
+
+use byzcoll_runtime::mailbox::{Claim, Closed, Mailbox};
+use byzcoll_runtime::{
+    Capabilities, MemoryKind, Rank, RecvOutcome, Step, Transport, TransportError,
+};
+use futures::future::BoxFuture;
+
+/// One rank of an in-process world; see the crate docs.
+#[derive(Debug)]
+pub struct LocalTransport {
+    rank: Rank,
+    /// `mailboxes[r]` receives for rank `r`.
+    mailboxes: Arc<Vec<Mailbox>>,
+}
+
+impl LocalTransport {
+    /// Creates the `size` ranks of a world; hand one to each task or thread.
+    pub fn world(size: usize) -> Vec<LocalTransport> {
+        let mailboxes = Arc::new((0..size).map(|_| Mailbox::new(size)).collect::<Vec<_>>());
+        (0..size)
+            .map(|rank| LocalTransport {
+                rank,
+                mailboxes: mailboxes.clone(),
+            })
+            .collect()
+    }
+}
+
+impl Drop for LocalTransport {
+    fn drop(&mut self) {
+        for (r, mailbox) in self.mailboxes.iter().enumerate() {
+            if r != self.rank {
+                mailbox.close(self.rank, Closed::Gone);
+            }
+        }
+    }
+}
+
+impl Transport for LocalTransport {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.mailboxes.len()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            memory: vec![MemoryKind::Host],
+            per_peer_timeout: true,
+            max_message_bytes: isize::MAX as u64,
+        }
+    }
+
+    fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
+        Box::pin(async move {
+            step.validate(self.rank, self.size(), &self.capabilities())?;
+            let posted = self.mailboxes[self.rank].post_step(&step);
+            let sends = step.sends.iter().map(|s| {
+                let key = step.key(s.tag);
+                let target = &self.mailboxes[s.peer];
+                async move {
+                    if let Ok(Claim::Posted(delivery)) =
+                        tokio::time::timeout_at(step.deadline, target.claim(self.rank, key)).await
+                    {
+                        delivery.deliver(s.payload.clone());
+                    }
+                }
+            });
+            let (outcomes, _) = futures::join!(
+                posted.outcomes(step.deadline),
+                futures::future::join_all(sends)
+            );
+            Ok(outcomes)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn world(n: usize) -> Vec<Box<dyn Transport>> {
+        LocalTransport::world(n)
+            .into_iter()
+            .map(|t| Box::new(t) as Box<dyn Transport>)
+            .collect()
+    }
+
+    byzcoll_conformance::conformance_suite!(world);
+}
