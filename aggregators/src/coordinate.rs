@@ -34,7 +34,11 @@ fn reduce_columns<T: Element>(
                     scratch[c * n + i] = v.key();
                 }
             }
-            for (c, (o, col)) in chunk.iter_mut().zip(scratch.chunks_exact_mut(n)).enumerate() {
+            for (c, (o, col)) in chunk
+                .iter_mut()
+                .zip(scratch.chunks_exact_mut(n))
+                .enumerate()
+            {
                 *o = reduce(col).ok_or(base + c)?;
             }
             Ok(())
@@ -370,7 +374,11 @@ mod tests {
             for (c, v) in out.iter().enumerate() {
                 let lo = honest.iter().map(|x| x[c]).fold(f32::MAX, f32::min);
                 let hi = honest.iter().map(|x| x[c]).fold(f32::MIN, f32::max);
-                assert!(v.is_finite() && lo <= *v && *v <= hi, "{} gave {v}", rule.name());
+                assert!(
+                    v.is_finite() && lo <= *v && *v <= hi,
+                    "{} gave {v}",
+                    rule.name()
+                );
             }
         }
     }
@@ -382,7 +390,10 @@ mod tests {
         let c = [1.0f32];
         let mut out = [0.0f32];
         let err = aggregate_into(&Median::new(1), &[&a, &b, &c], &mut out).unwrap_err();
-        assert!(matches!(err, AggError::NonFiniteResult { coordinate: 0, .. }), "{err}");
+        assert!(
+            matches!(err, AggError::NonFiniteResult { coordinate: 0, .. }),
+            "{err}"
+        );
         let err = aggregate_into(&TrimmedMean::new(1), &[&a, &b, &c], &mut out).unwrap_err();
         assert!(matches!(err, AggError::NonFiniteResult { .. }), "{err}");
     }

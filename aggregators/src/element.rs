@@ -137,7 +137,10 @@ mod tests {
         }
         for v in vals {
             assert_eq!(f32::from_key(v.key()).to_bits(), v.to_bits());
-            assert_eq!(f64::from_key((v as f64).key()).to_bits(), (v as f64).to_bits());
+            assert_eq!(
+                f64::from_key((v as f64).key()).to_bits(),
+                (v as f64).to_bits()
+            );
         }
     }
 }

@@ -185,7 +185,10 @@ pub fn aggregate_into<T: Element>(
 pub const RULES: &[(&str, &str)] = &[
     ("mean", "arithmetic mean; NOT robust, for comparison only"),
     ("median", "coordinate-wise median; n > 2f"),
-    ("trimmed-mean", "coordinate-wise mean after dropping the f smallest and f largest; n > 2f"),
+    (
+        "trimmed-mean",
+        "coordinate-wise mean after dropping the f smallest and f largest; n > 2f",
+    ),
 ];
 
 /// Builds a rule from its name and the number `f` of Byzantine inputs to tolerate.
@@ -225,6 +228,9 @@ mod tests {
             assert_eq!(by_name(name, 1).unwrap().name(), *name);
         }
         let err = by_name("average", 1).unwrap_err();
-        assert!(err.to_string().contains("known rules: mean, median"), "{err}");
+        assert!(
+            err.to_string().contains("known rules: mean, median"),
+            "{err}"
+        );
     }
 }

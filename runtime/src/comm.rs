@@ -2,9 +2,9 @@
 
 use std::borrow::Cow;
 
-use byzcoll_aggregators::{AggError, Aggregator, Element};
 use bytemuck::Pod;
 use bytes::Bytes;
+use byzcoll_aggregators::{AggError, Aggregator, Element};
 use tokio::time::Instant;
 
 use crate::schedule::{self, chunk_range};
@@ -139,7 +139,9 @@ impl Communicator {
         let (me, n) = (self.rank(), self.size());
         let mut seq = self.begin();
         if root >= n {
-            return Err(Error::InvalidUsage(format!("broadcast root {root} in a world of {n}")));
+            return Err(Error::InvalidUsage(format!(
+                "broadcast root {root} in a world of {n}"
+            )));
         }
         if me == root {
             let payload = Payload::Host(to_bytes(buf));
@@ -164,7 +166,11 @@ impl Communicator {
     ///
     /// # Cancel safety
     /// Not cancel safe: other ranks wait for this one until their timeout.
-    pub async fn all_gather_into<T: Pod>(&mut self, send_buf: &[T], recv_buf: &mut [T]) -> Result<()> {
+    pub async fn all_gather_into<T: Pod>(
+        &mut self,
+        send_buf: &[T],
+        recv_buf: &mut [T],
+    ) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
         let mut seq = self.begin();
         let block = send_buf.len();
@@ -196,7 +202,11 @@ impl Communicator {
     ///
     /// # Cancel safety
     /// Not cancel safe: other ranks wait for this one until their timeout.
-    pub async fn all_to_all_into<T: Pod>(&mut self, send_buf: &[T], recv_buf: &mut [T]) -> Result<()> {
+    pub async fn all_to_all_into<T: Pod>(
+        &mut self,
+        send_buf: &[T],
+        recv_buf: &mut [T],
+    ) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
         let mut seq = self.begin();
         if send_buf.len() != recv_buf.len() || send_buf.len() % n != 0 {
@@ -311,7 +321,11 @@ impl Communicator {
             .chain(received.iter().map(|(p, _)| *p))
             .collect();
         let vectors: Vec<Cow<'_, [T]>> = std::iter::once(Cow::Borrowed(&*buf))
-            .chain(received.iter().map(|(_, payload)| cast_payload::<T>(payload)))
+            .chain(
+                received
+                    .iter()
+                    .map(|(_, payload)| cast_payload::<T>(payload)),
+            )
             .collect();
         report.inputs = ranks.len();
         report.non_finite = ranks

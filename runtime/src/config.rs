@@ -36,16 +36,13 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, BootstrapError> {
         let mut config = Config::default();
         if let Some(v) = get("BYZCOLL_TIMEOUT_MS") {
-            let ms: u64 = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|&ms| ms > 0)
-                .ok_or_else(|| BootstrapError::InvalidVar {
+            let ms: u64 = v.trim().parse().ok().filter(|&ms| ms > 0).ok_or_else(|| {
+                BootstrapError::InvalidVar {
                     var: "BYZCOLL_TIMEOUT_MS",
                     value: v.clone(),
                     why: "expected a positive number of milliseconds".into(),
-                })?;
+                }
+            })?;
             config.step_timeout = Duration::from_millis(ms);
         }
         Ok(config)

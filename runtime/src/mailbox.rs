@@ -184,7 +184,10 @@ impl Mailbox {
                     return Claim::Closed;
                 }
                 if let Some(p) = slot.posted.remove(&key) {
-                    return Claim::Posted(Delivery { len: p.len, tx: p.tx });
+                    return Claim::Posted(Delivery {
+                        len: p.len,
+                        tx: p.tx,
+                    });
                 }
                 if slot.is_stale(key) {
                     return Claim::Stale;
@@ -261,12 +264,14 @@ impl PostedStep<'_> {
     /// # Cancel safety
     /// Dropping the future retires the step (see [`PostedStep`]).
     pub async fn outcomes(mut self, deadline: Instant) -> Vec<RecvOutcome> {
-        let waits = std::mem::take(&mut self.receivers).into_iter().map(|rx| async move {
-            match tokio::time::timeout_at(deadline, rx).await {
-                Ok(Ok(outcome)) => outcome,
-                Ok(Err(_)) | Err(_) => RecvOutcome::Missing,
-            }
-        });
+        let waits = std::mem::take(&mut self.receivers)
+            .into_iter()
+            .map(|rx| async move {
+                match tokio::time::timeout_at(deadline, rx).await {
+                    Ok(Ok(outcome)) => outcome,
+                    Ok(Err(_)) | Err(_) => RecvOutcome::Missing,
+                }
+            });
         futures::future::join_all(waits).await
     }
 }
@@ -337,7 +342,10 @@ mod tests {
         let claimer = tokio::spawn(async move { mb2.claim(0, key(1, 7)).await });
         let _rx = mb.post(0, key(1, 5), 8);
         tokio::task::yield_now().await;
-        assert!(!claimer.is_finished(), "a key above every posted one is early, not stale");
+        assert!(
+            !claimer.is_finished(),
+            "a key above every posted one is early, not stale"
+        );
         mb.retire(0, key(1, 9));
         assert!(matches!(claimer.await.unwrap(), Claim::Stale));
         assert!(matches!(mb.claim(0, key(0, 3)).await, Claim::Stale));
@@ -359,9 +367,15 @@ mod tests {
         let rx = mb.post(1, key(0, 0), 1);
         mb.close(1, Closed::Violation("bad magic".into()));
         mb.close(1, Closed::Gone);
-        assert_eq!(rx.await.unwrap(), RecvOutcome::Malformed("bad magic".into()));
+        assert_eq!(
+            rx.await.unwrap(),
+            RecvOutcome::Malformed("bad magic".into())
+        );
         let rx = mb.post(1, key(0, 1), 1);
-        assert_eq!(rx.await.unwrap(), RecvOutcome::Malformed("bad magic".into()));
+        assert_eq!(
+            rx.await.unwrap(),
+            RecvOutcome::Malformed("bad magic".into())
+        );
         assert!(matches!(mb.claim(1, key(0, 2)).await, Claim::Closed));
     }
 }

@@ -108,7 +108,10 @@ mod tests {
                 let from = ring_reduce_scatter_step(st.recv_from, n, s);
                 assert_eq!(from.send_to, r);
                 assert_eq!(from.send_chunk, st.recv_chunk);
-                for (x, y) in buf[chunk(st.recv_chunk)].iter_mut().zip(&sent[st.recv_from]) {
+                for (x, y) in buf[chunk(st.recv_chunk)]
+                    .iter_mut()
+                    .zip(&sent[st.recv_from])
+                {
                     *x += y;
                 }
             }
@@ -149,7 +152,10 @@ mod tests {
     fn first_all_gather_step_sends_the_owned_chunk() {
         for n in 1..=9 {
             for r in 0..n {
-                assert_eq!(ring_all_gather_step(r, n, 0).send_chunk, ring_owned_chunk(r, n));
+                assert_eq!(
+                    ring_all_gather_step(r, n, 0).send_chunk,
+                    ring_owned_chunk(r, n)
+                );
                 assert_eq!(
                     ring_reduce_scatter_step(r, n, n.saturating_sub(2)).recv_chunk,
                     ring_owned_chunk(r, n)

@@ -63,7 +63,12 @@ impl Step {
     ///
     /// # Errors
     /// [`TransportError::InvalidUsage`] naming the offending operation.
-    pub fn validate(&self, me: Rank, size: usize, caps: &Capabilities) -> Result<(), TransportError> {
+    pub fn validate(
+        &self,
+        me: Rank,
+        size: usize,
+        caps: &Capabilities,
+    ) -> Result<(), TransportError> {
         let peer_ok = |p: Rank| p < size && p != me;
         if let Some(s) = self.sends.iter().find(|s| !peer_ok(s.peer)) {
             return Err(TransportError::InvalidUsage(format!(

@@ -144,16 +144,22 @@ impl LaunchEnv {
         let number = |var: &'static str| -> Result<Option<usize>, BootstrapError> {
             get(var)
                 .map(|value| {
-                    value.trim().parse::<usize>().map_err(|_| BootstrapError::InvalidVar {
-                        var,
-                        value: value.clone(),
-                        why: "expected a non-negative integer".into(),
-                    })
+                    value
+                        .trim()
+                        .parse::<usize>()
+                        .map_err(|_| BootstrapError::InvalidVar {
+                            var,
+                            value: value.clone(),
+                            why: "expected a non-negative integer".into(),
+                        })
                 })
                 .transpose()
         };
         let required = |var: &'static str| {
-            number(var)?.ok_or(BootstrapError::MissingVar { launcher: launcher.name(), var })
+            number(var)?.ok_or(BootstrapError::MissingVar {
+                launcher: launcher.name(),
+                var,
+            })
         };
         let rank = required(vars.rank)?;
         let size = required(vars.size)?;
@@ -183,10 +189,16 @@ impl LaunchEnv {
             (Some(s), _, _) => Some(s),
             (None, Some(addr), Some(port)) => Some(format!("{addr}:{port}")),
             (None, Some(_), None) => {
-                return Err(BootstrapError::MissingVar { launcher: launcher.name(), var: "MASTER_PORT" })
+                return Err(BootstrapError::MissingVar {
+                    launcher: launcher.name(),
+                    var: "MASTER_PORT",
+                })
             }
             (None, None, Some(_)) => {
-                return Err(BootstrapError::MissingVar { launcher: launcher.name(), var: "MASTER_ADDR" })
+                return Err(BootstrapError::MissingVar {
+                    launcher: launcher.name(),
+                    var: "MASTER_ADDR",
+                })
             }
             (None, None, None) => None,
         };
@@ -212,19 +224,30 @@ mod tests {
     use std::collections::HashMap;
 
     fn detect(vars: &[(&str, &str)]) -> Result<LaunchEnv, BootstrapError> {
-        let map: HashMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         LaunchEnv::from_lookup(|k| map.get(k).cloned())
     }
 
     #[test]
     fn each_launcher_is_recognised() {
         let cases: [(&[(&str, &str)], Launcher); 5] = [
-            (&[("BYZCOLL_RANK", "1"), ("BYZCOLL_WORLD_SIZE", "4")], Launcher::Byzcoll),
-            (&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4")], Launcher::OpenMpi),
+            (
+                &[("BYZCOLL_RANK", "1"), ("BYZCOLL_WORLD_SIZE", "4")],
+                Launcher::Byzcoll,
+            ),
+            (
+                &[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4")],
+                Launcher::OpenMpi,
+            ),
             (&[("PMI_RANK", "1"), ("PMI_SIZE", "4")], Launcher::Pmi),
             (&[("RANK", "1"), ("WORLD_SIZE", "4")], Launcher::Torchrun),
-            (&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "4")], Launcher::Slurm),
+            (
+                &[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "4")],
+                Launcher::Slurm,
+            ),
         ];
         for (vars, launcher) in cases {
             let mut vars = vars.to_vec();
@@ -270,6 +293,9 @@ mod tests {
         let err = detect(&[("BYZCOLL_LAUNCHER", "lsf")]).unwrap_err();
         assert!(err.to_string().contains("BYZCOLL_LAUNCHER"), "{err}");
         // A single rank needs no store.
-        assert_eq!(detect(&[("RANK", "0"), ("WORLD_SIZE", "1")]).unwrap().size, 1);
+        assert_eq!(
+            detect(&[("RANK", "0"), ("WORLD_SIZE", "1")]).unwrap().size,
+            1
+        );
     }
 }

@@ -146,7 +146,9 @@ async fn read_request(stream: &mut TcpStream) -> io::Result<(Rank, usize, String
     let key = String::from_utf8(key).map_err(|_| invalid("key is not UTF-8"))?;
     let value_len = stream.read_u32_le().await? as usize;
     if value_len > MAX_VALUE {
-        return Err(invalid(format!("value of {value_len} bytes exceeds {MAX_VALUE}")));
+        return Err(invalid(format!(
+            "value of {value_len} bytes exceeds {MAX_VALUE}"
+        )));
     }
     let mut value = vec![0u8; value_len];
     stream.read_exact(&mut value).await?;
@@ -183,8 +185,12 @@ fn join_round(
     round.waiters.push(tx);
     if round.filled == world {
         if let Some(done) = rounds.remove(&key) {
-            let values: Arc<Vec<Bytes>> =
-                Arc::new(done.values.into_iter().map(Option::unwrap_or_default).collect());
+            let values: Arc<Vec<Bytes>> = Arc::new(
+                done.values
+                    .into_iter()
+                    .map(Option::unwrap_or_default)
+                    .collect(),
+            );
             for w in done.waiters {
                 let _ = w.send(Ok(values.clone()));
             }
@@ -280,7 +286,9 @@ impl StoreClient {
             let len = stream.read_u16_le().await? as usize;
             let mut msg = vec![0u8; len];
             stream.read_exact(&mut msg).await?;
-            return Err(BootstrapError::Store(String::from_utf8_lossy(&msg).into_owned()));
+            return Err(BootstrapError::Store(
+                String::from_utf8_lossy(&msg).into_owned(),
+            ));
         }
         let count = stream.read_u32_le().await? as usize;
         if count != self.world {
@@ -293,7 +301,9 @@ impl StoreClient {
         for _ in 0..count {
             let len = stream.read_u32_le().await? as usize;
             if len > MAX_VALUE {
-                return Err(BootstrapError::Store(format!("value of {len} bytes in answer")));
+                return Err(BootstrapError::Store(format!(
+                    "value of {len} bytes in answer"
+                )));
             }
             let mut v = vec![0u8; len];
             stream.read_exact(&mut v).await?;
@@ -347,7 +357,10 @@ mod tests {
             let (first, second) = t.await.unwrap();
             let first: Vec<&[u8]> = first.iter().map(|b| &b[..]).collect();
             assert_eq!(first, [b"v0", b"v1", b"v2", b"v3", b"v4"]);
-            assert_eq!(second, (0..5u8).map(|r| Bytes::from(vec![r])).collect::<Vec<_>>());
+            assert_eq!(
+                second,
+                (0..5u8).map(|r| Bytes::from(vec![r])).collect::<Vec<_>>()
+            );
         }
     }
 
@@ -376,7 +389,11 @@ mod tests {
         req.push(b'k');
         req.extend_from_slice(&u32::MAX.to_le_bytes());
         raw.write_all(&req).await.unwrap();
-        assert_eq!(raw.read_u8().await.unwrap(), 1, "a 4 GiB value must be refused");
+        assert_eq!(
+            raw.read_u8().await.unwrap(),
+            1,
+            "a 4 GiB value must be refused"
+        );
     }
 
     #[tokio::test]

@@ -109,11 +109,17 @@ where
                 let (me, n) = (c.rank(), c.size());
                 c.barrier().await.unwrap();
 
-                let mut b = if me == n - 1 { vector(me, d) } else { vec![0.0; d] };
+                let mut b = if me == n - 1 {
+                    vector(me, d)
+                } else {
+                    vec![0.0; d]
+                };
                 c.broadcast_into(n - 1, &mut b).await.unwrap();
 
                 let mut gathered = vec![0.0f32; n * d];
-                c.all_gather_into(&vector(me, d), &mut gathered).await.unwrap();
+                c.all_gather_into(&vector(me, d), &mut gathered)
+                    .await
+                    .unwrap();
 
                 let send: Vec<u32> = (0..n * 2).map(|i| (me * 1000 + i) as u32).collect();
                 let mut a2a = vec![0u32; n * 2];
@@ -158,7 +164,11 @@ where
                 .collect();
             for (me, b, gathered, a2a, sum, max, robust) in results {
                 assert_eq!(b, vector(n - 1, d), "broadcast n={n} d={d} rank {me}");
-                assert_eq!(gathered, inputs.concat(), "all_gather n={n} d={d} rank {me}");
+                assert_eq!(
+                    gathered,
+                    inputs.concat(),
+                    "all_gather n={n} d={d} rank {me}"
+                );
                 let want_a2a: Vec<u32> = (0..n)
                     .flat_map(|p| (0..2).map(move |i| (p * 1000 + me * 2 + i) as u32))
                     .collect();
@@ -180,7 +190,8 @@ where
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
     let (n, f, d) = (7usize, 2usize, 257usize);
-    let honest = move |r: usize| -> Vec<f32> { (0..d).map(|j| 1.0 + 0.01 * (r + j % 5) as f32).collect() };
+    let honest =
+        move |r: usize| -> Vec<f32> { (0..d).map(|j| 1.0 + 0.01 * (r + j % 5) as f32).collect() };
     let comms = comms(factory(n).await, Duration::from_millis(1500));
     let results = run_ranks(comms, move |mut c| async move {
         let me = c.rank();
@@ -246,7 +257,9 @@ where
     let results = run_ranks(comms, |mut c| async move {
         let me = c.rank();
         let mut v = vector(me, if me == 2 { 11 } else { 10 });
-        let r = c.robust_all_reduce(&mut v, &Median::new(1), Policy::Gather).await;
+        let r = c
+            .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+            .await;
         (me, r.map(|report| (report, v)))
     })
     .await;
@@ -300,7 +313,10 @@ where
         match r {
             Err(Error::PeerFaults { faults, .. }) => {
                 // Rank 2 waits on rank 1 directly; rank 0 waits on rank 2, which gave up.
-                assert!(faults.iter().all(|f| f.fault == Fault::Missing), "{faults:?}");
+                assert!(
+                    faults.iter().all(|f| f.fault == Fault::Missing),
+                    "{faults:?}"
+                );
             }
             other => panic!("rank {me}: expected a peer fault, got {other:?}"),
         }
@@ -326,7 +342,11 @@ where
         let step0 = Step {
             collective: 0,
             step: 0,
-            sends: vec![SendOp { peer: 1, tag: 0, payload: payload("stale") }],
+            sends: vec![SendOp {
+                peer: 1,
+                tag: 0,
+                payload: payload("stale"),
+            }],
             recvs: vec![],
             deadline: tokio::time::Instant::now() + Duration::from_millis(200),
         };
@@ -335,8 +355,16 @@ where
             collective: 0,
             step: 1,
             sends: vec![
-                SendOp { peer: 1, tag: 1, payload: payload("one") },
-                SendOp { peer: 1, tag: 2, payload: payload("two!") },
+                SendOp {
+                    peer: 1,
+                    tag: 1,
+                    payload: payload("one"),
+                },
+                SendOp {
+                    peer: 1,
+                    tag: 2,
+                    payload: payload("two!"),
+                },
             ],
             recvs: vec![],
             deadline: deadline(),
@@ -349,13 +377,30 @@ where
             collective: 0,
             step: 1,
             sends: vec![],
-            recvs: vec![RecvOp { peer: 0, tag: 2, len: 4 }, RecvOp { peer: 0, tag: 1, len: 3 }],
+            recvs: vec![
+                RecvOp {
+                    peer: 0,
+                    tag: 2,
+                    len: 4,
+                },
+                RecvOp {
+                    peer: 0,
+                    tag: 1,
+                    len: 3,
+                },
+            ],
             deadline: deadline(),
         };
         b.exchange(step1).await.unwrap()
     };
     let (_, got) = tokio::join!(sender, receiver);
-    assert_eq!(got, vec![RecvOutcome::Received(payload("two!")), RecvOutcome::Received(payload("one"))]);
+    assert_eq!(
+        got,
+        vec![
+            RecvOutcome::Received(payload("two!")),
+            RecvOutcome::Received(payload("one"))
+        ]
+    );
 }
 
 /// Steps that break the contract are errors, not hangs or panics.
@@ -374,19 +419,41 @@ where
         deadline: tokio::time::Instant::now() + Duration::from_secs(1),
     };
     let to_self = Step {
-        sends: vec![SendOp { peer: 0, tag: 0, payload: byzcoll_runtime::Payload::Host(Default::default()) }],
+        sends: vec![SendOp {
+            peer: 0,
+            tag: 0,
+            payload: byzcoll_runtime::Payload::Host(Default::default()),
+        }],
         ..base()
     };
     let unknown = Step {
-        recvs: vec![RecvOp { peer: 9, tag: 0, len: 1 }],
+        recvs: vec![RecvOp {
+            peer: 9,
+            tag: 0,
+            len: 1,
+        }],
         ..base()
     };
     let twice = Step {
-        recvs: vec![RecvOp { peer: 1, tag: 0, len: 1 }, RecvOp { peer: 1, tag: 0, len: 1 }],
+        recvs: vec![
+            RecvOp {
+                peer: 1,
+                tag: 0,
+                len: 1,
+            },
+            RecvOp {
+                peer: 1,
+                tag: 0,
+                len: 1,
+            },
+        ],
         ..base()
     };
     for step in [to_self, unknown, twice] {
         let err = t.exchange(step).await.unwrap_err();
-        assert!(matches!(err, byzcoll_runtime::TransportError::InvalidUsage(_)), "{err}");
+        assert!(
+            matches!(err, byzcoll_runtime::TransportError::InvalidUsage(_)),
+            "{err}"
+        );
     }
 }

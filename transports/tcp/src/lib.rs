@@ -1,1 +1,484 @@
-//! placeholder
+//! TCP transport for byzcoll: the embedded default, needing nothing but tokio.
+//!
+//! One connection per pair of ranks (the higher rank connects to the lower), with a handshake
+//! that names both ends. Each connection has a reader task and a writer task. The reader
+//! decodes 32-byte [`wire::FrameHeader`]s and checks each against the connection's peer and
+//! the posted receive ([`byzcoll_runtime::mailbox`]) *before* allocating: a frame of the wrong
+//! length is `Malformed`, a frame that claims another sender or is longer than
+//! [`TcpOptions::max_message_bytes`] closes the connection as a protocol violation, and a
+//! truncated frame is `Malformed`. Payloads have 64-bit lengths, so vectors of gigabytes work.
+//!
+//! Addresses are exchanged through the rendezvous store ([`TcpTransport::from_store`]) or
+//! given directly ([`TcpTransport::connect_mesh`]).
+
+pub mod wire;
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use byzcoll_runtime::bootstrap::{connect_with_retry, StoreClient};
+use byzcoll_runtime::mailbox::{Claim, Closed, Mailbox};
+use byzcoll_runtime::{
+    Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
+};
+use futures::future::BoxFuture;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{timeout_at, Instant};
+
+use crate::wire::{FrameHeader, Hello, HEADER_LEN, HELLO_LEN};
+
+/// Frames queued per peer before senders wait.
+const SEND_QUEUE: usize = 64;
+/// Payloads up to this size are copied behind their header and written in one call.
+const COALESCE_BYTES: usize = 64 * 1024;
+/// How long an accepted connection may take to say who it is.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Settings of the TCP transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpOptions {
+    /// How long establishing all connections may take.
+    pub setup_timeout: Duration,
+    /// Largest frame accepted or sent; a peer announcing more breaks the protocol.
+    pub max_message_bytes: u64,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        TcpOptions {
+            setup_timeout: Duration::from_secs(60),
+            max_message_bytes: 1 << 40,
+        }
+    }
+}
+
+struct Outgoing {
+    header: FrameHeader,
+    payload: Bytes,
+    done: oneshot::Sender<io::Result<()>>,
+}
+
+/// The TCP transport; see the crate docs.
+#[derive(Debug)]
+pub struct TcpTransport {
+    rank: Rank,
+    size: usize,
+    mailbox: Arc<Mailbox>,
+    writers: Vec<Option<mpsc::Sender<Outgoing>>>,
+    tasks: Vec<JoinHandle<()>>,
+    max_message_bytes: u64,
+}
+
+impl std::fmt::Debug for Outgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outgoing")
+            .field("header", &self.header)
+            .finish()
+    }
+}
+
+impl TcpTransport {
+    /// Binds a listener on `ip` (port chosen by the OS), publishes its address through
+    /// `store`, and connects to every other rank. `ip` defaults to the local address that
+    /// routes to the store (`127.0.0.1` for a store on loopback).
+    ///
+    /// # Errors
+    /// [`TransportError::Setup`] when the store fails, a rank publishes an unusable address,
+    /// or not every peer connects within [`TcpOptions::setup_timeout`].
+    pub async fn from_store(
+        store: &StoreClient,
+        rank: Rank,
+        size: usize,
+        ip: Option<IpAddr>,
+        options: TcpOptions,
+    ) -> Result<Self, TransportError> {
+        let ip = match ip {
+            Some(ip) => ip,
+            None => local_ip_towards(store.addr()).await?,
+        };
+        let listener = TcpListener::bind((ip, 0)).await?;
+        let me = listener.local_addr()?;
+        let published = store
+            .all_gather("byzcoll/tcp", me.to_string().as_bytes())
+            .await
+            .map_err(|e| TransportError::Setup(e.to_string()))?;
+        let addrs = published
+            .iter()
+            .enumerate()
+            .map(|(r, a)| {
+                std::str::from_utf8(a)
+                    .ok()
+                    .and_then(|s| s.parse::<SocketAddr>().ok())
+                    .ok_or_else(|| {
+                        TransportError::Setup(format!("rank {r} published an invalid address"))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::connect_mesh(rank, size, listener, &addrs, options).await
+    }
+
+    /// Connects rank `rank` of `size` to every other rank: it accepts the higher ranks on
+    /// `listener` and connects to the lower ranks at `addrs[r]`.
+    ///
+    /// # Errors
+    /// [`TransportError::InvalidUsage`] when `addrs` does not have `size` entries or `rank` is
+    /// out of range; [`TransportError::Setup`] naming the ranks that did not connect in time.
+    pub async fn connect_mesh(
+        rank: Rank,
+        size: usize,
+        listener: TcpListener,
+        addrs: &[SocketAddr],
+        options: TcpOptions,
+    ) -> Result<Self, TransportError> {
+        if addrs.len() != size || rank >= size || size > u32::MAX as usize {
+            return Err(TransportError::InvalidUsage(format!(
+                "rank {rank} with {} addresses for a world of {size}",
+                addrs.len()
+            )));
+        }
+        let deadline = Instant::now() + options.setup_timeout;
+        let connects = (0..rank).map(|peer| connect_peer(addrs[peer], rank, size, peer, deadline));
+        let (accepted, connected) = tokio::join!(
+            accept_peers(&listener, rank, size, deadline),
+            futures::future::join_all(connects)
+        );
+        let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
+        for (peer, stream) in accepted? {
+            streams[peer] = Some(stream);
+        }
+        for (peer, stream) in connected.into_iter().enumerate() {
+            streams[peer] = Some(stream?);
+        }
+
+        let mailbox = Arc::new(Mailbox::new(size));
+        let mut writers = Vec::with_capacity(size);
+        let mut tasks = Vec::with_capacity(2 * size);
+        for (peer, stream) in streams.into_iter().enumerate() {
+            let Some(stream) = stream else {
+                writers.push(None);
+                continue;
+            };
+            stream.set_nodelay(true)?;
+            let (rd, wr) = stream.into_split();
+            let (tx, rx) = mpsc::channel(SEND_QUEUE);
+            writers.push(Some(tx));
+            tasks.push(tokio::spawn(write_loop(wr, rx)));
+            tasks.push(tokio::spawn(read_loop(
+                peer,
+                rd,
+                mailbox.clone(),
+                options.max_message_bytes,
+            )));
+        }
+        tracing::debug!(rank, size, "tcp transport connected");
+        Ok(TcpTransport {
+            rank,
+            size,
+            mailbox,
+            writers,
+            tasks,
+            max_message_bytes: options.max_message_bytes,
+        })
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The local address the OS would use to reach `addr` (`host:port`). No packet is sent.
+///
+/// # Errors
+/// When `addr` does not resolve or no route exists.
+pub async fn local_ip_towards(addr: &str) -> Result<IpAddr, TransportError> {
+    let target = tokio::net::lookup_host(addr)
+        .await?
+        .next()
+        .ok_or_else(|| TransportError::Setup(format!("{addr} does not resolve")))?;
+    let unspecified: SocketAddr = if target.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let probe = tokio::net::UdpSocket::bind(unspecified).await?;
+    probe.connect(target).await?;
+    Ok(probe.local_addr()?.ip())
+}
+
+async fn connect_peer(
+    addr: SocketAddr,
+    me: Rank,
+    size: usize,
+    peer: Rank,
+    deadline: Instant,
+) -> Result<TcpStream, TransportError> {
+    let setup =
+        |what: String| TransportError::Setup(format!("rank {me} to rank {peer} at {addr}: {what}"));
+    let attempt = async {
+        let mut stream = connect_with_retry(&addr.to_string(), deadline).await?;
+        stream
+            .write_all(
+                &Hello {
+                    world: size as u32,
+                    rank: me as u32,
+                }
+                .encode(),
+            )
+            .await?;
+        let mut reply = [0u8; HELLO_LEN];
+        stream.read_exact(&mut reply).await?;
+        Ok::<_, io::Error>((stream, Hello::decode(&reply)))
+    };
+    let (stream, reply) = timeout_at(deadline, attempt)
+        .await
+        .map_err(|_| setup("no handshake before the setup timeout".into()))?
+        .map_err(|e| setup(e.to_string()))?;
+    match reply {
+        Ok(h) if h.rank as usize == peer && h.world as usize == size => Ok(stream),
+        Ok(h) => Err(setup(format!(
+            "the listener is rank {} of {}",
+            h.rank, h.world
+        ))),
+        Err(e) => Err(setup(e)),
+    }
+}
+
+async fn accept_peers(
+    listener: &TcpListener,
+    me: Rank,
+    size: usize,
+    deadline: Instant,
+) -> Result<Vec<(Rank, TcpStream)>, TransportError> {
+    let mut accepted: Vec<(Rank, TcpStream)> = Vec::new();
+    while accepted.len() < size - me - 1 {
+        let Ok(accept) = timeout_at(deadline, listener.accept()).await else {
+            let missing: Vec<Rank> = (me + 1..size)
+                .filter(|r| !accepted.iter().any(|(p, _)| p == r))
+                .collect();
+            return Err(TransportError::Setup(format!(
+                "rank {me}: ranks {missing:?} did not connect before the setup timeout"
+            )));
+        };
+        let (mut stream, from) = accept?;
+        let mut hello = [0u8; HELLO_LEN];
+        let read = tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(&mut hello)).await;
+        let peer = match read.map(|r| r.map(|_| Hello::decode(&hello))) {
+            Ok(Ok(Ok(h))) if h.world as usize == size => h.rank as usize,
+            Ok(Ok(Ok(h))) => {
+                tracing::warn!(%from, world = h.world, "rejecting a peer from another world size");
+                continue;
+            }
+            _ => {
+                tracing::warn!(%from, "rejecting a connection without a valid handshake");
+                continue;
+            }
+        };
+        if peer <= me || peer >= size || accepted.iter().any(|(p, _)| *p == peer) {
+            tracing::warn!(%from, peer, "rejecting an unexpected or duplicate rank");
+            continue;
+        }
+        stream
+            .write_all(
+                &Hello {
+                    world: size as u32,
+                    rank: me as u32,
+                }
+                .encode(),
+            )
+            .await?;
+        accepted.push((peer, stream));
+    }
+    Ok(accepted)
+}
+
+async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) {
+    while let Some(out) = rx.recv().await {
+        let result = write_frame(&mut wr, &out.header, &out.payload).await;
+        let failed = result.is_err();
+        let _ = out.done.send(result);
+        if failed {
+            break;
+        }
+    }
+}
+
+async fn write_frame(
+    wr: &mut OwnedWriteHalf,
+    header: &FrameHeader,
+    payload: &Bytes,
+) -> io::Result<()> {
+    if payload.len() <= COALESCE_BYTES {
+        let mut frame = Vec::with_capacity(HEADER_LEN + payload.len());
+        frame.extend_from_slice(&header.encode());
+        frame.extend_from_slice(payload);
+        wr.write_all(&frame).await
+    } else {
+        wr.write_all(&header.encode()).await?;
+        wr.write_all(payload).await
+    }
+}
+
+/// Reads frames from `peer` until the connection ends or breaks the protocol, then closes the
+/// peer's mailbox slot with the reason.
+async fn read_loop(peer: Rank, mut rd: OwnedReadHalf, mailbox: Arc<Mailbox>, max: u64) {
+    let why = loop {
+        match read_frame(peer, &mut rd, &mailbox, max).await {
+            Ok(true) => continue,
+            Ok(false) => return,
+            Err(why) => break why,
+        }
+    };
+    match &why {
+        Closed::Gone => tracing::debug!(peer, "connection closed"),
+        Closed::Violation(v) => tracing::warn!(peer, violation = %v, "closing connection"),
+    }
+    mailbox.close(peer, why);
+}
+
+/// Reads one frame. `Ok(false)`: the mailbox is closed, stop quietly.
+async fn read_frame(
+    peer: Rank,
+    rd: &mut OwnedReadHalf,
+    mailbox: &Mailbox,
+    max: u64,
+) -> Result<bool, Closed> {
+    let mut raw = [0u8; HEADER_LEN];
+    rd.read_exact(&mut raw).await.map_err(|_| Closed::Gone)?;
+    let header = FrameHeader::decode(&raw).map_err(Closed::Violation)?;
+    if header.sender as usize != peer {
+        return Err(Closed::Violation(format!(
+            "frame claims sender {} on the connection of rank {peer}",
+            header.sender
+        )));
+    }
+    if header.len > max {
+        return Err(Closed::Violation(format!(
+            "frame of {} bytes exceeds the limit of {max}",
+            header.len
+        )));
+    }
+    let delivery = match mailbox.claim(peer, header.key()).await {
+        Claim::Closed => return Ok(false),
+        Claim::Stale => {
+            tracing::debug!(peer, key = ?header.key(), "dropping a frame for a retired step");
+            skip(rd, header.len).await?;
+            return Ok(true);
+        }
+        Claim::Posted(d) => d,
+    };
+    let len = delivery.expected_len();
+    if header.len != len as u64 {
+        delivery.complete(RecvOutcome::Malformed(format!(
+            "frame of {} bytes, expected {len}",
+            header.len
+        )));
+        skip(rd, header.len).await?;
+        return Ok(true);
+    }
+    let mut buf = BytesMut::with_capacity(len);
+    let mut limited = rd.take(len as u64);
+    while buf.len() < len {
+        match limited.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => {
+                delivery.complete(RecvOutcome::Malformed(format!(
+                    "truncated frame: {} of {len} bytes before the connection closed",
+                    buf.len()
+                )));
+                return Err(Closed::Gone);
+            }
+            Ok(_) => {}
+        }
+    }
+    delivery.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
+    Ok(true)
+}
+
+async fn skip(rd: &mut OwnedReadHalf, len: u64) -> Result<(), Closed> {
+    let copied = tokio::io::copy(&mut rd.take(len), &mut tokio::io::sink())
+        .await
+        .map_err(|_| Closed::Gone)?;
+    if copied == len {
+        Ok(())
+    } else {
+        Err(Closed::Gone)
+    }
+}
+
+impl Transport for TcpTransport {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            memory: vec![MemoryKind::Host],
+            per_peer_timeout: true,
+            max_message_bytes: self.max_message_bytes,
+        }
+    }
+
+    fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
+        Box::pin(async move {
+            step.validate(self.rank, self.size, &self.capabilities())?;
+            let posted = self.mailbox.post_step(&step);
+            let sends = step.sends.iter().map(|s| {
+                let header = FrameHeader::new(step.key(s.tag), self.rank, s.payload.len());
+                let writer = self.writers[s.peer].as_ref();
+                let payload = match &s.payload {
+                    Payload::Host(b) => b.clone(),
+                    // `validate` admits only host memory.
+                    _ => Bytes::new(),
+                };
+                async move {
+                    let send = async {
+                        let (done, finished) = oneshot::channel();
+                        writer?
+                            .send(Outgoing {
+                                header,
+                                payload,
+                                done,
+                            })
+                            .await
+                            .ok()?;
+                        finished.await.ok()?.ok()
+                    };
+                    if timeout_at(step.deadline, send)
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_none()
+                    {
+                        tracing::debug!(peer = s.peer, "send did not complete before the deadline");
+                    }
+                }
+            });
+            let (outcomes, _) = tokio::join!(
+                posted.outcomes(step.deadline),
+                futures::future::join_all(sends)
+            );
+            Ok(outcomes)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,323 @@
+use std::time::Duration;
+
+use byzcoll_aggregators::Median;
+use byzcoll_runtime::{Communicator, Config, Fault, Policy, RecvOp, Step};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+use crate::wire::{FrameHeader, Hello, HELLO_LEN};
+
+/// All ranks of a world in this process, over real sockets on 127.0.0.1.
+async fn world(n: usize) -> Vec<Box<dyn Transport>> {
+    let mut listeners = Vec::new();
+    for _ in 0..n {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let tasks: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let addrs = addrs.clone();
+            tokio::spawn(async move {
+                TcpTransport::connect_mesh(r, n, l, &addrs, TcpOptions::default()).await
+            })
+        })
+        .collect();
+    let mut out: Vec<Box<dyn Transport>> = Vec::new();
+    for t in tasks {
+        out.push(Box::new(t.await.unwrap().unwrap()));
+    }
+    out
+}
+
+byzcoll_conformance::conformance_suite!(world);
+
+/// Rank 0 is a real transport in a world of two; rank 1 is a raw socket that performed the
+/// handshake and will say whatever the test wants.
+async fn real_and_fake() -> (TcpTransport, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let addrs = [addr, "127.0.0.1:9".parse().unwrap()];
+    let real = tokio::spawn(async move {
+        TcpTransport::connect_mesh(0, 2, listener, &addrs, TcpOptions::default()).await
+    });
+    let mut fake = TcpStream::connect(addr).await.unwrap();
+    fake.write_all(&Hello { world: 2, rank: 1 }.encode())
+        .await
+        .unwrap();
+    let mut reply = [0u8; HELLO_LEN];
+    fake.read_exact(&mut reply).await.unwrap();
+    assert_eq!(Hello::decode(&reply), Ok(Hello { world: 2, rank: 0 }));
+    (real.await.unwrap().unwrap(), fake)
+}
+
+fn recv_step(step: u32, len: usize, timeout: Duration) -> Step {
+    Step {
+        collective: 0,
+        step,
+        sends: vec![],
+        recvs: vec![RecvOp {
+            peer: 1,
+            tag: 0,
+            len,
+        }],
+        deadline: tokio::time::Instant::now() + timeout,
+    }
+}
+
+fn header(step: u32, sender: u32, len: u64) -> [u8; 32] {
+    FrameHeader {
+        collective: 0,
+        step,
+        sender,
+        tag: 0,
+        len,
+    }
+    .encode()
+}
+
+async fn outcome_after(fake_sends: Vec<u8>, close: bool) -> (RecvOutcome, Duration, TcpTransport) {
+    let (real, mut fake) = real_and_fake().await;
+    let timeout = Duration::from_millis(800);
+    let timed = async {
+        let start = tokio::time::Instant::now();
+        let outcomes = real.exchange(recv_step(0, 40, timeout)).await;
+        (outcomes, start.elapsed())
+    };
+    let ((outcomes, elapsed), _) = tokio::join!(timed, async {
+        fake.write_all(&fake_sends).await.unwrap();
+        if close {
+            drop(fake);
+        } else {
+            tokio::time::sleep(timeout * 2).await;
+        }
+    });
+    (outcomes.unwrap().remove(0), elapsed, real)
+}
+
+fn assert_malformed(outcome: &RecvOutcome, needle: &str) {
+    match outcome {
+        RecvOutcome::Malformed(why) => assert!(why.contains(needle), "{why:?} lacks {needle:?}"),
+        other => panic!("expected Malformed({needle}), got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn truncated_frame_is_malformed() {
+    let mut bytes = header(0, 1, 40).to_vec();
+    bytes.extend_from_slice(&[7u8; 20]);
+    let (outcome, _, _) = outcome_after(bytes, true).await;
+    assert_malformed(&outcome, "truncated frame: 20 of 40 bytes");
+}
+
+#[tokio::test]
+async fn a_length_of_two_to_the_sixty_is_refused_without_allocating() {
+    let (outcome, elapsed, real) = outcome_after(header(0, 1, 1 << 60).to_vec(), false).await;
+    assert_malformed(&outcome, "exceeds the limit");
+    assert!(
+        elapsed < Duration::from_millis(800),
+        "answered at once, not at the deadline"
+    );
+    // The connection is distrusted from then on.
+    let later = real
+        .exchange(recv_step(1, 40, Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_malformed(&later[0], "exceeds the limit");
+}
+
+#[tokio::test]
+async fn a_frame_claiming_another_sender_is_refused() {
+    let mut bytes = header(0, 5, 40).to_vec();
+    bytes.extend_from_slice(&[0u8; 40]);
+    let (outcome, _, _) = outcome_after(bytes, false).await;
+    assert_malformed(&outcome, "claims sender 5 on the connection of rank 1");
+}
+
+#[tokio::test]
+async fn garbage_instead_of_a_header_is_refused() {
+    let (outcome, _, _) =
+        outcome_after(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n.....".to_vec(), false).await;
+    assert_malformed(&outcome, "bad frame magic");
+}
+
+#[tokio::test]
+async fn a_wrong_length_is_malformed_and_the_stream_stays_usable() {
+    let (real, mut fake) = real_and_fake().await;
+    let mut bytes = header(0, 1, 44).to_vec();
+    bytes.extend_from_slice(&[1u8; 44]);
+    bytes.extend_from_slice(&header(1, 1, 40));
+    bytes.extend_from_slice(&[2u8; 40]);
+    fake.write_all(&bytes).await.unwrap();
+    let first = real
+        .exchange(recv_step(0, 40, Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_malformed(&first[0], "frame of 44 bytes, expected 40");
+    let second = real
+        .exchange(recv_step(1, 40, Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(
+        second[0],
+        RecvOutcome::Received(Payload::Host(vec![2u8; 40].into()))
+    );
+}
+
+#[tokio::test]
+async fn a_silent_peer_is_missing_at_the_deadline() {
+    let (outcome, elapsed, _) = outcome_after(Vec::new(), false).await;
+    assert_eq!(outcome, RecvOutcome::Missing);
+    assert!(
+        elapsed >= Duration::from_millis(800) && elapsed < Duration::from_secs(3),
+        "{elapsed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_peer_that_closes_is_missing_before_the_deadline() {
+    let (outcome, elapsed, _) = outcome_after(Vec::new(), true).await;
+    assert_eq!(outcome, RecvOutcome::Missing);
+    assert!(elapsed < Duration::from_millis(800), "{elapsed:?}");
+}
+
+#[tokio::test]
+async fn a_stranger_cannot_take_a_rank_and_setup_names_who_is_missing() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let addrs = [addr, addr, addr];
+    let options = TcpOptions {
+        setup_timeout: Duration::from_millis(600),
+        ..TcpOptions::default()
+    };
+    let real =
+        tokio::spawn(
+            async move { TcpTransport::connect_mesh(0, 3, listener, &addrs, options).await },
+        );
+    // Wrong world size, a rank equal to the listener's, and plain garbage are all refused.
+    for hello in [
+        Hello { world: 4, rank: 1 }.encode().to_vec(),
+        Hello { world: 3, rank: 0 }.encode().to_vec(),
+        b"hello there!".to_vec(),
+    ] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&hello).await.unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(
+            s.read(&mut buf).await.unwrap_or(0),
+            0,
+            "refused connections are closed"
+        );
+    }
+    let err = real.await.unwrap().unwrap_err().to_string();
+    assert!(err.contains("ranks [1, 2] did not connect"), "{err}");
+}
+
+/// Three honest ranks and a fourth that sends a frame announcing 2^60 bytes: the honest ranks
+/// finish the robust all-reduce with the liar named, within the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn robust_all_reduce_completes_when_one_peer_sends_garbage() {
+    let n = 4;
+    let mut listeners = Vec::new();
+    for _ in 0..n - 1 {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let mut addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    addrs.push("127.0.0.1:9".parse().unwrap());
+    let honest: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let addrs = addrs.clone();
+            tokio::spawn(async move {
+                let t = TcpTransport::connect_mesh(r, n, l, &addrs, TcpOptions::default())
+                    .await
+                    .unwrap();
+                let mut comm = Communicator::new(
+                    Box::new(t),
+                    Config {
+                        step_timeout: Duration::from_secs(5),
+                    },
+                );
+                let mut v = vec![r as f32; 100];
+                let report = comm
+                    .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                    .await
+                    .unwrap();
+                (report, v)
+            })
+        })
+        .collect();
+    let mut fakes = Vec::new();
+    for addr in &addrs[..n - 1] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            &Hello {
+                world: n as u32,
+                rank: 3,
+            }
+            .encode(),
+        )
+        .await
+        .unwrap();
+        let mut reply = [0u8; HELLO_LEN];
+        s.read_exact(&mut reply).await.unwrap();
+        s.write_all(
+            &FrameHeader {
+                collective: 0,
+                step: 0,
+                sender: 3,
+                tag: 0,
+                len: 1 << 60,
+            }
+            .encode(),
+        )
+        .await
+        .unwrap();
+        fakes.push(s);
+    }
+    for h in honest {
+        let (report, v) = h.await.unwrap();
+        assert_eq!(report.inputs, 3);
+        assert_eq!(report.faults.len(), 1);
+        assert_eq!(report.faults[0].rank, 3);
+        assert!(matches!(report.faults[0].fault, Fault::Malformed(_)));
+        assert_eq!(v, vec![1.0; 100]);
+    }
+}
+
+/// One message of more than 1 GiB, with no frame cap in the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vector_of_more_than_one_gib_crosses() {
+    let len = (1usize << 30) + 12;
+    let mut ranks = world(2).await.into_iter();
+    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let config = Config {
+        step_timeout: Duration::from_secs(120),
+    };
+    let template: Vec<u8> = (0..4093u32).map(|i| (i * 7 % 251) as u8).collect();
+    let root = tokio::spawn(async move {
+        let mut c = Communicator::new(a, config);
+        let mut buf = Vec::with_capacity(len);
+        while buf.len() < len {
+            let take = template.len().min(len - buf.len());
+            buf.extend_from_slice(&template[..take]);
+        }
+        c.broadcast_into(0, &mut buf).await.unwrap();
+    });
+    let mut c = Communicator::new(
+        b,
+        Config {
+            step_timeout: Duration::from_secs(120),
+        },
+    );
+    let mut buf = vec![0xffu8; len];
+    c.broadcast_into(0, &mut buf).await.unwrap();
+    root.await.unwrap();
+    let template: Vec<u8> = (0..4093u32).map(|i| (i * 7 % 251) as u8).collect();
+    for (i, chunk) in buf.chunks(template.len()).enumerate() {
+        assert!(chunk == &template[..chunk.len()], "chunk {i} differs");
+    }
+}
