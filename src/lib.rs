@@ -1,1 +1,168 @@
-//! placeholder
+//! byzcoll: Byzantine-robust collective communication.
+//!
+//! Every rank contributes a vector and every honest rank gets back a robust aggregate
+//! (coordinate-wise median, trimmed mean, ...) even when some ranks send garbage, lie, crash or
+//! stall. This facade re-exports the runtime, the aggregators and the transports, and wires
+//! them together from the launcher's environment:
+//!
+//! ```no_run
+//! use byzcoll::aggregators::Median;
+//! use byzcoll::Policy;
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), byzcoll::Error> {
+//!     // Rank, world size and store address come from byzcoll launch, srun, mpirun or torchrun.
+//!     let mut comm = byzcoll::init().await?;
+//!     let mut grad = vec![comm.rank() as f32; 1 << 20];
+//!     let report = comm
+//!         .robust_all_reduce(&mut grad, &Median::new(1), Policy::Gather)
+//!         .await?;
+//!     if !report.faults.is_empty() {
+//!         eprintln!("treated as erasures: {:?}", report.faults);
+//!     }
+//!     Ok(())
+//! }
+//! ```
+
+pub mod launch;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+pub use byzcoll_aggregators as aggregators;
+pub use byzcoll_runtime::{
+    bootstrap, mailbox, schedule, BootstrapError, Capabilities, Communicator, Config, Error,
+    Fault, PeerFault, Policy, Rank, RecvOutcome, ReduceOp, Result, RoundReport, Transport,
+    TransportError,
+};
+
+/// The transports, re-exported.
+pub mod transports {
+    pub use byzcoll_transport_local as local;
+    pub use byzcoll_transport_tcp as tcp;
+}
+
+use byzcoll_runtime::bootstrap::{LaunchEnv, StoreClient, StoreServer};
+use byzcoll_transport_tcp::{TcpOptions, TcpTransport};
+
+/// A transport byzcoll knows of, and whether this build has it.
+#[derive(Debug, Clone, Copy)]
+pub struct TransportInfo {
+    /// Name accepted by `BYZCOLL_TRANSPORT`.
+    pub name: &'static str,
+    /// Whether this build can use it across processes.
+    pub available: bool,
+    /// One line on what it is, or on what is missing.
+    pub about: &'static str,
+}
+
+/// Every transport byzcoll knows of.
+pub const TRANSPORTS: &[TransportInfo] = &[
+    TransportInfo {
+        name: "tcp",
+        available: true,
+        about: "tokio TCP, the embedded default; BYZCOLL_TCP_ADDR picks the address to listen on",
+    },
+    TransportInfo {
+        name: "local",
+        available: false,
+        about: "ranks as tasks of one process (byzcoll::transports::local); not for separate processes",
+    },
+    TransportInfo {
+        name: "ucx",
+        available: false,
+        about: "not in this build: the UCX transport has not been written yet",
+    },
+    TransportInfo {
+        name: "libfabric",
+        available: false,
+        about: "not in this build: the libfabric transport has not been written yet",
+    },
+    TransportInfo {
+        name: "nccl",
+        available: false,
+        about: "not in this build: the NCCL transport has not been written yet",
+    },
+];
+
+/// The transport the environment selects: `BYZCOLL_TRANSPORT`, or `tcp` when it is unset.
+pub fn selected_transport() -> String {
+    std::env::var("BYZCOLL_TRANSPORT").unwrap_or_else(|_| "tcp".to_string())
+}
+
+/// Creates a communicator from the environment: the launcher's rank and world size
+/// ([`bootstrap::LaunchEnv`]), [`Config::from_env`], the transport named by
+/// `BYZCOLL_TRANSPORT` (default `tcp`), and the rendezvous store at `BYZCOLL_STORE` or
+/// `MASTER_ADDR:MASTER_PORT`, which rank 0 hosts unless `BYZCOLL_STORE_HOSTED=1` says the
+/// launcher does.
+///
+/// # Errors
+/// [`Error::Bootstrap`] when the environment is incomplete or the store cannot be reached;
+/// [`Error::Unsupported`] when the selected transport is not available in this build (there is
+/// no fallback to another transport); [`Error::Transport`] when connecting fails.
+pub async fn init() -> Result<Communicator> {
+    let env = LaunchEnv::from_env()?;
+    let config = Config::from_env()?;
+    let transport = selected_transport();
+    let info = TRANSPORTS.iter().find(|t| t.name == transport).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "BYZCOLL_TRANSPORT={transport:?} is not a transport byzcoll knows; known: {}",
+            TRANSPORTS.iter().map(|t| t.name).collect::<Vec<_>>().join(", ")
+        ))
+    })?;
+    if !info.available {
+        return Err(Error::Unsupported(format!(
+            "BYZCOLL_TRANSPORT={transport}: {}",
+            info.about
+        )));
+    }
+    let ip = match std::env::var("BYZCOLL_TCP_ADDR") {
+        Ok(v) => Some(v.parse::<IpAddr>().map_err(|_| {
+            Error::Bootstrap(BootstrapError::InvalidVar {
+                var: "BYZCOLL_TCP_ADDR",
+                value: v.clone(),
+                why: "expected an IP address".into(),
+            })
+        })?),
+        Err(_) => None,
+    };
+    tracing::info!(
+        launcher = %env.launcher,
+        rank = env.rank,
+        size = env.size,
+        transport = %transport,
+        "byzcoll: initialising"
+    );
+    connect_tcp(&env, config, ip).await
+}
+
+async fn connect_tcp(env: &LaunchEnv, config: Config, ip: Option<IpAddr>) -> Result<Communicator> {
+    let options = TcpOptions {
+        setup_timeout: config.step_timeout.max(Duration::from_secs(60)),
+        ..TcpOptions::default()
+    };
+    let Some(store_addr) = env.store.clone() else {
+        // A world of one: nothing to rendezvous with.
+        let listener = tokio::net::TcpListener::bind((ip.unwrap_or([127, 0, 0, 1].into()), 0))
+            .await
+            .map_err(TransportError::from)?;
+        let addr = listener.local_addr().map_err(TransportError::from)?;
+        let t = TcpTransport::connect_mesh(0, 1, listener, &[addr], options).await?;
+        return Ok(Communicator::new(Box::new(t), config));
+    };
+    let hosted_elsewhere = std::env::var("BYZCOLL_STORE_HOSTED").is_ok_and(|v| v == "1");
+    let server = if env.rank == 0 && !hosted_elsewhere {
+        Some(StoreServer::bind(&store_addr).await.map_err(|e| {
+            BootstrapError::Store(format!("rank 0 cannot host the store at {store_addr}: {e}"))
+        })?)
+    } else {
+        None
+    };
+    let store = StoreClient::new(store_addr, env.rank, env.size, options.setup_timeout);
+    let t = TcpTransport::from_store(&store, env.rank, env.size, ip, options).await?;
+    let mut comm = Communicator::new(Box::new(t), config);
+    if let Some(server) = server {
+        comm.keep_alive(server);
+    }
+    Ok(comm)
+}

@@ -1,0 +1,113 @@
+//! The quickstart's scenario as separate processes over TCP, bootstrapped from the launcher's
+//! environment (`byzcoll launch`, mpirun, srun or torchrun):
+//!
+//! ```sh
+//! cargo build --release --examples --bins
+//! target/release/byzcoll launch -n 4 -- target/release/examples/tcp_allreduce
+//! ```
+//!
+//! The highest `--byzantine K` ranks attack (default: up to 2, keeping n > 2K): the last one
+//! sends NaN/inf, the others a sign-flipped vector scaled by 1000. Every honest rank checks
+//! `all_reduce` (SUM), `all_gather` and the robust median and trimmed mean, and exits non-zero
+//! on any mismatch.
+
+#![allow(clippy::print_stdout)]
+
+use std::process::ExitCode;
+
+use byzcoll::aggregators::{Median, TrimmedMean};
+use byzcoll::{Policy, ReduceOp};
+
+fn honest(rank: usize, d: usize) -> Vec<f32> {
+    (0..d)
+        .map(|j| 1.0 + 0.1 * (j as f32 * 0.01).sin() + 0.01 * rank as f32)
+        .collect()
+}
+
+fn arg(name: &str) -> Result<Option<usize>, String> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == name) {
+        None => Ok(None),
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .map(Some)
+            .ok_or_else(|| format!("{name} needs a non-negative integer")),
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let d = arg("--d")?.unwrap_or(4096);
+    let mut comm = byzcoll::init().await.map_err(|e| e.to_string())?;
+    let (me, n) = (comm.rank(), comm.size());
+    let k = arg("--byzantine")?.unwrap_or(2.min((n - 1) / 2));
+    if n <= 2 * k {
+        return Err(format!("{k} Byzantine ranks need more than {} ranks", 2 * k));
+    }
+    let byzantine = me >= n - k;
+
+    // Non-robust collectives first, all ranks honest.
+    let mut sum = honest(me, d);
+    comm.all_reduce(&mut sum, ReduceOp::Sum).await.map_err(|e| e.to_string())?;
+    let want: Vec<f32> = (0..d).map(|j| (0..n).map(|r| honest(r, d)[j]).sum()).collect();
+    let worst = sum.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    if worst > 1e-4 * n as f32 {
+        return Err(format!("all_reduce SUM is off by {worst}"));
+    }
+    let mut gathered = vec![0.0f32; n * d];
+    comm.all_gather_into(&honest(me, d), &mut gathered).await.map_err(|e| e.to_string())?;
+    if gathered != (0..n).flat_map(|r| honest(r, d)).collect::<Vec<_>>() {
+        return Err("all_gather returned the wrong data".into());
+    }
+
+    let mine = if !byzantine {
+        honest(me, d)
+    } else if me == n - 1 {
+        (0..d).map(|j| [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][j % 3]).collect()
+    } else {
+        honest(me, d).iter().map(|x| -1000.0 * x).collect()
+    };
+    for (name, rule) in [
+        ("median", Box::new(Median::new(k)) as Box<dyn byzcoll::aggregators::Aggregator>),
+        ("trimmed-mean", Box::new(TrimmedMean::new(k))),
+    ] {
+        let mut v = mine.clone();
+        let report = comm
+            .robust_all_reduce(&mut v, rule.as_ref(), Policy::Gather)
+            .await
+            .map_err(|e| format!("{name}: {e}"))?;
+        if byzantine {
+            continue;
+        }
+        for (j, x) in v.iter().enumerate() {
+            let col: Vec<f32> = (0..n - k).map(|r| honest(r, d)[j]).collect();
+            let lo = col.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = col.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if !(x.is_finite() && lo <= *x && *x <= hi) {
+                return Err(format!("{name}: coordinate {j} = {x} is outside [{lo}, {hi}]"));
+            }
+        }
+        if me == 0 {
+            println!(
+                "{name:<13} n = {n}, f = {k}: inside the honest range; {} inputs, non-finite from ranks {:?}",
+                report.inputs, report.non_finite
+            );
+        }
+    }
+    comm.barrier().await.map_err(|e| e.to_string())?;
+    if me == 0 {
+        println!("OK: {n} ranks over {}, d = {d}", comm.transport().name());
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tcp_allreduce: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
