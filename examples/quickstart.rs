@@ -45,7 +45,11 @@ impl std::fmt::Display for Cell {
             Cell::Result { max_dev, in_range } => write!(
                 f,
                 "max |x - honest mean| = {max_dev:<9.4} {}",
-                if *in_range { "inside honest range" } else { "OUTSIDE honest range" }
+                if *in_range {
+                    "inside honest range"
+                } else {
+                    "OUTSIDE honest range"
+                }
             ),
             Cell::Refused(why) => write!(f, "refused: {why}"),
         }
@@ -109,7 +113,10 @@ async fn main() {
     }
     println!("byzcoll quickstart: {N} ranks, f = {F}, d = {D} float32, local transport");
     println!("rank 5 sends -1000 x its vector; rank 6 sends NaN/+inf/-inf (first column only)\n");
-    println!("{:<13} | {:<58} | sign-flip only", "rule", "sign-flip + NaN/inf");
+    println!(
+        "{:<13} | {:<58} | sign-flip only",
+        "rule", "sign-flip + NaN/inf"
+    );
     println!("{}", "-".repeat(140));
     let mut honest_rows: Option<Vec<String>> = None;
     for (me, rows) in results {
@@ -124,14 +131,23 @@ async fn main() {
             continue;
         }
         for (i, rule) in rules.iter().enumerate() {
-            println!("{:<13} | {:<58} | {}", rule.name(), shown[i], shown[i + rules.len()]);
+            println!(
+                "{:<13} | {:<58} | {}",
+                rule.name(),
+                shown[i],
+                shown[i + rules.len()]
+            );
         }
         for (i, cell) in cells.iter().enumerate() {
             let robust = i % rules.len() != 0;
             match (robust, cell) {
-                (true, Cell::Result { in_range, .. }) => assert!(in_range, "robust rule left the honest range"),
+                (true, Cell::Result { in_range, .. }) => {
+                    assert!(in_range, "robust rule left the honest range")
+                }
                 (true, Cell::Refused(why)) => panic!("robust rule refused: {why}"),
-                (false, Cell::Result { in_range, .. }) => assert!(!in_range, "the mean survived an attack?"),
+                (false, Cell::Result { in_range, .. }) => {
+                    assert!(!in_range, "the mean survived an attack?")
+                }
                 (false, Cell::Refused(_)) => {}
             }
         }

@@ -42,33 +42,52 @@ async fn run() -> Result<(), String> {
     let (me, n) = (comm.rank(), comm.size());
     let k = arg("--byzantine")?.unwrap_or(2.min((n - 1) / 2));
     if n <= 2 * k {
-        return Err(format!("{k} Byzantine ranks need more than {} ranks", 2 * k));
+        return Err(format!(
+            "{k} Byzantine ranks need more than {} ranks",
+            2 * k
+        ));
     }
     let byzantine = me >= n - k;
+    let all: Vec<Vec<f32>> = (0..n).map(|r| honest(r, d)).collect();
 
     // Non-robust collectives first, all ranks honest.
     let mut sum = honest(me, d);
-    comm.all_reduce(&mut sum, ReduceOp::Sum).await.map_err(|e| e.to_string())?;
-    let want: Vec<f32> = (0..d).map(|j| (0..n).map(|r| honest(r, d)[j]).sum()).collect();
-    let worst = sum.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    comm.all_reduce(&mut sum, ReduceOp::Sum)
+        .await
+        .map_err(|e| e.to_string())?;
+    let want: Vec<f32> = (0..d)
+        .map(|j| (0..n).map(|r| honest(r, d)[j]).sum())
+        .collect();
+    let worst = sum
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
     if worst > 1e-4 * n as f32 {
         return Err(format!("all_reduce SUM is off by {worst}"));
     }
     let mut gathered = vec![0.0f32; n * d];
-    comm.all_gather_into(&honest(me, d), &mut gathered).await.map_err(|e| e.to_string())?;
-    if gathered != (0..n).flat_map(|r| honest(r, d)).collect::<Vec<_>>() {
+    comm.all_gather_into(&honest(me, d), &mut gathered)
+        .await
+        .map_err(|e| e.to_string())?;
+    if gathered != all.concat() {
         return Err("all_gather returned the wrong data".into());
     }
 
     let mine = if !byzantine {
         honest(me, d)
     } else if me == n - 1 {
-        (0..d).map(|j| [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][j % 3]).collect()
+        (0..d)
+            .map(|j| [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][j % 3])
+            .collect()
     } else {
         honest(me, d).iter().map(|x| -1000.0 * x).collect()
     };
     for (name, rule) in [
-        ("median", Box::new(Median::new(k)) as Box<dyn byzcoll::aggregators::Aggregator>),
+        (
+            "median",
+            Box::new(Median::new(k)) as Box<dyn byzcoll::aggregators::Aggregator>,
+        ),
         ("trimmed-mean", Box::new(TrimmedMean::new(k))),
     ] {
         let mut v = mine.clone();
@@ -80,11 +99,13 @@ async fn run() -> Result<(), String> {
             continue;
         }
         for (j, x) in v.iter().enumerate() {
-            let col: Vec<f32> = (0..n - k).map(|r| honest(r, d)[j]).collect();
+            let col: Vec<f32> = all[..n - k].iter().map(|x| x[j]).collect();
             let lo = col.iter().copied().fold(f32::INFINITY, f32::min);
             let hi = col.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             if !(x.is_finite() && lo <= *x && *x <= hi) {
-                return Err(format!("{name}: coordinate {j} = {x} is outside [{lo}, {hi}]"));
+                return Err(format!(
+                    "{name}: coordinate {j} = {x} is outside [{lo}, {hi}]"
+                ));
             }
         }
         if me == 0 {

@@ -31,9 +31,8 @@ use std::time::Duration;
 
 pub use byzcoll_aggregators as aggregators;
 pub use byzcoll_runtime::{
-    bootstrap, mailbox, schedule, BootstrapError, Capabilities, Communicator, Config, Error,
-    Fault, PeerFault, Policy, Rank, RecvOutcome, ReduceOp, Result, RoundReport, Transport,
-    TransportError,
+    bootstrap, mailbox, schedule, BootstrapError, Capabilities, Communicator, Config, Error, Fault,
+    PeerFault, Policy, Rank, RecvOutcome, ReduceOp, Result, RoundReport, Transport, TransportError,
 };
 
 /// The transports, re-exported.
@@ -66,7 +65,8 @@ pub const TRANSPORTS: &[TransportInfo] = &[
     TransportInfo {
         name: "local",
         available: false,
-        about: "ranks as tasks of one process (byzcoll::transports::local); not for separate processes",
+        about:
+            "ranks as tasks of one process (byzcoll::transports::local); not for separate processes",
     },
     TransportInfo {
         name: "ucx",
@@ -104,12 +104,19 @@ pub async fn init() -> Result<Communicator> {
     let env = LaunchEnv::from_env()?;
     let config = Config::from_env()?;
     let transport = selected_transport();
-    let info = TRANSPORTS.iter().find(|t| t.name == transport).ok_or_else(|| {
-        Error::Unsupported(format!(
-            "BYZCOLL_TRANSPORT={transport:?} is not a transport byzcoll knows; known: {}",
-            TRANSPORTS.iter().map(|t| t.name).collect::<Vec<_>>().join(", ")
-        ))
-    })?;
+    let info = TRANSPORTS
+        .iter()
+        .find(|t| t.name == transport)
+        .ok_or_else(|| {
+            Error::Unsupported(format!(
+                "BYZCOLL_TRANSPORT={transport:?} is not a transport byzcoll knows; known: {}",
+                TRANSPORTS
+                    .iter()
+                    .map(|t| t.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
     if !info.available {
         return Err(Error::Unsupported(format!(
             "BYZCOLL_TRANSPORT={transport}: {}",

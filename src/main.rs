@@ -10,7 +10,11 @@ use byzcoll::{Config, TRANSPORTS};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "byzcoll", version, about = "Byzantine-robust collective communication")]
+#[command(
+    name = "byzcoll",
+    version,
+    about = "Byzantine-robust collective communication"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -104,7 +108,10 @@ fn info() {
             if let Some(l) = env.local_rank {
                 println!("  local rank   {l}");
             }
-            println!("  store        {}", env.store.as_deref().unwrap_or("(none: single rank)"));
+            println!(
+                "  store        {}",
+                env.store.as_deref().unwrap_or("(none: single rank)")
+            );
         }
         Err(e) => println!("  launcher     none usable: {e}"),
     }

@@ -1,0 +1,70 @@
+//! Helpers shared by the multi-process tests.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// The `byzcoll` binary cargo built for these tests.
+pub fn byzcoll() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_byzcoll"))
+}
+
+/// An example binary built next to it (`cargo test` builds examples).
+pub fn example(name: &str) -> PathBuf {
+    let path = byzcoll()
+        .parent()
+        .expect("target dir")
+        .join("examples")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo test --workspace` (which builds examples) or `cargo build --examples`",
+        path.display()
+    );
+    path
+}
+
+/// Runs `cmd` with a hard time limit, so a hang fails the test instead of stalling CI.
+pub fn run_with_limit(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "command exceeded {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    (out, start.elapsed())
+}
+
+/// stdout and stderr of `out` as text.
+pub fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind")
+        .port()
+}

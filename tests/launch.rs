@@ -1,0 +1,191 @@
+//! `byzcoll launch` and the TCP example as separate processes on 127.0.0.1.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{byzcoll, example, run_with_limit, text};
+
+#[test]
+fn tcp_example_passes_under_the_launcher_at_several_world_sizes() {
+    for n in [1, 2, 3, 7, 8] {
+        let (out, _) = run_with_limit(
+            Command::new(byzcoll())
+                .args(["launch", "-n", &n.to_string(), "--"])
+                .arg(example("tcp_allreduce"))
+                .env("BYZCOLL_TIMEOUT_MS", "20000"),
+            Duration::from_secs(120),
+        );
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "n={n}\n{stdout}\n{stderr}");
+        assert!(
+            stdout.contains(&format!("[0] OK: {n} ranks over tcp")),
+            "n={n}\n{stdout}\n{stderr}"
+        );
+        if n >= 3 {
+            assert!(stdout.contains("[0] median"), "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn output_is_prefixed_with_the_rank_and_the_environment_is_set() {
+    let (out, _) = run_with_limit(
+        Command::new(byzcoll()).args([
+            "launch",
+            "-n",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "echo out $BYZCOLL_RANK/$BYZCOLL_WORLD_SIZE $BYZCOLL_STORE; echo err >&2",
+        ]),
+        Duration::from_secs(30),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success());
+    for r in 0..3 {
+        assert!(
+            stdout.contains(&format!("[{r}] out {r}/3 127.0.0.1:")),
+            "{stdout}"
+        );
+        assert!(stderr.contains(&format!("[{r}] err")), "{stderr}");
+    }
+}
+
+#[test]
+fn first_failure_ends_the_other_ranks_and_sets_the_exit_status() {
+    // The marker makes the test's sleepers findable without touching anyone else's.
+    let marker = format!("byzcoll-orphan-check-{}", std::process::id());
+    let script = format!(
+        "if [ \"$BYZCOLL_RANK\" = 1 ]; then sleep 0.3; exit 7; fi; \
+         trap '' TERM; exec -a {marker} sleep 60"
+    );
+    let (out, elapsed) = run_with_limit(
+        Command::new(byzcoll()).args([
+            "launch",
+            "-n",
+            "4",
+            "--grace-secs",
+            "1",
+            "--",
+            "bash",
+            "-c",
+            &script,
+        ]),
+        Duration::from_secs(30),
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    assert!(stderr.contains("rank 1 exited with status 7"), "{stderr}");
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    let left = Command::new("pgrep")
+        .args(["-f", &marker])
+        .output()
+        .expect("pgrep");
+    assert!(
+        left.stdout.is_empty(),
+        "orphans left: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_is_reported() {
+    let (out, _) = run_with_limit(
+        Command::new(byzcoll()).args(["launch", "-n", "2", "--", "sh", "-c", "kill -9 $$"]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(128 + 9));
+}
+
+#[test]
+fn bad_arguments_get_clear_errors() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["launch", "-n", "0", "--", "true"], "0 is not in 1..=4096"),
+        (&["launch", "-n", "2"], "required"),
+        (&["launch", "-n", "x", "--", "true"], "invalid value 'x'"),
+        (&["frobnicate"], "unrecognized subcommand"),
+    ];
+    for (args, needle) in cases {
+        let (out, _) = run_with_limit(Command::new(byzcoll()).args(args), Duration::from_secs(10));
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    let (out, _) = run_with_limit(
+        Command::new(byzcoll()).args(["launch", "-n", "2", "--", "/nonexistent/program"]),
+        Duration::from_secs(10),
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("cannot start rank 0 (/nonexistent/program)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unavailable_transport_is_an_error_not_a_fallback() {
+    let (out, _) = run_with_limit(
+        Command::new(byzcoll())
+            .args(["launch", "-n", "2", "--"])
+            .arg(example("tcp_allreduce"))
+            .env("BYZCOLL_TRANSPORT", "ucx"),
+        Duration::from_secs(30),
+    );
+    let (_, stderr) = text(&out);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr.contains("BYZCOLL_TRANSPORT=ucx: not in this build"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn without_a_launcher_the_example_says_what_is_missing() {
+    let mut cmd = Command::new(example("tcp_allreduce"));
+    for var in [
+        "BYZCOLL_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "RANK",
+        "SLURM_PROCID",
+        "BYZCOLL_LAUNCHER",
+    ] {
+        cmd.env_remove(var);
+    }
+    let (out, _) = run_with_limit(&mut cmd, Duration::from_secs(10));
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("no launcher environment found"), "{stderr}");
+}
+
+#[test]
+fn info_lists_transports_rules_and_the_selection() {
+    let (out, _) = run_with_limit(
+        Command::new(byzcoll())
+            .arg("info")
+            .env("RANK", "2")
+            .env("WORLD_SIZE", "4")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", "29500")
+            .env("BYZCOLL_TRANSPORT", "tcp"),
+        Duration::from_secs(10),
+    );
+    let (stdout, _) = text(&out);
+    assert!(out.status.success());
+    for needle in [
+        "tcp        yes",
+        "ucx        no",
+        "median",
+        "trimmed-mean",
+        "launcher     torchrun",
+        "rank         2 of 4",
+        "store        127.0.0.1:29500",
+        "transport    tcp (from BYZCOLL_TRANSPORT; available)",
+    ] {
+        assert!(stdout.contains(needle), "missing {needle:?} in\n{stdout}");
+    }
+}

@@ -1,0 +1,56 @@
+//! The TCP example started by a real Open MPI `mpirun`, as users launch it: byzcoll reads
+//! `OMPI_COMM_WORLD_*` and rank 0 hosts the store at `BYZCOLL_STORE`.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{example, free_port, run_with_limit, text};
+
+#[test]
+fn tcp_example_runs_under_mpirun() {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("BYZCOLL_REQUIRE_MPI").is_none(),
+            "BYZCOLL_REQUIRE_MPI is set but mpirun is not installed (apt-get install openmpi-bin)"
+        );
+        eprintln!(
+            "SKIPPED tcp_example_runs_under_mpirun: mpirun not found (apt-get install openmpi-bin)"
+        );
+        return;
+    }
+    let store = format!("127.0.0.1:{}", free_port());
+    let (out, _) = run_with_limit(
+        Command::new("mpirun")
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--mca",
+                "oob_tcp_if_include",
+                "lo",
+                "--mca",
+                "btl",
+                "self,tcp",
+                "--mca",
+                "btl_tcp_if_include",
+                "lo",
+                "-n",
+                "3",
+                "-x",
+                &format!("BYZCOLL_STORE={store}"),
+            ])
+            .arg(example("tcp_allreduce")),
+        Duration::from_secs(120),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("OK: 3 ranks over tcp"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("median        n = 3, f = 1: inside the honest range"),
+        "{stdout}"
+    );
+}
