@@ -1,1 +1,249 @@
-fn main() {}
+//! Collective benchmark over TCP on 127.0.0.1, printed in nccl-tests columns, side by side with
+//! Open MPI (mpi4py + numpy) in the same run when those are installed.
+//!
+//! ```sh
+//! cargo bench --bench collectives                       # 4 ranks, d = 2^16 .. 2^24 float32
+//! cargo bench --bench collectives -- --ranks 4 --min-exp 16 --max-exp 24 --no-anchor
+//! ```
+//!
+//! Without `BYZCOLL_RANK` in its environment the binary is the launcher: it starts `--ranks`
+//! copies of itself through `byzcoll::launch`, then the MPI anchor. Each rep is timed as the
+//! slowest rank's time (an all-reduce MAX of the per-rank times) after a barrier; the table
+//! shows the median of the reps.
+//!
+//! Columns: `size` is bytes per rank (`all_gather`: bytes gathered per rank, as nccl-tests
+//! prints it). `algbw = size / time`. `busbw` is nccl-tests' bus bandwidth: `algbw * 2(n-1)/n`
+//! for `all_reduce`, `algbw * (n-1)/n` for `all_gather`, and for gather-mode
+//! `robust_all_reduce` `algbw * (n-1)`, the bytes each rank actually receives.
+
+#![allow(clippy::print_stdout)]
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use byzcoll::aggregators::Median;
+use byzcoll::launch::{launch, LaunchOptions};
+use byzcoll::{Communicator, Policy, ReduceOp};
+
+struct Args {
+    ranks: usize,
+    min_exp: u32,
+    max_exp: u32,
+    anchor: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        ranks: 4,
+        min_exp: 16,
+        max_exp: 24,
+        anchor: true,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let value = |i: usize| -> Result<u64, String> {
+            argv.get(i + 1)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("{} needs a number", argv[i]))
+        };
+        match argv[i].as_str() {
+            "--ranks" => args.ranks = value(i)? as usize,
+            "--min-exp" => args.min_exp = value(i)? as u32,
+            "--max-exp" => args.max_exp = value(i)? as u32,
+            "--no-anchor" => {
+                args.anchor = false;
+                i += 1;
+                continue;
+            }
+            // cargo bench passes --bench; anything else is a mistake.
+            "--bench" => {
+                i += 1;
+                continue;
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+        i += 2;
+    }
+    if args.ranks < 2 || args.min_exp > args.max_exp || args.max_exp > 28 {
+        return Err("need --ranks >= 2 and --min-exp <= --max-exp <= 28".into());
+    }
+    Ok(args)
+}
+
+fn reps_for(bytes: usize) -> usize {
+    (((64usize << 20) / bytes.max(1)).clamp(3, 20)) | 1
+}
+
+/// Times `op` over `reps` reps as the slowest rank's time; returns the median in seconds.
+async fn time_op<F>(comm: &mut Communicator, reps: usize, mut op: F) -> f64
+where
+    F: AsyncFnMut(&mut Communicator),
+{
+    op(comm).await; // warm-up
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        comm.barrier().await.expect("barrier");
+        let t = Instant::now();
+        op(comm).await;
+        let mut slowest = [t.elapsed().as_secs_f64()];
+        comm.all_reduce(&mut slowest, ReduceOp::Max)
+            .await
+            .expect("max");
+        times.push(slowest[0]);
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn row(size: usize, count: usize, redop: &str, seconds: f64, bus_factor: f64, label: &str) {
+    let algbw = size as f64 / seconds / 1e9;
+    println!(
+        "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3}   {label}",
+        "float",
+        seconds * 1e6,
+        algbw * bus_factor
+    );
+}
+
+async fn worker(args: &Args) -> Result<(), String> {
+    let mut comm = byzcoll::init().await.map_err(|e| e.to_string())?;
+    let (me, n) = (comm.rank(), comm.size());
+    let nf = n as f64;
+    let f = (n - 1) / 2;
+    let median = Median::new(f);
+    if me == 0 {
+        println!(
+            "# byzcoll over {} on 127.0.0.1, {n} ranks, median f = {f}",
+            comm.transport().name()
+        );
+        println!(
+            "{:>12} {:>10} {:>6} {:>7} {:>12} {:>8} {:>8}   collective",
+            "size", "count", "type", "redop", "time(us)", "algbw", "busbw"
+        );
+    }
+    for exp in (args.min_exp..=args.max_exp).step_by(2) {
+        let d = 1usize << exp;
+        let bytes = d * 4;
+        let reps = reps_for(bytes);
+        let input: Vec<f32> = (0..d).map(|j| (me * 7 + j % 13) as f32).collect();
+
+        let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
+            let mut v = input.clone();
+            c.all_reduce(&mut v, ReduceOp::Sum)
+                .await
+                .expect("all_reduce");
+        })
+        .await;
+        if me == 0 {
+            row(bytes, d, "sum", t, 2.0 * (nf - 1.0) / nf, "all_reduce");
+        }
+
+        let mut gathered = vec![0.0f32; n * d];
+        let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
+            c.all_gather_into(&input, &mut gathered)
+                .await
+                .expect("all_gather");
+        })
+        .await;
+        if me == 0 {
+            row(bytes * n, d * n, "none", t, (nf - 1.0) / nf, "all_gather");
+        }
+
+        let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
+            let mut v = input.clone();
+            c.robust_all_reduce(&mut v, &median, Policy::Gather)
+                .await
+                .expect("robust_all_reduce");
+        })
+        .await;
+        if me == 0 {
+            row(bytes, d, "median", t, nf - 1.0, "robust_all_reduce gather");
+        }
+    }
+    Ok(())
+}
+
+fn run_anchor(args: &Args) {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/benches/anchors/mpi_collectives.py"
+    );
+    let status = std::process::Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--mca",
+            "oob_tcp_if_include",
+            "lo",
+            "--mca",
+            "btl",
+            "self,tcp",
+            "--mca",
+            "btl_tcp_if_include",
+            "lo",
+            "-n",
+            &args.ranks.to_string(),
+            "python3",
+            script,
+            "--min-exp",
+            &args.min_exp.to_string(),
+            "--max-exp",
+            &args.max_exp.to_string(),
+        ])
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => {
+            println!("# MPI anchor failed ({s}); is mpi4py installed? pip install mpi4py numpy")
+        }
+        Err(e) => {
+            println!("# MPI anchor not run: mpirun unavailable ({e}); apt-get install openmpi-bin")
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("collectives bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if std::env::var_os("BYZCOLL_RANK").is_some() {
+        return match runtime.block_on(worker(&args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("collectives bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let mut command = vec![exe.into_os_string()];
+    command.extend(std::env::args_os().skip(1));
+    let outcome = runtime.block_on(launch(LaunchOptions {
+        ranks: args.ranks,
+        command,
+        grace: Duration::from_secs(5),
+        env: vec![("BYZCOLL_TIMEOUT_MS".into(), "120000".into())],
+    }));
+    match outcome {
+        Ok(o) if o.exit_code == 0 => {}
+        Ok(o) => return ExitCode::from(o.exit_code.clamp(1, 255) as u8),
+        Err(e) => {
+            eprintln!("collectives bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if args.anchor {
+        run_anchor(&args);
+    }
+    ExitCode::SUCCESS
+}

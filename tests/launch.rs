@@ -189,3 +189,18 @@ fn info_lists_transports_rules_and_the_selection() {
         assert!(stdout.contains(needle), "missing {needle:?} in\n{stdout}");
     }
 }
+
+#[test]
+fn quickstart_asserts_its_own_result() {
+    let (out, _) = run_with_limit(
+        &mut Command::new(example("quickstart")),
+        Duration::from_secs(120),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("OK: median and trimmed mean stayed inside"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("mean          | refused"), "{stdout}");
+}

@@ -1,0 +1,71 @@
+"""MPI anchor for benches/collectives.rs: the same collectives with Open MPI + numpy.
+
+Run by the benchmark under mpirun with the tcp btl on loopback; prints the same nccl-tests
+columns: MPI Allreduce(SUM), Allgather, and the usual robust workaround, Allgather followed by
+numpy.median(axis=0). Each rep is the slowest rank's time after a barrier; the median of the reps
+is printed.
+"""
+import argparse
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+
+def reps_for(nbytes):
+    return max(3, min(20, (64 << 20) // max(nbytes, 1))) | 1
+
+
+def timed(comm, reps, op):
+    op()
+    times = []
+    for _ in range(reps):
+        comm.Barrier()
+        t = time.perf_counter()
+        op()
+        times.append(comm.allreduce(time.perf_counter() - t, op=MPI.MAX))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def row(size, count, redop, seconds, bus, label):
+    algbw = size / seconds / 1e9
+    print(f"{size:>12} {count:>10} {'float':>6} {redop:>7} {seconds * 1e6:>12.1f} "
+          f"{algbw:>8.3f} {algbw * bus:>8.3f}   {label}", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--min-exp", type=int, default=16)
+    p.add_argument("--max-exp", type=int, default=24)
+    a = p.parse_args()
+    comm = MPI.COMM_WORLD
+    me, n = comm.Get_rank(), comm.Get_size()
+    if me == 0:
+        print(f"# Open MPI {MPI.Get_library_version().split(',')[0].strip()} (btl tcp, loopback) "
+              f"+ numpy {np.__version__}, {n} ranks", flush=True)
+    for exp in range(a.min_exp, a.max_exp + 1, 2):
+        d = 1 << exp
+        nbytes = d * 4
+        reps = reps_for(nbytes)
+        x = ((me * 7 + np.arange(d) % 13)).astype(np.float32)
+        out = np.empty_like(x)
+        t = timed(comm, reps, lambda: comm.Allreduce(x, out, op=MPI.SUM))
+        if me == 0:
+            row(nbytes, d, "sum", t, 2 * (n - 1) / n, "MPI Allreduce")
+        g = np.empty((n, d), dtype=np.float32)
+        t = timed(comm, reps, lambda: comm.Allgather(x, g))
+        if me == 0:
+            row(nbytes * n, d * n, "none", t, (n - 1) / n, "MPI Allgather")
+
+        def gather_median():
+            comm.Allgather(x, g)
+            np.median(g, axis=0)
+
+        t = timed(comm, reps, gather_median)
+        if me == 0:
+            row(nbytes, d, "median", t, n - 1, "MPI Allgather + numpy.median")
+
+
+if __name__ == "__main__":
+    main()
