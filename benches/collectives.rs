@@ -96,14 +96,38 @@ where
     times[times.len() / 2]
 }
 
+/// Prints one table row; rank 0 also appends `elements-per-rank seconds label` to the results
+/// file the launcher named, for the ratio table.
 fn row(size: usize, count: usize, redop: &str, seconds: f64, bus_factor: f64, label: &str) {
     let algbw = size as f64 / seconds / 1e9;
+    if let Some(path) = std::env::var_os("BYZCOLL_BENCH_RESULTS") {
+        use std::io::Write;
+        let per_rank = if label == "all_gather" {
+            size / 4 / ranks()
+        } else {
+            count
+        };
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{per_rank} {seconds} {label}");
+        }
+    }
     println!(
         "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3}   {label}",
         "float",
         seconds * 1e6,
         algbw * bus_factor
     );
+}
+
+fn ranks() -> usize {
+    std::env::var("BYZCOLL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
 }
 
 async fn worker(args: &Args) -> Result<(), String> {
@@ -164,12 +188,13 @@ async fn worker(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-fn run_anchor(args: &Args) {
+/// Runs the MPI anchor and returns its rows as (elements per rank, seconds, label).
+fn run_anchor(args: &Args) -> Vec<(usize, f64, String)> {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/benches/anchors/mpi_collectives.py"
     );
-    let status = std::process::Command::new("mpirun")
+    let output = std::process::Command::new("mpirun")
         .args([
             "--allow-run-as-root",
             "--oversubscribe",
@@ -191,15 +216,75 @@ fn run_anchor(args: &Args) {
             "--max-exp",
             &args.max_exp.to_string(),
         ])
-        .status();
-    match status {
-        Ok(s) if s.success() => {}
-        Ok(s) => {
-            println!("# MPI anchor failed ({s}); is mpi4py installed? pip install mpi4py numpy")
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    let output = match output {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Ok(o) => {
+            println!(
+                "# MPI anchor failed ({}); is mpi4py installed? pip install mpi4py numpy",
+                o.status
+            );
+            return Vec::new();
         }
         Err(e) => {
-            println!("# MPI anchor not run: mpirun unavailable ({e}); apt-get install openmpi-bin")
+            println!("# MPI anchor not run: mpirun unavailable ({e}); apt-get install openmpi-bin");
+            return Vec::new();
         }
+    };
+    print!("{output}");
+    output
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            let count: usize = t.get(1)?.parse().ok()?;
+            let micros: f64 = t.get(4)?.parse().ok()?;
+            let label = t.get(7..)?.join(" ");
+            let per_rank = if label == "MPI Allgather" {
+                count / args.ranks
+            } else {
+                count
+            };
+            Some((per_rank, micros / 1e6, label))
+        })
+        .collect()
+}
+
+fn print_ratios(ours: &[(usize, f64, String)], anchor: &[(usize, f64, String)]) {
+    let pairs = [
+        ("all_reduce", "MPI Allreduce"),
+        ("all_gather", "MPI Allgather"),
+        ("robust_all_reduce gather", "MPI Allgather + numpy.median"),
+    ];
+    let find = |rows: &[(usize, f64, String)], d: usize, label: &str| {
+        rows.iter()
+            .find(|(e, _, l)| *e == d && l == label)
+            .map(|r| r.1)
+    };
+    let mut sizes: Vec<usize> = ours.iter().map(|r| r.0).collect();
+    sizes.dedup();
+    println!();
+    println!("# time ratio byzcoll / Open MPI, same run (< 1: byzcoll faster)");
+    println!(
+        "{:>12} {:>12} {:>12} {:>34}",
+        "bytes/rank", "all_reduce", "all_gather", "robust median / Allgather+median"
+    );
+    for d in sizes {
+        let cells: Vec<String> = pairs
+            .iter()
+            .map(|(a, b)| match (find(ours, d, a), find(anchor, d, b)) {
+                (Some(x), Some(y)) => format!("{:.2}", x / y),
+                _ => "-".into(),
+            })
+            .collect();
+        println!(
+            "{:>12} {:>12} {:>12} {:>34}",
+            d * 4,
+            cells[0],
+            cells[1],
+            cells[2]
+        );
     }
 }
 
@@ -225,6 +310,8 @@ fn main() -> ExitCode {
             }
         };
     }
+    let results = std::env::temp_dir().join(format!("byzcoll-bench-{}.txt", std::process::id()));
+    let _ = std::fs::remove_file(&results);
     let exe = std::env::current_exe().expect("current exe");
     let mut command = vec![exe.into_os_string()];
     command.extend(std::env::args_os().skip(1));
@@ -232,7 +319,13 @@ fn main() -> ExitCode {
         ranks: args.ranks,
         command,
         grace: Duration::from_secs(5),
-        env: vec![("BYZCOLL_TIMEOUT_MS".into(), "120000".into())],
+        env: vec![
+            ("BYZCOLL_TIMEOUT_MS".into(), "120000".into()),
+            (
+                "BYZCOLL_BENCH_RESULTS".into(),
+                results.to_string_lossy().into_owned(),
+            ),
+        ],
     }));
     match outcome {
         Ok(o) if o.exit_code == 0 => {}
@@ -242,8 +335,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    let ours: Vec<(usize, f64, String)> = std::fs::read_to_string(&results)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (d, rest) = l.split_once(' ')?;
+            let (secs, label) = rest.split_once(' ')?;
+            Some((d.parse().ok()?, secs.parse().ok()?, label.to_string()))
+        })
+        .collect();
+    let _ = std::fs::remove_file(&results);
     if args.anchor {
-        run_anchor(&args);
+        let anchor = run_anchor(&args);
+        if !anchor.is_empty() {
+            print_ratios(&ours, &anchor);
+        }
     }
     ExitCode::SUCCESS
 }

@@ -173,3 +173,8 @@ async fn connect_tcp(env: &LaunchEnv, config: Config, ip: Option<IpAddr>) -> Res
     }
     Ok(comm)
 }
+
+/// The README's code blocks, compiled as doc tests so the embedding example cannot rot.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
