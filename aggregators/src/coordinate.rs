@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use crate::{check_lengths, AggError, Aggregator, Element, Inputs, Output, Structure};
+use crate::{check_lengths, AggError, AggReport, Aggregator, Element, Inputs, Output, Structure};
 
 /// Coordinates per block: enough to amortise the transpose, small enough to stay in L2.
 fn block_len(n: usize) -> usize {
@@ -131,8 +131,8 @@ impl Aggregator for Median {
         Structure::CoordinateWise
     }
 
-    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<(), AggError> {
-        dispatch!(self, inputs, out)
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
+        dispatch!(self, inputs, out).map(|()| AggReport::default())
     }
 }
 
@@ -197,8 +197,8 @@ impl Aggregator for TrimmedMean {
         Structure::CoordinateWise
     }
 
-    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<(), AggError> {
-        dispatch!(self, inputs, out)
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
+        dispatch!(self, inputs, out).map(|()| AggReport::default())
     }
 }
 
@@ -283,8 +283,8 @@ impl Aggregator for Mean {
         Structure::CoordinateWise
     }
 
-    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<(), AggError> {
-        dispatch!(self, inputs, out)
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
+        dispatch!(self, inputs, out).map(|()| AggReport::default())
     }
 }
 

@@ -78,6 +78,25 @@ pub enum Structure {
     Global,
 }
 
+/// What a rule tells about its inputs besides the output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AggReport {
+    /// For selection rules (Krum, Multi-Krum, Bulyan): the indices of the inputs that were
+    /// selected, so callers can see who was excluded. `None` for rules that select per
+    /// coordinate.
+    pub selected: Option<Vec<usize>>,
+}
+
+impl AggReport {
+    /// A report that lists the selected inputs.
+    pub fn selected(indices: Vec<usize>) -> Self {
+        AggReport {
+            selected: Some(indices),
+        }
+    }
+}
+
 /// Why an aggregation could not produce a trustworthy result.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -166,7 +185,7 @@ pub trait Aggregator: Send + Sync + fmt::Debug {
     /// when lengths differ, [`AggError::NonFiniteInputs`] / [`AggError::NonFiniteResult`] under
     /// the non-finite policy in the crate docs, [`AggError::Unsupported`] for an input kind the
     /// rule cannot read.
-    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<(), AggError>;
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError>;
 }
 
 /// Typed convenience wrapper around [`Aggregator::aggregate`].
@@ -177,7 +196,7 @@ pub fn aggregate_into<T: Element>(
     rule: &(impl Aggregator + ?Sized),
     inputs: &[&[T]],
     out: &mut [T],
-) -> Result<(), AggError> {
+) -> Result<AggReport, AggError> {
     rule.aggregate(T::inputs(inputs), T::output(out))
 }
 

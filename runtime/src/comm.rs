@@ -44,6 +44,8 @@ pub struct RoundReport {
     /// Ranks whose vector held NaN or infinities (it still entered the aggregation, where the
     /// rule's non-finite policy applies).
     pub non_finite: Vec<Rank>,
+    /// For selection rules (Krum family): the ranks whose vectors were selected.
+    pub selected: Option<Vec<Rank>>,
 }
 
 /// A group of ranks running collectives over one transport.
@@ -349,15 +351,19 @@ impl Communicator {
         }
         let inputs: Vec<&[T]> = vectors.iter().map(|v| v.as_ref()).collect();
         let mut out = vec![T::zeroed(); buf.len()];
-        byzcoll_aggregators::aggregate_into(rule, &inputs, &mut out).map_err(|e| match e {
-            AggError::NonFiniteInputs { rule, inputs } => {
-                Error::Aggregation(AggError::NonFiniteInputs {
-                    rule,
-                    inputs: inputs.into_iter().map(|i| ranks[i]).collect(),
-                })
-            }
-            other => Error::Aggregation(other),
-        })?;
+        let agg =
+            byzcoll_aggregators::aggregate_into(rule, &inputs, &mut out).map_err(|e| match e {
+                AggError::NonFiniteInputs { rule, inputs } => {
+                    Error::Aggregation(AggError::NonFiniteInputs {
+                        rule,
+                        inputs: inputs.into_iter().map(|i| ranks[i]).collect(),
+                    })
+                }
+                other => Error::Aggregation(other),
+            })?;
+        report.selected = agg
+            .selected
+            .map(|s| s.into_iter().map(|i| ranks[i]).collect());
         drop(inputs);
         drop(vectors);
         buf.copy_from_slice(&out);
