@@ -200,7 +200,7 @@ pub fn aggregate_into<T: Element>(
     rule.aggregate(T::inputs(inputs), T::output(out))
 }
 
-/// The rule names [`by_name`] accepts.
+/// The rule names [`build`] accepts, with a one-line description.
 pub const RULES: &[(&str, &str)] = &[
     ("mean", "arithmetic mean; NOT robust, for comparison only"),
     ("median", "coordinate-wise median; n > 2f"),
@@ -210,11 +210,24 @@ pub const RULES: &[(&str, &str)] = &[
     ),
 ];
 
-/// Builds a rule from its name and the number `f` of Byzantine inputs to tolerate.
+/// Parameters of a rule, as given on a command line or in a config file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Params {
+    /// Number of Byzantine inputs to tolerate.
+    pub f: usize,
+    /// Multi-Krum: how many inputs to average (default `n - f`).
+    pub m: Option<usize>,
+    /// Centered clipping: the clipping radius.
+    pub tau: Option<f64>,
+}
+
+/// Builds a rule from its name (see [`RULES`]) and parameters.
 ///
 /// # Errors
-/// [`AggError::InvalidSpec`] for an unknown name; the message lists the known ones.
-pub fn by_name(name: &str, f: usize) -> Result<Box<dyn Aggregator>, AggError> {
+/// [`AggError::InvalidSpec`] for an unknown name (the message lists the known ones) or a
+/// missing or invalid parameter.
+pub fn build(name: &str, params: &Params) -> Result<Box<dyn Aggregator>, AggError> {
+    let f = params.f;
     match name {
         "mean" => Ok(Box::new(Mean::new())),
         "median" => Ok(Box::new(Median::new(f))),
@@ -224,6 +237,21 @@ pub fn by_name(name: &str, f: usize) -> Result<Box<dyn Aggregator>, AggError> {
             RULES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
         ))),
     }
+}
+
+/// Builds a rule from its name and the number `f` of Byzantine inputs to tolerate, with
+/// default values for other parameters.
+///
+/// # Errors
+/// As [`build`].
+pub fn by_name(name: &str, f: usize) -> Result<Box<dyn Aggregator>, AggError> {
+    build(
+        name,
+        &Params {
+            f,
+            ..Params::default()
+        },
+    )
 }
 
 fn check_lengths<T>(inputs: &[&[T]], expected: usize) -> Result<(), AggError> {

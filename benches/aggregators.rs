@@ -1,0 +1,2 @@
+//! Placeholder: the aggregator benchmark is being written.
+fn main() {}
