@@ -15,7 +15,7 @@ fn block_len(n: usize) -> usize {
 
 /// Runs `reduce` on every coordinate's column of keys and writes the result.
 /// `reduce` returns `None` when the result would be non-finite.
-fn reduce_columns<T: Element>(
+pub(crate) fn reduce_columns<T: Element>(
     inputs: &[&[T]],
     out: &mut [T],
     reduce: impl Fn(&mut [T::Key]) -> Option<T> + Sync,
@@ -46,7 +46,7 @@ fn reduce_columns<T: Element>(
     )
 }
 
-fn precondition(rule: &str, n: usize, f: usize) -> Result<(), AggError> {
+pub(crate) fn precondition(rule: &str, n: usize, f: usize) -> Result<(), AggError> {
     if n > 2 * f {
         Ok(())
     } else {
@@ -57,19 +57,6 @@ fn precondition(rule: &str, n: usize, f: usize) -> Result<(), AggError> {
             f,
         })
     }
-}
-
-macro_rules! dispatch {
-    ($self:ident, $inputs:ident, $out:ident) => {
-        match ($inputs, $out) {
-            (Inputs::F32(x), Output::F32(o)) => $self.run(x, o),
-            (Inputs::F64(x), Output::F64(o)) => $self.run(x, o),
-            _ => Err(AggError::Unsupported {
-                rule: $self.name().to_string(),
-                what: "inputs and output of different element types".to_string(),
-            }),
-        }
-    };
 }
 
 /// Coordinate-wise median; for an even count, the mean of the two middle values.
@@ -87,7 +74,7 @@ impl Median {
         Median { f }
     }
 
-    fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<(), AggError> {
+    pub(crate) fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<(), AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
         let mid = inputs.len() / 2;
@@ -132,7 +119,7 @@ impl Aggregator for Median {
     }
 
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
-        dispatch!(self, inputs, out).map(|()| AggReport::default())
+        crate::dispatch!(self, inputs, out).map(|()| AggReport::default())
     }
 }
 
@@ -198,7 +185,7 @@ impl Aggregator for TrimmedMean {
     }
 
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
-        dispatch!(self, inputs, out).map(|()| AggReport::default())
+        crate::dispatch!(self, inputs, out).map(|()| AggReport::default())
     }
 }
 
@@ -284,7 +271,7 @@ impl Aggregator for Mean {
     }
 
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
-        dispatch!(self, inputs, out).map(|()| AggReport::default())
+        crate::dispatch!(self, inputs, out).map(|()| AggReport::default())
     }
 }
 

@@ -26,13 +26,37 @@
 //! assert_eq!(out, [2.0, 4.0]);
 //! ```
 
+/// Calls `$self.run` with the typed slices, or reports mixed element types.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dispatch {
+    ($self:ident, $inputs:ident, $out:ident) => {
+        match ($inputs, $out) {
+            ($crate::Inputs::F32(x), $crate::Output::F32(o)) => $self.run(x, o),
+            ($crate::Inputs::F64(x), $crate::Output::F64(o)) => $self.run(x, o),
+            _ => Err($crate::AggError::Unsupported {
+                rule: $self.name().to_string(),
+                what: "inputs and output of different element types".to_string(),
+            }),
+        }
+    };
+}
+
+pub mod attacks;
 mod coordinate;
+mod distance;
 mod element;
+mod geometric;
+mod krum;
+mod nnm;
 
 use std::fmt;
 
 pub use coordinate::{Mean, Median, TrimmedMean};
 pub use element::{DType, Element};
+pub use geometric::{CenteredClipping, GeometricMedian};
+pub use krum::{Bulyan, Krum, MultiKrum};
+pub use nnm::Nnm;
 
 /// Borrowed input vectors, one slice per input, all of the same length.
 ///
@@ -145,6 +169,17 @@ pub enum AggError {
         /// First coordinate affected.
         coordinate: usize,
     },
+    /// More inputs hold NaN or infinities than the rule can exclude, so any selection would
+    /// include one; the rule refuses rather than return a non-finite result.
+    #[error("{rule}: {count} inputs hold non-finite values, more than f = {f} allows")]
+    TooManyNonFiniteInputs {
+        /// Rule name.
+        rule: String,
+        /// Byzantine inputs tolerated.
+        f: usize,
+        /// Inputs holding NaN or infinities.
+        count: usize,
+    },
     /// A parameter is out of range or a rule name is not known.
     #[error("invalid aggregator specification: {0}")]
     InvalidSpec(String),
@@ -200,7 +235,8 @@ pub fn aggregate_into<T: Element>(
     rule.aggregate(T::inputs(inputs), T::output(out))
 }
 
-/// The rule names [`build`] accepts, with a one-line description.
+/// The rule names [`build`] accepts, with a one-line description. Any rule may be prefixed with
+/// `nnm+` for nearest-neighbour mixing.
 pub const RULES: &[(&str, &str)] = &[
     ("mean", "arithmetic mean; NOT robust, for comparison only"),
     ("median", "coordinate-wise median; n > 2f"),
@@ -208,8 +244,31 @@ pub const RULES: &[(&str, &str)] = &[
         "trimmed-mean",
         "coordinate-wise mean after dropping the f smallest and f largest; n > 2f",
     ),
+    (
+        "krum",
+        "the input closest to its n-f-2 nearest neighbours; n > 2f+2",
+    ),
+    (
+        "multi-krum",
+        "mean of the m inputs with the best Krum scores (m = n-f); n > 2f+2",
+    ),
+    (
+        "bulyan",
+        "n-2f inputs chosen by Krum, then a trimmed mean around the median; n >= 4f+3",
+    ),
+    (
+        "geometric-median",
+        "smoothed Weiszfeld from the coordinate-wise median; n > 2f",
+    ),
+    (
+        "centered-clipping",
+        "3 clipped steps of radius tau (--tau) from the median; n > 2f",
+    ),
+    (
+        "nnm+RULE",
+        "nearest-neighbour mixing of n-f neighbours, then RULE; n > 2f",
+    ),
 ];
-
 /// Parameters of a rule, as given on a command line or in a config file.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Params {
@@ -228,15 +287,50 @@ pub struct Params {
 /// missing or invalid parameter.
 pub fn build(name: &str, params: &Params) -> Result<Box<dyn Aggregator>, AggError> {
     let f = params.f;
-    match name {
-        "mean" => Ok(Box::new(Mean::new())),
-        "median" => Ok(Box::new(Median::new(f))),
-        "trimmed-mean" | "trimmed_mean" => Ok(Box::new(TrimmedMean::new(f))),
-        other => Err(AggError::InvalidSpec(format!(
-            "unknown rule `{other}`; known rules: {}",
-            RULES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
-        ))),
+    let refuse = |what: &str| {
+        Err(AggError::InvalidSpec(format!(
+            "{what} does not apply to `{name}`"
+        )))
+    };
+    if params.m.is_some() && name != "multi-krum" && name != "nnm+multi-krum" {
+        return refuse("m (the number of inputs Multi-Krum averages)");
     }
+    if params.tau.is_some() && !name.ends_with("centered-clipping") {
+        return refuse("tau (the clipping radius)");
+    }
+    if let Some(inner) = name.strip_prefix("nnm+") {
+        if inner.starts_with("nnm+") {
+            return Err(AggError::InvalidSpec(
+                "nnm+ may be applied only once".into(),
+            ));
+        }
+        return Ok(Box::new(Nnm::new(f, build(inner, params)?)));
+    }
+    Ok(match name {
+        "mean" => Box::new(Mean::new()),
+        "median" => Box::new(Median::new(f)),
+        "trimmed-mean" | "trimmed_mean" => Box::new(TrimmedMean::new(f)),
+        "krum" => Box::new(Krum::new(f)),
+        "multi-krum" => Box::new(MultiKrum::new(f, params.m)),
+        "bulyan" => Box::new(Bulyan::new(f)),
+        "geometric-median" => Box::new(GeometricMedian::new(f)),
+        "centered-clipping" => {
+            let tau = params.tau.ok_or_else(|| {
+                AggError::InvalidSpec("centered-clipping needs tau, the clipping radius".into())
+            })?;
+            Box::new(CenteredClipping::new(
+                f,
+                tau,
+                CenteredClipping::DEFAULT_ITERATIONS,
+            )?)
+        }
+        other => {
+            return Err(AggError::InvalidSpec(format!(
+                "unknown rule `{other}`; known rules: {}",
+                RULES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            )))
+        }
+    })
 }
 
 /// Builds a rule from its name and the number `f` of Byzantine inputs to tolerate, with
@@ -271,9 +365,33 @@ mod tests {
 
     #[test]
     fn by_name_knows_every_listed_rule_and_rejects_others() {
+        let params = Params {
+            f: 1,
+            tau: Some(1.0),
+            ..Params::default()
+        };
         for (name, _) in RULES {
-            assert_eq!(by_name(name, 1).unwrap().name(), *name);
+            let name = name.replace("RULE", "median");
+            let params = if name == "centered-clipping" {
+                params.clone()
+            } else {
+                Params {
+                    tau: None,
+                    ..params.clone()
+                }
+            };
+            assert_eq!(build(&name, &params).unwrap().name(), name);
         }
+        assert!(build("centered-clipping", &Params::default()).is_err());
+        assert!(build(
+            "median",
+            &Params {
+                m: Some(2),
+                ..Params::default()
+            }
+        )
+        .is_err());
+        assert!(build("nnm+nnm+median", &Params::default()).is_err());
         let err = by_name("average", 1).unwrap_err();
         assert!(
             err.to_string().contains("known rules: mean, median"),

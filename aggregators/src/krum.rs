@@ -1,0 +1,281 @@
+//! Distance-based selection rules: Krum, Multi-Krum, Bulyan.
+//!
+//! Scores come from one table of pairwise squared distances ([`crate::distance`]). An input
+//! holding NaN or infinities is infinitely far from every other, so its score is infinite and it
+//! is never selected; when a selection would have to take an infinite score the rule refuses
+//! with [`AggError::TooManyNonFiniteInputs`].
+
+use rayon::prelude::*;
+
+use crate::coordinate::reduce_columns;
+use crate::distance::{finite_inputs, pairwise_sq_distances};
+use crate::{check_lengths, AggError, AggReport, Aggregator, Element, Inputs, Output, Structure};
+
+/// Krum scores of the `active` inputs against each other: for each, the sum of its
+/// `active.len() - f - 2` smallest squared distances to the other active inputs.
+fn scores(dist: &[f64], n: usize, active: &[usize], f: usize) -> Vec<f64> {
+    let k = active.len().saturating_sub(f + 2);
+    active
+        .iter()
+        .map(|&i| {
+            let mut ds: Vec<f64> = active
+                .iter()
+                .filter(|&&j| j != i)
+                .map(|&j| dist[i * n + j])
+                .collect();
+            if k == 0 {
+                return 0.0;
+            }
+            ds.select_nth_unstable_by(k - 1, f64::total_cmp);
+            ds[..k].iter().sum()
+        })
+        .collect()
+}
+
+/// Positions in `scores` ordered by (score, position): lowest score first, ties to the lowest
+/// index (positions follow input order).
+fn ranking(scores: &[f64]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]).then(a.cmp(&b)));
+    order
+}
+
+fn too_many_non_finite(rule: &str, f: usize, finite: &[bool]) -> AggError {
+    AggError::TooManyNonFiniteInputs {
+        rule: rule.to_string(),
+        f,
+        count: finite.iter().filter(|x| !**x).count(),
+    }
+}
+
+fn krum_precondition(rule: &str, n: usize, f: usize) -> Result<(), AggError> {
+    if n > 2 * f + 2 {
+        Ok(())
+    } else {
+        Err(AggError::Precondition {
+            rule: rule.to_string(),
+            requirement: "n > 2f + 2",
+            n,
+            f,
+        })
+    }
+}
+
+/// Averages the selected inputs coordinate-wise (in `f64`) into `out`.
+fn average_of<T: Element>(inputs: &[&[T]], selected: &[usize], out: &mut [T]) {
+    let scale = 1.0 / selected.len() as f64;
+    out.par_chunks_mut(4096).enumerate().for_each(|(b, chunk)| {
+        let base = b * 4096;
+        let mut acc = vec![0.0f64; chunk.len()];
+        for &i in selected {
+            for (a, v) in acc.iter_mut().zip(&inputs[i][base..base + chunk.len()]) {
+                *a += v.to_f64();
+            }
+        }
+        for (o, a) in chunk.iter_mut().zip(&acc) {
+            *o = T::from_f64(a * scale);
+        }
+    });
+}
+
+/// Krum (Blanchard et al. 2017): the input whose `n - f - 2` nearest neighbours are closest
+/// (sum of squared distances); ties go to the lowest index. Requires `n > 2f + 2`.
+#[derive(Debug, Clone)]
+pub struct Krum {
+    f: usize,
+}
+
+impl Krum {
+    /// Krum tolerating `f` Byzantine inputs.
+    pub fn new(f: usize) -> Self {
+        Krum { f }
+    }
+
+    fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
+        check_lengths(inputs, out.len())?;
+        self.check(inputs.len())?;
+        let finite = finite_inputs(inputs);
+        let dist = pairwise_sq_distances(inputs, &finite);
+        let all: Vec<usize> = (0..inputs.len()).collect();
+        let s = scores(&dist, inputs.len(), &all, self.f);
+        let best = ranking(&s)[0];
+        if !s[best].is_finite() || !finite[best] {
+            return Err(too_many_non_finite(self.name(), self.f, &finite));
+        }
+        out.copy_from_slice(inputs[best]);
+        Ok(AggReport::selected(vec![best]))
+    }
+}
+
+impl Aggregator for Krum {
+    fn name(&self) -> &str {
+        "krum"
+    }
+    fn byzantine(&self) -> usize {
+        self.f
+    }
+    fn check(&self, n: usize) -> Result<(), AggError> {
+        krum_precondition(self.name(), n, self.f)
+    }
+    fn structure(&self) -> Structure {
+        Structure::Global
+    }
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
+        crate::dispatch!(self, inputs, out)
+    }
+}
+
+/// Multi-Krum: the coordinate-wise average of the `m` inputs with the lowest Krum scores
+/// (default `m = n - f`). Requires `n > 2f + 2` and `1 <= m <= n - f`.
+#[derive(Debug, Clone)]
+pub struct MultiKrum {
+    f: usize,
+    m: Option<usize>,
+}
+
+impl MultiKrum {
+    /// Multi-Krum tolerating `f` Byzantine inputs, averaging `m` inputs (`None`: `n - f`).
+    pub fn new(f: usize, m: Option<usize>) -> Self {
+        MultiKrum { f, m }
+    }
+
+    fn m_for(&self, n: usize) -> usize {
+        self.m.unwrap_or(n.saturating_sub(self.f))
+    }
+
+    fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
+        check_lengths(inputs, out.len())?;
+        self.check(inputs.len())?;
+        let n = inputs.len();
+        let finite = finite_inputs(inputs);
+        let dist = pairwise_sq_distances(inputs, &finite);
+        let all: Vec<usize> = (0..n).collect();
+        let s = scores(&dist, n, &all, self.f);
+        let mut selected: Vec<usize> = ranking(&s)[..self.m_for(n)].to_vec();
+        if selected.iter().any(|&i| !s[i].is_finite() || !finite[i]) {
+            return Err(too_many_non_finite(self.name(), self.f, &finite));
+        }
+        selected.sort_unstable();
+        average_of(inputs, &selected, out);
+        Ok(AggReport::selected(selected))
+    }
+}
+
+impl Aggregator for MultiKrum {
+    fn name(&self) -> &str {
+        "multi-krum"
+    }
+    fn byzantine(&self) -> usize {
+        self.f
+    }
+    fn check(&self, n: usize) -> Result<(), AggError> {
+        krum_precondition(self.name(), n, self.f)?;
+        let m = self.m_for(n);
+        if m == 0 || m > n - self.f {
+            return Err(AggError::InvalidSpec(format!(
+                "multi-krum: m = {m} must be between 1 and n - f = {}",
+                n - self.f
+            )));
+        }
+        Ok(())
+    }
+    fn structure(&self) -> Structure {
+        Structure::Global
+    }
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
+        crate::dispatch!(self, inputs, out)
+    }
+}
+
+/// Bulyan (El Mhamdi et al. 2018): select `θ = n - 2f` inputs by Krum one at a time (each
+/// selection removes the chosen input and rescores the rest), then per coordinate average the
+/// `β = θ - 2f` selected values closest to that coordinate's median of the selection.
+/// Requires `n >= 4f + 3`.
+#[derive(Debug, Clone)]
+pub struct Bulyan {
+    f: usize,
+}
+
+impl Bulyan {
+    /// Bulyan tolerating `f` Byzantine inputs.
+    pub fn new(f: usize) -> Self {
+        Bulyan { f }
+    }
+
+    fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
+        check_lengths(inputs, out.len())?;
+        self.check(inputs.len())?;
+        let (n, f) = (inputs.len(), self.f);
+        let theta = n - 2 * f;
+        let beta = theta - 2 * f;
+        let finite = finite_inputs(inputs);
+        let dist = pairwise_sq_distances(inputs, &finite);
+        let mut active: Vec<usize> = (0..n).collect();
+        let mut selected = Vec::with_capacity(theta);
+        for _ in 0..theta {
+            let s = scores(&dist, n, &active, f);
+            let pos = ranking(&s)[0];
+            if !s[pos].is_finite() || !finite[active[pos]] {
+                return Err(too_many_non_finite(self.name(), f, &finite));
+            }
+            selected.push(active.remove(pos));
+        }
+        let chosen: Vec<&[T]> = selected.iter().map(|&i| inputs[i]).collect();
+        reduce_columns(&chosen, out, |col| {
+            col.sort_unstable();
+            let v = |i: usize| T::from_key(col[i]).to_f64();
+            let m = col.len();
+            let median = if m % 2 == 1 {
+                v(m / 2)
+            } else {
+                v(m / 2 - 1) * 0.5 + v(m / 2) * 0.5
+            };
+            // The β values nearest the median are a contiguous run of the sorted column:
+            // shrink from whichever end is farther.
+            let (mut lo, mut hi) = (0, m);
+            while hi - lo > beta {
+                if median - v(lo) > v(hi - 1) - median {
+                    lo += 1;
+                } else {
+                    hi -= 1;
+                }
+            }
+            let sum: f64 = (lo..hi).map(v).sum();
+            let r = T::from_f64(sum / beta as f64);
+            r.is_finite().then_some(r)
+        })
+        .map_err(|coordinate| AggError::NonFiniteResult {
+            rule: self.name().to_string(),
+            f,
+            coordinate,
+        })?;
+        Ok(AggReport::selected(selected))
+    }
+}
+
+impl Aggregator for Bulyan {
+    fn name(&self) -> &str {
+        "bulyan"
+    }
+    fn byzantine(&self) -> usize {
+        self.f
+    }
+    fn check(&self, n: usize) -> Result<(), AggError> {
+        if n >= 4 * self.f + 3 {
+            Ok(())
+        } else {
+            Err(AggError::Precondition {
+                rule: self.name().to_string(),
+                requirement: "n >= 4f + 3",
+                n,
+                f: self.f,
+            })
+        }
+    }
+    fn structure(&self) -> Structure {
+        Structure::Global
+    }
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
+        crate::dispatch!(self, inputs, out)
+    }
+}

@@ -1,0 +1,82 @@
+//! Nearest-neighbour mixing (Allouah et al. 2023) as a pre-aggregation step.
+
+use rayon::prelude::*;
+
+use crate::coordinate::precondition;
+use crate::distance::{finite_inputs, pairwise_sq_distances};
+use crate::{check_lengths, AggError, AggReport, Aggregator, Element, Inputs, Output, Structure};
+
+/// `nnm+RULE`: replace each input by the mean of its `n - f` nearest inputs (itself included,
+/// ties to the lower index), then apply `RULE`. Inputs holding NaN or infinities are left as
+/// they are, for `RULE`'s own non-finite policy, and are never anyone's neighbour.
+/// Requires `n > 2f` and `RULE`'s precondition.
+#[derive(Debug)]
+pub struct Nnm {
+    f: usize,
+    inner: Box<dyn Aggregator>,
+    name: String,
+}
+
+impl Nnm {
+    /// Mixing tolerating `f` Byzantine inputs, followed by `inner`.
+    pub fn new(f: usize, inner: Box<dyn Aggregator>) -> Self {
+        let name = format!("nnm+{}", inner.name());
+        Nnm { f, inner, name }
+    }
+
+    fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
+        check_lengths(inputs, out.len())?;
+        self.check(inputs.len())?;
+        let n = inputs.len();
+        let keep = n - self.f;
+        let finite = finite_inputs(inputs);
+        let dist = pairwise_sq_distances(inputs, &finite);
+        let mixed: Vec<Vec<T>> = (0..n)
+            .into_par_iter()
+            .map(|i| {
+                if !finite[i] {
+                    return Ok(inputs[i].to_vec());
+                }
+                let mut order: Vec<usize> = (0..n).collect();
+                let d = |j: usize| if j == i { 0.0 } else { dist[i * n + j] };
+                order.sort_by(|&a, &b| d(a).total_cmp(&d(b)).then(a.cmp(&b)));
+                let near = &order[..keep];
+                if near.iter().any(|&j| !finite[j]) {
+                    return Err(AggError::TooManyNonFiniteInputs {
+                        rule: self.name.clone(),
+                        f: self.f,
+                        count: finite.iter().filter(|x| !**x).count(),
+                    });
+                }
+                let mut acc = vec![0.0f64; inputs[i].len()];
+                for &j in near {
+                    for (a, v) in acc.iter_mut().zip(inputs[j]) {
+                        *a += v.to_f64();
+                    }
+                }
+                Ok(acc.iter().map(|a| T::from_f64(a / keep as f64)).collect())
+            })
+            .collect::<Result<_, _>>()?;
+        let refs: Vec<&[T]> = mixed.iter().map(Vec::as_slice).collect();
+        self.inner.aggregate(T::inputs(&refs), T::output(out))
+    }
+}
+
+impl Aggregator for Nnm {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn byzantine(&self) -> usize {
+        self.f
+    }
+    fn check(&self, n: usize) -> Result<(), AggError> {
+        precondition(&self.name, n, self.f)?;
+        self.inner.check(n)
+    }
+    fn structure(&self) -> Structure {
+        Structure::Global
+    }
+    fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
+        crate::dispatch!(self, inputs, out)
+    }
+}
