@@ -1,11 +1,14 @@
 //! Coordinate-wise rules: mean, median, trimmed mean.
 //!
-//! Each coordinate is reduced independently. Inputs are read in blocks of coordinates that are
-//! transposed into a small scratch buffer of total-order keys (one contiguous column of `n`
-//! keys per coordinate), so the selection works on integers in cache and rayon splits blocks.
+//! Each coordinate is reduced independently, on total-order keys (so NaN and infinities are
+//! ordered extremes). For `n` up to [`network::MAX_INPUTS`] a block of coordinates is sorted by a
+//! sorting network applied row-wise ([`crate::network`]): SIMD min/max across 8 or 16
+//! coordinates at a time. Larger `n` transposes blocks into columns and uses selection. rayon
+//! splits the blocks.
 
 use rayon::prelude::*;
 
+use crate::network;
 use crate::{check_lengths, AggError, AggReport, Aggregator, Element, Inputs, Output, Structure};
 
 /// Coordinates per block: enough to amortise the transpose, small enough to stay in L2.
@@ -46,6 +49,41 @@ pub(crate) fn reduce_columns<T: Element>(
     )
 }
 
+/// Coordinates per network block: `n` rows of this many keys stay in L2.
+const NETWORK_BLOCK: usize = 512;
+
+/// Sorts each block of coordinates with a network that places rows `needed` (for `n` inputs),
+/// then lets `finish` turn the sorted rows (`n × width` keys, row-major) into the block's output.
+/// `finish` returns the offset of a coordinate whose result would be non-finite.
+fn network_blocks<T: Element>(
+    inputs: &[&[T]],
+    out: &mut [T],
+    needed: std::ops::Range<usize>,
+    finish: impl Fn(&[T::Key], usize, &mut [T]) -> Result<(), usize> + Sync,
+) -> Result<(), usize> {
+    let comparators = network::pruned(inputs.len(), needed);
+    out.par_chunks_mut(NETWORK_BLOCK)
+        .enumerate()
+        .try_for_each_init(Vec::new, |rows: &mut Vec<T::Key>, (b, chunk)| {
+            let base = b * NETWORK_BLOCK;
+            let width = chunk.len();
+            rows.clear();
+            for x in inputs {
+                rows.extend(x[base..base + width].iter().map(|v| v.key()));
+            }
+            network::apply(rows, width, &comparators);
+            finish(rows, width, chunk).map_err(|c| base + c)
+        })
+}
+
+/// Offset of the first non-finite value, if any.
+fn first_non_finite<T: Element>(out: &[T]) -> Result<(), usize> {
+    match out.iter().position(|v| !v.is_finite()) {
+        Some(c) => Err(c),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn precondition(rule: &str, n: usize, f: usize) -> Result<(), AggError> {
     if n > 2 * f {
         Ok(())
@@ -77,8 +115,34 @@ impl Median {
     pub(crate) fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<(), AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let mid = inputs.len() / 2;
-        let even = inputs.len() % 2 == 0;
+        let n = inputs.len();
+        let mid = n / 2;
+        let even = n % 2 == 0;
+        let non_finite = |coordinate| AggError::NonFiniteResult {
+            rule: self.name().to_string(),
+            f: self.f,
+            coordinate,
+        };
+        if n <= network::MAX_INPUTS {
+            let needed = if even { mid - 1..mid + 1 } else { mid..mid + 1 };
+            return network_blocks(inputs, out, needed, |rows, w, chunk| {
+                let hi = &rows[mid * w..(mid + 1) * w];
+                if even {
+                    let lo = &rows[(mid - 1) * w..mid * w];
+                    for ((o, &l), &h) in chunk.iter_mut().zip(lo).zip(hi) {
+                        *o = T::from_f64(
+                            T::from_key(l).to_f64() * 0.5 + T::from_key(h).to_f64() * 0.5,
+                        );
+                    }
+                } else {
+                    for (o, &h) in chunk.iter_mut().zip(hi) {
+                        *o = T::from_key(h);
+                    }
+                }
+                first_non_finite(chunk)
+            })
+            .map_err(non_finite);
+        }
         reduce_columns(inputs, out, |col| {
             let (low, hi, _) = col.select_nth_unstable(mid);
             let hi = T::from_key(*hi);
@@ -93,11 +157,7 @@ impl Median {
             };
             v.is_finite().then_some(v)
         })
-        .map_err(|coordinate| AggError::NonFiniteResult {
-            rule: self.name().to_string(),
-            f: self.f,
-            coordinate,
-        })
+        .map_err(non_finite)
     }
 }
 
@@ -140,7 +200,30 @@ impl TrimmedMean {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
         let f = self.f;
-        let keep = inputs.len() - 2 * f;
+        let n = inputs.len();
+        let keep = n - 2 * f;
+        let non_finite = |coordinate| AggError::NonFiniteResult {
+            rule: self.name().to_string(),
+            f,
+            coordinate,
+        };
+        if n <= network::MAX_INPUTS {
+            let scale = 1.0 / keep as f64;
+            return network_blocks(inputs, out, f..n - f, |rows, w, chunk| {
+                let mut acc = [0.0f64; NETWORK_BLOCK];
+                let acc = &mut acc[..w];
+                for r in f..n - f {
+                    for (a, &k) in acc.iter_mut().zip(&rows[r * w..(r + 1) * w]) {
+                        *a += T::from_key(k).to_f64();
+                    }
+                }
+                for (o, a) in chunk.iter_mut().zip(acc.iter()) {
+                    *o = T::from_f64(a * scale);
+                }
+                first_non_finite(chunk)
+            })
+            .map_err(non_finite);
+        }
         reduce_columns(inputs, out, |col| {
             let middle = if f == 0 {
                 &mut col[..]
@@ -159,11 +242,7 @@ impl TrimmedMean {
             let v = T::from_f64(sum / keep as f64);
             v.is_finite().then_some(v)
         })
-        .map_err(|coordinate| AggError::NonFiniteResult {
-            rule: self.name().to_string(),
-            f,
-            coordinate,
-        })
+        .map_err(non_finite)
     }
 }
 
@@ -310,7 +389,7 @@ mod tests {
     #[test]
     fn median_and_trimmed_mean_match_reference_on_random_inputs() {
         let mut rng = StdRng::seed_from_u64(7);
-        for n in [1usize, 2, 3, 4, 7, 8, 11, 33] {
+        for n in [1usize, 2, 3, 4, 7, 8, 11, 33, 64, 65, 70] {
             for d in [0usize, 1, 5, 1000, 5000] {
                 let inputs = random_inputs(&mut rng, n, d);
                 let refs: Vec<&[f64]> = inputs.iter().map(Vec::as_slice).collect();

@@ -48,6 +48,7 @@ mod distance;
 mod element;
 mod geometric;
 mod krum;
+mod network;
 mod nnm;
 
 use std::fmt;
