@@ -25,6 +25,7 @@
 //! ```
 
 pub mod launch;
+pub mod npy;
 
 use std::net::IpAddr;
 use std::time::Duration;

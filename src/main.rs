@@ -1,13 +1,17 @@
-//! The `byzcoll` command: `info` and `launch`.
+//! The `byzcoll` command: `info`, `launch` and `aggregate`.
 
 use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use byzcoll::aggregators::{aggregate_into, AggError, AggReport, Aggregator, Element, Params};
 use byzcoll::bootstrap::LaunchEnv;
 use byzcoll::launch::{launch, LaunchOptions};
+use byzcoll::npy::{self, Array};
 use byzcoll::{Config, TRANSPORTS};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,6 +40,39 @@ enum Cmd {
         #[arg(last = true, required = true, num_args = 1..)]
         command: Vec<OsString>,
     },
+    /// Aggregate the rows of an (n, d) .npy matrix with a robust rule; write the (d,) result.
+    Aggregate(AggregateArgs),
+}
+
+#[derive(Debug, Args)]
+struct AggregateArgs {
+    /// Aggregation rule (`byzcoll info` lists them); there is no default.
+    #[arg(long)]
+    rule: String,
+    /// Number of Byzantine inputs (rows) to tolerate.
+    #[arg(short = 'f', long = "f", value_name = "F", default_value_t = 0)]
+    f: usize,
+    /// Multi-Krum: how many inputs to average (default n - f).
+    #[arg(long = "m", value_name = "M")]
+    m: Option<usize>,
+    /// Centered clipping: the clipping radius.
+    #[arg(long, value_name = "T")]
+    tau: Option<f64>,
+    /// Input: a C-order float32 or float64 .npy file of shape (n, d), one input vector per row.
+    #[arg(value_name = "INPUT.npy")]
+    input: PathBuf,
+    /// Output: the aggregate as a .npy file of shape (d,), in the input's dtype.
+    #[arg(short = 'o', long = "output", value_name = "OUTPUT.npy")]
+    output: PathBuf,
+    /// Print a report on stdout.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    report: Option<ReportFormat>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ReportFormat {
+    /// One JSON object: {"rule", "n", "d", "dtype", "selected"}.
+    Json,
 }
 
 fn main() -> ExitCode {
@@ -52,6 +89,15 @@ fn main() -> ExitCode {
             info();
             ExitCode::SUCCESS
         }
+        Cmd::Aggregate(args) => match aggregate(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                // One line, whatever the underlying error's text holds.
+                let msg = e.split_whitespace().collect::<Vec<_>>().join(" ");
+                eprintln!("byzcoll aggregate: {msg}");
+                ExitCode::from(1)
+            }
+        },
         Cmd::Launch {
             ranks,
             grace_secs,
@@ -83,6 +129,102 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `byzcoll aggregate`: reads the (n, d) matrix, aggregates its rows in place (borrowed row
+/// slices of the file's buffer, no copy), writes the (d,) result in the same dtype.
+#[allow(clippy::print_stdout)]
+fn aggregate(args: &AggregateArgs) -> Result<(), String> {
+    let params = Params {
+        f: args.f,
+        m: args.m,
+        tau: args.tau,
+    };
+    let rule = byzcoll::aggregators::build(&args.rule, &params).map_err(|e| e.to_string())?;
+    let input = npy::read(&args.input).map_err(|e| e.to_string())?;
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", args.input.display());
+    let (n, d) = input.matrix_dims().map_err(|e| at(&e))?;
+    if d == 0 {
+        return Err(at(&format_args!(
+            "shape ({n}, 0) has d = 0 coordinates: nothing to aggregate"
+        )));
+    }
+    rule.check(n).map_err(|e| at(&e))?;
+    let report = match &input {
+        Array::F32 { data, .. } => {
+            let (out, report) = aggregate_rows(rule.as_ref(), data, d).map_err(|e| at(&e))?;
+            npy::write_f32(&args.output, &[d], &out)
+                .map(|()| report)
+                .map_err(|e| e.to_string())?
+        }
+        Array::F64 { data, .. } => {
+            let (out, report) = aggregate_rows(rule.as_ref(), data, d).map_err(|e| at(&e))?;
+            npy::write_f64(&args.output, &[d], &out)
+                .map(|()| report)
+                .map_err(|e| e.to_string())?
+        }
+    };
+    if args.report == Some(ReportFormat::Json) {
+        println!(
+            "{}",
+            json_report(rule.name(), n, d, input.dtype_name(), &report)
+        );
+    }
+    Ok(())
+}
+
+/// Aggregates the `n` rows of the row-major `data` (`n * d` elements, `d > 0`).
+fn aggregate_rows<T: Element>(
+    rule: &dyn Aggregator,
+    data: &[T],
+    d: usize,
+) -> Result<(Vec<T>, AggReport), AggError> {
+    let rows: Vec<&[T]> = data.chunks_exact(d).collect();
+    let mut out = vec![T::from_f64(0.0); d];
+    let report = aggregate_into(rule, &rows, &mut out)?;
+    Ok((out, report))
+}
+
+/// `{"rule":"median","n":5,"d":1000,"dtype":"float32","selected":null}`, written by hand.
+fn json_report(rule: &str, n: usize, d: usize, dtype: &str, report: &AggReport) -> String {
+    let mut s = String::from("{\"rule\":");
+    json_string(&mut s, rule);
+    let _ = write!(s, ",\"n\":{n},\"d\":{d},\"dtype\":");
+    json_string(&mut s, dtype);
+    s.push_str(",\"selected\":");
+    match &report.selected {
+        Some(indices) => {
+            s.push('[');
+            for (k, i) in indices.iter().enumerate() {
+                if k > 0 {
+                    s.push(',');
+                }
+                let _ = write!(s, "{i}");
+            }
+            s.push(']');
+        }
+        None => s.push_str("null"),
+    }
+    s.push('}');
+    s
+}
+
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 #[allow(clippy::print_stdout)]
