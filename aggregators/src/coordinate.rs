@@ -67,11 +67,7 @@ fn network_blocks<T: Element>(
         .try_for_each_init(Vec::new, |rows: &mut Vec<T::Key>, (b, chunk)| {
             let base = b * NETWORK_BLOCK;
             let width = chunk.len();
-            rows.clear();
-            for x in inputs {
-                rows.extend(x[base..base + width].iter().map(|v| v.key()));
-            }
-            network::apply(rows, width, &comparators);
+            network::sort_block(inputs, base, width, rows, &comparators);
             finish(rows, width, chunk).map_err(|c| base + c)
         })
 }
@@ -282,23 +278,13 @@ impl Mean {
     fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<(), AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let bad: Vec<usize> = inputs
-            .par_iter()
-            .enumerate()
-            .filter(|(_, x)| !x.iter().all(|v| v.is_finite()))
-            .map(|(i, _)| i)
-            .collect();
-        if !bad.is_empty() {
-            return Err(AggError::NonFiniteInputs {
-                rule: self.name().to_string(),
-                inputs: bad,
-            });
-        }
         let scale = 1.0 / inputs.len() as f64;
         let block = 4096;
-        out.par_chunks_mut(block)
-            .enumerate()
-            .try_for_each_init(Vec::new, |acc: &mut Vec<f64>, (b, chunk)| {
+        // One pass: a non-finite input makes its coordinates non-finite, which is checked on
+        // the output; only then are the inputs scanned to name the culprits.
+        let summed = out.par_chunks_mut(block).enumerate().try_for_each_init(
+            Vec::new,
+            |acc: &mut Vec<f64>, (b, chunk)| {
                 let base = b * block;
                 acc.clear();
                 acc.resize(chunk.len(), 0.0);
@@ -307,19 +293,33 @@ impl Mean {
                         *a += v.to_f64();
                     }
                 }
-                for (c, (o, a)) in chunk.iter_mut().zip(acc.iter()).enumerate() {
+                for (o, a) in chunk.iter_mut().zip(acc.iter()) {
                     *o = T::from_f64(a * scale);
-                    if !o.is_finite() {
-                        return Err(base + c);
-                    }
                 }
-                Ok(())
-            })
-            .map_err(|coordinate| AggError::NonFiniteResult {
+                first_non_finite(chunk).map_err(|c| base + c)
+            },
+        );
+        let Err(coordinate) = summed else {
+            return Ok(());
+        };
+        let bad: Vec<usize> = inputs
+            .par_iter()
+            .enumerate()
+            .filter(|(_, x)| !x.iter().all(|v| v.is_finite()))
+            .map(|(i, _)| i)
+            .collect();
+        Err(if bad.is_empty() {
+            AggError::NonFiniteResult {
                 rule: self.name().to_string(),
                 f: 0,
                 coordinate,
-            })
+            }
+        } else {
+            AggError::NonFiniteInputs {
+                rule: self.name().to_string(),
+                inputs: bad,
+            }
+        })
     }
 }
 

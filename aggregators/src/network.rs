@@ -7,6 +7,8 @@
 //! into SIMD min/max. Comparators that cannot affect the rows a rule reads (the middle one or two
 //! for a median, the untrimmed band for a trimmed mean) are pruned.
 
+use crate::Element;
+
 /// Largest `n` handled by networks; larger inputs use selection.
 pub(crate) const MAX_INPUTS: usize = 64;
 
@@ -56,8 +58,55 @@ pub(crate) fn pruned(n: usize, needed: std::ops::Range<usize>) -> Vec<(usize, us
     kept
 }
 
+/// Fills `rows` with the total-order keys of `inputs[i][base..base + width]` (row `i` per input)
+/// and sorts every column with `comparators`. Uses AVX2 min/max when the CPU has it.
+pub(crate) fn sort_block<T: Element>(
+    inputs: &[&[T]],
+    base: usize,
+    width: usize,
+    rows: &mut Vec<T::Key>,
+    comparators: &[(usize, usize)],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        unsafe { sort_block_avx2(inputs, base, width, rows, comparators) };
+        return;
+    }
+    sort_block_portable(inputs, base, width, rows, comparators);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn sort_block_avx2<T: Element>(
+    inputs: &[&[T]],
+    base: usize,
+    width: usize,
+    rows: &mut Vec<T::Key>,
+    comparators: &[(usize, usize)],
+) {
+    sort_block_portable(inputs, base, width, rows, comparators);
+}
+
+#[inline(always)]
+fn sort_block_portable<T: Element>(
+    inputs: &[&[T]],
+    base: usize,
+    width: usize,
+    rows: &mut Vec<T::Key>,
+    comparators: &[(usize, usize)],
+) {
+    rows.resize(inputs.len() * width, T::Key::default());
+    for (row, x) in rows.chunks_exact_mut(width).zip(inputs) {
+        for (k, v) in row.iter_mut().zip(&x[base..base + width]) {
+            *k = v.key();
+        }
+    }
+    apply(rows, width, comparators);
+}
+
 /// Runs `comparators` over `rows` (`n` rows of `width` keys, row-major).
-#[inline]
+#[inline(always)]
 pub(crate) fn apply<K: Ord + Copy>(rows: &mut [K], width: usize, comparators: &[(usize, usize)]) {
     for &(a, b) in comparators {
         // a < b always: split so both rows can be borrowed.
