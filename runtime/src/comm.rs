@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use bytemuck::Pod;
 use bytes::Bytes;
-use byzcoll_aggregators::{AggError, Aggregator, Element};
+use byzcoll_aggregators::Element;
 use tokio::time::Instant;
 
 use crate::schedule::{self, chunk_range};
@@ -25,42 +25,30 @@ pub enum ReduceOp {
     Max,
 }
 
-/// How a robust all-reduce moves data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Policy {
-    /// Every rank sends its vector directly to every other rank and aggregates all of them:
-    /// memory `n·d` per rank, no relaying through third ranks, strongest guarantees.
-    Gather,
-}
-
-/// What happened in one robust round.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RoundReport {
-    /// Number of vectors that entered the aggregation (this rank's own included).
-    pub inputs: usize,
-    /// Peers whose vector was missing or malformed and was treated as an erasure.
-    pub faults: Vec<PeerFault>,
-    /// Ranks whose vector held NaN or infinities (it still entered the aggregation, where the
-    /// rule's non-finite policy applies).
-    pub non_finite: Vec<Rank>,
-    /// For selection rules (Krum family): the ranks whose vectors were selected.
-    pub selected: Option<Vec<Rank>>,
-}
-
 /// A group of ranks running collectives over one transport.
 ///
 /// Every rank must call the same collectives in the same order (SPMD); each call is numbered
 /// and messages are matched by that number, so a late message from an earlier call is never
 /// mistaken for a current one.
-#[derive(Debug)]
 pub struct Communicator {
     transport: Box<dyn Transport>,
     config: Config,
     next_collective: u64,
+    pub(crate) owner_tamper: Option<crate::robust::OwnerTamper>,
     /// Keeps bootstrap resources (such as a rendezvous store hosted by this rank) alive for as
     /// long as the communicator.
     _keep_alive: Vec<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("transport", &self.transport)
+            .field("config", &self.config)
+            .field("next_collective", &self.next_collective)
+            .field("owner_tamper", &self.owner_tamper.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Communicator {
@@ -70,6 +58,7 @@ impl Communicator {
             transport,
             config,
             next_collective: 0,
+            owner_tamper: None,
             _keep_alive: Vec::new(),
         }
     }
@@ -99,7 +88,7 @@ impl Communicator {
         &self.config
     }
 
-    fn begin(&mut self) -> Sequence<'_> {
+    pub(crate) fn begin(&mut self) -> Sequence<'_> {
         let collective = self.next_collective;
         self.next_collective += 1;
         Sequence {
@@ -277,110 +266,22 @@ impl Communicator {
         }
         Ok(())
     }
-
-    /// Byzantine-robust all-reduce: every honest rank's `buf` becomes `rule` applied to all
-    /// ranks' vectors.
-    ///
-    /// The rule's precondition is checked for the world size before any data moves. A peer
-    /// whose vector is missing at the deadline or malformed (wrong length, bad frame) is an
-    /// erasure for this round and named in the report; the round still completes when the
-    /// precondition holds for the vectors that did arrive. This rank's own vector always takes
-    /// part.
-    ///
-    /// # Errors
-    /// [`Error::Aggregation`] when the precondition fails for the world size, or the rule
-    /// refuses its inputs (input indices in `NonFiniteInputs` are ranks);
-    /// [`Error::TooManyFaults`] when too many peers failed the round.
-    ///
-    /// # Cancel safety
-    /// Not cancel safe: `buf` is left unchanged, but the other ranks count this one missing.
-    pub async fn robust_all_reduce<T: Element>(
-        &mut self,
-        buf: &mut [T],
-        rule: &dyn Aggregator,
-        policy: Policy,
-    ) -> Result<RoundReport> {
-        let (me, n) = (self.rank(), self.size());
-        let mut seq = self.begin();
-        rule.check(n)?;
-        match policy {
-            Policy::Gather => {}
-        }
-        let payload = Payload::Host(to_bytes(buf));
-        let sends = schedule::direct_peers(me, n).map(|p| send(p, payload.clone()));
-        let recvs = schedule::direct_peers(me, n).map(|p| recv(p, byte_len(buf)));
-        let outcomes = seq.run(sends.collect(), recvs.collect()).await?;
-
-        let mut report = RoundReport::default();
-        let mut received = Vec::with_capacity(n);
-        for (p, outcome) in schedule::direct_peers(me, n).zip(outcomes) {
-            match outcome {
-                RecvOutcome::Received(payload) => received.push((p, payload)),
-                other => report.faults.push(fault(p, other)),
-            }
-        }
-        let ranks: Vec<Rank> = std::iter::once(me)
-            .chain(received.iter().map(|(p, _)| *p))
-            .collect();
-        let vectors: Vec<Cow<'_, [T]>> = std::iter::once(Cow::Borrowed(&*buf))
-            .chain(
-                received
-                    .iter()
-                    .map(|(_, payload)| cast_payload::<T>(payload)),
-            )
-            .collect();
-        report.inputs = ranks.len();
-        report.non_finite = ranks
-            .iter()
-            .zip(&vectors)
-            .filter(|(_, v)| !v.iter().all(|x| x.is_finite()))
-            .map(|(&r, _)| r)
-            .collect();
-        if !report.faults.is_empty() {
-            tracing::warn!(
-                collective = seq.collective,
-                faults = %crate::error::Faults(&report.faults),
-                "robust_all_reduce: peers treated as erasures"
-            );
-        }
-        if let Err(source) = rule.check(ranks.len()) {
-            return Err(Error::TooManyFaults {
-                source,
-                faults: report.faults,
-            });
-        }
-        let inputs: Vec<&[T]> = vectors.iter().map(|v| v.as_ref()).collect();
-        let mut out = vec![T::zeroed(); buf.len()];
-        let agg =
-            byzcoll_aggregators::aggregate_into(rule, &inputs, &mut out).map_err(|e| match e {
-                AggError::NonFiniteInputs { rule, inputs } => {
-                    Error::Aggregation(AggError::NonFiniteInputs {
-                        rule,
-                        inputs: inputs.into_iter().map(|i| ranks[i]).collect(),
-                    })
-                }
-                other => Error::Aggregation(other),
-            })?;
-        report.selected = agg
-            .selected
-            .map(|s| s.into_iter().map(|i| ranks[i]).collect());
-        drop(inputs);
-        drop(vectors);
-        buf.copy_from_slice(&out);
-        Ok(report)
-    }
 }
 
 /// The steps of one collective call.
-struct Sequence<'a> {
+pub(crate) struct Sequence<'a> {
     transport: &'a dyn Transport,
     timeout: std::time::Duration,
-    collective: u64,
+    pub(crate) collective: u64,
     step: u32,
 }
 
 impl Sequence<'_> {
-    async fn run(&mut self, sends: Vec<SendOp>, recvs: Vec<RecvOp>) -> Result<Vec<RecvOutcome>> {
+    pub(crate) async fn run(
+        &mut self,
+        sends: Vec<SendOp>,
+        recvs: Vec<RecvOp>,
+    ) -> Result<Vec<RecvOutcome>> {
         let step = Step {
             collective: self.collective,
             step: self.step,
@@ -422,7 +323,7 @@ impl Sequence<'_> {
     }
 }
 
-fn send(peer: Rank, payload: Payload) -> SendOp {
+pub(crate) fn send(peer: Rank, payload: Payload) -> SendOp {
     SendOp {
         peer,
         tag: 0,
@@ -430,11 +331,11 @@ fn send(peer: Rank, payload: Payload) -> SendOp {
     }
 }
 
-fn recv(peer: Rank, len: usize) -> RecvOp {
+pub(crate) fn recv(peer: Rank, len: usize) -> RecvOp {
     RecvOp { peer, tag: 0, len }
 }
 
-fn fault(rank: Rank, outcome: RecvOutcome) -> PeerFault {
+pub(crate) fn fault(rank: Rank, outcome: RecvOutcome) -> PeerFault {
     let fault = match outcome {
         RecvOutcome::Received(_) | RecvOutcome::Missing => Fault::Missing,
         RecvOutcome::Malformed(why) => Fault::Malformed(why),
@@ -442,22 +343,22 @@ fn fault(rank: Rank, outcome: RecvOutcome) -> PeerFault {
     PeerFault { rank, fault }
 }
 
-fn byte_len<T>(buf: &[T]) -> usize {
+pub(crate) fn byte_len<T>(buf: &[T]) -> usize {
     std::mem::size_of_val(buf)
 }
 
-fn to_bytes<T: Pod>(buf: &[T]) -> Bytes {
+pub(crate) fn to_bytes<T: Pod>(buf: &[T]) -> Bytes {
     Bytes::copy_from_slice(bytemuck::cast_slice(buf))
 }
 
-fn host_bytes(payload: &Payload) -> &[u8] {
+pub(crate) fn host_bytes(payload: &Payload) -> &[u8] {
     match payload {
         Payload::Host(b) => b,
     }
 }
 
 /// Views a received payload as elements, copying only if the buffer is misaligned.
-fn cast_payload<T: Pod>(payload: &Payload) -> Cow<'_, [T]> {
+pub(crate) fn cast_payload<T: Pod>(payload: &Payload) -> Cow<'_, [T]> {
     let bytes = host_bytes(payload);
     match bytemuck::try_cast_slice(bytes) {
         Ok(v) => Cow::Borrowed(v),

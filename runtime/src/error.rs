@@ -133,6 +133,20 @@ pub enum Error {
         /// The peers at fault.
         faults: Vec<PeerFault>,
     },
+    /// No owner delivered a usable result for a shard in sharded mode (all of them missing,
+    /// malformed or unable to aggregate); the round has no trustworthy value for it.
+    #[error(
+        "shard {shard}: no result from any of its owners {owners:?}; peers at fault: {}",
+        Faults(faults)
+    )]
+    ShardLost {
+        /// The shard.
+        shard: usize,
+        /// Its owners.
+        owners: Vec<Rank>,
+        /// The peers at fault.
+        faults: Vec<PeerFault>,
+    },
     /// The aggregation rule refused its inputs (input indices have been mapped to ranks in
     /// `NonFiniteInputs`).
     #[error(transparent)]

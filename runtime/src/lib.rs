@@ -14,12 +14,14 @@ mod comm;
 mod config;
 mod error;
 pub mod mailbox;
+mod robust;
 pub mod schedule;
 mod transport;
 mod types;
 
-pub use comm::{Communicator, Policy, ReduceOp, RoundReport};
+pub use comm::{Communicator, ReduceOp};
 pub use config::Config;
 pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, TransportError};
+pub use robust::{OwnerTamper, Policy, Replicas, RoundReport};
 pub use transport::{Capabilities, RecvOp, RecvOutcome, SendOp, Step, Transport};
 pub use types::{MemoryKind, MsgKey, Payload, Rank, Tag};

@@ -69,6 +69,59 @@ pub fn ring_all_gather_step(rank: Rank, size: usize, s: usize) -> RingStep {
     }
 }
 
+/// The sharded robust all-reduce with `r` replicated shard owners.
+///
+/// `d` coordinates are split into `n` shards ([`chunk_range`]`(d, n, s)`). Shard `s` is owned
+/// by ranks `s, s+1, ..., s+r-1` (mod `n`). Phase 1: every rank sends shard `s` of its vector
+/// straight to each owner of `s`. Phase 2: each owner aggregates the `n` versions of its shards.
+/// Phase 3: every owner sends its result for `s` to every rank, and every rank takes the
+/// coordinate-wise median of the `r` versions of each shard. Messages carry the shard index as
+/// their tag. Per rank, phase 1 receives `r` shards from each peer and phase 3 receives `r`
+/// versions of each shard: about `2·r·d` elements instead of the `n·d` of gather mode.
+pub mod sharded {
+    use crate::Rank;
+
+    /// The owners of shard `s`: `s, s+1, ..., s+r-1` (mod `n`).
+    pub fn owners(s: usize, n: usize, r: usize) -> impl Iterator<Item = Rank> {
+        (0..r).map(move |k| (s + k) % n)
+    }
+
+    /// The shards `rank` owns: `rank, rank-1, ..., rank-r+1` (mod `n`), in that order.
+    pub fn owned(rank: Rank, n: usize, r: usize) -> impl Iterator<Item = usize> {
+        (0..r).map(move |k| (rank + n - k) % n)
+    }
+
+    /// Whether `rank` owns shard `s`.
+    pub fn owns(rank: Rank, s: usize, n: usize, r: usize) -> bool {
+        (rank + n - s) % n < r
+    }
+
+    /// Phase 1 sends of `rank`: `(owner, shard)` for every shard and every owner but itself.
+    pub fn scatter_sends(rank: Rank, n: usize, r: usize) -> Vec<(Rank, usize)> {
+        (0..n)
+            .flat_map(|s| owners(s, n, r).map(move |o| (o, s)))
+            .filter(|&(o, _)| o != rank)
+            .collect()
+    }
+
+    /// Phase 1 receives of `rank`: `(peer, shard)` for every owned shard and every other rank.
+    pub fn scatter_recvs(rank: Rank, n: usize, r: usize) -> Vec<(Rank, usize)> {
+        owned(rank, n, r)
+            .flat_map(|s| (0..n).filter(move |&p| p != rank).map(move |p| (p, s)))
+            .collect()
+    }
+
+    /// Phase 3 sends of `rank`: `(peer, shard)` for every owned shard and every other rank.
+    pub fn result_sends(rank: Rank, n: usize, r: usize) -> Vec<(Rank, usize)> {
+        scatter_recvs(rank, n, r)
+    }
+
+    /// Phase 3 receives of `rank`: `(owner, shard)` for every shard and every owner but itself.
+    pub fn result_recvs(rank: Rank, n: usize, r: usize) -> Vec<(Rank, usize)> {
+        scatter_sends(rank, n, r)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +196,43 @@ mod tests {
                 let want: Vec<i64> = (0..d).map(|j| inputs.iter().map(|x| x[j]).sum()).collect();
                 for out in simulate_ring_sum(&inputs) {
                     assert_eq!(out, want, "n={n} d={d}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sharded_sends_and_receives_match_and_each_shard_has_r_owners() {
+        for n in [1usize, 2, 3, 7, 8, 11] {
+            for r in 1..=n {
+                let mut sent: Vec<(usize, usize, usize)> = Vec::new();
+                let mut expected: Vec<(usize, usize, usize)> = Vec::new();
+                for p in 0..n {
+                    sent.extend(
+                        sharded::scatter_sends(p, n, r)
+                            .into_iter()
+                            .map(|(o, s)| (p, o, s)),
+                    );
+                    expected.extend(
+                        sharded::scatter_recvs(p, n, r)
+                            .into_iter()
+                            .map(|(q, s)| (q, p, s)),
+                    );
+                    assert_eq!(sharded::owned(p, n, r).count(), r);
+                    for s in sharded::owned(p, n, r) {
+                        assert!(sharded::owns(p, s, n, r));
+                        assert!(sharded::owners(s, n, r).any(|o| o == p));
+                    }
+                }
+                sent.sort_unstable();
+                expected.sort_unstable();
+                assert_eq!(sent, expected, "n={n} r={r}");
+                for s in 0..n {
+                    let mut o: Vec<usize> = sharded::owners(s, n, r).collect();
+                    o.sort_unstable();
+                    o.dedup();
+                    assert_eq!(o.len(), r);
+                    assert_eq!((0..n).filter(|&p| sharded::owns(p, s, n, r)).count(), r);
                 }
             }
         }

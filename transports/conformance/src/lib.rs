@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use byzcoll_aggregators::{aggregate_into, Aggregator, Mean, Median, TrimmedMean};
 use byzcoll_runtime::{
-    Communicator, Config, Error, Fault, Policy, RecvOp, RecvOutcome, ReduceOp, SendOp, Step,
-    Transport,
+    Communicator, Config, Error, Fault, OwnerTamper, Policy, RecvOp, RecvOutcome, ReduceOp,
+    Replicas, SendOp, Step, Transport,
 };
 
 /// World sizes that break naive schedules.
@@ -37,6 +37,8 @@ macro_rules! conformance_suite {
             missing_peer_is_reported_within_the_deadline,
             steps_are_matched_by_key_not_arrival_order,
             invalid_steps_are_rejected,
+            sharded_matches_gather_bitwise,
+            sharded_survives_byzantine_owners_only_with_replication,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -455,5 +457,171 @@ where
             matches!(err, byzcoll_runtime::TransportError::InvalidUsage(_)),
             "{err}"
         );
+    }
+}
+
+/// Sharded mode gives bitwise the gather-mode result for coordinate-wise rules with honest
+/// inputs, at world sizes 1, 2, 3, 7, 8, 11, for d below, at and above n and not divisible by
+/// n, with r = 1, 2 and 2f + 1; and it holds less memory than gather mode.
+pub async fn sharded_matches_gather_bitwise<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    for n in [1usize, 2, 3, 7, 8, 11] {
+        for d in [0usize, 1, n.saturating_sub(1), n + 3, 1000, 4099] {
+            let comms = comms(factory(n).await, Duration::from_secs(20));
+            let results = run_ranks(comms, move |mut c| async move {
+                let me = c.rank();
+                let f = (n - 1) / 2;
+                let rules: [Box<dyn Aggregator>; 3] = [
+                    Box::new(Median::new(f)),
+                    Box::new(TrimmedMean::new(f)),
+                    Box::new(Mean::new()),
+                ];
+                let mut out = Vec::new();
+                for rule in &rules {
+                    let mut g = vector(me, d);
+                    let gather = c
+                        .robust_all_reduce(&mut g, rule.as_ref(), Policy::Gather)
+                        .await
+                        .unwrap();
+                    for replicas in [
+                        Replicas::Tolerant,
+                        Replicas::Exactly(1),
+                        Replicas::Exactly(2.min(n)),
+                    ] {
+                        let mut v = vector(me, d);
+                        let report = c
+                            .robust_all_reduce(&mut v, rule.as_ref(), Policy::Sharded(replicas))
+                            .await
+                            .unwrap();
+                        assert!(report.faults.is_empty(), "{:?}", report.faults);
+                        let r = report.replicas.unwrap();
+                        if d >= 64 {
+                            assert!(
+                                report.peak_bytes <= 2 * r * d * 4 + 64 * n,
+                                "n={n} d={d} r={r}: peak {} bytes",
+                                report.peak_bytes
+                            );
+                            assert!(
+                                gather.peak_bytes >= n * d * 4,
+                                "gather peak {}",
+                                gather.peak_bytes
+                            );
+                        }
+                        out.push((rule.name().to_string(), replicas, v == g, g.clone()));
+                    }
+                }
+                out
+            })
+            .await;
+            for rank_results in &results {
+                for (rule, replicas, same, _) in rank_results {
+                    assert!(
+                        same,
+                        "{rule} {replicas:?} n={n} d={d}: sharded differs from gather"
+                    );
+                }
+            }
+            // And every rank has the same result.
+            for rank_results in &results[1..] {
+                for (a, b) in rank_results.iter().zip(&results[0]) {
+                    assert_eq!(a.3, b.3, "n={n} d={d}");
+                }
+            }
+        }
+    }
+}
+
+/// Seven ranks, f = 2, all inputs honest; ranks 5 and 6 lie as shard owners (5 flips signs and
+/// scales, 6 equivocates: NaN to some ranks, 1e30 to others). With r = 2f + 1 every honest rank
+/// gets exactly the honest result; with r = 1 the shards they own come out corrupted, which is
+/// the documented price of trusting owners.
+pub async fn sharded_survives_byzantine_owners_only_with_replication<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f, d) = (7usize, 2usize, 701usize);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, d)).collect();
+    let honest = reference(&Median::new(f), &inputs);
+    let comms = comms(factory(n).await, Duration::from_secs(20));
+    let results = run_ranks(comms, move |mut c| async move {
+        let me = c.rank();
+        let tamper: Option<OwnerTamper> = match me {
+            5 => Some(std::sync::Arc::new(
+                |_s: usize, _dest: usize, honest: &[u8]| {
+                    let v: Vec<f32> = honest
+                        .chunks_exact(4)
+                        .map(|b| -1000.0 * f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    v.iter()
+                        .flat_map(|x| x.to_le_bytes())
+                        .collect::<Vec<u8>>()
+                        .into()
+                },
+            )),
+            6 => Some(std::sync::Arc::new(
+                |_s: usize, dest: usize, honest: &[u8]| {
+                    let x: f32 = if dest % 2 == 0 { f32::NAN } else { 1e30 };
+                    std::iter::repeat_n(x.to_le_bytes(), honest.len() / 4)
+                        .flatten()
+                        .collect::<Vec<u8>>()
+                        .into()
+                },
+            )),
+            _ => None,
+        };
+        c.inject_owner_fault(tamper);
+        let mut tolerant = vector(me, d);
+        c.robust_all_reduce(
+            &mut tolerant,
+            &Median::new(f),
+            Policy::Sharded(Replicas::Tolerant),
+        )
+        .await
+        .unwrap();
+        let mut trusting = vector(me, d);
+        let trusted = c
+            .robust_all_reduce(
+                &mut trusting,
+                &Median::new(f),
+                Policy::Sharded(Replicas::Exactly(1)),
+            )
+            .await
+            .map(|_| trusting)
+            .map_err(|e| e.to_string());
+        (me, tolerant, trusted)
+    })
+    .await;
+    for (me, tolerant, trusting) in results {
+        if me >= 5 {
+            continue;
+        }
+        assert_eq!(
+            tolerant, honest,
+            "rank {me}: r = 2f + 1 must give the honest result"
+        );
+        // With r = 1, shard s is owned by rank s alone: shards 5 and 6 are the liars'. Ranks
+        // that got NaN refuse the round (never a NaN result); the others get corrupted shards.
+        let trusting = match trusting {
+            Err(e) => {
+                assert!(me % 2 == 0 && e.contains("non-finite"), "rank {me}: {e}");
+                continue;
+            }
+            Ok(v) => {
+                assert!(
+                    me % 2 == 1,
+                    "rank {me} got NaN from rank 6 but returned a result"
+                );
+                v
+            }
+        };
+        for s in 0..n {
+            let range = byzcoll_runtime::schedule::chunk_range(d, n, s);
+            let same = trusting[range.clone()] == honest[range];
+            assert_eq!(same, s < 5, "rank {me}, shard {s}: r = 1 trusts its owner");
+        }
     }
 }

@@ -1,0 +1,399 @@
+//! Byzantine-robust all-reduce in two schedules: gather and sharded (see [`Policy`]).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use byzcoll_aggregators::{aggregate_into, AggError, Aggregator, Element, Median, Structure};
+
+use crate::comm::{byte_len, cast_payload, fault, recv, send, to_bytes};
+use crate::schedule::{self, chunk_range, sharded};
+use crate::{Communicator, Error, Payload, PeerFault, Rank, RecvOp, RecvOutcome, Result, SendOp};
+
+/// How a robust all-reduce moves data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Policy {
+    /// Every rank sends its vector directly to every other rank and aggregates all of them:
+    /// memory `n·d` per rank, no relaying through third ranks, strongest guarantees.
+    Gather,
+    /// Shards of `d/n` coordinates are aggregated by replicated owners and every rank takes
+    /// the coordinate-wise median of the owners' results: about `2·r·d` memory and traffic per
+    /// rank. Needs a coordinate-wise rule.
+    Sharded(Replicas),
+}
+
+/// How many owners aggregate each shard in [`Policy::Sharded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replicas {
+    /// `2f + 1` owners: the median of their results is safe with up to `f` Byzantine owners.
+    Tolerant,
+    /// Exactly `r` owners, `1 <= r <= n`. Fewer than `2f + 1` trusts the owners (it protects
+    /// against faulty inputs, not against owners that lie about their result) and is logged
+    /// as a warning.
+    Exactly(usize),
+}
+
+/// What happened in one robust round.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    /// Number of vectors that entered this rank's aggregation (its own included); in sharded
+    /// mode, the smallest count over the shards this rank owns.
+    pub inputs: usize,
+    /// Peers that were missing or malformed in some step and were treated as erasures.
+    pub faults: Vec<PeerFault>,
+    /// Ranks whose contribution seen by this rank held NaN or infinities (it still entered the
+    /// aggregation, where the rule's non-finite policy applies).
+    pub non_finite: Vec<Rank>,
+    /// For selection rules (Krum family): the ranks whose vectors were selected.
+    pub selected: Option<Vec<Rank>>,
+    /// Owners per shard (`None` in gather mode).
+    pub replicas: Option<usize>,
+    /// Peak bytes of the buffers the collective itself held at once (payloads sent and
+    /// received, intermediate results; not the caller's buffer).
+    pub peak_bytes: usize,
+}
+
+/// Fault injection for tests and demonstrations: lets a rank act as a Byzantine shard owner
+/// by rewriting the result it sends for `shard` to `dest` (equivocation included).
+pub type OwnerTamper = Arc<dyn Fn(usize, Rank, &[u8]) -> Bytes + Send + Sync>;
+
+impl RoundReport {
+    fn add_fault(&mut self, f: PeerFault) {
+        if !self.faults.iter().any(|g| g.rank == f.rank) {
+            self.faults.push(f);
+        }
+    }
+}
+
+/// Maps input indices in an aggregator error to ranks.
+fn rank_error(e: AggError, ranks: &[Rank]) -> Error {
+    match e {
+        AggError::NonFiniteInputs { rule, inputs } => {
+            Error::Aggregation(AggError::NonFiniteInputs {
+                rule,
+                inputs: inputs.into_iter().map(|i| ranks[i]).collect(),
+            })
+        }
+        other => Error::Aggregation(other),
+    }
+}
+
+impl Communicator {
+    /// Byzantine-robust all-reduce: every honest rank's `buf` becomes `rule` applied to all
+    /// ranks' vectors, moved according to `policy`.
+    ///
+    /// The rule's precondition is checked for the world size before any data moves. A peer
+    /// whose message is missing at the deadline or malformed is an erasure for this round and
+    /// named in the report; the round still completes when the precondition holds for what did
+    /// arrive. Inputs are aggregated in rank order, so every honest rank computes bitwise the
+    /// same result, and sharded mode gives bitwise the gather-mode result for coordinate-wise
+    /// rules when nobody misbehaves.
+    ///
+    /// # Errors
+    /// [`Error::Aggregation`] when the precondition fails for the world size or the rule refuses
+    /// its inputs (input indices in `NonFiniteInputs` are ranks); [`Error::TooManyFaults`] when
+    /// too many peers failed the round; [`Error::Unsupported`] for a rule that sharded mode
+    /// cannot run; [`Error::InvalidUsage`] for a replica count outside `1..=n`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: `buf` is left unchanged, but the other ranks count this one missing.
+    pub async fn robust_all_reduce<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        rule: &dyn Aggregator,
+        policy: Policy,
+    ) -> Result<RoundReport> {
+        match policy {
+            Policy::Gather => self.gather(buf, rule).await,
+            Policy::Sharded(replicas) => self.sharded(buf, rule, replicas).await,
+        }
+    }
+
+    /// Makes this rank a Byzantine shard owner in later sharded rounds (`None`: honest again).
+    /// For tests and demonstrations of what replication protects against.
+    pub fn inject_owner_fault(&mut self, tamper: Option<OwnerTamper>) {
+        self.owner_tamper = tamper;
+    }
+
+    async fn gather<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        rule: &dyn Aggregator,
+    ) -> Result<RoundReport> {
+        let (me, n) = (self.rank(), self.size());
+        let mut seq = self.begin();
+        rule.check(n)?;
+        let payload = Payload::Host(to_bytes(buf));
+        let sends = schedule::direct_peers(me, n).map(|p| send(p, payload.clone()));
+        let recvs = schedule::direct_peers(me, n).map(|p| recv(p, byte_len(buf)));
+        let outcomes = seq.run(sends.collect(), recvs.collect()).await?;
+
+        let mut report = RoundReport::default();
+        let mut received = Vec::with_capacity(n);
+        for (p, outcome) in schedule::direct_peers(me, n).zip(outcomes) {
+            match outcome {
+                RecvOutcome::Received(payload) => received.push((p, payload)),
+                other => report.add_fault(fault(p, other)),
+            }
+        }
+        let mut ranks = Vec::with_capacity(n);
+        let mut vectors: Vec<Cow<'_, [T]>> = Vec::with_capacity(n);
+        let mut theirs = received.iter().peekable();
+        for r in 0..n {
+            if r == me {
+                ranks.push(me);
+                vectors.push(Cow::Borrowed(&*buf));
+            } else if let Some((_, payload)) = theirs.next_if(|(p, _)| *p == r) {
+                ranks.push(r);
+                vectors.push(cast_payload::<T>(payload));
+            }
+        }
+        report.inputs = ranks.len();
+        report.non_finite = non_finite_ranks(&ranks, &vectors);
+        report.peak_bytes = (received.len() + 2) * byte_len(buf);
+        if !report.faults.is_empty() {
+            tracing::warn!(
+                collective = seq.collective,
+                faults = %crate::Faults(&report.faults),
+                "robust_all_reduce: peers treated as erasures"
+            );
+        }
+        if let Err(source) = rule.check(ranks.len()) {
+            return Err(Error::TooManyFaults {
+                source,
+                faults: report.faults,
+            });
+        }
+        let inputs: Vec<&[T]> = vectors.iter().map(|v| v.as_ref()).collect();
+        let mut out = vec![T::zeroed(); buf.len()];
+        let agg = aggregate_into(rule, &inputs, &mut out).map_err(|e| rank_error(e, &ranks))?;
+        report.selected = agg
+            .selected
+            .map(|s| s.into_iter().map(|i| ranks[i]).collect());
+        drop(inputs);
+        drop(vectors);
+        buf.copy_from_slice(&out);
+        Ok(report)
+    }
+
+    async fn sharded<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        rule: &dyn Aggregator,
+        replicas: Replicas,
+    ) -> Result<RoundReport> {
+        let (me, n) = (self.rank(), self.size());
+        let f = rule.byzantine();
+        let tamper = self.owner_tamper.clone();
+        let mut seq = self.begin();
+        rule.check(n)?;
+        if rule.structure() != Structure::CoordinateWise {
+            return Err(Error::Unsupported(format!(
+                "{} needs global statistics, which sharded mode does not compute yet; \
+                 use Policy::Gather for it",
+                rule.name()
+            )));
+        }
+        let r = match replicas {
+            Replicas::Tolerant => (2 * f + 1).min(n),
+            Replicas::Exactly(r) if r == 0 || r > n => {
+                return Err(Error::InvalidUsage(format!(
+                    "sharded mode with {r} replicas in a world of {n}: need 1 <= r <= n"
+                )))
+            }
+            Replicas::Exactly(r) => {
+                if r < 2 * f + 1 {
+                    tracing::warn!(
+                        r,
+                        f,
+                        "sharded robust_all_reduce with r < 2f + 1: shard owners are trusted"
+                    );
+                }
+                r
+            }
+        };
+        let d = buf.len();
+        let size = std::mem::size_of::<T>();
+        let shard = |s: usize| chunk_range(d, n, s);
+        let mut report = RoundReport {
+            replicas: Some(r),
+            inputs: n,
+            ..RoundReport::default()
+        };
+
+        // Phase 1: shard s of this rank's vector goes straight to each owner of s.
+        let pieces: Vec<Payload> = (0..n)
+            .map(|s| Payload::Host(to_bytes(&buf[shard(s)])))
+            .collect();
+        let sends = sharded::scatter_sends(me, n, r)
+            .into_iter()
+            .map(|(o, s)| SendOp {
+                peer: o,
+                tag: s as u32,
+                payload: pieces[s].clone(),
+            })
+            .collect();
+        let plan = sharded::scatter_recvs(me, n, r);
+        let recvs = plan
+            .iter()
+            .map(|&(p, s)| RecvOp {
+                peer: p,
+                tag: s as u32,
+                len: shard(s).len() * size,
+            })
+            .collect();
+        let outcomes = seq.run(sends, recvs).await?;
+        drop(pieces);
+        let received_bytes: usize = outcomes
+            .iter()
+            .map(|o| match o {
+                RecvOutcome::Received(p) => p.len(),
+                _ => 0,
+            })
+            .sum();
+
+        // Phase 2: aggregate each owned shard over the ranks whose piece arrived, in rank order.
+        let mut arrived: Vec<Vec<Option<Payload>>> = vec![vec![None; n]; n];
+        for (&(p, s), outcome) in plan.iter().zip(outcomes) {
+            match outcome {
+                RecvOutcome::Received(payload) => arrived[s][p] = Some(payload),
+                other => report.add_fault(fault(p, other)),
+            }
+        }
+        let mut results: Vec<(usize, Bytes)> = Vec::with_capacity(r);
+        for s in sharded::owned(me, n, r) {
+            let mut ranks = Vec::with_capacity(n);
+            let mut inputs: Vec<Cow<'_, [T]>> = Vec::with_capacity(n);
+            for (p, piece) in arrived[s].iter().enumerate() {
+                if p == me {
+                    ranks.push(p);
+                    inputs.push(Cow::Borrowed(&buf[shard(s)]));
+                } else if let Some(payload) = piece {
+                    ranks.push(p);
+                    inputs.push(cast_payload::<T>(payload));
+                }
+            }
+            report.inputs = report.inputs.min(ranks.len());
+            for rank in non_finite_ranks(&ranks, &inputs) {
+                if !report.non_finite.contains(&rank) {
+                    report.non_finite.push(rank);
+                }
+            }
+            let refs: Vec<&[T]> = inputs.iter().map(|v| v.as_ref()).collect();
+            let mut out = vec![T::zeroed(); shard(s).len()];
+            let result = match aggregate_into(rule, &refs, &mut out) {
+                Ok(_) => to_bytes(&out),
+                Err(e) => {
+                    // Receivers count an empty result as an erasure of this owner's version.
+                    tracing::warn!(shard = s, error = %rank_error(e, &ranks), "cannot aggregate an owned shard");
+                    Bytes::new()
+                }
+            };
+            results.push((s, result));
+        }
+        drop(arrived);
+        let result_bytes: usize = results.iter().map(|(_, b)| b.len()).sum();
+        let phase1_peak = d * size + received_bytes + result_bytes;
+
+        // Phase 3: every owner sends its results to every rank.
+        let result_of = |s: usize| {
+            results
+                .iter()
+                .find(|(t, _)| *t == s)
+                .map(|(_, b)| b.clone())
+                .unwrap_or_default()
+        };
+        let sends = sharded::result_sends(me, n, r)
+            .into_iter()
+            .map(|(q, s)| {
+                let honest = result_of(s);
+                let bytes = match &tamper {
+                    Some(t) => t(s, q, &honest),
+                    None => honest,
+                };
+                SendOp {
+                    peer: q,
+                    tag: s as u32,
+                    payload: Payload::Host(bytes),
+                }
+            })
+            .collect();
+        let plan = sharded::result_recvs(me, n, r);
+        let recvs = plan
+            .iter()
+            .map(|&(o, s)| RecvOp {
+                peer: o,
+                tag: s as u32,
+                len: shard(s).len() * size,
+            })
+            .collect();
+        let outcomes = seq.run(sends, recvs).await?;
+        let mut versions: Vec<Vec<(Rank, Payload)>> = vec![Vec::new(); n];
+        for (s, bytes) in &results {
+            if bytes.len() == shard(*s).len() * size {
+                versions[*s].push((me, Payload::Host(bytes.clone())));
+            }
+        }
+        let mut version_bytes = result_bytes;
+        for (&(o, s), outcome) in plan.iter().zip(outcomes) {
+            match outcome {
+                RecvOutcome::Received(payload) => {
+                    version_bytes += payload.len();
+                    versions[s].push((o, payload));
+                }
+                other => report.add_fault(fault(o, other)),
+            }
+        }
+        report.peak_bytes = phase1_peak.max(version_bytes + d * size);
+
+        // Combine: the coordinate-wise median of the owners' versions of each shard.
+        let mut out = vec![T::zeroed(); d];
+        for (s, vs) in versions.iter_mut().enumerate() {
+            let range = shard(s);
+            if range.is_empty() {
+                continue;
+            }
+            if vs.is_empty() {
+                return Err(Error::ShardLost {
+                    shard: s,
+                    owners: sharded::owners(s, n, r).collect(),
+                    faults: report.faults,
+                });
+            }
+            vs.sort_by_key(|(o, _)| *o);
+            let views: Vec<Cow<'_, [T]>> = vs.iter().map(|(_, p)| cast_payload::<T>(p)).collect();
+            let refs: Vec<&[T]> = views.iter().map(|v| v.as_ref()).collect();
+            let median = Median::new((refs.len() - 1) / 2);
+            let start = range.start;
+            aggregate_into(&median, &refs, &mut out[range]).map_err(|e| match e {
+                AggError::NonFiniteResult { f, coordinate, .. } => {
+                    Error::Aggregation(AggError::NonFiniteResult {
+                        rule: format!("median of the {} owner versions of shard {s}", refs.len()),
+                        f,
+                        coordinate: start + coordinate,
+                    })
+                }
+                other => Error::Aggregation(other),
+            })?;
+        }
+        buf.copy_from_slice(&out);
+        if !report.faults.is_empty() {
+            tracing::warn!(
+                collective = seq.collective,
+                faults = %crate::Faults(&report.faults),
+                "sharded robust_all_reduce: peers treated as erasures"
+            );
+        }
+        Ok(report)
+    }
+}
+
+fn non_finite_ranks<T: Element>(ranks: &[Rank], vectors: &[Cow<'_, [T]>]) -> Vec<Rank> {
+    ranks
+        .iter()
+        .zip(vectors)
+        .filter(|(_, v)| !v.iter().all(|x| x.is_finite()))
+        .map(|(&r, _)| r)
+        .collect()
+}
