@@ -294,7 +294,7 @@ impl Communicator {
         }
         drop(arrived);
         let result_bytes: usize = results.iter().map(|(_, b)| b.len()).sum();
-        let phase1_peak = d * size + received_bytes + result_bytes;
+        let phase1_peak = byte_len(buf) + received_bytes + result_bytes;
 
         // Phase 3: every owner sends its results to every rank.
         let result_of = |s: usize| {
@@ -345,7 +345,7 @@ impl Communicator {
                 other => report.add_fault(fault(o, other)),
             }
         }
-        report.peak_bytes = phase1_peak.max(version_bytes + d * size);
+        report.peak_bytes = phase1_peak.max(version_bytes + byte_len(buf));
 
         // Combine: the coordinate-wise median of the owners' versions of each shard.
         let mut out = vec![T::zeroed(); d];
