@@ -14,7 +14,9 @@
 //! Columns: `size` is bytes per rank (`all_gather`: bytes gathered per rank, as nccl-tests
 //! prints it). `algbw = size / time`. `busbw` is nccl-tests' bus bandwidth: `algbw * 2(n-1)/n`
 //! for `all_reduce`, `algbw * (n-1)/n` for `all_gather`, and for gather-mode
-//! `robust_all_reduce` `algbw * (n-1)`, the bytes each rank actually receives.
+//! gather-mode `robust_all_reduce` `algbw * (n-1)` and sharded mode `algbw * 2r(n-1)/n`, the
+//! bytes each rank actually receives. `rss(MiB)` is the largest peak resident set of any rank
+//! while the collective ran (input buffers included).
 
 #![allow(clippy::print_stdout)]
 
@@ -23,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use byzcoll::aggregators::Median;
 use byzcoll::launch::{launch, LaunchOptions};
-use byzcoll::{Communicator, Policy, ReduceOp};
+use byzcoll::{Communicator, Policy, ReduceOp, Replicas};
 
 struct Args {
     ranks: usize,
@@ -75,11 +77,20 @@ fn reps_for(bytes: usize) -> usize {
     (((64usize << 20) / bytes.max(1)).clamp(3, 20)) | 1
 }
 
-/// Times `op` over `reps` reps as the slowest rank's time; returns the median in seconds.
-async fn time_op<F>(comm: &mut Communicator, reps: usize, mut op: F) -> f64
+/// Times `op` over `reps` reps as the slowest rank's time, and measures the largest peak RSS
+/// of any rank while it ran (Linux: the high-water mark is reset through
+/// `/proc/self/clear_refs` first). Returns (median seconds, peak RSS in MiB).
+async fn time_op<F>(comm: &mut Communicator, reps: usize, mut op: F) -> (f64, f64)
 where
     F: AsyncFnMut(&mut Communicator),
 {
+    // Hand freed heap back to the OS first, or the reset high-water mark would include what
+    // earlier collectives left in the allocator.
+    // SAFETY: malloc_trim only releases free memory; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
     op(comm).await; // warm-up
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
@@ -92,13 +103,35 @@ where
             .expect("max");
         times.push(slowest[0]);
     }
+    let mut rss = [peak_rss_mib()];
+    comm.all_reduce(&mut rss, ReduceOp::Max).await.expect("max");
     times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    (times[times.len() / 2], rss[0])
+}
+
+/// This process's peak resident set (VmHWM) in MiB, or NaN where /proc is unavailable.
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
 /// Prints one table row; rank 0 also appends `elements-per-rank seconds label` to the results
 /// file the launcher named, for the ratio table.
-fn row(size: usize, count: usize, redop: &str, seconds: f64, bus_factor: f64, label: &str) {
+fn row(
+    size: usize,
+    count: usize,
+    redop: &str,
+    (seconds, rss): (f64, f64),
+    bus_factor: f64,
+    label: &str,
+) {
     let algbw = size as f64 / seconds / 1e9;
     if let Some(path) = std::env::var_os("BYZCOLL_BENCH_RESULTS") {
         use std::io::Write;
@@ -112,11 +145,11 @@ fn row(size: usize, count: usize, redop: &str, seconds: f64, bus_factor: f64, la
             .create(true)
             .open(path)
         {
-            let _ = writeln!(f, "{per_rank} {seconds} {label}");
+            let _ = writeln!(f, "{per_rank} {seconds} {rss} {label}");
         }
     }
     println!(
-        "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3}   {label}",
+        "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3} {rss:>9.1}   {label}",
         "float",
         seconds * 1e6,
         algbw * bus_factor
@@ -142,8 +175,8 @@ async fn worker(args: &Args) -> Result<(), String> {
             comm.transport().name()
         );
         println!(
-            "{:>12} {:>10} {:>6} {:>7} {:>12} {:>8} {:>8}   collective",
-            "size", "count", "type", "redop", "time(us)", "algbw", "busbw"
+            "{:>12} {:>10} {:>6} {:>7} {:>12} {:>8} {:>8} {:>9}   collective",
+            "size", "count", "type", "redop", "time(us)", "algbw", "busbw", "rss(MiB)"
         );
     }
     for exp in (args.min_exp..=args.max_exp).step_by(2) {
@@ -174,15 +207,33 @@ async fn worker(args: &Args) -> Result<(), String> {
             row(bytes * n, d * n, "none", t, (nf - 1.0) / nf, "all_gather");
         }
 
-        let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
-            let mut v = input.clone();
-            c.robust_all_reduce(&mut v, &median, Policy::Gather)
-                .await
-                .expect("robust_all_reduce");
-        })
-        .await;
-        if me == 0 {
-            row(bytes, d, "median", t, nf - 1.0, "robust_all_reduce gather");
+        for (policy, label, received) in [
+            (
+                Policy::Gather,
+                "robust_all_reduce gather".to_string(),
+                nf - 1.0,
+            ),
+            (
+                Policy::Sharded(Replicas::Exactly(1)),
+                "robust_all_reduce sharded r=1".to_string(),
+                2.0 * (nf - 1.0) / nf,
+            ),
+            (
+                Policy::Sharded(Replicas::Tolerant),
+                format!("robust_all_reduce sharded r={}", 2 * f + 1),
+                2.0 * (2 * f + 1) as f64 * (nf - 1.0) / nf,
+            ),
+        ] {
+            let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
+                let mut v = input.clone();
+                c.robust_all_reduce(&mut v, &median, policy)
+                    .await
+                    .expect("robust_all_reduce");
+            })
+            .await;
+            if me == 0 {
+                row(bytes, d, "median", t, received, &label);
+            }
         }
     }
     Ok(())
@@ -240,7 +291,7 @@ fn run_anchor(args: &Args) -> Vec<(usize, f64, String)> {
             let t: Vec<&str> = l.split_whitespace().collect();
             let count: usize = t.get(1)?.parse().ok()?;
             let micros: f64 = t.get(4)?.parse().ok()?;
-            let label = t.get(7..)?.join(" ");
+            let label = t.get(8..)?.join(" ");
             let per_rank = if label == "MPI Allgather" {
                 count / args.ranks
             } else {
@@ -256,6 +307,11 @@ fn print_ratios(ours: &[(usize, f64, String)], anchor: &[(usize, f64, String)]) 
         ("all_reduce", "MPI Allreduce"),
         ("all_gather", "MPI Allgather"),
         ("robust_all_reduce gather", "MPI Allgather + numpy.median"),
+        (
+            "robust_all_reduce sharded r=1",
+            "MPI Allgather + numpy.median",
+        ),
+        ("robust_all_reduce sharded r=1", "MPI Allreduce"),
     ];
     let find = |rows: &[(usize, f64, String)], d: usize, label: &str| {
         rows.iter()
@@ -267,8 +323,17 @@ fn print_ratios(ours: &[(usize, f64, String)], anchor: &[(usize, f64, String)]) 
     println!();
     println!("# time ratio byzcoll / Open MPI, same run (< 1: byzcoll faster)");
     println!(
-        "{:>12} {:>12} {:>12} {:>34}",
-        "bytes/rank", "all_reduce", "all_gather", "robust median / Allgather+median"
+        "{:>12} {:>12} {:>12} {:>18} {:>18} {:>18}",
+        "bytes/rank",
+        "all_reduce",
+        "all_gather",
+        "gather-median",
+        "sharded1-median",
+        "sharded1-median"
+    );
+    println!(
+        "{:>12} {:>12} {:>12} {:>18} {:>18} {:>18}",
+        "", "/Allreduce", "/Allgather", "/Allgather+median", "/Allgather+median", "/Allreduce SUM"
     );
     for d in sizes {
         let cells: Vec<String> = pairs
@@ -279,11 +344,13 @@ fn print_ratios(ours: &[(usize, f64, String)], anchor: &[(usize, f64, String)]) 
             })
             .collect();
         println!(
-            "{:>12} {:>12} {:>12} {:>34}",
+            "{:>12} {:>12} {:>12} {:>18} {:>18} {:>18}",
             d * 4,
             cells[0],
             cells[1],
-            cells[2]
+            cells[2],
+            cells[3],
+            cells[4]
         );
     }
 }
@@ -339,9 +406,11 @@ fn main() -> ExitCode {
         .unwrap_or_default()
         .lines()
         .filter_map(|l| {
-            let (d, rest) = l.split_once(' ')?;
-            let (secs, label) = rest.split_once(' ')?;
-            Some((d.parse().ok()?, secs.parse().ok()?, label.to_string()))
+            let mut it = l.splitn(4, ' ');
+            let d = it.next()?.parse().ok()?;
+            let secs = it.next()?.parse().ok()?;
+            let _rss = it.next()?;
+            Some((d, secs, it.next()?.to_string()))
         })
         .collect();
     let _ = std::fs::remove_file(&results);

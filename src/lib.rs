@@ -33,7 +33,8 @@ use std::time::Duration;
 pub use byzcoll_aggregators as aggregators;
 pub use byzcoll_runtime::{
     bootstrap, mailbox, schedule, BootstrapError, Capabilities, Communicator, Config, Error, Fault,
-    PeerFault, Policy, Rank, RecvOutcome, ReduceOp, Result, RoundReport, Transport, TransportError,
+    OwnerTamper, PeerFault, Policy, Rank, RecvOutcome, ReduceOp, Replicas, Result, RoundReport,
+    Transport, TransportError,
 };
 
 /// The transports, re-exported.

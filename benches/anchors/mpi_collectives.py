@@ -6,6 +6,7 @@ numpy.median(axis=0). Each rep is the slowest rank's time after a barrier; the m
 is printed.
 """
 import argparse
+import resource
 import time
 
 import numpy as np
@@ -28,10 +29,16 @@ def timed(comm, reps, op):
     return times[len(times) // 2]
 
 
-def row(size, count, redop, seconds, bus, label):
+def row(size, count, redop, seconds, bus, rss, label):
     algbw = size / seconds / 1e9
     print(f"{size:>12} {count:>10} {'float':>6} {redop:>7} {seconds * 1e6:>12.1f} "
-          f"{algbw:>8.3f} {algbw * bus:>8.3f}   {label}", flush=True)
+          f"{algbw:>8.3f} {algbw * bus:>8.3f} {rss:>9.1f}   {label}", flush=True)
+
+
+def peak_rss_mib(comm):
+    """Largest peak RSS of any rank so far (ru_maxrss cannot be reset: ops run in increasing
+    memory order, so each figure is that op's peak or an earlier, smaller one)."""
+    return comm.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, op=MPI.MAX)
 
 
 def main():
@@ -51,20 +58,23 @@ def main():
         x = ((me * 7 + np.arange(d) % 13)).astype(np.float32)
         out = np.empty_like(x)
         t = timed(comm, reps, lambda: comm.Allreduce(x, out, op=MPI.SUM))
+        rss = peak_rss_mib(comm)
         if me == 0:
-            row(nbytes, d, "sum", t, 2 * (n - 1) / n, "MPI Allreduce")
+            row(nbytes, d, "sum", t, 2 * (n - 1) / n, rss, "MPI Allreduce")
         g = np.empty((n, d), dtype=np.float32)
         t = timed(comm, reps, lambda: comm.Allgather(x, g))
+        rss = peak_rss_mib(comm)
         if me == 0:
-            row(nbytes * n, d * n, "none", t, (n - 1) / n, "MPI Allgather")
+            row(nbytes * n, d * n, "none", t, (n - 1) / n, rss, "MPI Allgather")
 
         def gather_median():
             comm.Allgather(x, g)
             np.median(g, axis=0)
 
         t = timed(comm, reps, gather_median)
+        rss = peak_rss_mib(comm)
         if me == 0:
-            row(nbytes, d, "median", t, n - 1, "MPI Allgather + numpy.median")
+            row(nbytes, d, "median", t, n - 1, rss, "MPI Allgather + numpy.median")
 
 
 if __name__ == "__main__":
