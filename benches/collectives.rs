@@ -206,6 +206,7 @@ async fn worker(args: &Args) -> Result<(), String> {
         if me == 0 {
             row(bytes * n, d * n, "none", t, (nf - 1.0) / nf, "all_gather");
         }
+        drop(gathered);
 
         for (policy, label, received) in [
             (

@@ -96,8 +96,11 @@ impl Communicator {
     /// too many peers failed the round; [`Error::Unsupported`] for a rule that sharded mode
     /// cannot run; [`Error::InvalidUsage`] for a replica count outside `1..=n`.
     ///
+    /// On error, gather mode leaves `buf` unchanged; sharded mode may have overwritten the
+    /// shards combined before the failing one.
+    ///
     /// # Cancel safety
-    /// Not cancel safe: `buf` is left unchanged, but the other ranks count this one missing.
+    /// Not cancel safe: the other ranks count this rank missing.
     pub async fn robust_all_reduce<T: Element>(
         &mut self,
         buf: &mut [T],
@@ -345,28 +348,28 @@ impl Communicator {
                 other => report.add_fault(fault(o, other)),
             }
         }
-        report.peak_bytes = phase1_peak.max(version_bytes + byte_len(buf));
+        report.peak_bytes = phase1_peak.max(version_bytes);
 
-        // Combine: the coordinate-wise median of the owners' versions of each shard.
-        let mut out = vec![T::zeroed(); d];
+        // Combine: the coordinate-wise median of the owners' versions of each shard, written
+        // straight into `buf` (its pieces were copied out in phase 1).
+        if let Some(s) = (0..n).find(|&s| !shard(s).is_empty() && versions[s].is_empty()) {
+            return Err(Error::ShardLost {
+                shard: s,
+                owners: sharded::owners(s, n, r).collect(),
+                faults: report.faults,
+            });
+        }
         for (s, vs) in versions.iter_mut().enumerate() {
             let range = shard(s);
             if range.is_empty() {
                 continue;
-            }
-            if vs.is_empty() {
-                return Err(Error::ShardLost {
-                    shard: s,
-                    owners: sharded::owners(s, n, r).collect(),
-                    faults: report.faults,
-                });
             }
             vs.sort_by_key(|(o, _)| *o);
             let views: Vec<Cow<'_, [T]>> = vs.iter().map(|(_, p)| cast_payload::<T>(p)).collect();
             let refs: Vec<&[T]> = views.iter().map(|v| v.as_ref()).collect();
             let median = Median::new((refs.len() - 1) / 2);
             let start = range.start;
-            aggregate_into(&median, &refs, &mut out[range]).map_err(|e| match e {
+            aggregate_into(&median, &refs, &mut buf[range]).map_err(|e| match e {
                 AggError::NonFiniteResult { f, coordinate, .. } => {
                     Error::Aggregation(AggError::NonFiniteResult {
                         rule: format!("median of the {} owner versions of shard {s}", refs.len()),
@@ -377,7 +380,6 @@ impl Communicator {
                 other => Error::Aggregation(other),
             })?;
         }
-        buf.copy_from_slice(&out);
         if !report.faults.is_empty() {
             tracing::warn!(
                 collective = seq.collective,
