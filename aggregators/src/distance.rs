@@ -81,17 +81,19 @@ fn chunk_table_portable<T: Element>(
 }
 
 /// Whether every value of each input is finite.
-pub(crate) fn finite_inputs<T: Element>(inputs: &[&[T]]) -> Vec<bool> {
+pub fn finite_inputs<T: Element>(inputs: &[&[T]]) -> Vec<bool> {
     inputs
         .par_iter()
         .map(|x| x.iter().all(|v| v.is_finite()))
         .collect()
 }
 
-/// The `n × n` table of squared distances (row-major). Distances involving an input with a
-/// non-finite value are `+inf` (such an input is infinitely far from everything, itself
-/// included), so distance-based rules never select it.
-pub(crate) fn pairwise_sq_distances<T: Element>(inputs: &[&[T]], finite: &[bool]) -> Vec<f64> {
+/// The `n × n` table of squared distances (row-major); `finite[i]` says whether input `i` holds
+/// only finite values ([`finite_inputs`]). Distances involving an input with a non-finite value
+/// are `+inf` (such an input is infinitely far from everything, itself included), so
+/// distance-based rules never select it. Tables of disjoint coordinate ranges add up to the
+/// table of their union.
+pub fn pairwise_sq_distances<T: Element>(inputs: &[&[T]], finite: &[bool]) -> Vec<f64> {
     let n = inputs.len();
     let d = inputs.first().map_or(0, |x| x.len());
     let chunk = d.div_ceil(CHUNKS).max(1);

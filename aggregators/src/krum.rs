@@ -9,7 +9,10 @@ use rayon::prelude::*;
 
 use crate::coordinate::reduce_columns;
 use crate::distance::{finite_inputs, pairwise_sq_distances};
-use crate::{check_lengths, AggError, AggReport, Aggregator, Element, Inputs, Output, Structure};
+use crate::{
+    check_lengths, AggError, AggReport, Aggregator, DistanceSelection, Element, Inputs, Output,
+    Structure,
+};
 
 /// Krum scores of the `active` inputs against each other: for each, the sum of its
 /// `active.len() - f - 2` smallest squared distances to the other active inputs.
@@ -40,11 +43,23 @@ fn ranking(scores: &[f64]) -> Vec<usize> {
     order
 }
 
-fn too_many_non_finite(rule: &str, f: usize, finite: &[bool]) -> AggError {
+/// Inputs with non-finite values have an infinite distance to themselves in the table.
+fn is_finite_input(dist: &[f64], n: usize, i: usize) -> bool {
+    dist[i * n + i] == 0.0
+}
+
+fn too_many_non_finite(rule: &str, f: usize, dist: &[f64], n: usize) -> AggError {
     AggError::TooManyNonFiniteInputs {
         rule: rule.to_string(),
         f,
-        count: finite.iter().filter(|x| !**x).count(),
+        count: (0..n).filter(|&i| !is_finite_input(dist, n, i)).count(),
+    }
+}
+
+fn mixed_types(rule: &str) -> AggError {
+    AggError::Unsupported {
+        rule: rule.to_string(),
+        what: "inputs and output of different element types".to_string(),
     }
 }
 
@@ -94,16 +109,36 @@ impl Krum {
     fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let finite = finite_inputs(inputs);
-        let dist = pairwise_sq_distances(inputs, &finite);
-        let all: Vec<usize> = (0..inputs.len()).collect();
-        let s = scores(&dist, inputs.len(), &all, self.f);
+        let dist = pairwise_sq_distances(inputs, &finite_inputs(inputs));
+        let selected = self.select(&dist, inputs.len())?;
+        self.finish(T::inputs(inputs), &selected, T::output(out))?;
+        Ok(AggReport::selected(selected))
+    }
+}
+
+impl DistanceSelection for Krum {
+    fn select(&self, dist: &[f64], n: usize) -> Result<Vec<usize>, AggError> {
+        let all: Vec<usize> = (0..n).collect();
+        let s = scores(dist, n, &all, self.f);
         let best = ranking(&s)[0];
-        if !s[best].is_finite() || !finite[best] {
-            return Err(too_many_non_finite(self.name(), self.f, &finite));
+        if !s[best].is_finite() || !is_finite_input(dist, n, best) {
+            return Err(too_many_non_finite(self.name(), self.f, dist, n));
         }
-        out.copy_from_slice(inputs[best]);
-        Ok(AggReport::selected(vec![best]))
+        Ok(vec![best])
+    }
+
+    fn finish(
+        &self,
+        inputs: Inputs<'_>,
+        selected: &[usize],
+        out: Output<'_>,
+    ) -> Result<(), AggError> {
+        match (inputs, out) {
+            (Inputs::F32(x), Output::F32(o)) => o.copy_from_slice(x[selected[0]]),
+            (Inputs::F64(x), Output::F64(o)) => o.copy_from_slice(x[selected[0]]),
+            _ => return Err(mixed_types(self.name())),
+        }
+        Ok(())
     }
 }
 
@@ -119,6 +154,9 @@ impl Aggregator for Krum {
     }
     fn structure(&self) -> Structure {
         Structure::Global
+    }
+    fn distance_selection(&self) -> Option<&dyn DistanceSelection> {
+        Some(self)
     }
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
         crate::dispatch!(self, inputs, out)
@@ -146,18 +184,40 @@ impl MultiKrum {
     fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let n = inputs.len();
-        let finite = finite_inputs(inputs);
-        let dist = pairwise_sq_distances(inputs, &finite);
+        let dist = pairwise_sq_distances(inputs, &finite_inputs(inputs));
+        let selected = self.select(&dist, inputs.len())?;
+        self.finish(T::inputs(inputs), &selected, T::output(out))?;
+        Ok(AggReport::selected(selected))
+    }
+}
+
+impl DistanceSelection for MultiKrum {
+    fn select(&self, dist: &[f64], n: usize) -> Result<Vec<usize>, AggError> {
         let all: Vec<usize> = (0..n).collect();
-        let s = scores(&dist, n, &all, self.f);
+        let s = scores(dist, n, &all, self.f);
         let mut selected: Vec<usize> = ranking(&s)[..self.m_for(n)].to_vec();
-        if selected.iter().any(|&i| !s[i].is_finite() || !finite[i]) {
-            return Err(too_many_non_finite(self.name(), self.f, &finite));
+        if selected
+            .iter()
+            .any(|&i| !s[i].is_finite() || !is_finite_input(dist, n, i))
+        {
+            return Err(too_many_non_finite(self.name(), self.f, dist, n));
         }
         selected.sort_unstable();
-        average_of(inputs, &selected, out);
-        Ok(AggReport::selected(selected))
+        Ok(selected)
+    }
+
+    fn finish(
+        &self,
+        inputs: Inputs<'_>,
+        selected: &[usize],
+        out: Output<'_>,
+    ) -> Result<(), AggError> {
+        match (inputs, out) {
+            (Inputs::F32(x), Output::F32(o)) => average_of(x, selected, o),
+            (Inputs::F64(x), Output::F64(o)) => average_of(x, selected, o),
+            _ => return Err(mixed_types(self.name())),
+        }
+        Ok(())
     }
 }
 
@@ -182,6 +242,9 @@ impl Aggregator for MultiKrum {
     fn structure(&self) -> Structure {
         Structure::Global
     }
+    fn distance_selection(&self) -> Option<&dyn DistanceSelection> {
+        Some(self)
+    }
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
         crate::dispatch!(self, inputs, out)
     }
@@ -205,21 +268,20 @@ impl Bulyan {
     fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let (n, f) = (inputs.len(), self.f);
-        let theta = n - 2 * f;
-        let beta = theta - 2 * f;
-        let finite = finite_inputs(inputs);
-        let dist = pairwise_sq_distances(inputs, &finite);
-        let mut active: Vec<usize> = (0..n).collect();
-        let mut selected = Vec::with_capacity(theta);
-        for _ in 0..theta {
-            let s = scores(&dist, n, &active, f);
-            let pos = ranking(&s)[0];
-            if !s[pos].is_finite() || !finite[active[pos]] {
-                return Err(too_many_non_finite(self.name(), f, &finite));
-            }
-            selected.push(active.remove(pos));
-        }
+        let dist = pairwise_sq_distances(inputs, &finite_inputs(inputs));
+        let selected = self.select(&dist, inputs.len())?;
+        self.finish(T::inputs(inputs), &selected, T::output(out))?;
+        Ok(AggReport::selected(selected))
+    }
+
+    /// The coordinate-wise phase over the selected inputs.
+    fn coordinate_phase<T: Element>(
+        &self,
+        inputs: &[&[T]],
+        selected: &[usize],
+        out: &mut [T],
+    ) -> Result<(), AggError> {
+        let beta = selected.len() - 2 * self.f;
         let chosen: Vec<&[T]> = selected.iter().map(|&i| inputs[i]).collect();
         reduce_columns(&chosen, out, |col| {
             col.sort_unstable();
@@ -246,10 +308,40 @@ impl Bulyan {
         })
         .map_err(|coordinate| AggError::NonFiniteResult {
             rule: self.name().to_string(),
-            f,
+            f: self.f,
             coordinate,
-        })?;
-        Ok(AggReport::selected(selected))
+        })
+    }
+}
+
+impl DistanceSelection for Bulyan {
+    fn select(&self, dist: &[f64], n: usize) -> Result<Vec<usize>, AggError> {
+        let f = self.f;
+        let theta = n - 2 * f;
+        let mut active: Vec<usize> = (0..n).collect();
+        let mut selected = Vec::with_capacity(theta);
+        for _ in 0..theta {
+            let s = scores(dist, n, &active, f);
+            let pos = ranking(&s)[0];
+            if !s[pos].is_finite() || !is_finite_input(dist, n, active[pos]) {
+                return Err(too_many_non_finite(self.name(), f, dist, n));
+            }
+            selected.push(active.remove(pos));
+        }
+        Ok(selected)
+    }
+
+    fn finish(
+        &self,
+        inputs: Inputs<'_>,
+        selected: &[usize],
+        out: Output<'_>,
+    ) -> Result<(), AggError> {
+        match (inputs, out) {
+            (Inputs::F32(x), Output::F32(o)) => self.coordinate_phase(x, selected, o),
+            (Inputs::F64(x), Output::F64(o)) => self.coordinate_phase(x, selected, o),
+            _ => Err(mixed_types(self.name())),
+        }
     }
 }
 
@@ -274,6 +366,9 @@ impl Aggregator for Bulyan {
     }
     fn structure(&self) -> Structure {
         Structure::Global
+    }
+    fn distance_selection(&self) -> Option<&dyn DistanceSelection> {
+        Some(self)
     }
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
         crate::dispatch!(self, inputs, out)

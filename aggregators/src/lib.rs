@@ -44,7 +44,7 @@ macro_rules! dispatch {
 
 pub mod attacks;
 mod coordinate;
-mod distance;
+pub mod distance;
 mod element;
 mod geometric;
 mod krum;
@@ -222,6 +222,37 @@ pub trait Aggregator: Send + Sync + fmt::Debug {
     /// the non-finite policy in the crate docs, [`AggError::Unsupported`] for an input kind the
     /// rule cannot read.
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError>;
+
+    /// For rules whose output is a per-coordinate function of a set of inputs selected from
+    /// pairwise distances (Krum, Multi-Krum, Bulyan): that decomposition, which lets a sharded
+    /// schedule combine distance tables computed on shards. `None` for other rules.
+    fn distance_selection(&self) -> Option<&dyn DistanceSelection> {
+        None
+    }
+}
+
+/// A rule split into a selection made from the `n × n` table of pairwise squared distances
+/// ([`distance::pairwise_sq_distances`]) and a per-coordinate finish over the selected inputs.
+/// `finish` applied shard by shard gives the shards of the whole-vector result.
+pub trait DistanceSelection: Send + Sync {
+    /// The selected input indices, from the distance table (row-major, `+inf` rows for inputs
+    /// holding non-finite values).
+    ///
+    /// # Errors
+    /// [`AggError::TooManyNonFiniteInputs`] when the selection would take a non-finite input.
+    fn select(&self, dist: &[f64], n: usize) -> Result<Vec<usize>, AggError>;
+
+    /// Computes the output (or a shard of it) from the inputs (or the same shard of each) and
+    /// the selection.
+    ///
+    /// # Errors
+    /// [`AggError::NonFiniteResult`] when a coordinate's result would not be finite.
+    fn finish(
+        &self,
+        inputs: Inputs<'_>,
+        selected: &[usize],
+        out: Output<'_>,
+    ) -> Result<(), AggError>;
 }
 
 /// Typed convenience wrapper around [`Aggregator::aggregate`].

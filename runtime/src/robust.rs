@@ -191,13 +191,16 @@ impl Communicator {
         let tamper = self.owner_tamper.clone();
         let mut seq = self.begin();
         rule.check(n)?;
-        if rule.structure() != Structure::CoordinateWise {
-            return Err(Error::Unsupported(format!(
-                "{} needs global statistics, which sharded mode does not compute yet; \
-                 use Policy::Gather for it",
-                rule.name()
-            )));
-        }
+        let selection = match rule.structure() {
+            Structure::CoordinateWise => None,
+            Structure::Global => Some(rule.distance_selection().ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "{} needs statistics that sharded mode does not combine yet (only \
+                     distance tables, for the Krum family); use Policy::Gather for it",
+                    rule.name()
+                ))
+            })?),
+        };
         let r = match replicas {
             Replicas::Tolerant => (2 * f + 1).min(n),
             Replicas::Exactly(r) if r == 0 || r > n => {
@@ -264,37 +267,136 @@ impl Communicator {
                 other => report.add_fault(fault(p, other)),
             }
         }
-        let mut results: Vec<(usize, Bytes)> = Vec::with_capacity(r);
+        // Each owned shard's inputs, indexed by rank (`None`: erased).
+        let shard_inputs = |s: usize| -> Vec<Option<Cow<'_, [T]>>> {
+            (0..n)
+                .map(|p| {
+                    if p == me {
+                        Some(Cow::Borrowed(&buf[shard(s)]))
+                    } else {
+                        arrived[s][p]
+                            .as_ref()
+                            .map(|payload| cast_payload::<T>(payload))
+                    }
+                })
+                .collect()
+        };
         for s in sharded::owned(me, n, r) {
-            let mut ranks = Vec::with_capacity(n);
-            let mut inputs: Vec<Cow<'_, [T]>> = Vec::with_capacity(n);
-            for (p, piece) in arrived[s].iter().enumerate() {
-                if p == me {
-                    ranks.push(p);
-                    inputs.push(Cow::Borrowed(&buf[shard(s)]));
-                } else if let Some(payload) = piece {
-                    ranks.push(p);
-                    inputs.push(cast_payload::<T>(payload));
-                }
-            }
+            let inputs = shard_inputs(s);
+            let ranks: Vec<Rank> = (0..n).filter(|&p| inputs[p].is_some()).collect();
             report.inputs = report.inputs.min(ranks.len());
-            for rank in non_finite_ranks(&ranks, &inputs) {
+            let present: Vec<Cow<'_, [T]>> = inputs.into_iter().flatten().collect();
+            for rank in non_finite_ranks(&ranks, &present) {
                 if !report.non_finite.contains(&rank) {
                     report.non_finite.push(rank);
                 }
             }
-            let refs: Vec<&[T]> = inputs.iter().map(|v| v.as_ref()).collect();
-            let mut out = vec![T::zeroed(); shard(s).len()];
-            let result = match aggregate_into(rule, &refs, &mut out) {
-                Ok(_) => to_bytes(&out),
-                Err(e) => {
-                    // Receivers count an empty result as an erasure of this owner's version.
-                    tracing::warn!(shard = s, error = %rank_error(e, &ranks), "cannot aggregate an owned shard");
-                    Bytes::new()
-                }
-            };
-            results.push((s, result));
         }
+        let results: Vec<(usize, Bytes)> = match selection {
+            None => sharded::owned(me, n, r)
+                .map(|s| {
+                    let inputs: Vec<Cow<'_, [T]>> = shard_inputs(s).into_iter().flatten().collect();
+                    let ranks: Vec<Rank> = (0..n)
+                        .filter(|&p| p == me || arrived[s][p].is_some())
+                        .collect();
+                    let refs: Vec<&[T]> = inputs.iter().map(|v| v.as_ref()).collect();
+                    let mut out = vec![T::zeroed(); shard(s).len()];
+                    let result = match aggregate_into(rule, &refs, &mut out) {
+                        Ok(_) => to_bytes(&out),
+                        Err(e) => {
+                            // Receivers count an empty result as an erasure of this version.
+                            tracing::warn!(shard = s, error = %rank_error(e, &ranks), "cannot aggregate an owned shard");
+                            Bytes::new()
+                        }
+                    };
+                    (s, result)
+                })
+                .collect(),
+            Some(selection) => {
+                // Statistic round: owners exchange the distance tables of their shards; every
+                // rank sums the shard-wise medians of the versions and selects from the total.
+                let tables: Vec<(usize, Bytes)> = sharded::owned(me, n, r)
+                    .map(|s| {
+                        let inputs = shard_inputs(s);
+                        let finite: Vec<bool> = inputs
+                            .iter()
+                            .map(|x| x.as_ref().is_some_and(|v| v.iter().all(|e| e.is_finite())))
+                            .collect();
+                        let own = &buf[shard(s)];
+                        let views: Vec<&[T]> = inputs
+                            .iter()
+                            .map(|x| x.as_ref().map_or(own, |v| v.as_ref()))
+                            .collect();
+                        (s, to_bytes(&byzcoll_aggregators::distance::pairwise_sq_distances(&views, &finite)))
+                    })
+                    .collect();
+                let table_len = n * n * std::mem::size_of::<f64>();
+                let sends = sharded::result_sends(me, n, r)
+                    .into_iter()
+                    .filter_map(|(q, s)| {
+                        let t = tables.iter().find(|(u, _)| *u == s)?;
+                        Some(SendOp { peer: q, tag: s as u32, payload: Payload::Host(t.1.clone()) })
+                    })
+                    .collect();
+                let plan = sharded::result_recvs(me, n, r);
+                let recvs = plan
+                    .iter()
+                    .map(|&(o, s)| RecvOp { peer: o, tag: s as u32, len: table_len })
+                    .collect();
+                let outcomes = seq.run(sends, recvs).await?;
+                let mut versions: Vec<Vec<Payload>> = vec![Vec::new(); n];
+                for (s, t) in &tables {
+                    versions[*s].push(Payload::Host(t.clone()));
+                }
+                for (&(o, s), outcome) in plan.iter().zip(outcomes) {
+                    match outcome {
+                        RecvOutcome::Received(payload) => versions[s].push(payload),
+                        other => report.add_fault(fault(o, other)),
+                    }
+                }
+                let mut total = vec![0.0f64; n * n];
+                let mut part = vec![0.0f64; n * n];
+                for (s, vs) in versions.iter().enumerate() {
+                    if vs.is_empty() {
+                        return Err(Error::ShardLost {
+                            shard: s,
+                            owners: sharded::owners(s, n, r).collect(),
+                            faults: report.faults,
+                        });
+                    }
+                    let views: Vec<Cow<'_, [f64]>> = vs.iter().map(cast_payload::<f64>).collect();
+                    let refs: Vec<&[f64]> = views.iter().map(|v| v.as_ref()).collect();
+                    combine_versions(&refs, &mut part);
+                    for (t, p) in total.iter_mut().zip(&part) {
+                        *t += p;
+                    }
+                }
+                let selected = selection.select(&total, n).map_err(Error::Aggregation)?;
+                report.selected = Some(selected.clone());
+                sharded::owned(me, n, r)
+                    .map(|s| {
+                        let inputs = shard_inputs(s);
+                        if selected.iter().any(|&i| inputs[i].is_none()) {
+                            tracing::warn!(shard = s, "a selected input is missing here; sending no result");
+                            return (s, Bytes::new());
+                        }
+                        let own = &buf[shard(s)];
+                        let views: Vec<&[T]> = inputs
+                            .iter()
+                            .map(|x| x.as_ref().map_or(own, |v| v.as_ref()))
+                            .collect();
+                        let mut out = vec![T::zeroed(); shard(s).len()];
+                        match selection.finish(T::inputs(&views), &selected, T::output(&mut out)) {
+                            Ok(()) => (s, to_bytes(&out)),
+                            Err(e) => {
+                                tracing::warn!(shard = s, error = %e, "cannot finish an owned shard");
+                                (s, Bytes::new())
+                            }
+                        }
+                    })
+                    .collect()
+            }
+        };
         drop(arrived);
         let result_bytes: usize = results.iter().map(|(_, b)| b.len()).sum();
         let phase1_peak = byte_len(buf) + received_bytes + result_bytes;
@@ -388,6 +490,28 @@ impl Communicator {
             );
         }
         Ok(report)
+    }
+}
+
+/// The element-wise median of the owners' versions of a table (`+inf` entries are ordered as
+/// extremes, so up to half of the versions lying cannot move it outside the honest values).
+fn combine_versions(versions: &[&[f64]], out: &mut [f64]) {
+    if versions.len() == 1 {
+        out.copy_from_slice(versions[0]);
+        return;
+    }
+    let mut col = vec![0.0f64; versions.len()];
+    for (j, o) in out.iter_mut().enumerate() {
+        for (c, v) in col.iter_mut().zip(versions) {
+            *c = v[j];
+        }
+        col.sort_by(f64::total_cmp);
+        let m = col.len();
+        *o = if m % 2 == 1 {
+            col[m / 2]
+        } else {
+            col[m / 2 - 1] * 0.5 + col[m / 2] * 0.5
+        };
     }
 }
 

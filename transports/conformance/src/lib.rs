@@ -16,7 +16,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use byzcoll_aggregators::{aggregate_into, Aggregator, Mean, Median, TrimmedMean};
+use byzcoll_aggregators::{
+    aggregate_into, Aggregator, Bulyan, Krum, Mean, Median, MultiKrum, TrimmedMean,
+};
 use byzcoll_runtime::{
     Communicator, Config, Error, Fault, OwnerTamper, Policy, RecvOp, RecvOutcome, ReduceOp,
     Replicas, SendOp, Step, Transport,
@@ -39,6 +41,7 @@ macro_rules! conformance_suite {
             invalid_steps_are_rejected,
             sharded_matches_gather_bitwise,
             sharded_survives_byzantine_owners_only_with_replication,
+            sharded_krum_family_matches_gather,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -622,6 +625,58 @@ where
             let range = byzcoll_runtime::schedule::chunk_range(d, n, s);
             let same = trusting[range.clone()] == honest[range];
             assert_eq!(same, s < 5, "rank {me}, shard {s}: r = 1 trusts its owner");
+        }
+    }
+}
+
+/// The Krum family in sharded mode (distance tables computed on shards, exchanged with the
+/// same replication, combined by median and summed) selects the same ranks and gives bitwise
+/// the gather-mode result on honest inputs.
+pub async fn sharded_krum_family_matches_gather<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    for n in [3usize, 7, 8, 11] {
+        for d in [1usize, n + 3, 1000] {
+            let comms = comms(factory(n).await, Duration::from_secs(20));
+            let results = run_ranks(comms, move |mut c| async move {
+                let me = c.rank();
+                let fk = (n - 3) / 2;
+                let mut rules: Vec<Box<dyn Aggregator>> =
+                    vec![Box::new(Krum::new(fk)), Box::new(MultiKrum::new(fk, None))];
+                if n >= 7 {
+                    rules.push(Box::new(Bulyan::new((n - 3) / 4)));
+                }
+                let mut out = Vec::new();
+                for rule in &rules {
+                    let mut g = vector(me, d);
+                    let gather = c
+                        .robust_all_reduce(&mut g, rule.as_ref(), Policy::Gather)
+                        .await
+                        .unwrap();
+                    for replicas in [Replicas::Tolerant, Replicas::Exactly(1)] {
+                        let mut v = vector(me, d);
+                        let report = c
+                            .robust_all_reduce(&mut v, rule.as_ref(), Policy::Sharded(replicas))
+                            .await
+                            .unwrap();
+                        assert_eq!(
+                            report.selected,
+                            gather.selected,
+                            "{} n={n} d={d}",
+                            rule.name()
+                        );
+                        assert_eq!(v, g, "{} {replicas:?} n={n} d={d}", rule.name());
+                    }
+                    out.push(g);
+                }
+                out
+            })
+            .await;
+            for r in &results[1..] {
+                assert_eq!(r, &results[0], "n={n} d={d}: ranks disagree");
+            }
         }
     }
 }
