@@ -18,6 +18,7 @@ mod robust;
 pub mod schedule;
 mod transport;
 mod types;
+pub mod wire;
 
 pub use comm::{Communicator, ReduceOp};
 pub use config::Config;

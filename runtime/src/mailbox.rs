@@ -169,6 +169,23 @@ impl Mailbox {
         self.changed.notify_waiters();
     }
 
+    /// Takes the receive for a message from `peer` under `key` if its fate is known now:
+    /// `None` while the message is early (its receive not posted yet). For transports that poll
+    /// from their own thread.
+    pub fn try_claim(&self, peer: Rank, key: MsgKey) -> Option<Claim> {
+        let mut slot = self.slot(peer);
+        if slot.closed.is_some() {
+            return Some(Claim::Closed);
+        }
+        if let Some(p) = slot.posted.remove(&key) {
+            return Some(Claim::Posted(Delivery {
+                len: p.len,
+                tx: p.tx,
+            }));
+        }
+        slot.is_stale(key).then_some(Claim::Stale)
+    }
+
     /// Waits until the receive for a message from `peer` under `key` is posted, then takes it.
     ///
     /// # Cancel safety
@@ -178,20 +195,8 @@ impl Mailbox {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            {
-                let mut slot = self.slot(peer);
-                if slot.closed.is_some() {
-                    return Claim::Closed;
-                }
-                if let Some(p) = slot.posted.remove(&key) {
-                    return Claim::Posted(Delivery {
-                        len: p.len,
-                        tx: p.tx,
-                    });
-                }
-                if slot.is_stale(key) {
-                    return Claim::Stale;
-                }
+            if let Some(claim) = self.try_claim(peer, key) {
+                return claim;
             }
             changed.await;
         }

@@ -1,0 +1,1 @@
+#include <ucp/api/ucp.h>
