@@ -1,2 +1,459 @@
-//! Placeholder: the aggregator benchmark is being written.
-fn main() {}
+//! Aggregation-rule benchmark: byzcoll's CPU rules on `n` float32 vectors of length `d`, side by
+//! side with numpy/scipy in the same run.
+//!
+//! ```sh
+//! cargo bench --bench aggregators                # n = 4,8,16,32,64, d = 2^22, 1 and all threads
+//! cargo bench --bench aggregators -- --n 4,16 --exp 22 --rules median,trimmed-mean,krum \
+//!     --threads 1,all --no-anchor
+//! ```
+//!
+//! Options: `--n` the input counts (default `4,8,16,32,64`); `--exp` the vector length
+//! `d = 2^exp` (default 22); `--rules` the rules to time (default
+//! `mean,median,trimmed-mean,krum,multi-krum`; `mean` is always timed, it is the floor the other
+//! rules are compared with); `--threads` the rayon pool sizes, integers or `all` for rayon's
+//! default pool (default `1,all`); `--no-anchor` skips numpy. Bad arguments print one line and
+//! exit with status 2.
+//!
+//! For each `n` the inputs are built once (a common N(0, 1) vector plus 0.1 * N(0, 1) noise per
+//! input, fixed seed) and dropped before the next `n`; `n = 64, d = 2^22` takes 1 GiB. Each rule
+//! is built with `byzcoll::aggregators::build(name, &Params { f, .. })`: `f = (n - 1) / 2` for
+//! `median` and `trimmed-mean`, the largest `f` with `n > 2f + 2` for `krum` and `multi-krum`,
+//! and for other names the largest `f <= (n - 1) / 2` the rule's own precondition accepts. A rule
+//! this build does not know is reported once as `not available`; a rule whose precondition fails
+//! for an `n` is reported as `skip`. Timing: one warm-up call, then reps until at least 3 reps
+//! and 1 s (at most 20); the median rep is shown.
+//!
+//! Before the byzcoll part, `benches/anchors/numpy_aggregators.py` runs the same rules with
+//! numpy/scipy (single-threaded; same shape and distribution of data, not bitwise the same):
+//! `numpy.mean(x, axis=0)`, `numpy.median(x, axis=0)`, `scipy.stats.trim_mean(x, f / n, axis=0)`,
+//! and a numpy Krum / Multi-Krum (difference-form pairwise distances, float64 sums).
+//!
+//! Columns (lines starting with `#` are headers and notes; every other line is one row):
+//! - `n`: number of input vectors; `rule`: the rule name; `f`: Byzantine inputs tolerated.
+//! - `threads`: the rayon pool size, or `numpy` for the anchor's row (one thread).
+//! - `time(ms)`: median time of one aggregation of `n` vectors of length `d` into one.
+//! - `GB/s`: input bytes read per second, `n * d * 4 / time / 1e9`.
+//! - `vs-numpy`: speed-up over numpy/scipy, `numpy time / byzcoll time` (> 1: byzcoll faster);
+//!   `-` without an anchor figure for the same `n`, rule and `f`.
+//! - `vs-mean`: `time / time of byzcoll's mean at the same thread count`, i.e. how many times
+//!   the memory-bound floor the rule costs.
+
+#![allow(clippy::print_stdout)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use byzcoll::aggregators::{aggregate_into, build, AggError, Aggregator, Params};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+
+const SEED: u64 = 0x5EED;
+const DEFAULT_NS: &[usize] = &[4, 8, 16, 32, 64];
+const DEFAULT_RULES: &[&str] = &["mean", "median", "trimmed-mean", "krum", "multi-krum"];
+const MIN_REPS: usize = 3;
+const MAX_REPS: usize = 20;
+const MIN_TIME: Duration = Duration::from_secs(1);
+/// Elements generated per RNG stream; fixed, so the data does not depend on the thread count.
+const GEN_BLOCK: usize = 1 << 16;
+
+struct Args {
+    ns: Vec<usize>,
+    exp: u32,
+    rules: Vec<String>,
+    /// `None` is rayon's default pool ("all").
+    threads: Vec<Option<usize>>,
+    anchor: bool,
+}
+
+fn parse_list<T>(
+    flag: &str,
+    text: &str,
+    expected: &str,
+    item: impl Fn(&str) -> Option<T>,
+) -> Result<Vec<T>, String> {
+    let items: Option<Vec<T>> = text
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| item(s.trim()))
+        .collect();
+    match items {
+        Some(v) if !v.is_empty() => Ok(v),
+        _ => Err(format!(
+            "{flag} got `{text}`, expected a comma-separated list of {expected}"
+        )),
+    }
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        ns: DEFAULT_NS.to_vec(),
+        exp: 22,
+        rules: DEFAULT_RULES.iter().map(|s| s.to_string()).collect(),
+        threads: vec![Some(1), None],
+        anchor: true,
+    };
+    let mut argv = std::env::args().skip(1);
+    while let Some(arg) = argv.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        match flag.as_str() {
+            // cargo bench passes --bench.
+            "--bench" => continue,
+            "--no-anchor" => {
+                args.anchor = false;
+                continue;
+            }
+            "--n" | "--exp" | "--rules" | "--threads" => {}
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+        let value = match inline.or_else(|| argv.next()) {
+            Some(v) => v,
+            None => return Err(format!("{flag} needs a value")),
+        };
+        match flag.as_str() {
+            "--n" => {
+                args.ns = parse_list("--n", &value, "integers in 1..=65536", |s| {
+                    s.parse().ok().filter(|n| (1..=1 << 16).contains(n))
+                })?;
+            }
+            "--exp" => {
+                args.exp =
+                    value.parse().ok().filter(|e| *e <= 30).ok_or_else(|| {
+                        format!("--exp got `{value}`, expected an integer in 0..=30")
+                    })?;
+            }
+            "--rules" => {
+                args.rules = parse_list("--rules", &value, "rule names", |s| Some(s.to_string()))?
+            }
+            _ => {
+                args.threads = parse_list(
+                    "--threads",
+                    &value,
+                    "thread counts >= 1 or `all`",
+                    |s| match s {
+                        "all" => Some(None),
+                        _ => s.parse().ok().filter(|t| *t >= 1).map(Some),
+                    },
+                )?;
+            }
+        }
+    }
+    let d = 1usize << args.exp;
+    if let Some(n) = args.ns.iter().find(|n| n.checked_mul(d * 4).is_none()) {
+        return Err(format!("n = {n} vectors of 2^{} floats overflow", args.exp));
+    }
+    Ok(args)
+}
+
+/// `f` for `name` at `n` inputs (see the module docs).
+fn byzantine_count(name: &str, n: usize) -> usize {
+    match name {
+        "median" | "trimmed-mean" | "trimmed_mean" => (n - 1) / 2,
+        "krum" | "multi-krum" | "multi_krum" => n.saturating_sub(3) / 2,
+        _ => {
+            let accepts = |f: usize| {
+                build(
+                    name,
+                    &Params {
+                        f,
+                        ..Params::default()
+                    },
+                )
+                .is_ok_and(|r| r.check(n).is_ok())
+            };
+            (0..=(n - 1) / 2).rev().find(|&f| accepts(f)).unwrap_or(0)
+        }
+    }
+}
+
+/// Fills `out` with standard normal values (Box-Muller).
+fn fill_normal(rng: &mut StdRng, out: &mut [f32]) {
+    for pair in out.chunks_mut(2) {
+        let u1: f32 = 1.0 - rng.gen::<f32>(); // (0, 1]
+        let u2: f32 = rng.gen();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let (s, c) = (std::f32::consts::TAU * u2).sin_cos();
+        pair[0] = r * c;
+        if let Some(v) = pair.get_mut(1) {
+            *v = r * s;
+        }
+    }
+}
+
+/// `n` inputs of length `d`, row-major: a common N(0, 1) vector plus 0.1 * N(0, 1) noise.
+fn make_inputs(n: usize, d: usize) -> Result<Vec<f32>, String> {
+    let seed = |stream: usize, block: usize| {
+        SEED ^ ((stream as u64) << 48) ^ (block as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    };
+    let mut common = vec![0.0f32; d];
+    common
+        .par_chunks_mut(GEN_BLOCK)
+        .enumerate()
+        .for_each(|(b, chunk)| fill_normal(&mut StdRng::seed_from_u64(seed(0, b)), chunk));
+    let mut data: Vec<f32> = Vec::new();
+    data.try_reserve_exact(n * d).map_err(|_| {
+        format!(
+            "cannot allocate {:.2} GiB of inputs for n = {n}, d = {d}",
+            (n * d * 4) as f64 / (1u64 << 30) as f64
+        )
+    })?;
+    data.resize(n * d, 0.0);
+    data.par_chunks_mut(d).enumerate().for_each(|(i, row)| {
+        row.par_chunks_mut(GEN_BLOCK)
+            .zip(common.par_chunks(GEN_BLOCK))
+            .enumerate()
+            .for_each(|(b, (chunk, c))| {
+                fill_normal(&mut StdRng::seed_from_u64(seed(i + 1, b)), chunk);
+                for (v, c) in chunk.iter_mut().zip(c) {
+                    *v = c + 0.1 * *v;
+                }
+            });
+    });
+    Ok(data)
+}
+
+/// Warm-up, then at least `MIN_REPS` reps and `MIN_TIME` (at most `MAX_REPS`); the median rep
+/// in seconds.
+fn time_rule(rule: &dyn Aggregator, rows: &[&[f32]], out: &mut [f32]) -> Result<f64, AggError> {
+    aggregate_into(rule, rows, out)?;
+    let mut times = Vec::with_capacity(MAX_REPS);
+    let start = Instant::now();
+    while times.len() < MAX_REPS && (times.len() < MIN_REPS || start.elapsed() < MIN_TIME) {
+        let t = Instant::now();
+        let report = aggregate_into(rule, rows, std::hint::black_box(&mut *out))?;
+        times.push(t.elapsed().as_secs_f64());
+        std::hint::black_box(report);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Anchor results: (n, rule) -> (f, seconds).
+type AnchorResults = HashMap<(usize, String), (usize, f64)>;
+
+fn parse_result(line: &str) -> Option<((usize, String), (usize, f64))> {
+    let mut fields: HashMap<&str, &str> = HashMap::new();
+    for kv in line.strip_prefix("RESULT ")?.split_whitespace() {
+        let (k, v) = kv.split_once('=')?;
+        fields.insert(k, v);
+    }
+    let n = fields.get("n")?.parse().ok()?;
+    let f = fields.get("f")?.parse().ok()?;
+    let seconds: f64 = fields.get("seconds")?.parse().ok()?;
+    let rule = fields.get("rule")?.to_string();
+    (seconds > 0.0).then_some(((n, rule), (f, seconds)))
+}
+
+/// Runs the numpy/scipy anchor, echoing its notes; returns its results (empty on failure).
+fn run_anchor(args: &Args, rules: &[String]) -> AnchorResults {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/benches/anchors/numpy_aggregators.py"
+    );
+    let ns: Vec<String> = args.ns.iter().map(|n| n.to_string()).collect();
+    println!("# numpy anchor: python3 benches/anchors/numpy_aggregators.py (runs first)");
+    let child = Command::new("python3")
+        .arg(script)
+        .args(["--n", &ns.join(","), "--exp", &args.exp.to_string()])
+        .args(["--rules", &rules.join(",")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            println!(
+                "# numpy anchor not run: python3 unavailable ({e}); install python3, then \
+                 pip install numpy scipy"
+            );
+            return AnchorResults::new();
+        }
+    };
+    let mut results = AnchorResults::new();
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            match parse_result(&line) {
+                Some((key, value)) => {
+                    results.insert(key, value);
+                }
+                None if line.starts_with('#') => println!("{line}"),
+                None => println!("# anchor: {line}"),
+            }
+        }
+    }
+    match child.wait() {
+        Ok(status) if status.success() => {}
+        Ok(status) => println!("# numpy anchor failed ({status}); pip install numpy scipy"),
+        Err(e) => println!("# numpy anchor failed ({e})"),
+    }
+    if results.is_empty() {
+        println!("# no numpy results: ratios vs numpy are shown as -");
+    }
+    results
+}
+
+struct Pool {
+    threads: usize,
+    /// `None`: rayon's default pool.
+    pool: Option<rayon::ThreadPool>,
+}
+
+fn make_pools(threads: &[Option<usize>]) -> Result<Vec<Pool>, String> {
+    let mut pools: Vec<Pool> = Vec::new();
+    for t in threads {
+        let count = t.unwrap_or_else(rayon::current_num_threads);
+        if pools.iter().any(|p| p.threads == count) {
+            continue;
+        }
+        let pool = match t {
+            None => None,
+            Some(k) => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(*k)
+                    .build()
+                    .map_err(|e| format!("cannot start a pool of {k} threads: {e}"))?,
+            ),
+        };
+        pools.push(Pool {
+            threads: count,
+            pool,
+        });
+    }
+    Ok(pools)
+}
+
+fn header() {
+    println!(
+        "# {:>4} {:<14} {:>4} {:>7} {:>11} {:>8} {:>8} {:>8}",
+        "n", "rule", "f", "threads", "time(ms)", "GB/s", "vs-numpy", "vs-mean"
+    );
+}
+
+fn row(n: usize, rule: &str, f: usize, threads: &str, seconds: f64, gb: f64, cells: [String; 2]) {
+    println!(
+        "  {n:>4} {rule:<14} {f:>4} {threads:>7} {:>11.3} {:>8.2} {:>8} {:>8}",
+        seconds * 1e3,
+        gb / seconds,
+        cells[0],
+        cells[1]
+    );
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let pools = make_pools(&args.threads)?;
+    // mean first: it is the floor for the vs-mean column.
+    let mut rules: Vec<String> = vec!["mean".into()];
+    rules.extend(args.rules.iter().filter(|r| *r != "mean").cloned());
+    let anchor = if args.anchor {
+        run_anchor(args, &rules)
+    } else {
+        AnchorResults::new()
+    };
+    let d = 1usize << args.exp;
+    let threads: Vec<String> = pools.iter().map(|p| p.threads.to_string()).collect();
+    println!(
+        "# byzcoll aggregators, d = 2^{} = {d} float32 per input, threads {}, rayon default {}",
+        args.exp,
+        threads.join(","),
+        rayon::current_num_threads()
+    );
+    let mut available = Vec::new();
+    for name in &rules {
+        match build(name, &Params::default()) {
+            Ok(_) => available.push(name.clone()),
+            Err(e) => println!("# {name}: not available in this build ({e})"),
+        }
+    }
+    header();
+    for &n in &args.ns {
+        let bytes = (n * d * 4) as f64;
+        let data = make_inputs(n, d)?;
+        let rows: Vec<&[f32]> = data.chunks_exact(d).collect();
+        let mut out = vec![0.0f32; d];
+        let mut mean_time: Vec<Option<f64>> = vec![None; pools.len()];
+        for name in &rules {
+            let numpy = anchor.get(&(n, name.clone()));
+            if available.contains(name) {
+                let f = byzantine_count(name, n);
+                let built = build(
+                    name,
+                    &Params {
+                        f,
+                        ..Params::default()
+                    },
+                )
+                .and_then(|r| r.check(n).map(|()| r));
+                let rule = match built {
+                    Ok(r) => r,
+                    Err(e) => {
+                        println!("# {n:>4} {name:<14} skip: {e}");
+                        continue;
+                    }
+                };
+                let f = rule.byzantine();
+                for (p, pool) in pools.iter().enumerate() {
+                    let timed = match &pool.pool {
+                        Some(tp) => tp.install(|| time_rule(rule.as_ref(), &rows, &mut out)),
+                        None => time_rule(rule.as_ref(), &rows, &mut out),
+                    };
+                    let seconds = match timed {
+                        Ok(s) => s,
+                        Err(e) => {
+                            println!("# {n:>4} {name:<14} {} threads: error: {e}", pool.threads);
+                            continue;
+                        }
+                    };
+                    if name == "mean" {
+                        mean_time[p] = Some(seconds);
+                    }
+                    let vs_numpy = match numpy {
+                        Some(&(nf, ns)) if nf == f => format!("{:.2}", ns / seconds),
+                        _ => "-".into(),
+                    };
+                    let vs_mean = match mean_time[p] {
+                        Some(m) => format!("{:.2}", seconds / m),
+                        None => "-".into(),
+                    };
+                    let t = pool.threads.to_string();
+                    row(n, name, f, &t, seconds, bytes / 1e9, [vs_numpy, vs_mean]);
+                }
+            }
+            if let Some(&(f, seconds)) = numpy {
+                row(
+                    n,
+                    name,
+                    f,
+                    "numpy",
+                    seconds,
+                    bytes / 1e9,
+                    ["-".into(), "-".into()],
+                );
+            }
+        }
+        drop(rows);
+        drop(data);
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("aggregators bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aggregators bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -8,15 +8,16 @@
 //!
 //! The highest `--byzantine K` ranks attack (default: up to 2, keeping n > 2K): the last one
 //! sends NaN/inf, the others a sign-flipped vector scaled by 1000. Every honest rank checks
-//! `all_reduce` (SUM), `all_gather` and the robust median and trimmed mean, and exits non-zero
-//! on any mismatch.
+//! `all_reduce` (SUM), `all_gather` and the robust median and trimmed mean in gather and
+//! sharded mode, and exits non-zero on any mismatch. It runs over whichever transport
+//! `BYZCOLL_TRANSPORT` selects (TCP by default).
 
 #![allow(clippy::print_stdout)]
 
 use std::process::ExitCode;
 
 use byzcoll::aggregators::{Median, TrimmedMean};
-use byzcoll::{Policy, ReduceOp};
+use byzcoll::{Policy, ReduceOp, Replicas};
 
 fn honest(rank: usize, d: usize) -> Vec<f32> {
     (0..d)
@@ -34,6 +35,23 @@ fn arg(name: &str) -> Result<Option<usize>, String> {
             .map(Some)
             .ok_or_else(|| format!("{name} needs a non-negative integer")),
     }
+}
+
+/// Checks that every coordinate of `v` lies within the honest inputs' range.
+fn in_honest_range(name: &str, v: &[f32], honest: &[Vec<f32>]) -> Result<(), String> {
+    for (j, x) in v.iter().enumerate() {
+        let lo = honest.iter().map(|h| h[j]).fold(f32::INFINITY, f32::min);
+        let hi = honest
+            .iter()
+            .map(|h| h[j])
+            .fold(f32::NEG_INFINITY, f32::max);
+        if !(x.is_finite() && lo <= *x && *x <= hi) {
+            return Err(format!(
+                "{name}: coordinate {j} = {x} is outside [{lo}, {hi}]"
+            ));
+        }
+    }
+    Ok(())
 }
 
 async fn run() -> Result<(), String> {
@@ -93,23 +111,24 @@ async fn run() -> Result<(), String> {
             .robust_all_reduce(&mut v, rule.as_ref(), Policy::Gather)
             .await
             .map_err(|e| format!("{name}: {e}"))?;
+        // Sharded mode (2f + 1 owners per shard) must give bitwise the gather-mode result.
+        let mut w = mine.clone();
+        comm.robust_all_reduce(&mut w, rule.as_ref(), Policy::Sharded(Replicas::Tolerant))
+            .await
+            .map_err(|e| format!("{name} sharded: {e}"))?;
         if byzantine {
             continue;
         }
-        for (j, x) in v.iter().enumerate() {
-            let col: Vec<f32> = all[..n - k].iter().map(|x| x[j]).collect();
-            let lo = col.iter().copied().fold(f32::INFINITY, f32::min);
-            let hi = col.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            if !(x.is_finite() && lo <= *x && *x <= hi) {
-                return Err(format!(
-                    "{name}: coordinate {j} = {x} is outside [{lo}, {hi}]"
-                ));
-            }
+        in_honest_range(name, &v, &all[..n - k])?;
+        if w != v {
+            return Err(format!("{name}: sharded mode differs from gather mode"));
         }
         if me == 0 {
             println!(
-                "{name:<13} n = {n}, f = {k}: inside the honest range; {} inputs, non-finite from ranks {:?}",
-                report.inputs, report.non_finite
+                "{name:<13} n = {n}, f = {k}: inside the honest range; {} inputs, non-finite from ranks {:?}; sharded (r = {}) == gather",
+                report.inputs,
+                report.non_finite,
+                2 * k + 1
             );
         }
     }

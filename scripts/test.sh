@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # byzcoll's whole test suite. On a fresh Debian machine it first installs what the tests need
-# (Open MPI's mpirun for the launcher-compatibility test), then checks formatting and lints,
-# and runs every unit, conformance, multi-process and doc test, examples included.
+# (Open MPI's mpirun for the launcher-compatibility test; UCX, pkg-config and libclang for the
+# UCX transport), then checks formatting and lints, and runs every unit, conformance,
+# multi-process and doc test, examples included: once with the default features (no system
+# libraries) and once with `--features ucx`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 apt_packages=()
 command -v mpirun >/dev/null 2>&1 || apt_packages+=(openmpi-bin)
 command -v pgrep >/dev/null 2>&1 || apt_packages+=(procps)
+command -v pkg-config >/dev/null 2>&1 || apt_packages+=(pkg-config)
+pkg-config --exists ucx 2>/dev/null || apt_packages+=(libucx-dev)
+command -v ucx_info >/dev/null 2>&1 || apt_packages+=(ucx-utils)
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || apt_packages+=(libclang-dev)
 if [ ${#apt_packages[@]} -gt 0 ]; then
     echo "== installing ${apt_packages[*]}"
     sudo=""
@@ -18,15 +24,23 @@ fi
 
 # Tests fail, rather than skip, when a launcher they exercise is missing.
 export BYZCOLL_REQUIRE_MPI=1
+# Keep UCX on loopback and quiet.
+export UCX_NET_DEVICES=lo UCX_LOG_LEVEL=error
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+echo "== cargo clippy (default features, then ucx)"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== cargo test"
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-cargo test --workspace 2>&1 | tee "$log"
+cargo clippy --workspace --all-targets --features byzcoll/ucx -- -D warnings
+echo "== cargo test (default features: no system libraries)"
+cargo test --workspace 2>&1 | tee -a "$log"
+echo "== cargo test --features ucx (UCX_TLS=tcp,self)"
+UCX_TLS=tcp,self cargo test --workspace --features byzcoll/ucx 2>&1 | tee -a "$log"
+echo "== UCX conformance over shared memory (UCX_TLS=sm,self)"
+UCX_TLS=sm,self cargo test -p byzcoll-transport-ucx --features ucx 2>&1 | tee -a "$log"
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # crate with nothing in it).
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "total: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"

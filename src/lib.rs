@@ -33,14 +33,15 @@ use std::time::Duration;
 pub use byzcoll_aggregators as aggregators;
 pub use byzcoll_runtime::{
     bootstrap, mailbox, schedule, BootstrapError, Capabilities, Communicator, Config, Error, Fault,
-    OwnerTamper, PeerFault, Policy, Rank, RecvOutcome, ReduceOp, Replicas, Result, RoundReport,
-    Transport, TransportError,
+    OwnerTamper, Payload, PeerFault, Policy, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas, Result,
+    RoundReport, SendOp, Step, Transport, TransportError,
 };
 
 /// The transports, re-exported.
 pub mod transports {
     pub use byzcoll_transport_local as local;
     pub use byzcoll_transport_tcp as tcp;
+    pub use byzcoll_transport_ucx as ucx;
 }
 
 use byzcoll_runtime::bootstrap::{LaunchEnv, StoreClient, StoreServer};
@@ -72,8 +73,12 @@ pub const TRANSPORTS: &[TransportInfo] = &[
     },
     TransportInfo {
         name: "ucx",
-        available: false,
-        about: "not in this build: the UCX transport has not been written yet",
+        available: byzcoll_transport_ucx::AVAILABLE,
+        about: if byzcoll_transport_ucx::AVAILABLE {
+            "UCX over the system libucp; UCX_TLS and UCX_NET_DEVICES choose its transports"
+        } else {
+            UCX_MISSING
+        },
     },
     TransportInfo {
         name: "libfabric",
@@ -142,22 +147,20 @@ pub async fn init() -> Result<Communicator> {
         transport = %transport,
         "byzcoll: initialising"
     );
-    connect_tcp(&env, config, ip).await
+    match info.name {
+        "ucx" => connect_ucx(&env, config).await,
+        _ => connect_tcp(&env, config, ip).await,
+    }
 }
 
-async fn connect_tcp(env: &LaunchEnv, config: Config, ip: Option<IpAddr>) -> Result<Communicator> {
-    let options = TcpOptions {
-        setup_timeout: config.step_timeout.max(Duration::from_secs(60)),
-        ..TcpOptions::default()
-    };
+/// The rendezvous store for a world larger than one: hosted here when this is rank 0 and the
+/// launcher does not host it, and a client for it.
+async fn rendezvous(
+    env: &LaunchEnv,
+    timeout: Duration,
+) -> Result<Option<(StoreClient, Option<StoreServer>)>> {
     let Some(store_addr) = env.store.clone() else {
-        // A world of one: nothing to rendezvous with.
-        let listener = tokio::net::TcpListener::bind((ip.unwrap_or([127, 0, 0, 1].into()), 0))
-            .await
-            .map_err(TransportError::from)?;
-        let addr = listener.local_addr().map_err(TransportError::from)?;
-        let t = TcpTransport::connect_mesh(0, 1, listener, &[addr], options).await?;
-        return Ok(Communicator::new(Box::new(t), config));
+        return Ok(None);
     };
     let hosted_elsewhere = std::env::var("BYZCOLL_STORE_HOSTED").is_ok_and(|v| v == "1");
     let server = if env.rank == 0 && !hosted_elsewhere {
@@ -167,14 +170,66 @@ async fn connect_tcp(env: &LaunchEnv, config: Config, ip: Option<IpAddr>) -> Res
     } else {
         None
     };
-    let store = StoreClient::new(store_addr, env.rank, env.size, options.setup_timeout);
-    let t = TcpTransport::from_store(&store, env.rank, env.size, ip, options).await?;
-    let mut comm = Communicator::new(Box::new(t), config);
+    Ok(Some((
+        StoreClient::new(store_addr, env.rank, env.size, timeout),
+        server,
+    )))
+}
+
+fn communicator(
+    transport: Box<dyn Transport>,
+    config: Config,
+    server: Option<StoreServer>,
+) -> Communicator {
+    let mut comm = Communicator::new(transport, config);
     if let Some(server) = server {
         comm.keep_alive(server);
     }
-    Ok(comm)
+    comm
 }
+
+async fn connect_tcp(env: &LaunchEnv, config: Config, ip: Option<IpAddr>) -> Result<Communicator> {
+    let options = TcpOptions {
+        setup_timeout: config.step_timeout.max(Duration::from_secs(60)),
+        ..TcpOptions::default()
+    };
+    let Some((store, server)) = rendezvous(env, options.setup_timeout).await? else {
+        // A world of one: nothing to rendezvous with.
+        let listener = tokio::net::TcpListener::bind((ip.unwrap_or([127, 0, 0, 1].into()), 0))
+            .await
+            .map_err(TransportError::from)?;
+        let addr = listener.local_addr().map_err(TransportError::from)?;
+        let t = TcpTransport::connect_mesh(0, 1, listener, &[addr], options).await?;
+        return Ok(Communicator::new(Box::new(t), config));
+    };
+    let t = TcpTransport::from_store(&store, env.rank, env.size, ip, options).await?;
+    Ok(communicator(Box::new(t), config, server))
+}
+
+#[cfg(feature = "ucx")]
+async fn connect_ucx(env: &LaunchEnv, config: Config) -> Result<Communicator> {
+    use byzcoll_transport_ucx::{UcxOptions, UcxTransport};
+    let timeout = config.step_timeout.max(Duration::from_secs(60));
+    let Some((store, server)) = rendezvous(env, timeout).await? else {
+        let mut world = UcxTransport::local_world(1, UcxOptions::default())?;
+        let t = world
+            .pop()
+            .ok_or_else(|| Error::Unsupported("empty UCX world".into()))?;
+        return Ok(Communicator::new(Box::new(t), config));
+    };
+    let t = UcxTransport::from_store(&store, env.rank, env.size, UcxOptions::default()).await?;
+    Ok(communicator(Box::new(t), config, server))
+}
+
+#[cfg(not(feature = "ucx"))]
+async fn connect_ucx(_env: &LaunchEnv, _config: Config) -> Result<Communicator> {
+    Err(Error::Unsupported(format!(
+        "BYZCOLL_TRANSPORT=ucx: {UCX_MISSING}"
+    )))
+}
+
+const UCX_MISSING: &str = "not in this build: rebuild with `--features ucx` (needs libucx-dev, \
+                           pkg-config and libclang-dev)";
 
 /// The README's code blocks, compiled as doc tests so the embedding example cannot rot.
 #[doc = include_str!("../README.md")]

@@ -52,8 +52,8 @@ const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 pub const MAX_RANKS: usize = 1 << 24;
 /// Longest the progress thread parks when idle.
 pub const MAX_PARK: Duration = Duration::from_micros(500);
-/// How long the thread keeps spinning after the last activity.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long the thread keeps spinning after the last activity before it starts parking.
+const SPIN: Duration = Duration::from_micros(500);
 /// Commands queued before senders wait.
 const COMMAND_QUEUE: usize = 1024;
 
@@ -141,6 +141,25 @@ unsafe extern "C" fn on_endpoint_error(
     FAILED.with(|f| f.borrow_mut().push((arg as usize, status)));
 }
 
+/// Whether endpoints ask UCX to report peer failures. UCX can only do so over transports that
+/// support it (TCP, InfiniBand), not over shared memory, and refuses the endpoint otherwise; so
+/// it is off when `UCX_TLS` names only shared-memory transports, and `BYZCOLL_UCX_PEER_FAILURE`
+/// (`on`/`off`) overrides. Without it, a dead peer is noticed at the step deadline.
+fn peer_failure_handling() -> bool {
+    match std::env::var("BYZCOLL_UCX_PEER_FAILURE").as_deref() {
+        Ok("on") => return true,
+        Ok("off") => return false,
+        _ => {}
+    }
+    let Ok(tls) = std::env::var("UCX_TLS") else {
+        return true;
+    };
+    let shared_memory = ["sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"];
+    !tls.trim_start_matches('^')
+        .split(',')
+        .all(|t| shared_memory.contains(&t.trim()))
+}
+
 impl UcxTransport {
     /// Creates a UCP context and worker (honouring `UCX_TLS`, `UCX_NET_DEVICES` and the other
     /// `UCX_` variables), publishes the worker address through `store`, connects endpoints to
@@ -209,17 +228,12 @@ impl UcxTransport {
                 endpoints.push(None);
                 continue;
             }
-            // Peer failure reports need transports that support them; over the others (shared
-            // memory) a dead peer shows up as missing at the step deadline instead.
-            let ep = match worker.connect(address, peer, Some(Some(on_endpoint_error))) {
-                Ok(ep) => ep,
-                Err(e) => {
-                    tracing::info!(peer, error = %e, "ucx: no peer failure handling over these transports; relying on deadlines");
-                    worker
-                        .connect(address, peer, None)
-                        .map_err(|e| TransportError::Setup(format!("rank {peer}'s address: {e}")))?
-                }
-            };
+            let ep = if peer_failure_handling() {
+                worker.connect(address, peer, Some(Some(on_endpoint_error)))
+            } else {
+                worker.connect(address, peer, None)
+            }
+            .map_err(|e| TransportError::Setup(format!("rank {peer}'s address: {e}")))?;
             endpoints.push(Some(ep));
         }
         drop(context);

@@ -1,0 +1,402 @@
+//! Point-to-point latency and bandwidth of byzcoll's transports, side by side with
+//! `ucx_perftest` on the same `UCX_TLS`, in one run.
+//!
+//! ```sh
+//! cargo bench --features ucx --bench p2p                 # 8 B .. 64 MiB
+//! cargo bench --features ucx --bench p2p -- --max-exp 22 --no-anchor
+//! ```
+//!
+//! Two ranks on 127.0.0.1 (UCX pinned with `UCX_NET_DEVICES=lo`). Latency: ping-pong of 8-byte
+//! messages, reported one way (half the round trip). Bandwidth: rank 0 sends windows of 8
+//! messages (8 tags in one step) to rank 1, which acknowledges the last window; MiB/s of
+//! payload. Configurations: byzcoll TCP; byzcoll UCX with `UCX_TLS=tcp` and `UCX_TLS=sm`
+//! (when built with `--features ucx`). The anchor is `ucx_perftest -t tag_lat` / `-t tag_bw`
+//! with the same `UCX_TLS` and message size; the ratio column is byzcoll / ucx_perftest
+//! bandwidth.
+
+#![allow(clippy::print_stdout)]
+
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use byzcoll::launch::{launch, LaunchOptions};
+use byzcoll::{Communicator, RecvOp, SendOp, Transport};
+
+const WINDOW: u32 = 8;
+
+struct Args {
+    min_exp: u32,
+    max_exp: u32,
+    anchor: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        min_exp: 3,
+        max_exp: 26,
+        anchor: true,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let value = |i: usize| -> Result<u32, String> {
+            argv.get(i + 1)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("{} needs a number", argv[i]))
+        };
+        match argv[i].as_str() {
+            "--min-exp" => args.min_exp = value(i)?,
+            "--max-exp" => args.max_exp = value(i)?,
+            "--no-anchor" => {
+                args.anchor = false;
+                i += 1;
+                continue;
+            }
+            "--bench" => {
+                i += 1;
+                continue;
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+        i += 2;
+    }
+    if args.min_exp > args.max_exp || args.max_exp > 28 {
+        return Err("need --min-exp <= --max-exp <= 28".into());
+    }
+    Ok(args)
+}
+
+/// Keys for raw steps, far above what the communicator's own collectives use.
+struct Keys(u64);
+
+impl Keys {
+    fn step(&mut self, sends: Vec<SendOp>, recvs: Vec<RecvOp>) -> byzcoll::Step {
+        self.0 += 1;
+        byzcoll::Step {
+            collective: self.0,
+            step: 0,
+            sends,
+            recvs,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+        }
+    }
+}
+
+async fn exchange(t: &dyn Transport, keys: &mut Keys, sends: Vec<SendOp>, recvs: Vec<RecvOp>) {
+    let outcomes = t.exchange(keys.step(sends, recvs)).await.expect("exchange");
+    for o in outcomes {
+        assert!(
+            matches!(o, byzcoll::RecvOutcome::Received(_)),
+            "benchmark message lost: {o:?}"
+        );
+    }
+}
+
+fn send(peer: usize, tag: u32, payload: &Bytes) -> SendOp {
+    SendOp {
+        peer,
+        tag,
+        payload: byzcoll::Payload::Host(payload.clone()),
+    }
+}
+
+fn recv(peer: usize, tag: u32, len: usize) -> RecvOp {
+    RecvOp { peer, tag, len }
+}
+
+/// One-way latency of `size`-byte messages in microseconds.
+async fn latency(t: &dyn Transport, keys: &mut Keys, size: usize, iters: usize) -> f64 {
+    let me = t.rank();
+    let payload = Bytes::from(vec![1u8; size]);
+    let mut elapsed = Duration::ZERO;
+    for i in 0..iters + iters / 10 {
+        let start = Instant::now();
+        if me == 0 {
+            exchange(t, keys, vec![send(1, 0, &payload)], vec![]).await;
+            exchange(t, keys, vec![], vec![recv(1, 0, size)]).await;
+        } else {
+            exchange(t, keys, vec![], vec![recv(0, 0, size)]).await;
+            exchange(t, keys, vec![send(0, 0, &payload)], vec![]).await;
+        }
+        if i >= iters / 10 {
+            elapsed += start.elapsed();
+        }
+    }
+    elapsed.as_secs_f64() * 1e6 / iters as f64 / 2.0
+}
+
+/// Bandwidth of `size`-byte messages in MiB/s, measured at rank 0 up to the acknowledgement.
+async fn bandwidth(t: &dyn Transport, keys: &mut Keys, size: usize, windows: usize) -> f64 {
+    let me = t.rank();
+    let payload = Bytes::from(vec![7u8; size]);
+    let ack = Bytes::from_static(b"k");
+    // Warm-up window.
+    let run = async |keys: &mut Keys, n: usize| {
+        for _ in 0..n {
+            if me == 0 {
+                let sends = (0..WINDOW).map(|tag| send(1, tag, &payload)).collect();
+                exchange(t, keys, sends, vec![]).await;
+            } else {
+                let recvs = (0..WINDOW).map(|tag| recv(0, tag, size)).collect();
+                exchange(t, keys, vec![], recvs).await;
+            }
+        }
+        if me == 0 {
+            exchange(t, keys, vec![], vec![recv(1, 0, 1)]).await;
+        } else {
+            exchange(t, keys, vec![send(0, 0, &ack)], vec![]).await;
+        }
+    };
+    run(keys, 1).await;
+    let start = Instant::now();
+    run(keys, windows).await;
+    let secs = start.elapsed().as_secs_f64();
+    (size * WINDOW as usize * windows) as f64 / secs / (1 << 20) as f64
+}
+
+async fn worker(args: &Args) -> Result<(), String> {
+    let mut comm: Communicator = byzcoll::init().await.map_err(|e| e.to_string())?;
+    comm.barrier().await.map_err(|e| e.to_string())?;
+    let label =
+        std::env::var("BYZCOLL_BENCH_LABEL").unwrap_or_else(|_| comm.transport().name().into());
+    let t = comm.transport();
+    let mut keys = Keys(1 << 40);
+    let mut lines = Vec::new();
+    let lat = latency(t, &mut keys, 8, 2000).await;
+    lines.push(format!("{label} lat 8 {lat:.3}"));
+    for exp in (args.min_exp..=args.max_exp).step_by(2) {
+        let size = 1usize << exp;
+        let windows = ((256usize << 20) / (size * WINDOW as usize)).clamp(4, 2000);
+        let bw = bandwidth(t, &mut keys, size, windows).await;
+        lines.push(format!("{label} bw {size} {bw:.1}"));
+    }
+    if t.rank() == 0 {
+        if let Some(path) = std::env::var_os("BYZCOLL_BENCH_RESULTS") {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(path)
+                .map_err(|e| e.to_string())?;
+            for l in lines {
+                writeln!(f, "{l}").map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `ucx_perftest` (server and client on 127.0.0.1) and returns the "Final:" row's
+/// (average latency in µs, overall bandwidth in MiB/s).
+fn perftest(tls: &str, test: &str, size: usize) -> Option<(f64, f64)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .ok()?
+        .port()
+        .to_string();
+    let iters = ((256usize << 20) / size.max(1))
+        .clamp(100, 100_000)
+        .to_string();
+    let env = [
+        ("UCX_TLS", tls),
+        ("UCX_NET_DEVICES", "lo"),
+        ("UCX_LOG_LEVEL", "error"),
+    ];
+    let mut server = Command::new("ucx_perftest")
+        .args(["-p", &port])
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    std::thread::sleep(Duration::from_millis(300));
+    let out = Command::new("timeout")
+        .args([
+            "60",
+            "ucx_perftest",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            test,
+            "-s",
+            &size.to_string(),
+            "-n",
+            &iters,
+            "-f",
+        ])
+        .envs(env)
+        .stderr(Stdio::null())
+        .output();
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = out.ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if std::env::var_os("BYZCOLL_BENCH_DEBUG").is_some() {
+        eprintln!("ucx_perftest {test} {size}: {}\n{text}", out.status);
+    }
+    // The last row of numbers: iterations, overhead p50/average/overall (µs), bandwidth
+    // average/overall (MB/s, which ucx_perftest means as MiB/s), message rate average/overall.
+    let cols: Vec<f64> = text
+        .lines()
+        .filter_map(|l| {
+            let cols: Option<Vec<f64>> = l
+                .trim_start_matches("Final:")
+                .split_whitespace()
+                .map(|c| c.parse().ok())
+                .collect();
+            cols.filter(|c| c.len() >= 8)
+        })
+        .next_back()?;
+    Some((cols[2], cols[5]))
+}
+
+fn parse_row(line: &str) -> Option<(String, String, usize, f64)> {
+    let mut it = line.split_whitespace();
+    Some((
+        it.next()?.to_string(),
+        it.next()?.to_string(),
+        it.next()?.parse().ok()?,
+        it.next()?.parse().ok()?,
+    ))
+}
+
+fn print_table(rows: &[(String, String, usize, f64)], args: &Args) {
+    let get = |label: &str, kind: &str, size: usize| {
+        rows.iter()
+            .find(|r| r.0 == label && r.1 == kind && r.2 == size)
+            .map(|r| r.3)
+    };
+    let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    };
+    println!();
+    println!(
+        "{:>10} {:>10} {:>10} {:>13} {:>7} {:>10} {:>13} {:>7}",
+        "bytes", "tcp", "ucx-tcp", "perftest-tcp", "ratio", "ucx-sm", "perftest-sm", "ratio"
+    );
+    let lat = |l: &str| get(l, "lat", 8);
+    println!(
+        "{:>10} {:>10} {:>10} {:>13} {:>7} {:>10} {:>13} {:>7}   <- one-way latency, us",
+        8,
+        cell(lat("tcp")),
+        cell(lat("ucx-tcp")),
+        cell(lat("perftest-tcp")),
+        ratio(lat("ucx-tcp"), lat("perftest-tcp")),
+        cell(lat("ucx-sm")),
+        cell(lat("perftest-sm")),
+        ratio(lat("ucx-sm"), lat("perftest-sm")),
+    );
+    for exp in (args.min_exp..=args.max_exp).step_by(2) {
+        let size = 1usize << exp;
+        let bw = |l: &str| get(l, "bw", size);
+        println!(
+            "{:>10} {:>10} {:>10} {:>13} {:>7} {:>10} {:>13} {:>7}",
+            size,
+            cell(bw("tcp")),
+            cell(bw("ucx-tcp")),
+            cell(bw("perftest-tcp")),
+            ratio(bw("ucx-tcp"), bw("perftest-tcp")),
+            cell(bw("ucx-sm")),
+            cell(bw("perftest-sm")),
+            ratio(bw("ucx-sm"), bw("perftest-sm")),
+        );
+    }
+    println!("(bandwidth in MiB/s; ratio = byzcoll UCX / ucx_perftest on the same UCX_TLS)");
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("p2p bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if std::env::var_os("BYZCOLL_RANK").is_some() {
+        return match runtime.block_on(worker(&args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("p2p bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let mut configs: Vec<(&str, Vec<(String, String)>)> = vec![("tcp", vec![])];
+    if byzcoll::transports::ucx::AVAILABLE {
+        for tls in ["tcp", "sm"] {
+            configs.push((
+                if tls == "tcp" { "ucx-tcp" } else { "ucx-sm" },
+                vec![
+                    ("BYZCOLL_TRANSPORT".into(), "ucx".into()),
+                    ("UCX_TLS".into(), format!("{tls},self")),
+                    ("UCX_NET_DEVICES".into(), "lo".into()),
+                    ("UCX_LOG_LEVEL".into(), "error".into()),
+                ],
+            ));
+        }
+    } else {
+        println!("# built without --features ucx: byzcoll TCP only");
+    }
+    let results = std::env::temp_dir().join(format!("byzcoll-p2p-{}.txt", std::process::id()));
+    let _ = std::fs::remove_file(&results);
+    let exe = std::env::current_exe().expect("current exe");
+    println!("# two ranks on 127.0.0.1; latency one-way (µs), bandwidth MiB/s, window {WINDOW}");
+    for (label, env) in &configs {
+        let mut env = env.clone();
+        env.push(("BYZCOLL_BENCH_LABEL".into(), (*label).into()));
+        env.push(("BYZCOLL_TIMEOUT_MS".into(), "120000".into()));
+        env.push((
+            "BYZCOLL_BENCH_RESULTS".into(),
+            results.to_string_lossy().into_owned(),
+        ));
+        let mut command = vec![exe.clone().into_os_string()];
+        command.extend(std::env::args_os().skip(1));
+        let outcome = runtime.block_on(launch(LaunchOptions {
+            ranks: 2,
+            command,
+            grace: Duration::from_secs(5),
+            env,
+        }));
+        match outcome {
+            Ok(o) if o.exit_code == 0 => {}
+            Ok(o) => return ExitCode::from(o.exit_code.clamp(1, 255) as u8),
+            Err(e) => {
+                eprintln!("p2p bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let mut rows: Vec<(String, String, usize, f64)> = std::fs::read_to_string(&results)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(parse_row)
+        .collect();
+    let _ = std::fs::remove_file(&results);
+    if args.anchor && byzcoll::transports::ucx::AVAILABLE {
+        for tls in ["tcp", "sm"] {
+            let tls_full = format!("{tls},self");
+            let label = format!("perftest-{tls}");
+            match perftest(&tls_full, "tag_lat", 8) {
+                Some((lat, _)) => rows.push((label.clone(), "lat".into(), 8, lat)),
+                None => println!("# ucx_perftest not available (apt-get install ucx-utils)"),
+            }
+            for exp in (args.min_exp..=args.max_exp).step_by(2) {
+                let size = 1usize << exp;
+                if let Some((_, bw)) = perftest(&tls_full, "tag_bw", size) {
+                    rows.push((label.clone(), "bw".into(), size, bw));
+                }
+            }
+        }
+    }
+    print_table(&rows, &args);
+    ExitCode::SUCCESS
+}
