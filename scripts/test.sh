@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # byzcoll's whole test suite. On a fresh Debian machine it first installs what the tests need
-# (Open MPI's mpirun for the launcher-compatibility test; UCX, pkg-config and libclang for the
-# UCX transport), then checks formatting and lints, and runs every unit, conformance,
+# (Open MPI's mpirun and a one-node Slurm cluster for the launcher-compatibility tests; UCX,
+# pkg-config and libclang for the UCX transport), then checks formatting and lints, and runs every unit, conformance,
 # multi-process and doc test, examples included: once with the default features (no system
 # libraries) and once with `--features ucx`.
 set -euo pipefail
@@ -28,7 +28,11 @@ export BYZCOLL_REQUIRE_MPI=1
 export UCX_NET_DEVICES=lo UCX_LOG_LEVEL=error
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+slurm_dir=$(mktemp -d /tmp/byzcoll-slurm.XXXXXX)
+trap 'rm -f "$log"; scripts/slurm-down.sh "$slurm_dir"' EXIT
+# A real one-node Slurm cluster for the srun tests.
+SLURM_CONF=$(scripts/slurm-up.sh "$slurm_dir")
+export SLURM_CONF BYZCOLL_REQUIRE_SLURM=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
