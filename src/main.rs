@@ -1,4 +1,4 @@
-//! The `byzcoll` command: `info`, `launch` and `aggregate`.
+//! The `byzcoll` command: `info`, `launch`, `aggregate` and `simulate`.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -11,6 +11,9 @@ use byzcoll::bootstrap::LaunchEnv;
 use byzcoll::launch::{launch, LaunchOptions};
 use byzcoll::npy::{self, Array};
 use byzcoll::{Config, TRANSPORTS};
+use byzcoll_sim::{
+    Adversary, Algorithm, Compute, Crash, DataSet, Faults, Lie, Network, Preset, Scenario, Stall,
+};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
@@ -42,6 +45,8 @@ enum Cmd {
     },
     /// Aggregate the rows of an (n, d) .npy matrix with a robust rule; write the (d,) result.
     Aggregate(AggregateArgs),
+    /// Run the collective schedules on a simulated cluster in virtual time (no sockets).
+    Simulate(Box<SimulateArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -89,6 +94,14 @@ fn main() -> ExitCode {
             info();
             ExitCode::SUCCESS
         }
+        Cmd::Simulate(args) => match simulate(&args) {
+            Ok(code) => code,
+            Err(e) => {
+                let msg = e.split_whitespace().collect::<Vec<_>>().join(" ");
+                eprintln!("byzcoll simulate: {msg}");
+                ExitCode::from(1)
+            }
+        },
         Cmd::Aggregate(args) => match aggregate(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -273,4 +286,499 @@ fn info() {
         Ok(c) => println!("  step timeout {:?} (BYZCOLL_TIMEOUT_MS)", c.step_timeout),
         Err(e) => println!("  step timeout invalid: {e}"),
     }
+    ucx_info();
+}
+
+#[cfg(feature = "ucx")]
+#[allow(clippy::print_stdout)]
+fn ucx_info() {
+    println!();
+    println!("ucx: libucp {}", byzcoll::transports::ucx::safe::version());
+    let mut vars: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("UCX_"))
+        .collect();
+    vars.sort();
+    if vars.is_empty() {
+        println!("  (no UCX_ variables set: UCX picks transports itself; set UCX_TLS and UCX_NET_DEVICES)");
+    }
+    for (k, v) in vars {
+        println!("  {k}={v}");
+    }
+}
+
+#[cfg(not(feature = "ucx"))]
+fn ucx_info() {}
+
+/// `byzcoll simulate`: data mode (real vectors, real rules, checked against the gather-mode
+/// reference) or `--predict` (timing table over vector sizes).
+#[derive(Debug, Args)]
+struct SimulateArgs {
+    /// World sizes to simulate, comma-separated (e.g. 64,256,1024).
+    #[arg(
+        long,
+        value_name = "N,...",
+        value_delimiter = ',',
+        required = true,
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
+    )]
+    ranks: Vec<u32>,
+    /// Data mode: float32 coordinates per rank's vector.
+    #[arg(long, value_name = "D", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    d: u32,
+    /// Aggregation rule (`byzcoll info` lists them); required in data mode, there is no default.
+    #[arg(long, required_unless_present = "predict")]
+    rule: Option<String>,
+    /// Number of Byzantine ranks to tolerate (sharded mode uses r = 2f+1 owners per shard).
+    #[arg(short = 'f', long = "f", value_name = "F", default_value_t = 0)]
+    f: usize,
+    /// Multi-Krum: how many inputs to average (default n - f).
+    #[arg(long = "m", value_name = "M")]
+    m: Option<usize>,
+    /// Centered clipping: the clipping radius.
+    #[arg(long, value_name = "T")]
+    tau: Option<f64>,
+    /// Which collectives to run in data mode.
+    #[arg(long, value_enum, default_value_t = SimMode::All)]
+    mode: SimMode,
+    /// Owners per shard for sharded mode, comma-separated (default: 1 and 2f+1).
+    #[arg(long, value_name = "R,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    replicas: Vec<u32>,
+    /// Check every honest rank's result against the gather-mode reference (exit 1 if not).
+    #[arg(long)]
+    check: bool,
+    /// Timing mode: predict gather, sharded r=1, sharded r=2f+1 and ring SUM completion times
+    /// for vectors of 1 MiB to 1 GiB (float32), without faults.
+    #[arg(long, conflicts_with_all = [
+        "d", "mode", "replicas", "check", "timeout_ms", "loss", "delay_us", "crash", "stall",
+        "byzantine", "attack", "lying_owners", "lie", "seed",
+    ])]
+    predict: bool,
+    /// Timing mode: vector sizes in bytes instead of the 1 MiB..1 GiB sweep, comma-separated.
+    #[arg(
+        long,
+        value_name = "BYTES,...",
+        value_delimiter = ',',
+        requires = "predict"
+    )]
+    bytes: Vec<u64>,
+    /// Network preset: latency and bandwidth of the links and NICs.
+    #[arg(long, value_enum, default_value_t = PresetArg::Infiniband)]
+    preset: PresetArg,
+    /// Latency alpha in microseconds (overrides the preset).
+    #[arg(long, value_name = "US", value_parser = non_negative)]
+    alpha_us: Option<f64>,
+    /// Link and NIC bandwidth in Gb/s (overrides the preset).
+    #[arg(long, value_name = "GBPS", value_parser = positive)]
+    gbps: Option<f64>,
+    /// Aggregation throughput in bytes of input per second (e.g. 4.5e9 for a median); free
+    /// when not given.
+    #[arg(long, value_name = "B_PER_S", value_parser = positive)]
+    agg_throughput: Option<f64>,
+    /// SUM throughput in bytes of input per second (ring reduce steps); free when not given.
+    #[arg(long, value_name = "B_PER_S", value_parser = positive)]
+    sum_throughput: Option<f64>,
+    /// Per-step deadline in virtual milliseconds (data mode; predictions have none).
+    #[arg(long, value_name = "MS", default_value_t = 30_000.0, value_parser = positive)]
+    timeout_ms: f64,
+    /// Probability that a message is lost.
+    #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = probability)]
+    loss: f64,
+    /// Maximum extra latency per message in microseconds (uniform in [0, X], seeded).
+    #[arg(long, value_name = "X", default_value_t = 0.0, value_parser = non_negative)]
+    delay_us: f64,
+    /// Crashed ranks, comma-separated: R (never takes part) or R@STEP (sends nothing from
+    /// that step on).
+    #[arg(long, value_name = "R[@STEP],...", value_delimiter = ',', value_parser = parse_crash)]
+    crash: Vec<Crash>,
+    /// Stalled ranks, comma-separated: R:US starts rank R US microseconds late.
+    #[arg(long, value_name = "R:US,...", value_delimiter = ',', value_parser = parse_stall)]
+    stall: Vec<Stall>,
+    /// The last K ranks contribute Byzantine inputs forged by --attack.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    byzantine: usize,
+    /// How Byzantine inputs are forged.
+    #[arg(long, default_value = "signflip", value_parser = clap::builder::PossibleValuesParser::new(
+        byzcoll_sim::ATTACKS.iter().map(|(name, _)| *name)
+    ))]
+    attack: String,
+    /// In sharded mode, the last K ranks lie about their shard results (see --lie).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    lying_owners: usize,
+    /// What lying owners send.
+    #[arg(long, value_enum, default_value_t = LieArg::Signflip)]
+    lie: LieArg,
+    /// Seed of the inputs, losses and delays.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SimMode {
+    /// Gather, sharded (r = 1 and r = 2f+1) and ring SUM.
+    All,
+    /// Gather-mode robust all-reduce only.
+    Gather,
+    /// Sharded robust all-reduce only.
+    Sharded,
+    /// Ring SUM all-reduce only (not robust).
+    Ring,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PresetArg {
+    /// 200 Gb/s, alpha = 2 us.
+    Infiniband,
+    /// 200 Gb/s, alpha = 2.5 us.
+    Slingshot,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LieArg {
+    /// The negated result, to everyone.
+    Signflip,
+    /// All NaN, to everyone.
+    Nan,
+    /// Different garbage to every destination.
+    Equivocate,
+}
+
+fn parse_number(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("`{s}` is not a finite number"))
+    }
+}
+
+fn non_negative(s: &str) -> Result<f64, String> {
+    parse_number(s).and_then(|v| {
+        if v >= 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("{v} must be >= 0"))
+        }
+    })
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    parse_number(s).and_then(|v| {
+        if v > 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("{v} must be > 0"))
+        }
+    })
+}
+
+fn probability(s: &str) -> Result<f64, String> {
+    parse_number(s).and_then(|v| {
+        if (0.0..=1.0).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("{v} is not a probability in [0, 1]"))
+        }
+    })
+}
+
+fn parse_crash(s: &str) -> Result<Crash, String> {
+    s.parse::<Crash>().map_err(|e| e.to_string())
+}
+
+fn parse_stall(s: &str) -> Result<Stall, String> {
+    s.parse::<Stall>().map_err(|e| e.to_string())
+}
+
+impl SimulateArgs {
+    fn network(&self) -> (String, Network) {
+        let preset = match self.preset {
+            PresetArg::Infiniband => Preset::Infiniband,
+            PresetArg::Slingshot => Preset::Slingshot,
+        };
+        let mut network = Network::preset(preset);
+        let mut label = preset.to_string();
+        if self.alpha_us.is_some() || self.gbps.is_some() {
+            let alpha_us = self.alpha_us.unwrap_or(network.alpha * 1e6);
+            let gbps = self.gbps.unwrap_or(network.link_bandwidth * 8e-9);
+            network = Network::new(alpha_us, gbps);
+            label = "custom".to_string();
+        }
+        (label, network)
+    }
+
+    fn compute(&self) -> Compute {
+        Compute {
+            rule_throughput: self.agg_throughput,
+            sum_throughput: self.sum_throughput,
+        }
+    }
+
+    fn rule(&self) -> Result<Option<Box<dyn Aggregator>>, String> {
+        let Some(name) = &self.rule else {
+            return Ok(None);
+        };
+        let params = Params {
+            f: self.f,
+            m: self.m,
+            tau: self.tau,
+        };
+        byzcoll::aggregators::build(name, &params)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// One line: the network's parameters.
+fn describe_network(label: &str, network: &Network) -> String {
+    format!(
+        "{label} (alpha {}, {} Gb/s)",
+        byzcoll_sim::format_time(network.alpha),
+        network.link_bandwidth * 8e-9
+    )
+}
+
+/// Runs `byzcoll simulate`; returns the exit code, or the one-line error of a bad setup.
+#[allow(clippy::print_stdout)]
+fn simulate(args: &SimulateArgs) -> Result<ExitCode, String> {
+    let (label, network) = args.network();
+    let rule = args.rule()?;
+    if args.predict {
+        predict(args, &label, &network, rule.as_deref())?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(rule) = rule else {
+        return Err("data mode needs --rule (there is no default rule)".into());
+    };
+    let mut ok = true;
+    for &n in &args.ranks {
+        ok &= simulate_data(args, n as usize, &label, network, rule.as_ref())?;
+    }
+    if args.check && ok {
+        println!("OK: results match the gather-mode reference");
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `byzcoll simulate --predict`: the timing table for every world size and vector size.
+#[allow(clippy::print_stdout)]
+fn predict(
+    args: &SimulateArgs,
+    label: &str,
+    network: &Network,
+    rule: Option<&dyn Aggregator>,
+) -> Result<(), String> {
+    let sizes = if args.bytes.is_empty() {
+        byzcoll_sim::sweep_sizes()
+    } else {
+        args.bytes.clone()
+    };
+    let jobs: Vec<(usize, u64)> = args
+        .ranks
+        .iter()
+        .flat_map(|&n| sizes.iter().map(move |&b| (n as usize, b)))
+        .collect();
+    let compute = args.compute();
+    let predict_one = |&(n, bytes): &(usize, u64)| {
+        byzcoll_sim::predict(label, network, &compute, n, bytes, args.f, rule)
+            .map_err(|e| e.to_string())
+    };
+    // Each prediction is an independent, deterministic simulation: run them on all cores.
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .min(jobs.len().max(1));
+    let mut results: Vec<Option<Result<Vec<byzcoll_sim::Prediction>, String>>> =
+        (0..jobs.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let jobs = &jobs;
+                let predict_one = &predict_one;
+                scope.spawn(move || {
+                    (t..jobs.len())
+                        .step_by(threads)
+                        .map(|i| (i, predict_one(&jobs[i])))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for w in workers {
+            match w.join() {
+                Ok(done) => {
+                    for (i, r) in done {
+                        results[i] = Some(r);
+                    }
+                }
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+    });
+    let mut rows = Vec::new();
+    for r in results.into_iter().flatten() {
+        rows.extend(r?);
+    }
+    println!(
+        "predicted completion times: {}, no faults, no deadline, computation {}",
+        describe_network(label, network),
+        match (args.agg_throughput, args.sum_throughput) {
+            (None, None) => "free".to_string(),
+            (a, s) => {
+                let rate = |v: Option<f64>| v.map_or("free".into(), |v| format!("{v:e} B/s"));
+                format!("rule {}, sum {}", rate(a), rate(s))
+            }
+        }
+    );
+    print!("{}", byzcoll_sim::prediction_table(&rows));
+    Ok(())
+}
+
+/// Data mode for one world size: prints one line per algorithm; returns whether every honest
+/// rank completed (and passed the check with `--check`).
+#[allow(clippy::print_stdout)]
+fn simulate_data(
+    args: &SimulateArgs,
+    n: usize,
+    label: &str,
+    network: Network,
+    rule: &dyn Aggregator,
+) -> Result<bool, String> {
+    let attack = byzcoll_sim::attack_by_name(&args.attack, n, args.f, args.seed)
+        .map_err(|e| e.to_string())?;
+    let lie = match args.lie {
+        LieArg::Signflip => Lie::SignFlip,
+        LieArg::Nan => Lie::Nan,
+        LieArg::Equivocate => Lie::Equivocate,
+    };
+    let scenario = Scenario {
+        ranks: n,
+        network,
+        compute: args.compute(),
+        faults: Faults {
+            loss: args.loss,
+            max_delay: args.delay_us * 1e-6,
+            crashes: args.crash.clone(),
+            stalls: args.stall.clone(),
+        },
+        adversary: Adversary {
+            byzantine_inputs: args.byzantine,
+            attack,
+            lying_owners: args.lying_owners,
+            lie,
+        },
+        timeout: args.timeout_ms * 1e-3,
+        seed: args.seed,
+    };
+    scenario.validate().map_err(|e| e.to_string())?;
+    rule.check(n).map_err(|e| e.to_string())?;
+    let d = args.d as usize;
+    let data = DataSet::generate(&scenario, d).map_err(|e| e.to_string())?;
+    let reference = data.reference(rule);
+
+    let mut algorithms = Vec::new();
+    if matches!(args.mode, SimMode::All | SimMode::Gather) {
+        algorithms.push(Algorithm::Gather);
+    }
+    let sharded = matches!(args.mode, SimMode::All | SimMode::Sharded);
+    let global = rule.structure() != byzcoll::aggregators::Structure::CoordinateWise;
+    if sharded && global && args.mode == SimMode::Sharded {
+        return Err(format!(
+            "{} needs global statistics, which sharded mode does not compute yet; use \
+             --mode gather for it",
+            rule.name()
+        ));
+    }
+    if sharded && !global {
+        let mut replicas: Vec<usize> = if args.replicas.is_empty() {
+            vec![1, (2 * args.f + 1).min(n)]
+        } else {
+            args.replicas.iter().map(|&r| r as usize).collect()
+        };
+        replicas.dedup();
+        if let Some(r) = replicas.iter().find(|&&r| r > n) {
+            return Err(format!(
+                "sharded mode with {r} replicas in a world of {n}: need 1 <= r <= n"
+            ));
+        }
+        algorithms.extend(
+            replicas
+                .into_iter()
+                .map(|replicas| Algorithm::Sharded { replicas }),
+        );
+    }
+    if matches!(args.mode, SimMode::All | SimMode::Ring) {
+        algorithms.push(Algorithm::RingSum);
+    }
+
+    println!(
+        "n = {n}, d = {d} ({}), rule {} (f = {}), {}",
+        byzcoll_sim::format_bytes(4 * d as u64),
+        rule.name(),
+        rule.byzantine(),
+        describe_network(label, &network)
+    );
+    if sharded && global {
+        println!(
+            "  (sharded skipped: {} is not coordinate-wise and needs global statistics)",
+            rule.name()
+        );
+    }
+    let header = format!(
+        "  {:<14} {:>12} {:>10} {:>6} {:>9}  {}",
+        "algorithm",
+        "time",
+        "messages",
+        "lost",
+        "erasures",
+        if args.check { "check" } else { "" }
+    );
+    println!("{}", header.trim_end());
+    let mut ok = true;
+    let mut problems = Vec::new();
+    for alg in algorithms {
+        let run = scenario
+            .run_data(alg, &data, rule)
+            .map_err(|e| format!("{alg}: {e}"))?;
+        let verdict = if args.check {
+            match reference.check(&run) {
+                Ok(v) => v.to_string(),
+                Err(m) => {
+                    ok = false;
+                    problems.push(m.to_string());
+                    "FAILED".to_string()
+                }
+            }
+        } else {
+            String::new()
+        };
+        let failed: Vec<_> = run.failures().collect();
+        if let Some((r, e)) = failed.first() {
+            ok = false;
+            if !args.check {
+                problems.push(format!(
+                    "{alg}: {} honest ranks failed; rank {r}: {e}",
+                    failed.len()
+                ));
+            }
+        }
+        let line = format!(
+            "  {:<14} {:>12} {:>10} {:>6} {:>9}  {verdict}",
+            alg.to_string(),
+            byzcoll_sim::format_time(run.time),
+            run.stats.messages,
+            run.stats.lost,
+            run.stats.erasures,
+        );
+        println!("{}", line.trim_end());
+    }
+    for p in &problems {
+        let line = p.split_whitespace().collect::<Vec<_>>().join(" ");
+        eprintln!("FAIL: {line}");
+    }
+    Ok(ok)
 }

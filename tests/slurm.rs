@@ -12,13 +12,18 @@ use common::{example, free_port, run_with_limit, text};
 
 fn slurm_available() -> bool {
     let up = std::env::var_os("SLURM_CONF").is_some()
-        && Command::new("sinfo").arg("-h").output().is_ok_and(|o| o.status.success());
+        && Command::new("sinfo")
+            .arg("-h")
+            .output()
+            .is_ok_and(|o| o.status.success());
     if !up {
         assert!(
             std::env::var_os("BYZCOLL_REQUIRE_SLURM").is_none(),
             "BYZCOLL_REQUIRE_SLURM is set but no Slurm cluster answers (scripts/slurm-up.sh)"
         );
-        eprintln!("SKIPPED: no Slurm cluster (start one with scripts/slurm-up.sh and export SLURM_CONF)");
+        eprintln!(
+            "SKIPPED: no Slurm cluster (start one with scripts/slurm-up.sh and export SLURM_CONF)"
+        );
     }
     up
 }
@@ -40,6 +45,9 @@ fn example_runs_under_srun_and_srun_pmi2() {
         let (out, _) = run_with_limit(&mut cmd, Duration::from_secs(120));
         let (stdout, stderr) = text(&out);
         assert!(out.status.success(), "{mpi:?}\n{stdout}\n{stderr}");
-        assert!(stdout.contains("OK: 3 ranks over tcp"), "{mpi:?}\n{stdout}\n{stderr}");
+        assert!(
+            stdout.contains("OK: 3 ranks over tcp"),
+            "{mpi:?}\n{stdout}\n{stderr}"
+        );
     }
 }

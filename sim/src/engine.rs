@@ -1,0 +1,781 @@
+//! The discrete-event core: ranks that post bulk-synchronous steps, NICs that serialize
+//! messages, a binary-heap event queue in virtual time, deadlines and network faults.
+//!
+//! # Time axis
+//! Every event is keyed by the time a message's head *leaves its sender* (plus any injected
+//! delay), which is its head arrival minus the constant latency `α`. Ordering receptions by
+//! that key is ordering them by head arrival, so a receiver NIC serves messages first come,
+//! first served; and a message whose delay is zero is delivered the moment its sender's NIC
+//! starts it, without a second event. Deadlines are keyed `α` early for the same reason, and
+//! sort after receptions of equal key.
+//!
+//! A rank that completes a step at true time `T` (always at least the current key) posts its
+//! next step right away, with its sends scheduled at `T` or later and its deadline counted from
+//! `T`; messages that reach it meanwhile are matched to the new step, exactly as a transport's
+//! mailbox would hold them until the receive is posted.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+
+use byzcoll_runtime::{Error, Rank, Tag};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::model::{Compute, Network};
+use crate::{Faults, SimError, Stats};
+
+/// Computation a rank performs between two steps, charged at [`Compute`]'s throughputs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Work {
+    /// Bytes of input read by the robust rule (or the median of owner versions).
+    pub rule_bytes: f64,
+    /// Bytes of input read by a SUM reduction.
+    pub sum_bytes: f64,
+}
+
+impl Work {
+    fn seconds(&self, compute: &Compute) -> f64 {
+        let at = |bytes: f64, rate: Option<f64>| match rate {
+            Some(rate) if bytes > 0.0 => bytes / rate,
+            _ => 0.0,
+        };
+        at(self.rule_bytes, compute.rule_throughput) + at(self.sum_bytes, compute.sum_throughput)
+    }
+}
+
+/// One message a step posts (12 bytes with `u32` payloads: a step may post millions).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Out<M> {
+    to: u32,
+    tag: Tag,
+    msg: M,
+}
+
+impl<M> Out<M> {
+    /// A message to `to` (worlds are limited to fewer than 2^30 ranks).
+    pub fn new(to: Rank, tag: Tag, msg: M) -> Self {
+        Out {
+            to: to as u32,
+            tag,
+            msg,
+        }
+    }
+}
+
+/// What a program tells the engine about one posted step.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Posted {
+    /// Number of receive slots ([`Program::slot`] returns indices below this).
+    pub slots: usize,
+    /// Number of messages the step waits for.
+    pub expected: usize,
+}
+
+/// A collective schedule as seen by the engine: what each rank sends and expects per step, and
+/// what it does with what arrived. Implementations call `byzcoll_runtime::schedule`.
+pub(crate) trait Program {
+    /// A message's payload handle (cheap to copy; the program owns the data).
+    type Msg: Copy + PartialEq;
+
+    /// The value of a receive slot whose message has not arrived (never a payload).
+    const ABSENT: Self::Msg;
+
+    /// Steps of the collective; every rank runs them in order.
+    fn steps(&self) -> usize;
+
+    /// Posts step `step` of `rank`: pushes its sends onto `sends`.
+    fn post(&mut self, rank: Rank, step: usize, sends: &mut Vec<Out<Self::Msg>>) -> Posted;
+
+    /// Size on the wire of a message `from` posted in `step`.
+    fn bytes(&self, from: Rank, step: usize, tag: Tag, msg: Self::Msg) -> u64;
+
+    /// The receive slot of a message `from` with `tag` in `rank`'s step `step`, or `None` when
+    /// the schedule does not expect it.
+    fn slot(&self, rank: Rank, step: usize, from: Rank, tag: Tag) -> Option<usize>;
+
+    /// `rank`'s step `step` ended (every receive arrived or the deadline passed): `got[slot]`
+    /// is [`Program::ABSENT`] for what is missing. Returns the local work before the next
+    /// step, or the error that ends this rank's part in the collective.
+    fn complete(&mut self, rank: Rank, step: usize, got: &[Self::Msg]) -> Result<Work, Error>;
+}
+
+/// How a rank's part in a run ended.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// Every step completed.
+    Done,
+    /// The program returned an error at some step.
+    Failed(Error),
+    /// The rank crashed (injected fault).
+    Crashed,
+}
+
+/// Per-rank result of [`run`].
+#[derive(Debug)]
+pub(crate) struct RankEnd {
+    pub end: End,
+    /// Virtual time at which the rank finished, failed or crashed.
+    pub at: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    Finished,
+}
+
+/// The sends of one step, queued on the sender's NIC.
+#[derive(Debug)]
+struct Batch<M> {
+    step: usize,
+    /// When the step was posted: its first message starts no earlier.
+    ready: f64,
+    sends: Vec<Out<M>>,
+    next: usize,
+}
+
+#[derive(Debug)]
+struct Early<M> {
+    from: Rank,
+    step: usize,
+    tag: Tag,
+    msg: M,
+    done: f64,
+}
+
+#[derive(Debug)]
+struct RankSim<M> {
+    state: State,
+    step: usize,
+    deadline: f64,
+    pending: usize,
+    /// Receive slots of the current step ([`Program::ABSENT`] until filled).
+    got: Vec<M>,
+    last: f64,
+    sends_done: f64,
+    outbox: VecDeque<Batch<M>>,
+    tx_busy: bool,
+    tx_tail: f64,
+    rx_free: f64,
+    early: Vec<Early<M>>,
+    crash_at: Option<usize>,
+    crashed_at: Option<f64>,
+    /// Whether a [`Kind::Deadline`] of this rank is in the heap.
+    deadline_armed: bool,
+    end: Option<RankEnd>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The NIC of this rank starts its next queued message.
+    Tx(u32),
+    /// A delayed message (index into the in-flight slab) reaches its receiver.
+    Arrival(u32),
+    /// A deadline of this rank: the current step's, or an earlier one (then it is re-armed
+    /// for the current step), so that the heap holds at most one deadline per rank.
+    Deadline(u32),
+}
+
+impl Kind {
+    /// Packs the kind into an order key for events at equal times: receptions before
+    /// deadlines, then lower ranks first. Deterministic without a sequence number, which keeps
+    /// events at 16 bytes.
+    fn pack(self) -> u64 {
+        match self {
+            Kind::Tx(r) => u64::from(r),
+            Kind::Arrival(i) => 1 << 61 | u64::from(i),
+            Kind::Deadline(r) => 1 << 63 | 2 << 61 | u64::from(r),
+        }
+    }
+
+    fn unpack(code: u64) -> Kind {
+        let low = (code & 0xffff_ffff) as u32;
+        match (code >> 61) & 3 {
+            0 => Kind::Tx(low),
+            1 => Kind::Arrival(low),
+            _ => Kind::Deadline(low),
+        }
+    }
+}
+
+/// An event: its key on the time axis and its packed [`Kind`].
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    key: f64,
+    code: u64,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Event {}
+
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Event {
+    /// Reversed, so that [`BinaryHeap`] pops the earliest event first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .key
+            .total_cmp(&self.key)
+            .then_with(|| other.code.cmp(&self.code))
+    }
+}
+
+#[derive(Debug)]
+struct InFlight<M> {
+    from: Rank,
+    to: Rank,
+    step: usize,
+    tag: Tag,
+    msg: M,
+    bytes: u64,
+    /// When the sender's NIC finished the message, plus the injected delay.
+    tx_end: f64,
+}
+
+/// Simulation parameters the engine needs besides the program.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Params<'a> {
+    pub network: &'a Network,
+    pub compute: &'a Compute,
+    pub faults: &'a Faults,
+    /// Per-step deadline, virtual seconds from the step's start.
+    pub timeout: f64,
+    pub seed: u64,
+}
+
+struct Engine<'p, 'a, P: Program> {
+    prog: &'p mut P,
+    params: Params<'a>,
+    n: usize,
+    ranks: Vec<RankSim<P::Msg>>,
+    heap: BinaryHeap<Event>,
+    now: f64,
+    inflight: Vec<Option<InFlight<P::Msg>>>,
+    free: Vec<u32>,
+    rng: StdRng,
+    stats: Stats,
+}
+
+/// Runs `prog` on `n` ranks to completion. Returns each rank's end and the run's statistics.
+///
+/// # Errors
+/// [`SimError::Schedule`] when a message arrives that the receiver's schedule does not expect,
+/// or twice: the schedules disagree (a bug, never a fault of the simulated network).
+/// [`SimError::Stuck`] when a rank waits for a message that never comes and has no deadline.
+pub(crate) fn run<P: Program>(
+    prog: &mut P,
+    n: usize,
+    params: Params<'_>,
+) -> Result<(Vec<RankEnd>, Stats), SimError> {
+    let ranks = (0..n)
+        .map(|r| RankSim {
+            state: State::Running,
+            step: 0,
+            deadline: f64::INFINITY,
+            pending: 0,
+            got: Vec::new(),
+            last: 0.0,
+            sends_done: 0.0,
+            outbox: VecDeque::new(),
+            tx_busy: false,
+            tx_tail: 0.0,
+            rx_free: 0.0,
+            early: Vec::new(),
+            crash_at: params
+                .faults
+                .crashes
+                .iter()
+                .filter(|c| c.rank == r)
+                .map(|c| c.from_step)
+                .min(),
+            crashed_at: None,
+            deadline_armed: false,
+            end: None,
+        })
+        .collect();
+    let mut engine = Engine {
+        prog,
+        params,
+        n,
+        ranks,
+        heap: BinaryHeap::with_capacity(4 * n),
+        now: 0.0,
+        inflight: Vec::new(),
+        free: Vec::new(),
+        rng: StdRng::seed_from_u64(params.seed),
+        stats: Stats::default(),
+    };
+    for r in 0..n {
+        let stall: f64 = params
+            .faults
+            .stalls
+            .iter()
+            .filter(|s| s.rank == r)
+            .map(|s| s.delay)
+            .sum();
+        engine.post(r, stall)?;
+    }
+    while let Some(ev) = engine.heap.pop() {
+        debug_assert!(ev.key >= engine.now, "virtual time went backwards");
+        engine.now = ev.key;
+        match Kind::unpack(ev.code) {
+            Kind::Tx(r) => engine.transmit(r as usize)?,
+            Kind::Arrival(i) => {
+                let m = engine.inflight[i as usize].take();
+                engine.free.push(i);
+                if let Some(m) = m {
+                    engine.receive(m, ev.key)?;
+                }
+            }
+            Kind::Deadline(r) => engine.deadline(r as usize)?,
+        }
+    }
+    let mut ends = Vec::with_capacity(n);
+    for (r, rs) in engine.ranks.into_iter().enumerate() {
+        match rs.end {
+            Some(end) => ends.push(end),
+            None => {
+                return Err(SimError::Stuck(format!(
+                    "rank {r} waits forever in step {}: a message it expects never came and \
+                     there is no deadline",
+                    rs.step
+                )))
+            }
+        }
+    }
+    Ok((ends, engine.stats))
+}
+
+impl<P: Program> Engine<'_, '_, P> {
+    fn push(&mut self, key: f64, kind: Kind) {
+        debug_assert_eq!(Kind::unpack(kind.pack()), kind);
+        self.heap.push(Event {
+            key,
+            code: kind.pack(),
+        });
+    }
+
+    fn finish(&mut self, rank: Rank, end: End, at: f64) {
+        let rs = &mut self.ranks[rank];
+        rs.state = State::Finished;
+        if matches!(end, End::Crashed) {
+            // Messages of earlier steps that are still queued at `at` die with the rank; those
+            // that started before (even if their events are still pending) went out.
+            rs.crashed_at = Some(at);
+        }
+        rs.got = Vec::new();
+        rs.early = Vec::new();
+        rs.end = Some(RankEnd { end, at });
+    }
+
+    /// Posts `rank`'s current step at true time `t`; steps that need no message complete on
+    /// the spot, so this loops until a step waits or the rank is finished.
+    fn post(&mut self, rank: Rank, mut t: f64) -> Result<(), SimError> {
+        let steps = self.prog.steps();
+        loop {
+            let step = self.ranks[rank].step;
+            if step >= steps {
+                self.finish(rank, End::Done, t);
+                return Ok(());
+            }
+            if self.ranks[rank].crash_at.is_some_and(|c| c <= step) {
+                self.finish(rank, End::Crashed, t);
+                return Ok(());
+            }
+            let mut sends = Vec::new();
+            let posted = self.prog.post(rank, step, &mut sends);
+            // Pairwise-exchange order: start with the first send to the nearest successor and
+            // wrap around, so that n ranks posting to everyone do not all start with the same
+            // receiver.
+            let n = self.n;
+            let distance = |o: &Out<P::Msg>| {
+                let to = o.to as usize;
+                if to > rank {
+                    to - rank
+                } else {
+                    to + n - rank
+                }
+            };
+            if let Some(first) = (0..sends.len()).min_by_key(|&i| distance(&sends[i])) {
+                sends.rotate_left(first);
+            }
+            let nic = self.params.network.injection_bandwidth;
+            let rs = &mut self.ranks[rank];
+            let first_tx = t.max(rs.tx_tail);
+            let mut tail = first_tx;
+            for o in &sends {
+                tail += self.prog.bytes(rank, step, o.tag, o.msg) as f64 / nic;
+            }
+            rs.sends_done = tail;
+            rs.tx_tail = tail;
+            let start_tx = !sends.is_empty() && !rs.tx_busy;
+            if !sends.is_empty() {
+                self.stats.messages += sends.len() as u64;
+                rs.outbox.push_back(Batch {
+                    step,
+                    ready: t,
+                    sends,
+                    next: 0,
+                });
+                rs.tx_busy = true;
+            }
+            rs.got.clear();
+            rs.got.resize(posted.slots, P::ABSENT);
+            rs.pending = posted.expected;
+            rs.last = t;
+            rs.deadline = t + self.params.timeout;
+            if start_tx {
+                self.push(first_tx, Kind::Tx(rank as u32));
+            }
+            // Messages that reached this rank before it posted the step.
+            let early: Vec<Early<P::Msg>> = {
+                let rs = &mut self.ranks[rank];
+                let (now, later): (Vec<_>, Vec<_>) = std::mem::take(&mut rs.early)
+                    .into_iter()
+                    .partition(|e| e.step == step);
+                rs.early = later;
+                now
+            };
+            for e in early {
+                self.accept(rank, e.from, e.tag, e.msg, e.done)?;
+            }
+            let rs = &mut self.ranks[rank];
+            if rs.pending > 0 {
+                let (deadline, alpha) = (rs.deadline, self.params.network.alpha);
+                if deadline.is_finite() && !rs.deadline_armed {
+                    rs.deadline_armed = true;
+                    self.push(deadline - alpha, Kind::Deadline(rank as u32));
+                }
+                return Ok(());
+            }
+            let done = rs.last.max(rs.sends_done).min(rs.deadline);
+            match self.complete(rank, done) {
+                Some(next) => t = next,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Completes `rank`'s current step at `t`; returns when the next step may start, or `None`
+    /// when the rank failed.
+    fn complete(&mut self, rank: Rank, t: f64) -> Option<f64> {
+        let rs = &mut self.ranks[rank];
+        let step = rs.step;
+        let missing = rs.pending;
+        rs.pending = 0;
+        self.stats.erasures += missing as u64;
+        let got = std::mem::take(&mut rs.got);
+        let result = self.prog.complete(rank, step, &got);
+        self.ranks[rank].got = got;
+        match result {
+            Ok(work) => {
+                self.ranks[rank].step += 1;
+                Some(t + work.seconds(self.params.compute))
+            }
+            Err(e) => {
+                self.finish(rank, End::Failed(e), t);
+                None
+            }
+        }
+    }
+
+    fn transmit(&mut self, rank: Rank) -> Result<(), SimError> {
+        let t0 = self.now;
+        let rs = &mut self.ranks[rank];
+        if rs.crashed_at.is_some_and(|c| t0 >= c) {
+            rs.outbox.clear();
+        }
+        let Some(batch) = rs.outbox.front_mut() else {
+            rs.tx_busy = false;
+            return Ok(());
+        };
+        if batch.ready > t0 {
+            // The NIC went idle before this step was posted.
+            let ready = batch.ready;
+            self.push(ready, Kind::Tx(rank as u32));
+            return Ok(());
+        }
+        let (step, out) = (batch.step, batch.sends[batch.next]);
+        batch.next += 1;
+        if batch.next == batch.sends.len() {
+            rs.outbox.pop_front();
+        }
+        let more = !rs.outbox.is_empty();
+        let bytes = self.prog.bytes(rank, step, out.tag, out.msg);
+        let tx_end = t0 + bytes as f64 / self.params.network.injection_bandwidth;
+        if more {
+            self.push(tx_end, Kind::Tx(rank as u32));
+        } else {
+            self.ranks[rank].tx_busy = false;
+        }
+        self.stats.bytes += bytes;
+        let faults = self.params.faults;
+        if faults.loss > 0.0 && self.rng.gen::<f64>() < faults.loss {
+            self.stats.lost += 1;
+            return Ok(());
+        }
+        let delay = if faults.max_delay > 0.0 {
+            self.rng.gen::<f64>() * faults.max_delay
+        } else {
+            0.0
+        };
+        let m = InFlight {
+            from: rank,
+            to: out.to as usize,
+            step,
+            tag: out.tag,
+            msg: out.msg,
+            bytes,
+            tx_end: tx_end + delay,
+        };
+        if delay == 0.0 {
+            return self.receive(m, t0);
+        }
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.inflight[i as usize] = Some(m);
+                i
+            }
+            None => {
+                self.inflight.push(Some(m));
+                (self.inflight.len() - 1) as u32
+            }
+        };
+        self.push(t0 + delay, Kind::Arrival(slot));
+        Ok(())
+    }
+
+    /// The head of `m` reaches its receiver at `key + α`; its NIC serves it after what it is
+    /// already receiving, no faster than the link and the sender allow.
+    fn receive(&mut self, m: InFlight<P::Msg>, key: f64) -> Result<(), SimError> {
+        let net = self.params.network;
+        let head = key + net.alpha;
+        let bytes = m.bytes as f64;
+        let rs = &mut self.ranks[m.to];
+        if rs.state == State::Finished {
+            return Ok(());
+        }
+        let done = (head.max(rs.rx_free) + bytes / net.injection_bandwidth)
+            .max(head + bytes / net.link_bandwidth)
+            .max(m.tx_end + net.alpha);
+        rs.rx_free = done;
+        match m.step.cmp(&rs.step) {
+            Ordering::Less => {
+                self.stats.late += 1;
+                Ok(())
+            }
+            Ordering::Greater => {
+                rs.early.push(Early {
+                    from: m.from,
+                    step: m.step,
+                    tag: m.tag,
+                    msg: m.msg,
+                    done,
+                });
+                Ok(())
+            }
+            Ordering::Equal => {
+                if self.accept(m.to, m.from, m.tag, m.msg, done)? {
+                    let rs = &self.ranks[m.to];
+                    let t = rs.last.max(rs.sends_done).min(rs.deadline);
+                    if let Some(next) = self.complete(m.to, t) {
+                        self.post(m.to, next)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Matches a message delivered at `done` to `rank`'s current step. Returns whether the step
+    /// now has every receive.
+    fn accept(
+        &mut self,
+        rank: Rank,
+        from: Rank,
+        tag: Tag,
+        msg: P::Msg,
+        done: f64,
+    ) -> Result<bool, SimError> {
+        let step = self.ranks[rank].step;
+        let slot = self.prog.slot(rank, step, from, tag);
+        let rs = &mut self.ranks[rank];
+        let Some(slot) = slot.filter(|&s| s < rs.got.len()) else {
+            return Err(SimError::Schedule(format!(
+                "rank {rank} step {step}: unexpected message from rank {from} with tag {tag}"
+            )));
+        };
+        if rs.got[slot] != P::ABSENT {
+            return Err(SimError::Schedule(format!(
+                "rank {rank} step {step}: second message from rank {from} with tag {tag}"
+            )));
+        }
+        if done > rs.deadline {
+            self.stats.late += 1;
+            return Ok(false);
+        }
+        rs.got[slot] = msg;
+        rs.pending -= 1;
+        rs.last = rs.last.max(done);
+        Ok(rs.pending == 0)
+    }
+
+    fn deadline(&mut self, rank: Rank) -> Result<(), SimError> {
+        let alpha = self.params.network.alpha;
+        let rs = &mut self.ranks[rank];
+        rs.deadline_armed = false;
+        if rs.state != State::Running || rs.pending == 0 {
+            return Ok(());
+        }
+        let (t, key) = (rs.deadline, rs.deadline - alpha);
+        if key > self.now {
+            // Armed for an earlier step that completed in time: wait for this step's deadline.
+            rs.deadline_armed = true;
+            self.push(key, Kind::Deadline(rank as u32));
+            return Ok(());
+        }
+        match self.complete(rank, t) {
+            Some(next) => self.post(rank, next),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rank 0 sends two `B`-byte messages to rank 1 and waits for a 0-byte one from it; after
+    /// computing for `c` it sends rank 1 one more 0-byte message.
+    #[derive(Debug)]
+    struct TwoSteps {
+        big: u64,
+        work: f64,
+    }
+
+    impl Program for TwoSteps {
+        type Msg = u32;
+        const ABSENT: u32 = u32::MAX;
+
+        fn steps(&self) -> usize {
+            2
+        }
+
+        fn post(&mut self, rank: Rank, step: usize, sends: &mut Vec<Out<u32>>) -> Posted {
+            match (rank, step) {
+                (0, 0) => {
+                    sends.push(Out::new(1, 0, 0));
+                    sends.push(Out::new(1, 1, 0));
+                    Posted {
+                        slots: 1,
+                        expected: 1,
+                    }
+                }
+                (1, 0) => {
+                    sends.push(Out::new(0, 0, 0));
+                    Posted {
+                        slots: 2,
+                        expected: 2,
+                    }
+                }
+                (0, _) => {
+                    sends.push(Out::new(1, 2, 0));
+                    Posted {
+                        slots: 0,
+                        expected: 0,
+                    }
+                }
+                _ => Posted {
+                    slots: 1,
+                    expected: 1,
+                },
+            }
+        }
+
+        fn bytes(&self, from: Rank, step: usize, _tag: Tag, _msg: u32) -> u64 {
+            if from == 0 && step == 0 {
+                self.big
+            } else {
+                0
+            }
+        }
+
+        fn slot(&self, rank: Rank, step: usize, _from: Rank, tag: Tag) -> Option<usize> {
+            match (rank, step) {
+                (1, 0) => Some(tag as usize),
+                _ => Some(0),
+            }
+        }
+
+        fn complete(&mut self, rank: Rank, step: usize, got: &[u32]) -> Result<Work, Error> {
+            assert!(got.iter().all(|&g| g != u32::MAX));
+            Ok(Work {
+                rule_bytes: if rank == 0 && step == 0 {
+                    self.work
+                } else {
+                    0.0
+                },
+                ..Work::default()
+            })
+        }
+    }
+
+    #[test]
+    fn sends_of_a_step_wait_for_its_post() {
+        let network = Network {
+            alpha: 1e-6,
+            link_bandwidth: 1e9,
+            injection_bandwidth: 1e9,
+        };
+        let compute = Compute {
+            rule_throughput: Some(1e9),
+            sum_throughput: None,
+        };
+        let faults = Faults::default();
+        let mut prog = TwoSteps {
+            big: 1000,
+            work: 5000.0,
+        };
+        let params = Params {
+            network: &network,
+            compute: &compute,
+            faults: &faults,
+            timeout: 1.0,
+            seed: 0,
+        };
+        let (ends, stats) = run(&mut prog, 2, params).unwrap();
+        assert_eq!(stats.messages, 4);
+        // Rank 0 posts step 1 after its two sends (2 us) and its computation (5 us); rank 1
+        // gets the last message one latency later.
+        let want = 2e-6 + 5e-6 + 1e-6;
+        assert!(
+            (ends[1].at - want).abs() < 1e-15,
+            "{} vs {want}",
+            ends[1].at
+        );
+        assert!(matches!(ends[0].end, End::Done) && matches!(ends[1].end, End::Done));
+    }
+
+    #[test]
+    fn kinds_pack_and_unpack() {
+        for k in [
+            Kind::Tx(0),
+            Kind::Tx(u32::MAX),
+            Kind::Arrival(7),
+            Kind::Deadline(1 << 29),
+        ] {
+            assert_eq!(Kind::unpack(k.pack()), k);
+        }
+        assert!(Kind::Tx(5).pack() < Kind::Deadline(0).pack());
+        assert!(Kind::Arrival(5).pack() < Kind::Deadline(0).pack());
+    }
+}

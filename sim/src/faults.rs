@@ -1,0 +1,346 @@
+//! Injected faults: what the network and the ranks do wrong.
+
+use std::fmt;
+use std::str::FromStr;
+
+use byzcoll_aggregators::attacks::Attack;
+use byzcoll_runtime::Rank;
+
+use crate::SimError;
+
+/// Network and crash faults. Random choices come from the scenario's seed, drawn in event
+/// order, so a run is reproducible.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Faults {
+    /// Probability that a message is lost (it still occupies the sender's NIC). A lost message
+    /// is `Missing` at the receiver's deadline.
+    pub loss: f64,
+    /// Each message gets an extra latency drawn uniformly from `[0, max_delay]` seconds.
+    pub max_delay: f64,
+    /// Ranks that stop sending (and stop taking part) from some step on.
+    pub crashes: Vec<Crash>,
+    /// Ranks that start late.
+    pub stalls: Vec<Stall>,
+}
+
+impl Faults {
+    /// Checks probabilities, delays and ranks against a world of `n`.
+    ///
+    /// # Errors
+    /// [`SimError::InvalidConfig`] naming the bad value.
+    pub fn validate(&self, n: usize) -> Result<(), SimError> {
+        if !(0.0..=1.0).contains(&self.loss) {
+            return Err(SimError::InvalidConfig(format!(
+                "loss probability {} is not in [0, 1]",
+                self.loss
+            )));
+        }
+        if !(self.max_delay.is_finite() && self.max_delay >= 0.0) {
+            return Err(SimError::InvalidConfig(format!(
+                "message delay {} s must be finite and >= 0",
+                self.max_delay
+            )));
+        }
+        for c in &self.crashes {
+            check_rank("crashed", c.rank, n)?;
+        }
+        for s in &self.stalls {
+            check_rank("stalled", s.rank, n)?;
+            if !(s.delay.is_finite() && s.delay >= 0.0) {
+                return Err(SimError::InvalidConfig(format!(
+                    "stall of rank {} by {} s must be finite and >= 0",
+                    s.rank, s.delay
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `rank` crashes at some step.
+    pub fn crashed(&self, rank: Rank) -> bool {
+        self.crashes.iter().any(|c| c.rank == rank)
+    }
+}
+
+fn check_rank(what: &str, rank: Rank, n: usize) -> Result<(), SimError> {
+    if rank < n {
+        Ok(())
+    } else {
+        Err(SimError::InvalidConfig(format!(
+            "{what} rank {rank} does not exist in a world of {n} (ranks are 0..{n})"
+        )))
+    }
+}
+
+/// A rank that sends nothing from step `from_step` on (0: it never takes part).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crash {
+    /// The rank.
+    pub rank: Rank,
+    /// The first step it does not take part in.
+    pub from_step: usize,
+}
+
+impl FromStr for Crash {
+    type Err = SimError;
+
+    /// `R` (crashed from the start) or `R@S` (from step `S` on).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || SimError::InvalidConfig(format!("crash `{s}`: expected RANK or RANK@STEP"));
+        let (rank, step) = match s.split_once('@') {
+            Some((r, st)) => (r, Some(st)),
+            None => (s, None),
+        };
+        Ok(Crash {
+            rank: rank.trim().parse().map_err(|_| bad())?,
+            from_step: match step {
+                Some(st) => st.trim().parse().map_err(|_| bad())?,
+                None => 0,
+            },
+        })
+    }
+}
+
+/// A rank that starts the collective `delay` seconds late.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stall {
+    /// The rank.
+    pub rank: Rank,
+    /// How late it starts, in seconds.
+    pub delay: f64,
+}
+
+impl FromStr for Stall {
+    type Err = SimError;
+
+    /// `R:US`: rank `R` starts `US` microseconds late.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            SimError::InvalidConfig(format!(
+                "stall `{s}`: expected RANK:MICROSECONDS, e.g. 3:250"
+            ))
+        };
+        let (rank, us) = s.split_once(':').ok_or_else(bad)?;
+        let us: f64 = us.trim().parse().map_err(|_| bad())?;
+        if !(us.is_finite() && us >= 0.0) {
+            return Err(bad());
+        }
+        Ok(Stall {
+            rank: rank.trim().parse().map_err(|_| bad())?,
+            delay: us * 1e-6,
+        })
+    }
+}
+
+/// What a lying shard owner sends instead of its result in sharded mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lie {
+    /// The negated honest result, to everyone.
+    SignFlip,
+    /// All NaN, to everyone.
+    Nan,
+    /// Different garbage to every destination (equivocation): rank `q` receives values of
+    /// magnitude `1e9·(q+1)` with alternating signs.
+    Equivocate,
+}
+
+impl Lie {
+    /// Every lie, for listings.
+    pub const ALL: [Lie; 3] = [Lie::SignFlip, Lie::Nan, Lie::Equivocate];
+
+    /// The name [`FromStr`] accepts.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Lie::SignFlip => "signflip",
+            Lie::Nan => "nan",
+            Lie::Equivocate => "equivocate",
+        }
+    }
+
+    /// The lie sent for `honest` to rank `dest`.
+    pub(crate) fn forge(&self, honest: &[f32], dest: Rank) -> Vec<f32> {
+        match self {
+            Lie::SignFlip => honest.iter().map(|v| -v).collect(),
+            Lie::Nan => vec![f32::NAN; honest.len()],
+            Lie::Equivocate => {
+                let magnitude = 1e9 * (dest as f32 + 1.0);
+                let v = if dest % 2 == 0 { magnitude } else { -magnitude };
+                vec![v; honest.len()]
+            }
+        }
+    }
+}
+
+impl fmt::Display for Lie {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Lie {
+    type Err = SimError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Lie::ALL
+            .into_iter()
+            .find(|l| l.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                SimError::InvalidConfig(format!(
+                    "unknown lie `{s}`; known: signflip, nan, equivocate"
+                ))
+            })
+    }
+}
+
+/// The Byzantine ranks: the last `byzantine_inputs` ranks contribute vectors forged by
+/// `attack` (from the honest inputs, as an omniscient attacker), and in sharded mode the last
+/// `lying_owners` ranks send `lie` instead of their shard results. Both sets count towards the
+/// same `f`: a rank in either is not honest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adversary {
+    /// How many ranks (the last ones) contribute forged inputs.
+    pub byzantine_inputs: usize,
+    /// How they forge them.
+    pub attack: Attack,
+    /// How many ranks (the last ones) lie about their shard results.
+    pub lying_owners: usize,
+    /// What they send instead.
+    pub lie: Lie,
+}
+
+impl Default for Adversary {
+    fn default() -> Self {
+        Adversary {
+            byzantine_inputs: 0,
+            attack: Attack::SignFlip,
+            lying_owners: 0,
+            lie: Lie::SignFlip,
+        }
+    }
+}
+
+impl Adversary {
+    /// Whether `rank` forges its input in a world of `n`.
+    pub fn forges_input(&self, rank: Rank, n: usize) -> bool {
+        rank + self.byzantine_inputs >= n
+    }
+
+    /// Whether `rank` lies as a shard owner in a world of `n`.
+    pub fn lies_as_owner(&self, rank: Rank, n: usize) -> bool {
+        rank + self.lying_owners >= n
+    }
+
+    /// Checks the counts against a world of `n`.
+    ///
+    /// # Errors
+    /// [`SimError::InvalidConfig`] when there would be no honest input to imitate or more
+    /// liars than ranks.
+    pub fn validate(&self, n: usize) -> Result<(), SimError> {
+        if self.byzantine_inputs >= n && self.byzantine_inputs > 0 {
+            return Err(SimError::InvalidConfig(format!(
+                "{} Byzantine ranks in a world of {n}: attacks need at least one honest input",
+                self.byzantine_inputs
+            )));
+        }
+        if self.lying_owners > n {
+            return Err(SimError::InvalidConfig(format!(
+                "{} lying owners in a world of {n}",
+                self.lying_owners
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The attack names [`attack_by_name`] accepts, with what they forge.
+pub const ATTACKS: &[(&str, &str)] = &[
+    ("signflip", "the negated honest mean"),
+    ("scale", "the honest mean times 1e6"),
+    ("gaussian", "the honest mean plus N(0, 100^2) noise"),
+    ("alie", "a little is enough: mean - z_max * std"),
+    ("ipm", "inner-product manipulation: -0.5 * mean"),
+    ("nan", "every value NaN"),
+    ("inf", "every value +inf"),
+    ("neginf", "every value -inf"),
+    ("mimic", "a copy of rank 0's input"),
+];
+
+/// An [`Attack`] by name (see [`ATTACKS`]), tuned for a world of `n` with `f` Byzantine ranks;
+/// `seed` seeds the random ones.
+///
+/// # Errors
+/// [`SimError::InvalidConfig`] for an unknown name, listing the known ones.
+pub fn attack_by_name(name: &str, n: usize, f: usize, seed: u64) -> Result<Attack, SimError> {
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "signflip" | "sign-flip" => Attack::SignFlip,
+        "scale" => Attack::Scale(1e6),
+        "gaussian" => Attack::Gaussian { sigma: 100.0, seed },
+        "alie" => Attack::Alie { z: None, n, f },
+        "ipm" => Attack::Ipm(0.5),
+        "nan" => Attack::Nan,
+        "inf" => Attack::Inf,
+        "neginf" | "-inf" => Attack::NegInf,
+        "mimic" => Attack::Mimic(0),
+        _ => {
+            return Err(SimError::InvalidConfig(format!(
+                "unknown attack `{name}`; known attacks: {}",
+                ATTACKS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_specs_parse() {
+        assert_eq!(
+            "3".parse::<Crash>().unwrap(),
+            Crash {
+                rank: 3,
+                from_step: 0
+            }
+        );
+        assert_eq!(
+            "3@2".parse::<Crash>().unwrap(),
+            Crash {
+                rank: 3,
+                from_step: 2
+            }
+        );
+        assert!("x".parse::<Crash>().is_err());
+        let s: Stall = "5:250".parse().unwrap();
+        assert_eq!(s.rank, 5);
+        assert!((s.delay - 250e-6).abs() < 1e-15);
+        assert!("5".parse::<Stall>().is_err());
+        assert!("5:-1".parse::<Stall>().is_err());
+        assert_eq!("NaN".parse::<Lie>().unwrap(), Lie::Nan);
+        assert!(attack_by_name("alie", 8, 1, 0).is_ok());
+        let e = attack_by_name("nope", 8, 1, 0).unwrap_err().to_string();
+        assert!(e.contains("signflip, scale"), "{e}");
+    }
+
+    #[test]
+    fn the_last_ranks_are_byzantine() {
+        let a = Adversary {
+            byzantine_inputs: 2,
+            lying_owners: 1,
+            ..Adversary::default()
+        };
+        assert!(!a.forges_input(5, 8));
+        assert!(a.forges_input(6, 8) && a.forges_input(7, 8));
+        assert!(!a.lies_as_owner(6, 8) && a.lies_as_owner(7, 8));
+        assert!(Adversary {
+            byzantine_inputs: 8,
+            ..Adversary::default()
+        }
+        .validate(8)
+        .is_err());
+    }
+}

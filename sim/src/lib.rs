@@ -1,0 +1,477 @@
+//! A deterministic cluster simulator for byzcoll's collective schedules: virtual time, discrete
+//! events, no threads, no sockets, no wall clock.
+//!
+//! It drives the schedules of `byzcoll_runtime::schedule` — gather-mode robust all-reduce
+//! (every rank sends its vector to every other rank), sharded robust all-reduce with `r`
+//! owners per shard, and the ring SUM all-reduce — over a modelled network, at world sizes no
+//! laptop can host as processes. The per-rank logic mirrors the real driver: a step ends when
+//! its receives arrived or its deadline passed; a receive missing at the deadline is an
+//! erasure; robust rules aggregate what arrived in rank order and check their precondition
+//! against it; a shard owner that cannot aggregate sends an empty result; every rank takes the
+//! coordinate-wise `Median::new((v-1)/2)` of the `v` versions of each shard.
+//!
+//! # Two modes
+//! * **Data mode** ([`Scenario::run_data`]): messages carry real `f32` vectors (shared buffers,
+//!   never copied per destination), the real aggregators run, and [`Reference::check`] compares
+//!   every honest rank's result with the gather-mode reference computed directly from all
+//!   inputs.
+//! * **Timing mode** ([`Scenario::run_timing`], [`predict()`]): only sizes travel; it predicts
+//!   completion times for vectors up to gigabytes.
+//!
+//! # The model
+//! * **Network** ([`Network`]): a message of `B` bytes costs `α + B/β`. Each rank has one NIC
+//!   that transmits its messages one after the other at `β_inj` and receives messages one after
+//!   the other at `β_inj`, in order of head arrival (cut-through: a message's reception
+//!   overlaps its transmission, so one message on an idle path takes exactly `α + B/β`). A
+//!   rank transmits a step's sends in the schedule's order rotated to start at its nearest
+//!   successor (pairwise-exchange order), so that `n` ranks sending to everyone do not all
+//!   start with the same receiver.
+//! * **Steps** are bulk-synchronous per rank, as in the driver: a rank starts step `k+1` when
+//!   step `k` has all its receives and its sends have left the NIC, or at step `k`'s deadline,
+//!   plus the local computation charged by [`Compute`]. Messages that reach a rank before it
+//!   posts the matching step wait in its mailbox; messages for a step that has ended are late.
+//! * **Faults** ([`Faults`], [`Adversary`]): message loss and random extra latency, ranks that
+//!   start late or crash, Byzantine inputs forged by an
+//!   [`Attack`](byzcoll_aggregators::attacks::Attack), and shard owners that lie (sign flip,
+//!   NaN, or different garbage to every destination).
+//!
+//! # Limits
+//! The fabric between NICs is ideal (full bisection, no congestion control, no packet loss
+//! other than injected, no switch buffering limits); there is no per-message CPU overhead, no
+//! message header, no flow control (a sender never waits for a receiver), and a NIC serves one
+//! message at a time instead of interleaving flows. Gather and sharded steps post up to
+//! `r·(n-1)` messages per rank where the ring posts one, so without a per-message cost their
+//! small-vector times are optimistic (latency-bound ring steps are not). Local computation is a
+//! throughput, not a cache model. Timing-mode predictions are for the schedules, not for a
+//! particular transport implementation.
+//!
+//! ```
+//! use byzcoll_sim::{Algorithm, DataSet, Network, Preset, Scenario, Verdict};
+//!
+//! let scenario = Scenario::new(16, Network::preset(Preset::Infiniband));
+//! let rule = byzcoll_aggregators::by_name("median", 2).unwrap();
+//! let data = DataSet::generate(&scenario, 100).unwrap();
+//! let reference = data.reference(rule.as_ref());
+//! let run = scenario.run_data(Algorithm::tolerant(16, 2), &data, rule.as_ref()).unwrap();
+//! assert_eq!(reference.check(&run), Ok(Verdict::Exact));
+//! assert!(run.time > 0.0);
+//! ```
+
+mod data;
+mod engine;
+mod faults;
+mod model;
+mod predict;
+mod programs;
+
+use std::fmt;
+use std::sync::Arc;
+
+use byzcoll_aggregators::{AggError, Aggregator, Structure};
+use byzcoll_runtime::{Error, PeerFault, Rank};
+
+pub use data::{DataSet, Mismatch, Reference, Verdict};
+pub use faults::{attack_by_name, Adversary, Crash, Faults, Lie, Stall, ATTACKS};
+pub use model::{Compute, Network, Preset};
+pub use predict::{format_bytes, format_time, predict, prediction_table, sweep_sizes, Prediction};
+
+use data::Plane;
+use programs::{Common, Gather, Ring, Sharded};
+
+/// The largest world data mode runs: buffers are addressed by 32-bit ids, and sharded and ring
+/// runs create about `2n²` of them.
+pub const MAX_DATA_RANKS: usize = 32_768;
+
+/// Why a simulation cannot run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// A parameter is out of range or malformed; the message names it.
+    #[error("invalid simulation: {0}")]
+    InvalidConfig(String),
+    /// The rule's precondition fails for the world size (e.g. `n <= 2f` for the median).
+    #[error(transparent)]
+    Precondition(AggError),
+    /// The algorithm cannot run this rule.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A rank received a message its schedule does not expect: the schedules disagree. A bug in
+    /// byzcoll, never a simulated fault.
+    #[error("schedule mismatch: {0}")]
+    Schedule(String),
+    /// A rank waits for a message that never comes and its step has no deadline
+    /// (`timeout = ∞` with lost messages or crashed peers).
+    #[error("stuck: {0}")]
+    Stuck(String),
+}
+
+/// A collective the simulator runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Gather-mode robust all-reduce: direct all-to-all of whole vectors, then the rule.
+    Gather,
+    /// Sharded robust all-reduce with `replicas` owners per shard.
+    Sharded {
+        /// Owners per shard, `1..=n`.
+        replicas: usize,
+    },
+    /// Ring SUM all-reduce (reduce-scatter then all-gather, `2(n-1)` steps): the non-robust
+    /// baseline.
+    RingSum,
+}
+
+impl Algorithm {
+    /// Sharded mode with `2f + 1` owners per shard (at most `n`): safe with `f` lying owners.
+    pub fn tolerant(n: usize, f: usize) -> Algorithm {
+        Algorithm::Sharded {
+            replicas: (2 * f + 1).min(n.max(1)),
+        }
+    }
+
+    fn seed_salt(&self) -> u64 {
+        match self {
+            Algorithm::Gather => 1,
+            Algorithm::Sharded { replicas } => 2 + ((*replicas as u64) << 8),
+            Algorithm::RingSum => 3,
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Algorithm::Gather => f.write_str("gather"),
+            Algorithm::Sharded { replicas } => write!(f, "sharded r={replicas}"),
+            Algorithm::RingSum => f.write_str("ring SUM"),
+        }
+    }
+}
+
+/// What a rank is in a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Follows the protocol (possibly late); its result is checked.
+    Honest,
+    /// Forges its input or lies as a shard owner.
+    Byzantine,
+    /// Crashes at some step.
+    Crashed,
+}
+
+/// How a rank's part in a run ended.
+#[derive(Debug)]
+pub enum RankResult {
+    /// It completed: its result in data mode, `None` in timing mode.
+    Done(Option<Arc<[f32]>>),
+    /// It failed with the error the real driver would return.
+    Failed(Error),
+    /// It crashed (injected).
+    Crashed,
+}
+
+/// One rank's view of a run.
+#[derive(Debug)]
+pub struct RankOutcome {
+    /// What the rank is.
+    pub role: Role,
+    /// Virtual time at which it finished (completed, failed or crashed), in seconds.
+    pub finish: f64,
+    /// How it ended.
+    pub result: RankResult,
+    /// Peers it treated as erasures (first fault per peer), as in the driver's round report.
+    pub faults: Vec<PeerFault>,
+    /// What it would log as warnings, e.g. an owned shard it could not aggregate.
+    pub warnings: Vec<String>,
+}
+
+/// Counters of one run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Messages posted.
+    pub messages: u64,
+    /// Bytes transmitted.
+    pub bytes: u64,
+    /// Messages lost (injected).
+    pub lost: u64,
+    /// Messages that arrived after their step had ended.
+    pub late: u64,
+    /// Receives missing when their step ended, over all ranks.
+    pub erasures: u64,
+}
+
+/// The result of running one algorithm in a scenario.
+#[derive(Debug)]
+pub struct Run {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Virtual completion time in seconds: when the last honest rank finished.
+    pub time: f64,
+    /// Every rank's outcome, indexed by rank.
+    pub ranks: Vec<RankOutcome>,
+    /// Counters.
+    pub stats: Stats,
+    /// Whether nothing went wrong that could change a result: no forged input, no lying owner
+    /// involved, no erasure, no owner that could not aggregate.
+    pub clean: bool,
+}
+
+impl Run {
+    /// Honest ranks that failed, with their errors.
+    pub fn failures(&self) -> impl Iterator<Item = (Rank, &Error)> + '_ {
+        self.ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.role == Role::Honest)
+            .filter_map(|(r, o)| match &o.result {
+                RankResult::Failed(e) => Some((r, e)),
+                _ => None,
+            })
+    }
+}
+
+/// A simulated cluster: world size, network, computation rates, faults and adversary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// Number of ranks `n`.
+    pub ranks: usize,
+    /// The network.
+    pub network: Network,
+    /// Local computation rates.
+    pub compute: Compute,
+    /// Network and crash faults.
+    pub faults: Faults,
+    /// Byzantine ranks.
+    pub adversary: Adversary,
+    /// Per-step deadline in virtual seconds (the driver's `BYZCOLL_TIMEOUT_MS`; 30 s by
+    /// default); `f64::INFINITY` for none.
+    pub timeout: f64,
+    /// Seed of every random choice: inputs, losses, delays.
+    pub seed: u64,
+}
+
+impl Scenario {
+    /// `ranks` ranks on `network`, free computation, no faults, a 30 s step deadline, seed 0.
+    pub fn new(ranks: usize, network: Network) -> Scenario {
+        Scenario {
+            ranks,
+            network,
+            compute: Compute::default(),
+            faults: Faults::default(),
+            adversary: Adversary::default(),
+            timeout: 30.0,
+            seed: 0,
+        }
+    }
+
+    /// What `rank` is in this scenario.
+    pub fn role(&self, rank: Rank) -> Role {
+        let n = self.ranks;
+        if self.faults.crashed(rank) {
+            Role::Crashed
+        } else if self.adversary.forges_input(rank, n) || self.adversary.lies_as_owner(rank, n) {
+            Role::Byzantine
+        } else {
+            Role::Honest
+        }
+    }
+
+    /// Checks every parameter.
+    ///
+    /// # Errors
+    /// [`SimError::InvalidConfig`] naming the first bad one.
+    pub fn validate(&self) -> Result<(), SimError> {
+        if self.ranks == 0 {
+            return Err(SimError::InvalidConfig(
+                "a world needs at least 1 rank".into(),
+            ));
+        }
+        if self.ranks > u32::MAX as usize / 4 {
+            return Err(SimError::InvalidConfig(format!(
+                "{} ranks is more than the simulator supports",
+                self.ranks
+            )));
+        }
+        self.network.validate()?;
+        self.compute.validate()?;
+        self.faults.validate(self.ranks)?;
+        self.adversary.validate(self.ranks)?;
+        if self.timeout.is_nan() || self.timeout <= 0.0 || self.timeout < self.network.alpha {
+            return Err(SimError::InvalidConfig(format!(
+                "step deadline {} s must be positive and at least the latency alpha = {} s",
+                self.timeout, self.network.alpha
+            )));
+        }
+        if self.timeout.is_infinite() && (self.faults.loss > 0.0 || !self.faults.crashes.is_empty())
+        {
+            return Err(SimError::InvalidConfig(
+                "lost messages and crashed ranks need a finite step deadline, or ranks wait \
+                 forever"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs `algorithm` carrying `data`'s vectors through the real aggregators.
+    ///
+    /// # Errors
+    /// [`SimError::InvalidConfig`] for a bad parameter or data of another world size,
+    /// [`SimError::Precondition`] when `rule`'s precondition fails for the world size,
+    /// [`SimError::Unsupported`] for sharded mode with a rule that is not coordinate-wise.
+    /// Failures of single ranks (too many faults, a lost shard) are in the [`Run`].
+    pub fn run_data(
+        &self,
+        algorithm: Algorithm,
+        data: &DataSet,
+        rule: &dyn Aggregator,
+    ) -> Result<Run, SimError> {
+        if data.ranks() != self.ranks {
+            return Err(SimError::InvalidConfig(format!(
+                "data for {} ranks in a world of {}",
+                data.ranks(),
+                self.ranks
+            )));
+        }
+        if self.ranks > MAX_DATA_RANKS {
+            return Err(SimError::InvalidConfig(format!(
+                "data mode supports up to {MAX_DATA_RANKS} ranks (every message is a stored \
+                 chunk); use timing mode for {}",
+                self.ranks
+            )));
+        }
+        self.run(algorithm, data.d(), Some(rule), Some(Plane::new(data)))
+    }
+
+    /// Runs `algorithm` with vectors of `d` float32 coordinates, carrying sizes only. `rule`,
+    /// when given, decides from the number of arrived inputs whether a rank or shard owner can
+    /// aggregate, as in data mode.
+    ///
+    /// # Errors
+    /// As [`Scenario::run_data`].
+    pub fn run_timing(
+        &self,
+        algorithm: Algorithm,
+        d: usize,
+        rule: Option<&dyn Aggregator>,
+    ) -> Result<Run, SimError> {
+        self.run(algorithm, d, rule, None)
+    }
+
+    fn run(
+        &self,
+        algorithm: Algorithm,
+        d: usize,
+        rule: Option<&dyn Aggregator>,
+        plane: Option<Plane>,
+    ) -> Result<Run, SimError> {
+        self.validate()?;
+        let n = self.ranks;
+        if d == 0 {
+            return Err(SimError::InvalidConfig(
+                "d = 0 coordinates: nothing to reduce".into(),
+            ));
+        }
+        if let Some(rule) = rule {
+            if algorithm != Algorithm::RingSum {
+                rule.check(n).map_err(SimError::Precondition)?;
+            }
+        }
+        if let Algorithm::Sharded { replicas } = algorithm {
+            if replicas == 0 || replicas > n {
+                return Err(SimError::InvalidConfig(format!(
+                    "sharded mode with {replicas} replicas in a world of {n}: need 1 <= r <= n"
+                )));
+            }
+            if let Some(rule) = rule.filter(|r| r.structure() != Structure::CoordinateWise) {
+                return Err(SimError::Unsupported(format!(
+                    "{} needs global statistics, which sharded mode does not compute yet; \
+                     use gather mode for it",
+                    rule.name()
+                )));
+            }
+        }
+        let params = engine::Params {
+            network: &self.network,
+            compute: &self.compute,
+            faults: &self.faults,
+            timeout: self.timeout,
+            seed: mix(self.seed, algorithm.seed_salt()),
+        };
+        let common = Common::new(n, d, rule, plane);
+        let (ends, stats, common) = match algorithm {
+            Algorithm::Gather => {
+                let mut prog = Gather { common };
+                let (ends, stats) = engine::run(&mut prog, n, params)?;
+                (ends, stats, prog.common)
+            }
+            Algorithm::Sharded { replicas } => {
+                let mut prog = Sharded::new(common, replicas, &self.adversary);
+                let (ends, stats) = engine::run(&mut prog, n, params)?;
+                (ends, stats, prog.common)
+            }
+            Algorithm::RingSum => {
+                let mut prog = Ring::new(common);
+                let (ends, stats) = engine::run(&mut prog, n, params)?;
+                prog.finish();
+                (ends, stats, prog.common)
+            }
+        };
+        let lying =
+            matches!(algorithm, Algorithm::Sharded { .. }) && self.adversary.lying_owners > 0;
+        let clean = self.adversary.byzantine_inputs == 0
+            && !lying
+            && stats.erasures == 0
+            && common.faults.iter().all(Vec::is_empty)
+            && common.warnings.iter().all(Vec::is_empty);
+        let Common {
+            plane,
+            faults,
+            warnings,
+            outputs,
+            ..
+        } = common;
+        let ranks: Vec<RankOutcome> = ends
+            .into_iter()
+            .zip(faults.into_iter().zip(warnings))
+            .zip(outputs)
+            .enumerate()
+            .map(|(r, ((end, (faults, warnings)), output))| RankOutcome {
+                role: self.role(r),
+                finish: end.at,
+                result: match end.end {
+                    engine::End::Done => RankResult::Done(
+                        plane
+                            .as_ref()
+                            .zip(output)
+                            .and_then(|(p, id)| p.store.arc(id)),
+                    ),
+                    engine::End::Failed(e) => RankResult::Failed(e),
+                    engine::End::Crashed => RankResult::Crashed,
+                },
+                faults,
+                warnings,
+            })
+            .collect();
+        let honest = ranks.iter().filter(|o| o.role == Role::Honest);
+        let time = honest
+            .map(|o| o.finish)
+            .reduce(f64::max)
+            .or_else(|| ranks.iter().map(|o| o.finish).reduce(f64::max))
+            .unwrap_or(0.0);
+        Ok(Run {
+            algorithm,
+            time,
+            ranks,
+            stats,
+            clean,
+        })
+    }
+}
+
+/// SplitMix64 finalizer of `seed + salt`: independent streams per algorithm.
+fn mix(seed: u64, salt: u64) -> u64 {
+    let mut z = seed.wrapping_add(salt.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

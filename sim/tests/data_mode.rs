@@ -1,0 +1,357 @@
+//! Data mode: sharded and ring runs against the gather-mode reference, with and without faults
+//! and Byzantine ranks.
+
+use byzcoll_aggregators::attacks::Attack;
+use byzcoll_aggregators::{by_name, Aggregator};
+use byzcoll_runtime::schedule::{chunk_range, sharded};
+use byzcoll_runtime::Error;
+use byzcoll_sim::{
+    Adversary, Algorithm, Crash, DataSet, Lie, Network, Preset, RankResult, Role, Run, Scenario,
+    SimError, Stall, Verdict,
+};
+
+const WORLDS: [usize; 6] = [1, 2, 3, 7, 8, 11];
+
+fn scenario(n: usize) -> Scenario {
+    Scenario::new(n, Network::preset(Preset::Infiniband))
+}
+
+/// The largest `f` with `n > 2f`.
+fn max_f(n: usize) -> usize {
+    (n - 1) / 2
+}
+
+fn results(run: &Run) -> Vec<Vec<f32>> {
+    run.ranks
+        .iter()
+        .filter(|o| o.role == Role::Honest)
+        .map(|o| match &o.result {
+            RankResult::Done(Some(v)) => v.to_vec(),
+            other => panic!("{}: {other:?}", run.algorithm),
+        })
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// d < n and d not divisible by n (some shards empty), and d > n not divisible by n.
+fn sizes(n: usize) -> Vec<usize> {
+    let mut d = vec![n.saturating_sub(1).max(1), 3 * n + 2];
+    if n == 1 {
+        d = vec![1, 5];
+    }
+    d
+}
+
+#[test]
+fn honest_sharded_equals_gather_bitwise_for_coordinate_wise_rules() {
+    for n in WORLDS {
+        for d in sizes(n) {
+            let s = scenario(n);
+            let data = DataSet::generate(&s, d).unwrap();
+            for name in ["median", "trimmed-mean", "mean"] {
+                let f = if name == "mean" { 0 } else { max_f(n) };
+                let rule = by_name(name, f).unwrap();
+                let reference = data.reference(rule.as_ref());
+                let want = bits(reference.gather().unwrap());
+                let gather = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
+                assert!(gather.clean);
+                for got in results(&gather) {
+                    assert_eq!(bits(&got), want, "gather n={n} d={d} {name}");
+                }
+                for r in [1, 2 * f + 1] {
+                    let run = s
+                        .run_data(Algorithm::Sharded { replicas: r }, &data, rule.as_ref())
+                        .unwrap();
+                    assert_eq!(
+                        reference.check(&run),
+                        Ok(Verdict::Exact),
+                        "n={n} d={d} r={r}"
+                    );
+                    for got in results(&run) {
+                        assert_eq!(bits(&got), want, "sharded r={r} n={n} d={d} {name}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn ring_sum_equals_the_direct_sum() {
+    for n in WORLDS {
+        for d in sizes(n) {
+            let s = scenario(n);
+            let data = DataSet::generate(&s, d).unwrap();
+            let want: Vec<f32> = (0..d)
+                .map(|j| (0..n).map(|r| data.input(r)[j]).sum())
+                .collect();
+            let rule = by_name("median", 0).unwrap();
+            let run = s
+                .run_data(Algorithm::RingSum, &data, rule.as_ref())
+                .unwrap();
+            assert_eq!(run.stats.messages as usize, 2 * n * (n - 1));
+            for got in results(&run) {
+                assert_eq!(got, want, "n={n} d={d}");
+            }
+            assert_eq!(
+                data.reference(rule.as_ref()).check(&run),
+                Ok(Verdict::Exact)
+            );
+        }
+    }
+}
+
+/// The shards rank `liar` owns.
+fn shards_of(liar: usize, n: usize, r: usize) -> Vec<usize> {
+    sharded::owned(liar, n, r).collect()
+}
+
+#[test]
+fn lying_owners_are_outvoted_with_2f_plus_1_replicas_only() {
+    for lie in [Lie::SignFlip, Lie::Nan, Lie::Equivocate] {
+        for (n, f, k) in [(7, 2, 2), (8, 3, 3), (11, 2, 1), (11, 5, 5)] {
+            let d = 5 * n + 3;
+            let mut s = scenario(n);
+            s.adversary = Adversary {
+                lying_owners: k,
+                lie,
+                ..Adversary::default()
+            };
+            let data = DataSet::generate(&s, d).unwrap();
+            let rule = by_name("median", f).unwrap();
+            let reference = data.reference(rule.as_ref());
+            let want = reference.gather().unwrap().to_vec();
+
+            let tolerant = s
+                .run_data(Algorithm::tolerant(n, f), &data, rule.as_ref())
+                .unwrap();
+            assert!(!tolerant.clean);
+            assert_eq!(
+                reference.check(&tolerant),
+                Ok(Verdict::Exact),
+                "{lie} n={n}"
+            );
+            for got in results(&tolerant) {
+                assert_eq!(bits(&got), bits(&want), "{lie} n={n} f={f} k={k}");
+            }
+
+            let trusting = s
+                .run_data(Algorithm::Sharded { replicas: 1 }, &data, rule.as_ref())
+                .unwrap();
+            if lie != Lie::SignFlip {
+                // A negated median may still lie inside the honest range; NaN and garbage not.
+                assert!(reference.check(&trusting).is_err(), "{lie} n={n}");
+            }
+            let liars: Vec<usize> = (n - k..n).collect();
+            let lied: Vec<usize> = liars.iter().flat_map(|&l| shards_of(l, n, 1)).collect();
+            for o in trusting.ranks.iter().filter(|o| o.role == Role::Honest) {
+                let got = match (&o.result, lie) {
+                    (RankResult::Done(Some(v)), Lie::SignFlip | Lie::Equivocate) => v,
+                    // The driver refuses to return the NaN of a single lying version.
+                    (RankResult::Failed(e), Lie::Nan) => {
+                        assert!(e.to_string().contains("non-finite"), "{e}");
+                        continue;
+                    }
+                    (other, _) => panic!("{lie} n={n}: {other:?}"),
+                };
+                for s in 0..n {
+                    let range = chunk_range(d, n, s);
+                    let same = bits(&got[range.clone()]) == bits(&want[range]);
+                    assert_eq!(same, !lied.contains(&s), "{lie} n={n} shard {s}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn attacks_stay_in_the_honest_range() {
+    let n = 11;
+    let f = 3;
+    for attack in Attack::catalogue(n, f) {
+        let mut s = scenario(n);
+        s.adversary = Adversary {
+            byzantine_inputs: f,
+            attack: attack.clone(),
+            lying_owners: 1,
+            lie: Lie::Equivocate,
+        };
+        let data = DataSet::generate(&s, 40).unwrap();
+        for name in ["median", "trimmed-mean"] {
+            let rule = by_name(name, f).unwrap();
+            let reference = data.reference(rule.as_ref());
+            for alg in [Algorithm::Gather, Algorithm::tolerant(n, f)] {
+                let run = s.run_data(alg, &data, rule.as_ref()).unwrap();
+                let verdict = reference.check(&run);
+                assert!(
+                    matches!(verdict, Ok(Verdict::InHonestRange | Verdict::Exact)),
+                    "{attack:?} {name} {alg}: {verdict:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn loss_and_crashes_within_f_stay_in_the_honest_range() {
+    let n = 11;
+    let f = 3;
+    let mut s = scenario(n);
+    s.faults.crashes = vec![
+        Crash {
+            rank: 4,
+            from_step: 0,
+        },
+        Crash {
+            rank: 9,
+            from_step: 1,
+        },
+    ];
+    s.faults.stalls = vec![Stall {
+        rank: 2,
+        delay: 1e-3,
+    }];
+    s.faults.max_delay = 5e-6;
+    s.timeout = 1e-3;
+    s.seed = 11;
+    let data = DataSet::generate(&s, 50).unwrap();
+    let rule = by_name("median", f).unwrap();
+    let reference = data.reference(rule.as_ref());
+    for alg in [Algorithm::Gather, Algorithm::tolerant(n, f)] {
+        let run = s.run_data(alg, &data, rule.as_ref()).unwrap();
+        assert!(!run.clean);
+        assert!(run.stats.erasures > 0);
+        let verdict = reference.check(&run);
+        assert!(
+            matches!(verdict, Ok(Verdict::InHonestRange | Verdict::Exact)),
+            "{alg}: {verdict:?}"
+        );
+        // The stalled rank started after everyone's deadline: others count it missing.
+        assert!(run.ranks[0].faults.iter().any(|p| p.rank == 2), "{alg}");
+        assert!(run.ranks[0].faults.iter().any(|p| p.rank == 4), "{alg}");
+    }
+    // Ring SUM cannot lose anyone: the crashed rank's successor fails, clearly.
+    let ring = s
+        .run_data(Algorithm::RingSum, &data, rule.as_ref())
+        .unwrap();
+    let failures: Vec<_> = ring.failures().collect();
+    assert!(!failures.is_empty());
+    assert!(matches!(failures[0].1, Error::PeerFaults { .. }));
+
+    // Random loss in a larger world.
+    let mut s = scenario(64);
+    s.faults.loss = 0.002;
+    s.seed = 5;
+    let data = DataSet::generate(&s, 200).unwrap();
+    let reference = data.reference(rule.as_ref());
+    for alg in [Algorithm::Gather, Algorithm::tolerant(64, f)] {
+        let run = s.run_data(alg, &data, rule.as_ref()).unwrap();
+        assert!(run.stats.lost > 0, "{alg}");
+        let verdict = reference.check(&run);
+        assert!(
+            matches!(verdict, Ok(Verdict::InHonestRange | Verdict::Exact)),
+            "{alg}: {verdict:?}"
+        );
+    }
+}
+
+#[test]
+fn too_many_erasures_is_a_clear_error() {
+    // n = 7, f = 3: losing one input breaks n > 2f.
+    let n = 7;
+    let mut s = scenario(n);
+    s.faults.crashes = vec![Crash {
+        rank: 6,
+        from_step: 0,
+    }];
+    let data = DataSet::generate(&s, 20).unwrap();
+    let rule = by_name("median", 3).unwrap();
+    let gather = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
+    let failures: Vec<_> = gather.failures().collect();
+    assert_eq!(failures.len(), n - 1);
+    for (_, e) in &failures {
+        assert!(matches!(e, Error::TooManyFaults { .. }), "{e}");
+        let text = e.to_string();
+        assert!(text.contains("n > 2f") && text.contains("rank 6"), "{text}");
+    }
+    let err = data.reference(rule.as_ref()).check(&gather).unwrap_err();
+    assert!(err.to_string().contains("failed"), "{err}");
+
+    // Sharded: the crashed owner's shards lose their only version with r = 1.
+    let one = by_name("median", 1).unwrap();
+    let run = s
+        .run_data(Algorithm::Sharded { replicas: 1 }, &data, one.as_ref())
+        .unwrap();
+    assert!(run
+        .failures()
+        .all(|(_, e)| matches!(e, Error::ShardLost { shard: 6, .. })));
+    assert_eq!(run.failures().count(), n - 1);
+
+    // And the world-size precondition fails before anything runs.
+    let s = scenario(6);
+    let data = DataSet::generate(&s, 4).unwrap();
+    let err = s
+        .run_data(Algorithm::Gather, &data, rule.as_ref())
+        .unwrap_err();
+    assert!(matches!(err, SimError::Precondition(_)), "{err}");
+}
+
+#[test]
+fn a_thousand_ranks_complete() {
+    // Small d and f = 1 (r = 3) keep this quick in debug builds; `byzcoll simulate --ranks
+    // 1024 --d 4096 --f 3` is the release-mode version.
+    let n = 1024;
+    let f = 1;
+    let s = scenario(n);
+    let data = DataSet::generate(&s, 256).unwrap();
+    let rule: Box<dyn Aggregator> = by_name("median", f).unwrap();
+    let reference = data.reference(rule.as_ref());
+    for alg in [
+        Algorithm::Gather,
+        Algorithm::Sharded { replicas: 1 },
+        Algorithm::tolerant(n, f),
+    ] {
+        let run = s.run_data(alg, &data, rule.as_ref()).unwrap();
+        assert_eq!(reference.check(&run), Ok(Verdict::Exact), "{alg}");
+        assert!(run.time > 0.0);
+        assert!(run.ranks.iter().all(|o| o.faults.is_empty()));
+    }
+}
+
+#[test]
+fn same_seed_same_run() {
+    let run = |seed: u64| {
+        let mut s = scenario(16);
+        s.seed = seed;
+        s.faults.loss = 0.01;
+        s.faults.max_delay = 3e-6;
+        s.timeout = 1e-3;
+        s.adversary.byzantine_inputs = 2;
+        s.adversary.attack = Attack::Gaussian {
+            sigma: 10.0,
+            seed: 1,
+        };
+        let data = DataSet::generate(&s, 33).unwrap();
+        let rule = by_name("median", 3).unwrap();
+        [Algorithm::Gather, Algorithm::tolerant(16, 3)].map(|alg| {
+            let run = s.run_data(alg, &data, rule.as_ref()).unwrap();
+            let outs: Vec<(u64, Option<Vec<u32>>)> = run
+                .ranks
+                .iter()
+                .map(|o| {
+                    let v = match &o.result {
+                        RankResult::Done(Some(v)) => Some(bits(v)),
+                        _ => None,
+                    };
+                    (o.finish.to_bits(), v)
+                })
+                .collect();
+            (run.time.to_bits(), run.stats, outs)
+        })
+    };
+    assert_eq!(run(42), run(42));
+    assert_ne!(run(42), run(43));
+}

@@ -1,0 +1,243 @@
+//! `byzcoll simulate`: data mode checked against the gather-mode reference, timing
+//! predictions, and clear errors.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{byzcoll, run_with_limit, text};
+
+fn simulate(args: &[&str]) -> Output {
+    let mut cmd = Command::new(byzcoll());
+    cmd.arg("simulate").args(args);
+    run_with_limit(&mut cmd, Duration::from_secs(120)).0
+}
+
+/// Runs a simulation that must fail with `code` and one line on stderr holding every needle.
+fn fails(args: &[&str], code: i32, needles: &[&str]) {
+    let out = simulate(args);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{args:?}\n{stdout}\n{stderr}"
+    );
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in\n{stderr}"
+        );
+    }
+    if code == 1 {
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+    }
+}
+
+#[test]
+fn data_mode_matches_the_reference() {
+    let out = simulate(&[
+        "--ranks", "64", "--d", "4096", "--rule", "median", "--f", "3", "--mode", "all", "--check",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    for needle in [
+        "n = 64, d = 4096",
+        "gather",
+        "sharded r=1",
+        "sharded r=7",
+        "ring SUM",
+        "OK: results match the gather-mode reference",
+    ] {
+        assert!(stdout.contains(needle), "{needle:?} not in\n{stdout}");
+    }
+    assert_eq!(stdout.matches("exact").count(), 4, "{stdout}");
+}
+
+#[test]
+fn faults_within_f_still_pass_the_check() {
+    let out = simulate(&[
+        "--ranks",
+        "32",
+        "--d",
+        "300",
+        "--rule",
+        "trimmed-mean",
+        "--f",
+        "3",
+        "--mode",
+        "gather",
+        "--byzantine",
+        "2",
+        "--attack",
+        "alie",
+        "--crash",
+        "5",
+        "--stall",
+        "7:10",
+        "--loss",
+        "0.001",
+        "--delay-us",
+        "3",
+        "--timeout-ms",
+        "1",
+        "--seed",
+        "9",
+        "--check",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("in honest range"), "{stdout}");
+    assert!(stdout.contains("OK: results match"), "{stdout}");
+}
+
+#[test]
+fn lying_owners_beat_one_replica_but_not_2f_plus_1() {
+    let out = simulate(&[
+        "--ranks",
+        "11",
+        "--d",
+        "100",
+        "--rule",
+        "median",
+        "--f",
+        "2",
+        "--mode",
+        "sharded",
+        "--lying-owners",
+        "2",
+        "--lie",
+        "equivocate",
+        "--check",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let line = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} line in\n{stdout}"))
+            .to_string()
+    };
+    assert!(line("sharded r=1").ends_with("FAILED"), "{stdout}");
+    assert!(line("sharded r=5").ends_with("exact"), "{stdout}");
+    assert!(
+        stderr.contains("FAIL: sharded r=1: rank") && stderr.contains("outside the honest range"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("OK:"), "{stdout}");
+}
+
+#[test]
+fn predict_prints_the_table() {
+    let out = simulate(&[
+        "--predict",
+        "--preset",
+        "infiniband",
+        "--ranks",
+        "64",
+        "--f",
+        "3",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].contains("infiniband") && lines[0].contains("200 Gb/s"),
+        "{stdout}"
+    );
+    for col in ["network", "n", "bytes", "algorithm", "time", "vs ring"] {
+        assert!(lines[1].contains(col), "{}", lines[1]);
+    }
+    // 1 MiB to 1 GiB by 4: six sizes, four algorithms each.
+    assert_eq!(lines.len(), 2 + 6 * 4, "{stdout}");
+    for size in ["1 MiB", "4 MiB", "16 MiB", "64 MiB", "256 MiB", "1 GiB"] {
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l.contains(&format!(" {size} ")))
+                .count(),
+            4,
+            "{size}\n{stdout}"
+        );
+    }
+    for l in lines.iter().filter(|l| l.contains("ring SUM")) {
+        assert!(l.ends_with("1.00x"), "{l}");
+    }
+    assert!(lines.iter().any(|l| l.contains("sharded r=7")), "{stdout}");
+}
+
+#[test]
+fn bad_arguments_are_clap_errors() {
+    fails(&["--ranks", "8", "--d", "16"], 2, &["--rule"]);
+    fails(
+        &["--ranks", "8", "--rule", "median", "--loss", "1.5"],
+        2,
+        &["--loss", "probability"],
+    );
+    fails(
+        &["--ranks", "8", "--rule", "median", "--attack", "nope"],
+        2,
+        &["signflip"],
+    );
+    fails(
+        &["--ranks", "8", "--rule", "median", "--stall", "3"],
+        2,
+        &["RANK:MICROSECONDS"],
+    );
+    fails(&["--ranks", "0", "--rule", "median"], 2, &["--ranks"]);
+    fails(
+        &["--predict", "--ranks", "64", "--loss", "0.1"],
+        2,
+        &["--loss", "--predict"],
+    );
+    fails(
+        &["--ranks", "8", "--rule", "median", "--preset", "ethernet"],
+        2,
+        &["infiniband"],
+    );
+}
+
+#[test]
+fn semantic_errors_exit_1_with_one_line() {
+    fails(
+        &["--ranks", "6", "--rule", "median", "--f", "3"],
+        1,
+        &["byzcoll simulate:", "n > 2f", "n = 6, f = 3"],
+    );
+    fails(
+        &["--ranks", "8", "--rule", "average"],
+        1,
+        &["unknown rule `average`"],
+    );
+    fails(
+        &["--ranks", "8", "--rule", "median", "--crash", "9"],
+        1,
+        &["crashed rank 9 does not exist"],
+    );
+    fails(
+        &["--predict", "--ranks", "4", "--f", "3"],
+        1,
+        &["2f+1 = 7", "n = 4"],
+    );
+}
+
+#[test]
+fn too_many_faults_fail_clearly() {
+    // n = 7, f = 3: one crashed rank leaves 6 inputs, and 6 > 2·3 does not hold.
+    let out = simulate(&[
+        "--ranks", "7", "--d", "64", "--rule", "median", "--f", "3", "--mode", "gather", "--crash",
+        "6", "--check",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("FAILED"), "{stdout}");
+    assert!(
+        stderr.contains("FAIL: gather: rank 0: failed: median needs n > 2f but has n = 6, f = 3")
+            && stderr.contains("rank 6: missing at deadline"),
+        "{stderr}"
+    );
+}
