@@ -10,7 +10,8 @@ use rayon::prelude::*;
 use crate::coordinate::precondition;
 use crate::distance::finite_inputs;
 use crate::{
-    check_lengths, AggError, AggReport, Aggregator, Element, Inputs, Median, Output, Structure,
+    check_lengths, AggError, AggReport, Aggregator, DistanceIteration, Element, Inputs, Median,
+    Output, Structure,
 };
 
 const BLOCK: usize = 4096;
@@ -23,7 +24,15 @@ fn median_start<T: Element>(inputs: &[&[T]]) -> Result<Vec<f64>, AggError> {
 }
 
 /// `‖x - z‖` for each input (`+inf` for non-finite inputs).
-fn distances_to<T: Element>(inputs: &[&[T]], finite: &[bool], z: &[f64]) -> Vec<f64> {
+pub fn distances_to<T: Element>(inputs: &[&[T]], finite: &[bool], z: &[f64]) -> Vec<f64> {
+    sq_distances_to(inputs, finite, z)
+        .into_iter()
+        .map(f64::sqrt)
+        .collect()
+}
+
+/// `‖x - z‖²` for each input (`+inf` for non-finite inputs), each summed in coordinate order.
+pub fn sq_distances_to<T: Element>(inputs: &[&[T]], finite: &[bool], z: &[f64]) -> Vec<f64> {
     inputs
         .par_iter()
         .zip(finite)
@@ -38,7 +47,6 @@ fn distances_to<T: Element>(inputs: &[&[T]], finite: &[bool], z: &[f64]) -> Vec<
                     d * d
                 })
                 .sum::<f64>()
-                .sqrt()
         })
         .collect()
 }
@@ -92,6 +100,43 @@ fn check_non_finite(rule: &str, f: usize, finite: &[bool]) -> Result<(), AggErro
     }
 }
 
+/// Runs a [`DistanceIteration`] from the coordinate-wise median over whole vectors.
+fn iterate<T: Element>(
+    rule: &dyn DistanceIteration,
+    name: &str,
+    f: usize,
+    inputs: &[&[T]],
+    out: &mut [T],
+) -> Result<AggReport, AggError> {
+    let finite = finite_inputs(inputs);
+    check_non_finite(name, f, &finite)?;
+    let mut z = median_start(inputs)?;
+    let mut next = vec![0.0f64; z.len()];
+    for _ in 0..rule.max_steps() {
+        let (a, w) = rule.coefficients(&distances_to(inputs, &finite, &z));
+        step_into(inputs, a, &w, &z, &mut next);
+        let change = norm(next.iter().zip(&z).map(|(p, q)| p - q));
+        let size = norm(z.iter().copied());
+        std::mem::swap(&mut z, &mut next);
+        if rule
+            .tolerance()
+            .is_some_and(|tol| change <= tol * size.max(f64::MIN_POSITIVE))
+        {
+            break;
+        }
+    }
+    write_out(name, f, &z, out)?;
+    Ok(AggReport::default())
+}
+
+/// `next = a·z + Σ_i w_i·x_i`, inputs with zero weight skipped, in index order.
+pub fn step_into<T: Element>(inputs: &[&[T]], a: f64, w: &[f64], z: &[f64], next: &mut [f64]) {
+    weighted_sum(inputs, w, next);
+    if a != 0.0 {
+        next.par_iter_mut().zip(z).for_each(|(n, z)| *n += a * z);
+    }
+}
+
 /// Geometric median by smoothed Weiszfeld iterations (Pillutla et al., RFA): `ν = 1e-6`, at
 /// most 100 iterations, stopping when the relative change is below `1e-7`, starting from the
 /// coordinate-wise median. Requires `n > 2f`.
@@ -116,33 +161,32 @@ impl GeometricMedian {
     fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let finite = finite_inputs(inputs);
-        check_non_finite(self.name(), self.f, &finite)?;
-        let mut z = median_start(inputs)?;
-        let mut next = vec![0.0f64; z.len()];
-        for _ in 0..Self::MAX_ITERATIONS {
-            let weights: Vec<f64> = distances_to(inputs, &finite, &z)
-                .into_iter()
-                .map(|d| {
-                    if d.is_finite() {
-                        1.0 / d.max(Self::NU)
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            let total: f64 = weights.iter().sum();
-            weighted_sum(inputs, &weights, &mut next);
-            next.par_iter_mut().for_each(|v| *v /= total);
-            let change = norm(next.iter().zip(&z).map(|(a, b)| a - b));
-            let size = norm(z.iter().copied());
-            std::mem::swap(&mut z, &mut next);
-            if change <= Self::TOLERANCE * size.max(f64::MIN_POSITIVE) {
-                break;
-            }
-        }
-        write_out(self.name(), self.f, &z, out)?;
-        Ok(AggReport::default())
+        iterate(self, self.name(), self.f, inputs, out)
+    }
+}
+
+impl DistanceIteration for GeometricMedian {
+    fn max_steps(&self) -> usize {
+        Self::MAX_ITERATIONS
+    }
+
+    fn tolerance(&self) -> Option<f64> {
+        Some(Self::TOLERANCE)
+    }
+
+    fn coefficients(&self, distances: &[f64]) -> (f64, Vec<f64>) {
+        let raw: Vec<f64> = distances
+            .iter()
+            .map(|&d| {
+                if d.is_finite() {
+                    1.0 / d.max(Self::NU)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let total: f64 = raw.iter().sum();
+        (0.0, raw.into_iter().map(|w| w / total).collect())
     }
 }
 
@@ -158,6 +202,9 @@ impl Aggregator for GeometricMedian {
     }
     fn structure(&self) -> Structure {
         Structure::Global
+    }
+    fn distance_iteration(&self) -> Option<&dyn DistanceIteration> {
+        Some(self)
     }
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
         crate::dispatch!(self, inputs, out)
@@ -194,33 +241,35 @@ impl CenteredClipping {
     fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let finite = finite_inputs(inputs);
-        check_non_finite(self.name(), self.f, &finite)?;
-        let n = inputs.len() as f64;
-        let mut v = median_start(inputs)?;
-        let mut step = vec![0.0f64; v.len()];
-        for _ in 0..self.iterations {
-            let weights: Vec<f64> = distances_to(inputs, &finite, &v)
-                .into_iter()
-                .map(|d| {
-                    if !d.is_finite() {
-                        0.0
-                    } else if d <= self.tau {
-                        1.0 / n
-                    } else {
-                        self.tau / d / n
-                    }
-                })
-                .collect();
-            // Σ w_i (x_i - v) = Σ w_i x_i - (Σ w_i) v
-            let total: f64 = weights.iter().sum();
-            weighted_sum(inputs, &weights, &mut step);
-            v.par_iter_mut()
-                .zip(&step)
-                .for_each(|(x, s)| *x += s - total * *x);
-        }
-        write_out(self.name(), self.f, &v, out)?;
-        Ok(AggReport::default())
+        iterate(self, self.name(), self.f, inputs, out)
+    }
+}
+
+impl DistanceIteration for CenteredClipping {
+    fn max_steps(&self) -> usize {
+        self.iterations
+    }
+
+    fn tolerance(&self) -> Option<f64> {
+        None
+    }
+
+    fn coefficients(&self, distances: &[f64]) -> (f64, Vec<f64>) {
+        // v + Σ c_i (x_i − v) = (1 − Σ c_i)·v + Σ c_i·x_i, with c_i = min(1, τ/d_i) / n.
+        let n = distances.len() as f64;
+        let c: Vec<f64> = distances
+            .iter()
+            .map(|&d| {
+                if !d.is_finite() {
+                    0.0
+                } else if d <= self.tau {
+                    1.0 / n
+                } else {
+                    self.tau / d / n
+                }
+            })
+            .collect();
+        (1.0 - c.iter().sum::<f64>(), c)
     }
 }
 
@@ -236,6 +285,9 @@ impl Aggregator for CenteredClipping {
     }
     fn structure(&self) -> Structure {
         Structure::Global
+    }
+    fn distance_iteration(&self) -> Option<&dyn DistanceIteration> {
+        Some(self)
     }
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
         crate::dispatch!(self, inputs, out)

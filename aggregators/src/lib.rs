@@ -56,6 +56,11 @@ use std::fmt;
 pub use coordinate::{Mean, Median, TrimmedMean};
 pub use element::{DType, Element};
 pub use geometric::{CenteredClipping, GeometricMedian};
+
+/// Building blocks of [`DistanceIteration`] rules, for schedules that run them on shards.
+pub mod iteration {
+    pub use crate::geometric::{distances_to, sq_distances_to, step_into};
+}
 pub use krum::{Bulyan, Krum, MultiKrum};
 pub use nnm::Nnm;
 
@@ -229,6 +234,29 @@ pub trait Aggregator: Send + Sync + fmt::Debug {
     fn distance_selection(&self) -> Option<&dyn DistanceSelection> {
         None
     }
+
+    /// For rules that move an estimate by steps whose coefficients depend only on the
+    /// distances from each input to the estimate (geometric median, centered clipping): that
+    /// decomposition, which lets a sharded schedule run the steps on shards. `None` for others.
+    fn distance_iteration(&self) -> Option<&dyn DistanceIteration> {
+        None
+    }
+}
+
+/// A rule that starts from the coordinate-wise median `z` and repeats
+/// `z ← a·z + Σ_i w_i·x_i`, where `(a, w)` depend only on the distances `‖x_i − z‖`.
+/// Every step is coordinate-wise once the distances are known, so shards can take it
+/// independently after exchanging their partial squared distances.
+pub trait DistanceIteration: Send + Sync {
+    /// Most steps taken.
+    fn max_steps(&self) -> usize;
+
+    /// Stop once a step moved `z` by at most this fraction of `‖z‖` (`None`: take every step).
+    fn tolerance(&self) -> Option<f64>;
+
+    /// The step's coefficients `(a, w)` from the distances (`+inf` for inputs that hold
+    /// non-finite values or are missing: they must get weight zero).
+    fn coefficients(&self, distances: &[f64]) -> (f64, Vec<f64>);
 }
 
 /// A rule split into a selection made from the `n × n` table of pairwise squared distances

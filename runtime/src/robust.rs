@@ -191,15 +191,19 @@ impl Communicator {
         let tamper = self.owner_tamper.clone();
         let mut seq = self.begin();
         rule.check(n)?;
-        let selection = match rule.structure() {
-            Structure::CoordinateWise => None,
-            Structure::Global => Some(rule.distance_selection().ok_or_else(|| {
-                Error::Unsupported(format!(
-                    "{} needs statistics that sharded mode does not combine yet (only \
-                     distance tables, for the Krum family); use Policy::Gather for it",
-                    rule.name()
-                ))
-            })?),
+        let statistics = match rule.structure() {
+            Structure::CoordinateWise => Statistics::None,
+            Structure::Global => match (rule.distance_selection(), rule.distance_iteration()) {
+                (Some(s), _) => Statistics::Select(s),
+                (None, Some(i)) => Statistics::Iterate(i),
+                (None, None) => {
+                    return Err(Error::Unsupported(format!(
+                        "{} needs statistics that sharded mode does not combine (it combines \
+                         distance tables and distance iterations); use Policy::Gather for it",
+                        rule.name()
+                    )))
+                }
+            },
         };
         let r = match replicas {
             Replicas::Tolerant => (2 * f + 1).min(n),
@@ -292,8 +296,8 @@ impl Communicator {
                 }
             }
         }
-        let results: Vec<(usize, Bytes)> = match selection {
-            None => sharded::owned(me, n, r)
+        let results: Vec<(usize, Bytes)> = match statistics {
+            Statistics::None => sharded::owned(me, n, r)
                 .map(|s| {
                     let inputs: Vec<Cow<'_, [T]>> = shard_inputs(s).into_iter().flatten().collect();
                     let ranks: Vec<Rank> = (0..n)
@@ -312,7 +316,131 @@ impl Communicator {
                     (s, result)
                 })
                 .collect(),
-            Some(selection) => {
+            Statistics::Iterate(iteration) => {
+                // One statistic round per step: owners exchange, per owned shard, the partial
+                // squared distances from each input to the estimate plus the partial squared
+                // change and size of the previous step; every rank combines them (median over
+                // versions, sum over shards) and derives the same coefficients; owners step
+                // their shards of the estimate.
+                let owned: Vec<usize> = sharded::owned(me, n, r).collect();
+                let finite_of = |inputs: &[Option<Cow<'_, [T]>>]| -> Vec<bool> {
+                    inputs
+                        .iter()
+                        .map(|x| x.as_ref().is_some_and(|v| v.iter().all(|e| e.is_finite())))
+                        .collect()
+                };
+                let mut z: Vec<Vec<f64>> = Vec::with_capacity(owned.len());
+                for &s in &owned {
+                    let present: Vec<Cow<'_, [T]>> = shard_inputs(s).into_iter().flatten().collect();
+                    let refs: Vec<&[T]> = present.iter().map(|v| v.as_ref()).collect();
+                    let mut m = vec![T::zeroed(); shard(s).len()];
+                    aggregate_into(&Median::new((refs.len() - 1) / 2), &refs, &mut m)
+                        .map_err(Error::Aggregation)?;
+                    z.push(m.iter().map(|v| v.to_f64()).collect());
+                }
+                let mut moved = vec![(0.0f64, 0.0f64); owned.len()];
+                let stats_len = (n + 2) * std::mem::size_of::<f64>();
+                for k in 0..=iteration.max_steps() {
+                    let partials: Vec<(usize, Bytes)> = owned
+                        .iter()
+                        .zip(&z)
+                        .zip(&moved)
+                        .map(|((&s, zs), &(change, size))| {
+                            let inputs = shard_inputs(s);
+                            let own = &buf[shard(s)];
+                            let views: Vec<&[T]> = inputs
+                                .iter()
+                                .map(|x| x.as_ref().map_or(own, |v| v.as_ref()))
+                                .collect();
+                            let mut stats = byzcoll_aggregators::iteration::sq_distances_to(
+                                &views,
+                                &finite_of(&inputs),
+                                zs,
+                            );
+                            stats.extend([change, size]);
+                            (s, to_bytes(&stats))
+                        })
+                        .collect();
+                    let sends = sharded::result_sends(me, n, r)
+                        .into_iter()
+                        .filter_map(|(q, s)| {
+                            let t = partials.iter().find(|(u, _)| *u == s)?;
+                            Some(SendOp { peer: q, tag: s as u32, payload: Payload::Host(t.1.clone()) })
+                        })
+                        .collect();
+                    let plan = sharded::result_recvs(me, n, r);
+                    let recvs = plan
+                        .iter()
+                        .map(|&(o, s)| RecvOp { peer: o, tag: s as u32, len: stats_len })
+                        .collect();
+                    let outcomes = seq.run(sends, recvs).await?;
+                    let mut versions: Vec<Vec<Payload>> = vec![Vec::new(); n];
+                    for (s, t) in &partials {
+                        versions[*s].push(Payload::Host(t.clone()));
+                    }
+                    for (&(o, s), outcome) in plan.iter().zip(outcomes) {
+                        match outcome {
+                            RecvOutcome::Received(payload) => versions[s].push(payload),
+                            other => report.add_fault(fault(o, other)),
+                        }
+                    }
+                    let mut total = vec![0.0f64; n + 2];
+                    let mut part = vec![0.0f64; n + 2];
+                    for (s, vs) in versions.iter().enumerate() {
+                        if vs.is_empty() {
+                            return Err(Error::ShardLost {
+                                shard: s,
+                                owners: sharded::owners(s, n, r).collect(),
+                                faults: report.faults,
+                            });
+                        }
+                        let views: Vec<Cow<'_, [f64]>> = vs.iter().map(cast_payload::<f64>).collect();
+                        let refs: Vec<&[f64]> = views.iter().map(|v| v.as_ref()).collect();
+                        combine_versions(&refs, &mut part);
+                        for (t, p) in total.iter_mut().zip(&part) {
+                            *t += p;
+                        }
+                    }
+                    let (change, size) = (total[n].sqrt(), total[n + 1].sqrt());
+                    let converged = k > 0
+                        && iteration
+                            .tolerance()
+                            .is_some_and(|tol| change <= tol * size.max(f64::MIN_POSITIVE));
+                    if converged || k == iteration.max_steps() {
+                        break;
+                    }
+                    let distances: Vec<f64> = total[..n].iter().map(|d| d.sqrt()).collect();
+                    let (a, w) = iteration.coefficients(&distances);
+                    for (i, &s) in owned.iter().enumerate() {
+                        let inputs = shard_inputs(s);
+                        let own = &buf[shard(s)];
+                        let views: Vec<&[T]> = inputs
+                            .iter()
+                            .map(|x| x.as_ref().map_or(own, |v| v.as_ref()))
+                            .collect();
+                        let mut next = vec![0.0f64; z[i].len()];
+                        byzcoll_aggregators::iteration::step_into(&views, a, &w, &z[i], &mut next);
+                        let change: f64 = next.iter().zip(&z[i]).map(|(p, q)| (p - q) * (p - q)).sum();
+                        let size: f64 = z[i].iter().map(|q| q * q).sum();
+                        moved[i] = (change, size);
+                        z[i] = next;
+                    }
+                }
+                owned
+                    .iter()
+                    .zip(&z)
+                    .map(|(&s, zs)| {
+                        let out: Vec<T> = zs.iter().map(|&v| T::from_f64(v)).collect();
+                        if out.iter().all(|v| v.is_finite()) {
+                            (s, to_bytes(&out))
+                        } else {
+                            tracing::warn!(shard = s, "the estimate is not finite; sending no result");
+                            (s, Bytes::new())
+                        }
+                    })
+                    .collect()
+            }
+            Statistics::Select(selection) => {
                 // Statistic round: owners exchange the distance tables of their shards; every
                 // rank sums the shard-wise medians of the versions and selects from the total.
                 let tables: Vec<(usize, Bytes)> = sharded::owned(me, n, r)
@@ -491,6 +619,16 @@ impl Communicator {
         }
         Ok(report)
     }
+}
+
+/// What a global rule needs exchanged in sharded mode.
+enum Statistics<'a> {
+    /// Nothing: the rule is coordinate-wise.
+    None,
+    /// One table of pairwise distances, then a selection.
+    Select(&'a dyn byzcoll_aggregators::DistanceSelection),
+    /// Per-input distances to an estimate, once per step.
+    Iterate(&'a dyn byzcoll_aggregators::DistanceIteration),
 }
 
 /// The element-wise median of the owners' versions of a table (`+inf` entries are ordered as
