@@ -39,6 +39,7 @@ pub use byzcoll_runtime::{
 
 /// The transports, re-exported.
 pub mod transports {
+    pub use byzcoll_transport_libfabric as libfabric;
     pub use byzcoll_transport_local as local;
     pub use byzcoll_transport_tcp as tcp;
     pub use byzcoll_transport_ucx as ucx;
@@ -82,8 +83,12 @@ pub const TRANSPORTS: &[TransportInfo] = &[
     },
     TransportInfo {
         name: "libfabric",
-        available: false,
-        about: "not in this build: the libfabric transport has not been written yet",
+        available: byzcoll_transport_libfabric::AVAILABLE,
+        about: if byzcoll_transport_libfabric::AVAILABLE {
+            "libfabric RDM tagged messaging; FI_PROVIDER chooses the provider (tcp;ofi_rxm, shm, verbs, cxi)"
+        } else {
+            LIBFABRIC_MISSING
+        },
     },
     TransportInfo {
         name: "nccl",
@@ -149,6 +154,7 @@ pub async fn init() -> Result<Communicator> {
     );
     match info.name {
         "ucx" => connect_ucx(&env, config).await,
+        "libfabric" => connect_libfabric(&env, config).await,
         _ => connect_tcp(&env, config, ip).await,
     }
 }
@@ -227,6 +233,33 @@ async fn connect_ucx(_env: &LaunchEnv, _config: Config) -> Result<Communicator> 
         "BYZCOLL_TRANSPORT=ucx: {UCX_MISSING}"
     )))
 }
+
+#[cfg(feature = "libfabric")]
+async fn connect_libfabric(env: &LaunchEnv, config: Config) -> Result<Communicator> {
+    use byzcoll_transport_libfabric::{LibfabricOptions, LibfabricTransport};
+    let timeout = config.step_timeout.max(Duration::from_secs(60));
+    let Some((store, server)) = rendezvous(env, timeout).await? else {
+        let mut world = LibfabricTransport::local_world(1, LibfabricOptions::default())?;
+        let t = world
+            .pop()
+            .ok_or_else(|| Error::Unsupported("empty libfabric world".into()))?;
+        return Ok(Communicator::new(Box::new(t), config));
+    };
+    let t = LibfabricTransport::from_store(&store, env.rank, env.size, LibfabricOptions::default())
+        .await?;
+    tracing::info!(provider = t.provider(), "libfabric transport connected");
+    Ok(communicator(Box::new(t), config, server))
+}
+
+#[cfg(not(feature = "libfabric"))]
+async fn connect_libfabric(_env: &LaunchEnv, _config: Config) -> Result<Communicator> {
+    Err(Error::Unsupported(format!(
+        "BYZCOLL_TRANSPORT=libfabric: {LIBFABRIC_MISSING}"
+    )))
+}
+
+const LIBFABRIC_MISSING: &str = "not in this build: rebuild with `--features libfabric` (needs \
+                                 libfabric-dev, pkg-config and libclang-dev)";
 
 const UCX_MISSING: &str = "not in this build: rebuild with `--features ucx` (needs libucx-dev, \
                            pkg-config and libclang-dev)";

@@ -287,7 +287,30 @@ fn info() {
         Err(e) => println!("  step timeout invalid: {e}"),
     }
     ucx_info();
+    libfabric_info();
 }
+
+#[cfg(feature = "libfabric")]
+#[allow(clippy::print_stdout)]
+fn libfabric_info() {
+    println!();
+    let providers = byzcoll::transports::libfabric::providers();
+    println!(
+        "libfabric: providers with RDM tagged messaging: {}",
+        if providers.is_empty() {
+            "(none)".to_string()
+        } else {
+            providers.join(", ")
+        }
+    );
+    match std::env::var("FI_PROVIDER") {
+        Ok(p) => println!("  FI_PROVIDER={p}"),
+        Err(_) => println!("  (FI_PROVIDER unset: libfabric picks the first provider that fits)"),
+    }
+}
+
+#[cfg(not(feature = "libfabric"))]
+fn libfabric_info() {}
 
 #[cfg(feature = "ucx")]
 #[allow(clippy::print_stdout)]

@@ -132,13 +132,13 @@ fn an_unavailable_transport_is_an_error_not_a_fallback() {
         Command::new(byzcoll())
             .args(["launch", "-n", "2", "--"])
             .arg(example("tcp_allreduce"))
-            .env("BYZCOLL_TRANSPORT", "libfabric"),
+            .env("BYZCOLL_TRANSPORT", "nccl"),
         Duration::from_secs(30),
     );
     let (_, stderr) = text(&out);
     assert_ne!(out.status.code(), Some(0));
     assert!(
-        stderr.contains("BYZCOLL_TRANSPORT=libfabric: not in this build"),
+        stderr.contains("BYZCOLL_TRANSPORT=nccl: not in this build"),
         "{stderr}"
     );
 }
@@ -178,7 +178,7 @@ fn info_lists_transports_rules_and_the_selection() {
     assert!(out.status.success());
     for needle in [
         "tcp        yes",
-        "libfabric  no",
+        "nccl       no",
         "median",
         "trimmed-mean",
         "launcher     torchrun",

@@ -1,0 +1,1130 @@
+//! The libfabric transport: a progress thread owns the endpoint (and with it the domain, the
+//! completion queue and the address vector); tokio tasks talk to it through a bounded command
+//! queue and the shared [`Mailbox`].
+//!
+//! See [`LibfabricTransport`] for the message format, the progress thread and failures.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use byzcoll_libfabric_sys as sys;
+use byzcoll_runtime::bootstrap::StoreClient;
+use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
+use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
+use byzcoll_runtime::{
+    Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
+};
+use futures::future::BoxFuture;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::safe::{
+    self, Completion, Domain, Endpoint, Fabric, FabricError, Info, MemoryRegion, Post,
+};
+
+const KIND_HEADER: u64 = 1;
+const KIND_PAYLOAD: u64 = 2;
+const SEQ_BITS: u32 = 36;
+const SENDER_SHIFT: u32 = SEQ_BITS + 2;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+/// Tag bits the layout uses: a provider must match at least this many.
+const TAG_BITS: u32 = SENDER_SHIFT + 24;
+/// Largest world the tag layout can address.
+pub const MAX_RANKS: usize = 1 << 24;
+/// Longest the progress thread parks when idle.
+pub const MAX_PARK: Duration = Duration::from_micros(500);
+/// How long the thread keeps spinning after the last activity.
+const SPIN: Duration = Duration::from_micros(50);
+/// Commands queued before senders wait.
+const COMMAND_QUEUE: usize = 1024;
+/// Entries of the completion queue.
+const CQ_SIZE: usize = 4096;
+/// Completions handled per pass of the progress loop.
+const COMPLETIONS_PER_PASS: usize = 256;
+/// Largest payload message: a longer payload travels as several, so a receive never needs a
+/// buffer sized by the sender, and a payload that is not wanted is drained into a fixed
+/// scratch buffer without truncation.
+pub const FRAGMENT: usize = 4 << 20;
+/// Fragment receives in flight per peer.
+const WINDOW: usize = 4;
+
+fn tag(sender: Rank, kind: u64, seq: u64) -> u64 {
+    ((sender as u64) << SENDER_SHIFT) | (kind << SEQ_BITS) | (seq & SEQ_MASK)
+}
+
+/// Settings of the libfabric transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibfabricOptions {
+    /// Largest message accepted or sent (payloads travel in fragments of at most
+    /// [`FRAGMENT`] bytes, so the provider's own `max_msg_size` does not limit it).
+    pub max_message_bytes: u64,
+    /// Register every buffer with the domain even when the provider does not ask for it
+    /// (`FI_MR_LOCAL`). Registration costs a system call or two per message; this exists to
+    /// exercise the registration path on providers that do not need it.
+    pub always_register: bool,
+}
+
+impl Default for LibfabricOptions {
+    fn default() -> Self {
+        LibfabricOptions {
+            max_message_bytes: 1 << 40,
+            always_register: false,
+        }
+    }
+}
+
+enum Command {
+    Send {
+        peer: Rank,
+        key: MsgKey,
+        payload: Bytes,
+        done: oneshot::Sender<Result<(), String>>,
+    },
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Send {
+                peer, key, payload, ..
+            } => f
+                .debug_struct("Send")
+                .field("peer", peer)
+                .field("key", key)
+                .field("len", &payload.len())
+                .finish(),
+        }
+    }
+}
+
+/// Endpoints that are closed together when the last transport holding this goes.
+type Keeper = Arc<Mutex<Vec<Endpoint>>>;
+
+/// The libfabric transport: a progress thread owns the endpoint (and with it the domain, the
+/// completion queue and the address vector); tokio tasks talk to it through a bounded command
+/// queue and the shared [`Mailbox`].
+///
+/// # Messages
+/// Every message is a 32-byte [`FrameHeader`] (tag kind `HEADER`) followed by its payload in
+/// fragments of at most [`FRAGMENT`] bytes (kind `PAYLOAD`; none for an empty payload), all
+/// tagged messages on a reliable datagram endpoint carrying the same per-pair sequence number:
+///
+/// ```text
+/// tag = 0 (2 bits) | sender (24 bits) | kind (2 bits) | sequence (36 bits)
+/// ```
+///
+/// The progress thread keeps one header receive posted per peer, for the exact tag of the next
+/// header in that peer's sequence, restricted to the peer's address where the provider
+/// supports `FI_DIRECTED_RECV`, into a fixed 32-byte buffer (a longer message completes with
+/// `FI_ETRUNC` and closes the peer). It checks the header (sender, length limit) and claims
+/// the matching receive in the mailbox. Only then does it receive the payload: into a buffer
+/// of the exact length the receiver expects, or, for a header of another length or for a
+/// retired step, fragment by fragment into a fixed scratch buffer that is never read. At most
+/// a few fragment receives per peer are posted at a time, each for the exact fragment length
+/// the header implies, so no allocation is ever sized by a peer's number, and an honest
+/// peer's message is never truncated. A fragment of another length is a protocol violation:
+/// the receive is `Malformed` and the peer is closed.
+///
+/// Why not one payload message drained with a zero-length receive, as the UCX transport does
+/// after probing? libfabric 1.17 (Debian 12) mishandles it: `ofi_rxm` loses its way on
+/// truncated segmented and rendezvous messages (`FI_ETRUNC` on a payload over 16 KiB leaves
+/// the next messages of that peer unmatched), and `shm` matches unexpected messages with a
+/// stale ignore mask, so receives with an ignore mask may miss messages that already arrived.
+/// Exact tags and fragments that always fit avoid both.
+///
+/// # Progress
+/// The thread polls the completion queue (`fi_cq_read`, which also drives providers with
+/// manual progress), spins briefly after activity and then parks for short, growing intervals
+/// (at most [`MAX_PARK`]); new commands and newly posted receives unpark it at once. Each
+/// operation's context pointer is the address of an `fi_context2` that the operation owns (so
+/// providers that want `FI_CONTEXT`/`FI_CONTEXT2` scratch space get it); completions find their
+/// operation through it. Sends the provider cannot take yet (`-FI_EAGAIN`) wait in order.
+/// Buffers (and memory registrations, where the provider asks for `FI_MR_LOCAL`) of unfinished
+/// operations stay owned by the thread until the operation completes, and at shutdown until it
+/// has been cancelled and completed; if the provider never completes it, they are leaked rather
+/// than freed, so libfabric never writes into freed memory.
+///
+/// # Failures
+/// A send that completes with an error marks its peer failed: later sends to it fail at once,
+/// and its receive slot is closed (`Missing`) once nothing more from it is pending. A silent
+/// peer is `Missing` at the step's deadline.
+#[derive(Debug)]
+pub struct LibfabricTransport {
+    rank: Rank,
+    size: usize,
+    mailbox: Arc<Mailbox>,
+    commands: Option<mpsc::Sender<Command>>,
+    thread: Option<JoinHandle<Endpoint>>,
+    keeper: Option<Keeper>,
+    waker: Thread,
+    max_message_bytes: u64,
+    provider: String,
+}
+
+fn setup(e: FabricError) -> TransportError {
+    TransportError::Setup(format!("libfabric: {e}"))
+}
+
+/// Chooses the provider and checks that the tag layout fits it.
+fn choose() -> Result<Info, TransportError> {
+    let info = Info::rdm_tagged().map_err(setup)?;
+    if info.tag_bits() < TAG_BITS {
+        return Err(TransportError::Setup(format!(
+            "libfabric provider {} matches {} tag bits; the transport needs {TAG_BITS}",
+            info.provider(),
+            info.tag_bits()
+        )));
+    }
+    Ok(info)
+}
+
+/// Opens a fabric, domain and endpoint for a world of `size`.
+fn open(info: &Info, size: usize) -> Result<Endpoint, TransportError> {
+    let fabric = Fabric::open(info).map_err(setup)?;
+    let domain = Domain::open(fabric, info).map_err(setup)?;
+    Endpoint::open(domain, info, CQ_SIZE, size).map_err(setup)
+}
+
+impl LibfabricTransport {
+    /// Opens an RDM endpoint on the provider `fi_getinfo` selects (honouring `FI_PROVIDER`,
+    /// `FI_TCP_IFACE` and libfabric's other `FI_` variables), publishes its name through
+    /// `store`, inserts every rank's name into the address vector and starts the progress
+    /// thread.
+    ///
+    /// # Errors
+    /// [`TransportError::InvalidUsage`] for a rank outside the world or a world larger than
+    /// [`MAX_RANKS`]; [`TransportError::Setup`] when no provider offers tagged RDM messaging
+    /// (the message names what the selected one lacks), libfabric cannot open the endpoint,
+    /// the store fails, or a rank publishes an unusable address.
+    ///
+    /// Ranks in one process should come from [`LibfabricTransport::local_world`] instead:
+    /// `shm` shares an endpoint's memory region with endpoints of the same process, which
+    /// that function keeps open until the whole world is gone.
+    pub async fn from_store(
+        store: &StoreClient,
+        rank: Rank,
+        size: usize,
+        options: LibfabricOptions,
+    ) -> Result<Self, TransportError> {
+        if size > MAX_RANKS || rank >= size {
+            return Err(TransportError::InvalidUsage(format!(
+                "rank {rank} of {size}: the libfabric transport addresses at most {MAX_RANKS} ranks"
+            )));
+        }
+        let info = choose()?;
+        let endpoint = open(&info, size)?;
+        let name = endpoint.name().to_vec();
+        let names = store
+            .all_gather("byzcoll/libfabric", &name)
+            .await
+            .map_err(|e| TransportError::Setup(e.to_string()))?;
+        Self::start(&info, endpoint, &names, rank, size, options, None)
+    }
+
+    /// Builds a whole world in this process (for tests and threads-as-ranks): one fabric,
+    /// domain and endpoint per rank, on the provider `fi_getinfo` selects.
+    ///
+    /// # Errors
+    /// As [`LibfabricTransport::from_store`].
+    pub fn local_world(
+        size: usize,
+        options: LibfabricOptions,
+    ) -> Result<Vec<Self>, TransportError> {
+        if size > MAX_RANKS {
+            return Err(TransportError::InvalidUsage(format!(
+                "a world of {size}: the libfabric transport addresses at most {MAX_RANKS} ranks"
+            )));
+        }
+        let info = choose()?;
+        let endpoints = (0..size)
+            .map(|_| open(&info, size))
+            .collect::<Result<Vec<_>, _>>()?;
+        // shm hands a peer in the same process the owner's own mapping of an endpoint's
+        // region, so closing one rank's endpoint while the others may still send to it would
+        // leave them a dangling pointer: in-process shm worlds close their endpoints together,
+        // once the last rank is gone.
+        let keeper = info
+            .provider()
+            .split(';')
+            .any(|p| p == "shm")
+            .then(Keeper::default);
+        let names: Vec<Bytes> = endpoints
+            .iter()
+            .map(|e| Bytes::copy_from_slice(e.name()))
+            .collect();
+        endpoints
+            .into_iter()
+            .enumerate()
+            .map(|(rank, ep)| {
+                Self::start(
+                    &info,
+                    ep,
+                    &names,
+                    rank,
+                    size,
+                    options.clone(),
+                    keeper.clone(),
+                )
+            })
+            .collect()
+    }
+
+    fn start(
+        info: &Info,
+        mut endpoint: Endpoint,
+        names: &[Bytes],
+        rank: Rank,
+        size: usize,
+        options: LibfabricOptions,
+        keeper: Option<Keeper>,
+    ) -> Result<Self, TransportError> {
+        if names.len() != size {
+            return Err(TransportError::Setup(format!(
+                "{} libfabric addresses for a world of {size}",
+                names.len()
+            )));
+        }
+        let mut addresses = Vec::with_capacity(size);
+        for (peer, name) in names.iter().enumerate() {
+            let a = endpoint.insert_address(name).map_err(|e| {
+                TransportError::Setup(format!("rank {peer}'s libfabric address: {e}"))
+            })?;
+            addresses.push(a);
+        }
+        let provider = info.provider();
+        let fragment = match usize::try_from(info.max_msg_size()) {
+            Ok(0) | Err(_) => FRAGMENT,
+            Ok(m) => m.min(FRAGMENT),
+        };
+        let max = options.max_message_bytes;
+        let config = EngineConfig {
+            me: rank,
+            max,
+            fragment,
+            directed: info.directed_recv(),
+            register: info.needs_local_registration() || options.always_register,
+        };
+        let mailbox = Arc::new(Mailbox::new(size));
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let engine_mailbox = mailbox.clone();
+        let thread = thread::Builder::new()
+            .name(format!("byzcoll-fi-{rank}"))
+            .spawn(move || Engine::new(endpoint, addresses, config, engine_mailbox, rx).run())
+            .map_err(TransportError::Io)?;
+        tracing::debug!(
+            rank,
+            size,
+            provider = %provider,
+            fabric = %info.fabric_name(),
+            version = %safe::version(),
+            directed = config.directed,
+            register = config.register,
+            "libfabric transport started"
+        );
+        Ok(LibfabricTransport {
+            rank,
+            size,
+            mailbox,
+            commands: Some(tx),
+            waker: thread.thread().clone(),
+            thread: Some(thread),
+            keeper,
+            max_message_bytes: max,
+            provider,
+        })
+    }
+
+    /// The libfabric provider in use (`info->fabric_attr->prov_name`), e.g. `tcp;ofi_rxm`.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+}
+
+impl Drop for LibfabricTransport {
+    fn drop(&mut self) {
+        // Closing the queue tells the thread to shut down; it cancels and drains its
+        // operations and closes the endpoint within a bounded time.
+        self.commands = None;
+        self.waker.unpark();
+        let Some(Ok(endpoint)) = self.thread.take().map(JoinHandle::join) else {
+            return;
+        };
+        if let Some(keeper) = &self.keeper {
+            keeper
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(endpoint);
+        }
+    }
+}
+
+impl Transport for LibfabricTransport {
+    fn name(&self) -> &'static str {
+        "libfabric"
+    }
+
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            memory: vec![MemoryKind::Host],
+            per_peer_timeout: true,
+            max_message_bytes: self.max_message_bytes,
+        }
+    }
+
+    fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
+        Box::pin(async move {
+            step.validate(self.rank, self.size, &self.capabilities())?;
+            let commands = self.commands.as_ref().ok_or_else(|| {
+                TransportError::Setup("the libfabric transport is shut down".into())
+            })?;
+            let posted = self.mailbox.post_step(&step);
+            self.waker.unpark();
+            let sends = step.sends.iter().map(|s| {
+                let payload = match &s.payload {
+                    Payload::Host(b) => b.clone(),
+                    // `validate` admits only host memory.
+                    _ => Bytes::new(),
+                };
+                let key = step.key(s.tag);
+                async move {
+                    let (done, finished) = oneshot::channel();
+                    let send = async {
+                        commands
+                            .send(Command::Send {
+                                peer: s.peer,
+                                key,
+                                payload,
+                                done,
+                            })
+                            .await
+                            .ok()?;
+                        self.waker.unpark();
+                        finished.await.ok()
+                    };
+                    match tokio::time::timeout_at(step.deadline, send).await {
+                        Ok(Some(Ok(()))) => {}
+                        Ok(Some(Err(e))) => {
+                            tracing::debug!(peer = s.peer, error = %e, "libfabric send failed")
+                        }
+                        _ => tracing::debug!(
+                            peer = s.peer,
+                            "libfabric send did not complete before the deadline"
+                        ),
+                    }
+                }
+            });
+            let (outcomes, _) = tokio::join!(
+                posted.outcomes(step.deadline),
+                futures::future::join_all(sends)
+            );
+            Ok(outcomes)
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct EngineConfig {
+    me: Rank,
+    max: u64,
+    /// Largest payload message; longer payloads travel as several.
+    fragment: usize,
+    /// Post receives for one source address (`FI_DIRECTED_RECV`).
+    directed: bool,
+    /// Register buffers (`FI_MR_LOCAL`, or forced by the options).
+    register: bool,
+}
+
+/// What an operation is. Sends and header receives own their buffer; fragment receives write
+/// into the buffer of their peer's [`Inbound`] or into the engine's scratch buffer.
+enum OpKind {
+    SendHeader {
+        out: u64,
+        peer: Rank,
+        tag: u64,
+        buf: Box<[u8; HEADER_LEN]>,
+    },
+    SendFragment {
+        out: u64,
+        peer: Rank,
+        tag: u64,
+        data: Bytes,
+    },
+    RecvHeader {
+        peer: Rank,
+        tag: u64,
+        buf: Box<[u8; HEADER_LEN]>,
+    },
+    RecvFragment {
+        peer: Rank,
+        tag: u64,
+        len: usize,
+    },
+}
+
+/// An operation: posted (in `Engine::ops`) or waiting to be.
+struct Op {
+    /// Declared first so that it is closed before the buffer it covers is freed.
+    mr: Option<MemoryRegion>,
+    kind: OpKind,
+    /// Scratch space the provider may use while the operation is in flight (`FI_CONTEXT2`).
+    /// Its address is the operation's context pointer and its key in `Engine::ops`.
+    context: Box<sys::fi_context2>,
+}
+
+impl Op {
+    fn new(kind: OpKind) -> Self {
+        Op {
+            mr: None,
+            kind,
+            context: Box::default(),
+        }
+    }
+
+    fn id(&self) -> usize {
+        ptr::from_ref::<sys::fi_context2>(&self.context) as usize
+    }
+
+    /// The send this operation is part of.
+    fn send(&self) -> Option<(u64, Rank)> {
+        match self.kind {
+            OpKind::SendHeader { out, peer, .. } | OpKind::SendFragment { out, peer, .. } => {
+                Some((out, peer))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A send in flight: done when all of its messages have completed.
+struct Outgoing {
+    remaining: usize,
+    done: Option<oneshot::Sender<Result<(), String>>>,
+    error: Option<String>,
+}
+
+/// A payload being received, fragment by fragment.
+struct Inbound {
+    seq: u64,
+    /// Payload bytes, as the header announced (and, when delivering, as the receive expects).
+    total: usize,
+    /// Where the next fragment receive starts.
+    next: usize,
+    /// Bytes received so far.
+    received: usize,
+    /// Contexts of the fragment receives in flight.
+    in_flight: Vec<usize>,
+    /// The receive and its buffer (capacity `total`); `None` while draining into scratch.
+    target: Option<(Delivery, BytesMut)>,
+    /// Start of the buffer's spare capacity, taken once: fragments are written through it
+    /// while the buffer itself is not touched.
+    base: *mut u8,
+    /// A fragment failed: nothing more is posted and the peer is closed.
+    failed: bool,
+}
+
+/// Where the receive side of one peer stands.
+enum Incoming {
+    /// The next header receive is to be posted.
+    Idle,
+    /// The header receive (context `id`) is posted.
+    Header { id: usize },
+    /// A valid header whose receive is not posted yet.
+    Early { header: FrameHeader, seq: u64 },
+    /// Receiving (or draining) the payload.
+    Payload(Box<Inbound>),
+}
+
+struct Engine {
+    endpoint: Endpoint,
+    addresses: Vec<sys::fi_addr_t>,
+    config: EngineConfig,
+    mailbox: Arc<Mailbox>,
+    commands: mpsc::Receiver<Command>,
+    /// Posted operations by context address.
+    ops: HashMap<usize, Op>,
+    /// Sends not yet accepted by the provider, in order, per peer (so that a peer that takes
+    /// nothing holds up only its own messages).
+    backlog: Vec<VecDeque<Op>>,
+    outgoing: HashMap<u64, Outgoing>,
+    next_out: u64,
+    next_key: u64,
+    incoming: Vec<Incoming>,
+    /// Sequence number of the next message to send to each peer.
+    next_send: Vec<u64>,
+    /// Sequence number of the next header expected from each peer.
+    next_recv: Vec<u64>,
+    /// Where drained fragments go (`config.fragment` bytes once allocated); never read.
+    scratch: Vec<u8>,
+    /// The peer's slot is closed: nothing more is received from it.
+    closed: Vec<bool>,
+    /// Sending to the peer failed: nothing more is sent to it, and its slot closes once
+    /// nothing from it is pending.
+    failed: Vec<bool>,
+    cq_failed: bool,
+}
+
+impl Engine {
+    fn new(
+        endpoint: Endpoint,
+        addresses: Vec<sys::fi_addr_t>,
+        config: EngineConfig,
+        mailbox: Arc<Mailbox>,
+        commands: mpsc::Receiver<Command>,
+    ) -> Self {
+        let size = addresses.len();
+        Engine {
+            endpoint,
+            addresses,
+            config,
+            mailbox,
+            commands,
+            ops: HashMap::new(),
+            backlog: (0..size).map(|_| VecDeque::new()).collect(),
+            outgoing: HashMap::new(),
+            next_out: 0,
+            next_key: 1,
+            incoming: (0..size).map(|_| Incoming::Idle).collect(),
+            next_send: vec![0; size],
+            next_recv: vec![0; size],
+            scratch: Vec::new(),
+            closed: vec![false; size],
+            failed: vec![false; size],
+            cq_failed: false,
+        }
+    }
+
+    /// Runs until the transport is dropped; returns the endpoint, whose operations have
+    /// completed or been leaked.
+    fn run(mut self) -> Endpoint {
+        let mut last_activity = Instant::now();
+        let mut park = Duration::from_micros(5);
+        let mut completions = Vec::with_capacity(COMPLETIONS_PER_PASS);
+        loop {
+            let mut busy = self.read_completions(&mut completions);
+            match self.take_commands() {
+                None => break,
+                Some(n) => busy |= n > 0,
+            }
+            busy |= self.post_sends();
+            for peer in 0..self.incoming.len() {
+                busy |= self.advance_receive(peer);
+            }
+            if busy {
+                last_activity = Instant::now();
+                park = Duration::from_micros(5);
+            } else if last_activity.elapsed() > SPIN {
+                thread::park_timeout(park);
+                park = (park * 2).min(MAX_PARK);
+            }
+        }
+        self.shutdown()
+    }
+
+    /// Reads and handles completions; `true` if there were any.
+    fn read_completions(&mut self, completions: &mut Vec<Completion>) -> bool {
+        if let Err(e) = self
+            .endpoint
+            .read_completions(completions, COMPLETIONS_PER_PASS)
+        {
+            if !self.cq_failed {
+                tracing::warn!(error = %e, "libfabric: reading the completion queue failed");
+                self.cq_failed = true;
+            }
+        }
+        let any = !completions.is_empty();
+        for c in completions.drain(..) {
+            self.complete(c);
+        }
+        any
+    }
+
+    /// Queues new sends; `None` once the transport has been dropped.
+    fn take_commands(&mut self) -> Option<usize> {
+        let mut n = 0;
+        loop {
+            match self.commands.try_recv() {
+                Ok(Command::Send {
+                    peer,
+                    key,
+                    payload,
+                    done,
+                }) => {
+                    n += 1;
+                    self.start_send(peer, key, payload, done);
+                }
+                Err(mpsc::error::TryRecvError::Empty) => return Some(n),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            }
+        }
+    }
+
+    /// Queues the header and the payload's fragments of a message to `peer`.
+    fn start_send(
+        &mut self,
+        peer: Rank,
+        key: MsgKey,
+        payload: Bytes,
+        done: oneshot::Sender<Result<(), String>>,
+    ) {
+        if self.closed[peer] || self.failed[peer] {
+            let _ = done.send(Err(format!("rank {peer} is unreachable")));
+            return;
+        }
+        let me = self.config.me;
+        let seq = self.next_send[peer];
+        self.next_send[peer] += 1;
+        let out = self.next_out;
+        self.next_out += 1;
+        let header = Box::new(FrameHeader::new(key, me, payload.len()).encode());
+        self.backlog[peer].push_back(Op::new(OpKind::SendHeader {
+            out,
+            peer,
+            tag: tag(me, KIND_HEADER, seq),
+            buf: header,
+        }));
+        let mut parts = 1;
+        for start in (0..payload.len()).step_by(self.config.fragment) {
+            let end = payload.len().min(start + self.config.fragment);
+            self.backlog[peer].push_back(Op::new(OpKind::SendFragment {
+                out,
+                peer,
+                tag: tag(me, KIND_PAYLOAD, seq),
+                data: payload.slice(start..end),
+            }));
+            parts += 1;
+        }
+        self.outgoing.insert(
+            out,
+            Outgoing {
+                remaining: parts,
+                done: Some(done),
+                error: None,
+            },
+        );
+    }
+
+    /// The source address receives from `peer` are restricted to.
+    fn source(&self, peer: Rank) -> sys::fi_addr_t {
+        if self.config.directed {
+            self.addresses[peer]
+        } else {
+            sys::FI_ADDR_UNSPEC
+        }
+    }
+
+    /// Hands `op`, whose buffer is `buf[..len]`, to the provider: `Ok(None)` when posted (it
+    /// is then in `self.ops`), `Ok(Some(op))` when the provider is busy and it should be
+    /// retried.
+    ///
+    /// # Safety
+    /// `buf[..len]` must be the buffer `op` owns (heap memory that does not move with it), or
+    /// memory the engine keeps valid and unaliased until `op` completes or is leaked: the
+    /// buffer of the peer's `Inbound`, or the scratch buffer.
+    unsafe fn post(
+        &mut self,
+        mut op: Op,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<Option<Op>, (Op, FabricError)> {
+        if self.config.register && len > 0 && op.mr.is_none() {
+            let key = self.next_key;
+            self.next_key += 1;
+            let access = if op.send().is_some() {
+                sys::FI_SEND
+            } else {
+                sys::FI_RECV
+            };
+            // SAFETY: the buffer outlives the region: `op` closes the region before it frees
+            // its own buffer (field order) and is dropped before the buffer of an Inbound or
+            // the scratch (or leaked with them), and before the endpoint.
+            match unsafe { self.endpoint.register(buf, len, access.into(), key) } {
+                Ok(mr) => op.mr = Some(mr),
+                Err(e) => return Err((op, e)),
+            }
+        }
+        let desc = op.mr.as_ref().map_or(ptr::null_mut(), MemoryRegion::desc);
+        let context = ptr::from_mut::<sys::fi_context2>(&mut op.context).cast::<c_void>();
+        // SAFETY: per this function's contract the buffer stays valid until the operation
+        // completes; the context is heap memory owned by `op`, which moves into `self.ops`
+        // (the heap memory does not move) until then; `desc` is null or covers the buffer.
+        let result = unsafe {
+            match &op.kind {
+                OpKind::SendHeader { peer, tag, .. } | OpKind::SendFragment { peer, tag, .. } => {
+                    self.endpoint
+                        .send(buf, len, desc, self.addresses[*peer], *tag, context)
+                }
+                OpKind::RecvHeader { peer, tag, .. } | OpKind::RecvFragment { peer, tag, .. } => {
+                    self.endpoint
+                        .recv(buf, len, desc, self.source(*peer), *tag, 0, context)
+                }
+            }
+        };
+        match result {
+            Ok(Post::Posted) => {
+                self.ops.insert(op.id(), op);
+                Ok(None)
+            }
+            Ok(Post::Busy) => Ok(Some(op)),
+            Err(e) => Err((op, e)),
+        }
+    }
+
+    /// Posts each peer's queued sends in order until the provider is busy.
+    fn post_sends(&mut self) -> bool {
+        let mut busy = false;
+        for peer in 0..self.backlog.len() {
+            busy |= self.post_sends_to(peer);
+        }
+        busy
+    }
+
+    fn post_sends_to(&mut self, peer: Rank) -> bool {
+        let mut busy = false;
+        while let Some(mut op) = self.backlog[peer].pop_front() {
+            let (buf, len) = match &mut op.kind {
+                OpKind::SendHeader { buf, .. } => (buf.as_mut_ptr(), HEADER_LEN),
+                OpKind::SendFragment { data, .. } => (data.as_ptr().cast_mut(), data.len()),
+                // Only sends are queued.
+                _ => continue,
+            };
+            // SAFETY: the buffer is heap memory owned by `op` (the provider only reads it).
+            match unsafe { self.post(op, buf, len) } {
+                Ok(None) => busy = true,
+                Ok(Some(op)) => {
+                    self.backlog[peer].push_front(op);
+                    break;
+                }
+                Err((op, e)) => {
+                    busy = true;
+                    if let Some((out, peer)) = op.send() {
+                        self.send_failed(out, peer, &e.to_string());
+                    }
+                }
+            }
+        }
+        busy
+    }
+
+    /// A part of send `out` could not be posted: its other queued parts are dropped, and the
+    /// stream to `peer` is broken (the peer would wait for the missing part).
+    fn send_failed(&mut self, out: u64, peer: Rank, why: &str) {
+        tracing::debug!(peer, error = why, "libfabric: cannot post a send");
+        self.finish_part(out, Some(why.to_string()));
+        while self.backlog[peer]
+            .front()
+            .and_then(Op::send)
+            .is_some_and(|(o, _)| o == out)
+        {
+            self.backlog[peer].pop_front();
+            self.finish_part(out, Some(why.to_string()));
+        }
+        self.failed[peer] = true;
+    }
+
+    /// One message of send `out` is done (with `error` if it failed).
+    fn finish_part(&mut self, out: u64, error: Option<String>) {
+        let Some(o) = self.outgoing.get_mut(&out) else {
+            return;
+        };
+        if o.error.is_none() {
+            o.error = error;
+        }
+        o.remaining = o.remaining.saturating_sub(1);
+        if o.remaining == 0 {
+            if let Some(mut o) = self.outgoing.remove(&out) {
+                if let Some(done) = o.done.take() {
+                    let _ = done.send(o.error.take().map_or(Ok(()), Err));
+                }
+            }
+        }
+    }
+
+    /// Dispatches a completion to its operation.
+    fn complete(&mut self, c: Completion) {
+        let Some(op) = self.ops.remove(&c.context) else {
+            tracing::debug!(
+                context = c.context,
+                "libfabric: completion of an unknown operation"
+            );
+            return;
+        };
+        let Op { mr, kind, context } = op;
+        drop(mr);
+        drop(context);
+        match kind {
+            OpKind::SendHeader { out, peer, .. } | OpKind::SendFragment { out, peer, .. } => {
+                let error = c.error.map(|e| {
+                    // A cancel is ours (at shutdown).
+                    if e.code != safe::ECANCELED && !self.failed[peer] {
+                        tracing::debug!(peer, error = %e, "libfabric: a send to the peer failed");
+                        self.failed[peer] = true;
+                    }
+                    e.to_string()
+                });
+                self.finish_part(out, error);
+            }
+            OpKind::RecvHeader { peer, buf, .. } => self.header_arrived(peer, &buf, &c),
+            OpKind::RecvFragment { peer, len, .. } => self.fragment_arrived(peer, len, &c),
+        }
+    }
+
+    fn close_peer(&mut self, peer: Rank, why: Closed) {
+        self.closed[peer] = true;
+        self.mailbox.close(peer, why);
+    }
+
+    fn header_arrived(&mut self, peer: Rank, buf: &[u8; HEADER_LEN], c: &Completion) {
+        if self.closed[peer] {
+            return;
+        }
+        let seq = self.next_recv[peer];
+        let violation = match c.error {
+            None if c.len == HEADER_LEN => match FrameHeader::decode(buf) {
+                Ok(h) if h.sender as usize != peer => {
+                    format!("frame claims sender {} on rank {peer}'s tags", h.sender)
+                }
+                Ok(h) if h.len > self.config.max || usize::try_from(h.len).is_err() => format!(
+                    "frame of {} bytes exceeds the limit of {}",
+                    h.len, self.config.max
+                ),
+                Ok(header) => {
+                    self.next_recv[peer] += 1;
+                    self.incoming[peer] = Incoming::Early { header, seq };
+                    return;
+                }
+                Err(why) => why,
+            },
+            None => format!("header of {} bytes", c.len),
+            Some(e) if e.code == safe::ETRUNC => "header longer than 32 bytes".to_string(),
+            Some(e) if e.code == safe::ECANCELED => {
+                self.incoming[peer] = Incoming::Idle;
+                return;
+            }
+            Some(e) => format!("header receive failed: {e}"),
+        };
+        self.incoming[peer] = Incoming::Idle;
+        self.close_peer(peer, Closed::Violation(violation));
+    }
+
+    fn fragment_arrived(&mut self, peer: Rank, len: usize, c: &Completion) {
+        let Incoming::Payload(inbound) = &mut self.incoming[peer] else {
+            tracing::debug!(peer, "libfabric: a payload fragment for no payload");
+            return;
+        };
+        inbound.in_flight.retain(|&id| id != c.context);
+        let violation = match c.error {
+            None if c.len == len => {
+                inbound.received += len;
+                None
+            }
+            None => Some(format!(
+                "payload fragment of {} bytes where its header announced {len}",
+                c.len
+            )),
+            Some(e) if e.code == safe::ETRUNC => Some(format!(
+                "payload fragment longer than the {len} bytes its header announced"
+            )),
+            Some(e) if e.code == safe::ECANCELED => None,
+            Some(e) => Some(format!("payload receive failed: {e}")),
+        };
+        if let Some(why) = violation {
+            if !inbound.failed {
+                inbound.failed = true;
+                if let Some((d, _)) = inbound.target.take() {
+                    d.complete(RecvOutcome::Malformed(why.clone()));
+                }
+                for &id in &inbound.in_flight {
+                    self.endpoint.cancel(id);
+                }
+                self.close_peer(peer, Closed::Violation(why));
+            }
+        }
+    }
+
+    /// Moves peer `peer`'s receive side forward; `true` if anything happened.
+    fn advance_receive(&mut self, peer: Rank) -> bool {
+        if peer == self.config.me {
+            return false;
+        }
+        if self.closed[peer] {
+            // Fragments still in flight must finish before their buffer may go.
+            if matches!(&self.incoming[peer], Incoming::Payload(p) if p.in_flight.is_empty()) {
+                self.incoming[peer] = Incoming::Idle;
+            }
+            return false;
+        }
+        let state = std::mem::replace(&mut self.incoming[peer], Incoming::Idle);
+        let (next, busy) = match state {
+            Incoming::Idle => {
+                let mut op = Op::new(OpKind::RecvHeader {
+                    peer,
+                    tag: tag(peer, KIND_HEADER, self.next_recv[peer]),
+                    buf: Box::new([0u8; HEADER_LEN]),
+                });
+                let id = op.id();
+                let buf = match &mut op.kind {
+                    OpKind::RecvHeader { buf, .. } => buf.as_mut_ptr(),
+                    _ => ptr::null_mut(),
+                };
+                // SAFETY: the buffer is heap memory owned by `op`.
+                match unsafe { self.post(op, buf, HEADER_LEN) } {
+                    Ok(None) => (Incoming::Header { id }, true),
+                    Ok(Some(_)) => (Incoming::Idle, false),
+                    Err((_, e)) => {
+                        let why = format!("cannot receive from rank {peer}: {e}");
+                        self.close_peer(peer, Closed::Violation(why));
+                        (Incoming::Idle, true)
+                    }
+                }
+            }
+            Incoming::Header { id } if self.failed[peer] => {
+                // Sending to the peer failed and nothing more from it has arrived: it is gone.
+                // The cancelled receive still completes (or is leaked at shutdown).
+                self.endpoint.cancel(id);
+                self.close_peer(peer, Closed::Gone);
+                (Incoming::Idle, true)
+            }
+            s @ Incoming::Header { .. } => (s, false),
+            Incoming::Early { header, seq } => match self.mailbox.try_claim(peer, header.key()) {
+                None => (Incoming::Early { header, seq }, false),
+                Some(Claim::Closed) => (Incoming::Idle, true),
+                Some(claim) => {
+                    // The length was checked against the limit when the header arrived.
+                    let announced = usize::try_from(header.len).unwrap_or(usize::MAX);
+                    let mut base = ptr::null_mut();
+                    let target = match claim {
+                        Claim::Posted(d) if announced == d.expected_len() => {
+                            let mut buf = BytesMut::with_capacity(announced);
+                            base = buf.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+                            Some((d, buf))
+                        }
+                        Claim::Posted(d) => {
+                            let expected = d.expected_len();
+                            d.complete(RecvOutcome::Malformed(format!(
+                                "frame of {} bytes, expected {expected}",
+                                header.len
+                            )));
+                            None
+                        }
+                        _ => None,
+                    };
+                    let inbound = Inbound {
+                        seq,
+                        total: announced,
+                        next: 0,
+                        received: 0,
+                        in_flight: Vec::with_capacity(WINDOW),
+                        target,
+                        base,
+                        failed: false,
+                    };
+                    (Incoming::Payload(Box::new(inbound)), true)
+                }
+            },
+            Incoming::Payload(inbound) => self.advance_payload(peer, inbound),
+        };
+        self.incoming[peer] = next;
+        busy
+    }
+
+    /// Posts the next fragment receives of a payload (at most [`WINDOW`] in flight), and
+    /// delivers it once every fragment has arrived.
+    fn advance_payload(&mut self, peer: Rank, mut inbound: Box<Inbound>) -> (Incoming, bool) {
+        if inbound.in_flight.is_empty() && inbound.received == inbound.total {
+            if let Some((d, mut buf)) = inbound.target.take() {
+                // SAFETY: every fragment completed with its exact length, so the provider
+                // wrote all `total` bytes of the spare capacity, which has not moved.
+                unsafe { buf.set_len(inbound.total) };
+                d.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
+            }
+            return (Incoming::Idle, true);
+        }
+        let mut busy = false;
+        while inbound.in_flight.len() < WINDOW && inbound.next < inbound.total && !inbound.failed {
+            let len = self.config.fragment.min(inbound.total - inbound.next);
+            let buf = if inbound.target.is_some() {
+                // SAFETY: `next < total`, and the buffer's capacity is at least `total`.
+                unsafe { inbound.base.add(inbound.next) }
+            } else {
+                if self.scratch.len() < self.config.fragment {
+                    self.scratch = vec![0; self.config.fragment];
+                }
+                self.scratch.as_mut_ptr()
+            };
+            let op = Op::new(OpKind::RecvFragment {
+                peer,
+                tag: tag(peer, KIND_PAYLOAD, inbound.seq),
+                len,
+            });
+            let id = op.id();
+            // SAFETY: `buf[..len]` lies in the spare capacity of the Inbound's buffer, which
+            // is not otherwise touched and not freed until its fragments complete (or is
+            // leaked with them), with no two fragments overlapping; or in the scratch buffer,
+            // which is allocated once, never read and never freed while fragments are in
+            // flight.
+            let posted = unsafe { self.post(op, buf, len) };
+            match posted {
+                Ok(None) => {
+                    inbound.in_flight.push(id);
+                    inbound.next += len;
+                    busy = true;
+                }
+                Ok(Some(_)) => break,
+                Err((_, e)) => {
+                    let why = format!("cannot receive the payload: {e}");
+                    inbound.failed = true;
+                    if let Some((d, _)) = inbound.target.take() {
+                        d.complete(RecvOutcome::Malformed(why.clone()));
+                    }
+                    self.close_peer(peer, Closed::Violation(why));
+                    busy = true;
+                }
+            }
+        }
+        (Incoming::Payload(inbound), busy)
+    }
+
+    /// Fails sends not yet posted, cancels everything in flight and waits (briefly) for it to
+    /// complete, then closes the endpoint (and with it the queue, address vector, domain and
+    /// fabric). Buffers of operations that never complete are leaked, not freed.
+    fn shutdown(mut self) -> Endpoint {
+        for op in std::mem::take(&mut self.backlog).into_iter().flatten() {
+            if let Some((out, _)) = op.send() {
+                self.finish_part(out, Some("the transport shut down".into()));
+            }
+        }
+        for &id in self.ops.keys() {
+            self.endpoint.cancel(id);
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut completions = Vec::with_capacity(COMPLETIONS_PER_PASS);
+        while !self.ops.is_empty() && Instant::now() < deadline {
+            if !self.read_completions(&mut completions) {
+                thread::sleep(Duration::from_micros(50));
+            }
+        }
+        if !self.ops.is_empty() {
+            // The provider may still own these buffers: never free them under it.
+            tracing::warn!(
+                operations = self.ops.len(),
+                "libfabric shutdown: leaking buffers of operations that did not complete"
+            );
+            std::mem::forget(std::mem::take(&mut self.ops));
+            std::mem::forget(std::mem::take(&mut self.incoming));
+            std::mem::forget(std::mem::take(&mut self.scratch));
+        }
+        self.endpoint
+    }
+}
