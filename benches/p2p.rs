@@ -1,8 +1,9 @@
 //! Point-to-point latency and bandwidth of byzcoll's transports, side by side with
-//! `ucx_perftest` on the same `UCX_TLS`, in one run.
+//! `ucx_perftest` on the same `UCX_TLS` and `fi_pingpong` on the same libfabric provider, in one
+//! run.
 //!
 //! ```sh
-//! cargo bench --features ucx --bench p2p                 # 8 B .. 64 MiB
+//! cargo bench --features ucx,libfabric --bench p2p       # 8 B .. 64 MiB
 //! cargo bench --features ucx --bench p2p -- --max-exp 22 --no-anchor
 //! ```
 //!
@@ -252,6 +253,48 @@ fn perftest(tls: &str, test: &str, size: usize) -> Option<(f64, f64)> {
     Some((cols[2], cols[5]))
 }
 
+/// Runs `fi_pingpong` (server and client on 127.0.0.1) with `provider` and returns
+/// (µs per transfer, MiB/s).
+fn pingpong(provider: &str, size: usize) -> Option<(f64, f64)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .ok()?
+        .port()
+        .to_string();
+    let iters = ((64usize << 20) / size.max(1))
+        .clamp(20, 10_000)
+        .to_string();
+    let size_s = size.to_string();
+    let env = [("FI_TCP_IFACE", "lo"), ("FI_NET_IFACE", "lo")];
+    let common = ["-p", provider, "-e", "rdm", "-S", &size_s, "-I", &iters];
+    let mut server = Command::new("fi_pingpong")
+        .args(common)
+        .args(["-B", &port])
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    std::thread::sleep(Duration::from_millis(300));
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg("fi_pingpong")
+        .args(common)
+        .args(["-P", &port, "127.0.0.1"])
+        .envs(env)
+        .stderr(Stdio::null())
+        .output();
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&out.ok()?.stdout).into_owned();
+    // Columns: bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec (MB = 10^6 bytes).
+    let line = text.lines().filter(|l| !l.trim().is_empty()).next_back()?;
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    let mbps: f64 = cols.get(5)?.parse().ok()?;
+    let usec: f64 = cols.get(6)?.parse().ok()?;
+    Some((usec, mbps * 1e6 / (1 << 20) as f64))
+}
+
 fn parse_row(line: &str) -> Option<(String, String, usize, f64)> {
     let mut it = line.split_whitespace();
     Some((
@@ -273,39 +316,35 @@ fn print_table(rows: &[(String, String, usize, f64)], args: &Args) {
         (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
         _ => "-".into(),
     };
-    println!();
-    println!(
-        "{:>10} {:>10} {:>10} {:>13} {:>7} {:>10} {:>13} {:>7}",
-        "bytes", "tcp", "ucx-tcp", "perftest-tcp", "ratio", "ucx-sm", "perftest-sm", "ratio"
-    );
-    let lat = |l: &str| get(l, "lat", 8);
-    println!(
-        "{:>10} {:>10} {:>10} {:>13} {:>7} {:>10} {:>13} {:>7}   <- one-way latency, us",
-        8,
-        cell(lat("tcp")),
-        cell(lat("ucx-tcp")),
-        cell(lat("perftest-tcp")),
-        ratio(lat("ucx-tcp"), lat("perftest-tcp")),
-        cell(lat("ucx-sm")),
-        cell(lat("perftest-sm")),
-        ratio(lat("ucx-sm"), lat("perftest-sm")),
-    );
-    for exp in (args.min_exp..=args.max_exp).step_by(2) {
-        let size = 1usize << exp;
-        let bw = |l: &str| get(l, "bw", size);
-        println!(
-            "{:>10} {:>10} {:>10} {:>13} {:>7} {:>10} {:>13} {:>7}",
-            size,
-            cell(bw("tcp")),
-            cell(bw("ucx-tcp")),
-            cell(bw("perftest-tcp")),
-            ratio(bw("ucx-tcp"), bw("perftest-tcp")),
-            cell(bw("ucx-sm")),
-            cell(bw("perftest-sm")),
-            ratio(bw("ucx-sm"), bw("perftest-sm")),
-        );
+    // (byzcoll configuration, anchor on the same library and settings)
+    let pairs = [
+        ("ucx-tcp", "perftest-tcp"),
+        ("ucx-sm", "perftest-sm"),
+        ("fi-tcp", "pingpong-tcp"),
+        ("fi-shm", "pingpong-shm"),
+    ];
+    let mut header = format!("{:>10} {:>9}", "bytes", "tcp");
+    for (ours, anchor) in pairs {
+        header += &format!(" {ours:>9} {anchor:>13} {:>6}", "ratio");
     }
-    println!("(bandwidth in MiB/s; ratio = byzcoll UCX / ucx_perftest on the same UCX_TLS)");
+    println!();
+    println!("{header}");
+    let line = |kind: &str, size: usize| {
+        let mut l = format!("{size:>10} {:>9}", cell(get("tcp", kind, size)));
+        for (ours, anchor) in pairs {
+            let (a, b) = (get(ours, kind, size), get(anchor, kind, size));
+            l += &format!(" {:>9} {:>13} {:>6}", cell(a), cell(b), ratio(a, b));
+        }
+        l
+    };
+    println!("{}   <- one-way latency, us", line("lat", 8));
+    for exp in (args.min_exp..=args.max_exp).step_by(2) {
+        println!("{}", line("bw", 1usize << exp));
+    }
+    println!(
+        "(bandwidth in MiB/s; ratio = byzcoll / the anchor on the same library and settings: \
+         ucx_perftest tag_lat/tag_bw, fi_pingpong rdm)"
+    );
 }
 
 fn main() -> ExitCode {
@@ -344,7 +383,22 @@ fn main() -> ExitCode {
             ));
         }
     } else {
-        println!("# built without --features ucx: byzcoll TCP only");
+        println!("# built without --features ucx: no UCX rows");
+    }
+    if byzcoll::transports::libfabric::AVAILABLE {
+        for (label, provider) in [("fi-tcp", "tcp;ofi_rxm"), ("fi-shm", "shm")] {
+            configs.push((
+                label,
+                vec![
+                    ("BYZCOLL_TRANSPORT".into(), "libfabric".into()),
+                    ("FI_PROVIDER".into(), provider.into()),
+                    ("FI_TCP_IFACE".into(), "lo".into()),
+                    ("FI_NET_IFACE".into(), "lo".into()),
+                ],
+            ));
+        }
+    } else {
+        println!("# built without --features libfabric: no libfabric rows");
     }
     let results = std::env::temp_dir().join(format!("byzcoll-p2p-{}.txt", std::process::id()));
     let _ = std::fs::remove_file(&results);
@@ -393,6 +447,22 @@ fn main() -> ExitCode {
                 let size = 1usize << exp;
                 if let Some((_, bw)) = perftest(&tls_full, "tag_bw", size) {
                     rows.push((label.clone(), "bw".into(), size, bw));
+                }
+            }
+        }
+    }
+    if args.anchor && byzcoll::transports::libfabric::AVAILABLE {
+        for (label, provider) in [("pingpong-tcp", "tcp;ofi_rxm"), ("pingpong-shm", "shm")] {
+            if let Some(lat) = pingpong(provider, 8) {
+                rows.push((label.into(), "lat".into(), 8, lat.0));
+            } else {
+                println!("# fi_pingpong not available (apt-get install libfabric-bin)");
+            }
+            // fi_pingpong's largest message is 6 MiB.
+            for exp in (args.min_exp..=args.max_exp.min(22)).step_by(2) {
+                let size = 1usize << exp;
+                if let Some((_, bw)) = pingpong(provider, size) {
+                    rows.push((label.into(), "bw".into(), size, bw));
                 }
             }
         }
