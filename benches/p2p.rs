@@ -288,7 +288,7 @@ fn pingpong(provider: &str, size: usize) -> Option<(f64, f64)> {
     let _ = server.wait();
     let text = String::from_utf8_lossy(&out.ok()?.stdout).into_owned();
     // Columns: bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec (MB = 10^6 bytes).
-    let line = text.lines().filter(|l| !l.trim().is_empty()).next_back()?;
+    let line = text.lines().rfind(|l| !l.trim().is_empty())?;
     let cols: Vec<&str> = line.split_whitespace().collect();
     let mbps: f64 = cols.get(5)?.parse().ok()?;
     let usec: f64 = cols.get(6)?.parse().ok()?;
