@@ -241,6 +241,50 @@ pub trait Aggregator: Send + Sync + fmt::Debug {
     fn distance_iteration(&self) -> Option<&dyn DistanceIteration> {
         None
     }
+
+    /// For pre-aggregation by mixing (NNM): each input is replaced by the mean of neighbours
+    /// chosen from pairwise distances, then an inner rule runs. `None` for other rules.
+    fn distance_mixing(&self) -> Option<&dyn DistanceMixing> {
+        None
+    }
+}
+
+/// Mixing chosen from the `n × n` table of pairwise squared distances, followed by an inner
+/// rule. Mixing is coordinate-wise once the neighbour sets are known.
+pub trait DistanceMixing: Send + Sync {
+    /// For each input, the inputs whose mean replaces it (`None`: the input stays as it is,
+    /// for the inner rule's non-finite policy).
+    ///
+    /// # Errors
+    /// [`AggError::TooManyNonFiniteInputs`] when a neighbour set would include a non-finite
+    /// input.
+    fn neighbours(&self, dist: &[f64], n: usize) -> Result<Vec<Option<Vec<usize>>>, AggError>;
+
+    /// The rule applied to the mixed inputs.
+    fn inner(&self) -> &dyn Aggregator;
+}
+
+/// Replaces each input by the mean of its neighbours (coordinate-wise, in `f64`); inputs
+/// without a neighbour set are copied.
+pub fn mix<T: Element>(inputs: &[&[T]], neighbours: &[Option<Vec<usize>>]) -> Vec<Vec<T>> {
+    use rayon::prelude::*;
+    neighbours
+        .par_iter()
+        .enumerate()
+        .map(|(i, near)| match near {
+            None => inputs[i].to_vec(),
+            Some(near) => {
+                let mut acc = vec![0.0f64; inputs[i].len()];
+                for &j in near {
+                    for (a, v) in acc.iter_mut().zip(inputs[j]) {
+                        *a += v.to_f64();
+                    }
+                }
+                let k = near.len() as f64;
+                acc.iter().map(|a| T::from_f64(a / k)).collect()
+            }
+        })
+        .collect()
 }
 
 /// A rule that starts from the coordinate-wise median `z` and repeats

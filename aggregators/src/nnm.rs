@@ -1,10 +1,11 @@
 //! Nearest-neighbour mixing (Allouah et al. 2023) as a pre-aggregation step.
 
-use rayon::prelude::*;
-
 use crate::coordinate::precondition;
 use crate::distance::{finite_inputs, pairwise_sq_distances};
-use crate::{check_lengths, AggError, AggReport, Aggregator, Element, Inputs, Output, Structure};
+use crate::{
+    check_lengths, AggError, AggReport, Aggregator, DistanceMixing, Element, Inputs, Output,
+    Structure,
+};
 
 /// `nnm+RULE`: replace each input by the mean of its `n - f` nearest inputs (itself included,
 /// ties to the lower index), then apply `RULE`. Inputs holding NaN or infinities are left as
@@ -28,37 +29,40 @@ impl Nnm {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
         let n = inputs.len();
+        let dist = pairwise_sq_distances(inputs, &finite_inputs(inputs));
+        let mixed = crate::mix(inputs, &self.neighbours(&dist, n)?);
+        let refs: Vec<&[T]> = mixed.iter().map(Vec::as_slice).collect();
+        self.inner.aggregate(T::inputs(&refs), T::output(out))
+    }
+}
+
+impl DistanceMixing for Nnm {
+    fn neighbours(&self, dist: &[f64], n: usize) -> Result<Vec<Option<Vec<usize>>>, AggError> {
         let keep = n - self.f;
-        let finite = finite_inputs(inputs);
-        let dist = pairwise_sq_distances(inputs, &finite);
-        let mixed: Vec<Vec<T>> = (0..n)
-            .into_par_iter()
+        let finite = |i: usize| dist[i * n + i] == 0.0;
+        (0..n)
             .map(|i| {
-                if !finite[i] {
-                    return Ok(inputs[i].to_vec());
+                if !finite(i) {
+                    return Ok(None);
                 }
-                let mut order: Vec<usize> = (0..n).collect();
                 let d = |j: usize| if j == i { 0.0 } else { dist[i * n + j] };
+                let mut order: Vec<usize> = (0..n).collect();
                 order.sort_by(|&a, &b| d(a).total_cmp(&d(b)).then(a.cmp(&b)));
-                let near = &order[..keep];
-                if near.iter().any(|&j| !finite[j]) {
+                order.truncate(keep);
+                if order.iter().any(|&j| !finite(j)) {
                     return Err(AggError::TooManyNonFiniteInputs {
                         rule: self.name.clone(),
                         f: self.f,
-                        count: finite.iter().filter(|x| !**x).count(),
+                        count: (0..n).filter(|&j| !finite(j)).count(),
                     });
                 }
-                let mut acc = vec![0.0f64; inputs[i].len()];
-                for &j in near {
-                    for (a, v) in acc.iter_mut().zip(inputs[j]) {
-                        *a += v.to_f64();
-                    }
-                }
-                Ok(acc.iter().map(|a| T::from_f64(a / keep as f64)).collect())
+                Ok(Some(order))
             })
-            .collect::<Result<_, _>>()?;
-        let refs: Vec<&[T]> = mixed.iter().map(Vec::as_slice).collect();
-        self.inner.aggregate(T::inputs(&refs), T::output(out))
+            .collect()
+    }
+
+    fn inner(&self) -> &dyn Aggregator {
+        self.inner.as_ref()
     }
 }
 
@@ -75,6 +79,9 @@ impl Aggregator for Nnm {
     }
     fn structure(&self) -> Structure {
         Structure::Global
+    }
+    fn distance_mixing(&self) -> Option<&dyn DistanceMixing> {
+        Some(self)
     }
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
         crate::dispatch!(self, inputs, out)

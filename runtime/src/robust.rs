@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use byzcoll_aggregators::{aggregate_into, AggError, Aggregator, Element, Median, Structure};
 
-use crate::comm::{byte_len, cast_payload, fault, recv, send, to_bytes};
+use crate::comm::{byte_len, cast_payload, fault, recv, send, to_bytes, Sequence};
 use crate::schedule::{self, chunk_range, sharded};
 use crate::{Communicator, Error, Payload, PeerFault, Rank, RecvOp, RecvOutcome, Result, SendOp};
 
@@ -193,13 +193,21 @@ impl Communicator {
         rule.check(n)?;
         let statistics = match rule.structure() {
             Structure::CoordinateWise => Statistics::None,
-            Structure::Global => match (rule.distance_selection(), rule.distance_iteration()) {
-                (Some(s), _) => Statistics::Select(s),
-                (None, Some(i)) => Statistics::Iterate(i),
-                (None, None) => {
+            Structure::Global => match (
+                rule.distance_selection(),
+                rule.distance_iteration(),
+                rule.distance_mixing(),
+            ) {
+                (Some(s), _, _) => Statistics::Select(s),
+                (None, Some(i), _) => Statistics::Iterate(i),
+                (None, None, Some(m)) if m.inner().structure() == Structure::CoordinateWise => {
+                    Statistics::Mix(m)
+                }
+                _ => {
                     return Err(Error::Unsupported(format!(
                         "{} needs statistics that sharded mode does not combine (it combines \
-                         distance tables and distance iterations); use Policy::Gather for it",
+                         distance tables, distance iterations, and mixing followed by a \
+                         coordinate-wise rule); use Policy::Gather for it",
                         rule.name()
                     )))
                 }
@@ -285,6 +293,26 @@ impl Communicator {
                 })
                 .collect()
         };
+        // The pairwise distance table of each owned shard (erased inputs count as non-finite).
+        let distance_tables = || -> Vec<(usize, Bytes)> {
+            sharded::owned(me, n, r)
+                .map(|s| {
+                    let inputs = shard_inputs(s);
+                    let finite: Vec<bool> = inputs
+                        .iter()
+                        .map(|x| x.as_ref().is_some_and(|v| v.iter().all(|e| e.is_finite())))
+                        .collect();
+                    let own = &buf[shard(s)];
+                    let views: Vec<&[T]> = inputs
+                        .iter()
+                        .map(|x| x.as_ref().map_or(own, |v| v.as_ref()))
+                        .collect();
+                    let table =
+                        byzcoll_aggregators::distance::pairwise_sq_distances(&views, &finite);
+                    (s, to_bytes(&table))
+                })
+                .collect()
+        };
         for s in sharded::owned(me, n, r) {
             let inputs = shard_inputs(s);
             let ranks: Vec<Rank> = (0..n).filter(|&p| inputs[p].is_some()).collect();
@@ -339,7 +367,6 @@ impl Communicator {
                     z.push(m.iter().map(|v| v.to_f64()).collect());
                 }
                 let mut moved = vec![(0.0f64, 0.0f64); owned.len()];
-                let stats_len = (n + 2) * std::mem::size_of::<f64>();
                 for k in 0..=iteration.max_steps() {
                     let partials: Vec<(usize, Bytes)> = owned
                         .iter()
@@ -361,46 +388,9 @@ impl Communicator {
                             (s, to_bytes(&stats))
                         })
                         .collect();
-                    let sends = sharded::result_sends(me, n, r)
-                        .into_iter()
-                        .filter_map(|(q, s)| {
-                            let t = partials.iter().find(|(u, _)| *u == s)?;
-                            Some(SendOp { peer: q, tag: s as u32, payload: Payload::Host(t.1.clone()) })
-                        })
-                        .collect();
-                    let plan = sharded::result_recvs(me, n, r);
-                    let recvs = plan
-                        .iter()
-                        .map(|&(o, s)| RecvOp { peer: o, tag: s as u32, len: stats_len })
-                        .collect();
-                    let outcomes = seq.run(sends, recvs).await?;
-                    let mut versions: Vec<Vec<Payload>> = vec![Vec::new(); n];
-                    for (s, t) in &partials {
-                        versions[*s].push(Payload::Host(t.clone()));
-                    }
-                    for (&(o, s), outcome) in plan.iter().zip(outcomes) {
-                        match outcome {
-                            RecvOutcome::Received(payload) => versions[s].push(payload),
-                            other => report.add_fault(fault(o, other)),
-                        }
-                    }
-                    let mut total = vec![0.0f64; n + 2];
-                    let mut part = vec![0.0f64; n + 2];
-                    for (s, vs) in versions.iter().enumerate() {
-                        if vs.is_empty() {
-                            return Err(Error::ShardLost {
-                                shard: s,
-                                owners: sharded::owners(s, n, r).collect(),
-                                faults: report.faults,
-                            });
-                        }
-                        let views: Vec<Cow<'_, [f64]>> = vs.iter().map(cast_payload::<f64>).collect();
-                        let refs: Vec<&[f64]> = views.iter().map(|v| v.as_ref()).collect();
-                        combine_versions(&refs, &mut part);
-                        for (t, p) in total.iter_mut().zip(&part) {
-                            *t += p;
-                        }
-                    }
+                    let total =
+                        statistic_round(&mut seq, (me, n, r), &partials, n + 2, &mut report)
+                            .await?;
                     let (change, size) = (total[n].sqrt(), total[n + 1].sqrt());
                     let converged = k > 0
                         && iteration
@@ -440,65 +430,45 @@ impl Communicator {
                     })
                     .collect()
             }
+            Statistics::Mix(mixing) => {
+                // Statistic round for the neighbour sets, then each owner mixes its shards and
+                // applies the coordinate-wise inner rule to them.
+                let tables = distance_tables();
+                let total =
+                    statistic_round(&mut seq, (me, n, r), &tables, n * n, &mut report).await?;
+                let neighbours = mixing.neighbours(&total, n).map_err(Error::Aggregation)?;
+                let inner = mixing.inner();
+                sharded::owned(me, n, r)
+                    .map(|s| {
+                        let inputs = shard_inputs(s);
+                        let needed = neighbours
+                            .iter()
+                            .enumerate()
+                            .flat_map(|(i, near)| near.clone().unwrap_or_else(|| vec![i]));
+                        if needed.into_iter().any(|j| inputs[j].is_none()) {
+                            tracing::warn!(shard = s, "an input to mix is missing here; sending no result");
+                            return (s, Bytes::new());
+                        }
+                        let views: Vec<&[T]> = inputs.iter().flatten().map(|v| v.as_ref()).collect();
+                        let mixed = byzcoll_aggregators::mix(&views, &neighbours);
+                        let refs: Vec<&[T]> = mixed.iter().map(Vec::as_slice).collect();
+                        let mut out = vec![T::zeroed(); shard(s).len()];
+                        match aggregate_into(inner, &refs, &mut out) {
+                            Ok(_) => (s, to_bytes(&out)),
+                            Err(e) => {
+                                tracing::warn!(shard = s, error = %e, "cannot aggregate an owned shard");
+                                (s, Bytes::new())
+                            }
+                        }
+                    })
+                    .collect()
+            }
             Statistics::Select(selection) => {
                 // Statistic round: owners exchange the distance tables of their shards; every
                 // rank sums the shard-wise medians of the versions and selects from the total.
-                let tables: Vec<(usize, Bytes)> = sharded::owned(me, n, r)
-                    .map(|s| {
-                        let inputs = shard_inputs(s);
-                        let finite: Vec<bool> = inputs
-                            .iter()
-                            .map(|x| x.as_ref().is_some_and(|v| v.iter().all(|e| e.is_finite())))
-                            .collect();
-                        let own = &buf[shard(s)];
-                        let views: Vec<&[T]> = inputs
-                            .iter()
-                            .map(|x| x.as_ref().map_or(own, |v| v.as_ref()))
-                            .collect();
-                        (s, to_bytes(&byzcoll_aggregators::distance::pairwise_sq_distances(&views, &finite)))
-                    })
-                    .collect();
-                let table_len = n * n * std::mem::size_of::<f64>();
-                let sends = sharded::result_sends(me, n, r)
-                    .into_iter()
-                    .filter_map(|(q, s)| {
-                        let t = tables.iter().find(|(u, _)| *u == s)?;
-                        Some(SendOp { peer: q, tag: s as u32, payload: Payload::Host(t.1.clone()) })
-                    })
-                    .collect();
-                let plan = sharded::result_recvs(me, n, r);
-                let recvs = plan
-                    .iter()
-                    .map(|&(o, s)| RecvOp { peer: o, tag: s as u32, len: table_len })
-                    .collect();
-                let outcomes = seq.run(sends, recvs).await?;
-                let mut versions: Vec<Vec<Payload>> = vec![Vec::new(); n];
-                for (s, t) in &tables {
-                    versions[*s].push(Payload::Host(t.clone()));
-                }
-                for (&(o, s), outcome) in plan.iter().zip(outcomes) {
-                    match outcome {
-                        RecvOutcome::Received(payload) => versions[s].push(payload),
-                        other => report.add_fault(fault(o, other)),
-                    }
-                }
-                let mut total = vec![0.0f64; n * n];
-                let mut part = vec![0.0f64; n * n];
-                for (s, vs) in versions.iter().enumerate() {
-                    if vs.is_empty() {
-                        return Err(Error::ShardLost {
-                            shard: s,
-                            owners: sharded::owners(s, n, r).collect(),
-                            faults: report.faults,
-                        });
-                    }
-                    let views: Vec<Cow<'_, [f64]>> = vs.iter().map(cast_payload::<f64>).collect();
-                    let refs: Vec<&[f64]> = views.iter().map(|v| v.as_ref()).collect();
-                    combine_versions(&refs, &mut part);
-                    for (t, p) in total.iter_mut().zip(&part) {
-                        *t += p;
-                    }
-                }
+                let tables = distance_tables();
+                let total =
+                    statistic_round(&mut seq, (me, n, r), &tables, n * n, &mut report).await?;
                 let selected = selection.select(&total, n).map_err(Error::Aggregation)?;
                 report.selected = Some(selected.clone());
                 sharded::owned(me, n, r)
@@ -621,6 +591,68 @@ impl Communicator {
     }
 }
 
+/// One statistic round: every owner sends, for each owned shard, a vector of `len` `f64`
+/// statistics to every rank; every rank takes the element-wise median of the versions of each
+/// shard and returns the sum over shards (in shard order, so every rank gets the same bits when
+/// the owners agree).
+async fn statistic_round(
+    seq: &mut Sequence<'_>,
+    (me, n, r): (Rank, usize, usize),
+    parts: &[(usize, Bytes)],
+    len: usize,
+    report: &mut RoundReport,
+) -> Result<Vec<f64>> {
+    let sends = sharded::result_sends(me, n, r)
+        .into_iter()
+        .filter_map(|(q, s)| {
+            let (_, t) = parts.iter().find(|(u, _)| *u == s)?;
+            Some(SendOp {
+                peer: q,
+                tag: s as u32,
+                payload: Payload::Host(t.clone()),
+            })
+        })
+        .collect();
+    let plan = sharded::result_recvs(me, n, r);
+    let recvs = plan
+        .iter()
+        .map(|&(o, s)| RecvOp {
+            peer: o,
+            tag: s as u32,
+            len: len * std::mem::size_of::<f64>(),
+        })
+        .collect();
+    let outcomes = seq.run(sends, recvs).await?;
+    let mut versions: Vec<Vec<Payload>> = vec![Vec::new(); n];
+    for (s, t) in parts {
+        versions[*s].push(Payload::Host(t.clone()));
+    }
+    for (&(o, s), outcome) in plan.iter().zip(outcomes) {
+        match outcome {
+            RecvOutcome::Received(payload) => versions[s].push(payload),
+            other => report.add_fault(fault(o, other)),
+        }
+    }
+    let mut total = vec![0.0f64; len];
+    let mut part = vec![0.0f64; len];
+    for (s, vs) in versions.iter().enumerate() {
+        if vs.is_empty() {
+            return Err(Error::ShardLost {
+                shard: s,
+                owners: sharded::owners(s, n, r).collect(),
+                faults: std::mem::take(&mut report.faults),
+            });
+        }
+        let views: Vec<Cow<'_, [f64]>> = vs.iter().map(cast_payload::<f64>).collect();
+        let refs: Vec<&[f64]> = views.iter().map(|v| v.as_ref()).collect();
+        combine_versions(&refs, &mut part);
+        for (t, p) in total.iter_mut().zip(&part) {
+            *t += p;
+        }
+    }
+    Ok(total)
+}
+
 /// What a global rule needs exchanged in sharded mode.
 enum Statistics<'a> {
     /// Nothing: the rule is coordinate-wise.
@@ -629,6 +661,8 @@ enum Statistics<'a> {
     Select(&'a dyn byzcoll_aggregators::DistanceSelection),
     /// Per-input distances to an estimate, once per step.
     Iterate(&'a dyn byzcoll_aggregators::DistanceIteration),
+    /// One table of pairwise distances, then mixing and a coordinate-wise inner rule.
+    Mix(&'a dyn byzcoll_aggregators::DistanceMixing),
 }
 
 /// The element-wise median of the owners' versions of a table (`+inf` entries are ordered as

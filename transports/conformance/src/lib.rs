@@ -685,8 +685,9 @@ where
 
 /// The geometric median and centered clipping in sharded mode (one statistic round per step:
 /// partial distances to the estimate exchanged with r-fold replication) agree with gather mode
-/// to 1e-4 relative (the sums run in another order), on every rank identically; NNM, which
-/// sharded mode cannot run yet, is refused with a typed error instead of a silent fallback.
+/// to 1e-4 relative (the sums run in another order), on every rank identically; NNM followed by
+/// a coordinate-wise rule gives bitwise the gather result, and NNM followed by a rule that needs
+/// its own statistics is refused with a typed error instead of a silent fallback.
 pub async fn sharded_iterative_rules_match_gather<F, Fut>(factory: F)
 where
     F: Fn(usize) -> Fut,
@@ -723,10 +724,23 @@ where
                         out.push(v);
                     }
                 }
+                // NNM followed by a coordinate-wise rule shards (one distance-table round);
+                // followed by a rule that needs statistics of its own, it is refused.
                 let nnm = Nnm::new(f, Box::new(Median::new(f)));
+                let mut g = vector(me, d);
+                c.robust_all_reduce(&mut g, &nnm, Policy::Gather)
+                    .await
+                    .unwrap();
+                let mut v = vector(me, d);
+                c.robust_all_reduce(&mut v, &nnm, Policy::Sharded(Replicas::Tolerant))
+                    .await
+                    .unwrap();
+                assert_eq!(v, g, "nnm+median n={n} d={d}");
+                out.push(v);
+                let nested = Nnm::new((n - 3) / 2, Box::new(Krum::new((n - 3) / 2)));
                 let mut v = vector(me, d);
                 let refused = c
-                    .robust_all_reduce(&mut v, &nnm, Policy::Sharded(Replicas::Tolerant))
+                    .robust_all_reduce(&mut v, &nested, Policy::Sharded(Replicas::Tolerant))
                     .await;
                 assert!(matches!(refused, Err(Error::Unsupported(_))), "{refused:?}");
                 out
