@@ -19,7 +19,11 @@ use tokio::sync::{oneshot, Notify};
 
 use tokio::time::Instant;
 
-use crate::{MsgKey, Payload, Rank, RecvOutcome, Step};
+use std::future::Future;
+
+use bytes::Bytes;
+
+use crate::{MsgKey, Payload, Rank, RecvOutcome, SendOp, Step};
 
 /// Why a peer's slot was closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -287,6 +291,49 @@ impl Drop for PostedStep<'_> {
             self.mailbox.retire(peer, self.last);
         }
     }
+}
+
+/// The part of [`crate::Transport::exchange`] that every mailbox-based transport shares: posts
+/// the step's receives (then calls `on_posted`, e.g. to wake a progress thread), runs `send`
+/// for every send (each bounded by the step's deadline; a failure or a timeout is logged, not
+/// an error: the peer will count this rank missing), and returns the receive outcomes in the
+/// order of `step.recvs`.
+///
+/// # Cancel safety
+/// Dropping the future retires the step (see [`PostedStep`]).
+pub async fn run_step<F, Fut>(
+    mailbox: &Mailbox,
+    step: &Step,
+    transport: &'static str,
+    on_posted: impl FnOnce(),
+    send: F,
+) -> Vec<RecvOutcome>
+where
+    F: Fn(&SendOp, MsgKey, Bytes) -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let posted = mailbox.post_step(step);
+    on_posted();
+    let sends = step.sends.iter().map(|s| {
+        let Payload::Host(payload) = &s.payload;
+        let sending = send(s, step.key(s.tag), payload.clone());
+        async move {
+            match tokio::time::timeout_at(step.deadline, sending).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(transport, peer = s.peer, error = %e, "send failed"),
+                Err(_) => tracing::debug!(
+                    transport,
+                    peer = s.peer,
+                    "send did not complete before the deadline"
+                ),
+            }
+        }
+    });
+    let (outcomes, _) = tokio::join!(
+        posted.outcomes(step.deadline),
+        futures::future::join_all(sends)
+    );
+    outcomes
 }
 
 fn next_key(k: MsgKey) -> MsgKey {

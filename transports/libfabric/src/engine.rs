@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use byzcoll_libfabric_sys as sys;
 use byzcoll_runtime::bootstrap::StoreClient;
-use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
+use byzcoll_runtime::mailbox::{run_step, Claim, Closed, Delivery, Mailbox};
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
@@ -389,46 +389,32 @@ impl Transport for LibfabricTransport {
             let commands = self.commands.as_ref().ok_or_else(|| {
                 TransportError::Setup("the libfabric transport is shut down".into())
             })?;
-            let posted = self.mailbox.post_step(&step);
-            self.waker.unpark();
-            let sends = step.sends.iter().map(|s| {
-                let payload = match &s.payload {
-                    Payload::Host(b) => b.clone(),
-                    // `validate` admits only host memory.
-                    _ => Bytes::new(),
-                };
-                let key = step.key(s.tag);
-                async move {
-                    let (done, finished) = oneshot::channel();
-                    let send = async {
+            let outcomes = run_step(
+                &self.mailbox,
+                &step,
+                "libfabric",
+                || self.waker.unpark(),
+                |s, key, payload| {
+                    let peer = s.peer;
+                    async move {
+                        let (done, finished) = oneshot::channel();
                         commands
                             .send(Command::Send {
-                                peer: s.peer,
+                                peer,
                                 key,
                                 payload,
                                 done,
                             })
                             .await
-                            .ok()?;
+                            .map_err(|_| "the progress thread is gone".to_string())?;
                         self.waker.unpark();
-                        finished.await.ok()
-                    };
-                    match tokio::time::timeout_at(step.deadline, send).await {
-                        Ok(Some(Ok(()))) => {}
-                        Ok(Some(Err(e))) => {
-                            tracing::debug!(peer = s.peer, error = %e, "libfabric send failed")
-                        }
-                        _ => tracing::debug!(
-                            peer = s.peer,
-                            "libfabric send did not complete before the deadline"
-                        ),
+                        finished
+                            .await
+                            .map_err(|_| "the progress thread is gone".to_string())?
                     }
-                }
-            });
-            let (outcomes, _) = tokio::join!(
-                posted.outcomes(step.deadline),
-                futures::future::join_all(sends)
-            );
+                },
+            )
+            .await;
             Ok(outcomes)
         })
     }

@@ -32,9 +32,9 @@
 
 use std::sync::Arc;
 
-use byzcoll_runtime::mailbox::{Claim, Closed, Mailbox};
+use byzcoll_runtime::mailbox::{run_step, Claim, Closed, Mailbox};
 use byzcoll_runtime::{
-    Capabilities, MemoryKind, Rank, RecvOutcome, Step, Transport, TransportError,
+    Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
 use futures::future::BoxFuture;
 
@@ -93,22 +93,22 @@ impl Transport for LocalTransport {
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
         Box::pin(async move {
             step.validate(self.rank, self.size(), &self.capabilities())?;
-            let posted = self.mailboxes[self.rank].post_step(&step);
-            let sends = step.sends.iter().map(|s| {
-                let key = step.key(s.tag);
-                let target = &self.mailboxes[s.peer];
-                async move {
-                    if let Ok(Claim::Posted(delivery)) =
-                        tokio::time::timeout_at(step.deadline, target.claim(self.rank, key)).await
-                    {
-                        delivery.deliver(s.payload.clone());
+            let outcomes = run_step(
+                &self.mailboxes[self.rank],
+                &step,
+                "local",
+                || {},
+                |s, key, payload| {
+                    let target = &self.mailboxes[s.peer];
+                    async move {
+                        if let Claim::Posted(delivery) = target.claim(self.rank, key).await {
+                            delivery.deliver(Payload::Host(payload));
+                        }
+                        Ok(())
                     }
-                }
-            });
-            let (outcomes, _) = futures::join!(
-                posted.outcomes(step.deadline),
-                futures::future::join_all(sends)
-            );
+                },
+            )
+            .await;
             Ok(outcomes)
         })
     }

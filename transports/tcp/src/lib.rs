@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use byzcoll_runtime::bootstrap::{connect_with_retry, StoreClient};
-use byzcoll_runtime::mailbox::{Claim, Closed, Mailbox};
+use byzcoll_runtime::mailbox::{run_step, Claim, Closed, Mailbox};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
@@ -439,42 +439,33 @@ impl Transport for TcpTransport {
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
         Box::pin(async move {
             step.validate(self.rank, self.size, &self.capabilities())?;
-            let posted = self.mailbox.post_step(&step);
-            let sends = step.sends.iter().map(|s| {
-                let header = FrameHeader::new(step.key(s.tag), self.rank, s.payload.len());
-                let writer = self.writers[s.peer].as_ref();
-                let payload = match &s.payload {
-                    Payload::Host(b) => b.clone(),
-                    // `validate` admits only host memory.
-                    _ => Bytes::new(),
-                };
-                async move {
-                    let send = async {
+            let outcomes = run_step(
+                &self.mailbox,
+                &step,
+                "tcp",
+                || {},
+                |s, key, payload| {
+                    let header = FrameHeader::new(key, self.rank, payload.len());
+                    let writer = self.writers[s.peer].as_ref();
+                    async move {
                         let (done, finished) = oneshot::channel();
-                        writer?
+                        writer
+                            .ok_or("no connection")?
                             .send(Outgoing {
                                 header,
                                 payload,
                                 done,
                             })
                             .await
-                            .ok()?;
-                        finished.await.ok()?.ok()
-                    };
-                    if timeout_at(step.deadline, send)
-                        .await
-                        .ok()
-                        .flatten()
-                        .is_none()
-                    {
-                        tracing::debug!(peer = s.peer, "send did not complete before the deadline");
+                            .map_err(|_| "the connection's writer is gone")?;
+                        finished
+                            .await
+                            .map_err(|_| "the connection's writer is gone")?
+                            .map_err(|e| e.to_string())
                     }
-                }
-            });
-            let (outcomes, _) = tokio::join!(
-                posted.outcomes(step.deadline),
-                futures::future::join_all(sends)
-            );
+                },
+            )
+            .await;
             Ok(outcomes)
         })
     }
