@@ -302,11 +302,7 @@ impl Communicator {
                         .iter()
                         .map(|x| x.as_ref().is_some_and(|v| v.iter().all(|e| e.is_finite())))
                         .collect();
-                    let own = &buf[shard(s)];
-                    let views: Vec<&[T]> = inputs
-                        .iter()
-                        .map(|x| x.as_ref().map_or(own, |v| v.as_ref()))
-                        .collect();
+                    let views = placeholder_views(&inputs, &buf[shard(s)]);
                     let table =
                         byzcoll_aggregators::distance::pairwise_sq_distances(&views, &finite);
                     (s, to_bytes(&table))
@@ -374,11 +370,7 @@ impl Communicator {
                         .zip(&moved)
                         .map(|((&s, zs), &(change, size))| {
                             let inputs = shard_inputs(s);
-                            let own = &buf[shard(s)];
-                            let views: Vec<&[T]> = inputs
-                                .iter()
-                                .map(|x| x.as_ref().map_or(own, |v| v.as_ref()))
-                                .collect();
+                            let views = placeholder_views(&inputs, &buf[shard(s)]);
                             let mut stats = byzcoll_aggregators::iteration::sq_distances_to(
                                 &views,
                                 &finite_of(&inputs),
@@ -403,11 +395,7 @@ impl Communicator {
                     let (a, w) = iteration.coefficients(&distances);
                     for (i, &s) in owned.iter().enumerate() {
                         let inputs = shard_inputs(s);
-                        let own = &buf[shard(s)];
-                        let views: Vec<&[T]> = inputs
-                            .iter()
-                            .map(|x| x.as_ref().map_or(own, |v| v.as_ref()))
-                            .collect();
+                        let views = placeholder_views(&inputs, &buf[shard(s)]);
                         let mut next = vec![0.0f64; z[i].len()];
                         byzcoll_aggregators::iteration::step_into(&views, a, &w, &z[i], &mut next);
                         let change: f64 = next.iter().zip(&z[i]).map(|(p, q)| (p - q) * (p - q)).sum();
@@ -478,11 +466,7 @@ impl Communicator {
                             tracing::warn!(shard = s, "a selected input is missing here; sending no result");
                             return (s, Bytes::new());
                         }
-                        let own = &buf[shard(s)];
-                        let views: Vec<&[T]> = inputs
-                            .iter()
-                            .map(|x| x.as_ref().map_or(own, |v| v.as_ref()))
-                            .collect();
+                        let views = placeholder_views(&inputs, &buf[shard(s)]);
                         let mut out = vec![T::zeroed(); shard(s).len()];
                         match selection.finish(T::inputs(&views), &selected, T::output(&mut out)) {
                             Ok(()) => (s, to_bytes(&out)),
@@ -685,6 +669,21 @@ fn combine_versions(versions: &[&[f64]], out: &mut [f64]) {
             col[m / 2 - 1] * 0.5 + col[m / 2] * 0.5
         };
     }
+}
+
+/// A shard's inputs by rank, with `placeholder` standing in for erased ones (which callers mark
+/// non-finite or never select, so its values are never used).
+fn placeholder_views<'a, T>(
+    inputs: &'a [Option<Cow<'a, [T]>>],
+    placeholder: &'a [T],
+) -> Vec<&'a [T]>
+where
+    [T]: ToOwned,
+{
+    inputs
+        .iter()
+        .map(|x| x.as_deref().unwrap_or(placeholder))
+        .collect()
 }
 
 fn non_finite_ranks<T: Element>(ranks: &[Rank], vectors: &[Cow<'_, [T]>]) -> Vec<Rank> {
