@@ -329,15 +329,8 @@ impl Communicator {
                         .collect();
                     let refs: Vec<&[T]> = inputs.iter().map(|v| v.as_ref()).collect();
                     let mut out = vec![T::zeroed(); shard(s).len()];
-                    let result = match aggregate_into(rule, &refs, &mut out) {
-                        Ok(_) => to_bytes(&out),
-                        Err(e) => {
-                            // Receivers count an empty result as an erasure of this version.
-                            tracing::warn!(shard = s, error = %rank_error(e, &ranks), "cannot aggregate an owned shard");
-                            Bytes::new()
-                        }
-                    };
-                    (s, result)
+                    let result = aggregate_into(rule, &refs, &mut out).map(|_| out);
+                    owner_result(s, result.map_err(|e| rank_error(e, &ranks)))
                 })
                 .collect(),
             Statistics::Iterate(iteration) => {
@@ -355,7 +348,8 @@ impl Communicator {
                 };
                 let mut z: Vec<Vec<f64>> = Vec::with_capacity(owned.len());
                 for &s in &owned {
-                    let present: Vec<Cow<'_, [T]>> = shard_inputs(s).into_iter().flatten().collect();
+                    let present: Vec<Cow<'_, [T]>> =
+                        shard_inputs(s).into_iter().flatten().collect();
                     let refs: Vec<&[T]> = present.iter().map(|v| v.as_ref()).collect();
                     let mut m = vec![T::zeroed(); shard(s).len()];
                     aggregate_into(&Median::new((refs.len() - 1) / 2), &refs, &mut m)
@@ -398,7 +392,8 @@ impl Communicator {
                         let views = placeholder_views(&inputs, &buf[shard(s)]);
                         let mut next = vec![0.0f64; z[i].len()];
                         byzcoll_aggregators::iteration::step_into(&views, a, &w, &z[i], &mut next);
-                        let change: f64 = next.iter().zip(&z[i]).map(|(p, q)| (p - q) * (p - q)).sum();
+                        let change: f64 =
+                            next.iter().zip(&z[i]).map(|(p, q)| (p - q) * (p - q)).sum();
                         let size: f64 = z[i].iter().map(|q| q * q).sum();
                         moved[i] = (change, size);
                         z[i] = next;
@@ -409,12 +404,8 @@ impl Communicator {
                     .zip(&z)
                     .map(|(&s, zs)| {
                         let out: Vec<T> = zs.iter().map(|&v| T::from_f64(v)).collect();
-                        if out.iter().all(|v| v.is_finite()) {
-                            (s, to_bytes(&out))
-                        } else {
-                            tracing::warn!(shard = s, "the estimate is not finite; sending no result");
-                            (s, Bytes::new())
-                        }
+                        let finite = out.iter().all(|v| v.is_finite());
+                        owner_result(s, finite.then_some(out).ok_or("the estimate is not finite"))
                     })
                     .collect()
             }
@@ -434,20 +425,14 @@ impl Communicator {
                             .enumerate()
                             .flat_map(|(i, near)| near.clone().unwrap_or_else(|| vec![i]));
                         if needed.into_iter().any(|j| inputs[j].is_none()) {
-                            tracing::warn!(shard = s, "an input to mix is missing here; sending no result");
-                            return (s, Bytes::new());
+                            return owner_result::<T>(s, Err("an input to mix is missing here"));
                         }
-                        let views: Vec<&[T]> = inputs.iter().flatten().map(|v| v.as_ref()).collect();
+                        let views: Vec<&[T]> =
+                            inputs.iter().flatten().map(|v| v.as_ref()).collect();
                         let mixed = byzcoll_aggregators::mix(&views, &neighbours);
                         let refs: Vec<&[T]> = mixed.iter().map(Vec::as_slice).collect();
                         let mut out = vec![T::zeroed(); shard(s).len()];
-                        match aggregate_into(inner, &refs, &mut out) {
-                            Ok(_) => (s, to_bytes(&out)),
-                            Err(e) => {
-                                tracing::warn!(shard = s, error = %e, "cannot aggregate an owned shard");
-                                (s, Bytes::new())
-                            }
-                        }
+                        owner_result(s, aggregate_into(inner, &refs, &mut out).map(|_| out))
                     })
                     .collect()
             }
@@ -463,18 +448,13 @@ impl Communicator {
                     .map(|s| {
                         let inputs = shard_inputs(s);
                         if selected.iter().any(|&i| inputs[i].is_none()) {
-                            tracing::warn!(shard = s, "a selected input is missing here; sending no result");
-                            return (s, Bytes::new());
+                            return owner_result::<T>(s, Err("a selected input is missing here"));
                         }
                         let views = placeholder_views(&inputs, &buf[shard(s)]);
                         let mut out = vec![T::zeroed(); shard(s).len()];
-                        match selection.finish(T::inputs(&views), &selected, T::output(&mut out)) {
-                            Ok(()) => (s, to_bytes(&out)),
-                            Err(e) => {
-                                tracing::warn!(shard = s, error = %e, "cannot finish an owned shard");
-                                (s, Bytes::new())
-                            }
-                        }
+                        let finished =
+                            selection.finish(T::inputs(&views), &selected, T::output(&mut out));
+                        owner_result(s, finished.map(|()| out))
                     })
                     .collect()
             }
@@ -668,6 +648,21 @@ fn combine_versions(versions: &[&[f64]], out: &mut [f64]) {
         } else {
             col[m / 2 - 1] * 0.5 + col[m / 2] * 0.5
         };
+    }
+}
+
+/// What an owner sends for shard `s`: its result, or an empty message when it has none, which
+/// receivers count as an erasure of this owner's version (the reason is logged here).
+fn owner_result<T: Element>(
+    s: usize,
+    result: Result<Vec<T>, impl std::fmt::Display>,
+) -> (usize, Bytes) {
+    match result {
+        Ok(out) => (s, to_bytes(&out)),
+        Err(why) => {
+            tracing::warn!(shard = s, %why, "no result for an owned shard; sending an empty one");
+            (s, Bytes::new())
+        }
     }
 }
 
