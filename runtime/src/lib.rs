@@ -7,13 +7,15 @@
 //!   `all_gather_into`, `all_to_all_into`, the non-robust `all_reduce`, and
 //!   `robust_all_reduce` with a caller-chosen [`Aggregator`](byzcoll_aggregators::Aggregator).
 //! - [`bootstrap`] reads the launcher's environment and runs the rendezvous store.
-//! - [`mailbox`] is the receive-matching logic transports share.
+//! - [`mailbox`] is the receive-matching logic transports share; [`pool`] the receive buffers
+//!   they reuse.
 
 pub mod bootstrap;
 mod comm;
 mod config;
 mod error;
 pub mod mailbox;
+pub mod pool;
 mod robust;
 pub mod schedule;
 mod transport;

@@ -10,29 +10,45 @@
 //! tag = sender (24 bits) | kind (2 bits) | sequence (38 bits)
 //! ```
 //!
-//! The progress thread probes for one header per peer at a time, receives it into a fixed
-//! 32-byte buffer, checks it (sender, length limit), and claims the matching receive in the
-//! mailbox. Only then does it post the payload receive, with the exact length the receiver
-//! expects, into a buffer it owns; a payload of another length, or one for a retired step, is
-//! received into a zero-length buffer and discarded. So no allocation is ever sized by a
-//! peer's number.
+//! The progress thread keeps [`HEADER_WINDOW`] header receives posted per peer, for the exact
+//! tags of that peer's next sequence numbers, into fixed 32-byte buffers (a longer message is
+//! truncated and closes the peer). It checks each header (sender, length limit) and claims the
+//! matching receive in the mailbox, in sequence order. Only then does it post the payload
+//! receive, for the exact tag, with the length the receiver expects, into a buffer it owns; a
+//! payload of another length, or one for a retired step, is received into a zero-length
+//! buffer and discarded (UCX truncates it). So no allocation is ever sized by a peer's number.
+//! Claims are in order, but the payload receives of many messages are in flight at once, and
+//! UCX matches arriving messages to posted receives itself: no probe, no unexpected-queue
+//! copy for headers, no round trip through the thread between a header and its payload.
+//!
+//! Receive buffers come from a [`BufferPool`] (at most [`UcxOptions::pool_bytes`] idle): a
+//! fresh allocation per large message cost a page fault per 4 KiB page, which limited shared
+//! memory to about 2 GB/s where UCX itself moves 10.
 //!
 //! # Progress
-//! The thread polls `ucp_worker_progress`, spins briefly after activity and then parks for
-//! short, growing intervals (at most [`MAX_PARK`]); new commands and newly posted receives
-//! unpark it at once. Buffers of unfinished UCX requests stay owned by the thread until the
-//! request completes, and at shutdown until it has been cancelled and completed (or leaked if
-//! UCX never completes it), so UCX never writes into freed memory.
+//! The thread calls `ucp_worker_progress` while there is work, keeps polling (yielding the CPU
+//! between polls) for [`SPIN`] after the last activity, then arms the worker (`UCP_FEATURE_WAKEUP`) and blocks in `poll` on its
+//! event descriptor until UCX has events or a transport method signals it
+//! (`ucp_worker_signal`, only when the thread is asleep). The earlier design parked on a timer
+//! instead and only noticed network events when the timer fired (up to 500 µs), and spun
+//! without yielding, which on a 2-core machine took the CPU from the tokio threads and the
+//! peer's progress thread (measured: yielding polls halve the 8-byte latency over shared
+//! memory; blocking right after each message instead costs 40-60 µs per wakeup there). Buffers of unfinished UCX requests stay owned by the thread
+//! until the request completes, and at shutdown until it has been cancelled and completed (or
+//! leaked if UCX never completes it), so UCX never writes into freed memory.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::{self, JoinHandle, Thread};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use byzcoll_runtime::bootstrap::StoreClient;
 use byzcoll_runtime::mailbox::{run_step, Claim, Closed, Delivery, Mailbox};
+use byzcoll_runtime::pool::{BufferPool, PoolBuf};
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
@@ -41,7 +57,7 @@ use byzcoll_ucx_sys as sys;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::safe::{self, Context, Endpoint, Poll, Request, Worker};
+use crate::safe::{self, Context, Endpoint, Poll, Request, Signaller, Worker};
 
 const KIND_HEADER: u64 = 1;
 const KIND_PAYLOAD: u64 = 2;
@@ -50,10 +66,17 @@ const SENDER_SHIFT: u32 = SEQ_BITS + 2;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 /// Largest world the tag layout can address.
 pub const MAX_RANKS: usize = 1 << 24;
-/// Longest the progress thread parks when idle.
-pub const MAX_PARK: Duration = Duration::from_micros(500);
-/// How long the thread keeps spinning after the last activity before it starts parking.
-const SPIN: Duration = Duration::from_micros(500);
+/// How long the progress thread keeps polling after the last activity before it blocks on
+/// the worker's event descriptor (a thread wakeup costs tens of µs; a message exchange in
+/// progress comes back well within this).
+pub const SPIN: Duration = Duration::from_micros(SPIN_US);
+const SPIN_US: u64 = 500;
+/// Header receives kept posted per peer.
+pub const HEADER_WINDOW: usize = 16;
+/// How long the blocked thread sleeps at most while a header waits for its step to be posted
+/// (a step can be retired without waking the thread), and otherwise.
+const EARLY_RECHECK_MS: i32 = 2;
+const IDLE_RECHECK_MS: i32 = 100;
 /// Commands queued before senders wait.
 const COMMAND_QUEUE: usize = 1024;
 
@@ -61,21 +84,40 @@ fn tag(sender: Rank, kind: u64, seq: u64) -> u64 {
     ((sender as u64) << SENDER_SHIFT) | (kind << SEQ_BITS) | (seq & SEQ_MASK)
 }
 
-fn kind_mask() -> u64 {
-    !SEQ_MASK
-}
-
 /// Settings of the UCX transport.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UcxOptions {
     /// Largest message accepted or sent.
     pub max_message_bytes: u64,
+    /// Most bytes of idle receive buffers kept for reuse (see [`BufferPool`]).
+    pub pool_bytes: usize,
 }
 
 impl Default for UcxOptions {
     fn default() -> Self {
         UcxOptions {
             max_message_bytes: 1 << 40,
+            pool_bytes: 256 << 20,
+        }
+    }
+}
+
+/// How transport methods wake the progress thread: they set `pending`, and signal the worker
+/// only if the thread said it is going to sleep.
+#[derive(Debug)]
+struct Wake {
+    pending: AtomicBool,
+    sleeping: AtomicBool,
+    signaller: Signaller,
+}
+
+impl Wake {
+    fn wake(&self) {
+        self.pending.store(true, Ordering::SeqCst);
+        if self.sleeping.swap(false, Ordering::SeqCst) {
+            // SAFETY: the worker lives until the progress thread ends, which the transport
+            // waits for (in Drop) after its last call of this.
+            unsafe { self.signaller.signal() };
         }
     }
 }
@@ -97,7 +139,7 @@ pub struct UcxTransport {
     mailbox: Arc<Mailbox>,
     commands: Option<mpsc::Sender<Command>>,
     thread: Option<JoinHandle<()>>,
-    waker: Thread,
+    wake: Arc<Wake>,
     max_message_bytes: u64,
 }
 
@@ -237,14 +279,31 @@ impl UcxTransport {
             endpoints.push(Some(ep));
         }
         drop(context);
+        let wake = Arc::new(Wake {
+            pending: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            signaller: worker.signaller(),
+        });
         let handles = Handles { worker, endpoints };
         let mailbox = Arc::new(Mailbox::new(size));
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let engine_mailbox = mailbox.clone();
+        let engine_wake = wake.clone();
         let max = options.max_message_bytes;
         let thread = thread::Builder::new()
             .name(format!("byzcoll-ucx-{rank}"))
-            .spawn(move || Engine::new(handles, rank, size, engine_mailbox, rx, max).run())
+            .spawn(move || {
+                Engine::new(
+                    handles,
+                    rank,
+                    size,
+                    engine_mailbox,
+                    rx,
+                    engine_wake,
+                    &options,
+                )
+                .run()
+            })
             .map_err(TransportError::Io)?;
         tracing::debug!(rank, size, version = %safe::version(), "ucx transport started");
         Ok(UcxTransport {
@@ -252,7 +311,7 @@ impl UcxTransport {
             size,
             mailbox,
             commands: Some(tx),
-            waker: thread.thread().clone(),
+            wake,
             thread: Some(thread),
             max_message_bytes: max,
         })
@@ -264,7 +323,7 @@ impl Drop for UcxTransport {
         // Closing the queue tells the thread to shut down; it cancels and drains its requests
         // and closes the endpoints within a bounded time.
         self.commands = None;
-        self.waker.unpark();
+        self.wake.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -303,7 +362,7 @@ impl Transport for UcxTransport {
                 &self.mailbox,
                 &step,
                 "ucx",
-                || self.waker.unpark(),
+                || self.wake.wake(),
                 |s, key, payload| {
                     let peer = s.peer;
                     async move {
@@ -317,7 +376,7 @@ impl Transport for UcxTransport {
                             })
                             .await
                             .map_err(|_| "the progress thread is gone".to_string())?;
-                        self.waker.unpark();
+                        self.wake.wake();
                         finished
                             .await
                             .map_err(|_| "the progress thread is gone".to_string())?
@@ -339,32 +398,32 @@ struct Outgoing {
     error: Option<String>,
 }
 
-/// Where the receive side of one peer stands.
-enum Incoming {
-    /// Waiting for the next header.
-    Idle,
-    /// Receiving a header into `buf`.
-    Header {
-        request: Request,
-        buf: Box<[u8; HEADER_LEN]>,
-        seq: u64,
-    },
-    /// A valid header whose receive is not posted yet.
-    Early { header: FrameHeader, seq: u64 },
-    /// The receive is claimed (`None`: the payload is to be discarded); waiting for the
-    /// payload message to show up in a probe, which tells its real length.
-    Claimed {
-        seq: u64,
-        expected: usize,
-        delivery: Option<Delivery>,
-    },
-    /// Receiving a payload into `buf` for `delivery` (`None`: discarding it).
-    Payload {
-        request: Request,
-        buf: BytesMut,
-        len: usize,
-        delivery: Option<Delivery>,
-    },
+/// A header receive posted for the exact tag of one sequence number.
+struct HeaderRecv {
+    seq: u64,
+    request: Request,
+    buf: Box<[u8; HEADER_LEN]>,
+}
+
+/// A payload receive posted for the exact tag of one sequence number, into a buffer of the
+/// length the receiver expects (`delivery`), or of length zero to drain an unwanted payload.
+struct PayloadRecv {
+    peer: Rank,
+    request: Request,
+    buf: PoolBuf,
+    len: usize,
+    delivery: Option<Delivery>,
+}
+
+/// The receive side of one peer.
+#[derive(Default)]
+struct PeerRx {
+    /// Header receives in flight, in sequence order.
+    headers: VecDeque<HeaderRecv>,
+    /// Sequence number of the next header receive to post.
+    next_post: u64,
+    /// Checked headers whose claim is not settled yet, in sequence order.
+    early: VecDeque<(u64, FrameHeader)>,
 }
 
 struct Engine {
@@ -372,8 +431,13 @@ struct Engine {
     me: Rank,
     mailbox: Arc<Mailbox>,
     commands: mpsc::Receiver<Command>,
+    wake: Arc<Wake>,
+    pool: BufferPool,
     outgoing: Vec<Outgoing>,
-    incoming: Vec<Incoming>,
+    rx: Vec<PeerRx>,
+    payloads: Vec<PayloadRecv>,
+    /// Cancelled receives whose buffers must outlive them.
+    retiring: Vec<(Request, Box<[u8; HEADER_LEN]>)>,
     next_seq: Vec<u64>,
     /// The peer's slot is closed: nothing more is received from it.
     closed: Vec<bool>,
@@ -390,48 +454,85 @@ impl Engine {
         size: usize,
         mailbox: Arc<Mailbox>,
         commands: mpsc::Receiver<Command>,
-        max: u64,
+        wake: Arc<Wake>,
+        options: &UcxOptions,
     ) -> Self {
         Engine {
             handles,
             me,
             mailbox,
             commands,
+            wake,
+            pool: BufferPool::new(options.pool_bytes),
             outgoing: Vec::new(),
-            incoming: (0..size).map(|_| Incoming::Idle).collect(),
+            rx: (0..size).map(|_| PeerRx::default()).collect(),
+            payloads: Vec::new(),
+            retiring: Vec::new(),
             next_seq: vec![0; size],
             closed: vec![false; size],
             failed: vec![false; size],
-            max,
+            max: options.max_message_bytes,
         }
     }
 
     fn run(mut self) {
-        let mut last_activity = Instant::now();
-        let mut park = Duration::from_micros(5);
+        let efd = match self.handles.worker.event_fd() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::warn!(error = %e, "ucx: no event descriptor; the progress thread polls");
+                None
+            }
+        };
+        for peer in 0..self.rx.len() {
+            self.post_headers(peer);
+        }
+        let mut idle_since = Instant::now();
         loop {
             let mut busy = false;
             while self.handles.worker.progress() > 0 {
                 busy = true;
             }
+            self.wake.pending.store(false, Ordering::SeqCst);
             match self.take_commands() {
                 None => break,
                 Some(n) => busy |= n > 0,
             }
             busy |= self.handle_failures();
             busy |= self.advance_sends();
-            for peer in 0..self.incoming.len() {
-                busy |= self.advance_receive(peer);
-            }
+            busy |= self.advance_receives();
             if busy {
-                last_activity = Instant::now();
-                park = Duration::from_micros(5);
-            } else if last_activity.elapsed() > SPIN {
-                thread::park_timeout(park);
-                park = (park * 2).min(MAX_PARK);
+                idle_since = Instant::now();
+                continue;
             }
+            if idle_since.elapsed() < SPIN {
+                // Yielding, not spinning: on few cores the tokio threads and the peers' progress
+                // threads need the CPU this thread would burn.
+                thread::yield_now();
+                continue;
+            }
+            self.block(efd);
+            idle_since = Instant::now();
         }
         self.shutdown();
+    }
+
+    /// Sleeps until UCX has events or a transport method wakes the thread. Early headers
+    /// wait for a step that may be retired without a wakeup, so then it sleeps briefly.
+    fn block(&mut self, efd: Option<i32>) {
+        let timeout = if self.rx.iter().any(|r| !r.early.is_empty()) {
+            EARLY_RECHECK_MS
+        } else {
+            IDLE_RECHECK_MS
+        };
+        self.wake.sleeping.store(true, Ordering::SeqCst);
+        if !self.wake.pending.load(Ordering::SeqCst) {
+            match efd.map(|fd| (fd, self.handles.worker.arm())) {
+                Some((fd, Ok(true))) => safe::wait_readable(fd, timeout),
+                Some((_, Ok(false))) => {}
+                Some((_, Err(_))) | None => thread::sleep(Duration::from_micros(50)),
+            }
+        }
+        self.wake.sleeping.store(false, Ordering::SeqCst);
     }
 
     /// Starts queued sends; `None` once the transport has been dropped.
@@ -499,6 +600,13 @@ impl Engine {
             Ok(r) => out.requests.push(r),
             Err(e) => out.error = Some(e.to_string()),
         }
+        if out.requests.iter().all(|r| r.poll() != Poll::Pending) {
+            // Completed at once (small messages usually do): no need to keep it.
+            if let Some(done) = out.done.take() {
+                let _ = done.send(out.error.take().map_or(Ok(()), Err));
+            }
+            return;
+        }
         self.outgoing.push(out);
     }
 
@@ -536,246 +644,235 @@ impl Engine {
         !failed.is_empty()
     }
 
+    /// Closes `peer`'s slot: cancels its header receives, and its payload receives get the
+    /// slot's outcome at once (their buffers stay until UCX completes them).
     fn close_peer(&mut self, peer: Rank, why: Closed) {
         self.closed[peer] = true;
+        let rx = &mut self.rx[peer];
+        rx.early.clear();
+        for h in rx.headers.drain(..) {
+            self.handles.worker.cancel(&h.request);
+            self.retiring.push((h.request, h.buf));
+        }
+        for p in self.payloads.iter_mut().filter(|p| p.peer == peer) {
+            if let Some(d) = p.delivery.take() {
+                d.complete(match &why {
+                    Closed::Gone => RecvOutcome::Missing,
+                    Closed::Violation(w) => RecvOutcome::Malformed(w.clone()),
+                });
+            }
+            self.handles.worker.cancel(&p.request);
+        }
         self.mailbox.close(peer, why);
     }
 
-    /// Moves peer `peer`'s receive side forward; `true` if anything happened.
-    fn advance_receive(&mut self, peer: Rank) -> bool {
+    /// Keeps [`HEADER_WINDOW`] header receives posted for `peer`'s next sequence numbers.
+    fn post_headers(&mut self, peer: Rank) {
         if peer == self.me || self.closed[peer] {
-            return false;
+            return;
         }
-        let state = std::mem::replace(&mut self.incoming[peer], Incoming::Idle);
-        let (next, busy) = match state {
-            Incoming::Idle => match self
-                .handles
-                .worker
-                .probe(tag(peer, KIND_HEADER, 0), kind_mask())
-            {
-                None if self.failed[peer] => {
+        while self.rx[peer].headers.len() < HEADER_WINDOW {
+            let seq = self.rx[peer].next_post;
+            let mut buf = Box::new([0u8; HEADER_LEN]);
+            // SAFETY: `buf` moves into `self.rx[peer].headers` (its heap memory does not
+            // move) and is kept, there or in `self.retiring`, until the request completes.
+            // A receive UCX refuses is a request that completed with the error.
+            let request = unsafe {
+                self.handles.worker.recv(
+                    buf.as_mut_ptr(),
+                    HEADER_LEN,
+                    tag(peer, KIND_HEADER, seq),
+                    u64::MAX,
+                )
+            };
+            self.rx[peer].next_post += 1;
+            self.rx[peer]
+                .headers
+                .push_back(HeaderRecv { seq, request, buf });
+        }
+    }
+
+    /// Moves every peer's receive side forward; `true` if anything happened.
+    fn advance_receives(&mut self) -> bool {
+        let mut busy = false;
+        for peer in 0..self.rx.len() {
+            if peer != self.me && !self.closed[peer] {
+                busy |= self.advance_headers(peer);
+                busy |= self.advance_claims(peer);
+            }
+        }
+        busy |= self.advance_payloads();
+        self.retiring
+            .retain(|(r, _)| matches!(r.poll_recv(), Poll::Pending));
+        busy
+    }
+
+    /// Checks the headers that arrived from `peer`, in order, and reposts their receives.
+    fn advance_headers(&mut self, peer: Rank) -> bool {
+        let mut busy = false;
+        while let Some(front) = self.rx[peer].headers.front() {
+            let result = match front.request.poll_recv() {
+                Poll::Pending if self.failed[peer] => {
                     // Everything the failed peer sent before it went has been taken.
                     self.close_peer(peer, Closed::Gone);
-                    (Incoming::Idle, true)
+                    return true;
                 }
-                None => (Incoming::Idle, false),
-                Some(probed) => {
-                    let seq = probed.tag & SEQ_MASK;
-                    let mut buf = Box::new([0u8; HEADER_LEN]);
-                    // SAFETY: `buf` moves into the returned state and lives until the request
-                    // completes; a longer message is truncated into it and refused below.
-                    match unsafe {
-                        self.handles
-                            .worker
-                            .recv_probed(buf.as_mut_ptr(), HEADER_LEN, &probed)
-                    } {
-                        Ok(request) => (Incoming::Header { request, buf, seq }, true),
-                        Err(e) => {
-                            self.close_peer(peer, Closed::Violation(e.to_string()));
-                            (Incoming::Idle, true)
-                        }
-                    }
-                }
-            },
-            Incoming::Header { request, buf, seq } => match request.poll_recv() {
-                Poll::Pending => (Incoming::Header { request, buf, seq }, false),
-                Poll::Done(Ok(HEADER_LEN)) => match FrameHeader::decode(&buf) {
-                    Ok(h) if h.sender as usize != peer => {
-                        let why = format!("frame claims sender {} on rank {peer}'s tags", h.sender);
-                        self.close_peer(peer, Closed::Violation(why));
-                        (Incoming::Idle, true)
-                    }
-                    Ok(h) if h.len > self.max => {
-                        let why =
-                            format!("frame of {} bytes exceeds the limit of {}", h.len, self.max);
-                        self.close_peer(peer, Closed::Violation(why));
-                        (Incoming::Idle, true)
-                    }
-                    Ok(header) => (Incoming::Early { header, seq }, true),
-                    Err(why) => {
-                        self.close_peer(peer, Closed::Violation(why));
-                        (Incoming::Idle, true)
-                    }
+                Poll::Pending => break,
+                Poll::Done(result) => result,
+            };
+            busy = true;
+            let Some(HeaderRecv { seq, buf, .. }) = self.rx[peer].headers.pop_front() else {
+                break;
+            };
+            let checked = match result {
+                Ok(HEADER_LEN) => match FrameHeader::decode(&buf) {
+                    Ok(h) if h.sender as usize != peer => Err(format!(
+                        "frame claims sender {} on rank {peer}'s tags",
+                        h.sender
+                    )),
+                    Ok(h) if h.len > self.max || usize::try_from(h.len).is_err() => Err(format!(
+                        "frame of {} bytes exceeds the limit of {}",
+                        h.len, self.max
+                    )),
+                    other => other,
                 },
-                Poll::Done(result) => {
-                    let why = match result {
-                        Ok(len) => format!("header of {len} bytes"),
-                        Err(e) => format!("header receive failed: {}", safe::status_text(e)),
-                    };
-                    self.close_peer(peer, Closed::Violation(why));
-                    (Incoming::Idle, true)
+                Ok(len) => Err(format!("header of {len} bytes")),
+                Err(sys::ucs_status_t::UCS_ERR_MESSAGE_TRUNCATED) => {
+                    Err("header longer than 32 bytes".to_string())
                 }
-            },
-            Incoming::Early { header, seq } => match self.mailbox.try_claim(peer, header.key()) {
-                None => (Incoming::Early { header, seq }, false),
-                Some(Claim::Closed) => (Incoming::Idle, true),
-                Some(Claim::Stale) => (
-                    Incoming::Claimed {
-                        seq,
-                        expected: 0,
-                        delivery: None,
-                    },
-                    true,
-                ),
+                Err(e) => Err(format!("header receive failed: {}", safe::status_text(e))),
+            };
+            match checked {
+                Ok(header) => self.rx[peer].early.push_back((seq, header)),
+                Err(why) => {
+                    self.close_peer(peer, Closed::Violation(why));
+                    return true;
+                }
+            }
+        }
+        if busy {
+            self.post_headers(peer);
+        }
+        busy
+    }
+
+    /// Claims the receives of `peer`'s checked headers, in order, and posts their payload
+    /// receives: into a buffer of the expected length, or (stale step, wrong length) into an
+    /// empty one that drains the payload. So no allocation is sized by a peer's number.
+    fn advance_claims(&mut self, peer: Rank) -> bool {
+        let mut busy = false;
+        while let Some(&(seq, header)) = self.rx[peer].early.front() {
+            let delivery = match self.mailbox.try_claim(peer, header.key()) {
+                None => break,
+                Some(Claim::Closed) => {
+                    self.rx[peer].early.clear();
+                    return true;
+                }
+                Some(Claim::Stale) => None,
                 Some(Claim::Posted(d)) if header.len != d.expected_len() as u64 => {
                     let expected = d.expected_len();
                     d.complete(RecvOutcome::Malformed(format!(
                         "frame of {} bytes, expected {expected}",
                         header.len
                     )));
-                    (
-                        Incoming::Claimed {
-                            seq,
-                            expected: 0,
-                            delivery: None,
-                        },
-                        true,
-                    )
+                    None
                 }
-                Some(Claim::Posted(d)) => {
-                    let expected = d.expected_len();
-                    (
-                        Incoming::Claimed {
-                            seq,
-                            expected,
-                            delivery: Some(d),
-                        },
-                        true,
-                    )
-                }
-            },
-            Incoming::Claimed {
-                seq,
-                expected,
-                delivery,
-            } => {
-                match self
-                    .handles
-                    .worker
-                    .probe(tag(peer, KIND_PAYLOAD, seq), u64::MAX)
-                {
-                    None => (
-                        Incoming::Claimed {
-                            seq,
-                            expected,
-                            delivery,
-                        },
-                        false,
-                    ),
-                    Some(probed) => (self.receive_payload(peer, probed, expected, delivery), true),
-                }
-            }
-            Incoming::Payload {
-                request,
-                mut buf,
-                len,
-                delivery,
-            } => match request.poll_recv() {
-                Poll::Pending => (
-                    Incoming::Payload {
-                        request,
-                        buf,
-                        len,
-                        delivery,
-                    },
-                    false,
-                ),
-                Poll::Done(result) => {
-                    drop(request);
-                    if let Some(d) = delivery {
-                        match result {
-                            Ok(got) if got == len => {
-                                // SAFETY: UCX wrote exactly `len` bytes into the capacity.
-                                unsafe { buf.set_len(len) };
-                                d.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
-                            }
-                            Ok(got) => d.complete(RecvOutcome::Malformed(format!(
-                                "payload of {got} bytes, expected {len}"
-                            ))),
-                            Err(e) => d.complete(RecvOutcome::Malformed(format!(
-                                "payload receive failed: {}",
-                                safe::status_text(e)
-                            ))),
-                        }
-                    }
-                    (Incoming::Idle, true)
-                }
-            },
-        };
-        self.incoming[peer] = next;
-        busy
-    }
-
-    /// Receives a probed payload into a buffer of exactly `expected` bytes when its length is
-    /// that, and otherwise (or with no delivery) into an empty buffer, which UCX truncates:
-    /// the payload is consumed and discarded without allocating what the peer announced.
-    fn receive_payload(
-        &mut self,
-        peer: Rank,
-        probed: safe::Probed,
-        expected: usize,
-        delivery: Option<Delivery>,
-    ) -> Incoming {
-        let (len, delivery) = match delivery {
-            Some(d) if probed.length == expected => (expected, Some(d)),
-            Some(d) => {
-                d.complete(RecvOutcome::Malformed(format!(
-                    "payload of {} bytes, expected {expected}",
-                    probed.length
-                )));
-                (0, None)
-            }
-            None => (0, None),
-        };
-        let mut buf = BytesMut::with_capacity(len);
-        // SAFETY: `buf` owns `len` bytes of capacity and moves into the returned state, which
-        // keeps it (without reallocation) until the request completes.
-        let posted = unsafe {
-            self.handles.worker.recv_probed(
-                buf.spare_capacity_mut().as_mut_ptr().cast(),
-                len,
-                &probed,
-            )
-        };
-        match posted {
-            Ok(request) => Incoming::Payload {
+                Some(Claim::Posted(d)) => Some(d),
+            };
+            self.rx[peer].early.pop_front();
+            busy = true;
+            let len = delivery.as_ref().map_or(0, Delivery::expected_len);
+            let mut buf = self.pool.take(len);
+            // SAFETY: `buf` has room for `len` bytes and moves into `self.payloads` (its heap
+            // memory does not move), which keeps it until the request completes. A receive
+            // that completed at once (or was refused) is handled there too.
+            let request = unsafe {
+                self.handles.worker.recv(
+                    buf.as_mut_ptr(),
+                    len,
+                    tag(peer, KIND_PAYLOAD, seq),
+                    u64::MAX,
+                )
+            };
+            self.payloads.push(PayloadRecv {
+                peer,
                 request,
                 buf,
                 len,
                 delivery,
-            },
-            Err(e) => {
-                // A discarded payload reports truncation here; that is the point.
-                if let Some(d) = delivery {
-                    d.complete(RecvOutcome::Malformed(e.to_string()));
-                } else {
-                    tracing::trace!(peer, error = %e, "discarded a payload");
+            });
+        }
+        busy
+    }
+
+    /// Delivers the payloads that arrived. A payload of another length than its header
+    /// announced is `Malformed`; a drained one is dropped.
+    fn advance_payloads(&mut self) -> bool {
+        let before = self.payloads.len();
+        let mut i = 0;
+        while i < self.payloads.len() {
+            let result = match self.payloads[i].request.poll_recv() {
+                Poll::Pending => {
+                    i += 1;
+                    continue;
                 }
-                Incoming::Idle
+                Poll::Done(result) => result,
+            };
+            let PayloadRecv {
+                peer,
+                request,
+                mut buf,
+                len,
+                delivery,
+            } = self.payloads.swap_remove(i);
+            drop(request);
+            let Some(d) = delivery else {
+                tracing::trace!(peer, "ucx: drained a payload");
+                continue;
+            };
+            match result {
+                Ok(got) if got == len => {
+                    // SAFETY: UCX wrote exactly `len` bytes into the buffer's capacity.
+                    unsafe { buf.set_len(len) };
+                    d.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
+                }
+                Ok(got) => d.complete(RecvOutcome::Malformed(format!(
+                    "payload of {got} bytes, expected {len}"
+                ))),
+                Err(sys::ucs_status_t::UCS_ERR_MESSAGE_TRUNCATED) => d.complete(
+                    RecvOutcome::Malformed(format!("payload longer than the expected {len} bytes")),
+                ),
+                Err(e) => d.complete(RecvOutcome::Malformed(format!(
+                    "payload receive failed: {}",
+                    safe::status_text(e)
+                ))),
             }
         }
+        self.payloads.len() != before
     }
 
     /// Cancels receives, lets sends finish (briefly), closes endpoints, then destroys the
-    /// worker (and with it the context). Buffers of requests UCX never completes are leaked, not freed.
+    /// worker (and with it the context). Buffers of requests UCX never completes are leaked,
+    /// not freed.
     fn shutdown(mut self) {
-        for state in &self.incoming {
-            match state {
-                Incoming::Header { request, .. } | Incoming::Payload { request, .. } => {
-                    self.handles.worker.cancel(request)
-                }
-                _ => {}
+        for rx in &mut self.rx {
+            for h in rx.headers.drain(..) {
+                self.handles.worker.cancel(&h.request);
+                self.retiring.push((h.request, h.buf));
             }
+        }
+        for p in &self.payloads {
+            self.handles.worker.cancel(&p.request);
         }
         let deadline = Instant::now() + Duration::from_secs(2);
         while Instant::now() < deadline {
             self.handles.worker.progress();
             self.advance_sends();
-            let receiving = self.incoming.iter().any(|s| {
-                matches!(s, Incoming::Header { request, .. } | Incoming::Payload { request, .. }
-                    if matches!(request.poll(), Poll::Pending))
-            });
-            if self.outgoing.is_empty() && !receiving {
+            self.payloads
+                .retain(|p| matches!(p.request.poll_recv(), Poll::Pending));
+            self.retiring
+                .retain(|(r, _)| matches!(r.poll_recv(), Poll::Pending));
+            if self.outgoing.is_empty() && self.payloads.is_empty() && self.retiring.is_empty() {
                 break;
             }
             thread::sleep(Duration::from_micros(50));
@@ -793,16 +890,12 @@ impl Engine {
             thread::sleep(Duration::from_micros(50));
         }
         drop(closes);
-        let unfinished = !self.outgoing.is_empty()
-            || self
-                .incoming
-                .iter()
-                .any(|s| matches!(s, Incoming::Header { .. } | Incoming::Payload { .. }));
-        if unfinished {
+        if !self.outgoing.is_empty() || !self.payloads.is_empty() || !self.retiring.is_empty() {
             // UCX may still own these buffers: never free them under it.
             tracing::warn!("ucx shutdown: leaking buffers of requests that did not complete");
             std::mem::forget(std::mem::take(&mut self.outgoing));
-            std::mem::forget(std::mem::take(&mut self.incoming));
+            std::mem::forget(std::mem::take(&mut self.payloads));
+            std::mem::forget(std::mem::take(&mut self.retiring));
         }
         drop(self.handles);
     }

@@ -18,7 +18,7 @@ mod engine;
 pub mod safe;
 
 #[cfg(feature = "ucx")]
-pub use engine::{UcxOptions, UcxTransport, MAX_PARK, MAX_RANKS};
+pub use engine::{UcxOptions, UcxTransport, HEADER_WINDOW, MAX_RANKS, SPIN};
 
 #[cfg(all(test, feature = "ucx"))]
 mod tests {

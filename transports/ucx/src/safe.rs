@@ -65,7 +65,8 @@ unsafe impl Sync for ContextHandle {}
 
 impl Context {
     /// Reads UCX's configuration from the environment (`UCX_TLS`, `UCX_NET_DEVICES`, ...) and
-    /// initialises a context with the tag-matching feature.
+    /// initialises a context with the tag-matching and wakeup features (so that a worker's
+    /// thread can block on [`Worker::event_fd`] instead of polling).
     ///
     /// # Errors
     /// When the configuration cannot be read or UCP cannot initialise.
@@ -79,7 +80,8 @@ impl Context {
         )?;
         let params = sys::ucp_params_t {
             field_mask: sys::ucp_params_field::UCP_PARAM_FIELD_FEATURES as u64,
-            features: sys::ucp_feature::UCP_FEATURE_TAG as u64,
+            features: (sys::ucp_feature::UCP_FEATURE_TAG | sys::ucp_feature::UCP_FEATURE_WAKEUP)
+                as u64,
             ..Default::default()
         };
         let mut raw: sys::ucp_context_h = ptr::null_mut();
@@ -246,6 +248,66 @@ impl Worker {
         Request::from_recv_ptr(ptr, &info, "ucp_tag_msg_recv_nbx")
     }
 
+    /// Posts a receive of a message whose tag matches `tag` under `mask` into `buf[..len]`.
+    /// A longer message completes with `UCS_ERR_MESSAGE_TRUNCATED` (and is consumed). A
+    /// receive that completes at once, with an error too, is a request that is already done,
+    /// which [`Request::poll_recv`] reports.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and unaliased for `len` bytes until the request completes (or is
+    /// cancelled and completed).
+    pub unsafe fn recv(&self, buf: *mut u8, len: usize, tag: u64, mask: u64) -> Request {
+        // Always a request (UCX 1.13 does not report the length of an immediate completion).
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::ucp_op_attr_t::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+            ..Default::default()
+        };
+        let info = sys::ucp_tag_recv_info_t::default();
+        // SAFETY: per this function's contract.
+        let ptr = unsafe { sys::ucp_tag_recv_nbx(self.raw, buf.cast(), len, tag, mask, &param) };
+        match Request::from_recv_ptr(ptr, &info, "ucp_tag_recv_nbx") {
+            Ok(r) => r,
+            Err(e) => Request {
+                raw: None,
+                immediate: Err(e.status),
+            },
+        }
+    }
+
+    /// The file descriptor that becomes readable when the worker has events, after
+    /// [`Worker::arm`] returned `true`.
+    ///
+    /// # Errors
+    /// When the context was created without the wakeup feature.
+    pub fn event_fd(&self) -> Result<i32, UcxError> {
+        let mut fd = -1;
+        // SAFETY: the worker is alive; fd is writable.
+        check(
+            unsafe { sys::ucp_worker_get_efd(self.raw, &mut fd) },
+            "ucp_worker_get_efd",
+        )?;
+        Ok(fd)
+    }
+
+    /// Arms the worker's event file descriptor: `Ok(true)` when the thread may now block on
+    /// it, `Ok(false)` when events are already pending (progress first).
+    ///
+    /// # Errors
+    /// When UCP cannot arm the worker.
+    pub fn arm(&self) -> Result<bool, UcxError> {
+        // SAFETY: the worker is alive and used by this thread only.
+        match unsafe { sys::ucp_worker_arm(self.raw) } {
+            sys::ucs_status_t::UCS_ERR_BUSY => Ok(false),
+            status => check(status, "ucp_worker_arm").map(|()| true),
+        }
+    }
+
+    /// A handle that wakes the thread blocked on this worker's event descriptor, from any
+    /// thread.
+    pub fn signaller(&self) -> Signaller {
+        Signaller { raw: self.raw }
+    }
+
     /// Cancels `req` (it still has to complete, with `UCS_ERR_CANCELED`, through progress).
     pub fn cancel(&self, req: &Request) {
         if let Some(raw) = req.raw {
@@ -253,6 +315,54 @@ impl Worker {
             unsafe { sys::ucp_request_cancel(self.raw, raw) };
         }
     }
+}
+
+/// Wakes a thread blocked on a worker's event descriptor ([`Worker::signaller`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Signaller {
+    raw: sys::ucp_worker_h,
+}
+
+// SAFETY: ucp_worker_signal may be called from any thread, concurrently with the worker's own
+// thread.
+unsafe impl Send for Signaller {}
+// SAFETY: as above.
+unsafe impl Sync for Signaller {}
+
+impl Signaller {
+    /// Makes the worker's event descriptor readable (`ucp_worker_signal`).
+    ///
+    /// # Safety
+    /// The worker must not have been destroyed.
+    pub unsafe fn signal(&self) {
+        // SAFETY: per this function's contract.
+        let _ = unsafe { sys::ucp_worker_signal(self.raw) };
+    }
+}
+
+#[repr(C)]
+struct PollFd {
+    fd: i32,
+    events: i16,
+    revents: i16,
+}
+
+const POLLIN: i16 = 1;
+
+extern "C" {
+    // From the C library, which std links.
+    fn poll(fds: *mut PollFd, nfds: u64, timeout: i32) -> i32;
+}
+
+/// Blocks until `fd` is readable or `timeout_ms` milliseconds have passed.
+pub fn wait_readable(fd: i32, timeout_ms: i32) {
+    let mut p = PollFd {
+        fd,
+        events: POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd; an interrupted or failed poll just returns early.
+    let _ = unsafe { poll(&mut p, 1, timeout_ms) };
 }
 
 impl Drop for Worker {
@@ -300,17 +410,17 @@ impl Endpoint {
         let ptr = unsafe { sys::ucp_ep_close_nbx(self.raw, &param) };
         Request::from_status_ptr(ptr, "ucp_ep_close_nbx").unwrap_or(Request {
             raw: None,
-            immediate_len: 0,
+            immediate: Ok(0),
         })
     }
 }
 
 /// An operation in flight (or already complete when `raw` is `None`, having received
-/// `immediate_len` bytes).
+/// `immediate` bytes or failed with that status).
 #[derive(Debug)]
 pub struct Request {
     raw: Option<*mut c_void>,
-    immediate_len: usize,
+    immediate: Result<usize, sys::ucs_status_t::Type>,
 }
 
 /// The state of a [`Request`].
@@ -330,7 +440,7 @@ impl Request {
     ) -> Result<Self, UcxError> {
         let mut r = Self::from_status_ptr(ptr, call)?;
         if r.raw.is_none() {
-            r.immediate_len = info.length;
+            r.immediate = Ok(info.length);
         }
         Ok(r)
     }
@@ -339,7 +449,7 @@ impl Request {
         if ptr.is_null() {
             Ok(Request {
                 raw: None,
-                immediate_len: 0,
+                immediate: Ok(0),
             })
         } else if sys::ucs_ptr_is_err(ptr) {
             Err(UcxError {
@@ -349,7 +459,7 @@ impl Request {
         } else {
             Ok(Request {
                 raw: Some(ptr),
-                immediate_len: 0,
+                immediate: Ok(0),
             })
         }
     }
@@ -357,7 +467,7 @@ impl Request {
     /// The state of a send or close request.
     pub fn poll(&self) -> Poll {
         let Some(raw) = self.raw else {
-            return Poll::Done(Ok(0));
+            return Poll::Done(self.immediate.map(|_| 0));
         };
         // SAFETY: raw is an outstanding request that has not been freed.
         match unsafe { sys::ucp_request_check_status(raw) } {
@@ -370,7 +480,7 @@ impl Request {
     /// The state of a receive request, with the received length.
     pub fn poll_recv(&self) -> Poll {
         let Some(raw) = self.raw else {
-            return Poll::Done(Ok(self.immediate_len));
+            return Poll::Done(self.immediate);
         };
         let mut info = sys::ucp_tag_recv_info_t::default();
         // SAFETY: raw is an outstanding receive request that has not been freed.
