@@ -15,12 +15,17 @@ use crate::{
 };
 
 /// Krum scores of the `active` inputs against each other: for each, the sum of its
-/// `active.len() - f - 2` smallest squared distances to the other active inputs.
+/// `active.len() - f - 2` smallest squared distances to the other active inputs. An input
+/// holding non-finite values scores `+inf` even when that sum is empty (Bulyan's last rounds
+/// with `f = 1`), so it is never preferred to a finite one.
 fn scores(dist: &[f64], n: usize, active: &[usize], f: usize) -> Vec<f64> {
     let k = active.len().saturating_sub(f + 2);
     active
         .iter()
         .map(|&i| {
+            if !is_finite_input(dist, n, i) {
+                return f64::INFINITY;
+            }
             let mut ds: Vec<f64> = active
                 .iter()
                 .filter(|&&j| j != i)
@@ -372,5 +377,26 @@ impl Aggregator for Bulyan {
     }
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
         crate::dispatch!(self, inputs, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate_into;
+
+    /// Bulyan's last selection rounds with f = 1 score every input 0 (empty neighbour sums):
+    /// the one non-finite input must still never be chosen.
+    #[test]
+    fn bulyan_never_prefers_a_non_finite_input_on_empty_scores() {
+        let mut inputs: Vec<Vec<f32>> = (0..7).map(|i| vec![i as f32 * 0.1; 4]).collect();
+        inputs[0][2] = f32::NAN;
+        let views: Vec<&[f32]> = inputs.iter().map(|v| v.as_slice()).collect();
+        let mut out = [0.0f32; 4];
+        let report = aggregate_into(&Bulyan::new(1), &views, &mut out).expect("f = 1 NaN input");
+        let selected = report.selected.expect("selection");
+        assert_eq!(selected.len(), 5);
+        assert!(!selected.contains(&0), "selected {selected:?}");
+        assert!(out.iter().all(|v| v.is_finite()));
     }
 }

@@ -64,6 +64,14 @@ pub mod iteration {
 pub use krum::{Bulyan, Krum, MultiKrum};
 pub use nnm::Nnm;
 
+/// Batcher's merge-exchange sorting network for `n` wires as `(lo, hi)` compare-exchange pairs
+/// in execution order, pruned to the comparators that can influence the output positions
+/// `needed` (after the network, those positions hold the values of those ranks). The CPU rules
+/// run it across blocks of coordinates; the CUDA kernels compile it into straight-line code.
+pub fn sorting_network(n: usize, needed: std::ops::Range<usize>) -> Vec<(usize, usize)> {
+    network::pruned(n, needed)
+}
+
 /// Borrowed input vectors, one slice per input, all of the same length.
 ///
 /// Non-exhaustive: device-memory inputs (CUDA) will be added as further variants; a rule that
@@ -189,6 +197,17 @@ pub enum AggError {
     /// A parameter is out of range or a rule name is not known.
     #[error("invalid aggregator specification: {0}")]
     InvalidSpec(String),
+    /// The device or library that runs the rule (e.g. the CUDA driver or NVRTC) failed; the
+    /// output is not written.
+    #[error("{rule}: {backend} failed: {message}")]
+    Backend {
+        /// Rule name.
+        rule: String,
+        /// What failed, e.g. `CUDA`.
+        backend: &'static str,
+        /// The backend's message.
+        message: String,
+    },
     /// The rule cannot read this kind of input (element type or memory kind).
     #[error("{rule} does not support {what}")]
     Unsupported {
