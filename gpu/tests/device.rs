@@ -1,0 +1,263 @@
+//! The CUDA rules on a real GPU, checked against the CPU rules on fresh random inputs.
+//!
+//! Every test skips with a visible `SKIPPED` line where there is no GPU (CI); the kernels' logic
+//! is also checked without a GPU in `tests/emulated.rs`. Tolerances as stated there: f32 results
+//! of the network path (n ≤ 64), Multi-Krum's mean and Bulyan's phase are bitwise those of the
+//! CPU; the selection path (n > 64) within one f32 ulp; bf16/f16 equal the CPU rule on the
+//! widened values rounded to the element type.
+
+use std::io::Write as _;
+use std::sync::Arc;
+
+use byzcoll_aggregators::{aggregate_into, build, AggError, Params};
+use byzcoll_cuda::{robust_all_reduce_device, CudaRule, Gpu};
+use byzcoll_runtime::{Communicator, Config, Policy, Replicas};
+use byzcoll_transport_local::LocalTransport;
+use cudarc::driver::CudaSlice;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn gpu() -> Option<Arc<Gpu>> {
+    match Gpu::probe() {
+        Ok(gpu) => Some(gpu),
+        Err(e) => {
+            // Written to the process's stderr, past libtest's capture, so the skip is visible.
+            let _ = writeln!(std::io::stderr(), "SKIPPED: no usable GPU ({e})");
+            None
+        }
+    }
+}
+
+fn inputs(rng: &mut StdRng, n: usize, d: usize) -> Vec<Vec<f32>> {
+    let centre: Vec<f32> = (0..d).map(|_| rng.gen_range(-10.0..10.0)).collect();
+    (0..n)
+        .map(|_| {
+            centre
+                .iter()
+                .map(|c| c + rng.gen_range(-1.0..1.0))
+                .collect()
+        })
+        .collect()
+}
+
+fn cpu(rule: &str, f: usize, x: &[Vec<f32>]) -> Result<(Vec<f32>, Option<Vec<usize>>), AggError> {
+    let views: Vec<&[f32]> = x.iter().map(|v| v.as_slice()).collect();
+    let mut out = vec![0.0f32; x[0].len()];
+    let rule = build(
+        rule,
+        &Params {
+            f,
+            ..Params::default()
+        },
+    )?;
+    let report = aggregate_into(&*rule, &views, &mut out)?;
+    Ok((out, report.selected))
+}
+
+fn device(
+    gpu: &Gpu,
+    rule: &CudaRule,
+    x: &[Vec<f32>],
+) -> Result<(Vec<f32>, Option<Vec<usize>>), AggError> {
+    let stream = gpu.stream();
+    let rows: Vec<CudaSlice<f32>> = x
+        .iter()
+        .map(|v| stream.clone_htod(v).expect("upload"))
+        .collect();
+    let mut out = stream.alloc_zeros::<f32>(x[0].len()).expect("alloc");
+    let report = rule.aggregate_device(&rows, &mut out)?;
+    Ok((stream.clone_dtoh(&out).expect("download"), report.selected))
+}
+
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    for (j, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= w.abs() * 1.2e-7,
+            "{what}: coordinate {j}: {g} vs {w}"
+        );
+    }
+}
+
+const RULES: [&str; 5] = ["median", "trimmed-mean", "krum", "multi-krum", "bulyan"];
+
+#[test]
+fn every_rule_matches_the_cpu_rule_on_the_device() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(21);
+    for n in [3, 4, 7, 16, 17, 64, 65, 130] {
+        let d = 10_007;
+        let x = inputs(&mut rng, n, d);
+        for rule in RULES {
+            for f in [0, (n - 1) / 4, (n - 1) / 2] {
+                let params = Params {
+                    f,
+                    ..Params::default()
+                };
+                let cuda = CudaRule::new(gpu.clone(), rule, &params).expect("rule");
+                let want = cpu(rule, f, &x);
+                let got = device(&gpu, &cuda, &x);
+                let what = format!("{rule} n = {n} f = {f}");
+                match (got, want) {
+                    (Ok(got), Ok(want)) => {
+                        assert_eq!(got.1, want.1, "{what}: selection");
+                        if n <= 64 || rule != "median" && rule != "trimmed-mean" {
+                            assert_eq!(got.0, want.0, "{what}: must be bitwise");
+                        } else {
+                            assert_close(&got.0, &want.0, &what);
+                        }
+                    }
+                    (Err(AggError::Precondition { .. }), Err(AggError::Precondition { .. })) => {}
+                    (Err(AggError::Unsupported { .. }), Ok(_)) if rule == "bulyan" => {}
+                    (got, want) => panic!("{what}: GPU {got:?}, CPU {want:?}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn non_finite_inputs_follow_the_cpu_policy_on_the_device() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(22);
+    for n in [5, 8, 33, 65] {
+        let f = (n - 1) / 2;
+        let d = 4099;
+        let mut x = inputs(&mut rng, n, d);
+        for (i, v) in x.iter_mut().take(f).enumerate() {
+            for (j, c) in v.iter_mut().enumerate() {
+                *c = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][(i + j) % 3];
+            }
+        }
+        for rule in ["median", "trimmed-mean"] {
+            let cuda = CudaRule::new(
+                gpu.clone(),
+                rule,
+                &Params {
+                    f,
+                    ..Params::default()
+                },
+            )
+            .expect("rule");
+            let (got, _) = device(&gpu, &cuda, &x).expect("f non-finite inputs are tolerated");
+            assert!(got.iter().all(|v| v.is_finite()), "{rule} n = {n}");
+            let (want, _) = cpu(rule, f, &x).expect("cpu");
+            assert_close(&got, &want, &format!("{rule} n = {n}"));
+        }
+        let mut y = x.clone();
+        for v in y.iter_mut().take(f + 1) {
+            v[1234] = f32::NAN;
+        }
+        let cuda = CudaRule::new(
+            gpu.clone(),
+            "median",
+            &Params {
+                f,
+                ..Params::default()
+            },
+        )
+        .expect("rule");
+        match device(&gpu, &cuda, &y) {
+            Err(AggError::NonFiniteResult { coordinate, .. }) => assert_eq!(coordinate, 1234),
+            other => panic!("median n = {n} with f + 1 NaN: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn half_precision_inputs_are_aggregated_in_float() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(23);
+    let stream = gpu.stream();
+    for n in [5, 16, 65] {
+        let d = 3001;
+        let x = inputs(&mut rng, n, d);
+        let f = (n - 1) / 2;
+        let cuda = CudaRule::new(
+            gpu.clone(),
+            "median",
+            &Params {
+                f,
+                ..Params::default()
+            },
+        )
+        .expect("rule");
+        let bf: Vec<Vec<half::bf16>> = x
+            .iter()
+            .map(|v| v.iter().map(|&c| half::bf16::from_f32(c)).collect())
+            .collect();
+        let widened: Vec<Vec<f32>> = bf
+            .iter()
+            .map(|v| v.iter().map(|c| c.to_f32()).collect())
+            .collect();
+        let rows: Vec<CudaSlice<half::bf16>> = bf
+            .iter()
+            .map(|v| stream.clone_htod(v).expect("upload"))
+            .collect();
+        let mut out = stream.alloc_zeros::<half::bf16>(d).expect("alloc");
+        cuda.aggregate_device(&rows, &mut out).expect("bf16 median");
+        let got = stream.clone_dtoh(&out).expect("download");
+        let (want, _) = cpu("median", f, &widened).expect("cpu");
+        let want: Vec<half::bf16> = want.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        assert_eq!(got, want, "bf16 median of {n}");
+    }
+}
+
+#[test]
+fn rules_without_kernels_are_refused_not_run_elsewhere() {
+    let Some(gpu) = gpu() else { return };
+    for rule in ["geometric-median", "nnm+median", "mean"] {
+        match CudaRule::new(gpu.clone(), rule, &Params::default()) {
+            Err(AggError::Unsupported { .. }) => {}
+            other => panic!("{rule}: {other:?}"),
+        }
+    }
+}
+
+/// Seven ranks (tasks of this process over the local transport) share the GPU: the robust
+/// all-reduce with the CUDA rule gives bitwise the CPU rule's result in gather and sharded
+/// modes, and on device vectors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn robust_all_reduce_with_the_gpu_rule_matches_the_cpu_rule() {
+    let Some(gpu) = gpu() else { return };
+    let n = 7;
+    let d = 5000;
+    let mut rng = StdRng::seed_from_u64(24);
+    let x = inputs(&mut rng, n, d);
+    for rule in ["median", "trimmed-mean", "krum", "bulyan"] {
+        let f = if rule == "bulyan" { 1 } else { 2 };
+        let params = Params {
+            f,
+            ..Params::default()
+        };
+        for policy in [Policy::Gather, Policy::Sharded(Replicas::Tolerant)] {
+            let mut tasks = Vec::new();
+            for (r, t) in LocalTransport::world(n).into_iter().enumerate() {
+                let (gpu, mine, params) = (gpu.clone(), x[r].clone(), params.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut comm = Communicator::new(Box::new(t), Config::default());
+                    let cuda = CudaRule::new(gpu.clone(), rule, &params).expect("rule");
+                    let reference = build(rule, &params).expect("rule");
+                    let mut on_gpu = mine.clone();
+                    comm.robust_all_reduce(&mut on_gpu, &cuda, policy)
+                        .await
+                        .expect("gpu rule");
+                    let mut on_cpu = mine.clone();
+                    comm.robust_all_reduce(&mut on_cpu, &*reference, policy)
+                        .await
+                        .expect("cpu rule");
+                    let mut dev = gpu.stream().clone_htod(&mine).expect("upload");
+                    robust_all_reduce_device(&mut comm, &mut dev, &cuda, policy)
+                        .await
+                        .expect("device vector");
+                    let dev = gpu.stream().clone_dtoh(&dev).expect("download");
+                    (on_gpu, on_cpu, dev)
+                }));
+            }
+            for task in tasks {
+                let (on_gpu, on_cpu, dev) = task.await.expect("rank");
+                assert_eq!(on_gpu, on_cpu, "{rule} {policy:?}");
+                assert_eq!(dev, on_cpu, "{rule} {policy:?} on device vectors");
+            }
+        }
+    }
+}
