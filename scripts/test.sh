@@ -3,7 +3,10 @@
 # (Open MPI's mpirun and a one-node Slurm cluster for the launcher tests; UCX, libfabric,
 # pkg-config and libclang for the UCX and libfabric transports), then checks formatting and lints,
 # and runs every unit, conformance, multi-process and doc test, examples included: once with the
-# default features (no system libraries) and once with `--features ucx,libfabric`.
+# default features (no system libraries) and once with `--features ucx,libfabric,cuda,nccl`.
+# There is no GPU in CI: the CUDA kernels are compiled for sm_90 by NVRTC (the nvidia-cuda-nvrtc
+# wheel, installed below), run under the CPU emulation of byzcoll-cuda-emu, and the GPU tests
+# print SKIPPED (counted in the closing line).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +27,16 @@ if [ ${#apt_packages[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_packages[@]}"
 fi
 
+# NVRTC for the kernel compile test: the CUDA toolkit's if there is one, else the PyPI wheel
+# (CUDA 13.0, the version byzcoll-cuda binds to by default).
+nvrtc_dir=${BYZCOLL_NVRTC_DIR:-/opt/byzcoll-nvrtc}
+if ! ldconfig -p | grep -q 'libnvrtc\.so' && [ ! -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then
+    echo "== installing NVRTC (pip nvidia-cuda-nvrtc 13.0) into $nvrtc_dir"
+    python3 -m pip install -q --disable-pip-version-check --target "$nvrtc_dir" "nvidia-cuda-nvrtc==13.0.*"
+fi
+export LD_LIBRARY_PATH="$nvrtc_dir/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export BYZCOLL_REQUIRE_NVRTC=1
+
 # Tests fail, rather than skip, when a launcher they exercise is missing.
 export BYZCOLL_REQUIRE_MPI=1
 # Keep UCX and libfabric's socket providers on loopback, and UCX quiet.
@@ -39,17 +52,22 @@ export SLURM_CONF BYZCOLL_REQUIRE_SLURM=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy (default features, then ucx and libfabric)"
+all_features=byzcoll/ucx,byzcoll/libfabric,byzcoll/cuda,byzcoll/nccl
+echo "== cargo clippy (default features, then ucx, libfabric, cuda and nccl)"
 cargo clippy --workspace --all-targets -- -D warnings
-cargo clippy --workspace --all-targets --features byzcoll/ucx,byzcoll/libfabric -- -D warnings
+cargo clippy --workspace --all-targets --features "$all_features" -- -D warnings
 echo "== cargo test (default features: no system libraries)"
 cargo test --workspace 2>&1 | tee -a "$log"
-echo "== cargo test --features ucx,libfabric (UCX_TLS=tcp,self, FI_PROVIDER=tcp;ofi_rxm)"
+echo "== cargo test --features ucx,libfabric,cuda,nccl (UCX_TLS=tcp,self, FI_PROVIDER=tcp;ofi_rxm)"
+# byzcoll-cuda's own tests do not depend on these features and ran above.
 UCX_TLS=tcp,self FI_PROVIDER="tcp;ofi_rxm" \
-    cargo test --workspace --features byzcoll/ucx,byzcoll/libfabric 2>&1 | tee -a "$log"
+    cargo test --workspace --exclude byzcoll-cuda --exclude byzcoll-cuda-emu \
+    --features "$all_features" 2>&1 | tee -a "$log"
 echo "== shared-memory conformance: UCX_TLS=sm,self and FI_PROVIDER=shm"
 UCX_TLS=sm,self cargo test -p byzcoll-transport-ucx --features ucx 2>&1 | tee -a "$log"
 FI_PROVIDER=shm cargo test -p byzcoll-transport-libfabric --features libfabric 2>&1 | tee -a "$log"
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # crate with nothing in it).
-awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "total: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+# Skipped: ignored tests, and tests that found no GPU and said so with a SKIPPED line.
+awk '/^test result:/ { p += $4; f += $6; i += $8 } /^SKIPPED:/ { s += 1 }
+     END { printf "total: %d passed (%d of them skipped for want of a GPU), %d failed, %d ignored\n", p, s, f, i }' "$log"

@@ -31,6 +31,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 pub use byzcoll_aggregators as aggregators;
+/// CUDA aggregation rules (feature `cuda`).
+#[cfg(feature = "cuda")]
+pub use byzcoll_cuda as cuda;
 pub use byzcoll_runtime::{
     bootstrap, mailbox, schedule, BootstrapError, Capabilities, Communicator, Config, Error, Fault,
     OwnerTamper, Payload, PeerFault, Policy, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas, Result,
@@ -41,6 +44,7 @@ pub use byzcoll_runtime::{
 pub mod transports {
     pub use byzcoll_transport_libfabric as libfabric;
     pub use byzcoll_transport_local as local;
+    pub use byzcoll_transport_nccl as nccl;
     pub use byzcoll_transport_tcp as tcp;
     pub use byzcoll_transport_ucx as ucx;
 }

@@ -72,6 +72,18 @@ struct AggregateArgs {
     /// Print a report on stdout.
     #[arg(long, value_enum, value_name = "FORMAT")]
     report: Option<ReportFormat>,
+    /// Where to aggregate: the CPU rules (the reference) or the CUDA kernels (builds with
+    /// `--features cuda`; float32 input; median, trimmed-mean, krum, multi-krum, bulyan).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Device {
+    /// The CPU rules.
+    Cpu,
+    /// The CUDA kernels on GPU 0.
+    Cuda,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -153,7 +165,12 @@ fn aggregate(args: &AggregateArgs) -> Result<(), String> {
         m: args.m,
         tau: args.tau,
     };
-    let rule = byzcoll::aggregators::build(&args.rule, &params).map_err(|e| e.to_string())?;
+    let rule = match args.device {
+        Device::Cpu => {
+            byzcoll::aggregators::build(&args.rule, &params).map_err(|e| e.to_string())?
+        }
+        Device::Cuda => cuda_rule(&args.rule, &params)?,
+    };
     let input = npy::read(&args.input).map_err(|e| e.to_string())?;
     let at = |e: &dyn std::fmt::Display| format!("{}: {e}", args.input.display());
     let (n, d) = input.matrix_dims().map_err(|e| at(&e))?;
@@ -184,6 +201,18 @@ fn aggregate(args: &AggregateArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_rule(name: &str, params: &Params) -> Result<Box<dyn Aggregator>, String> {
+    let gpu = byzcoll::cuda::Gpu::probe().map_err(|e| format!("--device cuda: {e}"))?;
+    let rule = byzcoll::cuda::CudaRule::new(gpu, name, params).map_err(|e| e.to_string())?;
+    Ok(Box::new(rule))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_rule(_name: &str, _params: &Params) -> Result<Box<dyn Aggregator>, String> {
+    Err("--device cuda: not in this build: rebuild with `--features cuda`".into())
 }
 
 /// Aggregates the `n` rows of the row-major `data` (`n * d` elements, `d > 0`).
@@ -288,6 +317,31 @@ fn info() {
     }
     ucx_info();
     libfabric_info();
+    gpu_info();
+}
+
+#[cfg(feature = "cuda")]
+#[allow(clippy::print_stdout)]
+fn gpu_info() {
+    println!();
+    match byzcoll::cuda::Gpu::probe() {
+        Ok(gpu) => println!(
+            "gpu: {} ({}, {} SMs); CUDA rules: median, trimmed-mean, krum, multi-krum, bulyan",
+            gpu.context()
+                .name()
+                .unwrap_or_else(|e| format!("name unknown: {e}")),
+            gpu.arch(),
+            gpu.sms()
+        ),
+        Err(e) => println!("gpu: none usable: {e}"),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+#[allow(clippy::print_stdout)]
+fn gpu_info() {
+    println!();
+    println!("gpu: CUDA rules not in this build (rebuild with `--features cuda`)");
 }
 
 #[cfg(feature = "libfabric")]

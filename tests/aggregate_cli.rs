@@ -472,3 +472,43 @@ print('numpy ok')
 "#;
     assert_eq!(run_py(check).trim(), "numpy ok");
 }
+
+/// `--device cuda` never falls back to the CPU: without the `cuda` feature, or without a GPU,
+/// it fails with one line saying why, and writes nothing. (With a GPU, the CUDA rules are
+/// checked against the CPU rules in byzcoll-cuda's tests.)
+#[test]
+fn device_cuda_without_a_gpu_fails_instead_of_running_on_the_cpu() {
+    let dir = TempDir::new("cuda");
+    let input = dir.path("in.npy");
+    let rows = random_rows(5, 5, 64);
+    npy::write_f32(&input, &[5, 64], &flat32(&rows)).unwrap();
+    let gpu_here = std::path::Path::new("/dev/nvidiactl").exists();
+    if gpu_here && cfg!(feature = "cuda") {
+        let (_, out) = ok(
+            &["--rule", "median", "--f", "1", "--device", "cuda"],
+            &input,
+            &dir.path("gpu.npy"),
+        );
+        let (_, cpu) = ok(
+            &["--rule", "median", "--f", "1"],
+            &input,
+            &dir.path("cpu.npy"),
+        );
+        assert_eq!(
+            out, cpu,
+            "the GPU median is bitwise the CPU median for n = 5"
+        );
+        return;
+    }
+    let why = if cfg!(feature = "cuda") {
+        "could not be loaded"
+    } else {
+        "--features cuda"
+    };
+    fails(
+        &["--rule", "median", "--f", "1", "--device", "cuda"],
+        &input,
+        &dir.path("out.npy"),
+        &["--device cuda", why],
+    );
+}
