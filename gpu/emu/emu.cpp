@@ -28,7 +28,54 @@ namespace elem_f16 {
 #include "../kernels/robust.cu"
 #undef ELEM
 }  // namespace elem_f16
-
+namespace elem_f32_tile16 {
+#define ELEM 0
+#undef DTILE
+#define DTILE 16
+#include "../kernels/robust.cu"
+#undef DTILE
+#undef ELEM
+}  // namespace elem_f32_tile16
+namespace elem_bf16_tile16 {
+#define ELEM 1
+#undef DTILE
+#define DTILE 16
+#include "../kernels/robust.cu"
+#undef DTILE
+#undef ELEM
+}  // namespace elem_bf16_tile16
+namespace elem_f16_tile16 {
+#define ELEM 2
+#undef DTILE
+#define DTILE 16
+#include "../kernels/robust.cu"
+#undef DTILE
+#undef ELEM
+}  // namespace elem_f16_tile16
+namespace elem_f32_tile32 {
+#define ELEM 0
+#undef DTILE
+#define DTILE 32
+#include "../kernels/robust.cu"
+#undef DTILE
+#undef ELEM
+}  // namespace elem_f32_tile32
+namespace elem_bf16_tile32 {
+#define ELEM 1
+#undef DTILE
+#define DTILE 32
+#include "../kernels/robust.cu"
+#undef DTILE
+#undef ELEM
+}  // namespace elem_bf16_tile32
+namespace elem_f16_tile32 {
+#define ELEM 2
+#undef DTILE
+#define DTILE 32
+#include "../kernels/robust.cu"
+#undef DTILE
+#undef ELEM
+}  // namespace elem_f16_tile32
 namespace {
 
 // One emulated launch at a time: the grid dimensions, the barrier and `__shared__` statics are
@@ -130,17 +177,36 @@ int byzcoll_emu_mean_rows(int elem, const void* const* rows, int m, void* out, u
     return 0;
 }
 
-int byzcoll_emu_distance(int elem, const void* const* rows, int n, u64 d, const int* tile_rows,
+int byzcoll_emu_distance(int elem, int tile, const void* const* rows, int n, u64 d,
+                         const int* tile_rows,
                          const int* tile_cols, int tiles, unsigned splits, double* partial,
                          u32* flags, double* table, unsigned reduce_grid, unsigned reduce_block) {
     std::lock_guard<std::mutex> lock(device);
-    DISPATCH(elem, launch(splits, tiles, DIST_THREADS, 0, true, [&] {
-                 distance_tiles((const elem_t* const*)rows, n, d, tile_rows, tile_cols, partial,
-                                flags);
-             });
-             launch(reduce_grid, 1, reduce_block, 0, false, [&] {
-                 distance_reduce(partial, (int)splits, tiles, n, tile_rows, tile_cols, table);
-             }));
+    auto run = [&](auto tiles_kernel, auto reduce_kernel) {
+        launch(splits, tiles, 256, 0, true, [&] {
+            tiles_kernel((const void* const*)rows, n, d, tile_rows, tile_cols, partial, flags);
+        });
+        launch(reduce_grid, 1, reduce_block, 0, false, [&] {
+            reduce_kernel(partial, (int)splits, tiles, n, tile_rows, tile_cols, table);
+        });
+    };
+#define TILED(ns)                                                                          \
+    run([](const void* const* r, int n_, u64 d_, const int* tr, const int* tc, double* p, \
+           u32* fl) { ns::distance_tiles((const ns::elem_t* const*)r, n_, d_, tr, tc, p, fl); }, \
+        ns::distance_reduce)
+    int key = elem * 100 + tile;
+    switch (key) {
+        case 64: TILED(elem_f32); break;
+        case 164: TILED(elem_bf16); break;
+        case 264: TILED(elem_f16); break;
+        case 16: TILED(elem_f32_tile16); break;
+        case 116: TILED(elem_bf16_tile16); break;
+        case 216: TILED(elem_f16_tile16); break;
+        case 32: TILED(elem_f32_tile32); break;
+        case 132: TILED(elem_bf16_tile32); break;
+        case 232: TILED(elem_f16_tile32); break;
+        default: return -1;
+    }
     return 0;
 }
 

@@ -258,21 +258,26 @@ KERNEL void mean_rows(const elem_t* const* rows, int m, elem_t* out, u64 d,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pairwise squared distances, tiled like a matrix product: a block owns a 64 × 64 tile of the
-// n × n table (an upper-triangle pair of row blocks) and a share of the coordinates; it stages
-// 32 coordinates of its 64 + 64 rows in shared memory, and each of its 256 threads accumulates
-// a 4 × 4 patch of pairs from differences (never |a|² + |b|² - 2ab, which cancels). Each chunk of
-// 32 coordinates is summed in float, then added into double; a chunk that overflows float is
-// redone in double. Partial tables go to `partial[(tile * splits + split) * 4096 + ...]` and
-// `distance_reduce` adds them in split order, so the table is the same on every run.
+// Pairwise squared distances, tiled like a matrix product: a block owns a DTILE × DTILE tile of
+// the n × n table (an upper-triangle pair of row blocks) and a share of the coordinates; it
+// stages 32 coordinates of its DTILE + DTILE rows in shared memory, and each of its 256 threads
+// accumulates a MICRO × MICRO patch of pairs from differences (never |a|² + |b|² - 2ab, which
+// cancels). DTILE (16, 32 or 64, the host picks the smallest that holds n up to 64) keeps small
+// n from computing empty pairs. Each chunk of 32 coordinates is summed in float, then added
+// into double; a chunk that overflows float is redone in double. Partial tables go to
+// `partial[(tile * splits + split) * DTILE² + ...]` and `distance_reduce` adds them in split
+// order, so the table is the same on every run.
 
-#define TILE 64
+#ifndef DTILE
+#define DTILE 64
+#endif
+#define MICRO (DTILE / 16)
 #define CHUNK 32
 #define DIST_THREADS 256
 
 __device__ __forceinline__ void stage_rows(const elem_t* const* rows, int n, u64 d, int row0,
                                            u64 c0, float (*s)[CHUNK + 1], u32* flags) {
-    for (int e = threadIdx.x; e < TILE * CHUNK; e += DIST_THREADS) {
+    for (int e = threadIdx.x; e < DTILE * CHUNK; e += DIST_THREADS) {
         int r = e / CHUNK, c = e % CHUNK;
         float v = 0.0f;
         if (row0 + r < n && c0 + c < d) {
@@ -289,16 +294,16 @@ __device__ __forceinline__ void stage_rows(const elem_t* const* rows, int n, u64
 KERNEL void distance_tiles(const elem_t* const* rows, int n, u64 d,
                                           const int* tile_rows, const int* tile_cols,
                                           double* partial, u32* flags) {
-    __shared__ float si[TILE][CHUNK + 1];
-    __shared__ float sj[TILE][CHUNK + 1];
+    __shared__ float si[DTILE][CHUNK + 1];
+    __shared__ float sj[DTILE][CHUNK + 1];
     int tile = blockIdx.y;
-    int row0 = tile_rows[tile] * TILE, col0 = tile_cols[tile] * TILE;
+    int row0 = tile_rows[tile] * DTILE, col0 = tile_cols[tile] * DTILE;
     int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-    double acc[4][4];
+    double acc[MICRO][MICRO];
 #pragma unroll
-    for (int a = 0; a < 4; a++)
+    for (int a = 0; a < MICRO; a++)
 #pragma unroll
-        for (int b = 0; b < 4; b++) acc[a][b] = 0.0;
+        for (int b = 0; b < MICRO; b++) acc[a][b] = 0.0;
     u64 chunks = (d + CHUNK - 1) / CHUNK;
     for (u64 chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
         u64 c0 = chunk * CHUNK;
@@ -306,63 +311,63 @@ KERNEL void distance_tiles(const elem_t* const* rows, int n, u64 d,
         stage_rows(rows, n, d, row0, c0, si, flags);
         stage_rows(rows, n, d, col0, c0, sj, flags);
         __syncthreads();
-        float part[4][4];
+        float part[MICRO][MICRO];
 #pragma unroll
-        for (int a = 0; a < 4; a++)
+        for (int a = 0; a < MICRO; a++)
 #pragma unroll
-            for (int b = 0; b < 4; b++) part[a][b] = 0.0f;
+            for (int b = 0; b < MICRO; b++) part[a][b] = 0.0f;
 #pragma unroll 8
         for (int c = 0; c < CHUNK; c++) {
-            float x[4], y[4];
+            float x[MICRO], y[MICRO];
 #pragma unroll
-            for (int a = 0; a < 4; a++) x[a] = si[ty * 4 + a][c];
+            for (int a = 0; a < MICRO; a++) x[a] = si[ty * MICRO + a][c];
 #pragma unroll
-            for (int b = 0; b < 4; b++) y[b] = sj[tx * 4 + b][c];
+            for (int b = 0; b < MICRO; b++) y[b] = sj[tx * MICRO + b][c];
 #pragma unroll
-            for (int a = 0; a < 4; a++)
+            for (int a = 0; a < MICRO; a++)
 #pragma unroll
-                for (int b = 0; b < 4; b++) {
+                for (int b = 0; b < MICRO; b++) {
                     float t = x[a] - y[b];
                     part[a][b] = fmaf(t, t, part[a][b]);
                 }
         }
 #pragma unroll
-        for (int a = 0; a < 4; a++)
+        for (int a = 0; a < MICRO; a++)
 #pragma unroll
-            for (int b = 0; b < 4; b++) {
+            for (int b = 0; b < MICRO; b++) {
                 if (finite(part[a][b])) {
                     acc[a][b] += (double)part[a][b];
                 } else {
                     double redo = 0.0;
                     for (int c = 0; c < CHUNK; c++) {
-                        double t = (double)si[ty * 4 + a][c] - (double)sj[tx * 4 + b][c];
+                        double t = (double)si[ty * MICRO + a][c] - (double)sj[tx * MICRO + b][c];
                         redo += t * t;
                     }
                     acc[a][b] += redo;
                 }
             }
     }
-    double* out = partial + ((u64)tile * gridDim.x + blockIdx.x) * (TILE * TILE);
+    double* out = partial + ((u64)tile * gridDim.x + blockIdx.x) * (DTILE * DTILE);
 #pragma unroll
-    for (int a = 0; a < 4; a++)
+    for (int a = 0; a < MICRO; a++)
 #pragma unroll
-        for (int b = 0; b < 4; b++) out[(ty * 4 + a) * TILE + tx * 4 + b] = acc[a][b];
+        for (int b = 0; b < MICRO; b++) out[(ty * MICRO + a) * DTILE + tx * MICRO + b] = acc[a][b];
 }
 
 // Adds the partial tables of every split, in split order, into the symmetric n × n table.
 KERNEL void distance_reduce(const double* partial, int splits, int tiles, int n,
                                            const int* tile_rows, const int* tile_cols,
                                            double* table) {
-    u64 total = (u64)tiles * TILE * TILE;
+    u64 total = (u64)tiles * DTILE * DTILE;
     for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (u64)gridDim.x * blockDim.x) {
-        int tile = (int)(e / (TILE * TILE));
-        int within = (int)(e % (TILE * TILE));
-        int i = tile_rows[tile] * TILE + within / TILE;
-        int j = tile_cols[tile] * TILE + within % TILE;
+        int tile = (int)(e / (DTILE * DTILE));
+        int within = (int)(e % (DTILE * DTILE));
+        int i = tile_rows[tile] * DTILE + within / DTILE;
+        int j = tile_cols[tile] * DTILE + within % DTILE;
         if (i >= n || j >= n || j < i) continue;
         double sum = 0.0;
-        for (int s = 0; s < splits; s++) sum += partial[((u64)tile * splits + s) * (TILE * TILE) + within];
+        for (int s = 0; s < splits; s++) sum += partial[((u64)tile * splits + s) * (DTILE * DTILE) + within];
         if (i == j) sum = 0.0;
         table[(u64)i * n + j] = sum;
         table[(u64)j * n + i] = sum;

@@ -44,8 +44,13 @@ impl ElemKind {
 /// Which build of the source a kernel comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Variant {
-    /// `coordinate_select`, `mean_rows`, `distance_tiles`, `distance_reduce`.
+    /// `coordinate_select`, `mean_rows`, `distance_tiles`, `distance_reduce` (64-row tiles).
     Generic,
+    /// The generic build with distance tiles of `tile` rows (16 or 32; 64 is [`Variant::Generic`]).
+    Distance {
+        /// Rows per tile side.
+        tile: usize,
+    },
     /// `coordinate_network` (and `bulyan_network`) for `n` inputs, reading sorted `ranks`.
     Network {
         /// Number of inputs.
@@ -60,6 +65,9 @@ pub enum Variant {
 /// The source of `variant` for `elem`: defines, then [`SOURCE`].
 pub fn source(elem: ElemKind, variant: &Variant) -> String {
     let mut s = format!("#define ELEM {}\n", elem.code());
+    if let Variant::Distance { tile } = variant {
+        let _ = writeln!(s, "#define DTILE {tile}");
+    }
     if let Variant::Network { n, mode, ranks } = variant {
         let _ = writeln!(s, "#define N {n}");
         let _ = writeln!(s, "#define MODE {}", mode.code());
@@ -102,6 +110,7 @@ pub fn compile(elem: ElemKind, variant: &Variant, arch: &str) -> Result<Ptx, Gpu
 fn variant_name(variant: &Variant) -> String {
     match variant {
         Variant::Generic => "generic".into(),
+        Variant::Distance { tile } => format!("distance_{tile}"),
         Variant::Network { n, mode, ranks } => {
             format!("{mode:?}_{n}_{}_{}", ranks.start, ranks.end).to_lowercase()
         }
@@ -122,13 +131,24 @@ pub(crate) fn nvrtc_present() -> Result<(), GpuError> {
     }
 }
 
-/// The variants compiled in CI: every element type's generic build, and networks for a spread
+/// The build holding the distance kernels for `n` inputs.
+pub fn distance_variant(n: usize) -> Variant {
+    match plan::distance_tile(n) {
+        64 => Variant::Generic,
+        tile => Variant::Distance { tile },
+    }
+}
+
+/// The variants compiled in CI: every element type's generic builds, and networks for a spread
 /// of `n` (odd, even, powers of two and their neighbours, up to the largest) in each mode, with
 /// Bulyan's full sort.
 pub fn catalogue() -> Vec<(ElemKind, Variant)> {
     let mut out = Vec::new();
     for elem in ElemKind::ALL {
         out.push((elem, Variant::Generic));
+        for tile in [16, 32] {
+            out.push((elem, Variant::Distance { tile }));
+        }
         for n in [
             1,
             2,

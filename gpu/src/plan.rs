@@ -13,13 +13,21 @@ pub const COORDINATE_THREADS: u32 = 256;
 /// `SELECT_THREADS`).
 pub const SELECT_THREADS: u32 = 32;
 
-/// Rows per side of a distance tile, coordinates per staged chunk and threads per block (the
-/// kernel's `TILE`, `CHUNK` and `DIST_THREADS`).
-pub const TILE: usize = 64;
-/// See [`TILE`].
+/// Coordinates per staged chunk and threads per block of the distance kernel (its `CHUNK` and
+/// `DIST_THREADS`).
 pub const CHUNK: usize = 32;
-/// See [`TILE`].
+/// See [`CHUNK`].
 pub const DIST_THREADS: u32 = 256;
+
+/// Rows per side of a distance tile (the kernel's `DTILE`): the smallest of 16, 32 and 64 that
+/// holds `n`, so small `n` do not compute empty pairs; 64 above.
+pub fn distance_tile(n: usize) -> usize {
+    match n {
+        0..=16 => 16,
+        17..=32 => 32,
+        _ => 64,
+    }
+}
 
 /// Median or trimmed mean (the kernels' `MODE_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,9 +78,9 @@ pub fn select_shared_bytes(n: usize) -> usize {
 }
 
 /// The distance tiles covering the upper triangle of the `n × n` table, as (row block, column
-/// block) with row block ≤ column block.
+/// block) with row block ≤ column block, for tiles of [`distance_tile`]`(n)` rows.
 pub fn distance_tiles(n: usize) -> Vec<(i32, i32)> {
-    let b = n.div_ceil(TILE) as i32;
+    let b = n.div_ceil(distance_tile(n)) as i32;
     (0..b).flat_map(|i| (i..b).map(move |j| (i, j))).collect()
 }
 
@@ -90,15 +98,16 @@ mod tests {
 
     #[test]
     fn tiles_cover_the_upper_triangle_once() {
-        for n in [1, 2, 63, 64, 65, 128, 200] {
+        for n in [1, 2, 16, 17, 33, 63, 64, 65, 128, 200] {
             let tiles = distance_tiles(n);
-            let b = n.div_ceil(TILE);
+            let tile = distance_tile(n);
+            let b = n.div_ceil(tile);
             assert_eq!(tiles.len(), b * (b + 1) / 2, "n = {n}");
             for i in 0..n {
                 for j in i..n {
                     let covering = tiles
                         .iter()
-                        .filter(|&&(r, c)| i / TILE == r as usize && j / TILE == c as usize)
+                        .filter(|&&(r, c)| i / tile == r as usize && j / tile == c as usize)
                         .count();
                     assert_eq!(covering, 1, "pair ({i}, {j}) of n = {n}");
                 }

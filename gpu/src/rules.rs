@@ -12,7 +12,7 @@ use cudarc::driver::{
     PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
 };
 
-use crate::kernels::{ElemKind, Variant};
+use crate::kernels::{self, ElemKind, Variant};
 use crate::plan::{self, Mode};
 use crate::{Gpu, GpuError};
 
@@ -293,14 +293,16 @@ impl CudaRule {
         let tile_cols: Vec<i32> = tiles.iter().map(|t| t.1).collect();
         let tile_rows = stream.clone_htod(&tile_rows).map_err(e)?;
         let tile_cols = stream.clone_htod(&tile_cols).map_err(e)?;
-        let partial_len = tiles.len() * splits as usize * plan::TILE * plan::TILE;
+        let tile = plan::distance_tile(n);
+        let variant = kernels::distance_variant(n);
+        let partial_len = tiles.len() * splits as usize * tile * tile;
         let mut partial = stream.alloc_zeros::<f64>(partial_len).map_err(e)?;
         let mut flags = stream.alloc_zeros::<u32>(n).map_err(e)?;
         let mut table = stream.alloc_zeros::<f64>(n * n).map_err(e)?;
         let (n32, d64) = (n as i32, d as u64);
 
         let func = gpu
-            .function(E::KIND, &Variant::Generic, "distance_tiles")
+            .function(E::KIND, &variant, "distance_tiles")
             .map_err(|x| self.backend(x))?;
         let cfg = LaunchConfig {
             grid_dim: (splits, tiles.len() as u32, 1),
@@ -316,13 +318,13 @@ impl CudaRule {
             .arg(&tile_cols)
             .arg(&mut partial)
             .arg(&mut flags);
-        // SAFETY: `partial` holds tiles × splits × 64² doubles, `flags` n words; rows as above.
+        // SAFETY: `partial` holds tiles × splits × tile² doubles, `flags` n words; rows as above.
         unsafe { launch.launch(cfg) }.map_err(e)?;
 
         let func = gpu
-            .function(E::KIND, &Variant::Generic, "distance_reduce")
+            .function(E::KIND, &variant, "distance_reduce")
             .map_err(|x| self.backend(x))?;
-        let entries = tiles.len() * plan::TILE * plan::TILE;
+        let entries = tiles.len() * tile * tile;
         let cfg = grid(entries, plan::COORDINATE_THREADS, gpu.sms(), 8, 0);
         let (splits32, tiles32) = (splits as i32, tiles.len() as i32);
         let mut launch = stream.launch_builder(&func);

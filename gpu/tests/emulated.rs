@@ -253,7 +253,7 @@ fn bf16_and_f16_inputs_are_read_and_rounded_like_the_cpu_rule_on_their_values() 
 #[test]
 fn krum_family_distances_selection_and_finish_match_the_cpu_rules() {
     let mut rng = StdRng::seed_from_u64(11);
-    for n in [7, 11, 19, 64, 65, 70] {
+    for n in [7, 11, 16, 19, 32, 33, 64, 65, 70] {
         let d = 1000 + n;
         let mut x = inputs(&mut rng, n, d);
         let f = (n - 3) / 4;
@@ -270,11 +270,12 @@ fn krum_family_distances_selection_and_finish_match_the_cpu_rules() {
         let splits = plan::distance_splits(d, tiles.len(), 2);
         let got = emu::distances(
             elem::F32,
+            plan::distance_tile(n),
             &xs,
             d,
             &tiles,
             splits,
-            small_grid(tiles.len() * 4096, 256),
+            small_grid(tiles.len() * 1024, 256),
         );
         let finite = finite_inputs(&xs);
         let want = pairwise_sq_distances(&xs, &finite);
@@ -361,7 +362,15 @@ fn distances_of_nearly_equal_vectors_do_not_cancel() {
         .collect();
     let xs = views(&x);
     let tiles = plan::distance_tiles(5);
-    let got = emu::distances(elem::F32, &xs, d, &tiles, 3, small_grid(4096, 256));
+    let got = emu::distances(
+        elem::F32,
+        plan::distance_tile(xs.len()),
+        &xs,
+        d,
+        &tiles,
+        3,
+        small_grid(4096, 256),
+    );
     let want = pairwise_sq_distances(&xs, &finite_inputs(&xs));
     for i in 0..5 {
         for j in 0..5 {
@@ -384,6 +393,7 @@ fn distances_that_overflow_float_are_redone_in_double() {
     let xs = views(&x);
     let got = emu::distances(
         elem::F32,
+        plan::distance_tile(3),
         &xs,
         d,
         &plan::distance_tiles(3),

@@ -40,7 +40,7 @@ fn every_kernel_variant_compiles_for_sm_90() {
                             Ok(ptx) => {
                                 let text = ptx.to_src();
                                 let entries: &[&str] = match variant {
-                                    Variant::Generic => &[
+                                    Variant::Generic | Variant::Distance { .. } => &[
                                         "coordinate_select",
                                         "mean_rows",
                                         "distance_tiles",

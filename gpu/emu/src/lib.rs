@@ -79,6 +79,7 @@ extern "C" {
     ) -> i32;
     fn byzcoll_emu_distance(
         elem: i32,
+        tile: i32,
         rows: *const *const c_void,
         n: i32,
         d: u64,
@@ -261,10 +262,12 @@ pub struct Distances {
     pub flags: Vec<u32>,
 }
 
-/// `distance_tiles` over the upper-triangle `tiles` (row block, column block) with `splits`
-/// blocks per tile, then `distance_reduce`.
+/// `distance_tiles` with tiles of `tile` rows (16, 32 or 64) over the upper-triangle `tiles`
+/// (row block, column block) with `splits` blocks per tile, then `distance_reduce`.
+#[allow(clippy::too_many_arguments)]
 pub fn distances<T: Copy>(
     elem: i32,
+    tile: usize,
     rows: &[&[T]],
     d: usize,
     tiles: &[(i32, i32)],
@@ -275,13 +278,14 @@ pub fn distances<T: Copy>(
     let n = rows.len();
     let tile_rows: Vec<i32> = tiles.iter().map(|t| t.0).collect();
     let tile_cols: Vec<i32> = tiles.iter().map(|t| t.1).collect();
-    let mut partial = vec![0.0f64; tiles.len() * splits as usize * 64 * 64];
+    let mut partial = vec![0.0f64; tiles.len() * splits as usize * tile * tile];
     let mut flags = vec![0u32; n];
     let mut table = vec![0.0f64; n * n];
-    // SAFETY: buffers are sized as the kernels index them (tiles × splits × 64², n, n²).
+    // SAFETY: buffers are sized as the kernels index them (tiles × splits × tile², n, n²).
     let rc = unsafe {
         byzcoll_emu_distance(
             elem,
+            int(tile),
             ptrs.as_ptr(),
             int(n),
             d as u64,
@@ -296,6 +300,6 @@ pub fn distances<T: Copy>(
             reduce.threads,
         )
     };
-    assert_eq!(rc, 0, "unknown element code {elem}");
+    assert_eq!(rc, 0, "unknown element code {elem} or tile {tile}");
     Distances { table, flags }
 }
