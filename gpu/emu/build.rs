@@ -10,6 +10,8 @@ fn main() {
         .std("c++20")
         .flag_if_supported("-Wno-unknown-pragmas")
         .flag_if_supported("-Wno-vla")
+        // Each tile-size instantiation uses only the distance kernels.
+        .flag_if_supported("-Wno-unused-function")
         .flag("-pthread")
         .compile("byzcoll_cuda_emu");
     println!("cargo:rustc-link-lib=stdc++");
