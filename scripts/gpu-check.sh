@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# byzcoll's GPU checks, for a machine with an NVIDIA GPU (see ../shared/GPU.md for the lent H200).
+#
+#   scripts/gpu-check.sh build   # here, no GPU needed: builds the GPU test and bench binaries
+#                                # (release, --features cuda,nccl) into .gpu/
+#   scripts/gpu-check.sh run     # on the GPU machine, no cargo needed: runs them; full logs go
+#                                # to $OUT (or .gpu/out), a summary table is printed last
+#
+# Or both at once on a GPU machine that has cargo: `scripts/gpu-check.sh build run`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build() {
+    mkdir -p .gpu
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+    rm -f .gpu/*.bin
+    # Test binaries of the GPU crates, named after their test target.
+    cargo test --release -p byzcoll-cuda -p byzcoll-transport-nccl --features byzcoll-transport-nccl/nccl \
+        --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        name = m["target"]["name"] + "-" + m["package_id"].split("#")[0].rsplit("/", 1)[-1]
+        shutil.copy(m["executable"], ".gpu/test-" + name + ".bin")
+'
+    cargo bench -p byzcoll-cuda --bench kernels --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "kernels":
+        shutil.copy(m["executable"], ".gpu/bench-kernels.bin")
+'
+    ls -la .gpu/
+}
+
+run() {
+    local out=${OUT:-.gpu/out}
+    mkdir -p "$out"
+    for lib in /usr/local/cuda/lib64 /usr/local/cuda-13.0/targets/x86_64-linux/lib; do
+        [ -d "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    done
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1 || true
+    local status=0
+    for t in .gpu/test-*.bin; do
+        local name
+        name=$(basename "$t" .bin)
+        if timeout 300 "$t" --test-threads=1 >"$out/$name.log" 2>&1; then
+            echo "PASS $name: $(grep -c '^test .* ok$' "$out/$name.log") tests, $(grep -c '^SKIPPED' "$out/$name.log") skipped"
+        else
+            echo "FAIL $name (log: $out/$name.log)"
+            tail -30 "$out/$name.log"
+            status=1
+        fi
+    done
+    if [ -x .gpu/bench-kernels.bin ]; then
+        timeout 400 .gpu/bench-kernels.bin --n 8,16,32,64,128 --exp 25 \
+            --rules median,trimmed-mean,krum \
+            --torch-script benches/anchors/torch_aggregators.py --out "$out/kernels.md" \
+            >"$out/bench.log" 2>&1 || status=1
+        tail -40 "$out/bench.log"
+    fi
+    return $status
+}
+
+[ $# -gt 0 ] || { sed -n '2,10p' "$0"; exit 2; }
+for step in "$@"; do
+    case "$step" in
+    build) build ;;
+    run) run ;;
+    *) echo "unknown step $step (build or run)" >&2; exit 2 ;;
+    esac
+done
