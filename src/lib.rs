@@ -96,8 +96,12 @@ pub const TRANSPORTS: &[TransportInfo] = &[
     },
     TransportInfo {
         name: "nccl",
-        available: false,
-        about: "not in this build: the NCCL transport has not been written yet",
+        available: byzcoll_transport_nccl::AVAILABLE,
+        about: if byzcoll_transport_nccl::AVAILABLE {
+            "NCCL grouped send/recv (one rank per GPU; a deadline aborts the communicator)"
+        } else {
+            NCCL_MISSING
+        },
     },
 ];
 
@@ -159,6 +163,7 @@ pub async fn init() -> Result<Communicator> {
     match info.name {
         "ucx" => connect_ucx(&env, config).await,
         "libfabric" => connect_libfabric(&env, config).await,
+        "nccl" => connect_nccl(&env, config).await,
         _ => connect_tcp(&env, config, ip).await,
     }
 }
@@ -261,6 +266,32 @@ async fn connect_libfabric(_env: &LaunchEnv, _config: Config) -> Result<Communic
         "BYZCOLL_TRANSPORT=libfabric: {LIBFABRIC_MISSING}"
     )))
 }
+
+#[cfg(feature = "nccl")]
+async fn connect_nccl(env: &LaunchEnv, config: Config) -> Result<Communicator> {
+    use byzcoll_transport_nccl::{NcclOptions, NcclTransport};
+    let options = NcclOptions {
+        local_rank: env.local_rank,
+        ..NcclOptions::default()
+    };
+    let Some((store, server)) = rendezvous(env, options.init_timeout).await? else {
+        let t = NcclTransport::single(options).await?;
+        return Ok(Communicator::new(Box::new(t), config));
+    };
+    let t = NcclTransport::from_store(&store, env.rank, env.size, options).await?;
+    tracing::info!(device = t.device(), "NCCL transport connected");
+    Ok(communicator(Box::new(t), config, server))
+}
+
+#[cfg(not(feature = "nccl"))]
+async fn connect_nccl(_env: &LaunchEnv, _config: Config) -> Result<Communicator> {
+    Err(Error::Unsupported(format!(
+        "BYZCOLL_TRANSPORT=nccl: {NCCL_MISSING}"
+    )))
+}
+
+const NCCL_MISSING: &str = "not in this build: rebuild with `--features nccl` (NCCL and the CUDA \
+                            driver are loaded at run time)";
 
 const LIBFABRIC_MISSING: &str = "not in this build: rebuild with `--features libfabric` (needs \
                                  libfabric-dev, pkg-config and libclang-dev)";
