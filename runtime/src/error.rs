@@ -66,6 +66,39 @@ pub enum TransportError {
     /// An operating-system I/O error.
     #[error("transport I/O error: {0}")]
     Io(#[from] io::Error),
+    /// A transport that cannot time out one peer (NCCL: `Capabilities::per_peer_timeout` is
+    /// false) aborted the whole communicator because a step did not complete. `ranks` had
+    /// operations still open; when the transport cannot tell which of them failed, some are
+    /// innocent. The transport is unusable afterwards: build a new one.
+    #[error(
+        "transport aborted; ranks with unfinished operations: {}: {cause}",
+        RankList(ranks)
+    )]
+    Aborted {
+        /// Peers whose operations had not completed (sorted, each once).
+        ranks: Vec<Rank>,
+        /// The transport's own account (downcast it for details).
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// Ranks as `1, 3, 6` (`none` when empty).
+struct RankList<'a>(&'a [Rank]);
+
+impl fmt::Display for RankList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, r) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{r}")?;
+        }
+        Ok(())
+    }
 }
 
 /// Failures of the bootstrap: launcher environment and rendezvous store.

@@ -1,7 +1,6 @@
 //! What a failed NCCL step reports (pure: no NCCL calls).
 
 use std::fmt;
-use std::io;
 
 use byzcoll_runtime::{Rank, TransportError};
 
@@ -18,9 +17,8 @@ pub enum AbortCause {
 /// A failure of the NCCL communicator as a whole.
 ///
 /// NCCL cannot time out or withdraw one peer's operation: a step either completes for every
-/// peer or the communicator is aborted. This value travels inside
-/// [`TransportError::Io`] (kind `TimedOut` for a deadline, `NotConnected` for a transport
-/// already aborted, `Other` for NCCL/CUDA errors); get it back with
+/// peer or the communicator is aborted. This value travels as the cause of
+/// [`TransportError::Aborted`], whose `ranks` are [`NcclFailure::ranks`]; get it back with
 /// [`NcclFailure::from_transport_error`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NcclFailure {
@@ -50,7 +48,7 @@ impl NcclFailure {
     /// The failure carried by `err`, when `err` came from the NCCL transport's abort path.
     pub fn from_transport_error(err: &TransportError) -> Option<&NcclFailure> {
         match err {
-            TransportError::Io(e) => e.get_ref()?.downcast_ref::<NcclFailure>(),
+            TransportError::Aborted { cause, .. } => cause.downcast_ref::<NcclFailure>(),
             _ => None,
         }
     }
@@ -62,22 +60,14 @@ impl NcclFailure {
             NcclFailure::Broken { .. } => &[],
         }
     }
-
-    fn kind(&self) -> io::ErrorKind {
-        match self {
-            NcclFailure::StepAborted {
-                cause: AbortCause::Deadline,
-                ..
-            } => io::ErrorKind::TimedOut,
-            NcclFailure::StepAborted { .. } => io::ErrorKind::Other,
-            NcclFailure::Broken { .. } => io::ErrorKind::NotConnected,
-        }
-    }
 }
 
 impl From<NcclFailure> for TransportError {
     fn from(f: NcclFailure) -> Self {
-        TransportError::Io(io::Error::new(f.kind(), f))
+        TransportError::Aborted {
+            ranks: f.ranks().to_vec(),
+            cause: Box::new(f),
+        }
     }
 }
 
@@ -148,7 +138,7 @@ mod tests {
         assert!(msg.ends_with("1, 3, 6"), "{msg}");
         let err = TransportError::from(f.clone());
         match &err {
-            TransportError::Io(e) => assert_eq!(e.kind(), io::ErrorKind::TimedOut),
+            TransportError::Aborted { ranks, .. } => assert_eq!(ranks, &[1, 3, 6]),
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(NcclFailure::from_transport_error(&err), Some(&f));
@@ -169,7 +159,7 @@ mod tests {
         let broken = NcclFailure::Broken { at: Some((7, 1)) };
         let err = TransportError::from(broken.clone());
         match &err {
-            TransportError::Io(e) => assert_eq!(e.kind(), io::ErrorKind::NotConnected),
+            TransportError::Aborted { ranks, .. } => assert!(ranks.is_empty()),
             other => panic!("unexpected {other:?}"),
         }
         assert!(err.to_string().contains("step 1 of collective 7"));

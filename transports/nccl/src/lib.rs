@@ -29,9 +29,9 @@
 //! - **No per-peer timeout** (`Capabilities::per_peer_timeout` is `false`). An NCCL
 //!   operation cannot be withdrawn: if a step has not completed by its deadline (or NCCL
 //!   reports a peer failure first), the communicator is aborted (`ncclCommAbort`), the step
-//!   fails with an `NcclFailure::StepAborted` inside
-//!   [`TransportError::Io`](byzcoll_runtime::TransportError::Io) that names the ranks with
-//!   open operations — all of them, because NCCL cannot say which one did not take part —
+//!   fails with
+//!   [`TransportError::Aborted`](byzcoll_runtime::TransportError::Aborted) whose `ranks` are
+//!   the ranks with open operations (its cause is an `NcclFailure::StepAborted`) — all of them, because NCCL cannot say which one did not take part —
 //!   and every later exchange fails at once with `NcclFailure::Broken`. A robust round
 //!   over NCCL therefore does not survive a silent peer the way it does over TCP, UCX or
 //!   libfabric: it ends with an error and the caller must build a new transport (and
