@@ -184,9 +184,14 @@ fn info_lists_transports_rules_and_the_selection() {
     );
     let (stdout, _) = text(&out);
     assert!(out.status.success());
+    let nccl = if cfg!(feature = "nccl") {
+        "nccl       yes"
+    } else {
+        "nccl       no"
+    };
     for needle in [
         "tcp        yes",
-        "nccl       no",
+        nccl,
         "median",
         "trimmed-mean",
         "launcher     torchrun",
