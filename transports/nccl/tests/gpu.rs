@@ -18,11 +18,14 @@ use byzcoll_transport_nccl::{
 };
 use tokio::time::Instant;
 
+use std::io::Write as _;
+
 /// `true` when a GPU with NCCL is here; otherwise prints why the calling test is skipped.
 fn gpu(test: &str) -> bool {
     match unavailable_reason() {
         Some(why) => {
-            eprintln!("SKIPPED: {test}: {why}");
+            // To the process's stderr, past libtest's capture, so the skip is visible.
+            let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
             false
         }
         None => true,
@@ -56,7 +59,10 @@ async fn rank_outside_the_world_is_invalid_usage() {
 #[tokio::test]
 async fn without_nccl_every_rank_gets_a_typed_error_naming_the_ranks() {
     let Some(why) = unavailable_reason() else {
-        eprintln!("SKIPPED: without_nccl_*: this machine has a GPU and NCCL");
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: without_nccl_*: this machine has a GPU and NCCL"
+        );
         return;
     };
     match NcclTransport::single(NcclOptions::default()).await {
