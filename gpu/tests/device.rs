@@ -14,8 +14,11 @@ use byzcoll_cuda::{robust_all_reduce_device, CudaRule, Gpu};
 use byzcoll_runtime::{Communicator, Config, Policy, Replicas};
 use byzcoll_transport_local::LocalTransport;
 use cudarc::driver::CudaSlice;
+mod common;
+
+use common::{assert_close, inputs};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 fn gpu() -> Option<Arc<Gpu>> {
     match Gpu::probe() {
@@ -26,18 +29,6 @@ fn gpu() -> Option<Arc<Gpu>> {
             None
         }
     }
-}
-
-fn inputs(rng: &mut StdRng, n: usize, d: usize) -> Vec<Vec<f32>> {
-    let centre: Vec<f32> = (0..d).map(|_| rng.gen_range(-10.0..10.0)).collect();
-    (0..n)
-        .map(|_| {
-            centre
-                .iter()
-                .map(|c| c + rng.gen_range(-1.0..1.0))
-                .collect()
-        })
-        .collect()
 }
 
 fn cpu(rule: &str, f: usize, x: &[Vec<f32>]) -> Result<(Vec<f32>, Option<Vec<usize>>), AggError> {
@@ -69,13 +60,12 @@ fn device(
     Ok((stream.clone_dtoh(&out).expect("download"), report.selected))
 }
 
-fn assert_close(got: &[f32], want: &[f32], what: &str) {
-    for (j, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= w.abs() * 1.2e-7,
-            "{what}: coordinate {j}: {g} vs {w}"
-        );
-    }
+fn median(gpu: &Arc<Gpu>, f: usize) -> CudaRule {
+    let params = Params {
+        f,
+        ..Params::default()
+    };
+    CudaRule::new(gpu.clone(), "median", &params).expect("median")
 }
 
 const RULES: [&str; 5] = ["median", "trimmed-mean", "krum", "multi-krum", "bulyan"];
@@ -147,15 +137,7 @@ fn non_finite_inputs_follow_the_cpu_policy_on_the_device() {
         for v in y.iter_mut().take(f + 1) {
             v[1234] = f32::NAN;
         }
-        let cuda = CudaRule::new(
-            gpu.clone(),
-            "median",
-            &Params {
-                f,
-                ..Params::default()
-            },
-        )
-        .expect("rule");
+        let cuda = median(&gpu, f);
         match device(&gpu, &cuda, &y) {
             Err(AggError::NonFiniteResult { coordinate, .. }) => assert_eq!(coordinate, 1234),
             other => panic!("median n = {n} with f + 1 NaN: {other:?}"),
@@ -172,15 +154,7 @@ fn half_precision_inputs_are_aggregated_in_float() {
         let d = 3001;
         let x = inputs(&mut rng, n, d);
         let f = (n - 1) / 2;
-        let cuda = CudaRule::new(
-            gpu.clone(),
-            "median",
-            &Params {
-                f,
-                ..Params::default()
-            },
-        )
-        .expect("rule");
+        let cuda = median(&gpu, f);
         let bf: Vec<Vec<half::bf16>> = x
             .iter()
             .map(|v| v.iter().map(|&c| half::bf16::from_f32(c)).collect())

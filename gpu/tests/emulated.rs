@@ -13,22 +13,11 @@ use byzcoll_aggregators::distance::{finite_inputs, pairwise_sq_distances};
 use byzcoll_aggregators::{aggregate_into, build, AggError, Median, Params};
 use byzcoll_cuda::plan::{self, Mode};
 use byzcoll_cuda_emu::{self as emu, elem, Grid, NONE_BAD};
+mod common;
+
+use common::{assert_close, inputs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-/// Fresh random vectors (never zeros): a common centre plus noise, so order statistics and
-/// distances are all distinct and meaningful.
-fn inputs(rng: &mut StdRng, n: usize, d: usize) -> Vec<Vec<f32>> {
-    let centre: Vec<f32> = (0..d).map(|_| rng.gen_range(-10.0..10.0)).collect();
-    (0..n)
-        .map(|_| {
-            centre
-                .iter()
-                .map(|c| c + rng.gen_range(-1.0..1.0))
-                .collect()
-        })
-        .collect()
-}
 
 fn views(x: &[Vec<f32>]) -> Vec<&[f32]> {
     x.iter().map(|v| v.as_slice()).collect()
@@ -83,13 +72,6 @@ fn cpu(rule: &str, f: usize, x: &[&[f32]], d: usize) -> Result<Vec<f32>, AggErro
         &mut out,
     )?;
     Ok(out)
-}
-
-fn assert_close(got: &[f32], want: &[f32], what: &str) {
-    for (j, (g, w)) in got.iter().zip(want).enumerate() {
-        let tol = w.abs() * 1.2e-7;
-        assert!((g - w).abs() <= tol, "{what}: coordinate {j}: {g} vs {w}");
-    }
 }
 
 #[test]

@@ -1,0 +1,30 @@
+//! Inputs and comparisons shared by the emulated and the device tests.
+
+#![allow(dead_code)] // each test binary uses a part
+
+use rand::rngs::StdRng;
+use rand::Rng;
+
+/// Fresh random vectors (never zeros): a common centre plus noise, so order statistics and
+/// distances are all distinct and meaningful.
+pub fn inputs(rng: &mut StdRng, n: usize, d: usize) -> Vec<Vec<f32>> {
+    let centre: Vec<f32> = (0..d).map(|_| rng.gen_range(-10.0..10.0)).collect();
+    (0..n)
+        .map(|_| {
+            centre
+                .iter()
+                .map(|c| c + rng.gen_range(-1.0..1.0))
+                .collect()
+        })
+        .collect()
+}
+
+/// Within one f32 ulp of `want`, coordinate by coordinate.
+pub fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    for (j, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= w.abs() * 1.2e-7,
+            "{what}: coordinate {j}: {g} vs {w}"
+        );
+    }
+}
