@@ -15,7 +15,7 @@ build() {
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
     rm -rf .gpu/*.bin .gpu/out
     # Test binaries of the GPU crates, named after their test target.
-    cargo test --release -p byzcoll-cuda -p byzcoll-transport-nccl --features byzcoll-transport-nccl/nccl \
+    cargo test --release -p byzcoll-cuda -p byzcoll-transport-nccl --features byzcoll-cuda/nccl,byzcoll-transport-nccl/nccl \
         --no-run --message-format=json 2>/dev/null |
         python3 -c '
 import json, shutil, sys

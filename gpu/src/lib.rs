@@ -24,7 +24,9 @@
 //! in `f32`/`f64`. As an [`Aggregator`] over host `f32` vectors (what the TCP, UCX and libfabric
 //! transports deliver), a `CudaRule` stages the inputs through pinned memory into one device
 //! buffer, so it plugs into `Communicator::robust_all_reduce` in gather and sharded modes;
-//! [`robust_all_reduce_device`] does the same for a vector that lives on the device.
+//! [`robust_all_reduce_device`] does the same for a vector that lives on the device. With the
+//! feature `nccl`, `robust_all_reduce_nccl` gathers device vectors over NCCL and aggregates them
+//! where NCCL left them, with no host copy at all.
 //!
 //! Kernels are one CUDA source (`kernels/robust.cu`) compiled by NVRTC at run time for the
 //! device's architecture and cached per process ([`Gpu`]). The CUDA libraries are loaded at run
@@ -41,6 +43,8 @@ pub mod plan;
 mod rules;
 
 pub use device::Gpu;
+#[cfg(feature = "nccl")]
+pub use rules::robust_all_reduce_nccl;
 pub use rules::{robust_all_reduce_device, CudaRule, GpuElement};
 
 use byzcoll_aggregators::AggError;

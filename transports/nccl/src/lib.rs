@@ -74,4 +74,6 @@ mod transport;
 #[cfg(feature = "nccl")]
 pub use failure::{AbortCause, NcclFailure};
 #[cfg(feature = "nccl")]
-pub use transport::{unavailable_reason, NcclOptions, NcclTransport, POLL, SPIN};
+pub use transport::{
+    unavailable_reason, DeviceReceived, DeviceSend, NcclOptions, NcclTransport, POLL, SPIN,
+};

@@ -49,9 +49,22 @@ impl Plan {
     /// # Errors
     /// [`TransportError::InvalidUsage`] when the step's buffers would not fit in memory.
     pub fn new(step: &Step) -> Result<Plan, TransportError> {
-        let (sends, send_bytes) =
-            layout(step.sends.iter().map(|s| (s.peer, s.tag, s.payload.len())))?;
-        let (recvs, recv_bytes) = layout(step.recvs.iter().map(|r| (r.peer, r.tag, r.len)))?;
+        Plan::from_ops(
+            step.sends.iter().map(|s| (s.peer, s.tag, s.payload.len())),
+            step.recvs.iter().map(|r| (r.peer, r.tag, r.len)),
+        )
+    }
+
+    /// Lays out sends and receives given as (peer, tag, length), in the caller's order.
+    ///
+    /// # Errors
+    /// As [`Plan::new`].
+    pub fn from_ops(
+        sends: impl Iterator<Item = (Rank, Tag, usize)>,
+        recvs: impl Iterator<Item = (Rank, Tag, usize)>,
+    ) -> Result<Plan, TransportError> {
+        let (sends, send_bytes) = layout(sends)?;
+        let (recvs, recv_bytes) = layout(recvs)?;
         Ok(Plan {
             sends,
             recvs,

@@ -18,12 +18,12 @@ use byzcoll_runtime::{
     Capabilities, MemoryKind, Payload, Rank, RecvOp, RecvOutcome, SendOp, Step, Tag, Transport,
     TransportError,
 };
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use tokio::time::Instant;
 
 use crate::failure::{AbortCause, NcclFailure};
 use crate::ffi::{self, Comm, State};
-use crate::plan::Plan;
+use crate::plan::{Op, Plan};
 use crate::setup::{self, Contribution, ID_BYTES, MIN_VERSION, STORE_KEY};
 
 /// How long a wait keeps yielding between polls before it sleeps between them.
@@ -130,6 +130,31 @@ pub struct NcclTransport {
     inner: tokio::sync::Mutex<Inner>,
     /// Written by a cancelled exchange's drop, so it is a plain lock.
     orphans: StdMutex<Vec<Orphan>>,
+}
+
+/// Writes one send's payload into its range of the step's send buffer.
+type Fill<'a> = dyn Fn(&Arc<CudaStream>, &mut CudaSlice<u8>, &Op) -> Result<(), String> + Sync + 'a;
+
+/// A send of [`NcclTransport::exchange_device`]: `len` bytes at device address `ptr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceSend {
+    /// Destination rank.
+    pub peer: Rank,
+    /// Message tag (orders a pair's messages, as in [`Transport::exchange`]).
+    pub tag: Tag,
+    /// Device address of the payload.
+    pub ptr: u64,
+    /// Payload bytes.
+    pub len: usize,
+}
+
+/// The receives of [`NcclTransport::exchange_device`], left on the device.
+#[derive(Debug)]
+pub struct DeviceReceived {
+    /// One buffer holding every receive (`None` when there was none).
+    pub buffer: Option<CudaSlice<u8>>,
+    /// For each receive, in the caller's order, its byte range in `buffer`.
+    pub ranges: Vec<std::ops::Range<usize>>,
 }
 
 /// The buffers of the step being exchanged; if the exchange is dropped before they are
@@ -353,43 +378,31 @@ impl NcclTransport {
 
     async fn run_checked(&self, step: Step) -> Result<Vec<RecvOutcome>, TransportError> {
         let plan = Plan::new(&step)?;
-        let mut inner = self.inner.lock().await;
-        if let Some(broken) = &inner.broken {
-            return Err(broken.clone().into());
-        }
-        if plan.is_empty() {
-            return Ok(Vec::new());
-        }
-        if let Err((cause, peers)) = self.settle(&inner, step.deadline).await {
-            return Err(self.abort(&mut inner, &step, peers, cause).await);
-        }
-        let mut peers = plan.peers();
-        let (mut flight, state) = match self.post(&inner, &step, &plan, &peers) {
-            Ok(posted) => posted,
-            Err(why) => {
-                return Err(self
-                    .abort(&mut inner, &step, peers, AbortCause::Failed(why))
-                    .await)
-            }
+        let at = (step.collective, step.step);
+        let fill = |stream: &Arc<CudaStream>, buf: &mut CudaSlice<u8>, op: &Op| {
+            let Payload::Host(bytes) = &step.sends[op.index].payload else {
+                return Err("payload in a memory kind this transport does not support".into());
+            };
+            let mut dst = buf.slice_mut(op.offset..op.offset + op.len);
+            stream
+                .memcpy_htod(&bytes[..], &mut dst)
+                .map_err(|e| format!("copying a payload to the device: {e}"))
         };
-        let done = self
-            .complete(&inner, step.deadline, state == State::InProgress)
-            .await;
-        if let Err(cause) = done {
-            drop(flight);
-            return Err(self.abort(&mut inner, &step, peers, cause).await);
-        }
-        let buffers = flight.buffers.take();
-        drop(flight);
-        let received = match buffers.and_then(|b| b.recv) {
+        let Some((inner, recv)) = self
+            .exchange_planned(at, step.deadline, &plan, &fill, false)
+            .await?
+        else {
+            return Ok(Vec::new());
+        };
+        let received = match recv {
             None => Bytes::new(),
             Some(recv) => match inner.stream.clone_dtoh(&recv) {
                 Ok(v) => Bytes::from(v),
                 Err(e) => {
-                    peers.clear();
+                    let mut inner = inner;
                     let why = format!("copying received bytes to the host: {e}");
                     return Err(self
-                        .abort(&mut inner, &step, peers, AbortCause::Failed(why))
+                        .abort(&mut inner, at, Vec::new(), AbortCause::Failed(why))
                         .await);
                 }
             },
@@ -400,6 +413,119 @@ impl NcclTransport {
             outcomes[op.index] = RecvOutcome::Received(Payload::Host(bytes));
         }
         Ok(outcomes)
+    }
+
+    /// Posts `plan` as one group (send payloads written into the send buffer by `fill`) and
+    /// waits for it; returns the transport's lock and the receive buffer, or `None` for an
+    /// empty plan. With `wait_for_sources`, the stream is synchronized after `fill`, so the
+    /// memory `fill` read from is no longer needed once this is first polled.
+    async fn exchange_planned(
+        &self,
+        at: (u64, u32),
+        deadline: Instant,
+        plan: &Plan,
+        fill: &Fill<'_>,
+        wait_for_sources: bool,
+    ) -> Result<Option<(tokio::sync::MutexGuard<'_, Inner>, Option<CudaSlice<u8>>)>, TransportError>
+    {
+        let mut inner = self.inner.lock().await;
+        if let Some(broken) = &inner.broken {
+            return Err(broken.clone().into());
+        }
+        if plan.is_empty() {
+            return Ok(None);
+        }
+        if let Err((cause, peers)) = self.settle(&inner, deadline).await {
+            return Err(self.abort(&mut inner, at, peers, cause).await);
+        }
+        let peers = plan.peers();
+        let (mut flight, state) = match self.post(&inner, plan, &peers, fill, wait_for_sources) {
+            Ok(posted) => posted,
+            Err(why) => {
+                return Err(self
+                    .abort(&mut inner, at, peers, AbortCause::Failed(why))
+                    .await)
+            }
+        };
+        let done = self
+            .complete(&inner, deadline, state == State::InProgress)
+            .await;
+        if let Err(cause) = done {
+            drop(flight);
+            return Err(self.abort(&mut inner, at, peers, cause).await);
+        }
+        let buffers = flight.buffers.take();
+        drop(flight);
+        Ok(Some((inner, buffers.and_then(|b| b.recv))))
+    }
+
+    /// Exchanges one step whose send payloads are in device memory, leaving the received
+    /// bytes on the device: no host copy either way (the GPU aggregation path). Each send
+    /// is copied into the transport's own send buffer before anything is posted, and the
+    /// receives land in one buffer the caller then owns, so a cancelled exchange never leaves
+    /// NCCL reading or writing the caller's memory. Matching, deadlines and aborts are those
+    /// of [`Transport::exchange`]; every rank must call this at the same point of its step
+    /// sequence.
+    ///
+    /// # Safety
+    /// Each send's `ptr` must address `len` readable bytes on this transport's device, with
+    /// every write to them already complete (synchronize the stream that wrote them), for as
+    /// long as the returned future is alive.
+    ///
+    /// # Errors
+    /// [`TransportError::InvalidUsage`] for peers out of range or this rank;
+    /// [`TransportError::Aborted`] when the step did not complete (see the crate docs).
+    pub async unsafe fn exchange_device(
+        &self,
+        collective: u64,
+        step: u32,
+        sends: &[DeviceSend],
+        recvs: &[RecvOp],
+        deadline: Instant,
+    ) -> Result<DeviceReceived, TransportError> {
+        let peer_ok = |p: Rank| p < self.size && p != self.rank;
+        if let Some(bad) = sends
+            .iter()
+            .map(|s| s.peer)
+            .chain(recvs.iter().map(|r| r.peer))
+            .find(|&p| !peer_ok(p))
+        {
+            return Err(TransportError::InvalidUsage(format!(
+                "device exchange with rank {bad} from rank {} in a world of {}",
+                self.rank, self.size
+            )));
+        }
+        let plan = Plan::from_ops(
+            sends.iter().map(|s| (s.peer, s.tag, s.len)),
+            recvs.iter().map(|r| (r.peer, r.tag, r.len)),
+        )?;
+        let fill = |stream: &Arc<CudaStream>, buf: &mut CudaSlice<u8>, op: &Op| {
+            let src = sends[op.index].ptr;
+            let (dst, _record) = buf.device_ptr_mut(stream);
+            // SAFETY: the caller guarantees `len` readable bytes at `src` on this device;
+            // the destination range lies inside the send buffer (the plan's layout).
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    dst + op.offset as u64,
+                    src,
+                    op.len,
+                    stream.cu_stream(),
+                )
+            }
+            .map_err(|e| format!("copying a device payload: {e}"))
+        };
+        let at = (collective, step);
+        let planned = self
+            .exchange_planned(at, deadline, &plan, &fill, true)
+            .await?;
+        let mut ranges = vec![0..0; recvs.len()];
+        for op in &plan.recvs {
+            ranges[op.index] = op.offset..op.offset + op.len;
+        }
+        Ok(DeviceReceived {
+            buffer: planned.and_then(|(_, recv)| recv),
+            ranges,
+        })
     }
 
     /// Waits until the stream has finished the work of cancelled exchanges (so new copies
@@ -451,14 +577,15 @@ impl NcclTransport {
         Ok(())
     }
 
-    /// Copies the payloads to the device and posts every operation of the step in one group.
+    /// Fills the send buffer with `fill` and posts every operation of the plan in one group.
     /// No await: NCCL's group state is per thread.
     fn post(
         &self,
         inner: &Inner,
-        step: &Step,
         plan: &Plan,
         peers: &[Rank],
+        fill: &Fill<'_>,
+        wait_for_sources: bool,
     ) -> Result<(InFlight<'_>, State), String> {
         let comm = inner.comm.as_ref().ok_or("no communicator")?;
         let stream = &inner.stream;
@@ -469,7 +596,7 @@ impl NcclTransport {
             .map_err(|e| cuda("binding the CUDA context", e))?;
         let alloc = |bytes: usize| {
             // SAFETY: only the ranges NCCL writes (whole receives, all completed before
-            // they are read) or that are copied from the host are ever read.
+            // they are read) or that `fill` writes are ever read.
             unsafe { stream.alloc::<u8>(bytes) }
                 .map_err(|e| cuda(&format!("allocating {bytes} device bytes"), e))
         };
@@ -485,13 +612,12 @@ impl NcclTransport {
         };
         if let Some(buf) = send.as_mut() {
             for op in plan.sends.iter().filter(|o| o.len > 0) {
-                let Payload::Host(bytes) = &step.sends[op.index].payload else {
-                    return Err("payload in a memory kind this transport does not support".into());
-                };
-                let mut dst = buf.slice_mut(op.offset..op.offset + op.len);
+                fill(stream, buf, op)?;
+            }
+            if wait_for_sources {
                 stream
-                    .memcpy_htod(&bytes[..], &mut dst)
-                    .map_err(|e| cuda("copying a payload to the device", e))?;
+                    .synchronize()
+                    .map_err(|e| cuda("waiting for the payload copies", e))?;
             }
         }
         let flight = InFlight {
@@ -557,7 +683,7 @@ impl NcclTransport {
     async fn abort(
         &self,
         inner: &mut Inner,
-        step: &Step,
+        (collective, step): (u64, u32),
         mut peers: Vec<Rank>,
         cause: AbortCause,
     ) -> TransportError {
@@ -568,14 +694,14 @@ impl NcclTransport {
         peers.sort_unstable();
         peers.dedup();
         let failure = NcclFailure::StepAborted {
-            collective: step.collective,
-            step: step.step,
+            collective,
+            step,
             ranks: peers,
             cause,
         };
         tracing::error!(rank = self.rank, %failure, "aborting the NCCL communicator");
         inner.broken = Some(NcclFailure::Broken {
-            at: Some((step.collective, step.step)),
+            at: Some((collective, step)),
         });
         if let Some(comm) = inner.comm.take() {
             abort_blocking(comm, inner.stream.context().clone()).await;
