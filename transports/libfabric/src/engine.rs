@@ -53,8 +53,11 @@ const COMPLETIONS_PER_PASS: usize = 256;
 /// messages ran at 1.8 GB/s and 1 MiB fragments of them (4 in flight) at 4 GB/s; over `shm`
 /// it makes no difference beyond noise.
 pub const FRAGMENT: usize = 1 << 20;
-/// Fragment receives in flight per peer.
-const WINDOW: usize = 4;
+/// Fragment receives in flight per peer (over all of its messages).
+const WINDOW: usize = 8;
+/// Header receives kept posted per peer (fewer in worlds so large that the provider's receive
+/// queue could not hold this many for every peer).
+pub const HEADER_WINDOW: usize = 16;
 
 fn tag(sender: Rank, kind: u64, seq: u64) -> u64 {
     ((sender as u64) << SENDER_SHIFT) | (kind << SEQ_BITS) | (seq & SEQ_MASK)
@@ -128,17 +131,23 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 /// tag = 0 (2 bits) | sender (24 bits) | kind (2 bits) | sequence (36 bits)
 /// ```
 ///
-/// The progress thread keeps one header receive posted per peer, for the exact tag of the next
-/// header in that peer's sequence, restricted to the peer's address where the provider
-/// supports `FI_DIRECTED_RECV`, into a fixed 32-byte buffer (a longer message completes with
-/// `FI_ETRUNC` and closes the peer). It checks the header (sender, length limit) and claims
-/// the matching receive in the mailbox. Only then does it receive the payload: into a buffer
-/// of the exact length the receiver expects, or, for a header of another length or for a
-/// retired step, fragment by fragment into a fixed scratch buffer that is never read. At most
-/// a few fragment receives per peer are posted at a time, each for the exact fragment length
-/// the header implies, so no allocation is ever sized by a peer's number, and an honest
-/// peer's message is never truncated. A fragment of another length is a protocol violation:
-/// the receive is `Malformed` and the peer is closed.
+/// The progress thread keeps [`HEADER_WINDOW`] header receives posted per peer (fewer when the
+/// provider's receive queue could not hold that many for every peer), for the exact tags of
+/// the peer's next sequence numbers, restricted to the peer's address where the provider
+/// supports `FI_DIRECTED_RECV`, into fixed 32-byte buffers (a longer message completes with
+/// `FI_ETRUNC` and closes the peer). It checks each header (sender, length limit) and claims
+/// the matching receive in the mailbox, in sequence order. Only then does it receive the
+/// payload: into a buffer of the exact length the receiver expects, or, for a header of another
+/// length or for a retired step, fragment by fragment into a fixed scratch buffer that is never
+/// read. At most a few fragment receives per peer are posted at a time (over all of its
+/// messages, oldest first), each for the exact fragment length the header implies, so no
+/// allocation is ever sized by a peer's number, and an honest peer's message is never
+/// truncated. A fragment of another length is a protocol violation: the receive is `Malformed`
+/// and the peer is closed. Several messages per peer are in flight at once: their headers are
+/// matched by the provider as they arrive, and the payloads of claimed messages are received
+/// while later headers are checked. (With one header receive per peer, every message waited
+/// for a pass of the thread between its header and its payload, and the next header receive
+/// was posted only after the payload had arrived.)
 ///
 /// Why not one payload message drained with a zero-length receive, as the UCX transport does
 /// after probing? libfabric 1.17 (Debian 12) mishandles it: `ofi_rxm` loses its way on
@@ -323,6 +332,11 @@ impl LibfabricTransport {
             directed: info.directed_recv(),
             register: info.needs_local_registration() || options.always_register,
             pool_bytes: options.pool_bytes,
+            // Leave half the provider's receive queue for payload fragments.
+            header_window: match info.rx_size() {
+                0 => HEADER_WINDOW,
+                n => (n / (2 * size.max(1))).clamp(1, HEADER_WINDOW),
+            },
         };
         let mailbox = Arc::new(Mailbox::new(size));
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
@@ -448,6 +462,8 @@ struct EngineConfig {
     register: bool,
     /// Most bytes of idle receive buffers kept.
     pool_bytes: usize,
+    /// Header receives kept posted per peer.
+    header_window: usize,
 }
 
 /// What an operation is. Sends and header receives own their buffer; fragment receives write
@@ -467,11 +483,13 @@ enum OpKind {
     },
     RecvHeader {
         peer: Rank,
+        seq: u64,
         tag: u64,
         buf: Box<[u8; HEADER_LEN]>,
     },
     RecvFragment {
         peer: Rank,
+        seq: u64,
         tag: u64,
         len: usize,
     },
@@ -538,16 +556,28 @@ struct Inbound {
     failed: bool,
 }
 
-/// Where the receive side of one peer stands.
-enum Incoming {
-    /// The next header receive is to be posted.
-    Idle,
-    /// The header receive (context `id`) is posted.
-    Header { id: usize },
-    /// A valid header whose receive is not posted yet.
-    Early { header: FrameHeader, seq: u64 },
-    /// Receiving (or draining) the payload.
-    Payload(Box<Inbound>),
+/// A posted header receive of one sequence number, and what became of it.
+struct HeaderRecv {
+    seq: u64,
+    /// Context of the posted receive.
+    id: usize,
+    /// `None` while in flight; the checked header, or why it is unacceptable.
+    arrived: Option<Result<FrameHeader, String>>,
+}
+
+/// The receive side of one peer.
+#[derive(Default)]
+struct PeerRx {
+    /// Posted header receives, for consecutive sequence numbers, oldest first.
+    headers: VecDeque<HeaderRecv>,
+    /// Sequence number of the next header receive to post.
+    next_post: u64,
+    /// Checked headers whose receive has not been claimed yet, in order.
+    early: VecDeque<(u64, FrameHeader)>,
+    /// Payloads being received or drained, in order.
+    payloads: VecDeque<Box<Inbound>>,
+    /// Fragment receives in flight, over all payloads.
+    fragments: usize,
 }
 
 struct Engine {
@@ -564,11 +594,9 @@ struct Engine {
     outgoing: HashMap<u64, Outgoing>,
     next_out: u64,
     next_key: u64,
-    incoming: Vec<Incoming>,
+    rx: Vec<PeerRx>,
     /// Sequence number of the next message to send to each peer.
     next_send: Vec<u64>,
-    /// Sequence number of the next header expected from each peer.
-    next_recv: Vec<u64>,
     /// Where drained fragments go (`config.fragment` bytes once allocated); never read.
     scratch: Vec<u8>,
     /// Receive buffers.
@@ -601,9 +629,8 @@ impl Engine {
             outgoing: HashMap::new(),
             next_out: 0,
             next_key: 1,
-            incoming: (0..size).map(|_| Incoming::Idle).collect(),
+            rx: (0..size).map(|_| PeerRx::default()).collect(),
             next_send: vec![0; size],
-            next_recv: vec![0; size],
             scratch: Vec::new(),
             pool: BufferPool::new(config.pool_bytes),
             closed: vec![false; size],
@@ -625,7 +652,7 @@ impl Engine {
                 Some(n) => busy |= n > 0,
             }
             busy |= self.post_sends();
-            for peer in 0..self.incoming.len() {
+            for peer in 0..self.rx.len() {
                 busy |= self.advance_receive(peer);
             }
             if busy {
@@ -886,54 +913,77 @@ impl Engine {
                 });
                 self.finish_part(out, error);
             }
-            OpKind::RecvHeader { peer, buf, .. } => self.header_arrived(peer, &buf, &c),
-            OpKind::RecvFragment { peer, len, .. } => self.fragment_arrived(peer, len, &c),
+            OpKind::RecvHeader { peer, seq, buf, .. } => self.header_arrived(peer, seq, &buf, &c),
+            OpKind::RecvFragment { peer, seq, len, .. } => {
+                self.fragment_arrived(peer, seq, len, &c);
+            }
         }
     }
 
+    /// Closes `peer`'s slot: its posted header receives are cancelled, and its claimed
+    /// payloads get the slot's outcome at once and their fragment receives are cancelled
+    /// (their buffers stay until the provider completes them).
     fn close_peer(&mut self, peer: Rank, why: Closed) {
         self.closed[peer] = true;
+        let rx = &mut self.rx[peer];
+        rx.early.clear();
+        for h in rx.headers.drain(..) {
+            if h.arrived.is_none() {
+                self.endpoint.cancel(h.id);
+            }
+        }
+        for inbound in &mut rx.payloads {
+            inbound.failed = true;
+            if let Some((d, _)) = inbound.target.take() {
+                d.complete(match &why {
+                    Closed::Gone => RecvOutcome::Missing,
+                    Closed::Violation(w) => RecvOutcome::Malformed(w.clone()),
+                });
+            }
+            for &id in &inbound.in_flight {
+                self.endpoint.cancel(id);
+            }
+        }
         self.mailbox.close(peer, why);
     }
 
-    fn header_arrived(&mut self, peer: Rank, buf: &[u8; HEADER_LEN], c: &Completion) {
+    /// Records what arrived for header receive `seq` of `peer`: the header if it is
+    /// acceptable (its sender, its length within the limit), or why it is not. Headers are
+    /// taken in order by [`Engine::advance_headers`].
+    fn header_arrived(&mut self, peer: Rank, seq: u64, buf: &[u8; HEADER_LEN], c: &Completion) {
         if self.closed[peer] {
             return;
         }
-        let seq = self.next_recv[peer];
-        let violation = match c.error {
+        let checked = match c.error {
             None if c.len == HEADER_LEN => match FrameHeader::decode(buf) {
-                Ok(h) if h.sender as usize != peer => {
-                    format!("frame claims sender {} on rank {peer}'s tags", h.sender)
+                Ok(h) if h.sender as usize != peer => Err(format!(
+                    "frame claims sender {} on rank {peer}'s tags",
+                    h.sender
+                )),
+                Ok(h) if h.len > self.config.max || usize::try_from(h.len).is_err() => {
+                    Err(format!(
+                        "frame of {} bytes exceeds the limit of {}",
+                        h.len, self.config.max
+                    ))
                 }
-                Ok(h) if h.len > self.config.max || usize::try_from(h.len).is_err() => format!(
-                    "frame of {} bytes exceeds the limit of {}",
-                    h.len, self.config.max
-                ),
-                Ok(header) => {
-                    self.next_recv[peer] += 1;
-                    self.incoming[peer] = Incoming::Early { header, seq };
-                    return;
-                }
-                Err(why) => why,
+                other => other,
             },
-            None => format!("header of {} bytes", c.len),
-            Some(e) if e.code == safe::ETRUNC => "header longer than 32 bytes".to_string(),
-            Some(e) if e.code == safe::ECANCELED => {
-                self.incoming[peer] = Incoming::Idle;
-                return;
-            }
-            Some(e) => format!("header receive failed: {e}"),
+            None => Err(format!("header of {} bytes", c.len)),
+            Some(e) if e.code == safe::ETRUNC => Err("header longer than 32 bytes".to_string()),
+            Some(e) => Err(format!("header receive failed: {e}")),
         };
-        self.incoming[peer] = Incoming::Idle;
-        self.close_peer(peer, Closed::Violation(violation));
+        if let Some(h) = self.rx[peer].headers.iter_mut().find(|h| h.seq == seq) {
+            h.arrived = Some(checked);
+        }
     }
 
-    fn fragment_arrived(&mut self, peer: Rank, len: usize, c: &Completion) {
-        let Incoming::Payload(inbound) = &mut self.incoming[peer] else {
+    fn fragment_arrived(&mut self, peer: Rank, seq: u64, len: usize, c: &Completion) {
+        let rx = &mut self.rx[peer];
+        let Some(inbound) = rx.payloads.iter_mut().find(|p| p.seq == seq) else {
             tracing::debug!(peer, "libfabric: a payload fragment for no payload");
             return;
         };
+        rx.fragments = rx.fragments.saturating_sub(1);
         inbound.in_flight.retain(|&id| id != c.context);
         let violation = match c.error {
             None if c.len == len => {
@@ -951,14 +1001,7 @@ impl Engine {
             Some(e) => Some(format!("payload receive failed: {e}")),
         };
         if let Some(why) = violation {
-            if !inbound.failed {
-                inbound.failed = true;
-                if let Some((d, _)) = inbound.target.take() {
-                    d.complete(RecvOutcome::Malformed(why.clone()));
-                }
-                for &id in &inbound.in_flight {
-                    self.endpoint.cancel(id);
-                }
+            if !self.closed[peer] {
                 self.close_peer(peer, Closed::Violation(why));
             }
         }
@@ -971,100 +1014,164 @@ impl Engine {
         }
         if self.closed[peer] {
             // Fragments still in flight must finish before their buffer may go.
-            if matches!(&self.incoming[peer], Incoming::Payload(p) if p.in_flight.is_empty()) {
-                self.incoming[peer] = Incoming::Idle;
-            }
+            self.rx[peer].payloads.retain(|p| !p.in_flight.is_empty());
             return false;
         }
-        let state = std::mem::replace(&mut self.incoming[peer], Incoming::Idle);
-        let (next, busy) = match state {
-            Incoming::Idle => {
-                let mut op = Op::new(OpKind::RecvHeader {
-                    peer,
-                    tag: tag(peer, KIND_HEADER, self.next_recv[peer]),
-                    buf: Box::new([0u8; HEADER_LEN]),
-                });
-                let id = op.id();
-                let buf = match &mut op.kind {
-                    OpKind::RecvHeader { buf, .. } => buf.as_mut_ptr(),
-                    _ => ptr::null_mut(),
-                };
-                // SAFETY: the buffer is heap memory owned by `op`.
-                match unsafe { self.post(op, buf, HEADER_LEN) } {
-                    Ok(None) => (Incoming::Header { id }, true),
-                    Ok(Some(_)) => (Incoming::Idle, false),
-                    Err((_, e)) => {
-                        let why = format!("cannot receive from rank {peer}: {e}");
-                        self.close_peer(peer, Closed::Violation(why));
-                        (Incoming::Idle, true)
-                    }
-                }
-            }
-            Incoming::Header { id } if self.failed[peer] => {
-                // Sending to the peer failed and nothing more from it has arrived: it is gone.
-                // The cancelled receive still completes (or is leaked at shutdown).
-                self.endpoint.cancel(id);
-                self.close_peer(peer, Closed::Gone);
-                (Incoming::Idle, true)
-            }
-            s @ Incoming::Header { .. } => (s, false),
-            Incoming::Early { header, seq } => match self.mailbox.try_claim(peer, header.key()) {
-                None => (Incoming::Early { header, seq }, false),
-                Some(Claim::Closed) => (Incoming::Idle, true),
-                Some(claim) => {
-                    // The length was checked against the limit when the header arrived.
-                    let announced = usize::try_from(header.len).unwrap_or(usize::MAX);
-                    let mut base = ptr::null_mut();
-                    let target = match claim {
-                        Claim::Posted(d) if announced == d.expected_len() => {
-                            let mut buf = self.pool.take(announced);
-                            base = buf.as_mut_ptr();
-                            Some((d, buf))
-                        }
-                        Claim::Posted(d) => {
-                            let expected = d.expected_len();
-                            d.complete(RecvOutcome::Malformed(format!(
-                                "frame of {} bytes, expected {expected}",
-                                header.len
-                            )));
-                            None
-                        }
-                        _ => None,
-                    };
-                    let inbound = Inbound {
-                        seq,
-                        total: announced,
-                        next: 0,
-                        received: 0,
-                        in_flight: Vec::with_capacity(WINDOW),
-                        target,
-                        base,
-                        failed: false,
-                    };
-                    (Incoming::Payload(Box::new(inbound)), true)
-                }
-            },
-            Incoming::Payload(inbound) => self.advance_payload(peer, inbound),
-        };
-        self.incoming[peer] = next;
+        let mut busy = self.advance_headers(peer);
+        if !self.closed[peer] {
+            busy |= self.advance_claims(peer);
+        }
+        if !self.closed[peer] {
+            busy |= self.advance_payloads(peer);
+        }
         busy
     }
 
-    /// Posts the next fragment receives of a payload (at most [`WINDOW`] in flight), and
-    /// delivers it once every fragment has arrived.
-    fn advance_payload(&mut self, peer: Rank, mut inbound: Box<Inbound>) -> (Incoming, bool) {
-        if inbound.in_flight.is_empty() && inbound.received == inbound.total {
+    /// Takes the headers that arrived from `peer`, in order, and keeps the header window
+    /// posted.
+    fn advance_headers(&mut self, peer: Rank) -> bool {
+        let mut busy = false;
+        while self.rx[peer]
+            .headers
+            .front()
+            .is_some_and(|h| h.arrived.is_some())
+        {
+            let Some(HeaderRecv {
+                seq,
+                arrived: Some(checked),
+                ..
+            }) = self.rx[peer].headers.pop_front()
+            else {
+                break;
+            };
+            busy = true;
+            match checked {
+                Ok(header) => self.rx[peer].early.push_back((seq, header)),
+                Err(why) => {
+                    self.close_peer(peer, Closed::Violation(why));
+                    return true;
+                }
+            }
+        }
+        let rx = &self.rx[peer];
+        if self.failed[peer] && rx.early.is_empty() && rx.payloads.is_empty() {
+            // Sending to the peer failed and nothing more from it has arrived: it is gone.
+            // The cancelled receives still complete (or are leaked at shutdown).
+            self.close_peer(peer, Closed::Gone);
+            return true;
+        }
+        while self.rx[peer].headers.len() < self.config.header_window {
+            let seq = self.rx[peer].next_post;
+            let mut op = Op::new(OpKind::RecvHeader {
+                peer,
+                seq,
+                tag: tag(peer, KIND_HEADER, seq),
+                buf: Box::new([0u8; HEADER_LEN]),
+            });
+            let id = op.id();
+            let buf = match &mut op.kind {
+                OpKind::RecvHeader { buf, .. } => buf.as_mut_ptr(),
+                _ => ptr::null_mut(),
+            };
+            // SAFETY: the buffer is heap memory owned by `op`.
+            match unsafe { self.post(op, buf, HEADER_LEN) } {
+                Ok(None) => {
+                    let rx = &mut self.rx[peer];
+                    rx.next_post += 1;
+                    rx.headers.push_back(HeaderRecv {
+                        seq,
+                        id,
+                        arrived: None,
+                    });
+                    busy = true;
+                }
+                Ok(Some(_)) => break,
+                Err((_, e)) => {
+                    let why = format!("cannot receive from rank {peer}: {e}");
+                    self.close_peer(peer, Closed::Violation(why));
+                    return true;
+                }
+            }
+        }
+        busy
+    }
+
+    /// Claims the receives of `peer`'s checked headers, in order. A header of the expected
+    /// length gets a buffer of that length; one of another length, or for a retired step,
+    /// is drained into the scratch buffer.
+    fn advance_claims(&mut self, peer: Rank) -> bool {
+        let mut busy = false;
+        while let Some(&(seq, header)) = self.rx[peer].early.front() {
+            let claim = match self.mailbox.try_claim(peer, header.key()) {
+                None => break,
+                Some(Claim::Closed) => {
+                    self.rx[peer].early.clear();
+                    return true;
+                }
+                Some(claim) => claim,
+            };
+            self.rx[peer].early.pop_front();
+            busy = true;
+            // The length was checked against the limit when the header arrived.
+            let announced = usize::try_from(header.len).unwrap_or(usize::MAX);
+            let mut base = ptr::null_mut();
+            let target = match claim {
+                Claim::Posted(d) if announced == d.expected_len() => {
+                    let mut buf = self.pool.take(announced);
+                    base = buf.as_mut_ptr();
+                    Some((d, buf))
+                }
+                Claim::Posted(d) => {
+                    let expected = d.expected_len();
+                    d.complete(RecvOutcome::Malformed(format!(
+                        "frame of {} bytes, expected {expected}",
+                        header.len
+                    )));
+                    None
+                }
+                _ => None,
+            };
+            self.rx[peer].payloads.push_back(Box::new(Inbound {
+                seq,
+                total: announced,
+                next: 0,
+                received: 0,
+                in_flight: Vec::new(),
+                target,
+                base,
+                failed: false,
+            }));
+        }
+        busy
+    }
+
+    /// Delivers the payloads of `peer` whose fragments have all arrived, and posts the next
+    /// fragment receives, oldest payload first, at most [`WINDOW`] in flight for the peer.
+    fn advance_payloads(&mut self, peer: Rank) -> bool {
+        let mut busy = false;
+        let rx = &mut self.rx[peer];
+        rx.payloads.retain_mut(|inbound| {
+            if !inbound.in_flight.is_empty() || inbound.received != inbound.total {
+                return true;
+            }
             if let Some((d, mut buf)) = inbound.target.take() {
                 // SAFETY: every fragment completed with its exact length, so the provider
                 // wrote all `total` bytes of the spare capacity, which has not moved.
                 unsafe { buf.set_len(inbound.total) };
                 d.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
             }
-            return (Incoming::Idle, true);
-        }
-        let mut busy = false;
-        while inbound.in_flight.len() < WINDOW && inbound.next < inbound.total && !inbound.failed {
+            busy = true;
+            false
+        });
+        let mut i = 0;
+        while i < self.rx[peer].payloads.len() && self.rx[peer].fragments < WINDOW {
+            let inbound = &mut self.rx[peer].payloads[i];
+            if inbound.next >= inbound.total || inbound.failed {
+                i += 1;
+                continue;
+            }
             let len = self.config.fragment.min(inbound.total - inbound.next);
+            let seq = inbound.seq;
             let buf = if inbound.target.is_some() {
                 // SAFETY: `next < total`, and the buffer's capacity is at least `total`.
                 unsafe { inbound.base.add(inbound.next) }
@@ -1076,18 +1183,21 @@ impl Engine {
             };
             let op = Op::new(OpKind::RecvFragment {
                 peer,
-                tag: tag(peer, KIND_PAYLOAD, inbound.seq),
+                seq,
+                tag: tag(peer, KIND_PAYLOAD, seq),
                 len,
             });
             let id = op.id();
             // SAFETY: `buf[..len]` lies in the spare capacity of the Inbound's buffer, which
             // is not otherwise touched and not freed until its fragments complete (or is
             // leaked with them), with no two fragments overlapping; or in the scratch buffer,
-            // which is allocated once, never read and never freed while fragments are in
-            // flight.
-            let posted = unsafe { self.post(op, buf, len) };
-            match posted {
+            // which is allocated before any fragment is in flight, never read and never freed
+            // while fragments are in flight.
+            match unsafe { self.post(op, buf, len) } {
                 Ok(None) => {
+                    let rx = &mut self.rx[peer];
+                    rx.fragments += 1;
+                    let inbound = &mut rx.payloads[i];
                     inbound.in_flight.push(id);
                     inbound.next += len;
                     busy = true;
@@ -1095,16 +1205,12 @@ impl Engine {
                 Ok(Some(_)) => break,
                 Err((_, e)) => {
                     let why = format!("cannot receive the payload: {e}");
-                    inbound.failed = true;
-                    if let Some((d, _)) = inbound.target.take() {
-                        d.complete(RecvOutcome::Malformed(why.clone()));
-                    }
                     self.close_peer(peer, Closed::Violation(why));
-                    busy = true;
+                    return true;
                 }
             }
         }
-        (Incoming::Payload(inbound), busy)
+        busy
     }
 
     /// Fails sends not yet posted, cancels everything in flight and waits (briefly) for it to
@@ -1133,7 +1239,7 @@ impl Engine {
                 "libfabric shutdown: leaking buffers of operations that did not complete"
             );
             std::mem::forget(std::mem::take(&mut self.ops));
-            std::mem::forget(std::mem::take(&mut self.incoming));
+            std::mem::forget(std::mem::take(&mut self.rx));
             std::mem::forget(std::mem::take(&mut self.scratch));
         }
         self.endpoint

@@ -27,7 +27,9 @@ mod engine;
 pub mod safe;
 
 #[cfg(feature = "libfabric")]
-pub use engine::{LibfabricOptions, LibfabricTransport, FRAGMENT, MAX_PARK, MAX_RANKS};
+pub use engine::{
+    LibfabricOptions, LibfabricTransport, FRAGMENT, HEADER_WINDOW, MAX_PARK, MAX_RANKS,
+};
 #[cfg(feature = "libfabric")]
 pub use safe::providers;
 

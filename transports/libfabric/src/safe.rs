@@ -376,6 +376,12 @@ impl Info {
         self.first().addr_format
     }
 
+    /// How many receives can be posted at once (`rx_attr->size`; 0 when not given).
+    pub fn rx_size(&self) -> usize {
+        // SAFETY: rx_attr is null or points to fi_getinfo's attribute struct.
+        unsafe { self.first().rx_attr.as_ref() }.map_or(0, |a| a.size)
+    }
+
     /// Largest message the endpoint can carry.
     pub fn max_msg_size(&self) -> u64 {
         // SAFETY: ep_attr is null or points to fi_getinfo's attribute struct.
