@@ -1,22 +1,32 @@
-//! Collective benchmark over TCP on 127.0.0.1, printed in nccl-tests columns, side by side with
-//! Open MPI (mpi4py + numpy) in the same run when those are installed.
+//! Collective benchmark over each byzcoll transport on loopback (TCP, and UCX and libfabric
+//! where this build has them), printed in nccl-tests columns, side by side with Open MPI
+//! (mpi4py + numpy) in the same run when those are installed.
 //!
 //! ```sh
 //! cargo bench --bench collectives                       # 4 ranks, d = 2^16 .. 2^24 float32
 //! cargo bench --bench collectives -- --ranks 4 --min-exp 16 --max-exp 24 --no-anchor
+//! cargo bench --features ucx,libfabric --bench collectives -- --transports tcp,ucx,libfabric
+//! UCX_TLS=sm,self FI_PROVIDER=shm cargo bench --features ucx,libfabric --bench collectives
 //! ```
 //!
-//! Without `BYZCOLL_RANK` in its environment the binary is the launcher: it starts `--ranks`
-//! copies of itself through `byzcoll::launch`, then the MPI anchor. Each rep is timed as the
-//! slowest rank's time (an all-reduce MAX of the per-rank times) after a barrier; the table
-//! shows the median of the reps.
+//! Without `BYZCOLL_RANK` in its environment the binary is the launcher: for each transport of
+//! `--transports` (default: `tcp` and every other transport in `byzcoll::TRANSPORTS` that this
+//! build has, except `nccl`, which needs one GPU per rank) it starts `--ranks` copies of itself
+//! through `byzcoll::launch` with `BYZCOLL_TRANSPORT` set, then runs the MPI anchor. A transport
+//! this build lacks is an error naming the cargo feature. UCX and libfabric stay on loopback:
+//! the caller's `UCX_TLS`, `UCX_NET_DEVICES`, `FI_PROVIDER` and `FI_*_IFACE` are honoured, and
+//! where unset the ranks get `UCX_TLS=tcp,self UCX_NET_DEVICES=lo` and
+//! `FI_PROVIDER='tcp;ofi_rxm'` with `FI_TCP_IFACE`, `FI_NET_IFACE`, `FI_SOCKETS_IFACE` and
+//! `FI_UDP_IFACE` set to `lo`. Each rep is timed as the slowest rank's time (an all-reduce MAX
+//! of the per-rank times) after a barrier; the table shows the median of the reps.
 //!
 //! Columns: `size` is bytes per rank (`all_gather`: bytes gathered per rank, as nccl-tests
 //! prints it). `algbw = size / time`. `busbw` is nccl-tests' bus bandwidth: `algbw * 2(n-1)/n`
 //! for `all_reduce`, `algbw * (n-1)/n` for `all_gather`, and for gather-mode
-//! gather-mode `robust_all_reduce` `algbw * (n-1)` and sharded mode `algbw * 2r(n-1)/n`, the
+//! `robust_all_reduce` `algbw * (n-1)` and sharded mode `algbw * 2r(n-1)/n`, the
 //! bytes each rank actually receives. `rss(MiB)` is the largest peak resident set of any rank
-//! while the collective ran (input buffers included).
+//! while the collective ran (input buffers included). The ratio table has one column per
+//! transport: byzcoll's time over that transport divided by Open MPI's time in the same run.
 
 #![allow(clippy::print_stdout)]
 
@@ -25,13 +35,85 @@ use std::time::{Duration, Instant};
 
 use byzcoll::aggregators::Median;
 use byzcoll::launch::{launch, LaunchOptions};
-use byzcoll::{Communicator, Policy, ReduceOp, Replicas};
+use byzcoll::{Communicator, Policy, ReduceOp, Replicas, TRANSPORTS};
 
 struct Args {
     ranks: usize,
     min_exp: u32,
     max_exp: u32,
     anchor: bool,
+    transports: Vec<&'static str>,
+}
+
+/// The transports run when `--transports` is not given: every one this build has across
+/// processes, except NCCL (one rank per GPU; not a loopback benchmark).
+fn default_transports() -> Vec<&'static str> {
+    TRANSPORTS
+        .iter()
+        .filter(|t| t.available && t.name != "nccl")
+        .map(|t| t.name)
+        .collect()
+}
+
+/// Parses `--transports a,b,c`: each name must be a transport this build has; one it lacks is
+/// an error that says which feature to build with.
+fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
+    let mut chosen: Vec<&'static str> = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let info = TRANSPORTS.iter().find(|t| t.name == name).ok_or_else(|| {
+            let known: Vec<&str> = TRANSPORTS.iter().map(|t| t.name).collect();
+            format!(
+                "--transports: unknown transport {name:?}; known: {}",
+                known.join(", ")
+            )
+        })?;
+        if !info.available {
+            return Err(format!("--transports {name}: {}", info.about));
+        }
+        if !chosen.contains(&info.name) {
+            chosen.push(info.name);
+        }
+    }
+    if chosen.is_empty() {
+        return Err("--transports needs at least one transport, e.g. tcp,ucx,libfabric".into());
+    }
+    Ok(chosen)
+}
+
+/// The environment one transport's ranks get: `BYZCOLL_TRANSPORT`, and loopback defaults for
+/// the UCX and libfabric settings the caller left unset.
+fn transport_env(name: &str) -> Vec<(String, String)> {
+    let defaults: &[(&str, &str)] = match name {
+        "ucx" => &[("UCX_TLS", "tcp,self"), ("UCX_NET_DEVICES", "lo")],
+        "libfabric" => &[
+            ("FI_PROVIDER", "tcp;ofi_rxm"),
+            ("FI_TCP_IFACE", "lo"),
+            ("FI_NET_IFACE", "lo"),
+            ("FI_SOCKETS_IFACE", "lo"),
+            ("FI_UDP_IFACE", "lo"),
+        ],
+        _ => &[],
+    };
+    let mut env = vec![("BYZCOLL_TRANSPORT".to_string(), name.to_string())];
+    env.extend(
+        defaults
+            .iter()
+            .filter(|(k, _)| std::env::var_os(k).is_none())
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    env
+}
+
+/// The transport's own settings as the ranks see them, for the table header.
+fn transport_settings(name: &str) -> String {
+    let vars: &[&str] = match name {
+        "ucx" => &["UCX_TLS", "UCX_NET_DEVICES"],
+        "libfabric" => &["FI_PROVIDER", "FI_TCP_IFACE"],
+        _ => &[],
+    };
+    vars.iter()
+        .filter_map(|v| std::env::var(v).ok().map(|x| format!(" {v}={x}")))
+        .collect()
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -40,6 +122,7 @@ fn parse_args() -> Result<Args, String> {
         min_exp: 16,
         max_exp: 24,
         anchor: true,
+        transports: default_transports(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -53,6 +136,12 @@ fn parse_args() -> Result<Args, String> {
             "--ranks" => args.ranks = value(i)? as usize,
             "--min-exp" => args.min_exp = value(i)? as u32,
             "--max-exp" => args.max_exp = value(i)? as u32,
+            "--transports" => {
+                let list = argv
+                    .get(i + 1)
+                    .ok_or("--transports needs a list, e.g. tcp,ucx,libfabric")?;
+                args.transports = parse_transports(list)?;
+            }
             "--no-anchor" => {
                 args.anchor = false;
                 i += 1;
@@ -122,14 +211,16 @@ fn peak_rss_mib() -> f64 {
         .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
-/// Prints one table row; rank 0 also appends `elements-per-rank seconds label` to the results
-/// file the launcher named, for the ratio table.
+/// Prints one table row, labelled with the transport; rank 0 also appends
+/// `elements-per-rank seconds rss label` to the results file the launcher named for this
+/// transport, for the ratio table.
 fn row(
     size: usize,
     count: usize,
     redop: &str,
     (seconds, rss): (f64, f64),
     bus_factor: f64,
+    transport: &str,
     label: &str,
 ) {
     let algbw = size as f64 / seconds / 1e9;
@@ -149,7 +240,7 @@ fn row(
         }
     }
     println!(
-        "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3} {rss:>9.1}   {label}",
+        "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3} {rss:>9.1}   {transport:<9} {label}",
         "float",
         seconds * 1e6,
         algbw * bus_factor
@@ -169,14 +260,15 @@ async fn worker(args: &Args) -> Result<(), String> {
     let nf = n as f64;
     let f = (n - 1) / 2;
     let median = Median::new(f);
+    let transport = comm.transport().name();
     if me == 0 {
         println!(
-            "# byzcoll over {} on 127.0.0.1, {n} ranks, median f = {f}",
-            comm.transport().name()
+            "# byzcoll over {transport}{} on loopback, {n} ranks, median f = {f}",
+            transport_settings(transport)
         );
         println!(
-            "{:>12} {:>10} {:>6} {:>7} {:>12} {:>8} {:>8} {:>9}   collective",
-            "size", "count", "type", "redop", "time(us)", "algbw", "busbw", "rss(MiB)"
+            "{:>12} {:>10} {:>6} {:>7} {:>12} {:>8} {:>8} {:>9}   {:<9} collective",
+            "size", "count", "type", "redop", "time(us)", "algbw", "busbw", "rss(MiB)", "transport"
         );
     }
     for exp in (args.min_exp..=args.max_exp).step_by(2) {
@@ -193,7 +285,15 @@ async fn worker(args: &Args) -> Result<(), String> {
         })
         .await;
         if me == 0 {
-            row(bytes, d, "sum", t, 2.0 * (nf - 1.0) / nf, "all_reduce");
+            row(
+                bytes,
+                d,
+                "sum",
+                t,
+                2.0 * (nf - 1.0) / nf,
+                transport,
+                "all_reduce",
+            );
         }
 
         let mut gathered = vec![0.0f32; n * d];
@@ -204,7 +304,15 @@ async fn worker(args: &Args) -> Result<(), String> {
         })
         .await;
         if me == 0 {
-            row(bytes * n, d * n, "none", t, (nf - 1.0) / nf, "all_gather");
+            row(
+                bytes * n,
+                d * n,
+                "none",
+                t,
+                (nf - 1.0) / nf,
+                transport,
+                "all_gather",
+            );
         }
         drop(gathered);
 
@@ -233,7 +341,7 @@ async fn worker(args: &Args) -> Result<(), String> {
             })
             .await;
             if me == 0 {
-                row(bytes, d, "median", t, received, &label);
+                row(bytes, d, "median", t, received, transport, &label);
             }
         }
     }
@@ -284,7 +392,17 @@ fn run_anchor(args: &Args) -> Vec<(usize, f64, String)> {
             return Vec::new();
         }
     };
-    print!("{output}");
+    let mut header = true;
+    for line in output.lines() {
+        if header && !line.starts_with('#') {
+            header = false;
+            println!(
+                "{:>12} {:>10} {:>6} {:>7} {:>12} {:>8} {:>8} {:>9}   collective",
+                "size", "count", "type", "redop", "time(us)", "algbw", "busbw", "rss(MiB)"
+            );
+        }
+        println!("{line}");
+    }
     output
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -303,56 +421,141 @@ fn run_anchor(args: &Args) -> Vec<(usize, f64, String)> {
         .collect()
 }
 
-fn print_ratios(ours: &[(usize, f64, String)], anchor: &[(usize, f64, String)]) {
-    let pairs = [
-        ("all_reduce", "MPI Allreduce"),
-        ("all_gather", "MPI Allgather"),
-        ("robust_all_reduce gather", "MPI Allgather + numpy.median"),
+/// One byzcoll result: (transport, elements per rank, seconds, label).
+type Ours = (&'static str, usize, f64, String);
+
+/// Prints, per size and comparison, byzcoll's time over each transport divided by Open MPI's.
+fn print_ratios(
+    transports: &[&'static str],
+    ranks: usize,
+    ours: &[Ours],
+    anchor: &[(usize, f64, String)],
+) {
+    let tolerant = format!("robust_all_reduce sharded r={}", 2 * ((ranks - 1) / 2) + 1);
+    let pairs: Vec<(&str, &str, String)> = vec![
+        (
+            "all_reduce",
+            "MPI Allreduce",
+            "all_reduce / Allreduce SUM".into(),
+        ),
+        (
+            "all_gather",
+            "MPI Allgather",
+            "all_gather / Allgather".into(),
+        ),
+        (
+            "robust_all_reduce gather",
+            "MPI Allgather + numpy.median",
+            "gather median / Allgather+median".into(),
+        ),
         (
             "robust_all_reduce sharded r=1",
             "MPI Allgather + numpy.median",
+            "sharded r=1 median / Allgather+median".into(),
         ),
-        ("robust_all_reduce sharded r=1", "MPI Allreduce"),
+        (
+            &tolerant,
+            "MPI Allgather + numpy.median",
+            format!(
+                "sharded r={} median / Allgather+median",
+                2 * ((ranks - 1) / 2) + 1
+            ),
+        ),
+        (
+            "robust_all_reduce sharded r=1",
+            "MPI Allreduce",
+            "sharded r=1 median / Allreduce SUM".into(),
+        ),
     ];
-    let find = |rows: &[(usize, f64, String)], d: usize, label: &str| {
-        rows.iter()
-            .find(|(e, _, l)| *e == d && l == label)
-            .map(|r| r.1)
-    };
-    let mut sizes: Vec<usize> = ours.iter().map(|r| r.0).collect();
+    let mut sizes: Vec<usize> = ours.iter().map(|r| r.1).collect();
+    sizes.sort_unstable();
     sizes.dedup();
     println!();
-    println!("# time ratio byzcoll / Open MPI, same run (< 1: byzcoll faster)");
     println!(
-        "{:>12} {:>12} {:>12} {:>18} {:>18} {:>18}",
-        "bytes/rank",
-        "all_reduce",
-        "all_gather",
-        "gather-median",
-        "sharded1-median",
-        "sharded1-median"
+        "# time ratio byzcoll over each transport / Open MPI (btl tcp), same run \
+         (< 1: byzcoll faster)"
     );
-    println!(
-        "{:>12} {:>12} {:>12} {:>18} {:>18} {:>18}",
-        "", "/Allreduce", "/Allgather", "/Allgather+median", "/Allgather+median", "/Allreduce SUM"
-    );
+    print!("{:>12}   {:<40}", "bytes/rank", "byzcoll / Open MPI");
+    for t in transports {
+        print!(" {t:>10}");
+    }
+    println!();
     for d in sizes {
-        let cells: Vec<String> = pairs
-            .iter()
-            .map(|(a, b)| match (find(ours, d, a), find(anchor, d, b)) {
-                (Some(x), Some(y)) => format!("{:.2}", x / y),
-                _ => "-".into(),
-            })
-            .collect();
-        println!(
-            "{:>12} {:>12} {:>12} {:>18} {:>18} {:>18}",
-            d * 4,
-            cells[0],
-            cells[1],
-            cells[2],
-            cells[3],
-            cells[4]
-        );
+        for (ours_label, mpi_label, what) in &pairs {
+            let Some(mpi) = anchor
+                .iter()
+                .find(|(e, _, l)| *e == d && l == mpi_label)
+                .map(|r| r.1)
+            else {
+                continue;
+            };
+            print!("{:>12}   {what:<40}", d * 4);
+            for t in transports {
+                let cell = ours
+                    .iter()
+                    .find(|(tr, e, _, l)| tr == t && *e == d && l == ours_label)
+                    .map_or("-".to_string(), |r| format!("{:.2}", r.2 / mpi));
+                print!(" {cell:>10}");
+            }
+            println!();
+        }
+    }
+}
+
+/// Runs the byzcoll ranks over one transport and returns its rows, or the exit code of a
+/// failed run.
+fn run_transport(
+    runtime: &tokio::runtime::Runtime,
+    args: &Args,
+    transport: &'static str,
+) -> Result<Vec<Ours>, u8> {
+    let results = std::env::temp_dir().join(format!(
+        "byzcoll-bench-{}-{transport}.txt",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&results);
+    let exe = std::env::current_exe().expect("current exe");
+    let mut command = vec![exe.into_os_string()];
+    command.extend(std::env::args_os().skip(1));
+    let mut env = transport_env(transport);
+    env.push(("BYZCOLL_TIMEOUT_MS".into(), "120000".into()));
+    env.push((
+        "BYZCOLL_BENCH_RESULTS".into(),
+        results.to_string_lossy().into_owned(),
+    ));
+    println!();
+    let outcome = runtime.block_on(launch(LaunchOptions {
+        ranks: args.ranks,
+        command,
+        grace: Duration::from_secs(5),
+        env,
+    }));
+    let failed = match outcome {
+        Ok(o) if o.exit_code == 0 => None,
+        Ok(o) => Some(o.exit_code.clamp(1, 255) as u8),
+        Err(e) => {
+            eprintln!("collectives bench: {transport}: {e}");
+            Some(1)
+        }
+    };
+    let ours = std::fs::read_to_string(&results)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(4, ' ');
+            let d = it.next()?.parse().ok()?;
+            let secs = it.next()?.parse().ok()?;
+            let _rss = it.next()?;
+            Some((transport, d, secs, it.next()?.to_string()))
+        })
+        .collect();
+    let _ = std::fs::remove_file(&results);
+    match failed {
+        None => Ok(ours),
+        Some(code) => {
+            println!("# byzcoll over {transport} failed (exit {code}); see the ranks' stderr");
+            Err(code)
+        }
     }
 }
 
@@ -378,48 +581,26 @@ fn main() -> ExitCode {
             }
         };
     }
-    let results = std::env::temp_dir().join(format!("byzcoll-bench-{}.txt", std::process::id()));
-    let _ = std::fs::remove_file(&results);
-    let exe = std::env::current_exe().expect("current exe");
-    let mut command = vec![exe.into_os_string()];
-    command.extend(std::env::args_os().skip(1));
-    let outcome = runtime.block_on(launch(LaunchOptions {
-        ranks: args.ranks,
-        command,
-        grace: Duration::from_secs(5),
-        env: vec![
-            ("BYZCOLL_TIMEOUT_MS".into(), "120000".into()),
-            (
-                "BYZCOLL_BENCH_RESULTS".into(),
-                results.to_string_lossy().into_owned(),
-            ),
-        ],
-    }));
-    match outcome {
-        Ok(o) if o.exit_code == 0 => {}
-        Ok(o) => return ExitCode::from(o.exit_code.clamp(1, 255) as u8),
-        Err(e) => {
-            eprintln!("collectives bench: {e}");
-            return ExitCode::FAILURE;
+    // A transport that fails does not stop the others; the bench still exits with its code.
+    let mut ours = Vec::new();
+    let mut first_failure = None;
+    for &transport in &args.transports {
+        match run_transport(&runtime, &args, transport) {
+            Ok(rows) => ours.extend(rows),
+            Err(code) => {
+                first_failure.get_or_insert(code);
+            }
         }
     }
-    let ours: Vec<(usize, f64, String)> = std::fs::read_to_string(&results)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let mut it = l.splitn(4, ' ');
-            let d = it.next()?.parse().ok()?;
-            let secs = it.next()?.parse().ok()?;
-            let _rss = it.next()?;
-            Some((d, secs, it.next()?.to_string()))
-        })
-        .collect();
-    let _ = std::fs::remove_file(&results);
     if args.anchor {
+        println!();
         let anchor = run_anchor(&args);
-        if !anchor.is_empty() {
-            print_ratios(&ours, &anchor);
+        if !anchor.is_empty() && !ours.is_empty() {
+            print_ratios(&args.transports, args.ranks, &ours, &anchor);
         }
     }
-    ExitCode::SUCCESS
+    match first_failure {
+        None => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(code),
+    }
 }
