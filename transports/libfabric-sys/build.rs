@@ -42,7 +42,7 @@ fn generate() {
         .allowlist_type("fid_.*")
         .allowlist_var("FI_.*")
         // The static inline originals are not linkable; the shim's functions replace them.
-        .blocklist_function("fi_(fabric|domain|endpoint|av_open|cq_open|ep_bind|enable|getname|av_insert|tsend|trecv|cq_read|cq_readerr|cq_strerror|close|cancel|mr_reg|mr_desc)")
+        .blocklist_function("fi_(fabric|domain|endpoint|av_open|cq_open|ep_bind|enable|getname|av_insert|tsend|trecv|cq_read|cq_readerr|cq_strerror|close|cancel|mr_reg|mr_desc|control|trywait)")
         .generate_inline_functions(false)
         .default_enum_style(bindgen::EnumVariation::ModuleConsts)
         // The headers' anonymous enums (libfabric's own error codes, address formats,

@@ -107,3 +107,13 @@ void *byzcoll_fi_mr_desc(struct fid_mr *mr)
 {
 	return fi_mr_desc(mr);
 }
+
+int byzcoll_fi_control(struct fid *fid, int command, void *arg)
+{
+	return fi_control(fid, command, arg);
+}
+
+int byzcoll_fi_trywait(struct fid_fabric *fabric, struct fid **fids, int count)
+{
+	return fi_trywait(fabric, fids, count);
+}

@@ -35,3 +35,5 @@ int byzcoll_fi_mr_reg(struct fid_domain *domain, const void *buf, size_t len, ui
                       uint64_t offset, uint64_t requested_key, uint64_t flags,
                       struct fid_mr **mr, void *context);
 void *byzcoll_fi_mr_desc(struct fid_mr *mr);
+int byzcoll_fi_control(struct fid *fid, int command, void *arg);
+int byzcoll_fi_trywait(struct fid_fabric *fabric, struct fid **fids, int count);

@@ -7,6 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -24,7 +25,7 @@ use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::safe::{
-    self, Completion, Domain, Endpoint, Fabric, FabricError, Info, MemoryRegion, Post,
+    self, Completion, Domain, Endpoint, Fabric, FabricError, Info, MemoryRegion, Notifier, Post,
 };
 
 const KIND_HEADER: u64 = 1;
@@ -41,6 +42,10 @@ pub const MAX_PARK: Duration = Duration::from_micros(500);
 /// How long the thread keeps polling (yielding the CPU between polls) after the last
 /// activity before it parks.
 pub const SPIN: Duration = Duration::from_micros(500);
+/// How long the thread blocks at most on the queue's wait object while a header waits for its
+/// step to be posted (a step can be retired without waking the thread), and otherwise.
+const EARLY_RECHECK_MS: i32 = 2;
+const IDLE_RECHECK_MS: i32 = 100;
 /// Commands queued before senders wait.
 const COMMAND_QUEUE: usize = 1024;
 /// Entries of the completion queue.
@@ -111,6 +116,29 @@ impl std::fmt::Debug for Command {
     }
 }
 
+/// How transport methods wake the progress thread: they set `pending`, unpark it, and signal
+/// the notifier only if the thread said it is going to block on the completion queue's wait
+/// object.
+#[derive(Debug)]
+struct Wake {
+    pending: AtomicBool,
+    sleeping: AtomicBool,
+    notifier: Option<Notifier>,
+    thread: Thread,
+}
+
+impl Wake {
+    fn wake(&self) {
+        self.pending.store(true, Ordering::SeqCst);
+        if self.sleeping.swap(false, Ordering::SeqCst) {
+            if let Some(n) = &self.notifier {
+                n.signal();
+            }
+        }
+        self.thread.unpark();
+    }
+}
+
 /// Endpoints that are closed together when the last transport holding this goes.
 type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 
@@ -159,8 +187,11 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 /// # Progress
 /// The thread polls the completion queue (`fi_cq_read`, which also drives providers with
 /// manual progress), keeps polling for [`SPIN`] after activity, yielding the CPU between polls,
-/// and then parks for short, growing intervals (at most [`MAX_PARK`]); new commands and newly
-/// posted receives unpark it at once. (It used to spin without yielding for 50 µs and then
+/// and then blocks: where the provider gives the queue a wait object (`FI_WAIT_FD`:
+/// `tcp;ofi_rxm` does, `shm` in libfabric 1.17 does not), in `poll` on it and on an eventfd
+/// that transport methods signal, after `fi_trywait` says nothing is ready; otherwise it parks
+/// for short, growing intervals (at most [`MAX_PARK`]), and new commands and newly posted
+/// receives unpark it at once. (It used to spin without yielding for 50 µs and then
 /// park: on a 2-core machine the spinning took the CPU from the tokio threads and the peer's
 /// progress thread, and a message that arrived while the thread was parked waited for the
 /// timer, which made the one-way latency over `shm` about 100 µs.) Each
@@ -184,7 +215,7 @@ pub struct LibfabricTransport {
     commands: Option<mpsc::Sender<Command>>,
     thread: Option<JoinHandle<Endpoint>>,
     keeper: Option<Keeper>,
-    waker: Thread,
+    wake: Arc<Wake>,
     max_message_bytes: u64,
     provider: String,
 }
@@ -341,10 +372,24 @@ impl LibfabricTransport {
         let mailbox = Arc::new(Mailbox::new(size));
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let engine_mailbox = mailbox.clone();
+        let notifier = endpoint.wait_fd().and_then(|_| Notifier::new());
+        let (wake_tx, wake_rx) = std::sync::mpsc::sync_channel::<Arc<Wake>>(1);
         let thread = thread::Builder::new()
             .name(format!("byzcoll-fi-{rank}"))
-            .spawn(move || Engine::new(endpoint, addresses, config, engine_mailbox, rx).run())
+            .spawn(move || {
+                let Ok(wake) = wake_rx.recv() else {
+                    return endpoint;
+                };
+                Engine::new(endpoint, addresses, config, engine_mailbox, rx, wake).run()
+            })
             .map_err(TransportError::Io)?;
+        let wake = Arc::new(Wake {
+            pending: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            notifier,
+            thread: thread.thread().clone(),
+        });
+        let _ = wake_tx.send(wake.clone());
         tracing::debug!(
             rank,
             size,
@@ -360,7 +405,7 @@ impl LibfabricTransport {
             size,
             mailbox,
             commands: Some(tx),
-            waker: thread.thread().clone(),
+            wake,
             thread: Some(thread),
             keeper,
             max_message_bytes: max,
@@ -379,7 +424,7 @@ impl Drop for LibfabricTransport {
         // Closing the queue tells the thread to shut down; it cancels and drains its
         // operations and closes the endpoint within a bounded time.
         self.commands = None;
-        self.waker.unpark();
+        self.wake.wake();
         let Some(Ok(endpoint)) = self.thread.take().map(JoinHandle::join) else {
             return;
         };
@@ -423,7 +468,7 @@ impl Transport for LibfabricTransport {
                 &self.mailbox,
                 &step,
                 "libfabric",
-                || self.waker.unpark(),
+                || self.wake.wake(),
                 |s, key, payload| {
                     let peer = s.peer;
                     async move {
@@ -437,7 +482,7 @@ impl Transport for LibfabricTransport {
                             })
                             .await
                             .map_err(|_| "the progress thread is gone".to_string())?;
-                        self.waker.unpark();
+                        self.wake.wake();
                         finished
                             .await
                             .map_err(|_| "the progress thread is gone".to_string())?
@@ -607,6 +652,7 @@ struct Engine {
     /// nothing from it is pending.
     failed: Vec<bool>,
     cq_failed: bool,
+    wake: Arc<Wake>,
 }
 
 impl Engine {
@@ -616,6 +662,7 @@ impl Engine {
         config: EngineConfig,
         mailbox: Arc<Mailbox>,
         commands: mpsc::Receiver<Command>,
+        wake: Arc<Wake>,
     ) -> Self {
         let size = addresses.len();
         Engine {
@@ -636,6 +683,7 @@ impl Engine {
             closed: vec![false; size],
             failed: vec![false; size],
             cq_failed: false,
+            wake,
         }
     }
 
@@ -646,6 +694,7 @@ impl Engine {
         let mut park = Duration::from_micros(5);
         let mut completions = Vec::with_capacity(COMPLETIONS_PER_PASS);
         loop {
+            self.wake.pending.store(false, Ordering::SeqCst);
             let mut busy = self.read_completions(&mut completions);
             match self.take_commands() {
                 None => break,
@@ -662,12 +711,45 @@ impl Engine {
                 // Yielding, not spinning: on few cores the tokio threads and the peers'
                 // progress threads need the CPU this thread would burn.
                 thread::yield_now();
-            } else {
+            } else if !self.block() {
                 thread::park_timeout(park);
                 park = (park * 2).min(MAX_PARK);
             }
         }
         self.shutdown()
+    }
+
+    /// Blocks on the completion queue's wait object and the notifier until there may be
+    /// something to do; `false` (at once) when it cannot, and the caller should park: the
+    /// provider has no wait object, completions may be ready, or sends wait for the provider
+    /// to take them.
+    fn block(&mut self) -> bool {
+        let (Some(cq), Some(notifier)) = (self.endpoint.wait_fd(), &self.wake.notifier) else {
+            return false;
+        };
+        if self.backlog.iter().any(|b| !b.is_empty()) {
+            return false;
+        }
+        let timeout = if self.rx.iter().any(|r| !r.early.is_empty()) {
+            EARLY_RECHECK_MS
+        } else {
+            IDLE_RECHECK_MS
+        };
+        self.wake.sleeping.store(true, Ordering::SeqCst);
+        let outcome = if self.wake.pending.load(Ordering::SeqCst) {
+            // Woken meanwhile: go round again.
+            true
+        } else if self.endpoint.try_wait() {
+            safe::wait_readable(&[cq, notifier.fd()], timeout);
+            true
+        } else {
+            // Completions may be ready; park briefly rather than spin should the provider
+            // keep saying so.
+            false
+        };
+        self.wake.sleeping.store(false, Ordering::SeqCst);
+        notifier.drain();
+        outcome
     }
 
     /// Reads and handles completions; `true` if there were any.

@@ -481,22 +481,44 @@ impl Drop for Domain {
 #[derive(Debug)]
 pub struct CompletionQueue {
     raw: *mut sys::fid_cq,
+    /// The queue's wait object (`FI_WAIT_FD`), where the provider has one.
+    wait_fd: Option<i32>,
 }
 
 impl CompletionQueue {
+    /// Opens a queue with a file-descriptor wait object (`FI_WAIT_FD`: `tcp;ofi_rxm` has
+    /// one), or without one where the provider has none (`shm` in libfabric 1.17 answers
+    /// `FI_ENOSYS`).
     fn open(domain: &Domain, size: usize) -> Result<Self, FabricError> {
-        let mut attr = sys::fi_cq_attr {
-            size,
-            format: sys::fi_cq_format::FI_CQ_FORMAT_TAGGED,
-            wait_obj: sys::fi_wait_obj::FI_WAIT_NONE,
-            ..Default::default()
+        let open = |wait_obj| {
+            let mut attr = sys::fi_cq_attr {
+                size,
+                format: sys::fi_cq_format::FI_CQ_FORMAT_TAGGED,
+                wait_obj,
+                ..Default::default()
+            };
+            let mut raw: *mut sys::fid_cq = ptr::null_mut();
+            // SAFETY: the domain is open; attr is valid; raw is writable.
+            let ret = unsafe {
+                sys::byzcoll_fi_cq_open(domain.raw, &mut attr, &mut raw, ptr::null_mut())
+            };
+            check(ret.into(), "fi_cq_open").map(|_| raw)
         };
-        let mut raw: *mut sys::fid_cq = ptr::null_mut();
-        // SAFETY: the domain is open; attr is valid; raw is writable.
-        let ret =
-            unsafe { sys::byzcoll_fi_cq_open(domain.raw, &mut attr, &mut raw, ptr::null_mut()) };
-        check(ret.into(), "fi_cq_open")?;
-        Ok(CompletionQueue { raw })
+        if let Ok(raw) = open(sys::fi_wait_obj::FI_WAIT_FD) {
+            let mut fd: i32 = -1;
+            // SAFETY: the queue is open; FI_GETWAIT on an FI_WAIT_FD queue writes an int.
+            let ret = unsafe {
+                sys::byzcoll_fi_control(
+                    ptr::addr_of_mut!((*raw).fid),
+                    sys::FI_GETWAIT as i32,
+                    ptr::addr_of_mut!(fd).cast(),
+                )
+            };
+            let wait_fd = (ret == 0 && fd >= 0).then_some(fd);
+            return Ok(CompletionQueue { raw, wait_fd });
+        }
+        let raw = open(sys::fi_wait_obj::FI_WAIT_NONE)?;
+        Ok(CompletionQueue { raw, wait_fd: None })
     }
 }
 
@@ -849,6 +871,26 @@ impl Endpoint {
         };
     }
 
+    /// The completion queue's wait object, a file descriptor that becomes readable when
+    /// completions may be ready; `None` when the provider has none (poll then).
+    pub fn wait_fd(&self) -> Option<i32> {
+        self.cq.wait_fd
+    }
+
+    /// Whether the thread may now block on [`Endpoint::wait_fd`] (`fi_trywait`): `false` when
+    /// completions are (or may be) ready, or the queue has no wait object; read the queue
+    /// then.
+    pub fn try_wait(&self) -> bool {
+        if self.cq.wait_fd.is_none() {
+            return false;
+        }
+        // SAFETY: the queue is open and bound to this endpoint; fid points into it.
+        let mut fid = unsafe { ptr::addr_of_mut!((*self.cq.raw).fid) };
+        // SAFETY: the fabric is open; fids is one valid fid of it.
+        let ret = unsafe { sys::byzcoll_fi_trywait(self.domain._fabric.raw, &mut fid, 1) };
+        ret == 0
+    }
+
     /// Reads up to `max` completions (successful or failed) into `out`, which drives the
     /// provider's progress; returns how many it read.
     ///
@@ -924,4 +966,80 @@ impl Drop for Endpoint {
             tracing::warn!(error = %error_text(-ret), "libfabric: fi_close(endpoint) failed");
         }
     }
+}
+
+/// An `eventfd` that other threads signal to wake a thread blocked in [`wait_readable`].
+#[derive(Debug)]
+pub struct Notifier {
+    fd: i32,
+}
+
+#[repr(C)]
+struct PollFd {
+    fd: i32,
+    events: i16,
+    revents: i16,
+}
+
+const POLLIN: i16 = 1;
+const EFD_CLOEXEC: i32 = 0o2_000_000;
+const EFD_NONBLOCK: i32 = 0o4_000;
+
+extern "C" {
+    fn eventfd(initval: u32, flags: i32) -> i32;
+    fn poll(fds: *mut PollFd, nfds: u64, timeout: i32) -> i32;
+    fn read(fd: i32, buf: *mut c_void, count: usize) -> isize;
+    fn write(fd: i32, buf: *const c_void, count: usize) -> isize;
+    fn close(fd: i32) -> i32;
+}
+
+impl Notifier {
+    /// A new non-blocking eventfd; `None` if the system refuses one.
+    pub fn new() -> Option<Self> {
+        // SAFETY: eventfd has no memory preconditions.
+        let fd = unsafe { eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) };
+        (fd >= 0).then_some(Notifier { fd })
+    }
+
+    /// Makes the descriptor readable (from any thread).
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: fd is an open eventfd; the buffer is 8 readable bytes. A full counter
+        // (EAGAIN) is already readable.
+        let _ = unsafe { write(self.fd, ptr::addr_of!(one).cast(), 8) };
+    }
+
+    /// Makes it unreadable again.
+    pub fn drain(&self) {
+        let mut n: u64 = 0;
+        // SAFETY: fd is an open non-blocking eventfd; the buffer is 8 writable bytes.
+        let _ = unsafe { read(self.fd, ptr::addr_of_mut!(n).cast(), 8) };
+    }
+
+    /// The descriptor.
+    pub fn fd(&self) -> i32 {
+        self.fd
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        // SAFETY: fd is open and closed once.
+        let _ = unsafe { close(self.fd) };
+    }
+}
+
+/// Blocks until one of `fds` is readable or `timeout_ms` has passed (an interrupted or failed
+/// `poll` just returns early).
+pub fn wait_readable(fds: &[i32], timeout_ms: i32) {
+    let mut polls: Vec<PollFd> = fds
+        .iter()
+        .map(|&fd| PollFd {
+            fd,
+            events: POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `polls` holds `fds.len()` valid pollfd structs.
+    let _ = unsafe { poll(polls.as_mut_ptr(), polls.len() as u64, timeout_ms) };
 }
