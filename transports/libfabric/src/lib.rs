@@ -157,6 +157,43 @@ mod tests {
         assert_eq!(got, vec![format!("ok {many}"), "ok 5".to_string()]);
     }
 
+    /// More messages per peer than the header window, large and small, some of the wrong
+    /// length (drained while the messages around them are delivered): every outcome is right
+    /// and in order, and the window keeps being reposted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn more_messages_than_the_header_window() {
+        let ranks = LibfabricTransport::local_world(2, LibfabricOptions::default()).unwrap();
+        let n = 3 * HEADER_WINDOW + 5;
+        let sent: Vec<usize> = (0..n)
+            .map(|i| match i % 4 {
+                0 => FRAGMENT + 3 * i,
+                1 => 0,
+                2 => 100 + i,
+                _ => (64 << 10) + i,
+            })
+            .collect();
+        let expect: Vec<usize> = sent
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| if i % 7 == 3 { len + 1 } else { len })
+            .collect();
+        for round in 0..2 {
+            let got = one_way(&ranks, round, &sent, &expect).await;
+            let want: Vec<String> = sent
+                .iter()
+                .zip(&expect)
+                .map(|(s, e)| {
+                    if s == e {
+                        format!("ok {s}")
+                    } else {
+                        format!("Malformed(\"frame of {s} bytes, expected {e}\")")
+                    }
+                })
+                .collect();
+            assert_eq!(got, want);
+        }
+    }
+
     /// A message for a step the receiver has already retired is drained, large or not, and
     /// the next step is unaffected.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
