@@ -6,7 +6,7 @@
 //! cargo bench --bench collectives                       # 4 ranks, d = 2^16 .. 2^24 float32
 //! cargo bench --bench collectives -- --ranks 4 --min-exp 16 --max-exp 24 --no-anchor
 //! cargo bench --features ucx,libfabric --bench collectives -- --transports tcp,ucx,libfabric
-//! UCX_TLS=sm,self FI_PROVIDER=shm cargo bench --features ucx,libfabric --bench collectives
+//! UCX_TLS=sm,self FI_PROVIDER=shm cargo bench --features ucx,libfabric --bench collectives -- --mpi-btl vader
 //! ```
 //!
 //! Without `BYZCOLL_RANK` in its environment the binary is the launcher: for each transport of
@@ -43,6 +43,9 @@ struct Args {
     max_exp: u32,
     anchor: bool,
     transports: Vec<&'static str>,
+    /// Open MPI's byte transfer layer for the anchor: `tcp` (loopback) or `vader` (shared
+    /// memory, the fair comparison for UCX_TLS=sm / FI_PROVIDER=shm).
+    mpi_btl: &'static str,
 }
 
 /// The transports run when `--transports` is not given: every one this build has across
@@ -123,6 +126,7 @@ fn parse_args() -> Result<Args, String> {
         max_exp: 24,
         anchor: true,
         transports: default_transports(),
+        mpi_btl: "tcp",
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -141,6 +145,13 @@ fn parse_args() -> Result<Args, String> {
                     .get(i + 1)
                     .ok_or("--transports needs a list, e.g. tcp,ucx,libfabric")?;
                 args.transports = parse_transports(list)?;
+            }
+            "--mpi-btl" => {
+                args.mpi_btl = match argv.get(i + 1).map(String::as_str) {
+                    Some("tcp") => "tcp",
+                    Some("vader") => "vader",
+                    _ => return Err("--mpi-btl needs tcp or vader".into()),
+                };
             }
             "--no-anchor" => {
                 args.anchor = false;
@@ -363,7 +374,7 @@ fn run_anchor(args: &Args) -> Vec<(usize, f64, String)> {
             "lo",
             "--mca",
             "btl",
-            "self,tcp",
+            &format!("self,{}", args.mpi_btl),
             "--mca",
             "btl_tcp_if_include",
             "lo",
@@ -371,6 +382,8 @@ fn run_anchor(args: &Args) -> Vec<(usize, f64, String)> {
             &args.ranks.to_string(),
             "python3",
             script,
+            "--btl",
+            args.mpi_btl,
             "--min-exp",
             &args.min_exp.to_string(),
             "--max-exp",
@@ -427,6 +440,7 @@ type Ours = (&'static str, usize, f64, String);
 /// Prints, per size and comparison, byzcoll's time over each transport divided by Open MPI's.
 fn print_ratios(
     transports: &[&'static str],
+    mpi_btl: &str,
     ranks: usize,
     ours: &[Ours],
     anchor: &[(usize, f64, String)],
@@ -472,8 +486,9 @@ fn print_ratios(
     sizes.dedup();
     println!();
     println!(
-        "# time ratio byzcoll over each transport / Open MPI (btl tcp), same run \
-         (< 1: byzcoll faster)"
+        "# time ratio byzcoll over each transport / Open MPI (btl {}), same run \
+         (< 1: byzcoll faster)",
+        mpi_btl
     );
     print!("{:>12}   {:<40}", "bytes/rank", "byzcoll / Open MPI");
     for t in transports {
@@ -596,7 +611,7 @@ fn main() -> ExitCode {
         println!();
         let anchor = run_anchor(&args);
         if !anchor.is_empty() && !ours.is_empty() {
-            print_ratios(&args.transports, args.ranks, &ours, &anchor);
+            print_ratios(&args.transports, args.mpi_btl, args.ranks, &ours, &anchor);
         }
     }
     match first_failure {

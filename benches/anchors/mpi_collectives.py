@@ -45,11 +45,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--min-exp", type=int, default=16)
     p.add_argument("--max-exp", type=int, default=24)
+    p.add_argument("--btl", default="tcp", help="the btl mpirun was given (for the header)")
     a = p.parse_args()
     comm = MPI.COMM_WORLD
     me, n = comm.Get_rank(), comm.Get_size()
     if me == 0:
-        print(f"# Open MPI {MPI.Get_library_version().split(',')[0].strip()} (btl tcp, loopback) "
+        print(f"# Open MPI {MPI.Get_library_version().split(',')[0].strip()} (btl {a.btl}, loopback) "
               f"+ numpy {np.__version__}, {n} ranks", flush=True)
     for exp in range(a.min_exp, a.max_exp + 1, 2):
         d = 1 << exp
