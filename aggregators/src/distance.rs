@@ -5,6 +5,8 @@
 //! For `f32` inputs the differences are squared and summed in `f32` over runs of at most 16
 //! terms per lane and in `f64` across runs (relative error about 1e-6, all terms positive, so
 //! nothing cancels); a run that overflows `f32` is recomputed in `f64`. `f64` inputs use `f64`.
+//! `f32` pairs are register-blocked, two rows against four, so each loaded chunk of a row
+//! serves several pairs ([`Element::add_pair_distances`]).
 //!
 //! The coordinates are cut into a fixed number of contiguous chunks, independent of the thread
 //! count; within a chunk, tiles of coordinates are small enough that all `n` inputs' tiles stay
@@ -20,12 +22,6 @@ const TILE: usize = 2048;
 /// Fixed number of chunks the coordinates are split into (parallelism without
 /// thread-count-dependent rounding).
 const CHUNKS: usize = 64;
-
-/// `Σ (a_j - b_j)²` in `f64` (see [`Element::sq_dist`]).
-#[inline(always)]
-pub(crate) fn sq_dist<T: Element>(a: &[T], b: &[T]) -> f64 {
-    T::sq_dist(a, b)
-}
 
 /// Adds the squared distances over `range` into the upper triangle of `table`.
 fn chunk_table<T: Element>(
@@ -61,21 +57,11 @@ fn chunk_table_portable<T: Element>(
     range: std::ops::Range<usize>,
     table: &mut [f64],
 ) {
-    let n = inputs.len();
+    let rows: Vec<usize> = (0..inputs.len()).filter(|&i| finite[i]).collect();
     let mut start = range.start;
     while start < range.end {
         let stop = range.end.min(start + TILE);
-        for i in 0..n {
-            if !finite[i] {
-                continue;
-            }
-            let a = &inputs[i][start..stop];
-            for j in i + 1..n {
-                if finite[j] {
-                    table[i * n + j] += sq_dist(a, &inputs[j][start..stop]);
-                }
-            }
-        }
+        T::add_pair_distances(inputs, &rows, start..stop, table);
         start = stop;
     }
 }

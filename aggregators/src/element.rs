@@ -53,6 +53,14 @@ pub trait Element:
     fn is_finite(self) -> bool;
     /// `Σ (a_j - b_j)²`, returned in `f64`; see [`crate::distance`] for the accuracy.
     fn sq_dist(a: &[Self], b: &[Self]) -> f64;
+    /// For every pair `x < y` of positions in `rows`, adds `Σ (a_j - b_j)²` over `range` of
+    /// inputs `rows[x]` and `rows[y]` into `table[rows[x] * n + rows[y]]` (`n = inputs.len()`).
+    fn add_pair_distances(
+        inputs: &[&[Self]],
+        rows: &[usize],
+        range: std::ops::Range<usize>,
+        table: &mut [f64],
+    );
     /// Wraps borrowed input slices for an [`crate::Aggregator`].
     fn inputs<'a>(inputs: &'a [&'a [Self]]) -> Inputs<'a>;
     /// Wraps an output slice for an [`crate::Aggregator`].
@@ -66,7 +74,7 @@ mod sealed {
 }
 
 macro_rules! float_element {
-    ($t:ty, $bits:ty, $key:ty, $dtype:ident, $sq_dist:ident) => {
+    ($t:ty, $bits:ty, $key:ty, $dtype:ident, $sq_dist:ident, $pairs:path) => {
         impl Element for $t {
             const DTYPE: DType = DType::$dtype;
             type Key = $key;
@@ -105,6 +113,16 @@ macro_rules! float_element {
                 $sq_dist(a, b)
             }
 
+            #[inline(always)]
+            fn add_pair_distances(
+                inputs: &[&[Self]],
+                rows: &[usize],
+                range: std::ops::Range<usize>,
+                table: &mut [f64],
+            ) {
+                $pairs(inputs, rows, range, table)
+            }
+
             fn inputs<'a>(inputs: &'a [&'a [Self]]) -> Inputs<'a> {
                 Inputs::$dtype(inputs)
             }
@@ -116,8 +134,131 @@ macro_rules! float_element {
     };
 }
 
-float_element!(f32, u32, i32, F32, sq_dist_f32);
-float_element!(f64, u64, i64, F64, sq_dist_f64);
+float_element!(f32, u32, i32, F32, sq_dist_f32, pair_distances_f32);
+float_element!(f64, u64, i64, F64, sq_dist_f64, pair_distances_each::<f64>);
+
+/// Pair by pair, with [`Element::sq_dist`].
+#[inline(always)]
+fn pair_distances_each<T: Element>(
+    inputs: &[&[T]],
+    rows: &[usize],
+    range: std::ops::Range<usize>,
+    table: &mut [f64],
+) {
+    let n = inputs.len();
+    for (x, &i) in rows.iter().enumerate() {
+        let a = &inputs[i][range.clone()];
+        for &j in &rows[x + 1..] {
+            table[i * n + j] += T::sq_dist(a, &inputs[j][range.clone()]);
+        }
+    }
+}
+
+/// Lanes of the blocked `f32` kernel, and coordinates per run: at most 16 terms per lane are
+/// summed in `f32` before a run is added in `f64` (the accuracy of [`sq_dist_f32`]).
+const LANES: usize = 8;
+const BLOCK_RUN: usize = 16 * LANES;
+
+/// Register blocking for `f32`: two rows against four at a time, so each loaded chunk of a
+/// row serves several pairs (6 loads for 8 pairs instead of 16). Rows that do not fill a
+/// block, and each block's own pair, go pair by pair.
+#[inline(always)]
+fn pair_distances_f32(
+    inputs: &[&[f32]],
+    rows: &[usize],
+    range: std::ops::Range<usize>,
+    table: &mut [f64],
+) {
+    let n = inputs.len();
+    let m = rows.len();
+    let slice = |r: usize| &inputs[rows[r]][range.clone()];
+    let mut x = 0;
+    while x + 1 < m {
+        let (i0, i1) = (rows[x], rows[x + 1]);
+        table[i0 * n + i1] += sq_dist_f32(slice(x), slice(x + 1));
+        let mut y = x + 2;
+        while y + 4 <= m {
+            let d = block_f32(
+                [slice(x), slice(x + 1)],
+                [slice(y), slice(y + 1), slice(y + 2), slice(y + 3)],
+            );
+            for (p, i) in [i0, i1].into_iter().enumerate() {
+                for q in 0..4 {
+                    table[i * n + rows[y + q]] += d[p][q];
+                }
+            }
+            y += 4;
+        }
+        for r in y..m {
+            table[i0 * n + rows[r]] += sq_dist_f32(slice(x), slice(r));
+            table[i1 * n + rows[r]] += sq_dist_f32(slice(x + 1), slice(r));
+        }
+        x += 2;
+    }
+}
+
+/// Squared distances of `RA` rows to `RB` rows over the same coordinates, in `f32` lanes over
+/// runs of [`BLOCK_RUN`] coordinates and `f64` across runs; a run that overflows `f32` is
+/// redone in `f64` for that pair.
+#[inline(always)]
+fn block_f32<const RA: usize, const RB: usize>(
+    a: [&[f32]; RA],
+    b: [&[f32]; RB],
+) -> [[f64; RB]; RA] {
+    let len = a[0].len();
+    let mut total = [[0.0f64; RB]; RA];
+    let mut start = 0;
+    while start < len {
+        let stop = (start + BLOCK_RUN).min(len);
+        let full = start + (stop - start) / LANES * LANES;
+        let mut acc = [[[0.0f32; LANES]; RB]; RA];
+        let mut c = start;
+        while c < full {
+            let mut y = [[0.0f32; LANES]; RB];
+            for (yq, bq) in y.iter_mut().zip(&b) {
+                yq.copy_from_slice(&bq[c..c + LANES]);
+            }
+            for (accp, ap) in acc.iter_mut().zip(&a) {
+                let mut xp = [0.0f32; LANES];
+                xp.copy_from_slice(&ap[c..c + LANES]);
+                for (accpq, yq) in accp.iter_mut().zip(&y) {
+                    for k in 0..LANES {
+                        let d = xp[k] - yq[k];
+                        accpq[k] += d * d;
+                    }
+                }
+            }
+            c += LANES;
+        }
+        for c in full..stop {
+            for (accp, ap) in acc.iter_mut().zip(&a) {
+                for (accpq, bq) in accp.iter_mut().zip(&b) {
+                    let d = ap[c] - bq[c];
+                    accpq[0] += d * d;
+                }
+            }
+        }
+        for p in 0..RA {
+            for q in 0..RB {
+                let run: f64 = acc[p][q].iter().map(|&v| v as f64).sum();
+                total[p][q] += if run.is_finite() {
+                    run
+                } else {
+                    a[p][start..stop]
+                        .iter()
+                        .zip(&b[q][start..stop])
+                        .map(|(&u, &v)| {
+                            let d = u as f64 - v as f64;
+                            d * d
+                        })
+                        .sum()
+                };
+            }
+        }
+        start = stop;
+    }
+    total
+}
 
 /// Squares of `f32` differences summed in `f32` over short runs (16 lanes, at most 16 terms
 /// each, so at most ~1e-6 relative error on positive terms) and in `f64` across runs. A run
