@@ -104,6 +104,13 @@ impl PoolBuf {
         self.buf.as_mut_ptr()
     }
 
+    /// The buffer itself, for readers that fill it as a `bytes::BufMut` (e.g. tokio's
+    /// `read_buf`) instead of through [`PoolBuf::as_mut_ptr`]. Growing it is allowed (the pool
+    /// takes back whatever capacity it has).
+    pub fn vec_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+
     /// The buffer's capacity.
     pub fn capacity(&self) -> usize {
         self.buf.capacity()

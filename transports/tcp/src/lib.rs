@@ -18,9 +18,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use byzcoll_runtime::bootstrap::{connect_with_retry, StoreClient};
 use byzcoll_runtime::mailbox::{run_step, Claim, Closed, Mailbox};
+use byzcoll_runtime::pool::BufferPool;
 use byzcoll_runtime::{
     Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
@@ -48,6 +49,9 @@ pub struct TcpOptions {
     pub setup_timeout: Duration,
     /// Largest frame accepted or sent; a peer announcing more breaks the protocol.
     pub max_message_bytes: u64,
+    /// Most bytes of idle receive buffers kept for reuse (see `runtime::pool`): a fresh large
+    /// buffer costs a page fault per page when the frame is read into it.
+    pub pool_bytes: usize,
 }
 
 impl Default for TcpOptions {
@@ -55,6 +59,7 @@ impl Default for TcpOptions {
         TcpOptions {
             setup_timeout: Duration::from_secs(60),
             max_message_bytes: 1 << 40,
+            pool_bytes: 256 << 20,
         }
     }
 }
@@ -158,6 +163,7 @@ impl TcpTransport {
         }
 
         let mailbox = Arc::new(Mailbox::new(size));
+        let pool = BufferPool::new(options.pool_bytes);
         let mut writers = Vec::with_capacity(size);
         let mut tasks = Vec::with_capacity(2 * size);
         for (peer, stream) in streams.into_iter().enumerate() {
@@ -174,6 +180,7 @@ impl TcpTransport {
                 peer,
                 rd,
                 mailbox.clone(),
+                pool.clone(),
                 options.max_message_bytes,
             )));
         }
@@ -331,9 +338,15 @@ async fn write_frame(
 
 /// Reads frames from `peer` until the connection ends or breaks the protocol, then closes the
 /// peer's mailbox slot with the reason.
-async fn read_loop(peer: Rank, mut rd: OwnedReadHalf, mailbox: Arc<Mailbox>, max: u64) {
+async fn read_loop(
+    peer: Rank,
+    mut rd: OwnedReadHalf,
+    mailbox: Arc<Mailbox>,
+    pool: BufferPool,
+    max: u64,
+) {
     let why = loop {
-        match read_frame(peer, &mut rd, &mailbox, max).await {
+        match read_frame(peer, &mut rd, &mailbox, &pool, max).await {
             Ok(true) => continue,
             Ok(false) => return,
             Err(why) => break why,
@@ -351,6 +364,7 @@ async fn read_frame(
     peer: Rank,
     rd: &mut OwnedReadHalf,
     mailbox: &Mailbox,
+    pool: &BufferPool,
     max: u64,
 ) -> Result<bool, Closed> {
     let mut raw = [0u8; HEADER_LEN];
@@ -386,14 +400,15 @@ async fn read_frame(
         skip(rd, header.len).await?;
         return Ok(true);
     }
-    let mut buf = BytesMut::with_capacity(len);
+    // Sized by our own posted receive (checked equal to the header above), from the pool.
+    let mut buf = pool.take(len);
     let mut limited = rd.take(len as u64);
-    while buf.len() < len {
-        match limited.read_buf(&mut buf).await {
+    while buf.vec_mut().len() < len {
+        match limited.read_buf(buf.vec_mut()).await {
             Ok(0) | Err(_) => {
                 delivery.complete(RecvOutcome::Malformed(format!(
                     "truncated frame: {} of {len} bytes before the connection closed",
-                    buf.len()
+                    buf.vec_mut().len()
                 )));
                 return Err(Closed::Gone);
             }
