@@ -4,7 +4,7 @@
 //! only thread that touches UCX afterwards (the worker is created with
 //! `UCS_THREAD_MODE_SINGLE`).
 
-use std::ffi::{c_void, CStr};
+use std::ffi::{c_void, CStr, CString};
 use std::fmt;
 use std::ptr;
 
@@ -71,6 +71,19 @@ impl Context {
     /// # Errors
     /// When the configuration cannot be read or UCP cannot initialise.
     pub fn new() -> Result<Self, UcxError> {
+        Self::with_settings(&[])
+    }
+
+    /// As [`Context::new`], then sets each `(name, value)` of `settings` on this context's
+    /// configuration with `ucp_config_modify`, over what the environment says. UCP's own
+    /// settings are named without the `UCX_` prefix (`RNDV_THRESH`); a transport's are named
+    /// without the transport's prefix either (`TX_SEG_SIZE` for `UCX_TCP_TX_SEG_SIZE`) and
+    /// apply to every transport that has such a setting. A setting UCX refuses is skipped
+    /// (logged at debug level): settings tune, they are never needed for correctness.
+    ///
+    /// # Errors
+    /// As [`Context::new`].
+    pub fn with_settings(settings: &[(&str, &str)]) -> Result<Self, UcxError> {
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: a null prefix and file name read the default UCX_ variables; config is
         // writable.
@@ -78,6 +91,18 @@ impl Context {
             unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) },
             "ucp_config_read",
         )?;
+        for &(name, value) in settings {
+            let (Ok(c_name), Ok(c_value)) = (CString::new(name), CString::new(value)) else {
+                continue;
+            };
+            // SAFETY: config came from ucp_config_read and is not yet released; both strings
+            // are NUL-terminated and outlive the call (UCX copies them).
+            let status =
+                unsafe { sys::ucp_config_modify(config, c_name.as_ptr(), c_value.as_ptr()) };
+            if let Err(e) = check(status, "ucp_config_modify") {
+                tracing::debug!(name, value, error = %e, "ucx: setting skipped");
+            }
+        }
         let params = sys::ucp_params_t {
             field_mask: sys::ucp_params_field::UCP_PARAM_FIELD_FEATURES as u64,
             features: (sys::ucp_feature::UCP_FEATURE_TAG | sys::ucp_feature::UCP_FEATURE_WAKEUP)
