@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use tokio::time::Instant;
 
@@ -291,6 +291,27 @@ impl Drop for PostedStep<'_> {
             self.mailbox.retire(peer, self.last);
         }
     }
+}
+
+/// A send for a transport whose progress thread owns the network (UCX, libfabric): `command`
+/// wraps the completion sender into the thread's command, which is queued on `commands`; then
+/// the thread is woken with `wake` and its answer awaited. For [`run_step`]'s `send`.
+///
+/// # Errors
+/// The thread's own error, or `the progress thread is gone` when it has ended.
+pub async fn send_through_thread<C>(
+    commands: &mpsc::Sender<C>,
+    command: impl FnOnce(oneshot::Sender<Result<(), String>>) -> C,
+    wake: impl Fn(),
+) -> Result<(), String> {
+    const GONE: &str = "the progress thread is gone";
+    let (done, finished) = oneshot::channel();
+    commands
+        .send(command(done))
+        .await
+        .map_err(|_| GONE.to_string())?;
+    wake();
+    finished.await.map_err(|_| GONE.to_string())?
 }
 
 /// The part of [`crate::Transport::exchange`] that every mailbox-based transport shares: posts

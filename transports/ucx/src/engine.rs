@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use byzcoll_runtime::bootstrap::StoreClient;
-use byzcoll_runtime::mailbox::{run_step, Claim, Closed, Delivery, Mailbox};
+use byzcoll_runtime::mailbox::{run_step, send_through_thread, Claim, Closed, Delivery, Mailbox};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
@@ -393,22 +393,13 @@ impl Transport for UcxTransport {
                 || self.wake.wake(),
                 |s, key, payload| {
                     let peer = s.peer;
-                    async move {
-                        let (done, finished) = oneshot::channel();
-                        commands
-                            .send(Command::Send {
-                                peer,
-                                key,
-                                payload,
-                                done,
-                            })
-                            .await
-                            .map_err(|_| "the progress thread is gone".to_string())?;
-                        self.wake.wake();
-                        finished
-                            .await
-                            .map_err(|_| "the progress thread is gone".to_string())?
-                    }
+                    let send = move |done| Command::Send {
+                        peer,
+                        key,
+                        payload,
+                        done,
+                    };
+                    send_through_thread(commands, send, || self.wake.wake())
                 },
             )
             .await;
