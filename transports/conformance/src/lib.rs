@@ -39,6 +39,7 @@ macro_rules! conformance_suite {
             wrong_length_is_malformed_and_named,
             missing_peer_is_reported_within_the_deadline,
             steps_are_matched_by_key_not_arrival_order,
+            messages_outlive_their_sender,
             invalid_steps_are_rejected,
             sharded_matches_gather_bitwise,
             sharded_survives_byzantine_owners_only_with_replication,
@@ -408,6 +409,73 @@ where
             RecvOutcome::Received(payload("one"))
         ]
     );
+}
+
+/// A rank that sends its last messages and shuts down before the receiver has posted them
+/// (it finished its part of a collective first) does not take them along: the receiver still
+/// gets them, and only what the rank never sent is `Missing`.
+pub async fn messages_outlive_their_sender<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let mut ranks = factory(2).await.into_iter();
+    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let deadline = |ms| tokio::time::Instant::now() + Duration::from_millis(ms);
+    let long: Vec<u8> = (0..600u32).map(|i| (i % 251) as u8).collect();
+    let payload = |bytes: &[u8]| byzcoll_runtime::Payload::Host(bytes.to_vec().into());
+    let last = Step {
+        collective: 3,
+        step: 0,
+        sends: vec![
+            SendOp {
+                peer: 1,
+                tag: 0,
+                payload: payload(b"last"),
+            },
+            SendOp {
+                peer: 1,
+                tag: 1,
+                payload: payload(&long),
+            },
+        ],
+        recvs: vec![],
+        deadline: deadline(10_000),
+    };
+    // A transport whose sends complete once buffered returns at once, and the sender is gone
+    // before the receiver posts; one whose sends wait for the receiver returns when it posts.
+    let sender = async move {
+        a.exchange(last).await.unwrap();
+        drop(a);
+    };
+    let recv = |step, tags: std::ops::Range<u32>| Step {
+        collective: 3,
+        step,
+        sends: vec![],
+        recvs: tags
+            .map(|tag| RecvOp {
+                peer: 0,
+                tag,
+                len: if tag == 0 { 4 } else { long.len() },
+            })
+            .collect(),
+        deadline: deadline(1_000),
+    };
+    let receiver = async {
+        // Long enough for the receiver's transport to notice that the sender is gone.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        b.exchange(recv(0, 0..2)).await.unwrap()
+    };
+    let ((), got) = tokio::join!(sender, receiver);
+    assert_eq!(
+        got,
+        vec![
+            RecvOutcome::Received(payload(b"last")),
+            RecvOutcome::Received(payload(&long))
+        ]
+    );
+    let never = b.exchange(recv(1, 0..1)).await.unwrap();
+    assert_eq!(never, vec![RecvOutcome::Missing]);
 }
 
 /// Steps that break the contract are errors, not hangs or panics.

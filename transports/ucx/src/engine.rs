@@ -721,9 +721,30 @@ impl Engine {
             }
         }
         busy |= self.advance_payloads();
+        for peer in 0..self.rx.len() {
+            if self.failed[peer] && !self.closed[peer] && self.drained(peer) {
+                self.close_peer(peer, Closed::Gone);
+                busy = true;
+            }
+        }
         self.retiring
             .retain(|(r, _)| matches!(r.poll_recv(), Poll::Pending));
         busy
+    }
+
+    /// Whether a failed `peer` has nothing left to deliver: its next header receive is still
+    /// open (UCX delivers a peer's messages before reporting its failure, so none will come)
+    /// and every header that did arrive has had its payload delivered, drained or refused.
+    /// Closing its slot earlier would lose messages that arrived before the failure, such as
+    /// the last ones of a peer that finished its work and shut down before this rank read them.
+    fn drained(&self, peer: Rank) -> bool {
+        let rx = &self.rx[peer];
+        rx.early.is_empty()
+            && rx
+                .headers
+                .front()
+                .is_none_or(|h| matches!(h.request.poll_recv(), Poll::Pending))
+            && !self.payloads.iter().any(|p| p.peer == peer)
     }
 
     /// Checks the headers that arrived from `peer`, in order, and reposts their receives.
@@ -731,11 +752,8 @@ impl Engine {
         let mut busy = false;
         while let Some(front) = self.rx[peer].headers.front() {
             let result = match front.request.poll_recv() {
-                Poll::Pending if self.failed[peer] => {
-                    // Everything the failed peer sent before it went has been taken.
-                    self.close_peer(peer, Closed::Gone);
-                    return true;
-                }
+                // A failed peer sends no more headers; its slot closes once what it sent
+                // before it went is delivered (`drained`).
                 Poll::Pending => break,
                 Poll::Done(result) => result,
             };
@@ -861,6 +879,8 @@ impl Engine {
                 Err(sys::ucs_status_t::UCS_ERR_MESSAGE_TRUNCATED) => d.complete(
                     RecvOutcome::Malformed(format!("payload longer than the expected {len} bytes")),
                 ),
+                // The payload of a peer that went away: it never arrived whole.
+                Err(_) if self.failed[peer] => d.complete(RecvOutcome::Missing),
                 Err(e) => d.complete(RecvOutcome::Malformed(format!(
                     "payload receive failed: {}",
                     safe::status_text(e)
