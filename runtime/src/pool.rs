@@ -68,6 +68,9 @@ impl BufferPool {
                 .buffers
                 .iter()
                 .enumerate()
+                // Newest first among equal fits: the most recently used buffer is the one
+                // most likely still in cache.
+                .rev()
                 .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
                 .min_by_key(|(_, b)| b.capacity())
                 .map(|(i, _)| i);
@@ -194,6 +197,16 @@ mod tests {
         drop(many);
         drop(b);
         assert!(pool.idle_bytes() <= 3 * POOL_MIN);
+    }
+
+    #[test]
+    fn the_most_recently_returned_buffer_is_reused_first() {
+        let pool = BufferPool::new(4 * POOL_MIN);
+        let (a, b) = (filled(&pool, POOL_MIN, 1), filled(&pool, POOL_MIN, 2));
+        let newest = b.as_ptr();
+        drop(a);
+        drop(b);
+        assert_eq!(filled(&pool, POOL_MIN, 3).as_ptr(), newest);
     }
 
     #[test]
