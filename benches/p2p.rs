@@ -5,13 +5,17 @@
 //! ```sh
 //! cargo bench --features ucx,libfabric --bench p2p       # 8 B .. 64 MiB
 //! cargo bench --features ucx --bench p2p -- --max-exp 22 --no-anchor
+//! cargo bench --features ucx,libfabric --bench p2p -- --only ucx-sm,fi-shm --window 1
 //! ```
 //!
 //! Two ranks on 127.0.0.1 (UCX pinned with `UCX_NET_DEVICES=lo`). Latency: ping-pong of 8-byte
 //! messages, reported one way (half the round trip). Bandwidth: rank 0 sends windows of 8
-//! messages (8 tags in one step) to rank 1, which acknowledges the last window; MiB/s of
-//! payload. Configurations: byzcoll TCP; byzcoll UCX with `UCX_TLS=tcp` and `UCX_TLS=sm`
-//! (when built with `--features ucx`). The anchor is `ucx_perftest -t tag_lat` / `-t tag_bw`
+//! messages (8 tags in one step; `--window`) to rank 1, which acknowledges the last window;
+//! MiB/s of payload. Each message of a window lands in its own receive buffer, so a window of 8
+//! touches 8× the memory of `ucx_perftest`, which reuses one buffer: `--window 1` is the
+//! like-for-like footprint. `--only` picks configurations by label (tcp, ucx-tcp, ucx-sm, fi-tcp,
+//! fi-shm; the matching anchor runs with each). Configurations: byzcoll TCP; byzcoll UCX with
+//! `UCX_TLS=tcp` and `UCX_TLS=sm` (when built with `--features ucx`). The anchor is `ucx_perftest -t tag_lat` / `-t tag_bw`
 //! with the same `UCX_TLS` and message size; the ratio column is byzcoll / ucx_perftest
 //! bandwidth.
 
@@ -24,12 +28,14 @@ use bytes::Bytes;
 use byzcoll::launch::{launch, LaunchOptions};
 use byzcoll::{Communicator, RecvOp, SendOp, Transport};
 
-const WINDOW: u32 = 8;
-
 struct Args {
     min_exp: u32,
     max_exp: u32,
     anchor: bool,
+    /// Messages per step in the bandwidth test (`--window`, default 8).
+    window: u32,
+    /// Which configurations to run (`--only tcp,ucx-sm,...`; all when empty).
+    only: Vec<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -37,6 +43,8 @@ fn parse_args() -> Result<Args, String> {
         min_exp: 3,
         max_exp: 26,
         anchor: true,
+        window: 8,
+        only: Vec::new(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -49,6 +57,11 @@ fn parse_args() -> Result<Args, String> {
         match argv[i].as_str() {
             "--min-exp" => args.min_exp = value(i)?,
             "--max-exp" => args.max_exp = value(i)?,
+            "--window" => args.window = value(i)?,
+            "--only" => {
+                let list = argv.get(i + 1).ok_or("--only needs a list")?;
+                args.only = list.split(',').map(str::to_string).collect();
+            }
             "--no-anchor" => {
                 args.anchor = false;
                 i += 1;
@@ -64,6 +77,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.min_exp > args.max_exp || args.max_exp > 28 {
         return Err("need --min-exp <= --max-exp <= 28".into());
+    }
+    if !(1..=64).contains(&args.window) {
+        return Err("--window takes 1 to 64 messages".into());
     }
     Ok(args)
 }
@@ -128,7 +144,13 @@ async fn latency(t: &dyn Transport, keys: &mut Keys, size: usize, iters: usize) 
 }
 
 /// Bandwidth of `size`-byte messages in MiB/s, measured at rank 0 up to the acknowledgement.
-async fn bandwidth(t: &dyn Transport, keys: &mut Keys, size: usize, windows: usize) -> f64 {
+async fn bandwidth(
+    t: &dyn Transport,
+    keys: &mut Keys,
+    size: usize,
+    window: u32,
+    windows: usize,
+) -> f64 {
     let me = t.rank();
     let payload = Bytes::from(vec![7u8; size]);
     let ack = Bytes::from_static(b"k");
@@ -136,10 +158,10 @@ async fn bandwidth(t: &dyn Transport, keys: &mut Keys, size: usize, windows: usi
     let run = async |keys: &mut Keys, n: usize| {
         for _ in 0..n {
             if me == 0 {
-                let sends = (0..WINDOW).map(|tag| send(1, tag, &payload)).collect();
+                let sends = (0..window).map(|tag| send(1, tag, &payload)).collect();
                 exchange(t, keys, sends, vec![]).await;
             } else {
-                let recvs = (0..WINDOW).map(|tag| recv(0, tag, size)).collect();
+                let recvs = (0..window).map(|tag| recv(0, tag, size)).collect();
                 exchange(t, keys, vec![], recvs).await;
             }
         }
@@ -153,7 +175,7 @@ async fn bandwidth(t: &dyn Transport, keys: &mut Keys, size: usize, windows: usi
     let start = Instant::now();
     run(keys, windows).await;
     let secs = start.elapsed().as_secs_f64();
-    (size * WINDOW as usize * windows) as f64 / secs / (1 << 20) as f64
+    (size * window as usize * windows) as f64 / secs / (1 << 20) as f64
 }
 
 async fn worker(args: &Args) -> Result<(), String> {
@@ -168,8 +190,12 @@ async fn worker(args: &Args) -> Result<(), String> {
     lines.push(format!("{label} lat 8 {lat:.3}"));
     for exp in (args.min_exp..=args.max_exp).step_by(2) {
         let size = 1usize << exp;
-        let windows = ((256usize << 20) / (size * WINDOW as usize)).clamp(4, 2000);
-        let bw = bandwidth(t, &mut keys, size, windows).await;
+        let window = args.window;
+        // At least 1 GiB and 100 messages (ucx_perftest's count at 16 MiB and above).
+        let windows = ((1usize << 30) / (size * window as usize))
+            .max(100usize.div_ceil(window as usize))
+            .clamp(4, 2000);
+        let bw = bandwidth(t, &mut keys, size, window, windows).await;
         lines.push(format!("{label} bw {size} {bw:.1}"));
     }
     if t.rank() == 0 {
@@ -403,8 +429,12 @@ fn main() -> ExitCode {
     let results = std::env::temp_dir().join(format!("byzcoll-p2p-{}.txt", std::process::id()));
     let _ = std::fs::remove_file(&results);
     let exe = std::env::current_exe().expect("current exe");
-    println!("# two ranks on 127.0.0.1; latency one-way (µs), bandwidth MiB/s, window {WINDOW}");
-    for (label, env) in &configs {
+    let wanted = |label: &str| args.only.is_empty() || args.only.iter().any(|o| o == label);
+    println!(
+        "# two ranks on 127.0.0.1; latency one-way (µs), bandwidth MiB/s, window {}",
+        args.window
+    );
+    for (label, env) in configs.iter().filter(|(label, _)| wanted(label)) {
         let mut env = env.clone();
         env.push(("BYZCOLL_BENCH_LABEL".into(), (*label).into()));
         env.push(("BYZCOLL_TIMEOUT_MS".into(), "120000".into()));
@@ -439,6 +469,9 @@ fn main() -> ExitCode {
         for tls in ["tcp", "sm"] {
             let tls_full = format!("{tls},self");
             let label = format!("perftest-{tls}");
+            if !wanted(&format!("ucx-{tls}")) {
+                continue;
+            }
             match perftest(&tls_full, "tag_lat", 8) {
                 Some((lat, _)) => rows.push((label.clone(), "lat".into(), 8, lat)),
                 None => println!("# ucx_perftest not available (apt-get install ucx-utils)"),
@@ -453,6 +486,9 @@ fn main() -> ExitCode {
     }
     if args.anchor && byzcoll::transports::libfabric::AVAILABLE {
         for (label, provider) in [("pingpong-tcp", "tcp;ofi_rxm"), ("pingpong-shm", "shm")] {
+            if !wanted(&label.replace("pingpong", "fi")) {
+                continue;
+            }
             if let Some(lat) = pingpong(provider, 8) {
                 rows.push((label.into(), "lat".into(), 8, lat.0));
             } else {
