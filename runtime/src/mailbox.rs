@@ -293,6 +293,14 @@ impl Drop for PostedStep<'_> {
     }
 }
 
+/// Bytes per peer that a transport whose progress thread owns the network (UCX, libfabric)
+/// may still have in flight after reporting their sends done. A send is reported done to its
+/// step once the thread holds it (the payload is reference-counted, nothing is copied) and it
+/// fits in this credit, or nothing else to that peer is in flight; so a sender streams its next
+/// message while the network still moves the previous one, and a receiver that stops taking
+/// messages holds back at most this much of the sender's memory before its sends wait again.
+pub const SEND_CREDIT: usize = 64 << 20;
+
 /// A send for a transport whose progress thread owns the network (UCX, libfabric): `command`
 /// wraps the completion sender into the thread's command, which is queued on `commands`; then
 /// the thread is woken with `wake` and its answer awaited. For [`run_step`]'s `send`.

@@ -478,6 +478,65 @@ where
     assert_eq!(never, vec![RecvOutcome::Missing]);
 }
 
+/// For transports whose progress thread owns the network (UCX, libfabric): a send is done for
+/// its step once the thread holds it, within `credit` bytes in flight per peer, so a receiver
+/// that has not posted yet does not hold the sender's step; beyond the credit the sender waits
+/// (here until its deadline). Everything still arrives. Not part of [`conformance_suite!`]:
+/// TCP's sends are done when the socket took them, the local transport's when received.
+pub async fn sends_are_done_within_the_credit<F, Fut>(factory: F, credit: usize)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    use tokio::time::Instant;
+    let mut ranks = factory(2).await.into_iter();
+    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let big = credit / 2 + 1;
+    let payload = |byte: u8| byzcoll_runtime::Payload::Host(vec![byte; big].into());
+    let send = |step, byte, wait| Step {
+        collective: 0,
+        step,
+        sends: vec![SendOp {
+            peer: 1,
+            tag: 0,
+            payload: payload(byte),
+        }],
+        recvs: vec![],
+        deadline: Instant::now() + wait,
+    };
+    // Large enough that the network is not done with it until rank 1 receives it.
+    let start = Instant::now();
+    a.exchange(send(0, 1, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "a send within the credit waited for the receiver"
+    );
+    let beyond = Duration::from_millis(300);
+    let start = Instant::now();
+    a.exchange(send(1, 2, beyond)).await.unwrap();
+    assert!(
+        start.elapsed() >= beyond,
+        "a send beyond the credit did not wait"
+    );
+    for (step, byte) in [(0, 1), (1, 2)] {
+        let recv = Step {
+            collective: 0,
+            step,
+            sends: vec![],
+            recvs: vec![RecvOp {
+                peer: 0,
+                tag: 0,
+                len: big,
+            }],
+            deadline: Instant::now() + Duration::from_secs(60),
+        };
+        let got = b.exchange(recv).await.unwrap();
+        assert_eq!(got, vec![RecvOutcome::Received(payload(byte))]);
+    }
+}
+
 /// Steps that break the contract are errors, not hangs or panics.
 pub async fn invalid_steps_are_rejected<F, Fut>(factory: F)
 where

@@ -4,7 +4,7 @@
 //!
 //! See [`LibfabricTransport`] for the message format, the progress thread and failures.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use byzcoll_libfabric_sys as sys;
 use byzcoll_runtime::bootstrap::StoreClient;
-use byzcoll_runtime::mailbox::{run_step, send_through_thread, Claim, Closed, Delivery, Mailbox};
+use byzcoll_runtime::mailbox::{
+    run_step, send_through_thread, Claim, Closed, Delivery, Mailbox, SEND_CREDIT,
+};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
@@ -565,8 +567,13 @@ impl Op {
     }
 }
 
-/// A send in flight: done when all of its messages have completed.
+/// A send in flight: done when all of its messages have completed, and reported done to its
+/// step before that if it fits in the peer's credit ([`SEND_CREDIT`]).
 struct Outgoing {
+    peer: Rank,
+    len: usize,
+    /// Reported done to the step (it counts against `Engine::credited`).
+    credited: bool,
     remaining: usize,
     done: Option<oneshot::Sender<Result<(), String>>>,
     error: Option<String>,
@@ -627,7 +634,10 @@ struct Engine {
     /// Sends not yet accepted by the provider, in order, per peer (so that a peer that takes
     /// nothing holds up only its own messages).
     backlog: Vec<VecDeque<Op>>,
-    outgoing: HashMap<u64, Outgoing>,
+    /// Sends in flight, oldest first.
+    outgoing: BTreeMap<u64, Outgoing>,
+    /// Bytes of credited sends still in flight, per peer.
+    credited: Vec<usize>,
     next_out: u64,
     next_key: u64,
     rx: Vec<PeerRx>,
@@ -664,7 +674,8 @@ impl Engine {
             commands,
             ops: HashMap::new(),
             backlog: (0..size).map(|_| VecDeque::new()).collect(),
-            outgoing: HashMap::new(),
+            outgoing: BTreeMap::new(),
+            credited: vec![0; size],
             next_out: 0,
             next_key: 1,
             rx: (0..size).map(|_| PeerRx::default()).collect(),
@@ -819,11 +830,33 @@ impl Engine {
         self.outgoing.insert(
             out,
             Outgoing {
+                peer,
+                len: payload.len(),
+                credited: false,
                 remaining: parts,
                 done: Some(done),
                 error: None,
             },
         );
+        self.credit(peer);
+    }
+
+    /// Reports done the sends to `peer` that are in flight and fit in its credit, oldest first.
+    fn credit(&mut self, peer: Rank) {
+        let credited = &mut self.credited[peer];
+        for o in self.outgoing.values_mut().filter(|o| o.peer == peer) {
+            if o.credited || o.done.is_none() {
+                continue;
+            }
+            if *credited != 0 && *credited + o.len > SEND_CREDIT {
+                break;
+            }
+            *credited += o.len;
+            o.credited = true;
+            if let Some(done) = o.done.take() {
+                let _ = done.send(Ok(()));
+            }
+        }
     }
 
     /// The source address receives from `peer` are restricted to.
@@ -955,9 +988,17 @@ impl Engine {
         o.remaining = o.remaining.saturating_sub(1);
         if o.remaining == 0 {
             if let Some(mut o) = self.outgoing.remove(&out) {
+                if o.credited {
+                    self.credited[o.peer] -= o.len;
+                    if let Some(e) = &o.error {
+                        // Its step has moved on; the receiver counts the message missing.
+                        tracing::debug!(peer = o.peer, error = %e, "libfabric: a credited send failed");
+                    }
+                }
                 if let Some(done) = o.done.take() {
                     let _ = done.send(o.error.take().map_or(Ok(()), Err));
                 }
+                self.credit(o.peer);
             }
         }
     }
@@ -1290,6 +1331,17 @@ impl Engine {
     /// complete, then closes the endpoint (and with it the queue, address vector, domain and
     /// fabric). Buffers of operations that never complete are leaked, not freed.
     fn shutdown(mut self) -> Endpoint {
+        // Sends already reported done to their steps go out first (for a bounded time): a
+        // rank that finished its part and dropped its transport must not take its last
+        // messages along.
+        let linger = Instant::now() + Duration::from_secs(2);
+        let mut completions = Vec::with_capacity(COMPLETIONS_PER_PASS);
+        while !self.outgoing.is_empty() && Instant::now() < linger {
+            let posted = self.post_sends();
+            if !self.read_completions(&mut completions) && !posted {
+                thread::sleep(Duration::from_micros(50));
+            }
+        }
         for op in std::mem::take(&mut self.backlog).into_iter().flatten() {
             if let Some((out, _)) = op.send() {
                 self.finish_part(out, Some("the transport shut down".into()));
@@ -1299,7 +1351,6 @@ impl Engine {
             self.endpoint.cancel(id);
         }
         let deadline = Instant::now() + Duration::from_secs(2);
-        let mut completions = Vec::with_capacity(COMPLETIONS_PER_PASS);
         while !self.ops.is_empty() && Instant::now() < deadline {
             if !self.read_completions(&mut completions) {
                 thread::sleep(Duration::from_micros(50));

@@ -27,6 +27,8 @@ mod engine;
 pub mod safe;
 
 #[cfg(feature = "libfabric")]
+pub use byzcoll_runtime::mailbox::SEND_CREDIT;
+#[cfg(feature = "libfabric")]
 pub use engine::{
     LibfabricOptions, LibfabricTransport, FRAGMENT, HEADER_WINDOW, MAX_PARK, MAX_RANKS,
 };
@@ -50,6 +52,11 @@ mod tests {
     }
 
     byzcoll_conformance::conformance_suite!(world);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sends_are_done_within_the_credit_and_wait_beyond_it() {
+        byzcoll_conformance::sends_are_done_within_the_credit(world, SEND_CREDIT).await;
+    }
 
     fn bytes(len: usize, seed: u8) -> Payload {
         Payload::Host(

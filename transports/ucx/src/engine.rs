@@ -73,6 +73,8 @@ pub const SPIN: Duration = Duration::from_micros(SPIN_US);
 const SPIN_US: u64 = 500;
 /// Header receives kept posted per peer.
 pub const HEADER_WINDOW: usize = 16;
+/// See [`byzcoll_runtime::mailbox::SEND_CREDIT`].
+pub use byzcoll_runtime::mailbox::SEND_CREDIT;
 /// How long the blocked thread sleeps at most while a header waits for its step to be posted
 /// (a step can be retired without waking the thread), and otherwise.
 const EARLY_RECHECK_MS: i32 = 2;
@@ -410,6 +412,9 @@ impl Transport for UcxTransport {
 
 /// A send in flight: the buffers stay here until both UCX requests complete.
 struct Outgoing {
+    peer: Rank,
+    /// Reported done to the step (it counts against `Engine::credited`).
+    credited: bool,
     requests: Vec<Request>,
     _header: Box<[u8; HEADER_LEN]>,
     _payload: Bytes,
@@ -453,6 +458,8 @@ struct Engine {
     wake: Arc<Wake>,
     pool: BufferPool,
     outgoing: Vec<Outgoing>,
+    /// Bytes of credited sends still in flight, per peer (see [`SEND_CREDIT`]).
+    credited: Vec<usize>,
     rx: Vec<PeerRx>,
     payloads: Vec<PayloadRecv>,
     /// Cancelled receives whose buffers must outlive them.
@@ -484,6 +491,7 @@ impl Engine {
             wake,
             pool: BufferPool::new(options.pool_bytes),
             outgoing: Vec::new(),
+            credited: vec![0; size],
             rx: (0..size).map(|_| PeerRx::default()).collect(),
             payloads: Vec::new(),
             retiring: Vec::new(),
@@ -592,6 +600,8 @@ impl Engine {
         self.next_seq[peer] += 1;
         let header = Box::new(FrameHeader::new(key, self.me, payload.len()).encode());
         let mut out = Outgoing {
+            peer,
+            credited: false,
             requests: Vec::with_capacity(2),
             _header: header,
             _payload: payload,
@@ -627,10 +637,32 @@ impl Engine {
             return;
         }
         self.outgoing.push(out);
+        self.credit(peer);
+    }
+
+    /// Reports done the sends to `peer` that are in flight and fit in its credit, oldest first.
+    fn credit(&mut self, peer: Rank) {
+        let credited = &mut self.credited[peer];
+        for out in self.outgoing.iter_mut().filter(|o| o.peer == peer) {
+            if out.credited || out.done.is_none() {
+                continue;
+            }
+            let len = out._payload.len();
+            if *credited != 0 && *credited + len > SEND_CREDIT {
+                break;
+            }
+            *credited += len;
+            out.credited = true;
+            if let Some(done) = out.done.take() {
+                let _ = done.send(Ok(()));
+            }
+        }
     }
 
     fn advance_sends(&mut self) -> bool {
         let before = self.outgoing.len();
+        let credited = &mut self.credited;
+        let mut freed = Vec::new();
         self.outgoing.retain_mut(|out| {
             let mut pending = false;
             for r in &out.requests {
@@ -643,11 +675,23 @@ impl Engine {
             if pending {
                 return true;
             }
+            if out.credited {
+                credited[out.peer] -= out._payload.len();
+                freed.push(out.peer);
+                if let Some(e) = &out.error {
+                    // Its step has moved on; the receiver counts the message missing.
+                    tracing::debug!(peer = out.peer, error = %e, "ucx: a credited send failed");
+                }
+            }
             if let Some(done) = out.done.take() {
                 let _ = done.send(out.error.take().map_or(Ok(()), Err));
             }
             false
         });
+        freed.dedup();
+        for peer in freed {
+            self.credit(peer);
+        }
         self.outgoing.len() != before
     }
 

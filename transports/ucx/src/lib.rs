@@ -18,7 +18,7 @@ mod engine;
 pub mod safe;
 
 #[cfg(feature = "ucx")]
-pub use engine::{UcxOptions, UcxTransport, HEADER_WINDOW, MAX_RANKS, SPIN};
+pub use engine::{UcxOptions, UcxTransport, HEADER_WINDOW, MAX_RANKS, SEND_CREDIT, SPIN};
 
 #[cfg(all(test, feature = "ucx"))]
 mod tests {
@@ -34,4 +34,9 @@ mod tests {
     }
 
     byzcoll_conformance::conformance_suite!(world);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sends_are_done_within_the_credit_and_wait_beyond_it() {
+        byzcoll_conformance::sends_are_done_within_the_credit(world, SEND_CREDIT).await;
+    }
 }
