@@ -16,7 +16,7 @@ use bytes::Bytes;
 use byzcoll_libfabric_sys as sys;
 use byzcoll_runtime::bootstrap::StoreClient;
 use byzcoll_runtime::mailbox::{
-    run_step, send_through_thread, Claim, Closed, Delivery, Mailbox, SEND_CREDIT,
+    run_step, send_through_thread, Claim, Closed, Delivery, Mailbox, SendCredit,
 };
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
@@ -568,11 +568,11 @@ impl Op {
 }
 
 /// A send in flight: done when all of its messages have completed, and reported done to its
-/// step before that if it fits in the peer's credit ([`SEND_CREDIT`]).
+/// step before that if it fits in the peer's credit ([`SendCredit`]).
 struct Outgoing {
     peer: Rank,
     len: usize,
-    /// Reported done to the step (it counts against `Engine::credited`).
+    /// Reported done to the step (it counts against `Engine::credit`).
     credited: bool,
     remaining: usize,
     done: Option<oneshot::Sender<Result<(), String>>>,
@@ -636,8 +636,8 @@ struct Engine {
     backlog: Vec<VecDeque<Op>>,
     /// Sends in flight, oldest first.
     outgoing: BTreeMap<u64, Outgoing>,
-    /// Bytes of credited sends still in flight, per peer.
-    credited: Vec<usize>,
+    /// Credited sends still in flight.
+    credit: SendCredit,
     next_out: u64,
     next_key: u64,
     rx: Vec<PeerRx>,
@@ -675,7 +675,7 @@ impl Engine {
             ops: HashMap::new(),
             backlog: (0..size).map(|_| VecDeque::new()).collect(),
             outgoing: BTreeMap::new(),
-            credited: vec![0; size],
+            credit: SendCredit::new(size),
             next_out: 0,
             next_key: 1,
             rx: (0..size).map(|_| PeerRx::default()).collect(),
@@ -843,15 +843,13 @@ impl Engine {
 
     /// Reports done the sends to `peer` that are in flight and fit in its credit, oldest first.
     fn credit(&mut self, peer: Rank) {
-        let credited = &mut self.credited[peer];
         for o in self.outgoing.values_mut().filter(|o| o.peer == peer) {
             if o.credited || o.done.is_none() {
                 continue;
             }
-            if *credited != 0 && *credited + o.len > SEND_CREDIT {
+            if !self.credit.try_take(peer, o.len) {
                 break;
             }
-            *credited += o.len;
             o.credited = true;
             if let Some(done) = o.done.take() {
                 let _ = done.send(Ok(()));
@@ -989,7 +987,7 @@ impl Engine {
         if o.remaining == 0 {
             if let Some(mut o) = self.outgoing.remove(&out) {
                 if o.credited {
-                    self.credited[o.peer] -= o.len;
+                    self.credit.give_back(o.peer, o.len);
                     if let Some(e) = &o.error {
                         // Its step has moved on; the receiver counts the message missing.
                         tracing::debug!(peer = o.peer, error = %e, "libfabric: a credited send failed");

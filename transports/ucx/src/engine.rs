@@ -47,7 +47,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use byzcoll_runtime::bootstrap::StoreClient;
-use byzcoll_runtime::mailbox::{run_step, send_through_thread, Claim, Closed, Delivery, Mailbox};
+use byzcoll_runtime::mailbox::{
+    run_step, send_through_thread, Claim, Closed, Delivery, Mailbox, SendCredit,
+};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
@@ -413,7 +415,7 @@ impl Transport for UcxTransport {
 /// A send in flight: the buffers stay here until both UCX requests complete.
 struct Outgoing {
     peer: Rank,
-    /// Reported done to the step (it counts against `Engine::credited`).
+    /// Reported done to the step (it counts against `Engine::credit`).
     credited: bool,
     requests: Vec<Request>,
     _header: Box<[u8; HEADER_LEN]>,
@@ -458,8 +460,8 @@ struct Engine {
     wake: Arc<Wake>,
     pool: BufferPool,
     outgoing: Vec<Outgoing>,
-    /// Bytes of credited sends still in flight, per peer (see [`SEND_CREDIT`]).
-    credited: Vec<usize>,
+    /// Credited sends still in flight (see [`SEND_CREDIT`]).
+    credit: SendCredit,
     rx: Vec<PeerRx>,
     payloads: Vec<PayloadRecv>,
     /// Cancelled receives whose buffers must outlive them.
@@ -491,7 +493,7 @@ impl Engine {
             wake,
             pool: BufferPool::new(options.pool_bytes),
             outgoing: Vec::new(),
-            credited: vec![0; size],
+            credit: SendCredit::new(size),
             rx: (0..size).map(|_| PeerRx::default()).collect(),
             payloads: Vec::new(),
             retiring: Vec::new(),
@@ -642,16 +644,13 @@ impl Engine {
 
     /// Reports done the sends to `peer` that are in flight and fit in its credit, oldest first.
     fn credit(&mut self, peer: Rank) {
-        let credited = &mut self.credited[peer];
         for out in self.outgoing.iter_mut().filter(|o| o.peer == peer) {
             if out.credited || out.done.is_none() {
                 continue;
             }
-            let len = out._payload.len();
-            if *credited != 0 && *credited + len > SEND_CREDIT {
+            if !self.credit.try_take(peer, out._payload.len()) {
                 break;
             }
-            *credited += len;
             out.credited = true;
             if let Some(done) = out.done.take() {
                 let _ = done.send(Ok(()));
@@ -661,7 +660,7 @@ impl Engine {
 
     fn advance_sends(&mut self) -> bool {
         let before = self.outgoing.len();
-        let credited = &mut self.credited;
+        let credit = &mut self.credit;
         let mut freed = Vec::new();
         self.outgoing.retain_mut(|out| {
             let mut pending = false;
@@ -676,7 +675,7 @@ impl Engine {
                 return true;
             }
             if out.credited {
-                credited[out.peer] -= out._payload.len();
+                credit.give_back(out.peer, out._payload.len());
                 freed.push(out.peer);
                 if let Some(e) = &out.error {
                     // Its step has moved on; the receiver counts the message missing.
