@@ -40,6 +40,7 @@ macro_rules! conformance_suite {
             missing_peer_is_reported_within_the_deadline,
             steps_are_matched_by_key_not_arrival_order,
             messages_outlive_their_sender,
+            early_messages_are_checked_like_any_other,
             invalid_steps_are_rejected,
             sharded_matches_gather_bitwise,
             sharded_survives_byzantine_owners_only_with_replication,
@@ -476,6 +477,60 @@ where
     );
     let never = b.exchange(recv(1, 0..1)).await.unwrap();
     assert_eq!(never, vec![RecvOutcome::Missing]);
+}
+
+/// Messages that arrive before their step is posted (a transport may take them in ahead) are
+/// checked like any other once it is: a wrong length is `Malformed` and named, the right one
+/// is delivered, and one for a step the receiver skipped is dropped, not delivered later.
+pub async fn early_messages_are_checked_like_any_other<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let mut ranks = factory(2).await.into_iter();
+    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let deadline = || tokio::time::Instant::now() + Duration::from_secs(10);
+    let payload = |s: &[u8]| byzcoll_runtime::Payload::Host(s.to_vec().into());
+    let step = |step, sends, recvs| Step {
+        collective: 4,
+        step,
+        sends,
+        recvs,
+        deadline: deadline(),
+    };
+    let send = |tag, bytes: &[u8]| SendOp {
+        peer: 1,
+        tag,
+        payload: payload(bytes),
+    };
+    let recv = |tag, len| RecvOp { peer: 0, tag, len };
+    let sender = async {
+        let steps = [
+            (0, vec![send(0, b"ten bytes!"), send(1, b"ok")]),
+            (1, vec![send(0, b"skipped")]),
+            (2, vec![send(0, b"next")]),
+        ];
+        for (n, sends) in steps {
+            a.exchange(step(n, sends, vec![])).await.unwrap();
+        }
+    };
+    let receiver = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let first = b
+            .exchange(step(0, vec![], vec![recv(0, 4), recv(1, 2)]))
+            .await
+            .unwrap();
+        let third = b.exchange(step(2, vec![], vec![recv(0, 4)])).await.unwrap();
+        (first, third)
+    };
+    let ((), (first, third)) = tokio::join!(sender, receiver);
+    assert!(
+        matches!(&first[0], RecvOutcome::Malformed(why) if why.contains("10")),
+        "{:?}",
+        first[0]
+    );
+    assert_eq!(first[1], RecvOutcome::Received(payload(b"ok")));
+    assert_eq!(third, vec![RecvOutcome::Received(payload(b"next"))]);
 }
 
 /// For transports whose progress thread owns the network (UCX, libfabric): a send is done for
