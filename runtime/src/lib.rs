@@ -16,6 +16,7 @@ mod config;
 mod error;
 pub mod mailbox;
 pub mod pool;
+pub mod progress;
 mod robust;
 pub mod schedule;
 mod transport;

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{oneshot, Notify};
 
 use tokio::time::Instant;
 
@@ -293,66 +293,6 @@ impl Drop for PostedStep<'_> {
     }
 }
 
-/// Bytes per peer that a transport whose progress thread owns the network (UCX, libfabric)
-/// may still have in flight after reporting their sends done. A send is reported done to its
-/// step once the thread holds it (the payload is reference-counted, nothing is copied) and it
-/// fits in this credit, or nothing else to that peer is in flight; so a sender streams its next
-/// message while the network still moves the previous one, and a receiver that stops taking
-/// messages holds back at most this much of the sender's memory before its sends wait again.
-pub const SEND_CREDIT: usize = 64 << 20;
-
-/// Bytes of sends reported done while still in flight, per peer, against [`SEND_CREDIT`].
-#[derive(Debug)]
-pub struct SendCredit {
-    in_flight: Vec<usize>,
-}
-
-impl SendCredit {
-    /// No bytes in flight to any of `size` peers.
-    pub fn new(size: usize) -> Self {
-        SendCredit {
-            in_flight: vec![0; size],
-        }
-    }
-
-    /// Takes credit for `len` bytes to `peer` if they fit, or if nothing to `peer` is in flight
-    /// (so a message larger than the credit still goes, alone).
-    pub fn try_take(&mut self, peer: Rank, len: usize) -> bool {
-        let in_flight = &mut self.in_flight[peer];
-        if *in_flight != 0 && *in_flight + len > SEND_CREDIT {
-            return false;
-        }
-        *in_flight += len;
-        true
-    }
-
-    /// Gives back the credit of a send to `peer` that the network is done with.
-    pub fn give_back(&mut self, peer: Rank, len: usize) {
-        self.in_flight[peer] -= len;
-    }
-}
-
-/// A send for a transport whose progress thread owns the network (UCX, libfabric): `command`
-/// wraps the completion sender into the thread's command, which is queued on `commands`; then
-/// the thread is woken with `wake` and its answer awaited. For [`run_step`]'s `send`.
-///
-/// # Errors
-/// The thread's own error, or `the progress thread is gone` when it has ended.
-pub async fn send_through_thread<C>(
-    commands: &mpsc::Sender<C>,
-    command: impl FnOnce(oneshot::Sender<Result<(), String>>) -> C,
-    wake: impl Fn(),
-) -> Result<(), String> {
-    const GONE: &str = "the progress thread is gone";
-    let (done, finished) = oneshot::channel();
-    commands
-        .send(command(done))
-        .await
-        .map_err(|_| GONE.to_string())?;
-    wake();
-    finished.await.map_err(|_| GONE.to_string())?
-}
-
 /// The part of [`crate::Transport::exchange`] that every mailbox-based transport shares: posts
 /// the step's receives (then calls `on_posted`, e.g. to wake a progress thread), runs `send`
 /// for every send (each bounded by the step's deadline; a failure or a timeout is logged, not
@@ -414,24 +354,6 @@ fn next_key(k: MsgKey) -> MsgKey {
 mod tests {
     use super::*;
     use bytes::Bytes;
-
-    #[test]
-    fn send_credit_admits_up_to_the_limit_per_peer_and_one_oversized_send_alone() {
-        let mut credit = SendCredit::new(2);
-        assert!(credit.try_take(0, SEND_CREDIT / 2));
-        assert!(credit.try_take(0, SEND_CREDIT / 2));
-        assert!(!credit.try_take(0, 1), "the credit of peer 0 is spent");
-        assert!(credit.try_take(1, 1), "peer 1 has its own credit");
-        credit.give_back(0, SEND_CREDIT / 2);
-        assert!(credit.try_take(0, 1));
-        credit.give_back(0, SEND_CREDIT / 2);
-        credit.give_back(0, 1);
-        assert!(
-            credit.try_take(0, 2 * SEND_CREDIT),
-            "alone, a larger send goes"
-        );
-        assert!(!credit.try_take(0, 1));
-    }
 
     fn key(collective: u64, step: u32) -> MsgKey {
         MsgKey {

@@ -124,6 +124,14 @@ pub struct Grid {
     pub threads: u32,
 }
 
+/// A comparator network as the kernels take it: `a0, b0, a1, b1, ...`.
+fn flat_pairs(network: &[(usize, usize)]) -> Vec<u32> {
+    network
+        .iter()
+        .flat_map(|&(a, b)| [a as u32, b as u32])
+        .collect()
+}
+
 /// `coordinate_network` (median when `mode == 0`, trimmed mean of ranks `lo..hi` when 1) with
 /// `network`'s compare-exchanges; returns the first bad coordinate or [`NONE_BAD`].
 #[allow(clippy::too_many_arguments)]
@@ -137,10 +145,7 @@ pub fn coordinate_network<T: Copy>(
     grid: Grid,
 ) -> u64 {
     let ptrs = row_pointers(elem, rows, out.len());
-    let pairs: Vec<u32> = network
-        .iter()
-        .flat_map(|&(a, b)| [a as u32, b as u32])
-        .collect();
+    let pairs = flat_pairs(network);
     let mut bad = NONE_BAD;
     // SAFETY: every row holds out.len() values of the element size; pointers outlive the call.
     let rc = unsafe {
@@ -174,10 +179,7 @@ pub fn bulyan_network<T: Copy>(
     grid: Grid,
 ) -> u64 {
     let ptrs = row_pointers(elem, rows, out.len());
-    let pairs: Vec<u32> = network
-        .iter()
-        .flat_map(|&(a, b)| [a as u32, b as u32])
-        .collect();
+    let pairs = flat_pairs(network);
     let mut bad = NONE_BAD;
     // SAFETY: as in coordinate_network.
     let rc = unsafe {

@@ -15,16 +15,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use byzcoll_libfabric_sys as sys;
 use byzcoll_runtime::bootstrap::StoreClient;
-use byzcoll_runtime::mailbox::{
-    run_step, send_through_thread, Claim, Closed, Delivery, Mailbox, SendCredit,
-};
+use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
+use byzcoll_runtime::progress::{run_step_through_thread, wait_readable, SendCredit, SendDone};
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
 use futures::future::BoxFuture;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::safe::{
     self, Completion, Domain, Endpoint, Fabric, FabricError, Info, MemoryRegion, Notifier, Post,
@@ -99,7 +98,7 @@ enum Command {
         peer: Rank,
         key: MsgKey,
         payload: Bytes,
-        done: oneshot::Sender<Result<(), String>>,
+        done: SendDone,
     },
 }
 
@@ -188,7 +187,7 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 ///
 /// # Progress
 /// The thread polls the completion queue (`fi_cq_read`, which also drives providers with
-/// manual progress), keeps polling for [`SPIN`] after activity, yielding the CPU between polls,
+/// manual progress), keeps polling for `SPIN` after activity, yielding the CPU between polls,
 /// and then blocks: where the provider gives the queue a wait object (`FI_WAIT_FD`:
 /// `tcp;ofi_rxm` does, `shm` in libfabric 1.17 does not), in `poll` on it and on an eventfd
 /// that transport methods signal, after `fi_trywait` says nothing is ready; otherwise it parks
@@ -463,27 +462,20 @@ impl Transport for LibfabricTransport {
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
         Box::pin(async move {
             step.validate(self.rank, self.size, &self.capabilities())?;
-            let commands = self.commands.as_ref().ok_or_else(|| {
-                TransportError::Setup("the libfabric transport is shut down".into())
-            })?;
-            let outcomes = run_step(
+            run_step_through_thread(
                 &self.mailbox,
                 &step,
                 "libfabric",
-                || self.wake.wake(),
-                |s, key, payload| {
-                    let peer = s.peer;
-                    let send = move |done| Command::Send {
-                        peer,
-                        key,
-                        payload,
-                        done,
-                    };
-                    send_through_thread(commands, send, || self.wake.wake())
+                self.commands.as_ref(),
+                |peer, key, payload, done| Command::Send {
+                    peer,
+                    key,
+                    payload,
+                    done,
                 },
+                || self.wake.wake(),
             )
-            .await;
-            Ok(outcomes)
+            .await
         })
     }
 }
@@ -575,7 +567,7 @@ struct Outgoing {
     /// Reported done to the step (it counts against `Engine::credit`).
     credited: bool,
     remaining: usize,
-    done: Option<oneshot::Sender<Result<(), String>>>,
+    done: Option<SendDone>,
     error: Option<String>,
 }
 
@@ -742,7 +734,7 @@ impl Engine {
             // Woken meanwhile: go round again.
             true
         } else if self.endpoint.try_wait() {
-            safe::wait_readable(&[cq, notifier.fd()], timeout);
+            wait_readable(&[cq, notifier.fd()], timeout);
             true
         } else {
             // Completions may be ready; park briefly rather than spin should the provider
@@ -793,13 +785,7 @@ impl Engine {
     }
 
     /// Queues the header and the payload's fragments of a message to `peer`.
-    fn start_send(
-        &mut self,
-        peer: Rank,
-        key: MsgKey,
-        payload: Bytes,
-        done: oneshot::Sender<Result<(), String>>,
-    ) {
+    fn start_send(&mut self, peer: Rank, key: MsgKey, payload: Bytes, done: SendDone) {
         if self.closed[peer] || self.failed[peer] {
             let _ = done.send(Err(format!("rank {peer} is unreachable")));
             return;

@@ -27,7 +27,7 @@ mod engine;
 pub mod safe;
 
 #[cfg(feature = "libfabric")]
-pub use byzcoll_runtime::mailbox::SEND_CREDIT;
+pub use byzcoll_runtime::progress::SEND_CREDIT;
 #[cfg(feature = "libfabric")]
 pub use engine::{
     LibfabricOptions, LibfabricTransport, FRAGMENT, HEADER_WINDOW, MAX_PARK, MAX_RANKS,

@@ -968,26 +968,18 @@ impl Drop for Endpoint {
     }
 }
 
-/// An `eventfd` that other threads signal to wake a thread blocked in [`wait_readable`].
+/// An `eventfd` that other threads signal to wake a thread blocked in
+/// [`byzcoll_runtime::progress::wait_readable`].
 #[derive(Debug)]
 pub struct Notifier {
     fd: i32,
 }
 
-#[repr(C)]
-struct PollFd {
-    fd: i32,
-    events: i16,
-    revents: i16,
-}
-
-const POLLIN: i16 = 1;
 const EFD_CLOEXEC: i32 = 0o2_000_000;
 const EFD_NONBLOCK: i32 = 0o4_000;
 
 extern "C" {
     fn eventfd(initval: u32, flags: i32) -> i32;
-    fn poll(fds: *mut PollFd, nfds: u64, timeout: i32) -> i32;
     fn read(fd: i32, buf: *mut c_void, count: usize) -> isize;
     fn write(fd: i32, buf: *const c_void, count: usize) -> isize;
     fn close(fd: i32) -> i32;
@@ -1027,19 +1019,4 @@ impl Drop for Notifier {
         // SAFETY: fd is open and closed once.
         let _ = unsafe { close(self.fd) };
     }
-}
-
-/// Blocks until one of `fds` is readable or `timeout_ms` has passed (an interrupted or failed
-/// `poll` just returns early).
-pub fn wait_readable(fds: &[i32], timeout_ms: i32) {
-    let mut polls: Vec<PollFd> = fds
-        .iter()
-        .map(|&fd| PollFd {
-            fd,
-            events: POLLIN,
-            revents: 0,
-        })
-        .collect();
-    // SAFETY: `polls` holds `fds.len()` valid pollfd structs.
-    let _ = unsafe { poll(polls.as_mut_ptr(), polls.len() as u64, timeout_ms) };
 }

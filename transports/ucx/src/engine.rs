@@ -47,17 +47,16 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use byzcoll_runtime::bootstrap::StoreClient;
-use byzcoll_runtime::mailbox::{
-    run_step, send_through_thread, Claim, Closed, Delivery, Mailbox, SendCredit,
-};
+use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
+use byzcoll_runtime::progress::{run_step_through_thread, wait_readable, SendCredit, SendDone};
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
 use byzcoll_ucx_sys as sys;
 use futures::future::BoxFuture;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::safe::{self, Context, Endpoint, Poll, Request, Signaller, Worker};
 
@@ -75,8 +74,8 @@ pub const SPIN: Duration = Duration::from_micros(SPIN_US);
 const SPIN_US: u64 = 500;
 /// Header receives kept posted per peer.
 pub const HEADER_WINDOW: usize = 16;
-/// See [`byzcoll_runtime::mailbox::SEND_CREDIT`].
-pub use byzcoll_runtime::mailbox::SEND_CREDIT;
+/// See [`byzcoll_runtime::progress::SEND_CREDIT`].
+pub use byzcoll_runtime::progress::SEND_CREDIT;
 /// How long the blocked thread sleeps at most while a header waits for its step to be posted
 /// (a step can be retired without waking the thread), and otherwise.
 const EARLY_RECHECK_MS: i32 = 2;
@@ -159,7 +158,7 @@ enum Command {
         peer: Rank,
         key: MsgKey,
         payload: Bytes,
-        done: oneshot::Sender<Result<(), String>>,
+        done: SendDone,
     },
 }
 
@@ -386,28 +385,20 @@ impl Transport for UcxTransport {
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
         Box::pin(async move {
             step.validate(self.rank, self.size, &self.capabilities())?;
-            let commands = self
-                .commands
-                .as_ref()
-                .ok_or_else(|| TransportError::Setup("the UCX transport is shut down".into()))?;
-            let outcomes = run_step(
+            run_step_through_thread(
                 &self.mailbox,
                 &step,
                 "ucx",
-                || self.wake.wake(),
-                |s, key, payload| {
-                    let peer = s.peer;
-                    let send = move |done| Command::Send {
-                        peer,
-                        key,
-                        payload,
-                        done,
-                    };
-                    send_through_thread(commands, send, || self.wake.wake())
+                self.commands.as_ref(),
+                |peer, key, payload, done| Command::Send {
+                    peer,
+                    key,
+                    payload,
+                    done,
                 },
+                || self.wake.wake(),
             )
-            .await;
-            Ok(outcomes)
+            .await
         })
     }
 }
@@ -420,7 +411,7 @@ struct Outgoing {
     requests: Vec<Request>,
     _header: Box<[u8; HEADER_LEN]>,
     _payload: Bytes,
-    done: Option<oneshot::Sender<Result<(), String>>>,
+    done: Option<SendDone>,
     error: Option<String>,
 }
 
@@ -556,7 +547,7 @@ impl Engine {
         self.wake.sleeping.store(true, Ordering::SeqCst);
         if !self.wake.pending.load(Ordering::SeqCst) {
             match efd.map(|fd| (fd, self.handles.worker.arm())) {
-                Some((fd, Ok(true))) => safe::wait_readable(fd, timeout),
+                Some((fd, Ok(true))) => wait_readable(&[fd], timeout),
                 Some((_, Ok(false))) => {}
                 Some((_, Err(_))) | None => thread::sleep(Duration::from_micros(50)),
             }
@@ -584,13 +575,7 @@ impl Engine {
         }
     }
 
-    fn start_send(
-        &mut self,
-        peer: Rank,
-        key: MsgKey,
-        payload: Bytes,
-        done: oneshot::Sender<Result<(), String>>,
-    ) {
+    fn start_send(&mut self, peer: Rank, key: MsgKey, payload: Bytes, done: SendDone) {
         let Some(ep) = self.handles.endpoints[peer]
             .as_ref()
             .filter(|_| !self.closed[peer] && !self.failed[peer])

@@ -365,31 +365,6 @@ impl Signaller {
     }
 }
 
-#[repr(C)]
-struct PollFd {
-    fd: i32,
-    events: i16,
-    revents: i16,
-}
-
-const POLLIN: i16 = 1;
-
-extern "C" {
-    // From the C library, which std links.
-    fn poll(fds: *mut PollFd, nfds: u64, timeout: i32) -> i32;
-}
-
-/// Blocks until `fd` is readable or `timeout_ms` milliseconds have passed.
-pub fn wait_readable(fd: i32, timeout_ms: i32) {
-    let mut p = PollFd {
-        fd,
-        events: POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `p` is one valid pollfd; an interrupted or failed poll just returns early.
-    let _ = unsafe { poll(&mut p, 1, timeout_ms) };
-}
-
 impl Drop for Worker {
     fn drop(&mut self) {
         // SAFETY: all endpoints and requests of this worker have been released first.
