@@ -152,7 +152,8 @@ async fn bandwidth(
     windows: usize,
 ) -> f64 {
     let me = t.rank();
-    let payload = Bytes::from(vec![7u8; size]);
+    // Where the collectives' own messages live (huge pages from 1 MiB); see byzcoll::pool.
+    let payload = byzcoll::pool::payload_from(&vec![7u8; size]);
     let ack = Bytes::from_static(b"k");
     // Warm-up window.
     let run = async |keys: &mut Keys, n: usize| {

@@ -35,9 +35,9 @@ pub use byzcoll_aggregators as aggregators;
 #[cfg(feature = "cuda")]
 pub use byzcoll_cuda as cuda;
 pub use byzcoll_runtime::{
-    bootstrap, mailbox, schedule, BootstrapError, Capabilities, Communicator, Config, Error, Fault,
-    OwnerTamper, Payload, PeerFault, Policy, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas, Result,
-    RoundReport, SendOp, Step, Transport, TransportError,
+    bootstrap, mailbox, pool, schedule, BootstrapError, Capabilities, Communicator, Config, Error,
+    Fault, OwnerTamper, Payload, PeerFault, Policy, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas,
+    Result, RoundReport, SendOp, Step, Transport, TransportError,
 };
 
 /// The transports, re-exported.

@@ -348,7 +348,7 @@ pub(crate) fn byte_len<T>(buf: &[T]) -> usize {
 }
 
 pub(crate) fn to_bytes<T: Pod>(buf: &[T]) -> Bytes {
-    Bytes::copy_from_slice(bytemuck::cast_slice(buf))
+    crate::pool::payload_from(bytemuck::cast_slice(buf))
 }
 
 pub(crate) fn host_bytes(payload: &Payload) -> &[u8] {

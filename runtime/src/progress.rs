@@ -1,5 +1,11 @@
 //! What transports whose progress thread owns the network (UCX, libfabric) share: the step
-//! run through the thread's command queue, the send credit, and the thread's blocking wait.
+//! run through the thread's command queue, the send credit, the thread's blocking wait, and
+//! [`driven`], which lets the task awaiting a step drive the network itself.
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
@@ -99,6 +105,82 @@ pub async fn run_step_through_thread<C>(
     Ok(outcomes)
 }
 
+/// A network whose progress a task may drive itself, in turns, while it awaits an exchange
+/// (see [`driven`]); its progress thread stays out of the way meanwhile.
+pub trait Drive {
+    /// A task drives the network from now on: the progress thread steps aside (it takes over
+    /// again after [`Drive::end`], or if no turn comes for a while).
+    fn begin(&self);
+    /// Runs one round of progress unless another thread is running one; whether anything
+    /// happened. Must not block.
+    fn turn(&self) -> bool;
+    /// The task stops driving; the progress thread takes over at once.
+    fn end(&self);
+}
+
+/// Awaits `fut` while driving `network` in turns from this task, until `fut` completes or
+/// `spin` passes without anything happening; then the network's progress thread takes over
+/// and `fut` is awaited as usual.
+///
+/// Why: with a progress thread alone, every completion is handed from that thread to the
+/// waiting task through a wakeup, and the next receive cannot be posted until the task has
+/// run. Driving the network from the waiting task completes the step on the task's own thread
+/// (measured on the p2p bench: see the UCX transport's module docs). Between turns the task
+/// yields, to tokio (other tasks on the thread run) and to the OS (on few cores the peer's
+/// threads need the CPU); after `spin` of nothing it stops burning the core.
+pub async fn driven<F: Future>(network: &impl Drive, spin: Duration, fut: F) -> F::Output {
+    /// Ends the drive when the future is dropped midway.
+    struct Driving<'a, D: Drive> {
+        network: &'a D,
+        active: bool,
+    }
+    impl<D: Drive> Driving<'_, D> {
+        fn stop(&mut self) {
+            if std::mem::take(&mut self.active) {
+                self.network.end();
+            }
+        }
+    }
+    impl<D: Drive> Drop for Driving<'_, D> {
+        fn drop(&mut self) {
+            self.stop();
+        }
+    }
+
+    network.begin();
+    let mut driving = Driving {
+        network,
+        active: true,
+    };
+    let mut fut = pin!(fut);
+    let mut last_activity = Instant::now();
+    let out = std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return Poll::Ready(out);
+        }
+        if !driving.active {
+            return Poll::Pending;
+        }
+        if network.turn() {
+            last_activity = Instant::now();
+            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return Poll::Ready(out);
+            }
+        } else if last_activity.elapsed() >= spin {
+            driving.stop();
+            // Whatever completes from now on wakes this task through `fut`'s own wakers.
+            return fut.as_mut().poll(cx);
+        } else {
+            std::thread::yield_now();
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await;
+    driving.stop();
+    out
+}
+
 #[repr(C)]
 struct PollFd {
     fd: i32,
@@ -131,6 +213,85 @@ pub fn wait_readable(fds: &[i32], timeout_ms: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Counts the calls; its "network" completes a oneshot on the `ready_at`-th turn.
+    #[derive(Default)]
+    struct Counting {
+        begins: AtomicUsize,
+        turns: AtomicUsize,
+        ends: AtomicUsize,
+        ready_at: usize,
+        done: std::sync::Mutex<Option<oneshot::Sender<u32>>>,
+    }
+
+    impl Drive for Counting {
+        fn begin(&self) {
+            self.begins.fetch_add(1, Ordering::SeqCst);
+        }
+        fn turn(&self) -> bool {
+            let n = self.turns.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == self.ready_at {
+                if let Some(tx) = self.done.lock().unwrap().take() {
+                    let _ = tx.send(7);
+                }
+                return true;
+            }
+            false
+        }
+        fn end(&self) {
+            self.ends.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_driven_future_completes_through_the_tasks_own_turns() {
+        let (tx, rx) = oneshot::channel();
+        let network = Counting {
+            ready_at: 5,
+            done: std::sync::Mutex::new(Some(tx)),
+            ..Counting::default()
+        };
+        let got = driven(&network, Duration::from_secs(10), rx).await;
+        assert_eq!(got.unwrap(), 7);
+        assert_eq!(network.turns.load(Ordering::SeqCst), 5);
+        assert_eq!(network.begins.load(Ordering::SeqCst), 1);
+        assert_eq!(network.ends.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_idle_drive_hands_over_and_the_future_still_completes() {
+        let (tx, rx) = oneshot::channel::<u32>();
+        let network = Counting::default(); // its turns never complete anything
+        let completer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tx.send(9).unwrap();
+        });
+        let got = driven(&network, Duration::from_millis(5), rx).await;
+        assert_eq!(got.unwrap(), 9);
+        completer.await.unwrap();
+        assert_eq!(
+            network.ends.load(Ordering::SeqCst),
+            1,
+            "ended once, when idle for the spin"
+        );
+        let turns = network.turns.load(Ordering::SeqCst);
+        assert!(turns > 0, "it drove before handing over");
+    }
+
+    #[tokio::test]
+    async fn dropping_a_driven_future_ends_the_drive() {
+        let (_tx, rx) = oneshot::channel::<u32>();
+        let network = Counting::default();
+        let r = tokio::time::timeout(
+            Duration::from_millis(20),
+            driven(&network, Duration::from_secs(10), rx),
+        )
+        .await;
+        assert!(r.is_err(), "nothing completes it");
+        assert_eq!(network.begins.load(Ordering::SeqCst), 1);
+        assert_eq!(network.ends.load(Ordering::SeqCst), 1);
+    }
 
     #[test]
     fn send_credit_admits_up_to_the_limit_per_peer_and_one_oversized_send_alone() {

@@ -40,6 +40,7 @@ macro_rules! conformance_suite {
             missing_peer_is_reported_within_the_deadline,
             steps_are_matched_by_key_not_arrival_order,
             messages_outlive_their_sender,
+            sent_messages_move_while_the_sender_is_away,
             early_messages_are_checked_like_any_other,
             invalid_steps_are_rejected,
             sharded_matches_gather_bitwise,
@@ -531,6 +532,65 @@ where
     );
     assert_eq!(first[1], RecvOutcome::Received(payload(b"ok")));
     assert_eq!(third, vec![RecvOutcome::Received(payload(b"next"))]);
+}
+
+/// A send that its step reported done keeps moving while the sender does not call the
+/// transport (it computes, say): the receiver, posting later, gets the whole message well
+/// within its deadline. (UCX and libfabric report large sends done while the network still
+/// moves them, and a task that drove the network hands it back to the progress thread.)
+pub async fn sent_messages_move_while_the_sender_is_away<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    use tokio::time::Instant;
+    let mut ranks = factory(2).await.into_iter();
+    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let len = 8 << 20;
+    let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+    let payload = byzcoll_runtime::Payload::Host(data.into());
+    let away = Duration::from_millis(1500);
+    let send = Step {
+        collective: 5,
+        step: 0,
+        sends: vec![SendOp {
+            peer: 1,
+            tag: 0,
+            payload: payload.clone(),
+        }],
+        recvs: vec![],
+        deadline: Instant::now() + Duration::from_secs(30),
+    };
+    let sender = async move {
+        a.exchange(send).await.unwrap();
+        tokio::time::sleep(away).await; // not calling the transport
+        drop(a);
+    };
+    let receiver = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let start = Instant::now();
+        let got = b
+            .exchange(Step {
+                collective: 5,
+                step: 0,
+                sends: vec![],
+                recvs: vec![RecvOp {
+                    peer: 0,
+                    tag: 0,
+                    len,
+                }],
+                deadline: start + Duration::from_secs(1),
+            })
+            .await
+            .unwrap();
+        (got, start.elapsed())
+    };
+    let ((), (got, took)) = tokio::join!(sender, receiver);
+    assert_eq!(got, vec![RecvOutcome::Received(payload)]);
+    assert!(
+        took < Duration::from_millis(900),
+        "8 MiB took {took:?} to arrive while the sender was away"
+    );
 }
 
 /// For transports whose progress thread owns the network (UCX, libfabric): a send is done for

@@ -1253,9 +1253,9 @@ impl Engine {
                 return true;
             }
             if let Some((d, mut buf)) = inbound.target.take() {
-                // SAFETY: every fragment completed with its exact length, so the provider
-                // wrote all `total` bytes of the spare capacity, which has not moved.
-                unsafe { buf.set_len(inbound.total) };
+                // Every fragment completed with its exact length: the provider wrote all
+                // `total` bytes.
+                buf.set_len(inbound.total);
                 d.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
             }
             busy = true;

@@ -402,19 +402,19 @@ async fn read_frame(
     }
     // Sized by our own posted receive (checked equal to the header above), from the pool.
     let mut buf = pool.take(len);
-    let mut limited = rd.take(len as u64);
-    while buf.vec_mut().len() < len {
-        match limited.read_buf(buf.vec_mut()).await {
+    let mut filled = 0;
+    while filled < len {
+        match rd.read(&mut buf.as_mut_slice()[filled..len]).await {
             Ok(0) | Err(_) => {
                 delivery.complete(RecvOutcome::Malformed(format!(
-                    "truncated frame: {} of {len} bytes before the connection closed",
-                    buf.vec_mut().len()
+                    "truncated frame: {filled} of {len} bytes before the connection closed"
                 )));
                 return Err(Closed::Gone);
             }
-            Ok(_) => {}
+            Ok(n) => filled += n,
         }
     }
+    buf.set_len(len);
     delivery.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
     Ok(true)
 }

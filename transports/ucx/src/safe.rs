@@ -1,8 +1,8 @@
 //! A safe layer over UCP: results instead of status codes, RAII handles, owned buffers.
 //!
-//! The handles are not `Sync`; the transport moves them into its progress thread, which is the
-//! only thread that touches UCX afterwards (the worker is created with
-//! `UCS_THREAD_MODE_SINGLE`).
+//! The handles are not `Sync`: the worker is created with `UCS_THREAD_MODE_SERIALIZED`, so
+//! any thread may use it and its endpoints and requests, one at a time (the transport keeps
+//! them behind one mutex).
 
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
@@ -120,14 +120,15 @@ impl Context {
         })
     }
 
-    /// Creates a worker for use by one thread at a time.
+    /// Creates a worker for use by one thread at a time (`UCS_THREAD_MODE_SERIALIZED`: not
+    /// always the same thread).
     ///
     /// # Errors
     /// When UCP cannot create the worker.
     pub fn worker(&self) -> Result<Worker, UcxError> {
         let params = sys::ucp_worker_params_t {
             field_mask: sys::ucp_worker_params_field::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
-            thread_mode: sys::ucs_thread_mode_t::UCS_THREAD_MODE_SINGLE,
+            thread_mode: sys::ucs_thread_mode_t::UCS_THREAD_MODE_SERIALIZED,
             ..Default::default()
         };
         let mut raw: sys::ucp_worker_h = ptr::null_mut();
@@ -230,7 +231,7 @@ impl Worker {
 
     /// Advances communication; returns how many events it processed.
     pub fn progress(&self) -> u32 {
-        // SAFETY: the worker is alive and used by this thread only.
+        // SAFETY: the worker is alive and used by one thread at a time (`&self` is not `Sync`).
         unsafe { sys::ucp_worker_progress(self.raw) }
     }
 
@@ -320,7 +321,7 @@ impl Worker {
     /// # Errors
     /// When UCP cannot arm the worker.
     pub fn arm(&self) -> Result<bool, UcxError> {
-        // SAFETY: the worker is alive and used by this thread only.
+        // SAFETY: the worker is alive and used by one thread at a time (`&self` is not `Sync`).
         match unsafe { sys::ucp_worker_arm(self.raw) } {
             sys::ucs_status_t::UCS_ERR_BUSY => Ok(false),
             status => check(status, "ucp_worker_arm").map(|()| true),
