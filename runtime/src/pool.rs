@@ -15,12 +15,12 @@
 //! `process_vm_readv`, libfabric's shm) pin and walk every page of both buffers: on huge
 //! pages a 1-4 MiB message moved at 11-14 GB/s instead of 8-10 in the p2p bench over UCX
 //! shared memory, when sender and receiver both used them (only the receiver: no gain).
-//! [`payload_from`] puts outgoing data in such a buffer.
+//! [`payload_from`] puts outgoing data in such a buffer (not pooled).
 //!
 //! Every buffer is initialised memory (zeroed when new), so readers may fill it as a slice.
 
 use std::ptr::NonNull;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use bytes::Bytes;
 
@@ -218,20 +218,20 @@ impl BufferPool {
     }
 }
 
-/// Idle outgoing buffers kept for [`payload_from`], shared by the process.
-const SEND_POOL_BYTES: usize = 256 << 20;
-
-static SEND_POOL: LazyLock<BufferPool> = LazyLock::new(|| BufferPool::new(SEND_POOL_BYTES));
-
-/// `data` copied into a buffer from a process-wide pool of outgoing buffers (at most 256 MiB
-/// of them idle), on huge pages from [`HUGE_MIN`] bytes; the buffer goes back to the pool when
-/// the payload's last clone is dropped (below [`POOL_MIN`], a plain copy). What the
-/// collectives send is made this way.
+/// `data` copied into a new buffer, on huge pages from [`HUGE_MIN`] bytes (a plain copy below),
+/// freed when the payload's last clone is dropped. What the collectives send is made this way.
+/// Outgoing buffers are not pooled: a pool would keep idle memory for the process's lifetime,
+/// and in the collectives bench it bought no time over TCP while peak memory rose by 80 MiB
+/// per rank (the sharded mode exists to save memory).
 pub fn payload_from(data: &[u8]) -> Bytes {
-    if data.len() < POOL_MIN {
+    if data.len() < HUGE_MIN {
         return Bytes::copy_from_slice(data);
     }
-    let mut buf = SEND_POOL.take(data.len());
+    let mut buf = PoolBuf {
+        mem: Memory::new(data.len()),
+        len: 0,
+        pool: None,
+    };
     buf.as_mut_slice()[..data.len()].copy_from_slice(data);
     buf.set_len(data.len());
     buf.freeze()
