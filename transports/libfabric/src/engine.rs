@@ -1,15 +1,15 @@
-//! The libfabric transport: a progress thread owns the endpoint (and with it the domain, the
-//! completion queue and the address vector); tokio tasks talk to it through a bounded command
-//! queue and the shared [`Mailbox`].
+//! The libfabric transport: an engine owns the endpoint (and with it the domain, the
+//! completion queue and the address vector) and moves in turns, run by the task awaiting an
+//! exchange or by a progress thread; tokio tasks talk to it through a bounded command queue
+//! and the shared [`Mailbox`].
 //!
 //! See [`LibfabricTransport`] for the message format, the progress thread and failures.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{self, JoinHandle, Thread};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,7 +17,9 @@ use byzcoll_libfabric_sys as sys;
 use byzcoll_runtime::bootstrap::StoreClient;
 use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
-use byzcoll_runtime::progress::{run_step_through_thread, wait_readable, SendCredit, SendDone};
+use byzcoll_runtime::progress::{
+    driven, run_step_through_thread, Idle, Progress, SendCredit, SendDone, Signal,
+};
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
@@ -38,11 +40,8 @@ const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 const TAG_BITS: u32 = SENDER_SHIFT + 24;
 /// Largest world the tag layout can address.
 pub const MAX_RANKS: usize = 1 << 24;
-/// Longest the progress thread parks when idle.
-pub const MAX_PARK: Duration = Duration::from_micros(500);
-/// How long the thread keeps polling (yielding the CPU between polls) after the last
-/// activity before it parks.
-pub const SPIN: Duration = Duration::from_micros(500);
+pub use byzcoll_runtime::progress::MAX_NAP as MAX_PARK;
+pub use byzcoll_runtime::progress::SPIN;
 /// How long the thread blocks at most on the queue's wait object while a header waits for its
 /// step to be posted (a step can be retired without waking the thread), and otherwise.
 const EARLY_RECHECK_MS: i32 = 2;
@@ -117,35 +116,12 @@ impl std::fmt::Debug for Command {
     }
 }
 
-/// How transport methods wake the progress thread: they set `pending`, unpark it, and signal
-/// the notifier only if the thread said it is going to block on the completion queue's wait
-/// object.
-#[derive(Debug)]
-struct Wake {
-    pending: AtomicBool,
-    sleeping: AtomicBool,
-    notifier: Option<Notifier>,
-    thread: Thread,
-}
-
-impl Wake {
-    fn wake(&self) {
-        self.pending.store(true, Ordering::SeqCst);
-        if self.sleeping.swap(false, Ordering::SeqCst) {
-            if let Some(n) = &self.notifier {
-                n.signal();
-            }
-        }
-        self.thread.unpark();
-    }
-}
-
 /// Endpoints that are closed together when the last transport holding this goes.
 type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 
-/// The libfabric transport: a progress thread owns the endpoint (and with it the domain, the
-/// completion queue and the address vector); tokio tasks talk to it through a bounded command
-/// queue and the shared [`Mailbox`].
+/// The libfabric transport: an engine owns the endpoint (and with it the domain, the
+/// completion queue and the address vector) and moves in turns (see Progress below); tokio
+/// tasks talk to it through a bounded command queue and the shared [`Mailbox`].
 ///
 /// Payloads are received into buffers from a [`BufferPool`] (at most
 /// [`LibfabricOptions::pool_bytes`] idle): a fresh allocation per large message cost a page
@@ -186,23 +162,25 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 /// Exact tags and fragments that always fit avoid both.
 ///
 /// # Progress
-/// The thread polls the completion queue (`fi_cq_read`, which also drives providers with
-/// manual progress), keeps polling for `SPIN` after activity, yielding the CPU between polls,
-/// and then blocks: where the provider gives the queue a wait object (`FI_WAIT_FD`:
-/// `tcp;ofi_rxm` does, `shm` in libfabric 1.17 does not), in `poll` on it and on an eventfd
-/// that transport methods signal, after `fi_trywait` says nothing is ready; otherwise it parks
-/// for short, growing intervals (at most [`MAX_PARK`]), and new commands and newly posted
-/// receives unpark it at once. (It used to spin without yielding for 50 µs and then
-/// park: on a 2-core machine the spinning took the CPU from the tokio threads and the peer's
-/// progress thread, and a message that arrived while the thread was parked waited for the
-/// timer, which made the one-way latency over `shm` about 100 µs.) Each
-/// operation's context pointer is the address of an `fi_context2` that the operation owns (so
-/// providers that want `FI_CONTEXT`/`FI_CONTEXT2` scratch space get it); completions find their
-/// operation through it. Sends the provider cannot take yet (`-FI_EAGAIN`) wait in order.
-/// Buffers (and memory registrations, where the provider asks for `FI_MR_LOCAL`) of unfinished
-/// operations stay owned by the thread until the operation completes, and at shutdown until it
-/// has been cancelled and completed; if the provider never completes it, they are leaked rather
-/// than freed, so libfabric never writes into freed memory.
+/// The engine moves in turns under [`byzcoll_runtime::progress::Progress`]: it reads the
+/// completion queue (`fi_cq_read`, which also drives providers with manual progress), starts
+/// queued sends and moves every peer's receive side. The task awaiting an exchange runs the
+/// turns itself while its step is open; a progress thread runs them otherwise, and when idle
+/// blocks where the provider gives the queue a wait object (`FI_WAIT_FD`: `tcp;ofi_rxm` does,
+/// `shm` in libfabric 1.17 does not), in `poll` on it and on an eventfd that transport methods
+/// signal, after `fi_trywait` says nothing is ready; otherwise it naps for short, growing
+/// intervals (at most [`MAX_PARK`]), and new commands cut the nap short. (It used to spin
+/// without yielding for 50 µs and then park: on a 2-core machine the spinning took the CPU
+/// from the tokio threads and the peer's progress thread, and a message that arrived while the
+/// thread was parked waited for the timer, which made the one-way latency over `shm` about
+/// 100 µs.) Each operation's context pointer is the address of an `fi_context2` that the
+/// operation owns (so providers that want `FI_CONTEXT`/`FI_CONTEXT2` scratch space get it);
+/// completions find their operation through it. Sends the provider cannot take yet
+/// (`-FI_EAGAIN`) wait in order. Buffers (and memory registrations, where the provider asks
+/// for `FI_MR_LOCAL`) of unfinished operations stay owned by the engine until the operation
+/// completes, and at shutdown until it has been cancelled and completed; if the provider never
+/// completes it, they are leaked rather than freed, so libfabric never writes into freed
+/// memory.
 ///
 /// # Failures
 /// A send that completes with an error marks its peer failed: later sends to it fail at once,
@@ -214,11 +192,28 @@ pub struct LibfabricTransport {
     size: usize,
     mailbox: Arc<Mailbox>,
     commands: Option<mpsc::Sender<Command>>,
-    thread: Option<JoinHandle<Endpoint>>,
+    progress: Progress<Engine>,
     keeper: Option<Keeper>,
-    wake: Arc<Wake>,
     max_message_bytes: u64,
     provider: String,
+}
+
+/// Wakes the progress thread blocked on the completion queue's wait object (through the
+/// eventfd it also polls); nothing without a wait object (the thread naps, and is unparked).
+struct NotifierSignal(Option<Notifier>);
+
+impl Signal for NotifierSignal {
+    fn signal(&self) {
+        if let Some(n) = &self.0 {
+            n.signal();
+        }
+    }
+
+    fn drain(&self) {
+        if let Some(n) = &self.0 {
+            n.drain();
+        }
+    }
 }
 
 fn setup(e: FabricError) -> TransportError {
@@ -372,25 +367,22 @@ impl LibfabricTransport {
         };
         let mailbox = Arc::new(Mailbox::new(size));
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
-        let engine_mailbox = mailbox.clone();
         let notifier = endpoint.wait_fd().and_then(|_| Notifier::new());
-        let (wake_tx, wake_rx) = std::sync::mpsc::sync_channel::<Arc<Wake>>(1);
-        let thread = thread::Builder::new()
-            .name(format!("byzcoll-fi-{rank}"))
-            .spawn(move || {
-                let Ok(wake) = wake_rx.recv() else {
-                    return endpoint;
-                };
-                Engine::new(endpoint, addresses, config, engine_mailbox, rx, wake).run()
-            })
-            .map_err(TransportError::Io)?;
-        let wake = Arc::new(Wake {
-            pending: AtomicBool::new(false),
-            sleeping: AtomicBool::new(false),
-            notifier,
-            thread: thread.thread().clone(),
-        });
-        let _ = wake_tx.send(wake.clone());
+        let notifier_fd = notifier.as_ref().map(Notifier::fd);
+        let engine = Engine::new(
+            endpoint,
+            addresses,
+            config,
+            mailbox.clone(),
+            rx,
+            notifier_fd,
+        );
+        let progress = Progress::start(
+            format!("byzcoll-fi-{rank}"),
+            engine,
+            NotifierSignal(notifier),
+        )
+        .map_err(TransportError::Io)?;
         tracing::debug!(
             rank,
             size,
@@ -406,8 +398,7 @@ impl LibfabricTransport {
             size,
             mailbox,
             commands: Some(tx),
-            wake,
-            thread: Some(thread),
+            progress,
             keeper,
             max_message_bytes: max,
             provider,
@@ -425,8 +416,7 @@ impl Drop for LibfabricTransport {
         // Closing the queue tells the thread to shut down; it cancels and drains its
         // operations and closes the endpoint within a bounded time.
         self.commands = None;
-        self.wake.wake();
-        let Some(Ok(endpoint)) = self.thread.take().map(JoinHandle::join) else {
+        let Some(endpoint) = self.progress.finish() else {
             return;
         };
         if let Some(keeper) = &self.keeper {
@@ -462,7 +452,7 @@ impl Transport for LibfabricTransport {
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
         Box::pin(async move {
             step.validate(self.rank, self.size, &self.capabilities())?;
-            run_step_through_thread(
+            let run = run_step_through_thread(
                 &self.mailbox,
                 &step,
                 "libfabric",
@@ -473,9 +463,9 @@ impl Transport for LibfabricTransport {
                     payload,
                     done,
                 },
-                || self.wake.wake(),
-            )
-            .await
+                || self.progress.wake(),
+            );
+            driven(&self.progress, SPIN, run).await
         })
     }
 }
@@ -584,8 +574,8 @@ struct Inbound {
     in_flight: Vec<usize>,
     /// The receive and its buffer (capacity `total`); `None` while draining into scratch.
     target: Option<(Delivery, PoolBuf)>,
-    /// Start of the buffer's spare capacity, taken once: fragments are written through it
-    /// while the buffer itself is not touched.
+    /// Start of the buffer, taken once: fragments are written through it while the buffer
+    /// itself is not touched.
     base: *mut u8,
     /// A fragment failed: nothing more is posted and the peer is closed.
     failed: bool,
@@ -645,7 +635,62 @@ struct Engine {
     /// nothing from it is pending.
     failed: Vec<bool>,
     cq_failed: bool,
-    wake: Arc<Wake>,
+    /// The eventfd that transport methods signal, polled with the queue's wait object.
+    notifier_fd: Option<i32>,
+    /// Completions read in one pass.
+    completions: Vec<Completion>,
+}
+
+// SAFETY: the engine owns the endpoint (Send; the domain is FI_THREAD_DOMAIN, so one thread
+// at a time may use it and its objects) and the buffers the provider writes into; the raw
+// pointers in it point into those buffers. It is only ever reached through its `Progress`'s
+// mutex, so its turns never overlap.
+unsafe impl Send for Engine {}
+
+impl byzcoll_runtime::progress::Engine for Engine {
+    type Remains = Endpoint;
+
+    /// Completions (which also drive providers with manual progress), queued sends, the
+    /// sends the provider can take now, and every peer's receive side.
+    fn turn(&mut self) -> Option<bool> {
+        let mut busy = self.read_completions();
+        busy |= self.take_commands()? > 0;
+        busy |= self.post_sends();
+        for peer in 0..self.rx.len() {
+            busy |= self.advance_receive(peer);
+        }
+        Some(busy)
+    }
+
+    fn in_flight(&self) -> bool {
+        !self.outgoing.is_empty() || self.rx.iter().any(|r| !r.payloads.is_empty())
+    }
+
+    /// Blocks on the completion queue's wait object and the notifier, after `fi_trywait` says
+    /// nothing is ready (briefly while a header waits for its step to be posted: a step can be
+    /// retired without a wakeup); naps when the provider has no wait object (`shm` in
+    /// libfabric 1.17), completions may be ready, or sends wait for the provider to take them.
+    fn idle(&mut self) -> Idle {
+        let (Some(cq), Some(notifier)) = (self.endpoint.wait_fd(), self.notifier_fd) else {
+            return Idle::Nap;
+        };
+        if self.backlog.iter().any(|b| !b.is_empty()) || !self.endpoint.try_wait() {
+            return Idle::Nap;
+        }
+        let timeout_ms = if self.rx.iter().any(|r| !r.early.is_empty()) {
+            EARLY_RECHECK_MS
+        } else {
+            IDLE_RECHECK_MS
+        };
+        Idle::Block {
+            fds: vec![cq, notifier],
+            timeout_ms,
+        }
+    }
+
+    fn shutdown(self) -> Endpoint {
+        self.close()
+    }
 }
 
 impl Engine {
@@ -655,7 +700,7 @@ impl Engine {
         config: EngineConfig,
         mailbox: Arc<Mailbox>,
         commands: mpsc::Receiver<Command>,
-        wake: Arc<Wake>,
+        notifier_fd: Option<i32>,
     ) -> Self {
         let size = addresses.len();
         Engine {
@@ -677,80 +722,17 @@ impl Engine {
             closed: vec![false; size],
             failed: vec![false; size],
             cq_failed: false,
-            wake,
+            notifier_fd,
+            completions: Vec::with_capacity(COMPLETIONS_PER_PASS),
         }
-    }
-
-    /// Runs until the transport is dropped; returns the endpoint, whose operations have
-    /// completed or been leaked.
-    fn run(mut self) -> Endpoint {
-        let mut last_activity = Instant::now();
-        let mut park = Duration::from_micros(5);
-        let mut completions = Vec::with_capacity(COMPLETIONS_PER_PASS);
-        loop {
-            self.wake.pending.store(false, Ordering::SeqCst);
-            let mut busy = self.read_completions(&mut completions);
-            match self.take_commands() {
-                None => break,
-                Some(n) => busy |= n > 0,
-            }
-            busy |= self.post_sends();
-            for peer in 0..self.rx.len() {
-                busy |= self.advance_receive(peer);
-            }
-            if busy {
-                last_activity = Instant::now();
-                park = Duration::from_micros(5);
-            } else if last_activity.elapsed() < SPIN {
-                // Yielding, not spinning: on few cores the tokio threads and the peers'
-                // progress threads need the CPU this thread would burn.
-                thread::yield_now();
-            } else if !self.block() {
-                thread::park_timeout(park);
-                park = (park * 2).min(MAX_PARK);
-            }
-        }
-        self.shutdown()
-    }
-
-    /// Blocks on the completion queue's wait object and the notifier until there may be
-    /// something to do; `false` (at once) when it cannot, and the caller should park: the
-    /// provider has no wait object, completions may be ready, or sends wait for the provider
-    /// to take them.
-    fn block(&mut self) -> bool {
-        let (Some(cq), Some(notifier)) = (self.endpoint.wait_fd(), &self.wake.notifier) else {
-            return false;
-        };
-        if self.backlog.iter().any(|b| !b.is_empty()) {
-            return false;
-        }
-        let timeout = if self.rx.iter().any(|r| !r.early.is_empty()) {
-            EARLY_RECHECK_MS
-        } else {
-            IDLE_RECHECK_MS
-        };
-        self.wake.sleeping.store(true, Ordering::SeqCst);
-        let outcome = if self.wake.pending.load(Ordering::SeqCst) {
-            // Woken meanwhile: go round again.
-            true
-        } else if self.endpoint.try_wait() {
-            wait_readable(&[cq, notifier.fd()], timeout);
-            true
-        } else {
-            // Completions may be ready; park briefly rather than spin should the provider
-            // keep saying so.
-            false
-        };
-        self.wake.sleeping.store(false, Ordering::SeqCst);
-        notifier.drain();
-        outcome
     }
 
     /// Reads and handles completions; `true` if there were any.
-    fn read_completions(&mut self, completions: &mut Vec<Completion>) -> bool {
+    fn read_completions(&mut self) -> bool {
+        let mut completions = std::mem::take(&mut self.completions);
         if let Err(e) = self
             .endpoint
-            .read_completions(completions, COMPLETIONS_PER_PASS)
+            .read_completions(&mut completions, COMPLETIONS_PER_PASS)
         {
             if !self.cq_failed {
                 tracing::warn!(error = %e, "libfabric: reading the completion queue failed");
@@ -761,6 +743,7 @@ impl Engine {
         for c in completions.drain(..) {
             self.complete(c);
         }
+        self.completions = completions;
         any
     }
 
@@ -1314,15 +1297,14 @@ impl Engine {
     /// Fails sends not yet posted, cancels everything in flight and waits (briefly) for it to
     /// complete, then closes the endpoint (and with it the queue, address vector, domain and
     /// fabric). Buffers of operations that never complete are leaked, not freed.
-    fn shutdown(mut self) -> Endpoint {
+    fn close(mut self) -> Endpoint {
         // Sends already reported done to their steps go out first (for a bounded time): a
         // rank that finished its part and dropped its transport must not take its last
         // messages along.
         let linger = Instant::now() + Duration::from_secs(2);
-        let mut completions = Vec::with_capacity(COMPLETIONS_PER_PASS);
         while !self.outgoing.is_empty() && Instant::now() < linger {
             let posted = self.post_sends();
-            if !self.read_completions(&mut completions) && !posted {
+            if !self.read_completions() && !posted {
                 thread::sleep(Duration::from_micros(50));
             }
         }
@@ -1336,7 +1318,7 @@ impl Engine {
         }
         let deadline = Instant::now() + Duration::from_secs(2);
         while !self.ops.is_empty() && Instant::now() < deadline {
-            if !self.read_completions(&mut completions) {
+            if !self.read_completions() {
                 thread::sleep(Duration::from_micros(50));
             }
         }

@@ -15,7 +15,7 @@
 //!
 //! Layers, in the cudarc style: `byzcoll-libfabric-sys` (bindgen, plus a C shim for the
 //! header's `static inline` calls), [`safe`] (results and RAII objects), and the
-//! [`LibfabricTransport`] (see its docs for the message format and the progress thread).
+//! [`LibfabricTransport`] (see its docs for the message format and progress).
 //! Memory is registered only where the provider asks for it (`FI_MR_LOCAL`).
 
 /// Whether this build includes the libfabric transport (the `libfabric` cargo feature).

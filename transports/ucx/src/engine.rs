@@ -26,38 +26,23 @@
 //! memory to about 2 GB/s where UCX itself moves 10.
 //!
 //! # Progress
-//! The engine (worker, endpoints, requests, buffers) sits behind one mutex and moves forward
-//! in *turns*: `ucp_worker_progress` until it finds nothing, then queued sends, failures and
-//! completions. Two parties run turns:
-//! - **The task awaiting an exchange** drives the worker itself ([`driven`]): it posts its
-//!   receives and sends and runs turns, yielding between them, until the step completes or
-//!   nothing has happened for [`DRIVE_SPIN`]. A completion then reaches the waiting task on
-//!   its own thread, with no wakeup from another thread in between, and the next receive is
-//!   posted as soon as the task has taken the last one. Measured with the p2p bench over
-//!   shared memory: 8-byte one-way latency 2.5-3 µs, from 4.5-22 µs when the thread handed
-//!   every completion over.
-//! - **The progress thread** does the rest: between exchanges (credited sends still moving,
-//!   messages arriving early), and when the driving task stops. It runs turns while there is
-//!   work, keeps polling (yielding the CPU between polls) for [`SPIN`] after the last
-//!   activity, then arms the worker (`UCP_FEATURE_WAKEUP`) and blocks in `poll` on its event
-//!   descriptor until UCX has events or a transport method signals it (`ucp_worker_signal`,
-//!   only when the thread is asleep). While a task drives, the thread parks and takes over
-//!   [`DRIVE_LAPSE`] after the drive's last turn (a drive that ends with work in flight also
-//!   wakes a thread asleep on the descriptor).
-//!
-//! Yielding matters on few cores: an earlier thread that spun without yielding took the CPU
-//! from the tokio threads and the peer's progress thread (yielding halved the 8-byte latency
-//! over shared memory), and a tokio task that spun while the thread also spun made both
-//! slower. Buffers of unfinished UCX requests stay owned by the engine until the request
-//! completes, and at shutdown until it has been cancelled and completed (or leaked if UCX
-//! never completes it), so UCX never writes into freed memory.
+//! The engine (worker, endpoints, requests, buffers) moves in turns under
+//! [`byzcoll_runtime::progress::Progress`]: `ucp_worker_progress` until it finds nothing, then
+//! queued sends, endpoint failures and completions. The task awaiting an exchange runs the
+//! turns itself while its step is open; a progress thread runs them otherwise, and when idle
+//! arms the worker (`UCP_FEATURE_WAKEUP`) and blocks in `poll` on its event descriptor until
+//! UCX has events or a transport method signals it (`ucp_worker_signal`). See that module for
+//! who runs turns when, and the measurements behind it. The worker is created
+//! `UCS_THREAD_MODE_SERIALIZED`: several threads use it, one at a time. Buffers of unfinished
+//! UCX requests stay owned by the engine until the request completes, and at shutdown until it
+//! has been cancelled and completed (or leaked if UCX never completes it), so UCX never writes
+//! into freed memory.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::thread::{self, JoinHandle, Thread};
+use std::sync::Arc;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -65,7 +50,7 @@ use byzcoll_runtime::bootstrap::StoreClient;
 use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
 use byzcoll_runtime::progress::{
-    driven, run_step_through_thread, wait_readable, Drive, SendCredit, SendDone,
+    driven, run_step_through_thread, Idle, Progress, SendCredit, SendDone, Signal,
 };
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
@@ -84,11 +69,7 @@ const SENDER_SHIFT: u32 = SEQ_BITS + 2;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 /// Largest world the tag layout can address.
 pub const MAX_RANKS: usize = 1 << 24;
-/// How long the progress thread keeps polling after the last activity before it blocks on
-/// the worker's event descriptor (a thread wakeup costs tens of µs; a message exchange in
-/// progress comes back well within this).
-pub const SPIN: Duration = Duration::from_micros(SPIN_US);
-const SPIN_US: u64 = 500;
+pub use byzcoll_runtime::progress::SPIN;
 /// Header receives kept posted per peer.
 pub const HEADER_WINDOW: usize = 16;
 /// See [`byzcoll_runtime::progress::SEND_CREDIT`].
@@ -150,81 +131,6 @@ impl Default for UcxOptions {
     }
 }
 
-/// How transport methods wake the progress thread: they set `pending`, and signal the worker
-/// only if the thread said it is going to sleep. While a task drives the worker itself
-/// (`driven_at` is recent) the thread is parked and nobody wakes it until the drive ends.
-#[derive(Debug)]
-struct Wake {
-    pending: AtomicBool,
-    sleeping: AtomicBool,
-    signaller: Signaller,
-    /// The progress thread, for unparking it when a drive ends.
-    thread: OnceLock<Thread>,
-    /// Microseconds since `epoch` of the last turn of a driving task; 0 when none drives.
-    driven_at: AtomicU64,
-    /// After the last turn, UCX still had sends or payload receives of the engine in flight.
-    in_flight: AtomicBool,
-    epoch: Instant,
-}
-
-impl Wake {
-    fn new(signaller: Signaller) -> Self {
-        Wake {
-            pending: AtomicBool::new(false),
-            sleeping: AtomicBool::new(false),
-            signaller,
-            thread: OnceLock::new(),
-            driven_at: AtomicU64::new(0),
-            in_flight: AtomicBool::new(false),
-            epoch: Instant::now(),
-        }
-    }
-
-    fn wake(&self) {
-        self.pending.store(true, Ordering::SeqCst);
-        if self.driven() {
-            return; // the driving task takes the work in its next turn
-        }
-        self.wake_thread();
-    }
-
-    fn wake_thread(&self) {
-        if self.sleeping.swap(false, Ordering::SeqCst) {
-            // SAFETY: the worker lives until the progress thread ends, which the transport
-            // waits for (in Drop) after its last call of this.
-            unsafe { self.signaller.signal() };
-        }
-        if let Some(t) = self.thread.get() {
-            t.unpark();
-        }
-    }
-
-    fn now_us(&self) -> u64 {
-        // At least 1: 0 means nobody drives.
-        (self.epoch.elapsed().as_micros() as u64).max(1)
-    }
-
-    fn mark_driven(&self) {
-        self.driven_at.store(self.now_us(), Ordering::SeqCst);
-    }
-
-    /// How much longer the thread should stay parked for a driving task; `None` when no task
-    /// drives, or the last one has not turned for [`DRIVE_LAPSE`] (its task is not being
-    /// polled: the thread takes over).
-    fn drive_left(&self) -> Option<Duration> {
-        let at = self.driven_at.load(Ordering::SeqCst);
-        if at == 0 {
-            return None;
-        }
-        let since = Duration::from_micros(self.now_us().saturating_sub(at));
-        DRIVE_LAPSE.checked_sub(since).filter(|d| !d.is_zero())
-    }
-
-    fn driven(&self) -> bool {
-        self.drive_left().is_some()
-    }
-}
-
 enum Command {
     Send {
         peer: Rank,
@@ -241,49 +147,18 @@ pub struct UcxTransport {
     size: usize,
     mailbox: Arc<Mailbox>,
     commands: Option<mpsc::Sender<Command>>,
-    thread: Option<JoinHandle<()>>,
-    wake: Arc<Wake>,
-    engine: Arc<Shared>,
+    progress: Progress<Engine>,
     max_message_bytes: u64,
 }
 
-/// The engine, taken by whichever thread runs a turn: the progress thread, or a task that
-/// drives an exchange ([`Drive`]). `None` once the progress thread has shut it down.
-struct Shared(Mutex<Option<Engine>>);
+/// Wakes the progress thread blocked on the worker's event descriptor.
+struct WorkerSignal(Signaller);
 
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Shared(..)")
-    }
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Option<Engine>> {
-        // A turn that panicked leaves every UCX buffer still owned by the engine; going on is
-        // safe, so poisoning is ignored.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// How long after a driving task's last turn the progress thread takes over anyway, when the
-/// drive ended without waking it and new work arrived, or the task is not being polled.
-const DRIVE_LAPSE: Duration = Duration::from_millis(10);
-/// How long a driving task goes on without anything happening before it hands the worker back
-/// to the progress thread and sleeps.
-pub const DRIVE_SPIN: Duration = SPIN;
-
-impl std::fmt::Debug for Command {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Command::Send {
-                peer, key, payload, ..
-            } => f
-                .debug_struct("Send")
-                .field("peer", peer)
-                .field("key", key)
-                .field("len", &payload.len())
-                .finish(),
-        }
+impl Signal for WorkerSignal {
+    fn signal(&self) {
+        // SAFETY: `Progress` signals only while its thread runs, and the worker is destroyed
+        // by the engine's shutdown at the end of that thread.
+        unsafe { self.0.signal() };
     }
 }
 
@@ -404,35 +279,20 @@ impl UcxTransport {
             endpoints.push(Some(ep));
         }
         drop(context);
-        let wake = Arc::new(Wake::new(worker.signaller()));
+        let signal = WorkerSignal(worker.signaller());
         let handles = Handles { worker, endpoints };
         let mailbox = Arc::new(Mailbox::new(size));
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
-        let engine = Engine::new(
-            handles,
-            rank,
-            size,
-            mailbox.clone(),
-            rx,
-            wake.clone(),
-            &options,
-        );
-        let engine = Arc::new(Shared(Mutex::new(Some(engine))));
-        let (thread_engine, thread_wake) = (engine.clone(), wake.clone());
-        let thread = thread::Builder::new()
-            .name(format!("byzcoll-ucx-{rank}"))
-            .spawn(move || progress_thread(&thread_engine, &thread_wake))
+        let engine = Engine::new(handles, rank, size, mailbox.clone(), rx, &options);
+        let progress = Progress::start(format!("byzcoll-ucx-{rank}"), engine, signal)
             .map_err(TransportError::Io)?;
-        let _ = wake.thread.set(thread.thread().clone());
         tracing::debug!(rank, size, version = %safe::version(), "ucx transport started");
         Ok(UcxTransport {
             rank,
             size,
             mailbox,
             commands: Some(tx),
-            wake,
-            engine,
-            thread: Some(thread),
+            progress,
             max_message_bytes: options.max_message_bytes,
         })
     }
@@ -443,10 +303,7 @@ impl Drop for UcxTransport {
         // Closing the queue tells the thread to shut down; it cancels and drains its requests
         // and closes the endpoints within a bounded time.
         self.commands = None;
-        self.wake.wake();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.progress.finish();
     }
 }
 
@@ -485,79 +342,10 @@ impl Transport for UcxTransport {
                     payload,
                     done,
                 },
-                || self.wake.wake(),
+                || self.progress.wake(),
             );
-            driven(self, DRIVE_SPIN, run).await
+            driven(&self.progress, SPIN, run).await
         })
-    }
-}
-
-impl Drive for UcxTransport {
-    fn begin(&self) {
-        self.wake.mark_driven();
-    }
-
-    fn turn(&self) -> bool {
-        self.wake.mark_driven();
-        // Never wait for the lock on a tokio thread: the progress thread holds it only for a
-        // turn, and then this task simply tries again.
-        let Ok(mut engine) = self.engine.0.try_lock() else {
-            return false;
-        };
-        engine.as_mut().is_some_and(|e| e.turn() == Some(true))
-    }
-
-    fn end(&self) {
-        // The thread parked for the drive is woken only when UCX has work of this engine in
-        // flight (a credited send over TCP moves only with progress; the task may now compute
-        // for a long time). Otherwise the next exchange drives again, usually at once: waking
-        // the thread after every step, or letting it check every 200 µs, cost a context switch
-        // on the 2-core machine each time (8-byte latency doubled; 1-4 MiB over UCX TCP about
-        // 15 % slower).
-        self.wake.driven_at.store(0, Ordering::SeqCst);
-        if self.wake.in_flight.load(Ordering::SeqCst) {
-            self.wake.wake_thread();
-        }
-    }
-}
-
-/// The progress thread: runs turns while there is work, keeps polling (yielding) for [`SPIN`]
-/// after the last activity, then blocks on the worker's event descriptor; parks while a task
-/// drives the worker. Shuts the engine down when the transport is dropped.
-fn progress_thread(shared: &Shared, wake: &Wake) {
-    let mut idle_since = Instant::now();
-    loop {
-        if let Some(left) = wake.drive_left() {
-            thread::park_timeout(left);
-            idle_since = Instant::now();
-            continue;
-        }
-        let mut guard = shared.lock();
-        let Some(engine) = guard.as_mut() else { return };
-        match engine.turn() {
-            None => break,
-            Some(true) => idle_since = Instant::now(),
-            Some(false) if idle_since.elapsed() < SPIN => {
-                drop(guard);
-                // Yielding, not spinning: on few cores the tokio threads and the peers'
-                // progress threads need the CPU this thread would burn.
-                thread::yield_now();
-            }
-            Some(false) => {
-                let sleep = engine.prepare_block();
-                drop(guard);
-                if let Some((fd, timeout_ms)) = sleep {
-                    wait_readable(&[fd], timeout_ms);
-                } else if wake.sleeping.load(Ordering::SeqCst) {
-                    thread::sleep(Duration::from_micros(50));
-                }
-                wake.sleeping.store(false, Ordering::SeqCst);
-                idle_since = Instant::now();
-            }
-        }
-    }
-    if let Some(engine) = shared.lock().take() {
-        engine.shutdown();
     }
 }
 
@@ -608,7 +396,6 @@ struct Engine {
     me: Rank,
     mailbox: Arc<Mailbox>,
     commands: mpsc::Receiver<Command>,
-    wake: Arc<Wake>,
     pool: BufferPool,
     outgoing: Vec<Outgoing>,
     /// Credited sends still in flight (see [`SEND_CREDIT`]).
@@ -629,8 +416,54 @@ struct Engine {
 // SAFETY: the engine holds the UCP worker, its endpoints and requests, and the buffers UCX
 // writes into. UCP allows a worker and its objects to be used from any thread as long as only
 // one uses them at a time (the worker is created UCS_THREAD_MODE_SERIALIZED); the engine is
-// only ever reached through `Shared`'s mutex, so its turns never overlap.
+// only ever reached through its `Progress`'s mutex, so its turns never overlap.
 unsafe impl Send for Engine {}
+
+impl byzcoll_runtime::progress::Engine for Engine {
+    type Remains = ();
+
+    /// UCX progress until it finds nothing, then queued sends, failures, completions.
+    fn turn(&mut self) -> Option<bool> {
+        let mut busy = false;
+        while self.handles.worker.progress() > 0 {
+            busy = true;
+        }
+        busy |= self.take_commands()? > 0;
+        busy |= self.handle_failures();
+        busy |= self.advance_sends();
+        busy |= self.advance_receives();
+        // Endpoint errors reported by the calls since (cancels) are kept for the next turn,
+        // which may run on another thread.
+        busy |= self.handle_failures();
+        Some(busy)
+    }
+
+    fn in_flight(&self) -> bool {
+        !self.outgoing.is_empty() || !self.payloads.is_empty()
+    }
+
+    /// Blocks on the armed worker's event descriptor, briefly while a header waits for its
+    /// step to be posted (a step can be retired without a wakeup).
+    fn idle(&mut self) -> Idle {
+        let timeout_ms = if self.rx.iter().any(|r| !r.early.is_empty()) {
+            EARLY_RECHECK_MS
+        } else {
+            IDLE_RECHECK_MS
+        };
+        match self.efd.map(|fd| (fd, self.handles.worker.arm())) {
+            Some((fd, Ok(true))) => Idle::Block {
+                fds: vec![fd],
+                timeout_ms,
+            },
+            Some((_, Ok(false))) => Idle::Busy,
+            Some((_, Err(_))) | None => Idle::Nap,
+        }
+    }
+
+    fn shutdown(self) {
+        self.close();
+    }
+}
 
 impl Engine {
     fn new(
@@ -639,7 +472,6 @@ impl Engine {
         size: usize,
         mailbox: Arc<Mailbox>,
         commands: mpsc::Receiver<Command>,
-        wake: Arc<Wake>,
         options: &UcxOptions,
     ) -> Self {
         let efd = match handles.worker.event_fd() {
@@ -655,7 +487,6 @@ impl Engine {
             me,
             mailbox,
             commands,
-            wake,
             pool: BufferPool::new(options.pool_bytes),
             outgoing: Vec::new(),
             credit: SendCredit::new(size),
@@ -671,51 +502,6 @@ impl Engine {
             engine.post_headers(peer);
         }
         engine
-    }
-
-    /// One round of work: UCX progress, queued sends, failures, completions. `Some(true)` if
-    /// anything happened, `None` once the transport has been dropped.
-    fn turn(&mut self) -> Option<bool> {
-        let mut busy = false;
-        while self.handles.worker.progress() > 0 {
-            busy = true;
-        }
-        self.wake.pending.store(false, Ordering::SeqCst);
-        busy |= self.take_commands()? > 0;
-        busy |= self.handle_failures();
-        busy |= self.advance_sends();
-        busy |= self.advance_receives();
-        // Endpoint errors reported by the calls since (cancels) are kept for the next turn,
-        // which may run on another thread.
-        busy |= self.handle_failures();
-        let in_flight = !self.outgoing.is_empty() || !self.payloads.is_empty();
-        self.wake.in_flight.store(in_flight, Ordering::SeqCst);
-        Some(busy)
-    }
-
-    /// Prepares the progress thread to sleep until UCX has events or a transport method wakes
-    /// it: `Some((fd, timeout_ms))` to block on, `None` to go on at once (work is pending, or
-    /// with no usable descriptor, after a short nap: `sleeping` stays set for that). Early
-    /// headers wait for a step that may be retired without a wakeup, so then it sleeps briefly.
-    fn prepare_block(&mut self) -> Option<(i32, i32)> {
-        let timeout = if self.rx.iter().any(|r| !r.early.is_empty()) {
-            EARLY_RECHECK_MS
-        } else {
-            IDLE_RECHECK_MS
-        };
-        self.wake.sleeping.store(true, Ordering::SeqCst);
-        if self.wake.pending.load(Ordering::SeqCst) {
-            self.wake.sleeping.store(false, Ordering::SeqCst);
-            return None;
-        }
-        match self.efd.map(|fd| (fd, self.handles.worker.arm())) {
-            Some((fd, Ok(true))) => Some((fd, timeout)),
-            Some((_, Ok(false))) => {
-                self.wake.sleeping.store(false, Ordering::SeqCst);
-                None
-            }
-            Some((_, Err(_))) | None => None,
-        }
     }
 
     /// Starts queued sends; `None` once the transport has been dropped.
@@ -1084,7 +870,7 @@ impl Engine {
     /// Cancels receives, lets sends finish (briefly), closes endpoints, then destroys the
     /// worker (and with it the context). Buffers of requests UCX never completes are leaked,
     /// not freed.
-    fn shutdown(mut self) {
+    fn close(mut self) {
         for rx in &mut self.rx {
             for h in rx.headers.drain(..) {
                 self.handles.worker.cancel(&h.request);

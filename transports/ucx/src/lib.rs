@@ -7,7 +7,7 @@
 //!
 //! Layers, in the cudarc style: `byzcoll-ucx-sys` (bindgen), [`safe`] (results and RAII
 //! handles), and the [`UcxTransport`] (see its module docs for the message format and the
-//! progress thread).
+//! progress).
 
 /// Whether this build includes the UCX transport (the `ucx` cargo feature).
 pub const AVAILABLE: bool = cfg!(feature = "ucx");
