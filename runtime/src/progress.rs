@@ -224,7 +224,8 @@ pub trait Engine: Send + 'static {
     /// What [`Engine::shutdown`] hands back.
     type Remains: Send + 'static;
     /// One round of work (network progress, queued commands, completions): `Some(true)` if
-    /// anything happened, `None` once the transport is gone (its command queue closed).
+    /// anything happened, `None` once the transport is gone (its command queue closed; the
+    /// thread then shuts the engine down, as after [`Progress::finish`]).
     fn turn(&mut self) -> Option<bool>;
     /// Whether the network holds work of this engine that moves only with progress (sends or
     /// receives in flight).
@@ -273,6 +274,8 @@ struct Wake {
     driven_at: AtomicU64,
     /// After the last turn, the engine had work in flight.
     in_flight: AtomicBool,
+    /// The transport is going: the thread shuts the engine down.
+    stop: AtomicBool,
     epoch: Instant,
 }
 
@@ -359,6 +362,7 @@ impl<E: Engine> Progress<E> {
                 thread: OnceLock::new(),
                 driven_at: AtomicU64::new(0),
                 in_flight: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
                 epoch: Instant::now(),
             },
         });
@@ -383,13 +387,16 @@ impl<E: Engine> Progress<E> {
         }
     }
 
-    /// Waits for the thread to end (the transport has closed the engine's command queue
-    /// first) and returns what the engine's shutdown left; `None` if it was already taken or
-    /// the thread panicked.
+    /// Stops the thread, which shuts the engine down (within the engine's own bounds), and
+    /// returns what the shutdown left; `None` if it was already taken or the thread panicked.
     pub fn finish(&mut self) -> Option<E::Remains> {
         let thread = self.thread.take()?;
-        self.shared.wake.driven_at.store(0, Ordering::SeqCst);
-        self.wake();
+        let wake = &self.shared.wake;
+        wake.stop.store(true, Ordering::SeqCst);
+        wake.driven_at.store(0, Ordering::SeqCst);
+        // `pending` keeps a thread that is about to block from sleeping through the stop.
+        wake.pending.store(true, Ordering::SeqCst);
+        wake.wake_thread();
         thread.join().ok().flatten()
     }
 }
@@ -433,7 +440,7 @@ fn progress_thread<E: Engine>(shared: &Shared<E>) -> Option<E::Remains> {
     let wake = &shared.wake;
     let mut idle_since = Instant::now();
     let mut nap = Duration::from_micros(5);
-    loop {
+    while !wake.stop.load(Ordering::SeqCst) {
         if let Some(left) = wake.drive_left() {
             thread::park_timeout(left);
             idle_since = Instant::now();
@@ -542,6 +549,141 @@ mod tests {
         fn end(&self) {
             self.ends.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// An engine that counts its turns per thread, completes `done` on turn `finish_at`, and
+    /// sleeps as `idle` says.
+    struct Counting2 {
+        commands: std::sync::mpsc::Receiver<()>,
+        turns: Arc<Mutex<Vec<String>>>,
+        finish_at: usize,
+        done: Option<oneshot::Sender<()>>,
+        idle: Idle,
+    }
+
+    impl Engine for Counting2 {
+        type Remains = usize;
+        fn turn(&mut self) -> Option<bool> {
+            if let Err(std::sync::mpsc::TryRecvError::Disconnected) = self.commands.try_recv() {
+                return None;
+            }
+            let mut turns = self.turns.lock().unwrap();
+            turns.push(thread::current().name().unwrap_or("").to_string());
+            if turns.len() == self.finish_at {
+                if let Some(done) = self.done.take() {
+                    let _ = done.send(());
+                }
+            }
+            Some(false)
+        }
+        fn in_flight(&self) -> bool {
+            false
+        }
+        fn idle(&mut self) -> Idle {
+            self.idle.clone()
+        }
+        fn shutdown(self) -> usize {
+            self.turns.lock().unwrap().len()
+        }
+    }
+
+    /// Wakes a thread blocked on the read end of a socket pair.
+    struct Pair(std::os::unix::net::UnixStream);
+
+    impl Signal for Pair {
+        fn signal(&self) {
+            use std::io::Write;
+            let _ = (&self.0).write(&[1]);
+        }
+    }
+
+    /// The engine, its turns, and its command queue (dropping it shuts the engine down).
+    fn counting(
+        idle: Idle,
+        finish_at: usize,
+    ) -> (
+        Counting2,
+        Arc<Mutex<Vec<String>>>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let turns = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let engine = Counting2 {
+            commands: rx,
+            turns: turns.clone(),
+            finish_at,
+            done: None,
+            idle,
+        };
+        (engine, turns, tx)
+    }
+
+    #[tokio::test]
+    async fn a_driving_task_runs_the_turns_while_the_thread_parks() {
+        let (mut engine, turns, queue) = counting(Idle::Nap, usize::MAX);
+        let (done, finished) = oneshot::channel();
+        engine.done = Some(done);
+        let progress =
+            Progress::start("byzcoll-test-drive".into(), engine, Pair(pair().0)).expect("thread");
+        // Idle: the thread naps between turns.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = turns.lock().unwrap().len();
+        assert!(before > 0, "the thread ran turns");
+        turns.lock().unwrap().clear();
+        {
+            let mut engine = progress.shared.lock();
+            engine.as_mut().unwrap().finish_at = 200;
+        }
+        driven(&progress, Duration::from_secs(10), finished)
+            .await
+            .unwrap();
+        let turns = turns.lock().unwrap().clone();
+        let on_thread = turns.iter().filter(|t| *t == "byzcoll-test-drive").count();
+        assert!(
+            on_thread <= 2,
+            "{on_thread} of {} turns ran on the progress thread during the drive",
+            turns.len()
+        );
+        drop(queue);
+        drop(progress); // joins the thread, which shuts the engine down
+    }
+
+    fn pair() -> (
+        std::os::unix::net::UnixStream,
+        std::os::unix::net::UnixStream,
+    ) {
+        std::os::unix::net::UnixStream::pair().expect("socket pair")
+    }
+
+    #[test]
+    fn a_signal_wakes_the_blocked_thread_and_shutdown_hands_back_the_remains() {
+        use std::os::fd::AsRawFd;
+        let (write, read) = pair();
+        read.set_nonblocking(true).unwrap();
+        let idle = Idle::Block {
+            fds: vec![read.as_raw_fd()],
+            timeout_ms: 60_000,
+        };
+        let (engine, turns, queue) = counting(idle, usize::MAX);
+        let turns_now = || turns.lock().unwrap().len();
+        let mut progress =
+            Progress::start("byzcoll-test-block".into(), engine, Pair(write)).expect("thread");
+        // Past the spin, the thread blocks (for up to a minute).
+        thread::sleep(SPIN * 20);
+        let asleep = turns_now();
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(turns_now(), asleep, "the thread is blocked");
+        progress.wake();
+        let start = Instant::now();
+        while turns_now() == asleep && start.elapsed() < Duration::from_secs(5) {
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert!(turns_now() > asleep, "the signal woke it");
+        drop(queue);
+        let before = turns_now();
+        let remains = progress.finish().expect("what the shutdown handed back");
+        assert_eq!(remains, before, "the shutdown's count of turns");
+        drop(read);
     }
 
     #[tokio::test]

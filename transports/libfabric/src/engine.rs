@@ -413,8 +413,8 @@ impl LibfabricTransport {
 
 impl Drop for LibfabricTransport {
     fn drop(&mut self) {
-        // Closing the queue tells the thread to shut down; it cancels and drains its
-        // operations and closes the endpoint within a bounded time.
+        // The engine cancels and drains its operations and closes the endpoint within a
+        // bounded time, on the progress thread.
         self.commands = None;
         let Some(endpoint) = self.progress.finish() else {
             return;

@@ -300,8 +300,8 @@ impl UcxTransport {
 
 impl Drop for UcxTransport {
     fn drop(&mut self) {
-        // Closing the queue tells the thread to shut down; it cancels and drains its requests
-        // and closes the endpoints within a bounded time.
+        // The engine cancels and drains its requests and closes the endpoints within a
+        // bounded time, on the progress thread.
         self.commands = None;
         self.progress.finish();
     }
