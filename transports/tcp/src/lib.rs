@@ -1,7 +1,11 @@
 //! TCP transport for byzcoll: the embedded default, needing nothing but tokio.
 //!
 //! One connection per pair of ranks (the higher rank connects to the lower), with a handshake
-//! that names both ends. Each connection has a reader task and a writer task. The reader
+//! that names both ends. Each connection has a reader task and a writer task. A send writes
+//! its frame itself, without blocking, when nothing is queued before it on that connection
+//! (header and payload in one vectored write); whatever the socket does not take at once goes
+//! to the writer task, which finishes it even if the step that sent it is dropped, so a frame
+//! is never cut short. The reader
 //! decodes 32-byte [`wire::FrameHeader`]s and checks each against the connection's peer and
 //! the posted receive ([`byzcoll_runtime::mailbox`]) *before* allocating: a frame of the wrong
 //! length is `Malformed`, a frame that claims another sender or is longer than
@@ -13,9 +17,9 @@
 
 pub mod wire;
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -35,10 +39,8 @@ use tokio::time::{timeout_at, Instant};
 
 use crate::wire::{FrameHeader, Hello, HEADER_LEN, HELLO_LEN};
 
-/// Frames queued per peer before senders wait.
+/// Frames queued per peer for its writer task before senders wait.
 const SEND_QUEUE: usize = 64;
-/// Payloads up to this size are copied behind their header and written in one call.
-const COALESCE_BYTES: usize = 64 * 1024;
 /// How long an accepted connection may take to say who it is.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -64,10 +66,68 @@ impl Default for TcpOptions {
     }
 }
 
+/// A frame for the writer task: written from byte `offset` of header and payload on.
 struct Outgoing {
-    header: FrameHeader,
+    header: [u8; HEADER_LEN],
     payload: Bytes,
+    offset: usize,
     done: oneshot::Sender<io::Result<()>>,
+}
+
+/// The sending side of one connection.
+#[derive(Debug)]
+struct Writer {
+    half: OwnedWriteHalf,
+    /// Frames are queued for (or being written by) the writer task: a new frame must queue
+    /// behind them.
+    busy: Mutex<bool>,
+    queue: mpsc::Sender<Outgoing>,
+}
+
+impl Writer {
+    /// Writes what the socket takes of the frame now if nothing is queued before it, and
+    /// queues the rest for the writer task in the place `slot` holds: `None` when the whole
+    /// frame went, else the channel that reports the task's write.
+    fn start(
+        &self,
+        header: [u8; HEADER_LEN],
+        payload: Bytes,
+        slot: mpsc::Permit<'_, Outgoing>,
+    ) -> io::Result<Option<oneshot::Receiver<io::Result<()>>>> {
+        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut offset = 0;
+        if !*busy {
+            match try_write_from(&self.half, [&header, &payload], 0) {
+                Ok(n) if n == HEADER_LEN + payload.len() => return Ok(None),
+                Ok(n) => offset = n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        *busy = true;
+        let (done, finished) = oneshot::channel();
+        slot.send(Outgoing {
+            header,
+            payload,
+            offset,
+            done,
+        });
+        Ok(Some(finished))
+    }
+}
+
+/// One non-blocking write of `parts` (header, payload) from byte `offset` on.
+fn try_write_from(wr: &OwnedWriteHalf, parts: [&[u8]; 2], offset: usize) -> io::Result<usize> {
+    let [header, payload] = parts;
+    let n = if offset < header.len() {
+        wr.try_write_vectored(&[IoSlice::new(&header[offset..]), IoSlice::new(payload)])?
+    } else {
+        wr.try_write(&payload[offset - header.len()..])?
+    };
+    if n == 0 {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    Ok(n)
 }
 
 /// The TCP transport; see the crate docs.
@@ -76,7 +136,7 @@ pub struct TcpTransport {
     rank: Rank,
     size: usize,
     mailbox: Arc<Mailbox>,
-    writers: Vec<Option<mpsc::Sender<Outgoing>>>,
+    writers: Vec<Option<Arc<Writer>>>,
     tasks: Vec<JoinHandle<()>>,
     max_message_bytes: u64,
 }
@@ -174,8 +234,13 @@ impl TcpTransport {
             stream.set_nodelay(true)?;
             let (rd, wr) = stream.into_split();
             let (tx, rx) = mpsc::channel(SEND_QUEUE);
-            writers.push(Some(tx));
-            tasks.push(tokio::spawn(write_loop(wr, rx)));
+            let writer = Arc::new(Writer {
+                half: wr,
+                busy: Mutex::new(false),
+                queue: tx,
+            });
+            writers.push(Some(writer.clone()));
+            tasks.push(tokio::spawn(write_loop(writer, rx)));
             tasks.push(tokio::spawn(read_loop(
                 peer,
                 rd,
@@ -309,31 +374,36 @@ async fn accept_peers(
     Ok(accepted)
 }
 
-async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) {
+/// Writes the frames that senders could not write at once, in order; after each, marks the
+/// connection idle if nothing else is queued.
+async fn write_loop(writer: Arc<Writer>, mut rx: mpsc::Receiver<Outgoing>) {
     while let Some(out) = rx.recv().await {
-        let result = write_frame(&mut wr, &out.header, &out.payload).await;
+        let result = write_rest(&writer.half, [&out.header, &out.payload], out.offset).await;
         let failed = result.is_err();
         let _ = out.done.send(result);
         if failed {
             break;
         }
+        // Senders queue only while holding the lock (their place is reserved before), so an
+        // empty queue here stays empty until a sender has seen the connection idle.
+        let mut busy = writer.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        if rx.is_empty() {
+            *busy = false;
+        }
     }
 }
 
-async fn write_frame(
-    wr: &mut OwnedWriteHalf,
-    header: &FrameHeader,
-    payload: &Bytes,
-) -> io::Result<()> {
-    if payload.len() <= COALESCE_BYTES {
-        let mut frame = Vec::with_capacity(HEADER_LEN + payload.len());
-        frame.extend_from_slice(&header.encode());
-        frame.extend_from_slice(payload);
-        wr.write_all(&frame).await
-    } else {
-        wr.write_all(&header.encode()).await?;
-        wr.write_all(payload).await
+async fn write_rest(wr: &OwnedWriteHalf, parts: [&[u8]; 2], mut offset: usize) -> io::Result<()> {
+    let total = parts[0].len() + parts[1].len();
+    while offset < total {
+        wr.writable().await?;
+        match try_write_from(wr, parts, offset) {
+            Ok(n) => offset += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
     }
+    Ok(())
 }
 
 /// Reads frames from `peer` until the connection ends or breaks the protocol, then closes the
@@ -460,23 +530,19 @@ impl Transport for TcpTransport {
                 "tcp",
                 || {},
                 |s, key, payload| {
-                    let header = FrameHeader::new(key, self.rank, payload.len());
+                    let header = FrameHeader::new(key, self.rank, payload.len()).encode();
                     let writer = self.writers[s.peer].as_ref();
                     async move {
-                        let (done, finished) = oneshot::channel();
-                        writer
-                            .ok_or("no connection")?
-                            .send(Outgoing {
-                                header,
-                                payload,
-                                done,
-                            })
-                            .await
-                            .map_err(|_| "the connection's writer is gone")?;
-                        finished
-                            .await
-                            .map_err(|_| "the connection's writer is gone")?
-                            .map_err(|e| e.to_string())
+                        const GONE: &str = "the connection's writer is gone";
+                        let writer = writer.ok_or("no connection")?;
+                        // A place in the queue first (at once unless 64 frames wait), so that
+                        // the frame can be queued without waiting once its writing started.
+                        let slot = writer.queue.reserve().await.map_err(|_| GONE)?;
+                        let started = writer.start(header, payload, slot);
+                        let Some(finished) = started.map_err(|e| e.to_string())? else {
+                            return Ok(());
+                        };
+                        finished.await.map_err(|_| GONE)?.map_err(|e| e.to_string())
                     }
                 },
             )

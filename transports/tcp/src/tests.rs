@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use byzcoll_aggregators::Median;
-use byzcoll_runtime::{Communicator, Config, Fault, Policy, RecvOp, Step};
+use byzcoll_runtime::{Communicator, Config, Fault, Policy, RecvOp, SendOp, Step};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -319,5 +319,92 @@ async fn a_vector_of_more_than_one_gib_crosses() {
     let template: Vec<u8> = (0..4093u32).map(|i| (i * 7 % 251) as u8).collect();
     for (i, chunk) in buf.chunks(template.len()).enumerate() {
         assert!(chunk == &template[..chunk.len()], "chunk {i} differs");
+    }
+}
+
+/// Frames to one peer that the socket takes at once and frames it does not (4 MiB, more than
+/// a loopback socket buffer) interleave over many steps, several per step: a small frame
+/// written by its sender must never overtake or cut into a large one still queued for the
+/// writer task. Every payload arrives whole, under its own tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_written_at_once_never_cut_into_queued_ones() {
+    let mut ranks = world(2).await.into_iter();
+    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    fn len(step: u32, tag: u32) -> usize {
+        if (step + tag) % 3 == 0 {
+            4 << 20
+        } else {
+            8 + tag as usize
+        }
+    }
+    let fill = |step: u32, tag: u32| -> Bytes {
+        (0..len(step, tag))
+            .map(|i| (i as u32 ^ (step * 131 + tag * 17)) as u8)
+            .collect::<Vec<u8>>()
+            .into()
+    };
+    let deadline = || tokio::time::Instant::now() + Duration::from_secs(30);
+    const STEPS: u32 = 12;
+    const TAGS: u32 = 4;
+    let sender = tokio::spawn(async move {
+        for step in 0..STEPS {
+            let sends = (0..TAGS)
+                .map(|tag| SendOp {
+                    peer: 1,
+                    tag,
+                    payload: Payload::Host(fill(step, tag)),
+                })
+                .collect();
+            a.exchange(Step {
+                collective: 9,
+                step,
+                sends,
+                recvs: vec![],
+                deadline: deadline(),
+            })
+            .await
+            .unwrap();
+        }
+        a
+    });
+    for step in 0..STEPS {
+        let recvs = (0..TAGS)
+            .map(|tag| RecvOp {
+                peer: 0,
+                tag,
+                len: len(step, tag),
+            })
+            .collect();
+        let got = b
+            .exchange(Step {
+                collective: 9,
+                step,
+                sends: vec![],
+                recvs,
+                deadline: deadline(),
+            })
+            .await
+            .unwrap();
+        for (tag, outcome) in got.into_iter().enumerate() {
+            let want = fill(step, tag as u32);
+            match outcome {
+                RecvOutcome::Received(Payload::Host(b)) => assert!(
+                    b == want,
+                    "step {step} tag {tag}: {} bytes, first difference at {:?}",
+                    b.len(),
+                    b.iter().zip(want.iter()).position(|(x, y)| x != y)
+                ),
+                other => panic!("step {step} tag {tag}: {}", short(&other)),
+            }
+        }
+    }
+    drop(sender.await.unwrap());
+}
+
+/// An outcome without its payload bytes, for messages about large frames.
+fn short(outcome: &RecvOutcome) -> String {
+    match outcome {
+        RecvOutcome::Received(p) => format!("Received({} bytes)", p.len()),
+        other => format!("{other:?}"),
     }
 }
