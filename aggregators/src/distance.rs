@@ -2,11 +2,12 @@
 //! `|a|² + |b|² - 2<a,b>` shortcut, which cancels catastrophically on nearly equal vectors)
 //! and accumulated in `f64`.
 //!
-//! For `f32` inputs the differences are squared and summed in `f32` over runs of at most 16
-//! terms per lane and in `f64` across runs (relative error about 1e-6, all terms positive, so
-//! nothing cancels); a run that overflows `f32` is recomputed in `f64`. `f64` inputs use `f64`.
-//! `f32` pairs are register-blocked, two rows against four, so each loaded chunk of a row
-//! serves several pairs ([`Element::add_pair_distances`]).
+//! For `f32` inputs the differences are squared and summed in 16 `f32` lanes over runs of at
+//! most 16 terms per lane and in `f64` lanes across runs (relative error about 1e-6, all terms
+//! positive, so nothing cancels); a pair that overflows `f32` is recomputed in `f64`. `f64`
+//! inputs use `f64`. `f32` pairs are register-blocked, two rows against four with AVX-512 (two
+//! against two otherwise), so each loaded chunk of a row serves several pairs
+//! ([`Element::add_pair_distances`]); the blocking never changes a bit of the result.
 //!
 //! The coordinates are cut into a fixed number of contiguous chunks, independent of the thread
 //! count; within a chunk, tiles of coordinates are small enough that all `n` inputs' tiles stay
@@ -31,14 +32,33 @@ fn chunk_table<T: Element>(
     table: &mut [f64],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F, checked just above.
+        unsafe { chunk_table_avx512(inputs, finite, range, table) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports AVX2 and FMA, checked just above.
         unsafe { chunk_table_avx2(inputs, finite, range, table) };
         return;
     }
-    chunk_table_portable(inputs, finite, range, table);
+    chunk_table_portable::<T, 2>(inputs, finite, range, table);
 }
 
+/// 32 vector registers of 16 `f32`: two rows against four.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn chunk_table_avx512<T: Element>(
+    inputs: &[&[T]],
+    finite: &[bool],
+    range: std::ops::Range<usize>,
+    table: &mut [f64],
+) {
+    chunk_table_portable::<T, 4>(inputs, finite, range, table);
+}
+
+/// 16 registers of 8 `f32` (a 16-lane accumulator takes two): two rows against two.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn chunk_table_avx2<T: Element>(
@@ -47,11 +67,11 @@ fn chunk_table_avx2<T: Element>(
     range: std::ops::Range<usize>,
     table: &mut [f64],
 ) {
-    chunk_table_portable(inputs, finite, range, table);
+    chunk_table_portable::<T, 2>(inputs, finite, range, table);
 }
 
 #[inline(always)]
-fn chunk_table_portable<T: Element>(
+fn chunk_table_portable<T: Element, const B: usize>(
     inputs: &[&[T]],
     finite: &[bool],
     range: std::ops::Range<usize>,
@@ -61,7 +81,7 @@ fn chunk_table_portable<T: Element>(
     let mut start = range.start;
     while start < range.end {
         let stop = range.end.min(start + TILE);
-        T::add_pair_distances(inputs, &rows, start..stop, table);
+        T::add_pair_distances::<B>(inputs, &rows, start..stop, table);
         start = stop;
     }
 }
@@ -80,6 +100,35 @@ pub fn finite_inputs<T: Element>(inputs: &[&[T]]) -> Vec<bool> {
 /// distance-based rules never select it. Tables of disjoint coordinate ranges add up to the
 /// table of their union.
 pub fn pairwise_sq_distances<T: Element>(inputs: &[&[T]], finite: &[bool]) -> Vec<f64> {
+    let mut table = upper_sums(inputs, finite);
+    apply_non_finite(&mut table, finite);
+    table
+}
+
+/// [`pairwise_sq_distances`] with the non-finite inputs found along the way instead of in a
+/// pass of their own over the data (which took about as long as the distances' own pass over
+/// memory): the sums run over every input, a non-finite value makes every distance of its
+/// input non-finite (`inf - x`, `NaN`), and only an input with a non-finite distance is then
+/// scanned. (Two finite inputs never give a non-finite `f32` sum: an overflowing run is redone
+/// in `f64`. Finite `f64` inputs whose differences overflow are scanned, found finite, and keep
+/// their `+inf`, as [`pairwise_sq_distances`] gives them.)
+pub fn distance_table<T: Element>(inputs: &[&[T]]) -> Vec<f64> {
+    let n = inputs.len();
+    let mut table = upper_sums(inputs, &vec![true; n]);
+    let upper = |i: usize, j: usize| table[i.min(j) * n + i.max(j)];
+    let finite: Vec<bool> = (0..n)
+        .map(|i| {
+            let suspect = n == 1 || (0..n).any(|j| j != i && !upper(i, j).is_finite());
+            !suspect || inputs[i].iter().all(|v| v.is_finite())
+        })
+        .collect();
+    apply_non_finite(&mut table, &finite);
+    table
+}
+
+/// The sums over the rows that `finite` marks, in the upper triangle, chunk by chunk in a fixed
+/// order.
+fn upper_sums<T: Element>(inputs: &[&[T]], finite: &[bool]) -> Vec<f64> {
     let n = inputs.len();
     let d = inputs.first().map_or(0, |x| x.len());
     let chunk = d.div_ceil(CHUNKS).max(1);
@@ -102,6 +151,12 @@ pub fn pairwise_sq_distances<T: Element>(inputs: &[&[T]], finite: &[bool]) -> Ve
             *t += v;
         }
     }
+    table
+}
+
+/// Mirrors the upper triangle, and makes every distance of a non-finite input `+inf`.
+fn apply_non_finite(table: &mut [f64], finite: &[bool]) {
+    let n = finite.len();
     for i in 0..n {
         for j in 0..n {
             table[i * n + j] = if !finite[i] || !finite[j] {
@@ -113,12 +168,50 @@ pub fn pairwise_sq_distances<T: Element>(inputs: &[&[T]], finite: &[bool]) -> Ve
             };
         }
     }
-    table
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_that_finds_non_finite_inputs_itself_is_the_checked_table() {
+        let d = 5000;
+        let base: Vec<Vec<f32>> = (0..7)
+            .map(|i| {
+                (0..d)
+                    .map(|j| ((i * 31 + j * 7) % 97) as f32 * 0.37 - 11.0)
+                    .collect()
+            })
+            .collect();
+        let mut cases = vec![base.clone()];
+        for (bad, value) in [(0, f32::NAN), (3, f32::INFINITY), (6, f32::NEG_INFINITY)] {
+            let mut c = base.clone();
+            c[bad][d / 2] = value;
+            cases.push(c);
+        }
+        let mut two_bad = base.clone();
+        two_bad[1][0] = f32::INFINITY;
+        two_bad[2][0] = f32::INFINITY; // inf - inf is NaN between them
+        cases.push(two_bad);
+        let mut huge = base.clone();
+        huge[4][9] = 3.0e38;
+        huge[5][9] = -3.0e38; // overflows f32 in the run, finite in f64
+        cases.push(huge);
+        for (k, case) in cases.iter().enumerate() {
+            let inputs: Vec<&[f32]> = case.iter().map(|v| &v[..]).collect();
+            let want = pairwise_sq_distances(&inputs, &finite_inputs(&inputs));
+            let got = distance_table(&inputs);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "case {k}"
+            );
+        }
+        let lone: Vec<f32> = vec![1.0, f32::NAN];
+        assert_eq!(distance_table(&[&lone[..]]), vec![f64::INFINITY]);
+        assert_eq!(distance_table(&[&base[0][..]]), vec![0.0]);
+    }
 
     #[test]
     fn nearly_equal_vectors_have_small_positive_distances() {

@@ -55,7 +55,9 @@ pub trait Element:
     fn sq_dist(a: &[Self], b: &[Self]) -> f64;
     /// For every pair `x < y` of positions in `rows`, adds `Σ (a_j - b_j)²` over `range` of
     /// inputs `rows[x]` and `rows[y]` into `table[rows[x] * n + rows[y]]` (`n = inputs.len()`).
-    fn add_pair_distances(
+    /// `B` is how many rows the `f32` kernel takes at once against two (4 where the CPU has
+    /// registers for it, AVX-512); it changes the speed, never a bit of the result.
+    fn add_pair_distances<const B: usize>(
         inputs: &[&[Self]],
         rows: &[usize],
         range: std::ops::Range<usize>,
@@ -74,7 +76,7 @@ mod sealed {
 }
 
 macro_rules! float_element {
-    ($t:ty, $bits:ty, $key:ty, $dtype:ident, $sq_dist:ident, $pairs:path) => {
+    ($t:ty, $bits:ty, $key:ty, $dtype:ident, $sq_dist:ident, $pairs:ident) => {
         impl Element for $t {
             const DTYPE: DType = DType::$dtype;
             type Key = $key;
@@ -114,13 +116,13 @@ macro_rules! float_element {
             }
 
             #[inline(always)]
-            fn add_pair_distances(
+            fn add_pair_distances<const B: usize>(
                 inputs: &[&[Self]],
                 rows: &[usize],
                 range: std::ops::Range<usize>,
                 table: &mut [f64],
             ) {
-                $pairs(inputs, rows, range, table)
+                $pairs::<B>(inputs, rows, range, table)
             }
 
             fn inputs<'a>(inputs: &'a [&'a [Self]]) -> Inputs<'a> {
@@ -135,12 +137,12 @@ macro_rules! float_element {
 }
 
 float_element!(f32, u32, i32, F32, sq_dist_f32, pair_distances_f32);
-float_element!(f64, u64, i64, F64, sq_dist_f64, pair_distances_each::<f64>);
+float_element!(f64, u64, i64, F64, sq_dist_f64, pair_distances_f64);
 
 /// Pair by pair, with [`Element::sq_dist`].
 #[inline(always)]
-fn pair_distances_each<T: Element>(
-    inputs: &[&[T]],
+fn pair_distances_f64<const B: usize>(
+    inputs: &[&[f64]],
     rows: &[usize],
     range: std::ops::Range<usize>,
     table: &mut [f64],
@@ -149,21 +151,22 @@ fn pair_distances_each<T: Element>(
     for (x, &i) in rows.iter().enumerate() {
         let a = &inputs[i][range.clone()];
         for &j in &rows[x + 1..] {
-            table[i * n + j] += T::sq_dist(a, &inputs[j][range.clone()]);
+            table[i * n + j] += sq_dist_f64(a, &inputs[j][range.clone()]);
         }
     }
 }
 
-/// Lanes of the blocked `f32` kernel, and coordinates per run: at most 16 terms per lane are
-/// summed in `f32` before a run is added in `f64` (the accuracy of [`sq_dist_f32`]).
-const LANES: usize = 8;
+/// Lanes of the `f32` kernel, and coordinates per run: at most 16 terms per lane are summed
+/// in `f32` before a run is added in `f64`. Fixed, whatever the CPU: every pair's sum is the
+/// same sequence of operations on every machine, so replicas on different CPUs agree bitwise.
+const LANES: usize = 16;
 const BLOCK_RUN: usize = 16 * LANES;
 
-/// Register blocking for `f32`: two rows against four at a time, so each loaded chunk of a
-/// row serves several pairs (6 loads for 8 pairs instead of 16). Rows that do not fill a
-/// block, and each block's own pair, go pair by pair.
+/// Register blocking for `f32`: two rows against `B` at a time, so each loaded chunk of a row
+/// serves several pairs (with `B = 4`, 6 loads for 8 pairs instead of 16). Rows that do not
+/// fill a block, and each block's own pair, go pair by pair, with the same arithmetic.
 #[inline(always)]
-fn pair_distances_f32(
+fn pair_distances_f32<const B: usize>(
     inputs: &[&[f32]],
     rows: &[usize],
     range: std::ops::Range<usize>,
@@ -177,17 +180,17 @@ fn pair_distances_f32(
         let (i0, i1) = (rows[x], rows[x + 1]);
         table[i0 * n + i1] += sq_dist_f32(slice(x), slice(x + 1));
         let mut y = x + 2;
-        while y + 4 <= m {
-            let d = block_f32(
+        while y + B <= m {
+            let d = block_f32::<2, B>(
                 [slice(x), slice(x + 1)],
-                [slice(y), slice(y + 1), slice(y + 2), slice(y + 3)],
+                std::array::from_fn(|q| slice(y + q)),
             );
             for (p, i) in [i0, i1].into_iter().enumerate() {
-                for q in 0..4 {
-                    table[i * n + rows[y + q]] += d[p][q];
+                for (q, dq) in d[p].iter().enumerate() {
+                    table[i * n + rows[y + q]] += dq;
                 }
             }
-            y += 4;
+            y += B;
         }
         for r in y..m {
             table[i0 * n + rows[r]] += sq_dist_f32(slice(x), slice(r));
@@ -198,15 +201,17 @@ fn pair_distances_f32(
 }
 
 /// Squared distances of `RA` rows to `RB` rows over the same coordinates, in `f32` lanes over
-/// runs of [`BLOCK_RUN`] coordinates and `f64` across runs; a run that overflows `f32` is
-/// redone in `f64` for that pair.
+/// runs of [`BLOCK_RUN`] coordinates, each run's lanes added to `f64` lanes, which are summed
+/// once at the end (adding every run's lanes into one `f64` right away cost a horizontal sum
+/// per pair per 128 coordinates: about a third of the kernel). A pair whose sum is not finite
+/// (a run overflowed `f32`) is redone in `f64`.
 #[inline(always)]
 fn block_f32<const RA: usize, const RB: usize>(
     a: [&[f32]; RA],
     b: [&[f32]; RB],
 ) -> [[f64; RB]; RA] {
     let len = a[0].len();
-    let mut total = [[0.0f64; RB]; RA];
+    let mut wide = [[[0.0f64; LANES]; RB]; RA];
     let mut start = 0;
     while start < len {
         let stop = (start + BLOCK_RUN).min(len);
@@ -238,65 +243,41 @@ fn block_f32<const RA: usize, const RB: usize>(
                 }
             }
         }
-        for p in 0..RA {
-            for q in 0..RB {
-                let run: f64 = acc[p][q].iter().map(|&v| v as f64).sum();
-                total[p][q] += if run.is_finite() {
-                    run
-                } else {
-                    a[p][start..stop]
-                        .iter()
-                        .zip(&b[q][start..stop])
-                        .map(|(&u, &v)| {
-                            let d = u as f64 - v as f64;
-                            d * d
-                        })
-                        .sum()
-                };
+        for (widep, accp) in wide.iter_mut().zip(&acc) {
+            for (wideq, accq) in widep.iter_mut().zip(accp) {
+                for k in 0..LANES {
+                    wideq[k] += accq[k] as f64;
+                }
             }
         }
         start = stop;
     }
+    let mut total = [[0.0f64; RB]; RA];
+    for p in 0..RA {
+        for q in 0..RB {
+            let sum: f64 = wide[p][q].iter().sum();
+            total[p][q] = if sum.is_finite() {
+                sum
+            } else {
+                a[p].iter()
+                    .zip(b[q])
+                    .map(|(&u, &v)| {
+                        let d = u as f64 - v as f64;
+                        d * d
+                    })
+                    .sum()
+            };
+        }
+    }
     total
 }
 
-/// Squares of `f32` differences summed in `f32` over short runs (16 lanes, at most 16 terms
-/// each, so at most ~1e-6 relative error on positive terms) and in `f64` across runs. A run
-/// that overflows `f32` is recomputed in `f64`.
+/// `Σ (a_j - b_j)²` with the arithmetic of [`block_f32`]: squares summed in 16 `f32` lanes
+/// over runs of at most 16 terms per lane (at most ~1e-6 relative error on positive terms),
+/// runs added in `f64` lanes, a pair that overflows `f32` redone in `f64`.
 #[inline(always)]
 fn sq_dist_f32(a: &[f32], b: &[f32]) -> f64 {
-    const RUN: usize = 256;
-    let mut total = 0.0f64;
-    for (ra, rb) in a.chunks(RUN).zip(b.chunks(RUN)) {
-        let mut acc = [0.0f32; 16];
-        let split = ra.len() - ra.len() % 16;
-        for (x, y) in ra[..split]
-            .chunks_exact(16)
-            .zip(rb[..split].chunks_exact(16))
-        {
-            for k in 0..16 {
-                let d = x[k] - y[k];
-                acc[k] += d * d;
-            }
-        }
-        for (x, y) in ra[split..].iter().zip(&rb[split..]) {
-            let d = x - y;
-            acc[0] += d * d;
-        }
-        let run: f64 = acc.iter().map(|&v| v as f64).sum();
-        total += if run.is_finite() {
-            run
-        } else {
-            ra.iter()
-                .zip(rb)
-                .map(|(&x, &y)| {
-                    let d = x as f64 - y as f64;
-                    d * d
-                })
-                .sum()
-        };
-    }
-    total
+    block_f32::<1, 1>([a], [b])[0][0]
 }
 
 #[inline(always)]

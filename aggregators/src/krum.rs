@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use crate::coordinate::reduce_columns;
-use crate::distance::{finite_inputs, pairwise_sq_distances};
+use crate::distance::distance_table;
 use crate::{
     check_lengths, AggError, AggReport, Aggregator, DistanceSelection, Element, Inputs, Output,
     Structure,
@@ -114,7 +114,7 @@ impl Krum {
     fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let dist = pairwise_sq_distances(inputs, &finite_inputs(inputs));
+        let dist = distance_table(inputs);
         let selected = self.select(&dist, inputs.len())?;
         self.finish(T::inputs(inputs), &selected, T::output(out))?;
         Ok(AggReport::selected(selected))
@@ -189,7 +189,7 @@ impl MultiKrum {
     fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let dist = pairwise_sq_distances(inputs, &finite_inputs(inputs));
+        let dist = distance_table(inputs);
         let selected = self.select(&dist, inputs.len())?;
         self.finish(T::inputs(inputs), &selected, T::output(out))?;
         Ok(AggReport::selected(selected))
@@ -273,7 +273,7 @@ impl Bulyan {
     fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<AggReport, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let dist = pairwise_sq_distances(inputs, &finite_inputs(inputs));
+        let dist = distance_table(inputs);
         let selected = self.select(&dist, inputs.len())?;
         self.finish(T::inputs(inputs), &selected, T::output(out))?;
         Ok(AggReport::selected(selected))

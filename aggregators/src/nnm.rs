@@ -1,7 +1,7 @@
 //! Nearest-neighbour mixing (Allouah et al. 2023) as a pre-aggregation step.
 
 use crate::coordinate::precondition;
-use crate::distance::{finite_inputs, pairwise_sq_distances};
+use crate::distance::distance_table;
 use crate::{
     check_lengths, AggError, AggReport, Aggregator, DistanceMixing, Element, Inputs, Output,
     Structure,
@@ -29,7 +29,7 @@ impl Nnm {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
         let n = inputs.len();
-        let dist = pairwise_sq_distances(inputs, &finite_inputs(inputs));
+        let dist = distance_table(inputs);
         let mixed = crate::mix(inputs, &self.neighbours(&dist, n)?);
         let refs: Vec<&[T]> = mixed.iter().map(Vec::as_slice).collect();
         self.inner.aggregate(T::inputs(&refs), T::output(out))
