@@ -175,6 +175,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn register_blocking_never_changes_a_bit() {
+        // 11 rows: blocks of 4 and of 2 leave different pairs to the pair-by-pair path.
+        let d = 3000;
+        let rows: Vec<Vec<f32>> = (0..11u32)
+            .map(|i| {
+                (0..d as u32)
+                    .map(|j| (((i * 7919 + j * 104_729) % 10_007) as f32).sqrt() * 1.3e-2)
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<&[f32]> = rows.iter().map(|v| &v[..]).collect();
+        let finite = vec![true; inputs.len()];
+        let (mut two, mut four) = (vec![0.0; 121], vec![0.0; 121]);
+        chunk_table_portable::<f32, 2>(&inputs, &finite, 0..d, &mut two);
+        chunk_table_portable::<f32, 4>(&inputs, &finite, 0..d, &mut four);
+        assert!(two.iter().any(|&v| v > 0.0));
+        assert_eq!(
+            two.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            four.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
     fn the_table_that_finds_non_finite_inputs_itself_is_the_checked_table() {
         let d = 5000;
         let base: Vec<Vec<f32>> = (0..7)
