@@ -113,13 +113,20 @@ pub fn pairwise_sq_distances<T: Element>(inputs: &[&[T]], finite: &[bool]) -> Ve
 /// in `f64`. Finite `f64` inputs whose differences overflow are scanned, found finite, and keep
 /// their `+inf`, as [`pairwise_sq_distances`] gives them.)
 pub fn distance_table<T: Element>(inputs: &[&[T]]) -> Vec<f64> {
+    distance_table_of_present(inputs, &vec![true; inputs.len()])
+}
+
+/// [`distance_table`] where only the inputs that `present` marks hold data; the others (erased
+/// inputs, standing in as placeholders) count as non-finite and are never read.
+pub fn distance_table_of_present<T: Element>(inputs: &[&[T]], present: &[bool]) -> Vec<f64> {
     let n = inputs.len();
-    let mut table = upper_sums(inputs, &vec![true; n]);
+    let mut table = upper_sums(inputs, present);
     let upper = |i: usize, j: usize| table[i.min(j) * n + i.max(j)];
     let finite: Vec<bool> = (0..n)
         .map(|i| {
-            let suspect = n == 1 || (0..n).any(|j| j != i && !upper(i, j).is_finite());
-            !suspect || inputs[i].iter().all(|v| v.is_finite())
+            let suspect =
+                n == 1 || (0..n).any(|j| j != i && present[j] && !upper(i, j).is_finite());
+            present[i] && (!suspect || inputs[i].iter().all(|v| v.is_finite()))
         })
         .collect();
     apply_non_finite(&mut table, &finite);
@@ -229,6 +236,20 @@ mod tests {
                 got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 "case {k}"
+            );
+            // Input 2 erased: a placeholder that is never read and counts as non-finite.
+            let present: Vec<bool> = (0..inputs.len()).map(|i| i != 2).collect();
+            let checked: Vec<bool> = finite_inputs(&inputs)
+                .iter()
+                .zip(&present)
+                .map(|(f, p)| *f && *p)
+                .collect();
+            let want = pairwise_sq_distances(&inputs, &checked);
+            let got = distance_table_of_present(&inputs, &present);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "case {k}, input 2 erased"
             );
         }
         let lone: Vec<f32> = vec![1.0, f32::NAN];

@@ -298,13 +298,10 @@ impl Communicator {
             sharded::owned(me, n, r)
                 .map(|s| {
                     let inputs = shard_inputs(s);
-                    let finite: Vec<bool> = inputs
-                        .iter()
-                        .map(|x| x.as_ref().is_some_and(|v| v.iter().all(|e| e.is_finite())))
-                        .collect();
+                    let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
                     let views = placeholder_views(&inputs, &buf[shard(s)]);
                     let table =
-                        byzcoll_aggregators::distance::pairwise_sq_distances(&views, &finite);
+                        byzcoll_aggregators::distance::distance_table_of_present(&views, &present);
                     (s, to_bytes(&table))
                 })
                 .collect()
