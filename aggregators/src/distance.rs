@@ -124,8 +124,10 @@ pub fn distance_table_of_present<T: Element>(inputs: &[&[T]], present: &[bool]) 
     let upper = |i: usize, j: usize| table[i.min(j) * n + i.max(j)];
     let finite: Vec<bool> = (0..n)
         .map(|i| {
-            let suspect =
-                n == 1 || (0..n).any(|j| j != i && present[j] && !upper(i, j).is_finite());
+            let others = (0..n).filter(|&j| j != i && present[j]);
+            // Without another present input there is no distance to go by: scan it.
+            let suspect = others.clone().next().is_none()
+                || others.into_iter().any(|j| !upper(i, j).is_finite());
             present[i] && (!suspect || inputs[i].iter().all(|v| v.is_finite()))
         })
         .collect();
@@ -254,6 +256,14 @@ mod tests {
         }
         let lone: Vec<f32> = vec![1.0, f32::NAN];
         assert_eq!(distance_table(&[&lone[..]]), vec![f64::INFINITY]);
+        // The only present input, among erased ones, is scanned too.
+        let fine: Vec<f32> = vec![1.0, 2.0];
+        let got =
+            distance_table_of_present(&[&lone[..], &fine[..], &fine[..]], &[true, false, false]);
+        assert_eq!(got[0], f64::INFINITY);
+        let got =
+            distance_table_of_present(&[&fine[..], &lone[..], &lone[..]], &[true, false, false]);
+        assert_eq!(got[0], 0.0);
         assert_eq!(distance_table(&[&base[0][..]]), vec![0.0]);
     }
 

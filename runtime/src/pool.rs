@@ -9,8 +9,10 @@
 //! buffers (the newest are reused first, the oldest are freed first); buffers below
 //! [`POOL_MIN`] are plain allocations.
 //!
-//! Buffers of [`HUGE_MIN`] bytes and more are anonymous mappings on 2 MiB boundaries,
-//! rounded up to whole 2 MiB, and advised for transparent huge pages (`MADV_HUGEPAGE`; Linux
+//! Buffers of [`HUGE_MIN`] bytes and more are anonymous mappings on 2 MiB boundaries, at
+//! least one whole 2 MiB page long (longer ones end on the next 4 KiB page: their tail past
+//! the last whole huge page stays on small pages rather than doubling the memory of a
+//! 2 MiB + 1 byte message), and advised for transparent huge pages (`MADV_HUGEPAGE`; Linux
 //! honours it unless THP is `never`). Copies between processes (UCX shared memory's
 //! `process_vm_readv`, libfabric's shm) pin and walk every page of both buffers: on huge
 //! pages a 1-4 MiB message moved at 11-14 GB/s instead of 8-10 in the p2p bench over UCX
@@ -31,9 +33,10 @@ pub const POOL_MIN: usize = 64 << 10;
 pub const HUGE_MIN: usize = 1 << 20;
 
 const HUGE_PAGE: usize = 2 << 20;
+const SMALL_PAGE: usize = 4 << 10;
 
-/// Anonymous memory on 2 MiB boundaries, a whole number of 2 MiB long, advised for
-/// transparent huge pages. Zeroed when mapped.
+/// Anonymous memory starting on a 2 MiB boundary, at least 2 MiB long (then whole 4 KiB
+/// pages), advised for transparent huge pages. Zeroed when mapped.
 #[derive(Debug)]
 struct HugeRegion {
     ptr: NonNull<u8>,
@@ -48,7 +51,11 @@ unsafe impl Sync for HugeRegion {}
 impl HugeRegion {
     /// `None` when the length overflows or the kernel refuses the mapping.
     fn new(len: usize) -> Option<Self> {
-        let len = len.checked_next_multiple_of(HUGE_PAGE)?;
+        let len = if len <= HUGE_PAGE {
+            HUGE_PAGE
+        } else {
+            len.checked_next_multiple_of(SMALL_PAGE)?
+        };
         let span = len.checked_add(HUGE_PAGE)?;
         // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
         let raw = unsafe {
@@ -402,7 +409,7 @@ mod tests {
     fn large_buffers_are_whole_advised_huge_pages_zeroed_and_reused() {
         let pool = BufferPool::new(16 << 20);
         let mut b = pool.take(HUGE_MIN + 1);
-        assert_eq!(b.capacity(), HUGE_PAGE, "rounded up to a whole huge page");
+        assert_eq!(b.capacity(), HUGE_PAGE, "at least one whole huge page");
         let ptr = b.as_mut_ptr() as usize;
         assert_eq!(ptr % HUGE_PAGE, 0, "on a 2 MiB boundary");
         assert!(b.as_mut_slice().iter().all(|&x| x == 0), "zeroed when new");
@@ -419,8 +426,12 @@ mod tests {
         drop(payload);
         assert_eq!(pool.idle_bytes(), HUGE_PAGE);
         assert_eq!(pool.take(HUGE_MIN).as_mut_ptr() as usize, ptr, "used again");
-        let bigger = pool.take(3 << 20);
-        assert_eq!(bigger.capacity(), 2 * HUGE_PAGE);
+        let bigger = pool.take((3 << 20) + 1);
+        assert_eq!(
+            bigger.capacity(),
+            (3 << 20) + SMALL_PAGE,
+            "past the first huge page, to the next 4 KiB page"
+        );
         assert!(
             pool.take(POOL_MIN).capacity() < HUGE_PAGE,
             "a huge page is not handed out for a small receive"

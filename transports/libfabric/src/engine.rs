@@ -572,8 +572,12 @@ struct Inbound {
     received: usize,
     /// Contexts of the fragment receives in flight.
     in_flight: Vec<usize>,
-    /// The receive and its buffer (capacity `total`); `None` while draining into scratch.
-    target: Option<(Delivery, PoolBuf)>,
+    /// The receive, until it is completed; `None` while draining into scratch.
+    delivery: Option<Delivery>,
+    /// Its buffer (capacity `total`); `None` while draining into scratch. It stays here while
+    /// fragment receives into it are in flight, even after the receive was completed
+    /// otherwise (the peer closed): the provider may still write into it.
+    buf: Option<PoolBuf>,
     /// Start of the buffer, taken once: fragments are written through it while the buffer
     /// itself is not touched.
     base: *mut u8,
@@ -1015,7 +1019,8 @@ impl Engine {
         }
         for inbound in &mut rx.payloads {
             inbound.failed = true;
-            if let Some((d, _)) = inbound.target.take() {
+            // The buffer stays with its fragments in flight (see `Inbound::buf`).
+            if let Some(d) = inbound.delivery.take() {
                 d.complete(match &why {
                     Closed::Gone => RecvOutcome::Missing,
                     Closed::Violation(w) => RecvOutcome::Malformed(w.clone()),
@@ -1196,11 +1201,11 @@ impl Engine {
             // The length was checked against the limit when the header arrived.
             let announced = usize::try_from(header.len).unwrap_or(usize::MAX);
             let mut base = ptr::null_mut();
-            let target = match claim {
+            let (delivery, buf) = match claim {
                 Claim::Posted(d) if announced == d.expected_len() => {
                     let mut buf = self.pool.take(announced);
                     base = buf.as_mut_ptr();
-                    Some((d, buf))
+                    (Some(d), Some(buf))
                 }
                 Claim::Posted(d) => {
                     let expected = d.expected_len();
@@ -1208,9 +1213,9 @@ impl Engine {
                         "frame of {} bytes, expected {expected}",
                         header.len
                     )));
-                    None
+                    (None, None)
                 }
-                _ => None,
+                _ => (None, None),
             };
             self.rx[peer].payloads.push_back(Box::new(Inbound {
                 seq,
@@ -1218,7 +1223,8 @@ impl Engine {
                 next: 0,
                 received: 0,
                 in_flight: Vec::new(),
-                target,
+                delivery,
+                buf,
                 base,
                 failed: false,
             }));
@@ -1235,7 +1241,7 @@ impl Engine {
             if !inbound.in_flight.is_empty() || inbound.received != inbound.total {
                 return true;
             }
-            if let Some((d, mut buf)) = inbound.target.take() {
+            if let (Some(d), Some(mut buf)) = (inbound.delivery.take(), inbound.buf.take()) {
                 // Every fragment completed with its exact length: the provider wrote all
                 // `total` bytes.
                 buf.set_len(inbound.total);
@@ -1253,7 +1259,7 @@ impl Engine {
             }
             let len = self.config.fragment.min(inbound.total - inbound.next);
             let seq = inbound.seq;
-            let buf = if inbound.target.is_some() {
+            let buf = if inbound.buf.is_some() {
                 // SAFETY: `next < total`, and the buffer's capacity is at least `total`.
                 unsafe { inbound.base.add(inbound.next) }
             } else {
@@ -1269,9 +1275,9 @@ impl Engine {
                 len,
             });
             let id = op.id();
-            // SAFETY: `buf[..len]` lies in the spare capacity of the Inbound's buffer, which
-            // is not otherwise touched and not freed until its fragments complete (or is
-            // leaked with them), with no two fragments overlapping; or in the scratch buffer,
+            // SAFETY: `buf[..len]` lies in the Inbound's buffer, which is not otherwise touched
+            // and not freed until its fragments complete (or is leaked with them), with no two
+            // fragments overlapping; or in the scratch buffer,
             // which is allocated before any fragment is in flight, never read and never freed
             // while fragments are in flight.
             match unsafe { self.post(op, buf, len) } {

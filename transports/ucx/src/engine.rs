@@ -432,8 +432,8 @@ impl byzcoll_runtime::progress::Engine for Engine {
         busy |= self.handle_failures();
         busy |= self.advance_sends();
         busy |= self.advance_receives();
-        // Endpoint errors reported by the calls since (cancels) are kept for the next turn,
-        // which may run on another thread.
+        // Endpoint errors reported by the calls since (cancels) are taken into the engine now:
+        // the list is per thread, and the next turn may run on another one.
         busy |= self.handle_failures();
         Some(busy)
     }
