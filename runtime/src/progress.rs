@@ -564,7 +564,7 @@ mod tests {
 
     /// An engine that counts its turns per thread, completes `done` on turn `finish_at`, and
     /// sleeps as `idle` says.
-    struct Counting2 {
+    struct TurnLog {
         commands: std::sync::mpsc::Receiver<()>,
         turns: Arc<Mutex<Vec<String>>>,
         finish_at: usize,
@@ -572,7 +572,7 @@ mod tests {
         idle: Idle,
     }
 
-    impl Engine for Counting2 {
+    impl Engine for TurnLog {
         type Remains = usize;
         fn turn(&mut self) -> Option<bool> {
             if let Err(std::sync::mpsc::TryRecvError::Disconnected) = self.commands.try_recv() {
@@ -613,13 +613,13 @@ mod tests {
         idle: Idle,
         finish_at: usize,
     ) -> (
-        Counting2,
+        TurnLog,
         Arc<Mutex<Vec<String>>>,
         std::sync::mpsc::Sender<()>,
     ) {
         let turns = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
-        let engine = Counting2 {
+        let engine = TurnLog {
             commands: rx,
             turns: turns.clone(),
             finish_at,
@@ -666,68 +666,78 @@ mod tests {
         std::os::unix::net::UnixStream::pair().expect("socket pair")
     }
 
+    /// A started engine whose thread is blocked in `poll` on a socket (for up to a minute),
+    /// with its log of turns, its command queue and the socket's read end.
+    struct Blocked {
+        progress: Progress<TurnLog>,
+        turns: Arc<Mutex<Vec<String>>>,
+        queue: std::sync::mpsc::Sender<()>,
+        _read: std::os::unix::net::UnixStream,
+    }
+
+    impl Blocked {
+        fn start(name: &str) -> Self {
+            use std::os::fd::AsRawFd;
+            let (write, read) = pair();
+            read.set_nonblocking(true).unwrap();
+            let idle = Idle::Block {
+                fds: vec![read.as_raw_fd()],
+                timeout_ms: 60_000,
+            };
+            let (engine, turns, queue) = counting(idle, usize::MAX);
+            let progress = Progress::start(name.into(), engine, Pair(write)).expect("thread");
+            // Past the spin, the thread blocks.
+            thread::sleep(SPIN * 20);
+            Blocked {
+                progress,
+                turns,
+                queue,
+                _read: read,
+            }
+        }
+
+        fn turns(&self) -> usize {
+            self.turns.lock().unwrap().len()
+        }
+
+        /// Whether the thread runs a turn after `asleep` turns, within 5 s.
+        fn turns_after(&self, asleep: usize) -> bool {
+            let start = Instant::now();
+            while self.turns() == asleep && start.elapsed() < Duration::from_secs(5) {
+                thread::sleep(Duration::from_millis(1));
+            }
+            self.turns() > asleep
+        }
+    }
+
     #[test]
     fn a_signal_wakes_the_blocked_thread_and_shutdown_hands_back_the_remains() {
-        use std::os::fd::AsRawFd;
-        let (write, read) = pair();
-        read.set_nonblocking(true).unwrap();
-        let idle = Idle::Block {
-            fds: vec![read.as_raw_fd()],
-            timeout_ms: 60_000,
-        };
-        let (engine, turns, queue) = counting(idle, usize::MAX);
-        let turns_now = || turns.lock().unwrap().len();
-        let mut progress =
-            Progress::start("byzcoll-test-block".into(), engine, Pair(write)).expect("thread");
-        // Past the spin, the thread blocks (for up to a minute).
-        thread::sleep(SPIN * 20);
-        let asleep = turns_now();
+        let mut t = Blocked::start("byzcoll-test-block");
+        let asleep = t.turns();
         thread::sleep(Duration::from_millis(50));
-        assert_eq!(turns_now(), asleep, "the thread is blocked");
-        progress.wake();
-        let start = Instant::now();
-        while turns_now() == asleep && start.elapsed() < Duration::from_secs(5) {
-            thread::sleep(Duration::from_millis(1));
-        }
-        assert!(turns_now() > asleep, "the signal woke it");
-        drop(queue);
-        let before = turns_now();
-        let remains = progress.finish().expect("what the shutdown handed back");
+        assert_eq!(t.turns(), asleep, "the thread is blocked");
+        t.progress.wake();
+        assert!(t.turns_after(asleep), "the signal woke it");
+        drop(t.queue);
+        let before = t.turns.lock().unwrap().len();
+        let remains = t.progress.finish().expect("what the shutdown handed back");
         assert_eq!(remains, before, "the shutdown's count of turns");
-        drop(read);
     }
 
     #[test]
     fn commands_queued_during_another_drive_wake_the_thread_when_it_ends() {
-        use std::os::fd::AsRawFd;
-        let (write, read) = pair();
-        read.set_nonblocking(true).unwrap();
-        let idle = Idle::Block {
-            fds: vec![read.as_raw_fd()],
-            timeout_ms: 60_000,
-        };
-        let (engine, turns, queue) = counting(idle, usize::MAX);
-        let turns_now = || turns.lock().unwrap().len();
-        let mut progress =
-            Progress::start("byzcoll-test-end".into(), engine, Pair(write)).expect("thread");
-        thread::sleep(SPIN * 20);
-        let asleep = turns_now();
+        let t = Blocked::start("byzcoll-test-end");
+        let asleep = t.turns();
         // One exchange drives; another queues a command meanwhile (its wake is left to the
         // drive); the drive ends without a turn after that.
-        progress.begin();
-        progress.wake();
-        progress.end();
-        let start = Instant::now();
-        while turns_now() == asleep && start.elapsed() < Duration::from_secs(5) {
-            thread::sleep(Duration::from_millis(1));
-        }
+        t.progress.begin();
+        t.progress.wake();
+        t.progress.end();
         assert!(
-            turns_now() > asleep,
+            t.turns_after(asleep),
             "the queued command waited for the thread's minute-long sleep"
         );
-        drop(queue);
-        progress.finish();
-        drop(read);
+        drop(t.queue);
     }
 
     #[tokio::test]
