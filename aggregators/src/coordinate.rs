@@ -55,7 +55,7 @@ const NETWORK_BLOCK: usize = 512;
 /// Sorts each block of coordinates with a network that places rows `needed` (for `n` inputs),
 /// then lets `finish` turn the sorted rows (`n × width` keys, row-major) into the block's output.
 /// `finish` returns the offset of a coordinate whose result would be non-finite.
-fn network_blocks<T: Element>(
+pub(crate) fn network_blocks<T: Element>(
     inputs: &[&[T]],
     out: &mut [T],
     needed: std::ops::Range<usize>,

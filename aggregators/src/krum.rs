@@ -7,8 +7,9 @@
 
 use rayon::prelude::*;
 
-use crate::coordinate::reduce_columns;
+use crate::coordinate::{network_blocks, reduce_columns};
 use crate::distance::distance_table;
+use crate::network;
 use crate::{
     check_lengths, AggError, AggReport, Aggregator, DistanceSelection, Element, Inputs, Output,
     Structure,
@@ -288,35 +289,58 @@ impl Bulyan {
     ) -> Result<(), AggError> {
         let beta = selected.len() - 2 * self.f;
         let chosen: Vec<&[T]> = selected.iter().map(|&i| inputs[i]).collect();
-        reduce_columns(&chosen, out, |col| {
-            col.sort_unstable();
-            let v = |i: usize| T::from_key(col[i]).to_f64();
-            let m = col.len();
-            let median = if m % 2 == 1 {
-                v(m / 2)
-            } else {
-                v(m / 2 - 1) * 0.5 + v(m / 2) * 0.5
-            };
-            // The β values nearest the median are a contiguous run of the sorted column:
-            // shrink from whichever end is farther.
-            let (mut lo, mut hi) = (0, m);
-            while hi - lo > beta {
-                if median - v(lo) > v(hi - 1) - median {
-                    lo += 1;
-                } else {
-                    hi -= 1;
-                }
-            }
-            let sum: f64 = (lo..hi).map(v).sum();
-            let r = T::from_f64(sum / beta as f64);
-            r.is_finite().then_some(r)
-        })
-        .map_err(|coordinate| AggError::NonFiniteResult {
+        let m = chosen.len();
+        let non_finite = |coordinate| AggError::NonFiniteResult {
             rule: self.name().to_string(),
             f: self.f,
             coordinate,
+        };
+        if m <= network::MAX_INPUTS {
+            // Columns sorted by the sorting network, a block of coordinates at a time (rows
+            // of keys, row-major): the same values, in the same order, as sorting each column.
+            return network_blocks(&chosen, out, 0..m, |rows, w, chunk| {
+                for (c, o) in chunk.iter_mut().enumerate() {
+                    let r = T::from_f64(nearest_mean(m, beta, |i| {
+                        T::from_key(rows[i * w + c]).to_f64()
+                    }));
+                    if !r.is_finite() {
+                        return Err(c);
+                    }
+                    *o = r;
+                }
+                Ok(())
+            })
+            .map_err(non_finite);
+        }
+        reduce_columns(&chosen, out, |col| {
+            col.sort_unstable();
+            let r = T::from_f64(nearest_mean(m, beta, |i| T::from_key(col[i]).to_f64()));
+            r.is_finite().then_some(r)
         })
+        .map_err(non_finite)
     }
+}
+
+/// The mean of the `beta` values nearest the median among `m` sorted values (`v(i)` is the
+/// `i`-th smallest): a contiguous run of the sorted values, found by shrinking from whichever
+/// end is farther from the median.
+#[inline(always)]
+fn nearest_mean(m: usize, beta: usize, v: impl Fn(usize) -> f64) -> f64 {
+    let median = if m % 2 == 1 {
+        v(m / 2)
+    } else {
+        v(m / 2 - 1) * 0.5 + v(m / 2) * 0.5
+    };
+    let (mut lo, mut hi) = (0, m);
+    while hi - lo > beta {
+        if median - v(lo) > v(hi - 1) - median {
+            lo += 1;
+        } else {
+            hi -= 1;
+        }
+    }
+    let sum: f64 = (lo..hi).map(v).sum();
+    sum / beta as f64
 }
 
 impl DistanceSelection for Bulyan {
@@ -384,6 +408,33 @@ impl Aggregator for Bulyan {
 mod tests {
     use super::*;
     use crate::aggregate_into;
+
+    /// The sorting-network finish gives bitwise what sorting each column does.
+    #[test]
+    fn bulyan_network_finish_is_the_column_sort_finish() {
+        let (n, f, d) = (11, 2, 1000);
+        let rows: Vec<Vec<f32>> = (0..n)
+            .map(|i| {
+                (0..d)
+                    .map(|j| ((i * 7919 + j * 104_729) % 1009) as f32 * 0.013 - 6.0)
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<&[f32]> = rows.iter().map(|v| &v[..]).collect();
+        let bulyan = Bulyan::new(f);
+        let selected: Vec<usize> = (0..n - 2 * f).collect();
+        let mut got = vec![0.0f32; d];
+        bulyan
+            .coordinate_phase(&inputs, &selected, &mut got)
+            .unwrap();
+        let beta = selected.len() - 2 * f;
+        for (j, g) in got.iter().enumerate() {
+            let mut col: Vec<f32> = selected.iter().map(|&i| rows[i][j]).collect();
+            col.sort_by(f32::total_cmp);
+            let want = nearest_mean(col.len(), beta, |i| col[i] as f64) as f32;
+            assert_eq!(g.to_bits(), want.to_bits(), "coordinate {j}");
+        }
+    }
 
     /// Bulyan's last selection rounds with f = 1 score every input 0 (empty neighbour sums):
     /// the one non-finite input must still never be chosen.
