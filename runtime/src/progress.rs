@@ -44,6 +44,29 @@ use crate::{MsgKey, Rank, RecvOutcome, Step, TransportError};
 /// The completion of one send, answered by the progress thread.
 pub type SendDone = oneshot::Sender<Result<(), String>>;
 
+/// One send queued for an engine by [`run_step_on_engine`]; `done` reports when its step may
+/// count it sent (see [`SEND_CREDIT`]).
+pub struct SendCommand {
+    /// The receiving rank.
+    pub peer: Rank,
+    /// The message's key.
+    pub key: MsgKey,
+    /// The message.
+    pub payload: Bytes,
+    /// Answered by the engine.
+    pub done: SendDone,
+}
+
+impl std::fmt::Debug for SendCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendCommand")
+            .field("peer", &self.peer)
+            .field("key", &self.key)
+            .field("len", &self.payload.len())
+            .finish()
+    }
+}
+
 /// Bytes per peer that a transport whose progress thread owns the network (UCX, libfabric)
 /// may still have in flight after reporting their sends done. A send is reported done to its
 /// step once the thread holds it (the payload is reference-counted, nothing is copied) and it
@@ -83,54 +106,41 @@ impl SendCredit {
     }
 }
 
-/// One send: `command` wraps the completion sender into the thread's command, which is queued
-/// on `commands`; then the thread is woken with `wake` and its answer awaited.
-///
-/// # Errors
-/// The thread's own error, or `the progress thread is gone` when it has ended.
-async fn send_through_thread<C>(
-    commands: &mpsc::Sender<C>,
-    command: impl FnOnce(oneshot::Sender<Result<(), String>>) -> C,
-    wake: impl Fn(),
-) -> Result<(), String> {
-    const GONE: &str = "the progress thread is gone";
-    let (done, finished) = oneshot::channel();
-    commands
-        .send(command(done))
-        .await
-        .map_err(|_| GONE.to_string())?;
-    wake();
-    finished.await.map_err(|_| GONE.to_string())?
-}
-
-/// [`crate::Transport::exchange`] (after [`Step::validate`]) for a transport whose progress
-/// thread owns the network: posts the step's receives on `mailbox` and wakes the thread with
-/// `wake`, then queues each send on `commands` as `command(peer, key, payload, done)` and
-/// awaits the thread's answer (see [`run_step`] for deadlines and failures).
+/// [`crate::Transport::exchange`] (after [`Step::validate`]) for a transport whose network
+/// moves in turns of `progress`'s engine: posts the step's receives on `mailbox`, queues each
+/// send on `commands` as a [`SendCommand`] and awaits the engine's answers
+/// (see [`run_step`] for deadlines and failures), driving the engine from this task meanwhile
+/// ([`driven`], for [`SPIN`] without activity).
 ///
 /// # Errors
 /// [`TransportError::Setup`] when the transport is shut down (`commands` is `None`).
-pub async fn run_step_through_thread<C>(
+pub async fn run_step_on_engine<E: Engine>(
+    progress: &Progress<E>,
     mailbox: &Mailbox,
     step: &Step,
     transport: &'static str,
-    commands: Option<&mpsc::Sender<C>>,
-    command: impl Fn(Rank, MsgKey, Bytes, SendDone) -> C,
-    wake: impl Fn(),
+    commands: Option<&mpsc::Sender<SendCommand>>,
 ) -> Result<Vec<RecvOutcome>, TransportError> {
     let commands = commands
         .ok_or_else(|| TransportError::Setup(format!("the {transport} transport is shut down")))?;
-    let (command, wake) = (&command, &wake);
-    let outcomes = run_step(mailbox, step, transport, wake, |s, key, payload| {
+    let wake = || progress.wake();
+    let run = run_step(mailbox, step, transport, wake, |s, key, payload| {
+        const GONE: &str = "the progress thread is gone";
         let peer = s.peer;
-        send_through_thread(
-            commands,
-            move |done| command(peer, key, payload, done),
-            wake,
-        )
-    })
-    .await;
-    Ok(outcomes)
+        async move {
+            let (done, finished) = oneshot::channel();
+            let command = SendCommand {
+                peer,
+                key,
+                payload,
+                done,
+            };
+            commands.send(command).await.map_err(|_| GONE.to_string())?;
+            wake();
+            finished.await.map_err(|_| GONE.to_string())?
+        }
+    });
+    Ok(driven(progress, SPIN, run).await)
 }
 
 /// A network whose progress a task may drive itself, in turns, while it awaits an exchange

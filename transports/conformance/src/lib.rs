@@ -59,6 +59,18 @@ macro_rules! conformance_suite {
     };
 }
 
+/// Ranks 0 and 1 of a world of two.
+async fn two_ranks<F, Fut>(factory: F) -> (Box<dyn Transport>, Box<dyn Transport>)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let mut ranks = factory(2).await.into_iter();
+    let a = ranks.next().expect("rank 0");
+    let b = ranks.next().expect("rank 1");
+    (a, b)
+}
+
 /// Rank `r`'s test vector: small integers, so sums are exact in `f32`.
 pub fn vector(rank: usize, d: usize) -> Vec<f32> {
     (0..d)
@@ -343,8 +355,7 @@ where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
-    let mut ranks = factory(2).await.into_iter();
-    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let (a, b) = two_ranks(factory).await;
     let deadline = || tokio::time::Instant::now() + Duration::from_secs(10);
     let payload = |s: &str| byzcoll_runtime::Payload::Host(s.as_bytes().to_vec().into());
     let sender = async {
@@ -421,8 +432,7 @@ where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
-    let mut ranks = factory(2).await.into_iter();
-    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let (a, b) = two_ranks(factory).await;
     let deadline = |ms| tokio::time::Instant::now() + Duration::from_millis(ms);
     let long: Vec<u8> = (0..600u32).map(|i| (i % 251) as u8).collect();
     let payload = |bytes: &[u8]| byzcoll_runtime::Payload::Host(bytes.to_vec().into());
@@ -488,8 +498,7 @@ where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
-    let mut ranks = factory(2).await.into_iter();
-    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let (a, b) = two_ranks(factory).await;
     let deadline = || tokio::time::Instant::now() + Duration::from_secs(10);
     let payload = |s: &[u8]| byzcoll_runtime::Payload::Host(s.to_vec().into());
     let step = |step, sends, recvs| Step {
@@ -544,8 +553,7 @@ where
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
     use tokio::time::Instant;
-    let mut ranks = factory(2).await.into_iter();
-    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let (a, b) = two_ranks(factory).await;
     let len = 8 << 20;
     let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
     let payload = byzcoll_runtime::Payload::Host(data.into());
@@ -604,8 +612,7 @@ where
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
     use tokio::time::Instant;
-    let mut ranks = factory(2).await.into_iter();
-    let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let (a, b) = two_ranks(factory).await;
     let big = credit / 2 + 1;
     let payload = |byte: u8| byzcoll_runtime::Payload::Host(vec![byte; big].into());
     let send = |step, byte, wait| Step {

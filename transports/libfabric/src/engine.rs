@@ -18,7 +18,7 @@ use byzcoll_runtime::bootstrap::StoreClient;
 use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
 use byzcoll_runtime::progress::{
-    driven, run_step_through_thread, Idle, Progress, SendCredit, SendDone, Signal,
+    run_step_on_engine, Idle, Progress, SendCommand, SendCredit, SendDone, Signal,
 };
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
@@ -41,7 +41,6 @@ const TAG_BITS: u32 = SENDER_SHIFT + 24;
 /// Largest world the tag layout can address.
 pub const MAX_RANKS: usize = 1 << 24;
 pub use byzcoll_runtime::progress::MAX_NAP as MAX_PARK;
-pub use byzcoll_runtime::progress::SPIN;
 /// How long the thread blocks at most on the queue's wait object while a header waits for its
 /// step to be posted (a step can be retired without waking the thread), and otherwise.
 const EARLY_RECHECK_MS: i32 = 2;
@@ -88,30 +87,6 @@ impl Default for LibfabricOptions {
             max_message_bytes: 1 << 40,
             always_register: false,
             pool_bytes: 256 << 20,
-        }
-    }
-}
-
-enum Command {
-    Send {
-        peer: Rank,
-        key: MsgKey,
-        payload: Bytes,
-        done: SendDone,
-    },
-}
-
-impl std::fmt::Debug for Command {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Command::Send {
-                peer, key, payload, ..
-            } => f
-                .debug_struct("Send")
-                .field("peer", peer)
-                .field("key", key)
-                .field("len", &payload.len())
-                .finish(),
         }
     }
 }
@@ -191,7 +166,7 @@ pub struct LibfabricTransport {
     rank: Rank,
     size: usize,
     mailbox: Arc<Mailbox>,
-    commands: Option<mpsc::Sender<Command>>,
+    commands: Option<mpsc::Sender<SendCommand>>,
     progress: Progress<Engine>,
     keeper: Option<Keeper>,
     max_message_bytes: u64,
@@ -452,20 +427,14 @@ impl Transport for LibfabricTransport {
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
         Box::pin(async move {
             step.validate(self.rank, self.size, &self.capabilities())?;
-            let run = run_step_through_thread(
+            run_step_on_engine(
+                &self.progress,
                 &self.mailbox,
                 &step,
                 "libfabric",
                 self.commands.as_ref(),
-                |peer, key, payload, done| Command::Send {
-                    peer,
-                    key,
-                    payload,
-                    done,
-                },
-                || self.progress.wake(),
-            );
-            driven(&self.progress, SPIN, run).await
+            )
+            .await
         })
     }
 }
@@ -614,7 +583,7 @@ struct Engine {
     addresses: Vec<sys::fi_addr_t>,
     config: EngineConfig,
     mailbox: Arc<Mailbox>,
-    commands: mpsc::Receiver<Command>,
+    commands: mpsc::Receiver<SendCommand>,
     /// Posted operations by context address.
     ops: HashMap<usize, Op>,
     /// Sends not yet accepted by the provider, in order, per peer (so that a peer that takes
@@ -703,7 +672,7 @@ impl Engine {
         addresses: Vec<sys::fi_addr_t>,
         config: EngineConfig,
         mailbox: Arc<Mailbox>,
-        commands: mpsc::Receiver<Command>,
+        commands: mpsc::Receiver<SendCommand>,
         notifier_fd: Option<i32>,
     ) -> Self {
         let size = addresses.len();
@@ -756,7 +725,7 @@ impl Engine {
         let mut n = 0;
         loop {
             match self.commands.try_recv() {
-                Ok(Command::Send {
+                Ok(SendCommand {
                     peer,
                     key,
                     payload,

@@ -50,7 +50,7 @@ use byzcoll_runtime::bootstrap::StoreClient;
 use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
 use byzcoll_runtime::progress::{
-    driven, run_step_through_thread, Idle, Progress, SendCredit, SendDone, Signal,
+    run_step_on_engine, Idle, Progress, SendCommand, SendCredit, SendDone, Signal,
 };
 use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
 use byzcoll_runtime::{
@@ -131,22 +131,13 @@ impl Default for UcxOptions {
     }
 }
 
-enum Command {
-    Send {
-        peer: Rank,
-        key: MsgKey,
-        payload: Bytes,
-        done: SendDone,
-    },
-}
-
 /// The UCX transport; see the module docs.
 #[derive(Debug)]
 pub struct UcxTransport {
     rank: Rank,
     size: usize,
     mailbox: Arc<Mailbox>,
-    commands: Option<mpsc::Sender<Command>>,
+    commands: Option<mpsc::Sender<SendCommand>>,
     progress: Progress<Engine>,
     max_message_bytes: u64,
 }
@@ -331,20 +322,14 @@ impl Transport for UcxTransport {
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
         Box::pin(async move {
             step.validate(self.rank, self.size, &self.capabilities())?;
-            let run = run_step_through_thread(
+            run_step_on_engine(
+                &self.progress,
                 &self.mailbox,
                 &step,
                 "ucx",
                 self.commands.as_ref(),
-                |peer, key, payload, done| Command::Send {
-                    peer,
-                    key,
-                    payload,
-                    done,
-                },
-                || self.progress.wake(),
-            );
-            driven(&self.progress, SPIN, run).await
+            )
+            .await
         })
     }
 }
@@ -395,7 +380,7 @@ struct Engine {
     efd: Option<i32>,
     me: Rank,
     mailbox: Arc<Mailbox>,
-    commands: mpsc::Receiver<Command>,
+    commands: mpsc::Receiver<SendCommand>,
     pool: BufferPool,
     outgoing: Vec<Outgoing>,
     /// Credited sends still in flight (see [`SEND_CREDIT`]).
@@ -471,7 +456,7 @@ impl Engine {
         me: Rank,
         size: usize,
         mailbox: Arc<Mailbox>,
-        commands: mpsc::Receiver<Command>,
+        commands: mpsc::Receiver<SendCommand>,
         options: &UcxOptions,
     ) -> Self {
         let efd = match handles.worker.event_fd() {
@@ -509,7 +494,7 @@ impl Engine {
         let mut n = 0;
         loop {
             match self.commands.try_recv() {
-                Ok(Command::Send {
+                Ok(SendCommand {
                     peer,
                     key,
                     payload,
