@@ -41,6 +41,7 @@ mod device;
 pub mod kernels;
 pub mod plan;
 mod rules;
+pub mod sharded;
 
 pub use device::Gpu;
 #[cfg(feature = "nccl")]

@@ -34,6 +34,33 @@ pub enum Replicas {
     Exactly(usize),
 }
 
+impl Replicas {
+    /// The number of owners per shard for `f` Byzantine ranks in a world of `n`: `2f + 1`
+    /// (at most `n`) for [`Replicas::Tolerant`]. A count below `2f + 1` is logged as a warning
+    /// (the owners are trusted).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] for [`Replicas::Exactly`] outside `1..=n`.
+    pub fn count(self, f: usize, n: usize) -> Result<usize> {
+        match self {
+            Replicas::Tolerant => Ok((2 * f + 1).min(n)),
+            Replicas::Exactly(r) if r == 0 || r > n => Err(Error::InvalidUsage(format!(
+                "sharded mode with {r} replicas in a world of {n}: need 1 <= r <= n"
+            ))),
+            Replicas::Exactly(r) => {
+                if r < 2 * f + 1 {
+                    tracing::warn!(
+                        r,
+                        f,
+                        "sharded robust_all_reduce with r < 2f + 1: shard owners are trusted"
+                    );
+                }
+                Ok(r)
+            }
+        }
+    }
+}
+
 /// What happened in one robust round.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoundReport {
@@ -213,24 +240,7 @@ impl Communicator {
                 }
             },
         };
-        let r = match replicas {
-            Replicas::Tolerant => (2 * f + 1).min(n),
-            Replicas::Exactly(r) if r == 0 || r > n => {
-                return Err(Error::InvalidUsage(format!(
-                    "sharded mode with {r} replicas in a world of {n}: need 1 <= r <= n"
-                )))
-            }
-            Replicas::Exactly(r) => {
-                if r < 2 * f + 1 {
-                    tracing::warn!(
-                        r,
-                        f,
-                        "sharded robust_all_reduce with r < 2f + 1: shard owners are trusted"
-                    );
-                }
-                r
-            }
-        };
+        let r = replicas.count(f, n)?;
         let d = buf.len();
         let size = std::mem::size_of::<T>();
         let shard = |s: usize| chunk_range(d, n, s);
@@ -594,24 +604,44 @@ async fn statistic_round(
             other => report.add_fault(fault(o, other)),
         }
     }
+    if let Some(s) = versions.iter().position(Vec::is_empty) {
+        return Err(Error::ShardLost {
+            shard: s,
+            owners: sharded::owners(s, n, r).collect(),
+            faults: std::mem::take(&mut report.faults),
+        });
+    }
+    let views: Vec<Vec<Cow<'_, [f64]>>> = versions
+        .iter()
+        .map(|vs| vs.iter().map(cast_payload::<f64>).collect())
+        .collect();
+    let refs: Vec<Vec<&[f64]>> = views
+        .iter()
+        .map(|vs| vs.iter().map(|v| v.as_ref()).collect())
+        .collect();
+    Ok(sum_of_shard_medians(&refs, len))
+}
+
+/// Combines a sharded statistic round: `versions[s]` holds the owners' versions of shard `s`'s
+/// `len` statistics (at least one each); the result is, entry by entry, the sum over shards (in
+/// shard order) of the median of each shard's versions. Every rank that receives the same
+/// versions gets the same bits; up to half of a shard's versions lying cannot move its median
+/// outside the honest values (`+inf` entries are ordered as extremes). Used by the sharded
+/// schedules here and by the device-vector ones of `byzcoll-cuda`.
+///
+/// # Panics
+/// If a shard has no version or a version is not `len` long.
+pub fn sum_of_shard_medians(versions: &[Vec<&[f64]>], len: usize) -> Vec<f64> {
     let mut total = vec![0.0f64; len];
     let mut part = vec![0.0f64; len];
-    for (s, vs) in versions.iter().enumerate() {
-        if vs.is_empty() {
-            return Err(Error::ShardLost {
-                shard: s,
-                owners: sharded::owners(s, n, r).collect(),
-                faults: std::mem::take(&mut report.faults),
-            });
-        }
-        let views: Vec<Cow<'_, [f64]>> = vs.iter().map(cast_payload::<f64>).collect();
-        let refs: Vec<&[f64]> = views.iter().map(|v| v.as_ref()).collect();
-        combine_versions(&refs, &mut part);
+    for vs in versions {
+        assert!(!vs.is_empty(), "a shard without any version");
+        combine_versions(vs, &mut part);
         for (t, p) in total.iter_mut().zip(&part) {
             *t += p;
         }
     }
-    Ok(total)
+    total
 }
 
 /// What a global rule needs exchanged in sharded mode.
