@@ -59,15 +59,17 @@ cargo clippy --workspace --all-targets --features "$all_features" -- -D warnings
 echo "== cargo test (default features: no system libraries)"
 cargo test --workspace 2>&1 | tee -a "$log"
 echo "== cargo test --features ucx,libfabric,cuda,nccl (UCX_TLS=tcp,self, FI_PROVIDER=tcp;ofi_rxm)"
-# byzcoll-cuda's own tests do not depend on these features and ran above.
+# byzcoll-cuda's emulated-kernel tests do not depend on these features and ran above; its
+# NCCL device-vector tests (which skip without a GPU) do.
 UCX_TLS=tcp,self FI_PROVIDER="tcp;ofi_rxm" \
     cargo test --workspace --exclude byzcoll-cuda --exclude byzcoll-cuda-emu \
     --features "$all_features" 2>&1 | tee -a "$log"
+cargo test -p byzcoll-cuda --features nccl --test device --test device_exchange 2>&1 | tee -a "$log"
 echo "== shared-memory conformance: UCX_TLS=sm,self and FI_PROVIDER=shm"
 UCX_TLS=sm,self cargo test -p byzcoll-transport-ucx --features ucx 2>&1 | tee -a "$log"
 FI_PROVIDER=shm cargo test -p byzcoll-transport-libfabric --features libfabric 2>&1 | tee -a "$log"
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # crate with nothing in it).
 # Skipped: ignored tests, and tests that found no GPU and said so with a SKIPPED line.
-awk '/^test result:/ { p += $4; f += $6; i += $8 } /^SKIPPED:/ { s += 1 }
+awk '/^test result:/ { p += $4; f += $6; i += $8 } /SKIPPED:/ { s += gsub(/SKIPPED:/, "&") }
      END { printf "total: %d passed (%d of them skipped for want of a GPU), %d failed, %d ignored\n", p, s, f, i }' "$log"

@@ -25,8 +25,9 @@
 //! transports deliver), a `CudaRule` stages the inputs through pinned memory into one device
 //! buffer, so it plugs into `Communicator::robust_all_reduce` in gather and sharded modes;
 //! [`robust_all_reduce_device`] does the same for a vector that lives on the device. With the
-//! feature `nccl`, `robust_all_reduce_nccl` gathers device vectors over NCCL and aggregates them
-//! where NCCL left them, with no host copy at all.
+//! feature `nccl`, `robust_all_reduce_nccl` runs gather and sharded rounds on device vectors
+//! over NCCL (or any `DeviceExchange`), aggregating where NCCL left them, with no host copy of
+//! any vector; [`sharded::ShardLayout`] is its (pure, host-tested) map of the sharded schedule.
 //!
 //! Kernels are one CUDA source (`kernels/robust.cu`) compiled by NVRTC at run time for the
 //! device's architecture and cached per process ([`Gpu`]). The CUDA libraries are loaded at run
@@ -39,13 +40,15 @@
 
 mod device;
 pub mod kernels;
+#[cfg(feature = "nccl")]
+mod nccl;
 pub mod plan;
 mod rules;
 pub mod sharded;
 
 pub use device::Gpu;
 #[cfg(feature = "nccl")]
-pub use rules::robust_all_reduce_nccl;
+pub use nccl::robust_all_reduce_nccl;
 pub use rules::{robust_all_reduce_device, CudaRule, GpuElement};
 
 use byzcoll_aggregators::AggError;

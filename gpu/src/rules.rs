@@ -113,7 +113,7 @@ impl CudaRule {
         &self.gpu
     }
 
-    fn backend(&self, e: impl Into<GpuError>) -> AggError {
+    pub(crate) fn backend(&self, e: impl Into<GpuError>) -> AggError {
         e.into().into_agg(self.reference.name())
     }
 
@@ -155,7 +155,7 @@ impl CudaRule {
     }
 
     /// The rule on device rows (pointers to `d` values each) into `out`.
-    fn run<E: GpuElement>(
+    pub(crate) fn run<E: GpuElement>(
         &self,
         rows: &[CUdeviceptr],
         out: CUdeviceptr,
@@ -176,7 +176,7 @@ impl CudaRule {
         .map(|()| AggReport::default())
     }
 
-    fn selection(&self) -> Result<&dyn DistanceSelection, AggError> {
+    pub(crate) fn selection(&self) -> Result<&dyn DistanceSelection, AggError> {
         self.reference
             .distance_selection()
             .ok_or_else(|| AggError::Unsupported {
@@ -272,7 +272,7 @@ impl CudaRule {
 
     /// The `n × n` table of squared distances between `rows`, with the CPU rules' conventions
     /// (`+inf` rows and columns, diagonal included, for inputs holding non-finite values).
-    fn distance_table<E: GpuElement>(
+    pub(crate) fn distance_table<E: GpuElement>(
         &self,
         rows: &[CUdeviceptr],
         d: usize,
@@ -347,7 +347,7 @@ impl CudaRule {
 
     /// The finish over the selected rows: their mean (Krum, Multi-Krum) or Bulyan's
     /// coordinate phase.
-    fn finish_rows<E: GpuElement>(
+    pub(crate) fn finish_rows<E: GpuElement>(
         &self,
         chosen: &[CUdeviceptr],
         out: CUdeviceptr,
@@ -595,95 +595,6 @@ pub async fn robust_all_reduce_device(
     let report = comm.robust_all_reduce(&mut host, rule, policy).await?;
     stream
         .memcpy_htod(&host, buf)
-        .and_then(|()| stream.synchronize())
-        .map_err(|e| rule.backend(e))?;
-    Ok(report)
-}
-
-/// Robust all-reduce of a vector on the device over NCCL, in gather mode, with no host copy:
-/// each rank's vector goes to every peer by NCCL send/recv
-/// ([`byzcoll_transport_nccl::NcclTransport::exchange_device`]), the `n` vectors are
-/// aggregated by `rule` where NCCL left them, and the result replaces `buf`. Byzantine
-/// vectors are handled by the rule as everywhere; a peer that does not take part makes NCCL
-/// abort at `timeout` (`TransportError::Aborted` naming the ranks), as over NCCL generally.
-/// Every rank must make this call at the same point of its NCCL sequence, with the same
-/// `collective` number and length. bf16 and f16 vectors travel and aggregate as they are.
-///
-/// # Errors
-/// [`byzcoll_runtime::Error::Aggregation`] for the rule (precondition, non-finite result,
-/// CUDA failure), [`byzcoll_runtime::Error::Transport`] for NCCL,
-/// [`byzcoll_runtime::Error::InvalidUsage`] when the rule's GPU is not the transport's. On
-/// error `buf` is unchanged.
-#[cfg(feature = "nccl")]
-pub async fn robust_all_reduce_nccl<E: GpuElement>(
-    nccl: &byzcoll_transport_nccl::NcclTransport,
-    collective: u64,
-    buf: &mut CudaSlice<E>,
-    rule: &CudaRule,
-    timeout: std::time::Duration,
-) -> byzcoll_runtime::Result<AggReport> {
-    use byzcoll_runtime::{Error, RecvOp, Transport};
-    use byzcoll_transport_nccl::DeviceSend;
-
-    let (me, n, d) = (nccl.rank(), nccl.size(), buf.len());
-    rule.check(n)?;
-    let gpu = rule.gpu().clone();
-    if gpu.context().ordinal() != nccl.device() {
-        return Err(Error::InvalidUsage(format!(
-            "the rule runs on GPU {} but the NCCL transport on GPU {}",
-            gpu.context().ordinal(),
-            nccl.device()
-        )));
-    }
-    let stream = gpu.stream().clone();
-    let bytes = d * std::mem::size_of::<E>();
-    // Everything written to `buf` before this call is complete before NCCL copies it.
-    stream.synchronize().map_err(|e| rule.backend(e))?;
-    let mut out = stream.alloc_zeros::<E>(d).map_err(|e| rule.backend(e))?;
-    let report = {
-        let (mine, _read) = buf.device_ptr(&stream);
-        let peers = (0..n).filter(|&p| p != me);
-        let sends: Vec<DeviceSend> = peers
-            .clone()
-            .map(|peer| DeviceSend {
-                peer,
-                tag: 0,
-                ptr: mine,
-                len: bytes,
-            })
-            .collect();
-        let recvs: Vec<RecvOp> = peers
-            .map(|peer| RecvOp {
-                peer,
-                tag: 0,
-                len: bytes,
-            })
-            .collect();
-        let deadline = tokio::time::Instant::now() + timeout;
-        // SAFETY: `mine` addresses the `bytes` of `buf`, on the transport's device (checked
-        // above), fully written (synchronized above), and `buf` is borrowed for the call.
-        let received =
-            unsafe { nccl.exchange_device(collective, 0, &sends, &recvs, deadline) }.await?;
-        let base = match &received.buffer {
-            Some(b) => b.device_ptr(&stream).0,
-            None => 0,
-        };
-        let mut theirs = received.ranges.iter();
-        let rows: Vec<CUdeviceptr> = (0..n)
-            .map(|r| match r == me {
-                true => Some(mine),
-                false => theirs.next().map(|range| base + range.start as u64),
-            })
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| Error::InvalidUsage("NCCL returned fewer receives".into()))?;
-        let (out_ptr, _write) = out.device_ptr_mut(&stream);
-        let report = rule.run::<E>(&rows, out_ptr, d)?;
-        // The kernels have finished (run reads their status back) before `received` is freed.
-        drop(received);
-        report
-    };
-    stream
-        .memcpy_dtod(&out, buf)
         .and_then(|()| stream.synchronize())
         .map_err(|e| rule.backend(e))?;
     Ok(report)

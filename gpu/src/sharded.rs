@@ -59,6 +59,11 @@ impl ShardLayout {
         ShardLayout { me, n, r, d }
     }
 
+    /// The world size: ranks, shards, and inputs of each shard.
+    pub fn size(&self) -> usize {
+        self.n
+    }
+
     /// Owners per shard.
     pub fn replicas(&self) -> usize {
         self.r

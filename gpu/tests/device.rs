@@ -238,8 +238,9 @@ async fn robust_all_reduce_with_the_gpu_rule_matches_the_cpu_rule() {
     }
 }
 
-/// NCCL at world size 1 (one GPU cannot hold two NCCL ranks): the device-vector path returns
-/// the rank's own vector for a median of one, for f32 and bf16, and its future can be spawned.
+/// NCCL at world size 1 (one GPU cannot hold two NCCL ranks): in gather and sharded modes
+/// the device-vector path returns the rank's own vector for a median of one, for f32 and bf16,
+/// and its future can be spawned.
 #[cfg(feature = "nccl")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nccl_device_all_reduce_at_world_size_one() {
@@ -256,18 +257,24 @@ async fn nccl_device_all_reduce_at_world_size_one() {
     fn assert_send<T: Send>(_: &T) {}
     let mut rng = StdRng::seed_from_u64(25);
     let x = inputs(&mut rng, 1, 10_007).remove(0);
+    let xb: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
     let stream = gpu.stream().clone();
     let rule = median(&gpu, 0);
-    let mut buf = stream.clone_htod(&x).expect("upload");
-    let call = robust_all_reduce_nccl(&nccl, 1, &mut buf, &rule, Duration::from_secs(10));
-    assert_send(&call);
-    call.await.expect("f32 over NCCL");
-    assert_eq!(stream.clone_dtoh(&buf).expect("download"), x);
+    let timeout = Duration::from_secs(10);
+    let mut collective = 0;
+    for policy in [Policy::Gather, Policy::Sharded(Replicas::Tolerant)] {
+        collective += 1;
+        let mut buf = stream.clone_htod(&x).expect("upload");
+        let call = robust_all_reduce_nccl(&nccl, collective, &mut buf, &rule, policy, timeout);
+        assert_send(&call);
+        call.await.expect("f32 over NCCL");
+        assert_eq!(stream.clone_dtoh(&buf).expect("download"), x, "{policy:?}");
 
-    let xb: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
-    let mut buf = stream.clone_htod(&xb).expect("upload");
-    robust_all_reduce_nccl(&nccl, 2, &mut buf, &rule, Duration::from_secs(10))
-        .await
-        .expect("bf16 over NCCL");
-    assert_eq!(stream.clone_dtoh(&buf).expect("download"), xb);
+        collective += 1;
+        let mut buf = stream.clone_htod(&xb).expect("upload");
+        robust_all_reduce_nccl(&nccl, collective, &mut buf, &rule, policy, timeout)
+            .await
+            .expect("bf16 over NCCL");
+        assert_eq!(stream.clone_dtoh(&buf).expect("download"), xb, "{policy:?}");
+    }
 }

@@ -75,5 +75,6 @@ mod transport;
 pub use failure::{AbortCause, NcclFailure};
 #[cfg(feature = "nccl")]
 pub use transport::{
-    unavailable_reason, DeviceReceived, DeviceSend, NcclOptions, NcclTransport, POLL, SPIN,
+    unavailable_reason, DeviceExchange, DeviceReceived, DeviceSend, NcclOptions, NcclTransport,
+    POLL, SPIN,
 };

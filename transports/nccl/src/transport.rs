@@ -157,6 +157,56 @@ pub struct DeviceReceived {
     pub ranges: Vec<std::ops::Range<usize>>,
 }
 
+/// A device-to-device step exchange: what the GPU schedules of `byzcoll-cuda`
+/// (`robust_all_reduce_nccl`) run over. [`NcclTransport`] is the implementation; the trait
+/// lets those schedules run over another one, such as the in-process exchange between ranks
+/// sharing one GPU that their multi-rank tests use (NCCL refuses two ranks on one device).
+pub trait DeviceExchange: Sync {
+    /// This rank and the world size.
+    fn world(&self) -> (Rank, usize);
+
+    /// The CUDA device ordinal the exchange reads from and writes to.
+    fn device_ordinal(&self) -> usize;
+
+    /// Sends device payloads and receives into one device buffer, as
+    /// [`NcclTransport::exchange_device`] documents (every rank calls it at the same point of
+    /// its step sequence; a pair's messages match in tag order).
+    ///
+    /// # Safety
+    /// As [`NcclTransport::exchange_device`]: each send's `ptr` addresses `len` readable bytes
+    /// on the exchange's device, fully written, for as long as the future is alive.
+    unsafe fn exchange_device(
+        &self,
+        collective: u64,
+        step: u32,
+        sends: &[DeviceSend],
+        recvs: &[RecvOp],
+        deadline: Instant,
+    ) -> impl Future<Output = Result<DeviceReceived, TransportError>> + Send;
+}
+
+impl DeviceExchange for NcclTransport {
+    fn world(&self) -> (Rank, usize) {
+        (self.rank, self.size)
+    }
+
+    fn device_ordinal(&self) -> usize {
+        self.device
+    }
+
+    unsafe fn exchange_device(
+        &self,
+        collective: u64,
+        step: u32,
+        sends: &[DeviceSend],
+        recvs: &[RecvOp],
+        deadline: Instant,
+    ) -> impl Future<Output = Result<DeviceReceived, TransportError>> + Send {
+        // SAFETY: the caller's guarantee, passed on.
+        unsafe { NcclTransport::exchange_device(self, collective, step, sends, recvs, deadline) }
+    }
+}
+
 /// The buffers of the step being exchanged; if the exchange is dropped before they are
 /// released, they become an [`Orphan`] (NCCL may still be writing into them).
 struct InFlight<'a> {
