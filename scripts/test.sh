@@ -56,6 +56,8 @@ all_features=byzcoll/ucx,byzcoll/libfabric,byzcoll/cuda,byzcoll/nccl
 echo "== cargo clippy (default features, then ucx, libfabric, cuda and nccl)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --features "$all_features" -- -D warnings
+echo "== cargo check with CUDA 12 bindings (the cuda-12 feature)"
+cargo check -p byzcoll --no-default-features --features cuda-12,cuda,nccl --all-targets
 echo "== cargo test (default features: no system libraries)"
 cargo test --workspace 2>&1 | tee -a "$log"
 echo "== cargo test --features ucx,libfabric,cuda,nccl (UCX_TLS=tcp,self, FI_PROVIDER=tcp;ofi_rxm)"
