@@ -269,18 +269,56 @@ async fn connect_libfabric(_env: &LaunchEnv, _config: Config) -> Result<Communic
 
 #[cfg(feature = "nccl")]
 async fn connect_nccl(env: &LaunchEnv, config: Config) -> Result<Communicator> {
+    let world = nccl_world(env).await?;
+    Ok(communicator(Box::new(world.transport), config, world.store))
+}
+
+/// An NCCL transport joined from the launcher's environment, for the device-vector robust
+/// all-reduce (`byzcoll::cuda::robust_all_reduce_nccl`), which needs the transport itself
+/// rather than a [`Communicator`].
+#[cfg(feature = "nccl")]
+#[derive(Debug)]
+pub struct NcclWorld {
+    /// This rank's transport (one GPU per rank, picked by the local rank).
+    pub transport: byzcoll_transport_nccl::NcclTransport,
+    /// Rank 0's rendezvous store, kept while the world lives.
+    store: Option<StoreServer>,
+}
+
+/// Joins the NCCL world the launcher describes (as [`init`] does with `BYZCOLL_TRANSPORT=nccl`,
+/// but returning the transport itself): rank, world size and local rank from the environment,
+/// the unique id shared through the store at `BYZCOLL_STORE` or `MASTER_ADDR:MASTER_PORT`, one
+/// GPU per rank. A world of one needs no store.
+///
+/// # Errors
+/// [`Error::Bootstrap`] for an incomplete environment or an unreachable store;
+/// [`Error::Transport`] when NCCL, the driver or a GPU is missing on any rank (every rank fails,
+/// naming which), or the communicator is not complete in time.
+#[cfg(feature = "nccl")]
+pub async fn init_nccl() -> Result<NcclWorld> {
+    nccl_world(&LaunchEnv::from_env()?).await
+}
+
+#[cfg(feature = "nccl")]
+async fn nccl_world(env: &LaunchEnv) -> Result<NcclWorld> {
     use byzcoll_transport_nccl::{NcclOptions, NcclTransport};
     let options = NcclOptions {
         local_rank: env.local_rank,
         ..NcclOptions::default()
     };
     let Some((store, server)) = rendezvous(env, options.init_timeout).await? else {
-        let t = NcclTransport::single(options).await?;
-        return Ok(Communicator::new(Box::new(t), config));
+        let transport = NcclTransport::single(options).await?;
+        return Ok(NcclWorld {
+            transport,
+            store: None,
+        });
     };
-    let t = NcclTransport::from_store(&store, env.rank, env.size, options).await?;
-    tracing::info!(device = t.device(), "NCCL transport connected");
-    Ok(communicator(Box::new(t), config, server))
+    let transport = NcclTransport::from_store(&store, env.rank, env.size, options).await?;
+    tracing::info!(device = transport.device(), "NCCL transport connected");
+    Ok(NcclWorld {
+        transport,
+        store: server,
+    })
 }
 
 #[cfg(not(feature = "nccl"))]
