@@ -3,6 +3,7 @@
 //! are aggregated where the exchange left them, with no host copy of any vector.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use byzcoll_aggregators::{AggError, AggReport, Aggregator, Params, Structure};
@@ -34,8 +35,13 @@ use crate::sharded::{ShardLayout, Source, Transfer};
 /// coordinates without a finite result (more than `f` non-finite values there), it logs why
 /// and sends its result non-finite at those coordinates; the median of the versions discards
 /// that where at most `(r - 1) / 2` owners did so, and otherwise the call fails with
-/// [`AggError::NonFiniteResult`] naming the first such coordinate — never a NaN result, and
-/// never a rank left waiting for a result that is not sent.
+/// [`AggError::NonFiniteResult`] naming the first such coordinate — never a NaN result. An
+/// owner that cannot aggregate a shard for a reason of its own (a CUDA failure) still takes
+/// part in every later step, sending NaN for that shard (and, for the Krum family, an infinite
+/// distance table), and returns its error at the end, so the peers' steps complete and they
+/// see its versions as missing. Only a failure of the round's own device buffers (allocation,
+/// copy) ends the call at once; the peers' next step then fails at its deadline, as if this
+/// rank had died.
 /// A peer that does not take part makes NCCL abort when a step is not done `timeout` after it
 /// was posted (`TransportError::Aborted` naming the ranks), as over NCCL generally. Every rank
 /// must make this call at the same point of its NCCL sequence, with the same `collective`
@@ -76,12 +82,17 @@ pub async fn robust_all_reduce_nccl<E: GpuElement, N: DeviceExchange>(
         return Ok(AggReport::default());
     }
     let stream = gpu.stream().clone();
-    // Everything written to `buf` before this call is complete before it is sent.
-    stream.synchronize().map_err(|e| rule.backend(e))?;
     let mut out = stream.alloc_zeros::<E>(d).map_err(|e| rule.backend(e))?;
     let report = {
         let (mine, _read) = buf.device_ptr(&stream);
         let (out_ptr, _write) = out.device_ptr_mut(&stream);
+        // Everything written to `buf` before this call is complete before it is sent: on its
+        // own stream, and on others through the event `device_ptr` just made this stream wait
+        // for.
+        buf.stream()
+            .synchronize()
+            .and_then(|()| stream.synchronize())
+            .map_err(|e| rule.backend(e))?;
         let round = Round {
             net,
             collective,
@@ -110,7 +121,7 @@ struct Round<'a, N> {
     net: &'a N,
     collective: u64,
     rule: &'a CudaRule,
-    stream: &'a std::sync::Arc<CudaStream>,
+    stream: &'a Arc<CudaStream>,
     timeout: Duration,
     /// Bytes per element.
     size: usize,
@@ -132,7 +143,7 @@ impl<N: DeviceExchange> Round<'_, N> {
                 .exchange_device(self.collective, step, sends, recvs, deadline)
         }
         .await?;
-        Ok(Received::new(got, self.stream))
+        Ok(Received::new(got, self.stream.clone()))
     }
 
     async fn gather<E: GpuElement>(
@@ -221,24 +232,35 @@ impl<N: DeviceExchange> Round<'_, N> {
         let (results_ptr, _write) = results.device_ptr_mut(self.stream);
         let result_at = |i: usize| results_ptr + (starts[i] * size) as u64;
         let mut step = 1;
+        // This rank's own failure, reported once every step has been taken part in.
+        let mut failed: Option<Error> = None;
         let report = match rule.structure() {
             Structure::CoordinateWise => {
                 for (i, &s) in owned.iter().enumerate() {
                     let len = layout.shard(s).len();
                     let done = rule.run::<E>(&rows_of(s), result_at(i), len);
-                    self.owner_outcome(s, done.map(|_| ()), result_at(i), len)?;
+                    let own = self.owner_outcome(s, done.map(|_| ()), result_at(i), len)?;
+                    failed = failed.or(own);
                 }
                 AggReport::default()
             }
             Structure::Global => {
-                let selected = self.select::<E>(layout, &owned, &rows_of, step).await?;
+                let selected = match self
+                    .select::<E>(layout, &owned, &rows_of, step, &mut failed)
+                    .await
+                {
+                    Ok(selected) => selected,
+                    // This rank's own failure explains a failed selection best.
+                    Err(e) => return Err(failed.unwrap_or(e)),
+                };
                 step += 1;
                 for (i, &s) in owned.iter().enumerate() {
                     let len = layout.shard(s).len();
                     let rows = rows_of(s);
                     let chosen: Vec<CUdeviceptr> = selected.iter().map(|&j| rows[j]).collect();
                     let done = rule.finish_rows::<E>(&chosen, result_at(i), len);
-                    self.owner_outcome(s, done, result_at(i), len)?;
+                    let own = self.owner_outcome(s, done, result_at(i), len)?;
+                    failed = failed.or(own);
                 }
                 AggReport::selected(selected)
             }
@@ -297,7 +319,10 @@ impl<N: DeviceExchange> Round<'_, N> {
         // The median kernels have finished (run reads their status back) before `versions`
         // and `results` are freed.
         drop(versions);
-        Ok(report)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
     }
 
     /// The Krum family's statistic round: the distance table of each owned shard goes to every
@@ -308,13 +333,26 @@ impl<N: DeviceExchange> Round<'_, N> {
         owned: &[usize],
         rows_of: &(dyn Fn(usize) -> Vec<CUdeviceptr> + Sync),
         step: u32,
+        failed: &mut Option<Error>,
     ) -> Result<Vec<usize>> {
         let (rule, n) = (self.rule, layout.size());
         let cells = n * n;
         let mut tables = Vec::with_capacity(owned.len() * cells);
         for &s in owned {
-            let table = rule.distance_table::<E>(&rows_of(s), layout.shard(s).len())?;
-            tables.extend_from_slice(&table);
+            match rule.distance_table::<E>(&rows_of(s), layout.shard(s).len()) {
+                Ok(table) => tables.extend_from_slice(&table),
+                Err(why) => {
+                    // Every input infinitely far: a version the median of versions discards
+                    // when the other owners answer, and no selection at all when none does.
+                    tracing::warn!(
+                        shard = s,
+                        %why,
+                        "no distance table for an owned shard; sending an infinite one"
+                    );
+                    tables.resize(tables.len() + cells, f64::INFINITY);
+                    *failed = failed.take().or(Some(Error::Aggregation(why)));
+                }
+            }
         }
         let e = |x| rule.backend(x);
         let uploaded = self
@@ -341,7 +379,7 @@ impl<N: DeviceExchange> Round<'_, N> {
         let recvs = recv_ops(&layout.result_recvs(), |_| bytes);
         // `uploaded` is written (synchronized above) and borrowed until the end.
         let received = self.exchange(step, &sends, &recvs).await?;
-        let host = received.download(self.stream).map_err(e)?;
+        let host = received.download().map_err(e)?;
         let theirs: Vec<Vec<f64>> = received
             .ranges
             .iter()
@@ -378,24 +416,24 @@ impl<N: DeviceExchange> Round<'_, N> {
     /// done. When some coordinates have no finite result, the kernels have still written every
     /// coordinate, non-finite exactly at those, so the owner logs why and sends that: the
     /// median of the versions discards it where at most `(r - 1) / 2` owners have no value,
-    /// and otherwise names the first such coordinate. When no coordinate was written (no
-    /// selection the rule could finish), the result is filled with NaN (all bits set, a NaN in
-    /// every element type). Any other failure (CUDA, a size the kernels do not support) ends
-    /// the call: it does not depend on the values, so every owner meets it alike.
+    /// and otherwise names the first such coordinate. Any other failure is this rank's own
+    /// (CUDA): the result is filled with NaN (all bits set, a NaN in every element type) so the
+    /// peers see this version as missing, and the error is returned for the end of the round.
+    /// If even the fill fails, the call ends at once.
     fn owner_outcome(
         &self,
         s: usize,
         done: std::result::Result<(), AggError>,
         result: CUdeviceptr,
         len: usize,
-    ) -> Result<()> {
+    ) -> Result<Option<Error>> {
         match done {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(None),
             Err(why @ AggError::NonFiniteResult { .. }) => {
                 tracing::warn!(shard = s, %why, "an owned shard's result is not finite everywhere");
-                Ok(())
+                Ok(None)
             }
-            Err(why @ AggError::TooManyNonFiniteInputs { .. }) => {
+            Err(why) => {
                 tracing::warn!(shard = s, %why, "no result for an owned shard; sending NaN");
                 let backend = |x| Error::Aggregation(self.rule.backend(x));
                 self.stream.context().bind_to_thread().map_err(backend)?;
@@ -408,9 +446,9 @@ impl<N: DeviceExchange> Round<'_, N> {
                         self.stream.cu_stream(),
                     )
                 }
-                .map_err(backend)
+                .map_err(backend)?;
+                Ok(Some(Error::Aggregation(why)))
             }
-            Err(other) => Err(Error::Aggregation(other)),
         }
     }
 }
@@ -433,16 +471,19 @@ fn owned_index(owned: &[usize], shard: usize) -> usize {
         .unwrap_or_else(|| unreachable!("a result of shard {shard}, which this rank does not own"))
 }
 
-/// An exchange's receives on the device, with the address of each.
+/// An exchange's receives on the device, with the address of each. Kernels on the rule's
+/// stream read them through raw addresses, so dropping it waits for that stream first (on every
+/// path, errors included) before the buffer is freed.
 struct Received {
     rows: Vec<CUdeviceptr>,
     ranges: Vec<Range<usize>>,
     buffer: Option<CudaSlice<u8>>,
+    stream: Arc<CudaStream>,
 }
 
 impl Received {
-    fn new(got: DeviceReceived, stream: &std::sync::Arc<CudaStream>) -> Self {
-        let base = got.buffer.as_ref().map_or(0, |b| b.device_ptr(stream).0);
+    fn new(got: DeviceReceived, stream: Arc<CudaStream>) -> Self {
+        let base = got.buffer.as_ref().map_or(0, |b| b.device_ptr(&stream).0);
         Received {
             rows: got
                 .ranges
@@ -451,17 +492,25 @@ impl Received {
                 .collect(),
             ranges: got.ranges,
             buffer: got.buffer,
+            stream,
         }
     }
 
     /// The whole receive buffer on the host.
-    fn download(
-        &self,
-        stream: &std::sync::Arc<CudaStream>,
-    ) -> std::result::Result<Vec<u8>, cudarc::driver::DriverError> {
+    fn download(&self) -> std::result::Result<Vec<u8>, cudarc::driver::DriverError> {
         match &self.buffer {
-            Some(b) => stream.clone_dtoh(b),
+            Some(b) => self.stream.clone_dtoh(b),
             None => Ok(Vec::new()),
+        }
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        if self.buffer.is_some() {
+            if let Err(e) = self.stream.synchronize() {
+                tracing::warn!(error = %e, "waiting for kernels before freeing received buffers");
+            }
         }
     }
 }
