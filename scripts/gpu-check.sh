@@ -37,7 +37,16 @@ for line in sys.stdin:
     cp target/release/examples/nccl_device_allreduce .gpu/example-nccl.bin
     # Debug info would make them ~160 MB; the device run carries at most 64 MiB.
     for f in .gpu/*.bin; do strip --strip-debug "$f"; done
+    sources >.gpu/SOURCES
     ls -la .gpu/
+}
+
+# A hash of the sources the binaries are built from, so a run refuses stale binaries.
+sources() {
+    find Cargo.toml Cargo.lock gpu transports runtime aggregators src examples benches \
+        -type f \( -name '*.rs' -o -name '*.cu' -o -name '*.h' -o -name '*.c' -o -name '*.cpp' \
+        -o -name Cargo.toml -o -name Cargo.lock -o -name '*.py' \) -not -path '*/target/*' |
+        LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1
 }
 
 run() {
@@ -47,15 +56,30 @@ run() {
         [ -d "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     done
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1 || true
+    if [ ! -f .gpu/SOURCES ] || [ "$(sources)" != "$(cat .gpu/SOURCES)" ]; then
+        echo "FAIL: .gpu/ is missing or was built from other sources: run 'scripts/gpu-check.sh build' and carry .gpu"
+        return 1
+    fi
+    # On the GPU machine a test that finds no GPU, NVRTC or NCCL is a failure, not a skip.
     local status=0
-    for t in .gpu/test-*.bin; do
-        local name
-        name=$(basename "$t" .bin)
-        if timeout 300 "$t" --test-threads=1 >"$out/$name.log" 2>&1; then
+    # The tests that need the GPU (the NVRTC and emulated-kernel tests run in CI already).
+    for name in test-device-gpu test-device_exchange-gpu test-gpu-nccl test-byzcoll_cuda-gpu \
+        test-byzcoll_transport_nccl-nccl; do
+        local t=.gpu/$name.bin
+        if [ ! -x "$t" ]; then
+            echo "FAIL $name: no binary"
+            status=1
+        elif timeout 150 "$t" --test-threads=1 >"$out/$name.log" 2>&1; then
             local passed skipped
             passed=$(awk '/^test result:/ { p += $4 } END { print p + 0 }' "$out/$name.log")
             skipped=$(grep -c 'SKIPPED' "$out/$name.log" || true)
-            echo "PASS $name: $passed tests ($skipped lines say SKIPPED)"
+            if [ "$skipped" -gt 0 ]; then
+                echo "FAIL $name: $skipped tests skipped on the GPU machine"
+                grep 'SKIPPED' "$out/$name.log" | sort | uniq -c | head -5
+                status=1
+            else
+                echo "PASS $name: $passed tests"
+            fi
         else
             echo "FAIL $name (log: $out/$name.log)"
             tail -30 "$out/$name.log"
@@ -81,6 +105,10 @@ run() {
             --torch-script benches/anchors/torch_aggregators.py --out "$out/kernels.md" \
             >"$out/bench.log" 2>&1 || status=1
         tail -40 "$out/bench.log"
+        if grep -q 'SKIPPED' "$out/bench.log"; then
+            echo "FAIL bench: it skipped on the GPU machine"
+            status=1
+        fi
     fi
     return $status
 }

@@ -231,9 +231,11 @@ impl CudaRule {
                 .function(E::KIND, &Variant::Generic, "coordinate_select")
                 .map_err(|e| self.backend(e))?;
             use cudarc::driver::sys::CUfunction_attribute as Attr;
+            // The function is shared by every rule on this GPU: always the device's limit, so
+            // a rule running at the same time never lowers it under another's launch.
             func.set_attribute(
                 Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared as i32,
+                gpu.max_shared_optin() as i32,
             )
             .map_err(|e| self.backend(e))?;
             let cfg = grid(d, plan::SELECT_THREADS, gpu.sms(), 32, shared as u32);
