@@ -12,6 +12,11 @@
 //! [`TcpOptions::max_message_bytes`] closes the connection as a protocol violation, and a
 //! truncated frame is `Malformed`. Payloads have 64-bit lengths, so vectors of gigabytes work.
 //!
+//! The task awaiting an exchange polls it eagerly for [`TcpOptions::spin`] (500 µs by default)
+//! before it sleeps: a frame that arrives meanwhile is read by its connection's reader task on
+//! the waiting task's own thread, without a thread wakeup in between (8-byte one-way latency
+//! 20-23 µs on the 2-core development machine, from 46-49 µs).
+//!
 //! Addresses are exchanged through the rendezvous store ([`TcpTransport::from_store`]) or
 //! given directly ([`TcpTransport::connect_mesh`]).
 
@@ -26,6 +31,7 @@ use bytes::Bytes;
 use byzcoll_runtime::bootstrap::{connect_with_retry, StoreClient};
 use byzcoll_runtime::mailbox::{run_step, Claim, Closed, Mailbox};
 use byzcoll_runtime::pool::BufferPool;
+use byzcoll_runtime::progress::spin_on;
 use byzcoll_runtime::{
     Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
@@ -54,6 +60,11 @@ pub struct TcpOptions {
     /// Most bytes of idle receive buffers kept for reuse (see `runtime::pool`): a fresh large
     /// buffer costs a page fault per page when the frame is read into it.
     pub pool_bytes: usize,
+    /// How long the task awaiting an exchange polls it eagerly, yielding between polls, before
+    /// it sleeps until woken ([`byzcoll_runtime::progress::spin_on`]): a shorter wait for each
+    /// message (8-byte one-way latency halved on the 2-core development machine) for up to
+    /// this much CPU per step. Zero: never spin (for ranks oversubscribing their cores).
+    pub spin: Duration,
 }
 
 impl Default for TcpOptions {
@@ -62,6 +73,7 @@ impl Default for TcpOptions {
             setup_timeout: Duration::from_secs(60),
             max_message_bytes: 1 << 40,
             pool_bytes: 256 << 20,
+            spin: byzcoll_runtime::progress::SPIN,
         }
     }
 }
@@ -139,6 +151,7 @@ pub struct TcpTransport {
     writers: Vec<Option<Arc<Writer>>>,
     tasks: Vec<JoinHandle<()>>,
     max_message_bytes: u64,
+    spin: Duration,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -257,6 +270,7 @@ impl TcpTransport {
             writers,
             tasks,
             max_message_bytes: options.max_message_bytes,
+            spin: options.spin,
         })
     }
 }
@@ -524,7 +538,7 @@ impl Transport for TcpTransport {
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
         Box::pin(async move {
             step.validate(self.rank, self.size, &self.capabilities())?;
-            let outcomes = run_step(
+            let step_done = run_step(
                 &self.mailbox,
                 &step,
                 "tcp",
@@ -545,9 +559,8 @@ impl Transport for TcpTransport {
                         finished.await.map_err(|_| GONE)?.map_err(|e| e.to_string())
                     }
                 },
-            )
-            .await;
-            Ok(outcomes)
+            );
+            Ok(spin_on(self.spin, step_done).await)
         })
     }
 }
