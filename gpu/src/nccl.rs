@@ -194,16 +194,11 @@ impl<N: DeviceExchange> Round<'_, N> {
         let len_of = |t: &Transfer| layout.shard(t.shard).len() * size;
 
         // Phase 1: each shard of this rank's vector to its owners.
-        let sends: Vec<DeviceSend> = layout
-            .scatter_sends()
-            .iter()
-            .map(|t| DeviceSend {
-                peer: t.peer,
-                tag: t.shard as u32,
-                ptr: at(mine, layout.shard(t.shard)),
-                len: len_of(t),
-            })
-            .collect();
+        let sends = device_sends(
+            &layout.scatter_sends(),
+            |t| at(mine, layout.shard(t.shard)),
+            len_of,
+        );
         let recvs = recv_ops(&layout.scatter_recvs(), len_of);
         // `mine` is the caller's synchronized buffer, borrowed for the call.
         let pieces = self.exchange(0, &sends, &recvs).await?;
@@ -269,16 +264,11 @@ impl<N: DeviceExchange> Round<'_, N> {
 
         // Phase 3: every owner's results to every rank; the median of the versions.
         self.stream.synchronize().map_err(e)?;
-        let sends: Vec<DeviceSend> = layout
-            .result_sends()
-            .iter()
-            .map(|t| DeviceSend {
-                peer: t.peer,
-                tag: t.shard as u32,
-                ptr: result_at(owned_index(&owned, t.shard)),
-                len: len_of(t),
-            })
-            .collect();
+        let sends = device_sends(
+            &layout.result_sends(),
+            |t| result_at(owned_index(&owned, t.shard)),
+            len_of,
+        );
         let recvs = recv_ops(&layout.result_recvs(), len_of);
         // `results` is written (synchronized above) and borrowed until the end.
         let versions = self.exchange(step, &sends, &recvs).await?;
@@ -366,16 +356,11 @@ impl<N: DeviceExchange> Round<'_, N> {
         self.stream.synchronize().map_err(e)?;
         let (base, _read) = uploaded.device_ptr(self.stream);
         let bytes = cells * std::mem::size_of::<f64>();
-        let sends: Vec<DeviceSend> = layout
-            .result_sends()
-            .iter()
-            .map(|t| DeviceSend {
-                peer: t.peer,
-                tag: t.shard as u32,
-                ptr: base + (owned_index(owned, t.shard) * bytes) as u64,
-                len: bytes,
-            })
-            .collect();
+        let sends = device_sends(
+            &layout.result_sends(),
+            |t| base + (owned_index(owned, t.shard) * bytes) as u64,
+            |_| bytes,
+        );
         let recvs = recv_ops(&layout.result_recvs(), |_| bytes);
         // `uploaded` is written (synchronized above) and borrowed until the end.
         let received = self.exchange(step, &sends, &recvs).await?;
@@ -451,6 +436,22 @@ impl<N: DeviceExchange> Round<'_, N> {
             }
         }
     }
+}
+
+/// The sends of a phase, in its order: each transfer's bytes at `ptr`, `len` long.
+fn device_sends(
+    list: &[Transfer],
+    ptr: impl Fn(&Transfer) -> CUdeviceptr,
+    len: impl Fn(&Transfer) -> usize,
+) -> Vec<DeviceSend> {
+    list.iter()
+        .map(|t| DeviceSend {
+            peer: t.peer,
+            tag: t.shard as u32,
+            ptr: ptr(t),
+            len: len(t),
+        })
+        .collect()
 }
 
 /// The receives of a phase, in its order.

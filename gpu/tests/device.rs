@@ -18,20 +18,9 @@ use byzcoll_transport_local::LocalTransport;
 use cudarc::driver::CudaSlice;
 mod common;
 
-use common::{assert_close, inputs};
+use common::{assert_close, gpu, inputs};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-
-fn gpu() -> Option<Arc<Gpu>> {
-    match Gpu::probe() {
-        Ok(gpu) => Some(gpu),
-        Err(e) => {
-            // Written to the process's stderr, past libtest's capture, so the skip is visible.
-            let _ = writeln!(std::io::stderr(), "SKIPPED: no usable GPU ({e})");
-            None
-        }
-    }
-}
 
 fn cpu(rule: &str, f: usize, x: &[Vec<f32>]) -> Result<(Vec<f32>, Option<Vec<usize>>), AggError> {
     let views: Vec<&[f32]> = x.iter().map(|v| v.as_slice()).collect();

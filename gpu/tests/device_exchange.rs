@@ -14,7 +14,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,20 +28,9 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use tokio::time::Instant;
 mod common;
 
-use common::inputs;
+use common::{gpu, inputs};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-
-fn gpu() -> Option<Arc<Gpu>> {
-    match Gpu::probe() {
-        Ok(gpu) => Some(gpu),
-        Err(e) => {
-            // Written to the process's stderr, past libtest's capture, so the skip is visible.
-            let _ = writeln!(std::io::stderr(), "SKIPPED: no usable GPU ({e})");
-            None
-        }
-    }
-}
 
 /// A message in flight: the step it belongs to, its tag, the bytes.
 type Message = ((u64, u32), Tag, CudaSlice<u8>);

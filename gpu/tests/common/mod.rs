@@ -2,8 +2,24 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
+use std::io::Write as _;
+use std::sync::Arc;
+
+use byzcoll_cuda::Gpu;
 use rand::rngs::StdRng;
 use rand::Rng;
+
+/// The GPU, or `None` with a visible `SKIPPED` line where there is none.
+pub fn gpu() -> Option<Arc<Gpu>> {
+    match Gpu::probe() {
+        Ok(gpu) => Some(gpu),
+        Err(e) => {
+            // Written to the process's stderr, past libtest's capture, so the skip is visible.
+            let _ = writeln!(std::io::stderr(), "SKIPPED: no usable GPU ({e})");
+            None
+        }
+    }
+}
 
 /// Fresh random vectors (never zeros): a common centre plus noise, so order statistics and
 /// distances are all distinct and meaningful.
