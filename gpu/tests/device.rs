@@ -6,7 +6,6 @@
 //! CPU; the selection path (n > 64) within one f32 ulp; bf16/f16 equal the CPU rule on the
 //! widened values rounded to the element type.
 
-use std::io::Write as _;
 use std::sync::Arc;
 #[cfg(feature = "nccl")]
 use std::time::Duration;
@@ -235,6 +234,7 @@ async fn robust_all_reduce_with_the_gpu_rule_matches_the_cpu_rule() {
 async fn nccl_device_all_reduce_at_world_size_one() {
     use byzcoll_cuda::robust_all_reduce_nccl;
     use byzcoll_transport_nccl::{NcclOptions, NcclTransport};
+    use std::io::Write as _;
     let Some(gpu) = gpu() else { return };
     let nccl = match NcclTransport::single(NcclOptions::default()).await {
         Ok(t) => t,
