@@ -33,8 +33,9 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "kernels":
         shutil.copy(m["executable"], ".gpu/bench-kernels.bin")
 '
-    cargo build --release --features cuda,nccl --example nccl_device_allreduce
-    cp target/release/examples/nccl_device_allreduce .gpu/example-nccl.bin
+    cargo build --release --features cuda,nccl --example gpu_allreduce --bin byzcoll
+    cp target/release/examples/gpu_allreduce .gpu/example-gpu.bin
+    cp target/release/byzcoll .gpu/byzcoll.bin
     # Debug info would make them ~160 MB; the device run carries at most 64 MiB.
     for f in .gpu/*.bin; do strip --strip-debug "$f"; done
     sources >.gpu/SOURCES
@@ -86,19 +87,24 @@ run() {
             status=1
         fi
     done
-    # The device-vector robust all-reduce over real NCCL, at world size 1 (one GPU), f32 and bf16.
-    if [ -x .gpu/example-nccl.bin ]; then
-        for dtype in "" --bf16; do
-            if BYZCOLL_RANK=0 BYZCOLL_WORLD_SIZE=1 timeout 120 .gpu/example-nccl.bin --d 33554432 \
-                --byzantine 0 $dtype >"$out/example-nccl$dtype.log" 2>&1; then
-                echo "PASS example nccl_device_allreduce $dtype"
-            else
-                echo "FAIL example nccl_device_allreduce $dtype (log: $out/example-nccl$dtype.log)"
-                status=1
-            fi
-            tail -12 "$out/example-nccl$dtype.log"
-        done
-    fi
+    # The example: device vectors over real NCCL at world size 1 (one GPU), f32 and bf16; then
+    # 4 processes sharing the GPU over TCP (robust_all_reduce_device).
+    example() {
+        local log=$1
+        shift
+        if timeout 150 "$@" >"$out/$log.log" 2>&1; then
+            echo "PASS example $log"
+        else
+            echo "FAIL example $log (log: $out/$log.log)"
+            status=1
+        fi
+        tail -12 "$out/$log.log"
+    }
+    example gpu-nccl-f32 env BYZCOLL_TRANSPORT=nccl BYZCOLL_RANK=0 BYZCOLL_WORLD_SIZE=1 \
+        .gpu/example-gpu.bin --d 33554432 --byzantine 0
+    example gpu-nccl-bf16 env BYZCOLL_TRANSPORT=nccl BYZCOLL_RANK=0 BYZCOLL_WORLD_SIZE=1 \
+        .gpu/example-gpu.bin --d 33554432 --byzantine 0 --bf16
+    example gpu-tcp-4-processes .gpu/byzcoll.bin launch -n 4 -- .gpu/example-gpu.bin --d 4194304
     if [ -x .gpu/bench-kernels.bin ]; then
         timeout 400 .gpu/bench-kernels.bin --n 8,16,32,64,128 --exp 25 \
             --rules median,trimmed-mean,krum \

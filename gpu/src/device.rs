@@ -57,6 +57,22 @@ impl Gpu {
         Gpu::new(0)
     }
 
+    /// The device a launched rank uses, as the NCCL transport picks it: `local_rank` (the
+    /// rank, without one) modulo the number of visible devices, so the ranks of a node spread
+    /// over its GPUs and share them when there are more ranks than GPUs.
+    ///
+    /// # Errors
+    /// As [`Gpu::probe`].
+    pub fn for_rank(local_rank: Option<usize>, rank: usize) -> Result<Arc<Gpu>, GpuError> {
+        driver_present()?;
+        let count = usize::try_from(CudaContext::device_count()?).unwrap_or(0);
+        if count == 0 {
+            return Err(GpuError::NoDevice);
+        }
+        kernels::nvrtc_present()?;
+        Gpu::new(local_rank.unwrap_or(rank) % count)
+    }
+
     /// The device's context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx

@@ -46,6 +46,8 @@ pub mod plan;
 mod rules;
 pub mod sharded;
 
+/// The cudarc this crate is built with: device vectors are its `CudaSlice`s.
+pub use cudarc;
 pub use device::Gpu;
 #[cfg(feature = "nccl")]
 pub use nccl::robust_all_reduce_nccl;

@@ -1,28 +1,33 @@
-//! Robust all-reduce of vectors that live on the GPU, over NCCL, one rank per GPU, with no
-//! host copy of any vector (`byzcoll::cuda::robust_all_reduce_nccl`):
+//! Robust all-reduce of vectors that live on the GPU, as separate processes:
 //!
 //! ```sh
 //! cargo build --release --features cuda,nccl --examples --bins
-//! sbatch examples/slurm_gpu_nccl.sbatch          # or, on one node with 4 GPUs:
-//! target/release/byzcoll launch -n 4 -- target/release/examples/nccl_device_allreduce
+//! # Over NCCL, one rank per GPU, no host copy of any vector (robust_all_reduce_nccl):
+//! sbatch examples/slurm_gpu_nccl.sbatch
+//! BYZCOLL_TRANSPORT=nccl target/release/byzcoll launch -n 4 -- target/release/examples/gpu_allreduce
+//! # Over TCP (or UCX, libfabric), ranks may share a GPU (robust_all_reduce_device):
+//! target/release/byzcoll launch -n 4 -- target/release/examples/gpu_allreduce
 //! ```
 //!
 //! Options: `--d N` (elements per rank, default 2^24), `--byzantine K` (default up to 2,
-//! keeping n > 2K), `--bf16` (bf16 vectors instead of f32), `--rounds R` (timed rounds, default
-//! 5). The highest K ranks attack: the last sends NaN/inf, the others a sign-flipped vector
-//! scaled by 1000. For the median, the trimmed mean and Krum, in gather mode and in sharded
-//! mode with `2f + 1` and with 1 owner per shard, every honest rank checks its result (inside
-//! the honest range at every coordinate; Krum selects honest ranks only; sharded equals gather
-//! for the coordinate-wise rules) and rank 0 prints the median time per round. Exits non-zero
-//! on any mismatch. NCCL allows one rank per GPU: on a one-GPU machine run it with `-n 1`.
+//! keeping n > 2K), `--bf16` (bf16 vectors instead of f32; over NCCL only), `--rounds R` (timed
+//! rounds, default 5). The highest K ranks attack: the last sends NaN/inf, the others a
+//! sign-flipped vector scaled by 1000. For the median, the trimmed mean and Krum, in gather
+//! mode and in sharded mode with `2f + 1` and with 1 owner per shard, every honest rank checks
+//! its result (inside the honest range at every coordinate; Krum selects honest ranks only;
+//! sharded equals gather for the coordinate-wise rules) and rank 0 prints the median time per
+//! round. Exits non-zero on any mismatch. Each rank uses GPU `local rank mod visible GPUs`;
+//! NCCL allows one rank per GPU, so on a one-GPU machine run it over NCCL with `-n 1`.
 
 #![allow(clippy::print_stdout)]
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use byzcoll::aggregators::{Aggregator as _, Params};
-use byzcoll::cuda::{robust_all_reduce_nccl, CudaRule, Gpu, GpuElement};
+use byzcoll::cuda::cudarc::driver::CudaSlice;
+use byzcoll::cuda::{robust_all_reduce_device, CudaRule, Gpu, GpuElement};
 use byzcoll::{Policy, Replicas};
 
 /// The element types the example runs with.
@@ -30,6 +35,8 @@ trait Value: GpuElement {
     const NAME: &'static str;
     fn from_f32(v: f32) -> Self;
     fn to_f32(self) -> f32;
+    /// The buffer as f32, which the host-transport path takes.
+    fn as_f32(buf: &mut CudaSlice<Self>) -> Option<&mut CudaSlice<f32>>;
 }
 
 impl Value for f32 {
@@ -40,6 +47,9 @@ impl Value for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    fn as_f32(buf: &mut CudaSlice<f32>) -> Option<&mut CudaSlice<f32>> {
+        Some(buf)
+    }
 }
 
 impl Value for half::bf16 {
@@ -49,6 +59,100 @@ impl Value for half::bf16 {
     }
     fn to_f32(self) -> f32 {
         half::bf16::to_f32(self)
+    }
+    fn as_f32(_: &mut CudaSlice<Self>) -> Option<&mut CudaSlice<f32>> {
+        None
+    }
+}
+
+/// Where the vectors travel.
+enum Net {
+    /// NCCL, device to device.
+    #[cfg(feature = "nccl")]
+    Nccl(byzcoll::NcclWorld),
+    /// A host transport, through host staging.
+    Host(byzcoll::Communicator),
+}
+
+impl Net {
+    async fn join() -> Result<Net, String> {
+        #[cfg(feature = "nccl")]
+        if byzcoll::selected_transport() == "nccl" {
+            return byzcoll::init_nccl()
+                .await
+                .map(Net::Nccl)
+                .map_err(|e| e.to_string());
+        }
+        byzcoll::init()
+            .await
+            .map(Net::Host)
+            .map_err(|e| e.to_string())
+    }
+
+    fn world(&self) -> (usize, usize) {
+        match self {
+            #[cfg(feature = "nccl")]
+            Net::Nccl(w) => {
+                use byzcoll::Transport as _;
+                (w.transport.rank(), w.transport.size())
+            }
+            Net::Host(c) => (c.rank(), c.size()),
+        }
+    }
+
+    fn gpu(&self) -> Result<Arc<Gpu>, String> {
+        match self {
+            #[cfg(feature = "nccl")]
+            Net::Nccl(w) => Gpu::new(w.transport.device()).map_err(|e| e.to_string()),
+            Net::Host(c) => {
+                let env = byzcoll::bootstrap::LaunchEnv::from_env().map_err(|e| e.to_string())?;
+                Gpu::for_rank(env.local_rank, c.rank()).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "nccl")]
+            Net::Nccl(_) => "NCCL (device to device)",
+            Net::Host(c) => c.transport().name(),
+        }
+    }
+
+    /// One robust all-reduce of `buf`; the ranks selected, for the Krum family.
+    async fn round<E: Value>(
+        &mut self,
+        collective: u64,
+        buf: &mut CudaSlice<E>,
+        rule: &CudaRule,
+        policy: Policy,
+    ) -> Result<Option<Vec<usize>>, String> {
+        match self {
+            #[cfg(feature = "nccl")]
+            Net::Nccl(w) => {
+                let timeout = std::time::Duration::from_secs(120);
+                byzcoll::cuda::robust_all_reduce_nccl(
+                    &w.transport,
+                    collective,
+                    buf,
+                    rule,
+                    policy,
+                    timeout,
+                )
+                .await
+                .map(|report| report.selected)
+                .map_err(|e| e.to_string())
+            }
+            Net::Host(comm) => {
+                let _ = collective; // the communicator numbers its collectives itself
+                let buf = E::as_f32(buf)
+                    .ok_or_else(|| format!("{} vectors travel over NCCL only here", E::NAME))?;
+                robust_all_reduce_device(comm, buf, rule, policy)
+                    .await
+                    .map(|report| report.selected)
+                    .map_err(|e| e.to_string())
+            }
+        }
     }
 }
 
@@ -91,19 +195,17 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
-async fn run<E: Value>(a: &Args, world: &byzcoll::NcclWorld) -> Result<(), String> {
-    let (d, k, rounds) = (a.d, a.byzantine, a.rounds);
-    let nccl = &world.transport;
-    use byzcoll::Transport as _;
-    let (me, n) = (nccl.rank(), nccl.size());
-    let k = k.unwrap_or(2.min(n.saturating_sub(1) / 2));
+async fn run<E: Value>(a: &Args, net: &mut Net) -> Result<(), String> {
+    let (d, rounds) = (a.d, a.rounds);
+    let (me, n) = net.world();
+    let k = a.byzantine.unwrap_or(2.min(n.saturating_sub(1) / 2));
     if n <= 2 * k {
         return Err(format!(
             "{k} Byzantine ranks need more than {} ranks",
             2 * k
         ));
     }
-    let gpu = Gpu::new(nccl.device()).map_err(|e| e.to_string())?;
+    let gpu = net.gpu()?;
     let stream = gpu.stream().clone();
     let byzantine = me >= n - k;
     let mine: Vec<E> = if !byzantine {
@@ -131,7 +233,6 @@ async fn run<E: Value>(a: &Args, world: &byzcoll::NcclWorld) -> Result<(), Strin
         f: k,
         ..Params::default()
     };
-    let timeout = Duration::from_secs(120);
     let mut collective = 0;
     for name in ["median", "trimmed-mean", "krum"] {
         let rule = CudaRule::new(gpu.clone(), name, &params).map_err(|e| e.to_string())?;
@@ -155,12 +256,11 @@ async fn run<E: Value>(a: &Args, world: &byzcoll::NcclWorld) -> Result<(), Strin
                 stream.synchronize().map_err(|e| e.to_string())?;
                 collective += 1;
                 let start = Instant::now();
-                let report =
-                    robust_all_reduce_nccl(nccl, collective, &mut buf, &rule, policy, timeout)
-                        .await
-                        .map_err(|e| format!("{name} {label}: {e}"))?;
+                selected = net
+                    .round(collective, &mut buf, &rule, policy)
+                    .await
+                    .map_err(|e| format!("{name} {label}: {e}"))?;
                 times.push(start.elapsed());
-                selected = report.selected;
                 let host = stream.clone_dtoh(&buf).map_err(|e| e.to_string())?;
                 result = host.into_iter().map(E::to_f32).collect();
             }
@@ -188,7 +288,10 @@ async fn run<E: Value>(a: &Args, world: &byzcoll::NcclWorld) -> Result<(), Strin
         }
     }
     if me == 0 {
-        println!("OK: {n} ranks over NCCL, device vectors, every honest result checked");
+        println!(
+            "OK: {n} ranks over {}, device vectors, every honest result checked",
+            net.name()
+        );
     }
     Ok(())
 }
@@ -227,17 +330,17 @@ fn check(
 async fn main() -> ExitCode {
     let outcome = async {
         let a = args()?;
-        let world = byzcoll::init_nccl().await.map_err(|e| e.to_string())?;
+        let mut net = Net::join().await?;
         match a.bf16 {
-            true => run::<half::bf16>(&a, &world).await,
-            false => run::<f32>(&a, &world).await,
+            true => run::<half::bf16>(&a, &mut net).await,
+            false => run::<f32>(&a, &mut net).await,
         }
     }
     .await;
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("nccl_device_allreduce: {e}");
+            eprintln!("gpu_allreduce: {e}");
             ExitCode::FAILURE
         }
     }
