@@ -4,13 +4,13 @@
 //! cargo build --release --features cuda,nccl --examples --bins
 //! # Over NCCL, one rank per GPU, no host copy of any vector (robust_all_reduce_nccl):
 //! sbatch examples/slurm_gpu_nccl.sbatch
-//! BYZCOLL_TRANSPORT=nccl target/release/byzcoll launch -n 4 -- target/release/examples/gpu_allreduce
+//! BYZCOLL_TRANSPORT=nccl target/release/byzcoll launch -n 5 -- target/release/examples/gpu_allreduce
 //! # Over TCP (or UCX, libfabric), ranks may share a GPU (robust_all_reduce_device):
-//! target/release/byzcoll launch -n 4 -- target/release/examples/gpu_allreduce
+//! target/release/byzcoll launch -n 5 -- target/release/examples/gpu_allreduce
 //! ```
 //!
 //! Options: `--d N` (elements per rank, default 2^24), `--byzantine K` (default up to 2,
-//! keeping n > 2K), `--bf16` (bf16 vectors instead of f32; over NCCL only), `--rounds R` (timed
+//! keeping n > 2K; Krum runs only where n > 2K + 2 and says so otherwise), `--bf16` (bf16 vectors instead of f32; over NCCL only), `--rounds R` (timed
 //! rounds, default 5). The highest K ranks attack: the last sends NaN/inf, the others a
 //! sign-flipped vector scaled by 1000. For the median, the trimmed mean and Krum, in gather
 //! mode and in sharded mode with `2f + 1` and with 1 owner per shard, every honest rank checks

@@ -66,7 +66,8 @@ echo "== cargo test --features ucx,libfabric,cuda,nccl (UCX_TLS=tcp,self, FI_PRO
 UCX_TLS=tcp,self FI_PROVIDER="tcp;ofi_rxm" \
     cargo test --workspace --exclude byzcoll-cuda --exclude byzcoll-cuda-emu \
     --features "$all_features" 2>&1 | tee -a "$log"
-cargo test -p byzcoll-cuda --features nccl --test device --test device_exchange 2>&1 | tee -a "$log"
+cargo test -p byzcoll-cuda --features nccl --test device_exchange 2>&1 | tee -a "$log"
+cargo test -p byzcoll-cuda --features nccl --test device nccl 2>&1 | tee -a "$log"
 echo "== shared-memory conformance: UCX_TLS=sm,self and FI_PROVIDER=shm"
 UCX_TLS=sm,self cargo test -p byzcoll-transport-ucx --features ucx 2>&1 | tee -a "$log"
 FI_PROVIDER=shm cargo test -p byzcoll-transport-libfabric --features libfabric 2>&1 | tee -a "$log"

@@ -153,6 +153,16 @@ pub async fn init() -> Result<Communicator> {
         })?),
         Err(_) => None,
     };
+    let tcp_spin = match std::env::var("BYZCOLL_TCP_SPIN_US") {
+        Ok(v) => Some(Duration::from_micros(v.parse::<u64>().map_err(|_| {
+            Error::Bootstrap(BootstrapError::InvalidVar {
+                var: "BYZCOLL_TCP_SPIN_US",
+                value: v.clone(),
+                why: "expected microseconds (a non-negative integer)".into(),
+            })
+        })?)),
+        Err(_) => None,
+    };
     tracing::info!(
         launcher = %env.launcher,
         rank = env.rank,
@@ -164,7 +174,7 @@ pub async fn init() -> Result<Communicator> {
         "ucx" => connect_ucx(&env, config).await,
         "libfabric" => connect_libfabric(&env, config).await,
         "nccl" => connect_nccl(&env, config).await,
-        _ => connect_tcp(&env, config, ip).await,
+        _ => connect_tcp(&env, config, ip, tcp_spin).await,
     }
 }
 
@@ -203,10 +213,17 @@ fn communicator(
     comm
 }
 
-async fn connect_tcp(env: &LaunchEnv, config: Config, ip: Option<IpAddr>) -> Result<Communicator> {
+async fn connect_tcp(
+    env: &LaunchEnv,
+    config: Config,
+    ip: Option<IpAddr>,
+    spin: Option<Duration>,
+) -> Result<Communicator> {
+    let defaults = TcpOptions::default();
     let options = TcpOptions {
         setup_timeout: config.step_timeout.max(Duration::from_secs(60)),
-        ..TcpOptions::default()
+        spin: spin.unwrap_or(defaults.spin),
+        ..defaults
     };
     let Some((store, server)) = rendezvous(env, options.setup_timeout).await? else {
         // A world of one: nothing to rendezvous with.

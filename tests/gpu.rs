@@ -1,4 +1,4 @@
-//! The GPU example as separate processes sharing this machine's GPU over TCP (`--features
+//! The GPU example as five separate processes sharing this machine's GPU over TCP (`--features
 //! cuda`): ranks in their own processes, each aggregating with the CUDA rules on device
 //! vectors. Where there is no GPU the example must fail at once, saying why; the test checks
 //! that and prints a visible `SKIPPED` line for the GPU part.
@@ -18,9 +18,10 @@ fn ranks_in_separate_processes_share_the_gpu_over_tcp() {
     let gpu = byzcoll::cuda::Gpu::probe();
     let (out, _) = run_with_limit(
         Command::new(byzcoll())
-            .args(["launch", "-n", "4", "--"])
+            .args(["launch", "-n", "5", "--"])
             .arg(example("gpu_allreduce"))
-            .args(["--d", "100003", "--rounds", "1"])
+            // Krum needs n > 2f + 2.
+            .args(["--d", "100003", "--rounds", "1", "--byzantine", "1"])
             .env_remove("BYZCOLL_TRANSPORT"),
         Duration::from_secs(300),
     );
@@ -29,7 +30,7 @@ fn ranks_in_separate_processes_share_the_gpu_over_tcp() {
         Ok(_) => {
             assert!(out.status.success(), "{stdout}\n{stderr}");
             assert!(
-                stdout.contains("[0] OK: 4 ranks over tcp, device vectors"),
+                stdout.contains("[0] OK: 5 ranks over tcp, device vectors"),
                 "{stdout}"
             );
             for (rule, policy) in [("median", "sharded r=1"), ("krum", "sharded r=2f+1")] {

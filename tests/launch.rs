@@ -152,6 +152,31 @@ fn an_unavailable_transport_is_an_error_not_a_fallback() {
 }
 
 #[test]
+fn the_tcp_spin_is_set_from_the_environment_and_bad_values_are_refused() {
+    let run = |spin: &str| {
+        let (out, _) = run_with_limit(
+            Command::new(byzcoll())
+                .args(["launch", "-n", "3", "--"])
+                .arg(example("tcp_allreduce"))
+                .env("BYZCOLL_TCP_SPIN_US", spin),
+            Duration::from_secs(120),
+        );
+        let (stdout, stderr) = text(&out);
+        (out.status.success(), stdout, stderr)
+    };
+    // No spin at all still completes every collective.
+    let (ok, stdout, stderr) = run("0");
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("[0] OK: 3 ranks over tcp"), "{stdout}");
+    let (ok, stdout, stderr) = run("half a millisecond");
+    assert!(!ok, "{stdout}");
+    assert!(
+        stderr.contains("BYZCOLL_TCP_SPIN_US") && stderr.contains("microseconds"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn without_a_launcher_the_example_says_what_is_missing() {
     let mut cmd = Command::new(example("tcp_allreduce"));
     for var in [

@@ -310,6 +310,49 @@ mod tests {
         }
     }
 
+    /// Every input of an owned shard comes from its own rank, and every version from its own
+    /// owner, in rank order (the gather test cannot tell: order-free rules, equal versions).
+    #[test]
+    fn inputs_and_versions_come_from_the_ranks_they_stand_for() {
+        for n in 1..=9usize {
+            for r in 1..=n {
+                for d in [n.saturating_sub(2), 3 * n + 1] {
+                    for me in 0..n {
+                        let l = ShardLayout::new(me, n, r, d);
+                        let (scatter, results) = (l.scatter_recvs(), l.result_recvs());
+                        let owned = l.owned();
+                        for &s in &owned {
+                            for (p, src) in l.inputs(s).into_iter().enumerate() {
+                                match src {
+                                    Source::Mine(range) => {
+                                        assert_eq!((p, range), (me, l.shard(s)));
+                                    }
+                                    Source::Received(k) => {
+                                        assert_eq!(scatter[k], Transfer { peer: p, shard: s });
+                                    }
+                                    Source::Owned(_) => panic!("an input from a result"),
+                                }
+                            }
+                        }
+                        for s in l.shards() {
+                            let mut owners: Vec<Rank> = sharded::owners(s, n, r).collect();
+                            owners.sort_unstable();
+                            for (o, src) in owners.into_iter().zip(l.versions(s)) {
+                                match src {
+                                    Source::Owned(i) => assert_eq!((o, owned[i]), (me, s)),
+                                    Source::Received(k) => {
+                                        assert_eq!(results[k], Transfer { peer: o, shard: s });
+                                    }
+                                    Source::Mine(_) => panic!("a version from the input"),
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn empty_shards_are_never_sent() {
         let l = ShardLayout::new(1, 8, 3, 5);

@@ -221,13 +221,13 @@ pub async fn driven<F: Future>(network: &impl Drive, spin: Duration, fut: F) -> 
 }
 
 /// Awaits `fut`, polling it eagerly for up to `spin`: between polls the task yields to tokio
-/// (which polls the I/O driver before running it again, so a reader task whose socket became
-/// readable runs on this thread at once) and to the OS (on few cores the peer needs the CPU).
-/// After `spin` it awaits `fut` as usual, woken by its own wakers. For transports whose
-/// completions come from other tasks (TCP's reader tasks): a waiting task asleep in the
-/// executor costs a thread wakeup per message, which on the 2-core development machine is
-/// most of the TCP latency (measured there with the p2p bench: 8-byte one-way latency 20-23
-/// µs with a 500 µs spin, 46-49 µs without).
+/// (which polls the I/O driver before running it again when this worker holds the driver, so
+/// a reader task whose socket became readable usually runs without a thread wakeup) and to the
+/// OS (on few cores the peer needs the CPU). After `spin` it awaits `fut` as usual, woken by
+/// its own wakers. For transports whose completions come from other tasks (TCP's reader
+/// tasks): a waiting task asleep in the executor costs a thread wakeup per message, which on
+/// the 2-core development machine is most of the TCP latency (measured there with the p2p
+/// bench: 8-byte one-way latency 18-22 µs with a 500 µs spin, 46-53 µs without).
 pub async fn spin_on<F: Future>(spin: Duration, fut: F) -> F::Output {
     let mut fut = pin!(fut);
     let start = Instant::now();
@@ -851,7 +851,10 @@ mod tests {
             let _ = tx.send(7);
         });
         let start = Instant::now();
-        let got = spin_on(Duration::from_secs(5), rx).await;
+        let got =
+            tokio::time::timeout(Duration::from_secs(10), spin_on(Duration::from_secs(5), rx))
+                .await
+                .expect("completed");
         assert_eq!(got.ok(), Some(7));
         assert!(
             start.elapsed() < Duration::from_secs(1),
@@ -860,17 +863,31 @@ mod tests {
         );
     }
 
-    /// After the spin the future is still awaited, and completes when woken later.
+    /// After the spin the future is no longer polled until woken, and completes when it is.
     #[tokio::test(flavor = "current_thread")]
-    async fn spin_on_awaits_past_the_spin() {
-        let (tx, rx) = oneshot::channel::<u32>();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let _ = tx.send(8);
-        });
-        let start = Instant::now();
-        let got = spin_on(Duration::from_micros(100), rx).await;
-        assert_eq!(got.ok(), Some(8));
-        assert!(start.elapsed() >= Duration::from_millis(20));
+    async fn spin_on_stops_polling_after_the_spin_and_awaits_the_wakeup() {
+        use std::sync::atomic::AtomicUsize;
+        let polls = Arc::new(AtomicUsize::new(0));
+        let (tx, mut rx) = oneshot::channel::<u32>();
+        let counted = {
+            let polls = polls.clone();
+            std::future::poll_fn(move |cx| {
+                polls.fetch_add(1, Ordering::Relaxed);
+                std::pin::Pin::new(&mut rx).poll(cx)
+            })
+        };
+        let task = tokio::spawn(spin_on(Duration::from_micros(200), counted));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let after_spin = polls.load(Ordering::Relaxed);
+        assert!(after_spin >= 2, "polled {after_spin} times while spinning");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            polls.load(Ordering::Relaxed),
+            after_spin,
+            "polled while asleep"
+        );
+        let _ = tx.send(8);
+        let got = tokio::time::timeout(Duration::from_secs(5), task).await;
+        assert_eq!(got.expect("woken").expect("task").ok(), Some(8));
     }
 }

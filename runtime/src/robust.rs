@@ -636,6 +636,10 @@ pub fn sum_of_shard_medians(versions: &[Vec<&[f64]>], len: usize) -> Vec<f64> {
     let mut part = vec![0.0f64; len];
     for vs in versions {
         assert!(!vs.is_empty(), "a shard without any version");
+        assert!(
+            vs.iter().all(|v| v.len() == len),
+            "a version not {len} long"
+        );
         combine_versions(vs, &mut part);
         for (t, p) in total.iter_mut().zip(&part) {
             *t += p;

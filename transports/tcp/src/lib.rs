@@ -13,9 +13,9 @@
 //! truncated frame is `Malformed`. Payloads have 64-bit lengths, so vectors of gigabytes work.
 //!
 //! The task awaiting an exchange polls it eagerly for [`TcpOptions::spin`] (500 µs by default)
-//! before it sleeps: a frame that arrives meanwhile is read by its connection's reader task on
-//! the waiting task's own thread, without a thread wakeup in between (8-byte one-way latency
-//! 20-23 µs on the 2-core development machine, from 46-49 µs).
+//! before it sleeps, so a frame that arrives meanwhile usually reaches it without a thread
+//! wakeup (8-byte one-way latency 18-22 µs on the 2-core development machine, 46-53 µs
+//! without).
 //!
 //! Addresses are exchanged through the rendezvous store ([`TcpTransport::from_store`]) or
 //! given directly ([`TcpTransport::connect_mesh`]).
