@@ -318,6 +318,22 @@ fn info() {
     ucx_info();
     libfabric_info();
     gpu_info();
+    nccl_info();
+}
+
+#[cfg(feature = "nccl")]
+#[allow(clippy::print_stdout)]
+fn nccl_info() {
+    match byzcoll::transports::nccl::unavailable_reason() {
+        None => println!("nccl: usable on this machine (one rank per GPU)"),
+        Some(why) => println!("nccl: not usable on this machine: {why}"),
+    }
+}
+
+#[cfg(not(feature = "nccl"))]
+#[allow(clippy::print_stdout)]
+fn nccl_info() {
+    println!("nccl: not in this build (rebuild with `--features nccl`)");
 }
 
 #[cfg(feature = "cuda")]

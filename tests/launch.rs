@@ -226,6 +226,18 @@ fn info_lists_transports_rules_and_the_selection() {
     ] {
         assert!(stdout.contains(needle), "missing {needle:?} in\n{stdout}");
     }
+    // Whether this machine can run NCCL, not only whether the build has it.
+    let nccl_here = if !cfg!(feature = "nccl") {
+        "nccl: not in this build"
+    } else if std::path::Path::new("/dev/nvidiactl").exists() {
+        "nccl: "
+    } else {
+        "nccl: not usable on this machine: the CUDA driver library"
+    };
+    assert!(
+        stdout.contains(nccl_here),
+        "missing {nccl_here:?} in\n{stdout}"
+    );
 }
 
 #[test]
