@@ -116,8 +116,8 @@ impl Gpu {
             Some(m) => m,
             None => {
                 let started = std::time::Instant::now();
-                let ptx = kernels::compile(elem, variant, &self.arch)?;
-                let module = self.ctx.load_module(ptx)?;
+                let ptx = kernels::compiled(elem, variant, &self.arch)?;
+                let module = self.ctx.load_module((*ptx).clone())?;
                 tracing::debug!(?elem, ?variant, elapsed = ?started.elapsed(), "compiled kernels");
                 self.modules
                     .lock()

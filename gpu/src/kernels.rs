@@ -6,7 +6,9 @@
 //! here from the same comparator list the CPU rules use. Compiling needs only NVRTC, no GPU, so
 //! CI checks that every variant compiles.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::nvrtc::{self, CompileOptions, Ptx};
 
@@ -105,6 +107,32 @@ pub fn compile(elem: ElemKind, variant: &Variant, arch: &str) -> Result<Ptx, Gpu
             other => format!("{other:?}"),
         },
     })
+}
+
+/// PTX compiled in this process, by element type, variant and architecture.
+type Compiled = HashMap<(ElemKind, Variant, String), Arc<Ptx>>;
+
+/// [`compile`], once per process: NVRTC runs the first time a variant is asked for, whatever the
+/// number of [`crate::Gpu`]s (each still loads the PTX into its own context). Two threads asking
+/// for a new variant at once may both compile it; the first result is kept.
+///
+/// # Errors
+/// As [`compile`]; [`GpuError::Poisoned`] if a thread panicked holding the cache.
+pub fn compiled(elem: ElemKind, variant: &Variant, arch: &str) -> Result<Arc<Ptx>, GpuError> {
+    static CACHE: OnceLock<Mutex<Compiled>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Mutex::default);
+    let key = (elem, variant.clone(), arch.to_string());
+    if let Some(ptx) = cache.lock().map_err(|_| GpuError::Poisoned)?.get(&key) {
+        return Ok(ptx.clone());
+    }
+    // Compiled without the lock: it takes seconds, and other variants may be wanted meanwhile.
+    let ptx = Arc::new(compile(elem, variant, arch)?);
+    Ok(cache
+        .lock()
+        .map_err(|_| GpuError::Poisoned)?
+        .entry(key)
+        .or_insert(ptx)
+        .clone())
 }
 
 fn variant_name(variant: &Variant) -> String {

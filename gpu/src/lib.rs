@@ -30,7 +30,8 @@
 //! any vector; [`sharded::ShardLayout`] is its (pure, host-tested) map of the sharded schedule.
 //!
 //! Kernels are one CUDA source (`kernels/robust.cu`) compiled by NVRTC at run time for the
-//! device's architecture and cached per process ([`Gpu`]). The CUDA libraries are loaded at run
+//! device's architecture, once per variant per process ([`kernels::compiled`]), and loaded
+//! once into each [`Gpu`]'s context. The CUDA libraries are loaded at run
 //! time: this crate builds on any machine, and without a driver or NVRTC every entry point
 //! returns [`GpuError::NoLibrary`] rather than panicking.
 //!

@@ -9,6 +9,23 @@ use std::io::Write as _;
 
 use byzcoll_cuda::kernels::{self, Variant};
 
+/// NVRTC runs once per variant per process: the second request is the first one's PTX.
+#[test]
+fn compiled_kernels_are_cached_per_process() {
+    // SAFETY: only tries to open the library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        let _ = writeln!(std::io::stderr(), "SKIPPED: NVRTC (libnvrtc.so) not found");
+        return;
+    }
+    let variant = kernels::distance_variant(5);
+    let first = kernels::compiled(kernels::ElemKind::F16, &variant, "compute_90").expect("PTX");
+    let again = kernels::compiled(kernels::ElemKind::F16, &variant, "compute_90").expect("PTX");
+    assert!(std::sync::Arc::ptr_eq(&first, &again));
+    let other = kernels::compiled(kernels::ElemKind::F32, &variant, "compute_90").expect("PTX");
+    assert!(!std::sync::Arc::ptr_eq(&first, &other));
+    assert!(first.to_src().contains(".entry distance_tiles"));
+}
+
 #[test]
 fn every_kernel_variant_compiles_for_sm_90() {
     // SAFETY: only tries to open the library.
