@@ -21,7 +21,7 @@
 //!   rule's code; the finish (copy, mean of the selected, Bulyan's trimmed phase) on the GPU.
 //!
 //! Inputs may be `f32`, bf16 or f16 on the device ([`CudaRule::aggregate_device`]), arithmetic
-//! in `f32`/`f64`. As an [`Aggregator`] over host `f32` vectors (what the TCP, UCX and libfabric
+//! in `f32`/`f64`. As an [`Aggregator`](byzcoll_aggregators::Aggregator) over host `f32` vectors (what the TCP, UCX and libfabric
 //! transports deliver), a `CudaRule` stages the inputs through pinned memory into one device
 //! buffer, so it plugs into `Communicator::robust_all_reduce` in gather and sharded modes;
 //! [`robust_all_reduce_device`] does the same for a vector that lives on the device. With the
