@@ -30,6 +30,9 @@ use byzcoll::cuda::cudarc::driver::CudaSlice;
 use byzcoll::cuda::{robust_all_reduce_device, CudaRule, Gpu, GpuElement};
 use byzcoll::{Policy, Replicas};
 
+mod common;
+use common::{honest, in_honest_range};
+
 /// The element types the example runs with.
 trait Value: GpuElement {
     const NAME: &'static str;
@@ -154,12 +157,6 @@ impl Net {
             }
         }
     }
-}
-
-fn honest(rank: usize, d: usize) -> Vec<f32> {
-    (0..d)
-        .map(|j| 1.0 + 0.1 * (j as f32 * 0.01).sin() + 0.01 * rank as f32)
-        .collect()
 }
 
 /// The command line.
@@ -311,19 +308,7 @@ fn check(
             return Err(format!("{name} {label} selected Byzantine rank {bad}"));
         }
     }
-    for (j, x) in v.iter().enumerate() {
-        let lo = honest.iter().map(|h| h[j]).fold(f32::INFINITY, f32::min);
-        let hi = honest
-            .iter()
-            .map(|h| h[j])
-            .fold(f32::NEG_INFINITY, f32::max);
-        if !(x.is_finite() && lo <= *x && *x <= hi) {
-            return Err(format!(
-                "{name} {label}: coordinate {j} = {x} is outside [{lo}, {hi}]"
-            ));
-        }
-    }
-    Ok(())
+    in_honest_range(&format!("{name} {label}"), v, honest)
 }
 
 #[tokio::main]

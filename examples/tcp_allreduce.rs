@@ -19,11 +19,8 @@ use std::process::ExitCode;
 use byzcoll::aggregators::{Median, TrimmedMean};
 use byzcoll::{Policy, ReduceOp, Replicas};
 
-fn honest(rank: usize, d: usize) -> Vec<f32> {
-    (0..d)
-        .map(|j| 1.0 + 0.1 * (j as f32 * 0.01).sin() + 0.01 * rank as f32)
-        .collect()
-}
+mod common;
+use common::{honest, in_honest_range};
 
 fn arg(name: &str) -> Result<Option<usize>, String> {
     let args: Vec<String> = std::env::args().collect();
@@ -35,23 +32,6 @@ fn arg(name: &str) -> Result<Option<usize>, String> {
             .map(Some)
             .ok_or_else(|| format!("{name} needs a non-negative integer")),
     }
-}
-
-/// Checks that every coordinate of `v` lies within the honest inputs' range.
-fn in_honest_range(name: &str, v: &[f32], honest: &[Vec<f32>]) -> Result<(), String> {
-    for (j, x) in v.iter().enumerate() {
-        let lo = honest.iter().map(|h| h[j]).fold(f32::INFINITY, f32::min);
-        let hi = honest
-            .iter()
-            .map(|h| h[j])
-            .fold(f32::NEG_INFINITY, f32::max);
-        if !(x.is_finite() && lo <= *x && *x <= hi) {
-            return Err(format!(
-                "{name}: coordinate {j} = {x} is outside [{lo}, {hi}]"
-            ));
-        }
-    }
-    Ok(())
 }
 
 async fn run() -> Result<(), String> {
