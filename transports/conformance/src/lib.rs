@@ -35,6 +35,7 @@ macro_rules! conformance_suite {
     ($factory:expr) => {
         $crate::conformance_suite!(@tests $factory;
             collectives_match_reference,
+            all_reduce_of_megabyte_chunks_is_exact,
             robust_all_reduce_survives_byzantine_and_crashed_ranks,
             wrong_length_is_malformed_and_named,
             missing_peer_is_reported_within_the_deadline,
@@ -200,6 +201,38 @@ where
                 assert_eq!(robust, want_robust, "robust n={n} d={d} rank {me}");
             }
         }
+    }
+}
+
+/// `all_reduce` of vectors whose ring chunks are past 1 MiB (the size from which messages and
+/// receive buffers are on huge pages): sum and max equal the reference exactly, on every rank,
+/// with a sum again after the max (buffers reused).
+pub async fn all_reduce_of_megabyte_chunks_is_exact<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, d) = (4usize, (1usize << 20) + 5);
+    let comms = comms(factory(n).await, Duration::from_secs(60));
+    let results = run_ranks(comms, move |mut c| async move {
+        let me = c.rank();
+        let mut out = Vec::new();
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Sum] {
+            let mut v = vector(me, d);
+            c.all_reduce(&mut v, op).await.unwrap();
+            out.push(v);
+        }
+        (me, out)
+    })
+    .await;
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, d)).collect();
+    let sum: Vec<f32> = (0..d).map(|j| inputs.iter().map(|x| x[j]).sum()).collect();
+    let max: Vec<f32> = (0..d)
+        .map(|j| inputs.iter().map(|x| x[j]).fold(f32::MIN, f32::max))
+        .collect();
+    for (me, out) in results {
+        assert!(out[0] == sum && out[2] == sum, "sum at rank {me}");
+        assert!(out[1] == max, "max at rank {me}");
     }
 }
 
