@@ -57,9 +57,9 @@ impl Gpu {
         Gpu::new(0)
     }
 
-    /// The device a launched rank uses, as the NCCL transport picks it: `local_rank` (the
-    /// rank, without one) modulo the number of visible devices, so the ranks of a node spread
-    /// over its GPUs and share them when there are more ranks than GPUs.
+    /// The device a launched rank uses, as the NCCL transport picks it
+    /// ([`byzcoll_runtime::bootstrap::local_device`]): its local rank modulo the number of
+    /// visible devices.
     ///
     /// # Errors
     /// As [`Gpu::probe`].
@@ -70,7 +70,9 @@ impl Gpu {
             return Err(GpuError::NoDevice);
         }
         kernels::nvrtc_present()?;
-        Gpu::new(local_rank.unwrap_or(rank) % count)
+        Gpu::new(byzcoll_runtime::bootstrap::local_device(
+            local_rank, rank, count,
+        ))
     }
 
     /// The device's context.

@@ -95,7 +95,9 @@ pub(crate) fn pick_device(
             "device {d} requested but only {count} CUDA device(s) are visible"
         )),
         Some(d) => Ok(d),
-        None => Ok(local_rank.unwrap_or(rank) % count),
+        None => Ok(byzcoll_runtime::bootstrap::local_device(
+            local_rank, rank, count,
+        )),
     }
 }
 
