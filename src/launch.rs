@@ -10,7 +10,7 @@ use std::io::Write;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use byzcoll_runtime::bootstrap::StoreServer;
+use byzcoll_runtime::bootstrap::{JobAuth, JobSecret, StoreServer};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::sync::mpsc;
@@ -79,9 +79,16 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
     let Some(program) = options.command.first() else {
         return Err(LaunchError::Invalid("no command given after `--`".into()));
     };
-    let store = StoreServer::bind("127.0.0.1:0")
-        .await
-        .map_err(LaunchError::Store)?;
+    // One fresh secret per job, handed to the ranks in their environment (never on a command
+    // line, where any local user could read it).
+    let secret = JobSecret::generate().map_err(|e| LaunchError::Store(std::io::Error::other(e)))?;
+    let store = StoreServer::bind(
+        "127.0.0.1:0",
+        options.ranks,
+        JobAuth::Secret(secret.clone()),
+    )
+    .await
+    .map_err(LaunchError::Store)?;
     let store_addr = store.local_addr().to_string();
 
     let (exits, mut exited) = mpsc::channel::<(usize, i32)>(options.ranks);
@@ -95,6 +102,9 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
             .env("BYZCOLL_LOCAL_RANK", rank.to_string())
             .env("BYZCOLL_STORE", &store_addr)
             .env("BYZCOLL_STORE_HOSTED", "1")
+            .env("BYZCOLL_SECRET", secret.to_hex())
+            .env_remove("BYZCOLL_SECRET_FILE")
+            .env_remove("BYZCOLL_ALLOW_UNAUTHENTICATED")
             .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -49,7 +49,7 @@ pub mod transports {
     pub use byzcoll_transport_ucx as ucx;
 }
 
-use byzcoll_runtime::bootstrap::{LaunchEnv, StoreClient, StoreServer};
+use byzcoll_runtime::bootstrap::{JobAuth, LaunchEnv, Membership, StoreClient, StoreServer};
 use byzcoll_transport_tcp::{TcpOptions, TcpTransport};
 
 /// A transport byzcoll knows of, and whether this build has it.
@@ -178,8 +178,9 @@ pub async fn init() -> Result<Communicator> {
     }
 }
 
-/// The rendezvous store for a world larger than one: hosted here when this is rank 0 and the
-/// launcher does not host it, and a client for it.
+/// The rendezvous store for a world larger than one, authenticated by the job secret
+/// ([`JobAuth::from_env`]): hosted here when this is rank 0 and the launcher does not host
+/// it, and a client for it.
 async fn rendezvous(
     env: &LaunchEnv,
     timeout: Duration,
@@ -187,26 +188,46 @@ async fn rendezvous(
     let Some(store_addr) = env.store.clone() else {
         return Ok(None);
     };
+    let auth = JobAuth::from_env()?;
+    if !auth.is_authenticated() {
+        tracing::warn!(
+            rank = env.rank,
+            "byzcoll: running UNAUTHENTICATED (BYZCOLL_ALLOW_UNAUTHENTICATED=1): any process \
+             that reaches this job's ports can join it as a rank and set the result"
+        );
+    }
     let hosted_elsewhere = std::env::var("BYZCOLL_STORE_HOSTED").is_ok_and(|v| v == "1");
     let server = if env.rank == 0 && !hosted_elsewhere {
-        Some(StoreServer::bind(&store_addr).await.map_err(|e| {
-            BootstrapError::Store(format!("rank 0 cannot host the store at {store_addr}: {e}"))
-        })?)
+        Some(
+            StoreServer::bind(&store_addr, env.size, auth.clone())
+                .await
+                .map_err(|e| {
+                    BootstrapError::Store(format!(
+                        "rank 0 cannot host the store at {store_addr}: {e}"
+                    ))
+                })?,
+        )
     } else {
         None
     };
     Ok(Some((
-        StoreClient::new(store_addr, env.rank, env.size, timeout),
+        StoreClient::new(store_addr, env.rank, env.size, timeout, auth),
         server,
     )))
 }
 
+/// A communicator over `transport` that keeps `server` alive and whose reports say whether
+/// `store`'s job is authenticated.
 fn communicator(
     transport: Box<dyn Transport>,
     config: Config,
+    store: &StoreClient,
     server: Option<StoreServer>,
 ) -> Communicator {
     let mut comm = Communicator::new(transport, config);
+    if !store.auth().is_authenticated() {
+        comm.mark_unauthenticated();
+    }
     if let Some(server) = server {
         comm.keep_alive(server);
     }
@@ -231,11 +252,13 @@ async fn connect_tcp(
             .await
             .map_err(TransportError::from)?;
         let addr = listener.local_addr().map_err(TransportError::from)?;
-        let t = TcpTransport::connect_mesh(0, 1, listener, &[addr], options).await?;
+        // Nobody to authenticate: no connection is ever made.
+        let me = Membership::world(&JobAuth::Unauthenticated, &[Vec::new()])?;
+        let t = TcpTransport::connect_mesh(0, 1, listener, &[addr], &me[0], options).await?;
         return Ok(Communicator::new(Box::new(t), config));
     };
     let t = TcpTransport::from_store(&store, env.rank, env.size, ip, options).await?;
-    Ok(communicator(Box::new(t), config, server))
+    Ok(communicator(Box::new(t), config, &store, server))
 }
 
 #[cfg(feature = "ucx")]
@@ -250,7 +273,7 @@ async fn connect_ucx(env: &LaunchEnv, config: Config) -> Result<Communicator> {
         return Ok(Communicator::new(Box::new(t), config));
     };
     let t = UcxTransport::from_store(&store, env.rank, env.size, UcxOptions::default()).await?;
-    Ok(communicator(Box::new(t), config, server))
+    Ok(communicator(Box::new(t), config, &store, server))
 }
 
 #[cfg(not(feature = "ucx"))]
@@ -274,7 +297,7 @@ async fn connect_libfabric(env: &LaunchEnv, config: Config) -> Result<Communicat
     let t = LibfabricTransport::from_store(&store, env.rank, env.size, LibfabricOptions::default())
         .await?;
     tracing::info!(provider = t.provider(), "libfabric transport connected");
-    Ok(communicator(Box::new(t), config, server))
+    Ok(communicator(Box::new(t), config, &store, server))
 }
 
 #[cfg(not(feature = "libfabric"))]
@@ -287,7 +310,14 @@ async fn connect_libfabric(_env: &LaunchEnv, _config: Config) -> Result<Communic
 #[cfg(feature = "nccl")]
 async fn connect_nccl(env: &LaunchEnv, config: Config) -> Result<Communicator> {
     let world = nccl_world(env).await?;
-    Ok(communicator(Box::new(world.transport), config, world.store))
+    let mut comm = Communicator::new(Box::new(world.transport), config);
+    if world.unauthenticated {
+        comm.mark_unauthenticated();
+    }
+    if let Some(server) = world.store {
+        comm.keep_alive(server);
+    }
+    Ok(comm)
 }
 
 /// An NCCL transport joined from the launcher's environment, for the device-vector robust
@@ -300,6 +330,8 @@ pub struct NcclWorld {
     pub transport: byzcoll_transport_nccl::NcclTransport,
     /// Rank 0's rendezvous store, kept while the world lives.
     store: Option<StoreServer>,
+    /// The job runs with `BYZCOLL_ALLOW_UNAUTHENTICATED=1`.
+    pub unauthenticated: bool,
 }
 
 /// Joins the NCCL world the launcher describes (as [`init`] does with `BYZCOLL_TRANSPORT=nccl`,
@@ -328,6 +360,7 @@ async fn nccl_world(env: &LaunchEnv) -> Result<NcclWorld> {
         return Ok(NcclWorld {
             transport,
             store: None,
+            unauthenticated: false,
         });
     };
     let transport = NcclTransport::from_store(&store, env.rank, env.size, options).await?;
@@ -335,6 +368,7 @@ async fn nccl_world(env: &LaunchEnv) -> Result<NcclWorld> {
     Ok(NcclWorld {
         transport,
         store: server,
+        unauthenticated: !store.auth().is_authenticated(),
     })
 }
 

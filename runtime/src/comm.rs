@@ -35,6 +35,7 @@ pub struct Communicator {
     config: Config,
     next_collective: u64,
     pub(crate) owner_tamper: Option<crate::robust::OwnerTamper>,
+    unauthenticated: bool,
     /// Keeps bootstrap resources (such as a rendezvous store hosted by this rank) alive for as
     /// long as the communicator.
     _keep_alive: Vec<Box<dyn std::any::Any + Send + Sync>>,
@@ -59,8 +60,22 @@ impl Communicator {
             config,
             next_collective: 0,
             owner_tamper: None,
+            unauthenticated: false,
             _keep_alive: Vec::new(),
         }
+    }
+
+    /// Marks this communicator's job as running without authentication (what
+    /// `BYZCOLL_ALLOW_UNAUTHENTICATED=1` chose); every [`RoundReport`](crate::RoundReport) then
+    /// says so.
+    pub fn mark_unauthenticated(&mut self) {
+        self.unauthenticated = true;
+    }
+
+    /// Whether the job's membership is authenticated (in-process worlds and worlds of one
+    /// need no authentication and count as authenticated).
+    pub fn is_authenticated(&self) -> bool {
+        !self.unauthenticated
     }
 
     /// Ties the lifetime of `resource` (a hosted rendezvous store, say) to the communicator.

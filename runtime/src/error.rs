@@ -129,6 +129,21 @@ pub enum BootstrapError {
          or set BYZCOLL_RANK and BYZCOLL_WORLD_SIZE"
     )]
     NoLauncher,
+    /// A multi-rank job needs its secret and none is set: under `byzcoll launch` it is set for
+    /// you; under other launchers export one to every rank.
+    #[error(
+        "no job secret: a job of more than one rank authenticates its ranks with a shared secret. \
+         Generate one (`export BYZCOLL_SECRET=$(openssl rand -hex 32)`, or write it to a file \
+         only you can read and set BYZCOLL_SECRET_FILE) and pass it to every rank: \
+         `mpirun -x BYZCOLL_SECRET ...`, `srun --export=ALL,BYZCOLL_SECRET ...`, or export it \
+         before `torchrun`. `byzcoll launch` does this for you. To run without authentication \
+         (any local process can then join the job), set BYZCOLL_ALLOW_UNAUTHENTICATED=1"
+    )]
+    NoSecret,
+    /// Authentication failed: a peer did not prove the job secret or its identity, or the
+    /// membership table is inconsistent. The message names the rank or address.
+    #[error("authentication: {0}")]
+    Auth(String),
     /// The rendezvous store failed or answered with an error.
     #[error("rendezvous store: {0}")]
     Store(String),

@@ -79,6 +79,9 @@ pub struct RoundReport {
     /// Peak bytes of the buffers the collective itself held at once (payloads sent and
     /// received, intermediate results; not the caller's buffer).
     pub peak_bytes: usize,
+    /// The job runs without authentication (`BYZCOLL_ALLOW_UNAUTHENTICATED=1`): any process
+    /// that reached a rank's port during setup could have joined as a rank.
+    pub unauthenticated: bool,
 }
 
 /// Fault injection for tests and demonstrations: lets a rank act as a Byzantine shard owner
@@ -134,10 +137,12 @@ impl Communicator {
         rule: &dyn Aggregator,
         policy: Policy,
     ) -> Result<RoundReport> {
-        match policy {
+        let mut report = match policy {
             Policy::Gather => self.gather(buf, rule).await,
             Policy::Sharded(replicas) => self.sharded(buf, rule, replicas).await,
-        }
+        }?;
+        report.unauthenticated = !self.is_authenticated();
+        Ok(report)
     }
 
     /// Makes this rank a Byzantine shard owner in later sharded rounds (`None`: honest again).

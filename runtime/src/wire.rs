@@ -1,12 +1,12 @@
 //! The frame header shared by byte-stream and message transports: 32 bytes, little-endian,
-//! `b"BZF1"`, collective `u64`, step `u32`, sender `u32`, tag `u32`, payload length `u64`.
+//! `b"BZF2"` (protocol version 2), collective `u64`, step `u32`, sender `u32`, tag `u32`, payload length `u64`.
 //! Receivers check the sender against the connection and the length against the posted
 //! receive ([`crate::mailbox`]) before they allocate anything.
 
 use crate::{MsgKey, Rank};
 
 /// Magic of a data frame.
-pub const FRAME_MAGIC: [u8; 4] = *b"BZF1";
+pub const FRAME_MAGIC: [u8; 4] = *b"BZF2";
 /// Length of a frame header.
 pub const HEADER_LEN: usize = 32;
 

@@ -1,11 +1,16 @@
 //! Bootstrap: where this process sits in the job, and the rendezvous store through which
 //! transports exchange their addresses.
 
+pub mod auth;
 mod env;
+pub mod gate;
 mod store;
 
+pub use auth::{Identity, JobAuth, JobSecret, Membership, Roster, PROTOCOL_VERSION};
 pub use env::{LaunchEnv, Launcher};
-pub use store::{connect_with_retry, StoreClient, StoreServer, MAX_KEY, MAX_VALUE, MAX_WORLD};
+pub use store::{
+    connect_with_retry, StoreClient, StoreServer, MAX_KEY, MAX_OPEN_ROUNDS, MAX_VALUE, MAX_WORLD,
+};
 
 /// The device (GPU) a launched rank uses by default among `count > 0` visible ones: its local
 /// rank (its rank, when the launcher gives none) modulo `count`, so the ranks of a node spread

@@ -1,11 +1,15 @@
 //! The rendezvous store: a small TCP service, hosted by rank 0 (or by `byzcoll launch`), whose
-//! one operation is an all-gather of short values. Transports publish their addresses through
-//! it before they connect to each other.
+//! one operation is an all-gather of short values. Transports publish their addresses (and
+//! identity keys) through it before they connect to each other.
 //!
-//! Wire format, little-endian. Request: `b"BZS1"`, rank `u32`, world `u32`, key length `u16`,
-//! key, value length `u32`, value. Response: status `u8` (0 ok), then either `count u32` and
-//! `count` times (`len u32`, bytes), or an error message (`len u16`, UTF-8). Every length is
-//! checked against a fixed limit before anything is allocated.
+//! Every request starts with the handshake of [`super::auth`] (purpose store), which
+//! authenticates the client as a process of this job and names its rank; the request and the
+//! answer are then each followed by an HMAC under the session key. After the handshake,
+//! little-endian: request `key_len u16`, key, `value_len u32`, value, MAC; answer status `u8`
+//! (0 ok), then either `count u32` and `count` times (`len u32`, bytes), or an error message
+//! (`len u16`, UTF-8), then the MAC. Nothing is allocated for a client before it has proven
+//! the secret; after that, only within fixed limits ([`MAX_KEY`], [`MAX_VALUE`],
+//! [`MAX_OPEN_ROUNDS`]) and the job's own world size, never a size from a request.
 
 use std::collections::HashMap;
 use std::io;
@@ -18,27 +22,38 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio::time::{timeout, Instant};
+use tokio::time::Instant;
 
+use super::auth::{self, Endpoint, HandshakeError, JobAuth, Purpose, Session, STORE};
+use super::gate::{self, Gate};
 use crate::{BootstrapError, Rank};
 
-const MAGIC: &[u8; 4] = b"BZS1";
 /// Longest key accepted.
 pub const MAX_KEY: usize = 256;
 /// Longest value accepted.
 pub const MAX_VALUE: usize = 64 * 1024;
 /// Largest world accepted.
 pub const MAX_WORLD: usize = 1 << 20;
-const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most rounds open (some ranks joined, not all yet) at once.
+pub const MAX_OPEN_ROUNDS: usize = 64;
+const REQUEST_LABEL: &[u8] = b"byzcoll-v2 store request";
+const ANSWER_LABEL: &[u8] = b"byzcoll-v2 store answer";
 
 type Gathered = Result<Arc<Vec<Bytes>>, String>;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Round {
-    world: usize,
     values: Vec<Option<Bytes>>,
     filled: usize,
-    waiters: Vec<oneshot::Sender<Gathered>>,
+    waiters: Vec<(Rank, oneshot::Sender<Gathered>)>,
+    /// Set when a rank registered twice: every rank of the round gets this error.
+    failed: Option<String>,
+}
+
+#[derive(Debug)]
+struct Rounds {
+    world: usize,
+    open: HashMap<String, Round>,
 }
 
 /// A running store; stops when dropped.
@@ -49,26 +64,62 @@ pub struct StoreServer {
 }
 
 impl StoreServer {
-    /// Binds `addr` (`host:port`; port 0 picks a free one) and starts serving on the current
-    /// tokio runtime.
+    /// Binds `addr` (`host:port`; port 0 picks a free one) and serves the ranks of a job of
+    /// `world` ranks authenticated by `auth`, on the current tokio runtime.
     ///
     /// # Errors
-    /// When the address cannot be bound.
-    pub async fn bind(addr: &str) -> io::Result<Self> {
+    /// When the address cannot be bound, or `world` is 0 or above [`MAX_WORLD`].
+    pub async fn bind(addr: &str, world: usize, auth: JobAuth) -> io::Result<Self> {
+        if world == 0 || world > MAX_WORLD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a store for {world} ranks (1 to {MAX_WORLD})"),
+            ));
+        }
+        if !auth.is_authenticated() {
+            tracing::warn!("rendezvous store: running UNAUTHENTICATED (BYZCOLL_ALLOW_UNAUTHENTICATED=1): any local process can join this job");
+        }
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let rounds = Arc::new(Mutex::new(HashMap::<String, Round>::new()));
+        let rounds = Arc::new(Mutex::new(Rounds {
+            world,
+            open: HashMap::new(),
+        }));
+        let auth = Arc::new(auth);
         let task = tokio::spawn(async move {
+            let gate = Gate::default();
             loop {
-                let Ok((stream, peer)) = listener.accept().await else {
-                    continue;
-                };
-                let rounds = rounds.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = serve(stream, &rounds).await {
-                        tracing::warn!(%peer, error = %e, "rendezvous store: request failed");
-                    }
-                });
+                let (mut stream, peer) = gate::accept(&listener).await;
+                let _ = stream.set_nodelay(true);
+                let (auth, rounds) = (auth.clone(), rounds.clone());
+                gate.admit(
+                    peer,
+                    async move {
+                        let me = Endpoint {
+                            auth: &auth,
+                            purpose: Purpose::Store,
+                            world: world as u32,
+                            rank: STORE,
+                            identity: None,
+                        };
+                        match auth::respond(&mut stream, me, |_| Ok(())).await {
+                            Ok(session) => Some((stream, session)),
+                            Err(HandshakeError::Rejected { why, .. }) => {
+                                tracing::warn!(%peer, "rendezvous store: refused a connection: {why}");
+                                None
+                            }
+                            Err(e) => {
+                                tracing::debug!(%peer, error = %e, "rendezvous store: handshake failed");
+                                None
+                            }
+                        }
+                    },
+                    move |(stream, session)| async move {
+                        if let Err(e) = serve(stream, session, &rounds).await {
+                            tracing::warn!(%peer, error = %e, "rendezvous store: request failed");
+                        }
+                    },
+                );
             }
         });
         tracing::debug!(%addr, "rendezvous store listening");
@@ -91,112 +142,159 @@ fn invalid(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
-async fn serve(mut stream: TcpStream, rounds: &Mutex<HashMap<String, Round>>) -> io::Result<()> {
-    let request = timeout(REQUEST_READ_TIMEOUT, read_request(&mut stream))
+async fn serve(mut stream: TcpStream, session: Session, rounds: &Mutex<Rounds>) -> io::Result<()> {
+    let rank = session.peer as Rank;
+    let request = tokio::time::timeout(gate::AUTH_DEADLINE, read_request(&mut stream, &session))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "request not received in time"))?;
-    let rx = match request {
-        Ok((rank, world, key, value)) => join_round(rounds, rank, world, key, value),
+    let (key, rx) = match request {
+        Ok((key, value)) => {
+            let rx = join_round(rounds, rank, &key, value);
+            (Some(key), rx)
+        }
         Err(e) => {
             let (tx, rx) = oneshot::channel();
             let _ = tx.send(Err(e.to_string()));
-            rx
+            (None, rx)
         }
     };
-    let result = rx.await.unwrap_or_else(|_| Err("store shut down".into()));
-    match result {
-        Ok(values) => {
-            let mut out = Vec::with_capacity(5 + values.iter().map(|v| 4 + v.len()).sum::<usize>());
-            out.push(0u8);
-            out.extend_from_slice(&(values.len() as u32).to_le_bytes());
-            for v in values.iter() {
-                out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-                out.extend_from_slice(v);
+    // Wait for the round, and withdraw the contribution if the client hangs up meanwhile,
+    // so that a round whose ranks all left is dropped.
+    let mut probe = [0u8; 1];
+    let result = tokio::select! {
+        r = rx => r.unwrap_or_else(|_| Err("store shut down".into())),
+        _ = stream.read(&mut probe) => {
+            if let Some(key) = &key {
+                leave_round(rounds, rank, key);
             }
-            stream.write_all(&out).await
+            return Err(invalid(format!("rank {rank} hung up while waiting")));
+        }
+    };
+    let mut body = Vec::new();
+    let outcome = match result {
+        Ok(values) => {
+            body.reserve(5 + values.iter().map(|v| 4 + v.len()).sum::<usize>());
+            body.push(0u8);
+            body.extend_from_slice(&(values.len() as u32).to_le_bytes());
+            for v in values.iter() {
+                body.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                body.extend_from_slice(v);
+            }
+            Ok(())
         }
         Err(msg) => {
             let msg = &msg.as_bytes()[..msg.len().min(u16::MAX as usize)];
-            let mut out = vec![1u8];
-            out.extend_from_slice(&(msg.len() as u16).to_le_bytes());
-            out.extend_from_slice(msg);
-            stream.write_all(&out).await?;
+            body.push(1u8);
+            body.extend_from_slice(&(msg.len() as u16).to_le_bytes());
+            body.extend_from_slice(msg);
             Err(invalid(String::from_utf8_lossy(msg)))
         }
-    }
+    };
+    body.extend_from_slice(&session.mac(ANSWER_LABEL, &[&body]));
+    stream.write_all(&body).await?;
+    outcome
 }
 
-async fn read_request(stream: &mut TcpStream) -> io::Result<(Rank, usize, String, Bytes)> {
-    let mut magic = [0u8; 4];
-    stream.read_exact(&mut magic).await?;
-    if &magic != MAGIC {
-        return Err(invalid("not a byzcoll store request"));
-    }
-    let rank = stream.read_u32_le().await? as usize;
-    let world = stream.read_u32_le().await? as usize;
-    if world == 0 || world > MAX_WORLD || rank >= world {
-        return Err(invalid(format!("rank {rank} / world {world} out of range")));
-    }
-    let key_len = stream.read_u16_le().await? as usize;
-    if key_len > MAX_KEY {
+async fn read_request(stream: &mut TcpStream, session: &Session) -> io::Result<(String, Bytes)> {
+    let key_len = stream.read_u16_le().await?;
+    if key_len as usize > MAX_KEY {
         return Err(invalid(format!("key of {key_len} bytes exceeds {MAX_KEY}")));
     }
-    let mut key = vec![0u8; key_len];
+    let mut key = vec![0u8; key_len as usize];
     stream.read_exact(&mut key).await?;
-    let key = String::from_utf8(key).map_err(|_| invalid("key is not UTF-8"))?;
-    let value_len = stream.read_u32_le().await? as usize;
-    if value_len > MAX_VALUE {
+    let value_len = stream.read_u32_le().await?;
+    if value_len as usize > MAX_VALUE {
         return Err(invalid(format!(
             "value of {value_len} bytes exceeds {MAX_VALUE}"
         )));
     }
-    let mut value = vec![0u8; value_len];
+    let mut value = vec![0u8; value_len as usize];
     stream.read_exact(&mut value).await?;
-    Ok((rank, world, key, value.into()))
+    let mut mac = [0u8; 32];
+    stream.read_exact(&mut mac).await?;
+    let parts: [&[u8]; 4] = [
+        &key_len.to_le_bytes(),
+        &key,
+        &value_len.to_le_bytes(),
+        &value,
+    ];
+    if !session.verify(REQUEST_LABEL, &parts, &mac) {
+        return Err(invalid("the request's MAC does not match"));
+    }
+    let key = String::from_utf8(key).map_err(|_| invalid("key is not UTF-8"))?;
+    Ok((key, value.into()))
 }
 
 fn join_round(
-    rounds: &Mutex<HashMap<String, Round>>,
+    rounds: &Mutex<Rounds>,
     rank: Rank,
-    world: usize,
-    key: String,
+    key: &str,
     value: Bytes,
 ) -> oneshot::Receiver<Gathered> {
     let (tx, rx) = oneshot::channel();
     let mut rounds = rounds.lock().unwrap_or_else(PoisonError::into_inner);
-    let round = rounds.entry(key.clone()).or_insert_with(|| Round {
-        world,
-        values: vec![None; world],
-        ..Round::default()
-    });
-    if round.world != world {
+    let world = rounds.world;
+    if !rounds.open.contains_key(key) && rounds.open.len() >= MAX_OPEN_ROUNDS {
         let _ = tx.send(Err(format!(
-            "key {key:?}: rank {rank} says the world has {world} ranks, others say {}",
-            round.world
+            "key {key:?}: {MAX_OPEN_ROUNDS} rounds are open already"
         )));
         return rx;
     }
+    let round = rounds.open.entry(key.to_string()).or_insert_with(|| Round {
+        values: vec![None; world],
+        filled: 0,
+        waiters: Vec::new(),
+        failed: None,
+    });
+    if let Some(why) = &round.failed {
+        let _ = tx.send(Err(why.clone()));
+        return rx;
+    }
     if round.values[rank].is_some() {
-        let _ = tx.send(Err(format!("key {key:?}: rank {rank} joined twice")));
+        // Never a silent replacement: the whole round fails, naming the rank, for every rank
+        // that joined it and every rank that still will.
+        let why = format!(
+            "key {key:?}: rank {rank} registered twice (another process claims its identity)"
+        );
+        tracing::warn!("rendezvous store: {why}");
+        for (_, w) in round.waiters.drain(..) {
+            let _ = w.send(Err(why.clone()));
+        }
+        let _ = tx.send(Err(why.clone()));
+        round.failed = Some(why);
         return rx;
     }
     round.values[rank] = Some(value);
     round.filled += 1;
-    round.waiters.push(tx);
+    round.waiters.push((rank, tx));
     if round.filled == world {
-        if let Some(done) = rounds.remove(&key) {
+        if let Some(done) = rounds.open.remove(key) {
             let values: Arc<Vec<Bytes>> = Arc::new(
                 done.values
                     .into_iter()
                     .map(Option::unwrap_or_default)
                     .collect(),
             );
-            for w in done.waiters {
+            for (_, w) in done.waiters {
                 let _ = w.send(Ok(values.clone()));
             }
         }
     }
     rx
+}
+
+fn leave_round(rounds: &Mutex<Rounds>, rank: Rank, key: &str) {
+    let mut rounds = rounds.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(round) = rounds.open.get_mut(key) else {
+        return;
+    };
+    if round.failed.is_none() && round.values[rank].take().is_some() {
+        round.filled -= 1;
+        round.waiters.retain(|(r, _)| *r != rank);
+    }
+    if round.waiters.is_empty() && round.failed.is_none() {
+        rounds.open.remove(key);
+    }
 }
 
 /// A client of the rendezvous store.
@@ -206,18 +304,26 @@ pub struct StoreClient {
     rank: Rank,
     world: usize,
     timeout: Duration,
+    auth: JobAuth,
     rounds: Mutex<HashMap<String, u64>>,
 }
 
 impl StoreClient {
-    /// A client for rank `rank` of `world` talking to the store at `addr` (`host:port`);
-    /// each operation gives up after `timeout`.
-    pub fn new(addr: impl Into<String>, rank: Rank, world: usize, timeout: Duration) -> Self {
+    /// A client for rank `rank` of `world` talking to the store at `addr` (`host:port`),
+    /// authenticated by `auth`; each operation gives up after `timeout`.
+    pub fn new(
+        addr: impl Into<String>,
+        rank: Rank,
+        world: usize,
+        timeout: Duration,
+        auth: JobAuth,
+    ) -> Self {
         StoreClient {
             addr: addr.into(),
             rank,
             world,
             timeout,
+            auth,
             rounds: Mutex::new(HashMap::new()),
         }
     }
@@ -227,13 +333,19 @@ impl StoreClient {
         &self.addr
     }
 
+    /// How this client authenticates (transports authenticate their connections the same way).
+    pub fn auth(&self) -> &JobAuth {
+        &self.auth
+    }
+
     /// Contributes `value` under `key` and returns every rank's value, indexed by rank.
     /// Calling again with the same key starts a new round (ranks must call in the same order).
     ///
     /// # Errors
-    /// [`BootstrapError::Store`] when the store rejects the request or does not answer within
-    /// the timeout (connections are retried until then, since rank 0 may still be starting),
-    /// or when its answer is malformed.
+    /// [`BootstrapError::Store`] when the store rejects the request (a rank registered twice,
+    /// too many open rounds) or does not answer within the timeout (connections are retried
+    /// until then, since rank 0 may still be starting), or when its answer is malformed;
+    /// [`BootstrapError::Auth`] when the store is not of this job (or this process is not).
     ///
     /// # Cancel safety
     /// Not cancel safe: the contribution may already be recorded.
@@ -245,11 +357,12 @@ impl StoreClient {
             *n
         };
         let key = format!("{key}#{round}");
-        if key.len() > MAX_KEY || value.len() > MAX_VALUE {
+        if key.len() > MAX_KEY || value.len() > MAX_VALUE || self.world > MAX_WORLD {
             return Err(BootstrapError::Store(format!(
-                "key or value too long ({} / {} bytes)",
+                "key, value or world too large ({} / {} bytes, {} ranks)",
                 key.len(),
-                value.len()
+                value.len(),
+                self.world
             )));
         }
         let deadline = Instant::now() + self.timeout;
@@ -272,44 +385,77 @@ impl StoreClient {
         let mut stream = connect_with_retry(&self.addr, deadline)
             .await
             .map_err(|e| BootstrapError::Store(format!("cannot reach {}: {e}", self.addr)))?;
-        let mut req = Vec::with_capacity(18 + key.len() + value.len());
-        req.extend_from_slice(MAGIC);
-        req.extend_from_slice(&(self.rank as u32).to_le_bytes());
-        req.extend_from_slice(&(self.world as u32).to_le_bytes());
-        req.extend_from_slice(&(key.len() as u16).to_le_bytes());
-        req.extend_from_slice(key.as_bytes());
-        req.extend_from_slice(&(value.len() as u32).to_le_bytes());
-        req.extend_from_slice(value);
+        let me = Endpoint {
+            auth: &self.auth,
+            purpose: Purpose::Store,
+            world: self.world as u32,
+            rank: self.rank as u32,
+            identity: None,
+        };
+        let session = auth::initiate(&mut stream, me, STORE)
+            .await
+            .map_err(|e| match e {
+                HandshakeError::Io(e) => BootstrapError::Io(e),
+                e => BootstrapError::Auth(format!("store at {}: {e}", self.addr)),
+            })?;
+        let key_len = (key.len() as u16).to_le_bytes();
+        let value_len = (value.len() as u32).to_le_bytes();
+        let parts: [&[u8]; 4] = [&key_len, key.as_bytes(), &value_len, value];
+        let mut req = parts.concat();
+        req.extend_from_slice(&session.mac(REQUEST_LABEL, &parts));
         stream.write_all(&req).await?;
-        let status = stream.read_u8().await?;
-        if status != 0 {
-            let len = stream.read_u16_le().await? as usize;
-            let mut msg = vec![0u8; len];
+
+        let bad = |what: String| BootstrapError::Store(format!("{}: {what}", self.addr));
+        let mut body = vec![stream.read_u8().await?];
+        if body[0] != 0 {
+            let len = stream.read_u16_le().await?;
+            let mut msg = vec![0u8; len as usize];
             stream.read_exact(&mut msg).await?;
+            body.extend_from_slice(&len.to_le_bytes());
+            body.extend_from_slice(&msg);
+            read_answer_mac(&mut stream, &session, &body).await?;
             return Err(BootstrapError::Store(
                 String::from_utf8_lossy(&msg).into_owned(),
             ));
         }
-        let count = stream.read_u32_le().await? as usize;
-        if count != self.world {
-            return Err(BootstrapError::Store(format!(
+        let count = stream.read_u32_le().await?;
+        body.extend_from_slice(&count.to_le_bytes());
+        if count as usize != self.world {
+            return Err(bad(format!(
                 "answer has {count} values for a world of {}",
                 self.world
             )));
         }
-        let mut values = Vec::with_capacity(count);
+        let mut values = Vec::with_capacity(self.world);
         for _ in 0..count {
-            let len = stream.read_u32_le().await? as usize;
-            if len > MAX_VALUE {
-                return Err(BootstrapError::Store(format!(
-                    "value of {len} bytes in answer"
-                )));
+            let len = stream.read_u32_le().await?;
+            if len as usize > MAX_VALUE {
+                return Err(bad(format!("value of {len} bytes in answer")));
             }
-            let mut v = vec![0u8; len];
+            let mut v = vec![0u8; len as usize];
             stream.read_exact(&mut v).await?;
+            body.extend_from_slice(&len.to_le_bytes());
+            body.extend_from_slice(&v);
             values.push(Bytes::from(v));
         }
+        read_answer_mac(&mut stream, &session, &body).await?;
         Ok(values)
+    }
+}
+
+async fn read_answer_mac(
+    stream: &mut TcpStream,
+    session: &Session,
+    body: &[u8],
+) -> Result<(), BootstrapError> {
+    let mut mac = [0u8; 32];
+    stream.read_exact(&mut mac).await?;
+    if session.verify(ANSWER_LABEL, &[body], &mac) {
+        Ok(())
+    } else {
+        Err(BootstrapError::Auth(
+            "the store's answer does not carry its MAC".into(),
+        ))
     }
 }
 
@@ -337,16 +483,24 @@ pub async fn connect_with_retry(addr: &str, deadline: Instant) -> io::Result<Tcp
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bootstrap::JobSecret;
+
+    fn secret() -> JobAuth {
+        JobAuth::Secret(JobSecret::from_hex(&"ab".repeat(32)).unwrap())
+    }
+
+    fn client(addr: &str, rank: Rank, world: usize, auth: JobAuth) -> StoreClient {
+        StoreClient::new(addr, rank, world, Duration::from_secs(10), auth)
+    }
 
     #[tokio::test]
     async fn all_gather_returns_every_value_in_rank_order_and_rounds_repeat() {
-        let server = StoreServer::bind("127.0.0.1:0").await.unwrap();
+        let server = StoreServer::bind("127.0.0.1:0", 5, secret()).await.unwrap();
         let addr = server.local_addr().to_string();
         let tasks: Vec<_> = (0..5)
             .map(|r| {
-                let addr = addr.clone();
+                let c = client(&addr, r, 5, secret());
                 tokio::spawn(async move {
-                    let c = StoreClient::new(addr, r, 5, Duration::from_secs(10));
                     let first = c.all_gather("k", format!("v{r}").as_bytes()).await.unwrap();
                     let second = c.all_gather("k", &[r as u8]).await.unwrap();
                     (first, second)
@@ -365,40 +519,103 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn conflicting_world_sizes_and_garbage_are_rejected() {
-        let server = StoreServer::bind("127.0.0.1:0").await.unwrap();
+    async fn strangers_other_worlds_and_garbage_are_refused() {
+        let server = StoreServer::bind("127.0.0.1:0", 2, secret()).await.unwrap();
         let addr = server.local_addr().to_string();
-        let a = StoreClient::new(addr.clone(), 0, 2, Duration::from_secs(5));
-        let b = StoreClient::new(addr.clone(), 1, 3, Duration::from_secs(5));
-        let (_, rb) = tokio::join!(
-            tokio::time::timeout(Duration::from_millis(300), a.all_gather("x", b"a")),
-            b.all_gather("x", b"b")
+        let wrong = JobAuth::Secret(JobSecret::from_hex(&"cd".repeat(32)).unwrap());
+        let err = client(&addr, 1, 2, wrong)
+            .all_gather("x", b"b")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("wrong job secret"), "{err}");
+        let err = client(&addr, 1, 2, JobAuth::Unauthenticated)
+            .all_gather("x", b"b")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("unauthenticated"), "{err}");
+        let err = client(&addr, 1, 3, secret())
+            .all_gather("x", b"b")
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("world of 3 ranks, this job has 2"),
+            "{err}"
         );
-        let err = rb.unwrap_err().to_string();
-        assert!(err.contains("world has 3 ranks, others say 2"), "{err}");
 
         let mut raw = TcpStream::connect(&addr).await.unwrap();
         raw.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
-        assert_eq!(raw.read_u8().await.unwrap(), 1);
-
-        let mut raw = TcpStream::connect(&addr).await.unwrap();
-        let mut req = MAGIC.to_vec();
-        req.extend_from_slice(&0u32.to_le_bytes());
-        req.extend_from_slice(&1u32.to_le_bytes());
-        req.extend_from_slice(&1u16.to_le_bytes());
-        req.push(b'k');
-        req.extend_from_slice(&u32::MAX.to_le_bytes());
-        raw.write_all(&req).await.unwrap();
         assert_eq!(
             raw.read_u8().await.unwrap(),
-            1,
-            "a 4 GiB value must be refused"
+            auth::Refusal::NotByzcoll as u8
         );
     }
 
     #[tokio::test]
+    async fn old_protocol_requests_with_huge_worlds_are_refused_by_version() {
+        let server = StoreServer::bind("127.0.0.1:0", 2, secret()).await.unwrap();
+        let addr = server.local_addr().to_string();
+        let mut req = b"BZS1".to_vec();
+        req.extend_from_slice(&0u32.to_le_bytes());
+        req.extend_from_slice(&(1u32 << 20).to_le_bytes());
+        req.extend_from_slice(&1u16.to_le_bytes());
+        req.push(b'k');
+        req.extend_from_slice(&0u32.to_le_bytes());
+        let mut raw = TcpStream::connect(&addr).await.unwrap();
+        raw.write_all(&req).await.unwrap();
+        assert_eq!(raw.read_u8().await.unwrap(), auth::Refusal::Version as u8);
+        let len = raw.read_u16_le().await.unwrap();
+        let mut msg = vec![0; len as usize];
+        raw.read_exact(&mut msg).await.unwrap();
+        let msg = String::from_utf8(msg).unwrap();
+        assert!(msg.contains("protocol version 1, this side 2"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn a_second_registration_for_a_rank_fails_the_round_for_everyone() {
+        let server = StoreServer::bind("127.0.0.1:0", 3, secret()).await.unwrap();
+        let addr = server.local_addr().to_string();
+        let honest = client(&addr, 0, 3, secret());
+        let real = client(&addr, 1, 3, secret());
+        let impostor = client(&addr, 1, 3, secret());
+        let waiting = [
+            tokio::spawn(async move { honest.all_gather("k", b"0").await }),
+            tokio::spawn(async move { real.all_gather("k", b"1").await }),
+        ];
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let err = impostor
+            .all_gather("k", b"evil")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rank 1 registered twice"), "{err}");
+        for w in waiting {
+            let err = w.await.unwrap().unwrap_err().to_string();
+            assert!(err.contains("rank 1 registered twice"), "{err}");
+        }
+    }
+
+    #[test]
+    fn rounds_whose_ranks_left_are_dropped_and_open_rounds_are_capped() {
+        let rounds = Mutex::new(Rounds {
+            world: 4,
+            open: HashMap::new(),
+        });
+        let _rx = join_round(&rounds, 2, "k", Bytes::from_static(b"x"));
+        assert_eq!(rounds.lock().unwrap().open.len(), 1);
+        leave_round(&rounds, 2, "k");
+        assert!(rounds.lock().unwrap().open.is_empty());
+        let mut keep = Vec::new();
+        for i in 0..MAX_OPEN_ROUNDS {
+            keep.push(join_round(&rounds, 0, &format!("k{i}"), Bytes::new()));
+        }
+        let mut rx = join_round(&rounds, 0, "one too many", Bytes::new());
+        let err = rx.try_recv().unwrap().unwrap_err();
+        assert!(err.contains("rounds are open already"), "{err}");
+    }
+
+    #[tokio::test]
     async fn a_missing_store_is_a_timeout_error() {
-        let c = StoreClient::new("127.0.0.1:9", 1, 2, Duration::from_millis(200));
+        let c = StoreClient::new("127.0.0.1:9", 1, 2, Duration::from_millis(200), secret());
         let err = c.all_gather("k", b"").await.unwrap_err().to_string();
         assert!(err.contains("127.0.0.1:9"), "{err}");
     }

@@ -254,14 +254,17 @@ mod tests {
     /// Ranks that find each other through the rendezvous store, as separate processes do.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ranks_bootstrap_through_the_store() {
-        use byzcoll_runtime::bootstrap::{StoreClient, StoreServer};
+        use byzcoll_runtime::bootstrap::{JobAuth, JobSecret, StoreClient, StoreServer};
         let n = 3;
-        let server = StoreServer::bind("127.0.0.1:0").await.unwrap();
+        let auth = JobAuth::Secret(JobSecret::generate().unwrap());
+        let server = StoreServer::bind("127.0.0.1:0", n, auth.clone())
+            .await
+            .unwrap();
         let addr = server.local_addr().to_string();
         let joins = (0..n).map(|rank| {
-            let addr = addr.clone();
+            let (addr, auth) = (addr.clone(), auth.clone());
             tokio::spawn(async move {
-                let store = StoreClient::new(addr, rank, n, Duration::from_secs(10));
+                let store = StoreClient::new(addr, rank, n, Duration::from_secs(10), auth);
                 LibfabricTransport::from_store(&store, rank, n, LibfabricOptions::default()).await
             })
         });

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use byzcoll_aggregators::Median;
-use byzcoll_runtime::bootstrap::{StoreClient, StoreServer};
+use byzcoll_runtime::bootstrap::{JobAuth, JobSecret, StoreClient, StoreServer};
 use byzcoll_runtime::{
     Communicator, Config, Payload, Policy, RecvOp, RecvOutcome, ReduceOp, Replicas, SendOp, Step,
     Transport, TransportError,
@@ -51,7 +51,13 @@ fn pattern(len: usize, seed: u8) -> Bytes {
 
 #[tokio::test]
 async fn rank_outside_the_world_is_invalid_usage() {
-    let store = StoreClient::new("127.0.0.1:1", 0, 2, Duration::from_millis(10));
+    let store = StoreClient::new(
+        "127.0.0.1:1",
+        0,
+        2,
+        Duration::from_millis(10),
+        JobAuth::Unauthenticated,
+    );
     let r = NcclTransport::from_store(&store, 2, 2, NcclOptions::default()).await;
     assert!(matches!(r, Err(TransportError::InvalidUsage(_))), "{r:?}");
 }
@@ -69,12 +75,15 @@ async fn without_nccl_every_rank_gets_a_typed_error_naming_the_ranks() {
         Err(TransportError::Setup(msg)) => assert!(msg.contains(&why), "{msg}"),
         other => panic!("expected a setup error, got {other:?}"),
     }
-    let server = StoreServer::bind("127.0.0.1:0").await.unwrap();
+    let auth = JobAuth::Secret(JobSecret::generate().unwrap());
+    let server = StoreServer::bind("127.0.0.1:0", 2, auth.clone())
+        .await
+        .unwrap();
     let addr = server.local_addr().to_string();
     let join = |rank| {
-        let addr = addr.clone();
+        let (addr, auth) = (addr.clone(), auth.clone());
         async move {
-            let store = StoreClient::new(addr, rank, 2, Duration::from_secs(20));
+            let store = StoreClient::new(addr, rank, 2, Duration::from_secs(20), auth);
             NcclTransport::from_store(&store, rank, 2, NcclOptions::default()).await
         }
     };
@@ -129,12 +138,16 @@ async fn from_store_at_world_size_one() {
     if !gpu("from_store_at_world_size_one") {
         return;
     }
-    let server = StoreServer::bind("127.0.0.1:0").await.unwrap();
+    let auth = JobAuth::Secret(JobSecret::generate().unwrap());
+    let server = StoreServer::bind("127.0.0.1:0", 1, auth.clone())
+        .await
+        .unwrap();
     let store = StoreClient::new(
         server.local_addr().to_string(),
         0,
         1,
         Duration::from_secs(20),
+        auth,
     );
     let t = NcclTransport::from_store(&store, 0, 1, NcclOptions::default())
         .await

@@ -1,7 +1,11 @@
 //! TCP transport for byzcoll: the embedded default, needing nothing but tokio.
 //!
-//! One connection per pair of ranks (the higher rank connects to the lower), with a handshake
-//! that names both ends. Each connection has a reader task and a writer task. A send writes
+//! One connection per pair of ranks (the higher rank connects to the lower). Each starts with
+//! the authenticated handshake of [`byzcoll_runtime::bootstrap::auth`]: both ends prove the job
+//! secret and sign with their identity keys, and compare the digests of their membership
+//! tables, so no stranger gets a connection and no rank connects as another. The listener
+//! authenticates connections concurrently, each under a deadline and at most 256 at once
+//! ([`byzcoll_runtime::bootstrap::gate`]), so idle connections never delay real peers. Each connection has a reader task and a writer task. A send writes
 //! its frame itself, without blocking, when nothing is queued before it on that connection
 //! (header and payload in one vectored write); whatever the socket does not take at once goes
 //! to the writer task, which finishes it even if the step that sent it is dropped, so a frame
@@ -28,7 +32,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use byzcoll_runtime::bootstrap::{connect_with_retry, StoreClient};
+use byzcoll_runtime::bootstrap::auth::{self, Endpoint, HandshakeError, Purpose};
+use byzcoll_runtime::bootstrap::gate::{self, Gate};
+use byzcoll_runtime::bootstrap::{connect_with_retry, Identity, Membership, Roster, StoreClient};
 use byzcoll_runtime::mailbox::{run_step, Claim, Closed, Mailbox};
 use byzcoll_runtime::pool::BufferPool;
 use byzcoll_runtime::progress::spin_on;
@@ -36,19 +42,17 @@ use byzcoll_runtime::{
     Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
 use futures::future::BoxFuture;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{timeout_at, Instant};
 
-use crate::wire::{FrameHeader, Hello, HEADER_LEN, HELLO_LEN};
+use crate::wire::{FrameHeader, HEADER_LEN};
 
 /// Frames queued per peer for its writer task before senders wait.
 const SEND_QUEUE: usize = 64;
-/// How long an accepted connection may take to say who it is.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Settings of the TCP transport.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,13 +167,16 @@ impl std::fmt::Debug for Outgoing {
 }
 
 impl TcpTransport {
-    /// Binds a listener on `ip` (port chosen by the OS), publishes its address through
-    /// `store`, and connects to every other rank. `ip` defaults to the local address that
-    /// routes to the store (`127.0.0.1` for a store on loopback).
+    /// Binds a listener on `ip` (port chosen by the OS), publishes its address and a fresh
+    /// identity key through `store`, and connects to every other rank, authenticating each
+    /// connection with the store's [`JobAuth`](byzcoll_runtime::bootstrap::JobAuth). `ip`
+    /// defaults to the local address that routes to the store (`127.0.0.1` for a store on
+    /// loopback).
     ///
     /// # Errors
-    /// [`TransportError::Setup`] when the store fails, a rank publishes an unusable address,
-    /// or not every peer connects within [`TcpOptions::setup_timeout`].
+    /// [`TransportError::Setup`] when the store fails, a rank publishes an unusable address or
+    /// key, a peer fails authentication, or not every peer connects within
+    /// [`TcpOptions::setup_timeout`].
     pub async fn from_store(
         store: &StoreClient,
         rank: Rank,
@@ -177,54 +184,79 @@ impl TcpTransport {
         ip: Option<IpAddr>,
         options: TcpOptions,
     ) -> Result<Self, TransportError> {
+        let setup = |e: byzcoll_runtime::BootstrapError| TransportError::Setup(e.to_string());
         let ip = match ip {
             Some(ip) => ip,
             None => local_ip_towards(store.addr()).await?,
         };
         let listener = TcpListener::bind((ip, 0)).await?;
         let me = listener.local_addr()?;
+        let identity = Identity::generate().map_err(setup)?;
+        let mut entry = identity.public().to_vec();
+        entry.extend_from_slice(me.to_string().as_bytes());
         let published = store
-            .all_gather("byzcoll/tcp", me.to_string().as_bytes())
+            .all_gather("byzcoll/tcp", &entry)
             .await
-            .map_err(|e| TransportError::Setup(e.to_string()))?;
-        let addrs = published
-            .iter()
-            .enumerate()
-            .map(|(r, a)| {
-                std::str::from_utf8(a)
-                    .ok()
-                    .and_then(|s| s.parse::<SocketAddr>().ok())
-                    .ok_or_else(|| {
-                        TransportError::Setup(format!("rank {r} published an invalid address"))
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Self::connect_mesh(rank, size, listener, &addrs, options).await
+            .map_err(setup)?;
+        let mut keys = Vec::with_capacity(size);
+        let mut addrs = Vec::with_capacity(size);
+        for (r, entry) in published.iter().enumerate() {
+            let invalid = || TransportError::Setup(format!("rank {r} published an invalid entry"));
+            let (key, addr) = entry.split_at_checked(32).ok_or_else(invalid)?;
+            let key: [u8; 32] = key.try_into().map_err(|_| invalid())?;
+            let addr = std::str::from_utf8(addr)
+                .ok()
+                .and_then(|s| s.parse::<SocketAddr>().ok())
+                .ok_or_else(invalid)?;
+            keys.push((key, &entry[32..]));
+            addrs.push(addr);
+        }
+        let membership = Membership {
+            auth: store.auth().clone(),
+            identity,
+            roster: Roster::new(&keys).map_err(setup)?,
+        };
+        Self::connect_mesh(rank, size, listener, &addrs, &membership, options).await
     }
 
     /// Connects rank `rank` of `size` to every other rank: it accepts the higher ranks on
-    /// `listener` and connects to the lower ranks at `addrs[r]`.
+    /// `listener` and connects to the lower ranks at `addrs[r]`, authenticating every
+    /// connection with `membership` (whose roster must cover `size` ranks).
     ///
     /// # Errors
-    /// [`TransportError::InvalidUsage`] when `addrs` does not have `size` entries or `rank` is
-    /// out of range; [`TransportError::Setup`] naming the ranks that did not connect in time.
+    /// [`TransportError::InvalidUsage`] when `addrs` or the roster do not have `size` entries
+    /// or `rank` is out of range; [`TransportError::Setup`] naming a peer that failed
+    /// authentication, or the ranks that did not connect in time.
     pub async fn connect_mesh(
         rank: Rank,
         size: usize,
         listener: TcpListener,
         addrs: &[SocketAddr],
+        membership: &Membership,
         options: TcpOptions,
     ) -> Result<Self, TransportError> {
-        if addrs.len() != size || rank >= size || size > u32::MAX as usize {
+        if addrs.len() != size
+            || membership.size() != size
+            || rank >= size
+            || size > u32::MAX as usize
+        {
             return Err(TransportError::InvalidUsage(format!(
-                "rank {rank} with {} addresses for a world of {size}",
-                addrs.len()
+                "rank {rank} with {} addresses and {} identities for a world of {size}",
+                addrs.len(),
+                membership.size()
             )));
         }
+        if !membership.auth.is_authenticated() && size > 1 {
+            tracing::warn!(
+                rank,
+                "tcp transport: connections are UNAUTHENTICATED (BYZCOLL_ALLOW_UNAUTHENTICATED=1)"
+            );
+        }
         let deadline = Instant::now() + options.setup_timeout;
-        let connects = (0..rank).map(|peer| connect_peer(addrs[peer], rank, size, peer, deadline));
+        let connects =
+            (0..rank).map(|peer| connect_peer(addrs[peer], rank, size, peer, membership, deadline));
         let (accepted, connected) = tokio::join!(
-            accept_peers(&listener, rank, size, deadline),
+            accept_peers(listener, rank, size, membership, deadline),
             futures::future::join_all(connects)
         );
         let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
@@ -302,89 +334,110 @@ pub async fn local_ip_towards(addr: &str) -> Result<IpAddr, TransportError> {
     Ok(probe.local_addr()?.ip())
 }
 
+fn endpoint(membership: &Membership, size: usize, rank: Rank) -> Endpoint<'_> {
+    Endpoint {
+        auth: &membership.auth,
+        purpose: Purpose::Tcp,
+        world: size as u32,
+        rank: rank as u32,
+        identity: Some((&membership.identity, &membership.roster)),
+    }
+}
+
 async fn connect_peer(
     addr: SocketAddr,
     me: Rank,
     size: usize,
     peer: Rank,
+    membership: &Membership,
     deadline: Instant,
 ) -> Result<TcpStream, TransportError> {
     let setup =
         |what: String| TransportError::Setup(format!("rank {me} to rank {peer} at {addr}: {what}"));
     let attempt = async {
         let mut stream = connect_with_retry(&addr.to_string(), deadline).await?;
-        stream
-            .write_all(
-                &Hello {
-                    world: size as u32,
-                    rank: me as u32,
-                }
-                .encode(),
-            )
-            .await?;
-        let mut reply = [0u8; HELLO_LEN];
-        stream.read_exact(&mut reply).await?;
-        Ok::<_, io::Error>((stream, Hello::decode(&reply)))
+        auth::initiate(&mut stream, endpoint(membership, size, me), peer as u32).await?;
+        Ok::<_, HandshakeError>(stream)
     };
-    let (stream, reply) = timeout_at(deadline, attempt)
+    timeout_at(deadline, attempt)
         .await
         .map_err(|_| setup("no handshake before the setup timeout".into()))?
-        .map_err(|e| setup(e.to_string()))?;
-    match reply {
-        Ok(h) if h.rank as usize == peer && h.world as usize == size => Ok(stream),
-        Ok(h) => Err(setup(format!(
-            "the listener is rank {} of {}",
-            h.rank, h.world
-        ))),
-        Err(e) => Err(setup(e)),
-    }
+        .map_err(|e| setup(e.to_string()))
 }
 
+/// Accepts the ranks above `me`, each connection authenticated in a task of its own through a
+/// [`Gate`]; connections that fail are refused and logged with their address.
 async fn accept_peers(
-    listener: &TcpListener,
+    listener: TcpListener,
     me: Rank,
     size: usize,
+    membership: &Membership,
     deadline: Instant,
 ) -> Result<Vec<(Rank, TcpStream)>, TransportError> {
-    let mut accepted: Vec<(Rank, TcpStream)> = Vec::new();
-    while accepted.len() < size - me - 1 {
-        let Ok(accept) = timeout_at(deadline, listener.accept()).await else {
-            let missing: Vec<Rank> = (me + 1..size)
-                .filter(|r| !accepted.iter().any(|(p, _)| p == r))
-                .collect();
-            return Err(TransportError::Setup(format!(
-                "rank {me}: ranks {missing:?} did not connect before the setup timeout"
-            )));
-        };
-        let (mut stream, from) = accept?;
-        let mut hello = [0u8; HELLO_LEN];
-        let read = tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(&mut hello)).await;
-        let peer = match read.map(|r| r.map(|_| Hello::decode(&hello))) {
-            Ok(Ok(Ok(h))) if h.world as usize == size => h.rank as usize,
-            Ok(Ok(Ok(h))) => {
-                tracing::warn!(%from, world = h.world, "rejecting a peer from another world size");
-                continue;
-            }
-            _ => {
-                tracing::warn!(%from, "rejecting a connection without a valid handshake");
-                continue;
-            }
-        };
-        if peer <= me || peer >= size || accepted.iter().any(|(p, _)| *p == peer) {
-            tracing::warn!(%from, peer, "rejecting an unexpected or duplicate rank");
-            continue;
-        }
-        stream
-            .write_all(
-                &Hello {
-                    world: size as u32,
-                    rank: me as u32,
-                }
-                .encode(),
-            )
-            .await?;
-        accepted.push((peer, stream));
+    let expected = size - me - 1;
+    if expected == 0 {
+        return Ok(Vec::new());
     }
+    let (tx, mut rx) = mpsc::channel::<(Rank, TcpStream)>(expected);
+    let membership = Arc::new(membership.clone());
+    let acceptor = tokio::spawn(async move {
+        let gate = Gate::default();
+        loop {
+            let (mut stream, from) = gate::accept(&listener).await;
+            let (membership, tx) = (membership.clone(), tx.clone());
+            gate.admit(
+                from,
+                async move {
+                    let accept = |r: u32| {
+                        if (r as usize) > me {
+                            Ok(())
+                        } else {
+                            Err(format!("rank {r} must be connected to by rank {me}, not connect"))
+                        }
+                    };
+                    match auth::respond(&mut stream, endpoint(&membership, size, me), accept).await {
+                        Ok(session) => Some((session.peer as Rank, stream)),
+                        Err(HandshakeError::Rejected { why, .. }) => {
+                            tracing::warn!(%from, rank = me, "tcp transport: refused a connection: {why}");
+                            None
+                        }
+                        Err(e) => {
+                            tracing::debug!(%from, error = %e, "tcp transport: handshake failed");
+                            None
+                        }
+                    }
+                },
+                move |peer| async move {
+                    let _ = tx.send(peer).await;
+                },
+            );
+        }
+    });
+    let mut accepted: Vec<(Rank, TcpStream)> = Vec::with_capacity(expected);
+    while accepted.len() < expected {
+        match timeout_at(deadline, rx.recv()).await {
+            Ok(Some((peer, stream))) => {
+                if accepted.iter().any(|(p, _)| *p == peer) {
+                    tracing::warn!(
+                        peer,
+                        "tcp transport: rank connected twice; keeping the first"
+                    );
+                } else {
+                    accepted.push((peer, stream));
+                }
+            }
+            Ok(None) | Err(_) => {
+                acceptor.abort();
+                let missing: Vec<Rank> = (me + 1..size)
+                    .filter(|r| !accepted.iter().any(|(p, _)| p == r))
+                    .collect();
+                return Err(TransportError::Setup(format!(
+                    "rank {me}: ranks {missing:?} did not connect before the setup timeout"
+                )));
+            }
+        }
+    }
+    acceptor.abort();
     Ok(accepted)
 }
 

@@ -6,7 +6,32 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
-use crate::wire::{FrameHeader, Hello, HELLO_LEN};
+use crate::wire::FrameHeader;
+use byzcoll_runtime::bootstrap::{JobAuth, JobSecret};
+
+fn job() -> JobAuth {
+    JobAuth::Secret(JobSecret::from_hex(&"5a".repeat(32)).unwrap())
+}
+
+/// Every rank's membership for a world at `addrs`.
+fn members(addrs: &[SocketAddr]) -> Vec<Membership> {
+    let published: Vec<Vec<u8>> = addrs.iter().map(|a| a.to_string().into_bytes()).collect();
+    Membership::world(&job(), &published).unwrap()
+}
+
+/// Authenticates a raw socket as rank `rank` with `member`'s identity (which may not be
+/// rank `rank`'s own), as a peer that then says whatever a test wants.
+async fn handshake_as(
+    addr: SocketAddr,
+    rank: usize,
+    to: usize,
+    member: &Membership,
+) -> Result<TcpStream, HandshakeError> {
+    let mut s = TcpStream::connect(addr).await?;
+    let me = endpoint(member, member.size(), rank);
+    auth::initiate(&mut s, me, to as u32).await?;
+    Ok(s)
+}
 
 /// All ranks of a world in this process, over real sockets on 127.0.0.1.
 async fn world(n: usize) -> Vec<Box<dyn Transport>> {
@@ -15,13 +40,15 @@ async fn world(n: usize) -> Vec<Box<dyn Transport>> {
         listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
     }
     let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let members = members(&addrs);
     let tasks: Vec<_> = listeners
         .into_iter()
+        .zip(members)
         .enumerate()
-        .map(|(r, l)| {
+        .map(|(r, (l, m))| {
             let addrs = addrs.clone();
             tokio::spawn(async move {
-                TcpTransport::connect_mesh(r, n, l, &addrs, TcpOptions::default()).await
+                TcpTransport::connect_mesh(r, n, l, &addrs, &m, TcpOptions::default()).await
             })
         })
         .collect();
@@ -40,16 +67,12 @@ async fn real_and_fake() -> (TcpTransport, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let addrs = [addr, "127.0.0.1:9".parse().unwrap()];
+    let m = members(&addrs);
+    let m0 = m[0].clone();
     let real = tokio::spawn(async move {
-        TcpTransport::connect_mesh(0, 2, listener, &addrs, TcpOptions::default()).await
+        TcpTransport::connect_mesh(0, 2, listener, &addrs, &m0, TcpOptions::default()).await
     });
-    let mut fake = TcpStream::connect(addr).await.unwrap();
-    fake.write_all(&Hello { world: 2, rank: 1 }.encode())
-        .await
-        .unwrap();
-    let mut reply = [0u8; HELLO_LEN];
-    fake.read_exact(&mut reply).await.unwrap();
-    assert_eq!(Hello::decode(&reply), Ok(Hello { world: 2, rank: 0 }));
+    let fake = handshake_as(addr, 1, 0, &m[1]).await.unwrap();
     (real.await.unwrap().unwrap(), fake)
 }
 
@@ -183,35 +206,105 @@ async fn a_peer_that_closes_is_missing_before_the_deadline() {
     assert!(elapsed < Duration::from_millis(800), "{elapsed:?}");
 }
 
+/// The attacks of issue #13 on a listener during setup: the old 12-byte hello, garbage, a
+/// stranger with another secret or none, an insider claiming a rank it cannot sign for, and
+/// 1000 idle connections. All are refused, and the real ranks connect as if nobody were there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_and_impostors_are_refused_and_real_ranks_still_connect() {
+    let n = 3;
+    let mut listeners = Vec::new();
+    for _ in 0..n {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let m = members(&addrs);
+    let target = addrs[0];
+    let mut l = listeners.into_iter();
+    let (m0, a0, l0) = (m[0].clone(), addrs.clone(), l.next().unwrap());
+    let rank0 = tokio::spawn(async move {
+        TcpTransport::connect_mesh(0, n, l0, &a0, &m0, TcpOptions::default()).await
+    });
+    let mut idle = Vec::new();
+    for _ in 0..1000 {
+        idle.push(TcpStream::connect(target).await.unwrap());
+    }
+    for raw in [&b"BZH1\x03\0\0\0\x01\0\0\0"[..], b"hello there!"] {
+        let mut s = TcpStream::connect(target).await.unwrap();
+        s.write_all(raw).await.unwrap();
+        let code = s.read_u8().await.unwrap();
+        assert_ne!(code, 0, "refused with a code");
+    }
+    let mut stranger = m[1].clone();
+    stranger.auth = JobAuth::Secret(JobSecret::from_hex(&"77".repeat(32)).unwrap());
+    let err = handshake_as(target, 1, 0, &stranger)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("wrong job secret"), "{err}");
+    stranger.auth = JobAuth::Unauthenticated;
+    let err = handshake_as(target, 1, 0, &stranger)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unauthenticated"), "{err}");
+    // Rank 2 holds the secret but claims to be rank 1: it cannot sign as rank 1.
+    let err = handshake_as(target, 1, 0, &m[2])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("identity of rank 1"), "{err}");
+
+    let started = std::time::Instant::now();
+    let others: Vec<_> = l
+        .zip(m.into_iter().skip(1))
+        .enumerate()
+        .map(|(i, (l, m))| {
+            let addrs = addrs.clone();
+            tokio::spawn(async move {
+                TcpTransport::connect_mesh(i + 1, n, l, &addrs, &m, TcpOptions::default()).await
+            })
+        })
+        .collect();
+    let mut ranks: Vec<Box<dyn Transport>> = vec![Box::new(rank0.await.unwrap().unwrap())];
+    for o in others {
+        ranks.push(Box::new(o.await.unwrap().unwrap()));
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "setup took {took:?} with 1000 idle connections"
+    );
+    drop(idle);
+    let comms: Vec<_> = ranks
+        .into_iter()
+        .map(|t| Communicator::new(t, Config::default()))
+        .collect();
+    let results = futures::future::join_all(comms.into_iter().map(|mut c| async move {
+        let v = [c.rank() as u32 + 1];
+        let mut all = vec![0u32; 3];
+        c.all_gather_into(&v, &mut all).await.unwrap();
+        all
+    }))
+    .await;
+    for all in results {
+        assert_eq!(all, [1, 2, 3], "only the real ranks' values");
+    }
+}
+
 #[tokio::test]
-async fn a_stranger_cannot_take_a_rank_and_setup_names_who_is_missing() {
+async fn setup_names_the_ranks_that_did_not_connect() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let addrs = [addr, addr, addr];
+    let m = members(&addrs);
     let options = TcpOptions {
-        setup_timeout: Duration::from_millis(600),
+        setup_timeout: Duration::from_millis(300),
         ..TcpOptions::default()
     };
-    let real =
-        tokio::spawn(
-            async move { TcpTransport::connect_mesh(0, 3, listener, &addrs, options).await },
-        );
-    // Wrong world size, a rank equal to the listener's, and plain garbage are all refused.
-    for hello in [
-        Hello { world: 4, rank: 1 }.encode().to_vec(),
-        Hello { world: 3, rank: 0 }.encode().to_vec(),
-        b"hello there!".to_vec(),
-    ] {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(&hello).await.unwrap();
-        let mut buf = [0u8; 1];
-        assert_eq!(
-            s.read(&mut buf).await.unwrap_or(0),
-            0,
-            "refused connections are closed"
-        );
-    }
-    let err = real.await.unwrap().unwrap_err().to_string();
+    let err = TcpTransport::connect_mesh(0, 3, listener, &addrs, &m[0], options)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("ranks [1, 2] did not connect"), "{err}");
 }
 
@@ -226,13 +319,15 @@ async fn robust_all_reduce_completes_when_one_peer_sends_garbage() {
     }
     let mut addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     addrs.push("127.0.0.1:9".parse().unwrap());
+    let m = members(&addrs);
     let honest: Vec<_> = listeners
         .into_iter()
+        .zip(m.clone())
         .enumerate()
-        .map(|(r, l)| {
+        .map(|(r, (l, m))| {
             let addrs = addrs.clone();
             tokio::spawn(async move {
-                let t = TcpTransport::connect_mesh(r, n, l, &addrs, TcpOptions::default())
+                let t = TcpTransport::connect_mesh(r, n, l, &addrs, &m, TcpOptions::default())
                     .await
                     .unwrap();
                 let mut comm = Communicator::new(
@@ -252,18 +347,7 @@ async fn robust_all_reduce_completes_when_one_peer_sends_garbage() {
         .collect();
     let mut fakes = Vec::new();
     for addr in &addrs[..n - 1] {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(
-            &Hello {
-                world: n as u32,
-                rank: 3,
-            }
-            .encode(),
-        )
-        .await
-        .unwrap();
-        let mut reply = [0u8; HELLO_LEN];
-        s.read_exact(&mut reply).await.unwrap();
+        let mut s = handshake_as(*addr, 3, fakes.len(), &m[3]).await.unwrap();
         s.write_all(
             &FrameHeader {
                 collective: 0,

@@ -1,0 +1,905 @@
+//! Membership authentication: the job secret, the identity keys, and the challenge–response
+//! handshake every store request and every TCP connection starts with. The wire format and the
+//! order of the checks are in `PROTOCOL.md` at the repository root.
+//!
+//! - [`JobAuth`] is the job's shared secret ([`JobSecret`], 32 bytes from the OS CSPRNG), or
+//!   the explicit, logged opt-out [`JobAuth::Unauthenticated`]. A process without either does
+//!   not join a multi-rank job ([`BootstrapError::NoSecret`]).
+//! - [`Identity`] is a rank's Ed25519 key, made at start and registered once through the
+//!   store; [`Roster`] is the table of every rank's key, whose digest each pair of ranks
+//!   compares, so a store that hands out different tables is caught.
+//! - [`initiate`] and [`respond`] run the handshake (HMAC-SHA256, tags compared in constant
+//!   time). The responder computes no keyed value before the initiator has proven the secret.
+
+use std::fmt;
+use std::io;
+
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::BootstrapError;
+
+/// The version of byzcoll's wire protocol (store, handshake, frames).
+pub const PROTOCOL_VERSION: u16 = 2;
+/// Magic of a handshake's first message.
+pub const HELLO_MAGIC: [u8; 4] = *b"BZHS";
+/// Magics of protocol version 1's store request and TCP hello, recognised only to name the
+/// version in the refusal.
+pub const V1_MAGICS: [[u8; 4]; 2] = [*b"BZS1", *b"BZH1"];
+/// Length of the first message.
+pub const HELLO_LEN: usize = 4 + 2 + 1 + 1 + 4 + 4 + 4 + 32 + 32;
+/// `to` in a hello addressed to the store rather than to a rank.
+pub const STORE: u32 = u32::MAX;
+
+const NONCE_LEN: usize = 32;
+const TAG_LEN: usize = 32;
+const SIG_LEN: usize = 64;
+const FLAG_UNAUTHENTICATED: u8 = 1;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// A job's shared secret. Its `Debug` output does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JobSecret([u8; 32]);
+
+impl fmt::Debug for JobSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JobSecret(..)")
+    }
+}
+
+impl JobSecret {
+    /// 32 fresh bytes from the operating system's CSPRNG.
+    ///
+    /// # Errors
+    /// When the OS has no randomness to give (never on Linux after boot).
+    pub fn generate() -> Result<Self, BootstrapError> {
+        let mut b = [0u8; 32];
+        getrandom::getrandom(&mut b)
+            .map_err(|e| BootstrapError::Auth(format!("no randomness from the OS: {e}")))?;
+        Ok(JobSecret(b))
+    }
+
+    /// The secret as 64 lowercase hex digits, the form `BYZCOLL_SECRET` takes.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses 64 hex digits (surrounding whitespace ignored).
+    ///
+    /// # Errors
+    /// A description of what is wrong, without echoing the value.
+    pub fn from_hex(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.len() != 64 {
+            return Err(format!(
+                "expected 64 hex digits, got {} characters",
+                s.len()
+            ));
+        }
+        let mut b = [0u8; 32];
+        for (i, byte) in b.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+                .map_err(|_| "expected 64 hex digits (0-9, a-f)".to_string())?;
+        }
+        Ok(JobSecret(b))
+    }
+}
+
+/// How this process proves it belongs to the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobAuth {
+    /// Every store request and connection is authenticated with the job's secret.
+    Secret(JobSecret),
+    /// No authentication: any process that reaches a port can join. Chosen only with
+    /// `BYZCOLL_ALLOW_UNAUTHENTICATED=1`; logged as a warning and shown in every round report.
+    Unauthenticated,
+}
+
+impl JobAuth {
+    /// Reads `BYZCOLL_SECRET` (64 hex digits), `BYZCOLL_SECRET_FILE` (a file holding them, a
+    /// regular file owned by this user with no group or other permissions) or
+    /// `BYZCOLL_ALLOW_UNAUTHENTICATED=1`.
+    ///
+    /// # Errors
+    /// See [`JobAuth::from_lookup`].
+    pub fn from_env() -> Result<Self, BootstrapError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`JobAuth::from_env`], reading variables through `get`.
+    ///
+    /// # Errors
+    /// [`BootstrapError::NoSecret`] when none of the variables is set;
+    /// [`BootstrapError::InvalidVar`] for a malformed secret, an unreadable or too open secret
+    /// file, both `BYZCOLL_SECRET` and `BYZCOLL_SECRET_FILE`, a secret together with the
+    /// opt-out, or an opt-out other than `1`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, BootstrapError> {
+        let secret = get("BYZCOLL_SECRET");
+        let file = get("BYZCOLL_SECRET_FILE");
+        let opt_out = get("BYZCOLL_ALLOW_UNAUTHENTICATED");
+        if let Some(v) = &opt_out {
+            if v.trim() != "1" {
+                return Err(BootstrapError::InvalidVar {
+                    var: "BYZCOLL_ALLOW_UNAUTHENTICATED",
+                    value: v.clone(),
+                    why: "the only accepted value is 1".into(),
+                });
+            }
+        }
+        let auth = match (secret, file) {
+            (Some(_), Some(_)) => {
+                return Err(BootstrapError::InvalidVar {
+                    var: "BYZCOLL_SECRET_FILE",
+                    value: "(set)".into(),
+                    why: "BYZCOLL_SECRET is set too: set only one".into(),
+                })
+            }
+            (Some(hex), None) => JobAuth::Secret(JobSecret::from_hex(&hex).map_err(|why| {
+                BootstrapError::InvalidVar {
+                    var: "BYZCOLL_SECRET",
+                    value: "(hidden)".into(),
+                    why,
+                }
+            })?),
+            (None, Some(path)) => JobAuth::Secret(read_secret_file(&path)?),
+            (None, None) if opt_out.is_some() => return Ok(JobAuth::Unauthenticated),
+            (None, None) => return Err(BootstrapError::NoSecret),
+        };
+        if opt_out.is_some() {
+            return Err(BootstrapError::InvalidVar {
+                var: "BYZCOLL_ALLOW_UNAUTHENTICATED",
+                value: "1".into(),
+                why: "a job secret is set too: unset one of them".into(),
+            });
+        }
+        Ok(auth)
+    }
+
+    /// Whether connections are authenticated.
+    pub fn is_authenticated(&self) -> bool {
+        matches!(self, JobAuth::Secret(_))
+    }
+
+    fn key(&self) -> [u8; 32] {
+        match self {
+            JobAuth::Secret(s) => s.0,
+            JobAuth::Unauthenticated => [0; 32],
+        }
+    }
+
+    fn flags(&self) -> u8 {
+        match self {
+            JobAuth::Secret(_) => 0,
+            JobAuth::Unauthenticated => FLAG_UNAUTHENTICATED,
+        }
+    }
+}
+
+fn read_secret_file(path: &str) -> Result<JobSecret, BootstrapError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let bad = |why: String| BootstrapError::InvalidVar {
+        var: "BYZCOLL_SECRET_FILE",
+        value: path.to_string(),
+        why,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(bad(format!(
+            "owned by uid {}, not by this user ({me})",
+            meta.uid()
+        )));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "mode {mode:03o} lets others read it: chmod 600 it"
+        )));
+    }
+    if meta.len() > 1024 {
+        return Err(bad(format!("{} bytes, expected 64 hex digits", meta.len())));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    JobSecret::from_hex(&text).map_err(bad)
+}
+
+/// A rank's Ed25519 identity key, made at start. Its `Debug` output shows only the public key.
+#[derive(Clone)]
+pub struct Identity(SigningKey);
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Identity({})", hex(&self.public()[..8]))
+    }
+}
+
+impl Identity {
+    /// A fresh key from the OS CSPRNG.
+    ///
+    /// # Errors
+    /// When the OS has no randomness to give.
+    pub fn generate() -> Result<Self, BootstrapError> {
+        let mut seed = [0u8; 32];
+        getrandom::getrandom(&mut seed)
+            .map_err(|e| BootstrapError::Auth(format!("no randomness from the OS: {e}")))?;
+        Ok(Identity(SigningKey::from_bytes(&seed)))
+    }
+
+    /// The public key, as registered in the store.
+    pub fn public(&self) -> [u8; 32] {
+        self.0.verifying_key().to_bytes()
+    }
+}
+
+/// Every rank's public identity key, as the store handed them out, and their digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Roster {
+    keys: Vec<VerifyingKey>,
+    digest: [u8; 32],
+}
+
+impl Roster {
+    /// The roster of `entries[r]` = (rank `r`'s public key, the rest of what it published);
+    /// the digest covers all of it, so ranks that compare digests compare addresses too.
+    ///
+    /// # Errors
+    /// [`BootstrapError::Auth`] naming the first rank whose key is not a valid Ed25519 point.
+    pub fn new(entries: &[([u8; 32], &[u8])]) -> Result<Self, BootstrapError> {
+        let mut h = Sha256::new();
+        h.update(b"byzcoll-v2 roster");
+        h.update((entries.len() as u64).to_le_bytes());
+        let mut keys = Vec::with_capacity(entries.len());
+        for (rank, (key, rest)) in entries.iter().enumerate() {
+            h.update(key);
+            h.update((rest.len() as u64).to_le_bytes());
+            h.update(rest);
+            keys.push(VerifyingKey::from_bytes(key).map_err(|_| {
+                BootstrapError::Auth(format!("rank {rank} registered an invalid identity key"))
+            })?);
+        }
+        Ok(Roster {
+            keys,
+            digest: h.finalize().into(),
+        })
+    }
+
+    /// The digest every pair of ranks compares.
+    pub fn digest(&self) -> [u8; 32] {
+        self.digest
+    }
+
+    fn key(&self, rank: usize) -> Option<&VerifyingKey> {
+        self.keys.get(rank)
+    }
+}
+
+/// What a rank needs to authenticate its transport connections: the job's secret, its own
+/// identity, and the roster of every rank's key.
+#[derive(Debug, Clone)]
+pub struct Membership {
+    /// The job secret or the opt-out.
+    pub auth: JobAuth,
+    /// This rank's identity key.
+    pub identity: Identity,
+    /// Every rank's public key, as registered through the store.
+    pub roster: Roster,
+}
+
+impl Membership {
+    /// Memberships for every rank of a world whose ranks live in this process (tests,
+    /// in-process worlds): fresh identities, and one roster over them and `published[r]`
+    /// (what rank `r` would have published with its key, e.g. its address).
+    ///
+    /// # Errors
+    /// When the OS has no randomness to give.
+    pub fn world(auth: &JobAuth, published: &[Vec<u8>]) -> Result<Vec<Self>, BootstrapError> {
+        let ids = published
+            .iter()
+            .map(|_| Identity::generate())
+            .collect::<Result<Vec<_>, _>>()?;
+        let entries: Vec<([u8; 32], &[u8])> = ids
+            .iter()
+            .zip(published)
+            .map(|(id, p)| (id.public(), &p[..]))
+            .collect();
+        let roster = Roster::new(&entries)?;
+        Ok(ids
+            .into_iter()
+            .map(|identity| Membership {
+                auth: auth.clone(),
+                identity,
+                roster: roster.clone(),
+            })
+            .collect())
+    }
+
+    /// The roster's size.
+    pub fn size(&self) -> usize {
+        self.roster.keys.len()
+    }
+}
+
+/// What a connection is for; part of what both sides authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Purpose {
+    /// A request to the rendezvous store.
+    Store = 1,
+    /// A TCP transport connection between two ranks.
+    Tcp = 2,
+}
+
+/// Why a handshake refused, as the refusal code on the wire says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Refusal {
+    /// Not a byzcoll handshake at all.
+    NotByzcoll = 1,
+    /// Another protocol version.
+    Version = 2,
+    /// Not of this job: wrong secret, world size, purpose or authentication mode.
+    OtherJob = 3,
+    /// A rank this side does not expect on this connection.
+    Rank = 4,
+    /// The identity signature or the roster digest does not match.
+    Identity = 5,
+}
+
+impl Refusal {
+    fn from_code(c: u8) -> Option<Self> {
+        Some(match c {
+            1 => Refusal::NotByzcoll,
+            2 => Refusal::Version,
+            3 => Refusal::OtherJob,
+            4 => Refusal::Rank,
+            5 => Refusal::Identity,
+            _ => return None,
+        })
+    }
+}
+
+/// A failed handshake.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The connection failed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// This side refused the peer (and told it so): log it with the peer's address.
+    #[error("refused: {why}")]
+    Rejected {
+        /// The refusal code sent.
+        code: Refusal,
+        /// What was wrong.
+        why: String,
+    },
+    /// The peer refused this side.
+    #[error("the peer refused: {0}")]
+    Refused(String),
+}
+
+/// One side's part in a handshake.
+#[derive(Debug, Clone, Copy)]
+pub struct Endpoint<'a> {
+    /// The job's secret or the opt-out.
+    pub auth: &'a JobAuth,
+    /// What the connection is for.
+    pub purpose: Purpose,
+    /// The world size this side was started with.
+    pub world: u32,
+    /// This side's rank (the store's is [`STORE`]).
+    pub rank: u32,
+    /// This rank's identity and the roster to check the peer's against (TCP), or `None`
+    /// (store requests, made before the roster exists).
+    pub identity: Option<(&'a Identity, &'a Roster)>,
+}
+
+/// What an authenticated connection knows.
+#[derive(Debug)]
+pub struct Session {
+    /// The peer's rank (the store: [`STORE`]).
+    pub peer: u32,
+    /// The world size both sides agree on.
+    pub world: u32,
+    key: [u8; 32],
+}
+
+impl Session {
+    /// HMAC-SHA256 of `label` and `parts` under the session key.
+    pub fn mac(&self, label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+        let mut m = keyed(&self.key, label);
+        for p in parts {
+            m.update(p);
+        }
+        m.finalize().into_bytes().into()
+    }
+
+    /// Checks `tag` against [`Session::mac`] of the same input, in constant time.
+    pub fn verify(&self, label: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
+        let mut m = keyed(&self.key, label);
+        for p in parts {
+            m.update(p);
+        }
+        m.verify_slice(tag).is_ok()
+    }
+
+    /// The session key, for transports that authenticate frames with it.
+    pub fn key(&self) -> [u8; 32] {
+        self.key
+    }
+}
+
+fn keyed(key: &[u8; 32], label: &[u8]) -> HmacSha256 {
+    let mut m = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    m.update(label);
+    m
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+struct Hello {
+    version: u16,
+    purpose: u8,
+    flags: u8,
+    world: u32,
+    from: u32,
+    to: u32,
+    digest: [u8; 32],
+    nonce: [u8; NONCE_LEN],
+}
+
+impl Hello {
+    fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(&HELLO_MAGIC);
+        b[4..6].copy_from_slice(&self.version.to_le_bytes());
+        b[6] = self.purpose;
+        b[7] = self.flags;
+        b[8..12].copy_from_slice(&self.world.to_le_bytes());
+        b[12..16].copy_from_slice(&self.from.to_le_bytes());
+        b[16..20].copy_from_slice(&self.to.to_le_bytes());
+        b[20..52].copy_from_slice(&self.digest);
+        b[52..84].copy_from_slice(&self.nonce);
+        b
+    }
+
+    fn decode(b: &[u8; HELLO_LEN]) -> Self {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut digest = [0u8; 32];
+        digest.copy_from_slice(&b[20..52]);
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&b[52..84]);
+        Hello {
+            version: u16::from_le_bytes([b[4], b[5]]),
+            purpose: b[6],
+            flags: b[7],
+            world: u32_at(8),
+            from: u32_at(12),
+            to: u32_at(16),
+            digest,
+            nonce,
+        }
+    }
+}
+
+fn nonce() -> io::Result<[u8; NONCE_LEN]> {
+    let mut n = [0u8; NONCE_LEN];
+    getrandom::getrandom(&mut n).map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(n)
+}
+
+/// The handshake transcript: the first message and the responder's nonce.
+fn transcript(hello: &[u8; HELLO_LEN], nonce_r: &[u8; NONCE_LEN]) -> Vec<u8> {
+    let mut t = Vec::with_capacity(HELLO_LEN + NONCE_LEN);
+    t.extend_from_slice(hello);
+    t.extend_from_slice(nonce_r);
+    t
+}
+
+fn tag(auth: &JobAuth, label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+    let mut m = keyed(&auth.key(), label);
+    for p in parts {
+        m.update(p);
+    }
+    m
+}
+
+const INITIATOR: &[u8] = b"byzcoll-v2 initiator";
+const RESPONDER: &[u8] = b"byzcoll-v2 responder";
+const SESSION: &[u8] = b"byzcoll-v2 session";
+const INITIATOR_ID: &[u8] = b"byzcoll-v2 initiator identity";
+const RESPONDER_ID: &[u8] = b"byzcoll-v2 responder identity";
+
+fn signed(label: &[u8], t: &[u8]) -> Vec<u8> {
+    let mut m = label.to_vec();
+    m.extend_from_slice(t);
+    m
+}
+
+async fn refuse<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    code: Refusal,
+    why: String,
+) -> HandshakeError {
+    let msg = &why.as_bytes()[..why.len().min(1024)];
+    let mut out = vec![code as u8];
+    out.extend_from_slice(&(msg.len() as u16).to_le_bytes());
+    out.extend_from_slice(msg);
+    let _ = stream.write_all(&out).await;
+    HandshakeError::Rejected { code, why }
+}
+
+async fn read_status<S: AsyncRead + Unpin>(stream: &mut S) -> Result<(), HandshakeError> {
+    let status = stream.read_u8().await?;
+    if status == 0 {
+        return Ok(());
+    }
+    let len = stream.read_u16_le().await? as usize;
+    if len > 1024 {
+        return Err(HandshakeError::Refused(format!(
+            "refusal code {status} with a {len}-byte message"
+        )));
+    }
+    let mut msg = vec![0u8; len];
+    stream.read_exact(&mut msg).await?;
+    let msg = String::from_utf8_lossy(&msg).into_owned();
+    Err(HandshakeError::Refused(match Refusal::from_code(status) {
+        Some(_) => msg,
+        None => format!("unknown refusal code {status}: {msg}"),
+    }))
+}
+
+/// Runs the initiator's side of the handshake with the peer `to` (a rank, or [`STORE`]).
+///
+/// # Errors
+/// [`HandshakeError::Refused`] with the peer's reason; [`HandshakeError::Rejected`] when the
+/// peer fails to prove the secret or its identity; [`HandshakeError::Io`].
+///
+/// # Cancel safety
+/// Not cancel safe: the stream is left mid-handshake.
+pub async fn initiate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    me: Endpoint<'_>,
+    to: u32,
+) -> Result<Session, HandshakeError> {
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        purpose: me.purpose as u8,
+        flags: me.auth.flags(),
+        world: me.world,
+        from: me.rank,
+        to,
+        digest: me.identity.map_or([0; 32], |(_, r)| r.digest()),
+        nonce: nonce()?,
+    }
+    .encode();
+    stream.write_all(&hello).await?;
+    read_status(stream).await?;
+    let mut nonce_r = [0u8; NONCE_LEN];
+    stream.read_exact(&mut nonce_r).await?;
+    let t = transcript(&hello, &nonce_r);
+    let tag_i: [u8; TAG_LEN] = tag(me.auth, INITIATOR, &[&t])
+        .finalize()
+        .into_bytes()
+        .into();
+    let mut msg3 = tag_i.to_vec();
+    if let Some((id, _)) = me.identity {
+        msg3.extend_from_slice(&id.0.sign(&signed(INITIATOR_ID, &t)).to_bytes());
+    }
+    stream.write_all(&msg3).await?;
+    read_status(stream).await?;
+    let mut tag_r = [0u8; TAG_LEN];
+    stream.read_exact(&mut tag_r).await?;
+    let wrong_job = || HandshakeError::Rejected {
+        code: Refusal::OtherJob,
+        why: "the peer did not prove the job secret".into(),
+    };
+    tag(me.auth, RESPONDER, &[&t, &tag_i])
+        .verify_slice(&tag_r)
+        .map_err(|_| wrong_job())?;
+    if let Some((_, roster)) = me.identity {
+        let mut sig = [0u8; SIG_LEN];
+        stream.read_exact(&mut sig).await?;
+        let key = roster.key(to as usize).ok_or_else(wrong_job)?;
+        key.verify(&signed(RESPONDER_ID, &t), &Signature::from_bytes(&sig))
+            .map_err(|_| HandshakeError::Rejected {
+                code: Refusal::Identity,
+                why: format!("the listener did not prove the identity of rank {to}"),
+            })?;
+    }
+    Ok(Session {
+        peer: to,
+        world: me.world,
+        key: tag(me.auth, SESSION, &[&t, &tag_i])
+            .finalize()
+            .into_bytes()
+            .into(),
+    })
+}
+
+/// Runs the responder's side: checks the first message against `me` (version, purpose,
+/// authentication mode, world size, that it is addressed to this side, and `accept(from)`),
+/// then the initiator's proof of the secret, then (TCP) its identity signature and roster
+/// digest, refusing with a code and a reason at the first failed check.
+///
+/// # Errors
+/// [`HandshakeError::Rejected`] with what was wrong (the peer was told); [`HandshakeError::Io`].
+///
+/// # Cancel safety
+/// Not cancel safe: the stream is left mid-handshake.
+pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    me: Endpoint<'_>,
+    accept: impl Fn(u32) -> Result<(), String>,
+) -> Result<Session, HandshakeError> {
+    let mut hello = [0u8; HELLO_LEN];
+    stream.read_exact(&mut hello[..4]).await?;
+    if V1_MAGICS.iter().any(|m| hello[..4] == *m) {
+        let why = format!("protocol version 1, this side {PROTOCOL_VERSION}");
+        return Err(refuse(stream, Refusal::Version, why).await);
+    }
+    if hello[..4] != HELLO_MAGIC {
+        let why = "not a byzcoll handshake".to_string();
+        return Err(refuse(stream, Refusal::NotByzcoll, why).await);
+    }
+    stream.read_exact(&mut hello[4..]).await?;
+    let h = Hello::decode(&hello);
+    let check = || -> Result<(), (Refusal, String)> {
+        if h.version != PROTOCOL_VERSION {
+            return Err((
+                Refusal::Version,
+                format!(
+                    "protocol version {}, this side {PROTOCOL_VERSION}",
+                    h.version
+                ),
+            ));
+        }
+        if h.purpose != me.purpose as u8 {
+            return Err((
+                Refusal::OtherJob,
+                format!(
+                    "a connection for purpose {}, expected {:?}",
+                    h.purpose, me.purpose
+                ),
+            ));
+        }
+        if h.flags != me.auth.flags() {
+            let why = if h.flags & FLAG_UNAUTHENTICATED != 0 {
+                "the peer runs unauthenticated (BYZCOLL_ALLOW_UNAUTHENTICATED=1) and this job does not"
+            } else {
+                "this side runs unauthenticated (BYZCOLL_ALLOW_UNAUTHENTICATED=1) and the peer does not"
+            };
+            return Err((Refusal::OtherJob, why.into()));
+        }
+        if h.world != me.world {
+            return Err((
+                Refusal::OtherJob,
+                format!("a world of {} ranks, this job has {}", h.world, me.world),
+            ));
+        }
+        if h.to != me.rank || h.from >= me.world {
+            return Err((
+                Refusal::Rank,
+                format!(
+                    "rank {} of {} addressing {}, this side is {}",
+                    h.from,
+                    h.world,
+                    show_rank(h.to),
+                    show_rank(me.rank)
+                ),
+            ));
+        }
+        accept(h.from).map_err(|why| (Refusal::Rank, why))
+    };
+    if let Err((code, why)) = check() {
+        return Err(refuse(stream, code, why).await);
+    }
+    let nonce_r = nonce()?;
+    let mut msg2 = vec![0u8];
+    msg2.extend_from_slice(&nonce_r);
+    stream.write_all(&msg2).await?;
+    let t = transcript(&hello, &nonce_r);
+    let mut tag_i = [0u8; TAG_LEN];
+    stream.read_exact(&mut tag_i).await?;
+    if tag(me.auth, INITIATOR, &[&t]).verify_slice(&tag_i).is_err() {
+        let why = "wrong job secret: a process of another job, or a stranger".to_string();
+        return Err(refuse(stream, Refusal::OtherJob, why).await);
+    }
+    let mut msg4 = vec![0u8];
+    msg4.extend_from_slice(
+        &tag(me.auth, RESPONDER, &[&t, &tag_i])
+            .finalize()
+            .into_bytes(),
+    );
+    if let Some((id, roster)) = me.identity {
+        let mut sig = [0u8; SIG_LEN];
+        stream.read_exact(&mut sig).await?;
+        if h.digest != roster.digest() {
+            let why = format!(
+                "rank {} holds another membership table than rank {}: the store handed out \
+                 different tables",
+                h.from, me.rank
+            );
+            return Err(refuse(stream, Refusal::Identity, why).await);
+        }
+        let verified = roster.key(h.from as usize).is_some_and(|k| {
+            k.verify(&signed(INITIATOR_ID, &t), &Signature::from_bytes(&sig))
+                .is_ok()
+        });
+        if !verified {
+            let why = format!("did not prove the identity of rank {}", h.from);
+            return Err(refuse(stream, Refusal::Identity, why).await);
+        }
+        msg4.extend_from_slice(&id.0.sign(&signed(RESPONDER_ID, &t)).to_bytes());
+    }
+    stream.write_all(&msg4).await?;
+    Ok(Session {
+        peer: h.from,
+        world: h.world,
+        key: tag(me.auth, SESSION, &[&t, &tag_i])
+            .finalize()
+            .into_bytes()
+            .into(),
+    })
+}
+
+fn show_rank(r: u32) -> String {
+    if r == STORE {
+        "the store".into()
+    } else {
+        format!("rank {r}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(b: u8) -> JobAuth {
+        JobAuth::Secret(JobSecret([b; 32]))
+    }
+
+    fn ep(auth: &JobAuth, rank: u32) -> Endpoint<'_> {
+        Endpoint {
+            auth,
+            purpose: Purpose::Store,
+            world: 4,
+            rank,
+            identity: None,
+        }
+    }
+
+    async fn run(
+        a: Endpoint<'_>,
+        b: Endpoint<'_>,
+    ) -> (
+        Result<Session, HandshakeError>,
+        Result<Session, HandshakeError>,
+    ) {
+        let (mut x, mut y) = tokio::io::duplex(4096);
+        let to = b.rank;
+        tokio::join!(initiate(&mut x, a, to), respond(&mut y, b, |_| Ok(())))
+    }
+
+    #[tokio::test]
+    async fn same_secret_agrees_on_a_session_key() {
+        let s = secret(7);
+        let (i, r) = run(ep(&s, 2), ep(&s, STORE)).await;
+        let (i, r) = (i.unwrap(), r.unwrap());
+        assert_eq!(i.key, r.key);
+        assert_eq!(r.peer, 2);
+    }
+
+    #[tokio::test]
+    async fn wrong_secret_and_mode_are_refused_both_ways() {
+        let (a, b) = (secret(1), secret(2));
+        let (i, r) = run(ep(&a, 2), ep(&b, STORE)).await;
+        assert!(matches!(i, Err(HandshakeError::Refused(m)) if m.contains("wrong job secret")));
+        assert!(matches!(
+            r,
+            Err(HandshakeError::Rejected {
+                code: Refusal::OtherJob,
+                ..
+            })
+        ));
+        let open = JobAuth::Unauthenticated;
+        let (i, _) = run(ep(&open, 2), ep(&a, STORE)).await;
+        let msg = i.unwrap_err().to_string();
+        assert!(msg.contains("peer runs unauthenticated"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn identities_are_checked_against_the_roster() {
+        let s = secret(3);
+        let ids: Vec<Identity> = (0..2).map(|_| Identity::generate().unwrap()).collect();
+        let entries: Vec<([u8; 32], &[u8])> = ids.iter().map(|i| (i.public(), &b"x"[..])).collect();
+        let roster = Roster::new(&entries).unwrap();
+        let tcp = |rank: u32, id: &'static Identity, roster: &'static Roster| Endpoint {
+            auth: Box::leak(Box::new(s.clone())),
+            purpose: Purpose::Tcp,
+            world: 2,
+            rank,
+            identity: Some((id, roster)),
+        };
+        let ids: &'static [Identity] = Box::leak(ids.into_boxed_slice());
+        let roster: &'static Roster = Box::leak(Box::new(roster));
+        let (i, r) = run(tcp(1, &ids[1], roster), tcp(0, &ids[0], roster)).await;
+        assert!(i.is_ok() && r.is_ok());
+        // Rank 0 claiming to be rank 1 (it has the secret, not rank 1's key).
+        let (i, r) = run(tcp(1, &ids[0], roster), tcp(0, &ids[0], roster)).await;
+        assert!(i.is_err());
+        let msg = r.unwrap_err().to_string();
+        assert!(msg.contains("identity of rank 1"), "{msg}");
+        // A roster with another address for rank 1.
+        let other = Box::leak(Box::new(
+            Roster::new(&[(ids[0].public(), &b"x"[..]), (ids[1].public(), &b"y"[..])]).unwrap(),
+        ));
+        let (_, r) = run(tcp(1, &ids[1], other), tcp(0, &ids[0], roster)).await;
+        let msg = r.unwrap_err().to_string();
+        assert!(msg.contains("another membership table"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn old_protocol_and_garbage_are_named() {
+        let s = secret(1);
+        for (input, want) in [
+            (&b"BZS1xxxxxxxx"[..], "protocol version 1, this side 2"),
+            (b"GET / HTTP/1.0", "not a byzcoll"),
+        ] {
+            let (mut x, mut y) = tokio::io::duplex(4096);
+            x.write_all(input).await.unwrap();
+            let r = respond(&mut y, ep(&s, STORE), |_| Ok(())).await;
+            assert!(r.unwrap_err().to_string().contains(want));
+            drop(y);
+            let e = read_status(&mut x).await.unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn secrets_parse_and_files_must_be_private() {
+        let s = JobSecret::generate().unwrap();
+        assert_eq!(JobSecret::from_hex(&s.to_hex()).unwrap(), s);
+        assert!(JobSecret::from_hex("abc").is_err());
+        assert!(JobSecret::from_hex(&"zz".repeat(32)).is_err());
+        assert!(!format!("{s:?}").contains(&s.to_hex()[..8]));
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(matches!(
+            JobAuth::from_lookup(vars(&[])),
+            Err(BootstrapError::NoSecret)
+        ));
+        assert_eq!(
+            JobAuth::from_lookup(vars(&[("BYZCOLL_ALLOW_UNAUTHENTICATED", "1")])).unwrap(),
+            JobAuth::Unauthenticated
+        );
+        assert!(JobAuth::from_lookup(vars(&[("BYZCOLL_ALLOW_UNAUTHENTICATED", "yes")])).is_err());
+        let dir = std::env::temp_dir().join(format!("byzcoll-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("secret");
+        std::fs::write(&path, s.to_hex()).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let p = path.to_string_lossy().into_owned();
+        let get = |k: &str| (k == "BYZCOLL_SECRET_FILE").then(|| p.clone());
+        let err = JobAuth::from_lookup(get).unwrap_err().to_string();
+        assert!(err.contains("chmod 600"), "{err}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(JobAuth::from_lookup(get).unwrap(), JobAuth::Secret(s));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
