@@ -21,25 +21,14 @@ fn tcp_example_runs_under_mpirun() {
         return;
     }
     let store = format!("127.0.0.1:{}", free_port());
+    let secret = byzcoll::bootstrap::JobSecret::generate().unwrap().to_hex();
     let (out, _) = run_with_limit(
         Command::new("mpirun")
-            .args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "--mca",
-                "oob_tcp_if_include",
-                "lo",
-                "--mca",
-                "btl",
-                "self,tcp",
-                "--mca",
-                "btl_tcp_if_include",
-                "lo",
-                "-n",
-                "3",
-                "-x",
-                &format!("BYZCOLL_STORE={store}"),
-            ])
+            .env("BYZCOLL_SECRET", &secret)
+            .args(MCA)
+            .args(["-n", "3", "-x", "BYZCOLL_SECRET"])
+            .arg("-x")
+            .arg(format!("BYZCOLL_STORE={store}"))
             .arg(example("tcp_allreduce")),
         Duration::from_secs(120),
     );
@@ -53,4 +42,39 @@ fn tcp_example_runs_under_mpirun() {
         stdout.contains("median        n = 3, f = 1: inside the honest range"),
         "{stdout}"
     );
+
+    // Without a secret the job does not start, and every rank says how to provide one.
+    let store = format!("127.0.0.1:{}", free_port());
+    let (out, _) = run_with_limit(
+        Command::new("mpirun")
+            .env_remove("BYZCOLL_SECRET")
+            .env_remove("BYZCOLL_SECRET_FILE")
+            .env_remove("BYZCOLL_ALLOW_UNAUTHENTICATED")
+            .args(MCA)
+            .args(["-n", "2"])
+            .arg("-x")
+            .arg(format!("BYZCOLL_STORE={store}"))
+            .arg(example("tcp_allreduce")),
+        Duration::from_secs(120),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("no job secret") && stderr.contains("mpirun -x BYZCOLL_SECRET"),
+        "{stdout}\n{stderr}"
+    );
 }
+
+const MCA: [&str; 11] = [
+    "--allow-run-as-root",
+    "--oversubscribe",
+    "--mca",
+    "oob_tcp_if_include",
+    "lo",
+    "--mca",
+    "btl",
+    "self,tcp",
+    "--mca",
+    "btl_tcp_if_include",
+    "lo",
+];

@@ -40,7 +40,9 @@ fn example_runs_under_srun_and_srun_pmi2() {
         if let Some(m) = mpi {
             cmd.arg(m);
         }
-        cmd.arg(format!("--export=ALL,BYZCOLL_STORE={store}"))
+        let secret = byzcoll::bootstrap::JobSecret::generate().unwrap().to_hex();
+        cmd.env("BYZCOLL_SECRET", &secret)
+            .arg(format!("--export=ALL,BYZCOLL_STORE={store},BYZCOLL_SECRET"))
             .arg(example("tcp_allreduce"));
         let (out, _) = run_with_limit(&mut cmd, Duration::from_secs(120));
         let (stdout, stderr) = text(&out);
