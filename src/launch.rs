@@ -4,6 +4,20 @@
 //! port has to be guessed), prefixes every line the ranks print with `[rank]`, and, as soon as
 //! one rank fails, ends the others (SIGTERM to each rank's process group, SIGKILL after a grace
 //! period), so no orphan is left behind. Its own exit status is the first failure's.
+//!
+//! The launcher leaves nothing behind however it ends:
+//! - SIGTERM, SIGHUP or SIGINT to the launcher end every rank's process group the same way
+//!   (SIGTERM, the grace period, SIGKILL), then it exits with 128 + the signal (143, 129, 130).
+//! - SIGKILL to the launcher: every rank gets SIGKILL from the kernel (`PR_SET_PDEATHSIG`, set
+//!   in the child before `exec`), and a small watchdog process, forked before the ranks, sees
+//!   the launcher's end of a pipe close and SIGKILLs every rank's process group, so what the
+//!   ranks started goes too.
+//!
+//! `PR_SET_PDEATHSIG` fires when the *thread* that forked the child ends, not the process. So
+//! [`launch`] must be driven by a thread that lives as long as the job: `byzcoll launch` runs
+//! it with `block_on` on a current-thread runtime on the main thread (see `src/main.rs`), and
+//! the ranks are spawned directly in `launch`'s own body (never from a `tokio::spawn`ed task,
+//! which a multi-thread runtime could run on a worker thread that is later retired).
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -13,6 +27,7 @@ use std::time::Duration;
 use byzcoll_runtime::bootstrap::{JobAuth, JobSecret, StoreServer};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
+use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 /// What to launch.
@@ -22,7 +37,7 @@ pub struct LaunchOptions {
     pub ranks: usize,
     /// Program and arguments.
     pub command: Vec<OsString>,
-    /// Time between SIGTERM and SIGKILL when ending the other ranks after a failure.
+    /// Time between SIGTERM and SIGKILL when ending the ranks after a failure or a signal.
     pub grace: Duration,
     /// Extra environment for every rank.
     pub env: Vec<(String, String)>,
@@ -47,13 +62,17 @@ pub enum LaunchError {
     /// The store could not be started.
     #[error("cannot start the rendezvous store: {0}")]
     Store(std::io::Error),
+    /// The signal handlers or the watchdog could not be set up.
+    #[error("cannot set up the launcher's clean-up: {0}")]
+    Cleanup(std::io::Error),
 }
 
 /// How a launched job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchOutcome {
     /// 0 when every rank succeeded; otherwise the first failing rank's exit code (128 + the
-    /// signal number for a rank killed by a signal, 130 when the launcher was interrupted).
+    /// signal number for a rank killed by a signal; 143, 129 or 130 when the launcher got
+    /// SIGTERM, SIGHUP or SIGINT).
     pub exit_code: i32,
     /// The rank that failed first, if one did.
     pub failed_rank: Option<usize>,
@@ -67,7 +86,8 @@ fn exit_code(status: ExitStatus) -> i32 {
         .unwrap_or(1)
 }
 
-/// Runs the job to completion; see the module docs.
+/// Runs the job to completion; see the module docs. Poll it from a thread that outlives the
+/// job (e.g. `block_on` on the main thread), as the module docs explain.
 ///
 /// # Errors
 /// [`LaunchError`] when the job cannot be started; a failing rank is not an error but the
@@ -79,6 +99,28 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
     let Some(program) = options.command.first() else {
         return Err(LaunchError::Invalid("no command given after `--`".into()));
     };
+    // libucs (linked with the `ucx` feature) installs SIGTERM/SIGINT handlers at load time
+    // that exit(1); tokio's handler would chain to them. Back to the defaults first, then
+    // tokio's handlers, before any rank exists so that no signal can orphan one.
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // SAFETY: setting a standard disposition; no handler of ours is involved.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
+    let mut signals = Vec::new();
+    for kind in [
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+        SignalKind::interrupt(),
+    ] {
+        signals.push((
+            kind.as_raw_value(),
+            signal(kind).map_err(LaunchError::Cleanup)?,
+        ));
+    }
+    let mut watchdog = Watchdog::start().map_err(LaunchError::Cleanup)?;
+    let launcher_pid = std::process::id() as libc::pid_t;
     // One fresh secret per job, handed to the ranks in their environment (never on a command
     // line, where any local user could read it).
     let secret = JobSecret::generate().map_err(|e| LaunchError::Store(std::io::Error::other(e)))?;
@@ -112,6 +154,29 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
             // Each rank leads its own process group, so ending a rank ends what it started.
             .process_group(0)
             .kill_on_drop(true);
+        // SAFETY: the closure runs in the child between fork and exec, and calls only
+        // async-signal-safe functions (prctl, getppid, _exit) on values copied in; it does not
+        // allocate or take locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                // The kernel SIGKILLs this rank when the launcher's spawning thread ends.
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The launcher died between fork and prctl: the signal will never come.
+                if libc::getppid() != launcher_pid {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(source) => {
@@ -123,7 +188,9 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
                 });
             }
         };
-        groups.push(child.id().map_or(0, |pid| pid as i32));
+        let pgid = child.id().map_or(0, |pid| pid as i32);
+        groups.push(pgid);
+        watchdog.watch(pgid);
         if let Some(out) = child.stdout.take() {
             printers.push(tokio::spawn(prefix_lines(rank, out, false)));
         }
@@ -145,8 +212,6 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
     let mut ending = false;
     let mut running = options.ranks;
     let mut kill_at: Option<tokio::time::Instant> = None;
-    let interrupted = tokio::signal::ctrl_c();
-    tokio::pin!(interrupted);
     while running > 0 {
         let grace_over = async {
             match kill_at {
@@ -164,7 +229,7 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
                         "byzcoll launch: rank {rank} exited with status {code}; ending the other ranks"
                     ));
                     signal_groups(&groups, libc::SIGTERM);
-                    kill_at = Some(tokio::time::Instant::now() + options.grace);
+                    kill_at = Some(deadline(options.grace));
                 }
             }
             _ = grace_over => {
@@ -172,12 +237,18 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
                 signal_groups(&groups, libc::SIGKILL);
                 kill_at = None;
             }
-            _ = &mut interrupted, if !ending => {
-                report("byzcoll launch: interrupted; ending all ranks");
-                ending = true;
-                outcome = LaunchOutcome { exit_code: 130, failed_rank: None };
-                signal_groups(&groups, libc::SIGTERM);
-                kill_at = Some(tokio::time::Instant::now() + options.grace);
+            sig = any_signal(&mut signals) => {
+                if ending {
+                    // A second request while ending: no more grace.
+                    report(&format!("byzcoll launch: {}; killing all ranks", signal_name(sig)));
+                    kill_at = Some(tokio::time::Instant::now());
+                } else {
+                    report(&format!("byzcoll launch: {}; ending all ranks", signal_name(sig)));
+                    ending = true;
+                    outcome = LaunchOutcome { exit_code: 128 + sig, failed_rank: None };
+                    signal_groups(&groups, libc::SIGTERM);
+                    kill_at = Some(deadline(options.grace));
+                }
             }
         }
     }
@@ -186,10 +257,44 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
         signal_groups(&groups, libc::SIGKILL);
     }
     for p in printers {
-        let _ = p.await;
+        if ending {
+            // A process that left its rank's group may still hold the pipe: do not wait for it.
+            let _ = tokio::time::timeout(Duration::from_secs(1), p).await;
+        } else {
+            let _ = p.await;
+        }
     }
+    watchdog.done();
     drop(store);
     Ok(outcome)
+}
+
+/// When the grace period that starts now ends; now when it cannot be represented.
+fn deadline(grace: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(grace).unwrap_or(now)
+}
+
+/// The first of `signals` to arrive, as its number.
+async fn any_signal(signals: &mut [(i32, tokio::signal::unix::Signal)]) -> i32 {
+    std::future::poll_fn(|cx| {
+        for (number, s) in signals.iter_mut() {
+            if s.poll_recv(cx).is_ready() {
+                return std::task::Poll::Ready(*number);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGTERM => "terminated (SIGTERM)",
+        libc::SIGHUP => "hung up (SIGHUP)",
+        libc::SIGINT => "interrupted (SIGINT)",
+        _ => "signalled",
+    }
 }
 
 fn signal_groups(groups: &[i32], signal: i32) {
@@ -226,6 +331,132 @@ async fn prefix_lines(rank: usize, stream: impl AsyncRead + Unpin, to_stderr: bo
                 } else {
                     std::io::stdout().lock().write_all(&out)
                 };
+            }
+        }
+    }
+}
+
+/// A process forked before the ranks that outlives a launcher killed with SIGKILL: it reads
+/// the ranks' process groups from a pipe and, when the launcher's end closes without a "done"
+/// (0) first, SIGKILLs every group. `PR_SET_PDEATHSIG` reaches only the ranks themselves; this
+/// reaches what they started.
+#[derive(Debug)]
+struct Watchdog {
+    /// The launcher's (write) end of the pipe, close-on-exec so no rank holds it open.
+    fd: libc::c_int,
+}
+
+impl Watchdog {
+    fn start() -> std::io::Result<Watchdog> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let [read_end, write_end] = fds;
+        // SAFETY: fork in a possibly multi-threaded process; the child runs only
+        // async-signal-safe calls (sigaction, open, dup2, close, read, killpg, _exit) on its
+        // own stack and never returns into Rust code that could allocate or take a lock.
+        match unsafe { libc::fork() } {
+            -1 => {
+                let e = std::io::Error::last_os_error();
+                // SAFETY: closing the two descriptors pipe2 just created.
+                unsafe {
+                    libc::close(read_end);
+                    libc::close(write_end);
+                }
+                Err(e)
+            }
+            // SAFETY: in the forked child, as above.
+            0 => unsafe { watchdog_main(read_end, write_end) },
+            _ => {
+                // SAFETY: closing our copy of the child's end.
+                unsafe {
+                    libc::close(read_end);
+                }
+                Ok(Watchdog { fd: write_end })
+            }
+        }
+    }
+
+    /// Adds a rank's process group (ignored unless positive).
+    fn watch(&mut self, pgid: i32) {
+        if pgid > 0 {
+            self.send(pgid);
+        }
+    }
+
+    /// The job ended cleanly: the watchdog exits without killing anything.
+    fn done(&mut self) {
+        self.send(0);
+    }
+
+    fn send(&mut self, value: i32) {
+        let bytes = value.to_ne_bytes();
+        // SAFETY: writing 4 bytes from a live buffer to our pipe; a 4-byte write is atomic.
+        // Failure (the watchdog died) leaves PR_SET_PDEATHSIG as the only guard; ignored.
+        unsafe {
+            libc::write(self.fd, bytes.as_ptr().cast(), bytes.len());
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // SAFETY: closing the descriptor this value owns.
+        unsafe {
+            libc::close(self.fd);
+        }
+    }
+}
+
+/// The watchdog's whole life, in the forked child. Only async-signal-safe calls.
+unsafe fn watchdog_main(read_end: libc::c_int, write_end: libc::c_int) -> ! {
+    // `byzcoll launch -n` allows at most 4096 ranks; beyond that a library caller's extra
+    // ranks are covered by PR_SET_PDEATHSIG alone.
+    const MAX_GROUPS: usize = 4096;
+    // SAFETY (whole body): async-signal-safe libc calls on local data, see Watchdog::start.
+    unsafe {
+        libc::close(write_end);
+        // A signal sent to the launcher's whole process group must not end the watchdog
+        // before it has done its work; it exits by itself once the launcher has gone.
+        let mut ignore: libc::sigaction = std::mem::zeroed();
+        ignore.sa_sigaction = libc::SIG_IGN;
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGPIPE] {
+            libc::sigaction(sig, &ignore, std::ptr::null_mut());
+        }
+        // Let go of the launcher's stdio, so nobody waits on the watchdog for an EOF.
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+        let mut groups = [0 as libc::pid_t; MAX_GROUPS];
+        let mut count = 0;
+        loop {
+            let mut buf = [0u8; 4];
+            let got = libc::read(read_end, buf.as_mut_ptr().cast(), buf.len());
+            if got == 4 {
+                let pgid = i32::from_ne_bytes(buf);
+                if pgid == 0 {
+                    libc::_exit(0);
+                }
+                if count < MAX_GROUPS {
+                    groups[count] = pgid;
+                    count += 1;
+                }
+            } else if got < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            } else {
+                // EOF without "done": the launcher is gone.
+                for &pgid in &groups[..count] {
+                    libc::killpg(pgid, libc::SIGKILL);
+                }
+                libc::_exit(0);
             }
         }
     }

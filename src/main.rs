@@ -36,8 +36,9 @@ enum Cmd {
         /// Number of ranks.
         #[arg(short = 'n', long = "ranks", value_parser = clap::value_parser!(u32).range(1..=4096))]
         ranks: u32,
-        /// Seconds between SIGTERM and SIGKILL when ending ranks after a failure.
-        #[arg(long, default_value_t = 5)]
+        /// Seconds between SIGTERM and SIGKILL when ending ranks after a failure or a signal to
+        /// the launcher: 0 to 3600 (0: SIGKILL right after SIGTERM).
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=MAX_GRACE_SECS))]
         grace_secs: u64,
         /// The command and its arguments (after `--`).
         #[arg(last = true, required = true, num_args = 1..)]
@@ -54,13 +55,14 @@ struct AggregateArgs {
     /// Aggregation rule (`byzcoll info` lists them); there is no default.
     #[arg(long)]
     rule: String,
-    /// Number of Byzantine inputs (rows) to tolerate.
+    /// Number of Byzantine inputs (rows) to tolerate: below n, the input's rows (each rule
+    /// needs more, see `byzcoll info`).
     #[arg(short = 'f', long = "f", value_name = "F", default_value_t = 0)]
     f: usize,
-    /// Multi-Krum: how many inputs to average (default n - f).
+    /// Multi-Krum: how many inputs to average, 1 to n - f (default n - f).
     #[arg(long = "m", value_name = "M")]
     m: Option<usize>,
-    /// Centered clipping: the clipping radius.
+    /// Centered clipping: the clipping radius, finite and > 0.
     #[arg(long, value_name = "T")]
     tau: Option<f64>,
     /// Input: a C-order float32 or float64 .npy file of shape (n, d), one input vector per row.
@@ -91,6 +93,9 @@ enum ReportFormat {
     /// One JSON object: {"rule", "n", "d", "dtype", "selected"}.
     Json,
 }
+
+/// The longest `--grace-secs`: an hour.
+const MAX_GRACE_SECS: u64 = 3600;
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -128,8 +133,10 @@ fn main() -> ExitCode {
             grace_secs,
             command,
         } => {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+            // A current-thread runtime, driven by `block_on` on the main thread: the ranks are
+            // forked by the thread that lives as long as the launcher, which their
+            // PR_SET_PDEATHSIG (fired when the forking *thread* ends) needs; see src/launch.rs.
+            let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             {
@@ -179,6 +186,7 @@ fn aggregate(args: &AggregateArgs) -> Result<(), String> {
             "shape ({n}, 0) has d = 0 coordinates: nothing to aggregate"
         )));
     }
+    check_f(args.f, n).map_err(|e| at(&e))?;
     rule.check(n).map_err(|e| at(&e))?;
     let report = match &input {
         Array::F32 { data, .. } => {
@@ -201,6 +209,20 @@ fn aggregate(args: &AggregateArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// `f < n`, checked before any rule computes with `f` (the rules' preconditions, e.g.
+/// `n > 2f`, are evaluated in `usize` and would overflow for an `f` near `usize::MAX`). With
+/// `f < n`, where `n` counts rows in memory or simulated ranks (at most 1e6), `4f + 3` fits.
+/// `f = 0` with `n = 0` is left to the rule, which names what it needs.
+fn check_f(f: usize, n: usize) -> Result<(), String> {
+    if f >= n && f > 0 {
+        Err(format!(
+            "f = {f} Byzantine inputs need more inputs than that, but n = {n} (f must be below n)"
+        ))
+    } else {
+        Ok(())
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -415,25 +437,27 @@ struct SimulateArgs {
         value_parser = clap::value_parser!(u32).range(1..=1_000_000)
     )]
     ranks: Vec<u32>,
-    /// Data mode: float32 coordinates per rank's vector.
-    #[arg(long, value_name = "D", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Data mode: float32 coordinates per rank's vector, 1 to 2^28; n * d must also be at
+    /// most 2^28 (1 GiB of inputs) for every n.
+    #[arg(long, value_name = "D", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=MAX_SIM_ELEMENTS as i64))]
     d: u32,
     /// Aggregation rule (`byzcoll info` lists them); required in data mode, there is no default.
     #[arg(long, required_unless_present = "predict")]
     rule: Option<String>,
-    /// Number of Byzantine ranks to tolerate (sharded mode uses r = 2f+1 owners per shard).
+    /// Number of Byzantine ranks to tolerate (sharded mode uses r = 2f+1 owners per shard);
+    /// below every n of --ranks.
     #[arg(short = 'f', long = "f", value_name = "F", default_value_t = 0)]
     f: usize,
-    /// Multi-Krum: how many inputs to average (default n - f).
+    /// Multi-Krum: how many inputs to average, 1 to n - f (default n - f).
     #[arg(long = "m", value_name = "M")]
     m: Option<usize>,
-    /// Centered clipping: the clipping radius.
+    /// Centered clipping: the clipping radius, finite and > 0.
     #[arg(long, value_name = "T")]
     tau: Option<f64>,
     /// Which collectives to run in data mode.
     #[arg(long, value_enum, default_value_t = SimMode::All)]
     mode: SimMode,
-    /// Owners per shard for sharded mode, comma-separated (default: 1 and 2f+1).
+    /// Owners per shard for sharded mode, comma-separated, 1 to n (default: 1 and 2f+1).
     #[arg(long, value_name = "R,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     replicas: Vec<u32>,
     /// Check every honest rank's result against the gather-mode reference (exit 1 if not).
@@ -446,12 +470,14 @@ struct SimulateArgs {
         "byzantine", "attack", "lying_owners", "lie", "seed",
     ])]
     predict: bool,
-    /// Timing mode: vector sizes in bytes instead of the 1 MiB..1 GiB sweep, comma-separated.
+    /// Timing mode: vector sizes in bytes instead of the 1 MiB..1 GiB sweep, comma-separated;
+    /// multiples of 4 from 4 to 2^40 (1 TiB), with n^2 * bytes at most 2^62.
     #[arg(
         long,
         value_name = "BYTES,...",
         value_delimiter = ',',
-        requires = "predict"
+        requires = "predict",
+        value_parser = clap::value_parser!(u64).range(4..=MAX_PREDICT_BYTES)
     )]
     bytes: Vec<u64>,
     /// Network preset: latency and bandwidth of the links and NICs.
@@ -470,13 +496,15 @@ struct SimulateArgs {
     /// SUM throughput in bytes of input per second (ring reduce steps); free when not given.
     #[arg(long, value_name = "B_PER_S", value_parser = positive)]
     sum_throughput: Option<f64>,
-    /// Per-step deadline in virtual milliseconds (data mode; predictions have none).
+    /// Per-step deadline in virtual milliseconds, finite and > 0 (data mode; predictions have
+    /// none).
     #[arg(long, value_name = "MS", default_value_t = 30_000.0, value_parser = positive)]
     timeout_ms: f64,
-    /// Probability that a message is lost.
+    /// Probability that a message is lost, 0 to 1.
     #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = probability)]
     loss: f64,
-    /// Maximum extra latency per message in microseconds (uniform in [0, X], seeded).
+    /// Maximum extra latency per message in microseconds (uniform in [0, X], seeded); finite
+    /// and >= 0.
     #[arg(long, value_name = "X", default_value_t = 0.0, value_parser = non_negative)]
     delay_us: f64,
     /// Crashed ranks, comma-separated: R (never takes part) or R@STEP (sends nothing from
@@ -486,7 +514,7 @@ struct SimulateArgs {
     /// Stalled ranks, comma-separated: R:US starts rank R US microseconds late.
     #[arg(long, value_name = "R:US,...", value_delimiter = ',', value_parser = parse_stall)]
     stall: Vec<Stall>,
-    /// The last K ranks contribute Byzantine inputs forged by --attack.
+    /// The last K ranks contribute Byzantine inputs forged by --attack; K below n.
     #[arg(long, value_name = "K", default_value_t = 0)]
     byzantine: usize,
     /// How Byzantine inputs are forged.
@@ -494,13 +522,14 @@ struct SimulateArgs {
         byzcoll_sim::ATTACKS.iter().map(|(name, _)| *name)
     ))]
     attack: String,
-    /// In sharded mode, the last K ranks lie about their shard results (see --lie).
+    /// In sharded mode, the last K ranks lie about their shard results (see --lie); K at
+    /// most n.
     #[arg(long, value_name = "K", default_value_t = 0)]
     lying_owners: usize,
     /// What lying owners send.
     #[arg(long, value_enum, default_value_t = LieArg::Signflip)]
     lie: LieArg,
-    /// Seed of the inputs, losses and delays.
+    /// Seed of the inputs, losses and delays (any u64).
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }
@@ -534,6 +563,14 @@ enum LieArg {
     /// Different garbage to every destination.
     Equivocate,
 }
+
+/// The most float32 elements a data-mode world holds (n * d): 2^28, 1 GiB.
+const MAX_SIM_ELEMENTS: u64 = 1 << 28;
+/// The largest `--bytes` of a prediction: 1 TiB.
+const MAX_PREDICT_BYTES: u64 = 1 << 40;
+/// The most bytes a prediction may move in all (n^2 * bytes bounds gather's traffic): the
+/// simulator counts bytes in a u64.
+const MAX_PREDICT_TRAFFIC: u64 = 1 << 62;
 
 fn parse_number(s: &str) -> Result<f64, String> {
     let v: f64 = s
@@ -636,6 +673,9 @@ fn describe_network(label: &str, network: &Network) -> String {
 /// Runs `byzcoll simulate`; returns the exit code, or the one-line error of a bad setup.
 #[allow(clippy::print_stdout)]
 fn simulate(args: &SimulateArgs) -> Result<ExitCode, String> {
+    for &n in &args.ranks {
+        check_f(args.f, n as usize)?;
+    }
     let (label, network) = args.network();
     let rule = args.rule()?;
     if args.predict {
@@ -645,6 +685,16 @@ fn simulate(args: &SimulateArgs) -> Result<ExitCode, String> {
     let Some(rule) = rule else {
         return Err("data mode needs --rule (there is no default rule)".into());
     };
+    for &n in &args.ranks {
+        if u64::from(n) * u64::from(args.d) > MAX_SIM_ELEMENTS {
+            return Err(format!(
+                "n = {n} ranks of d = {} coordinates is {} values, more than data mode's \
+                 2^28 (1 GiB); use a smaller --d",
+                args.d,
+                u64::from(n) * u64::from(args.d)
+            ));
+        }
+    }
     let mut ok = true;
     for &n in &args.ranks {
         ok &= simulate_data(args, n as usize, &label, network, rule.as_ref())?;
@@ -677,6 +727,17 @@ fn predict(
         .iter()
         .flat_map(|&n| sizes.iter().map(move |&b| (n as usize, b)))
         .collect();
+    for &(n, bytes) in &jobs {
+        let traffic = (n as u64)
+            .checked_mul(n as u64)
+            .and_then(|t| t.checked_mul(bytes));
+        if traffic.is_none_or(|t| t > MAX_PREDICT_TRAFFIC) {
+            return Err(format!(
+                "n = {n} ranks of {bytes} bytes each: n^2 * bytes is more than the 2^62 bytes \
+                 the simulator can count; use fewer ranks or smaller --bytes"
+            ));
+        }
+    }
     let compute = args.compute();
     let predict_one = |&(n, bytes): &(usize, u64)| {
         byzcoll_sim::predict(label, network, &compute, n, bytes, args.f, rule)
@@ -788,7 +849,7 @@ fn simulate_data(
     }
     if sharded && !global {
         let mut replicas: Vec<usize> = if args.replicas.is_empty() {
-            vec![1, (2 * args.f + 1).min(n)]
+            vec![1, args.f.saturating_mul(2).saturating_add(1).min(n)]
         } else {
             args.replicas.iter().map(|&r| r as usize).collect()
         };

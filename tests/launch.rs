@@ -2,8 +2,8 @@
 
 mod common;
 
-use std::process::Command;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{byzcoll, example, run_with_limit, text};
 
@@ -253,4 +253,146 @@ fn quickstart_asserts_its_own_result() {
         "{stdout}"
     );
     assert!(stdout.contains("mean          | refused"), "{stdout}");
+}
+
+/// The processes whose environment holds `BYZCOLL_TEST_JOB=<marker>`: the launcher, its
+/// watchdog, every rank and whatever the ranks started (zombies have no environment).
+fn job_processes(marker: &str) -> Vec<u32> {
+    let needle = format!("BYZCOLL_TEST_JOB={marker}");
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(env) = std::fs::read(entry.path().join("environ")) {
+            if env.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// Polls `done` every 20 ms for up to `limit`; whether it became true.
+fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done()
+}
+
+/// Starts `launch -n 3` of ranks that ignore SIGTERM (so the grace period and SIGKILL are
+/// needed) and each start a grandchild, sends `signal` to the launcher, and checks that the
+/// launcher ends with `expected` (an exit code, or `None`: killed by the signal) and that no
+/// process of the job is left, all within 15 s.
+fn signal_ends_the_whole_job(signal: i32, expected: Option<i32>) {
+    let marker = format!("signal-{signal}-{}", std::process::id());
+    let start = Instant::now();
+    let mut launcher = Command::new(byzcoll())
+        .args(["launch", "-n", "3", "--grace-secs", "1", "--", "sh", "-c"])
+        .arg("trap '' TERM; sleep 600 & sleep 600; :")
+        .env("BYZCOLL_TEST_JOB", &marker)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the launcher");
+    // Launcher + watchdog + 3 ranks, each a shell with two sleeps.
+    let up = wait_for(Duration::from_secs(10), || {
+        job_processes(&marker).len() >= 11
+    });
+    if !up {
+        let _ = launcher.kill();
+        panic!("the job did not start: {:?}", job_processes(&marker));
+    }
+    // SAFETY: kill has no memory-safety preconditions; the pid is our own child's.
+    assert_eq!(unsafe { libc::kill(launcher.id() as i32, signal) }, 0);
+    let mut status = None;
+    let exited = wait_for(Duration::from_secs(10), || {
+        status = launcher.try_wait().expect("wait");
+        status.is_some()
+    });
+    if !exited {
+        let _ = launcher.kill();
+    }
+    let gone = wait_for(Duration::from_secs(3), || job_processes(&marker).is_empty());
+    let left = job_processes(&marker);
+    for &pid in &left {
+        // SAFETY: as above; these carry this test's marker.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+    }
+    assert!(exited, "the launcher did not exit after signal {signal}");
+    assert!(
+        gone,
+        "signal {signal} left processes of the job behind: {left:?}"
+    );
+    let mut stderr = String::new();
+    use std::io::Read;
+    if let Some(mut e) = launcher.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    let status = status.expect("exited");
+    use std::os::unix::process::ExitStatusExt;
+    match expected {
+        Some(code) => {
+            assert_eq!(
+                status.code(),
+                Some(code),
+                "signal {signal}: {status:?}\n{stderr}"
+            );
+            assert!(stderr.contains("ending all ranks"), "{stderr}");
+        }
+        None => assert_eq!(status.signal(), Some(signal), "{status:?}\n{stderr}"),
+    }
+    let elapsed = start.elapsed();
+    assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
+}
+
+#[test]
+fn sigterm_to_the_launcher_ends_every_rank_and_exits_143() {
+    signal_ends_the_whole_job(libc::SIGTERM, Some(143));
+}
+
+#[test]
+fn sighup_to_the_launcher_ends_every_rank_and_exits_129() {
+    signal_ends_the_whole_job(libc::SIGHUP, Some(129));
+}
+
+#[test]
+fn sigint_to_the_launcher_ends_every_rank_and_exits_130() {
+    signal_ends_the_whole_job(libc::SIGINT, Some(130));
+}
+
+#[test]
+fn sigkill_to_the_launcher_leaves_no_rank_or_grandchild_behind() {
+    signal_ends_the_whole_job(libc::SIGKILL, None);
+}
+
+#[test]
+fn a_huge_grace_period_is_refused_not_a_panic() {
+    let (out, _) = run_with_limit(
+        Command::new(byzcoll()).args([
+            "launch",
+            "-n",
+            "1",
+            "--grace-secs",
+            "18446744073709551615",
+            "--",
+            "true",
+        ]),
+        Duration::from_secs(10),
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("0..=3600"), "{stderr}");
 }

@@ -1,0 +1,406 @@
+//! Every numeric flag of every subcommand at its extremes: never a panic, and clear errors
+//! where the value cannot work.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use byzcoll::npy;
+use common::{byzcoll, run_with_limit, text};
+
+/// Values every numeric flag is tried with: the edges of the integer types, negative,
+/// beyond u128, non-finite floats, and no number at all.
+const EXTREMES: &[&str] = &[
+    "0",
+    "1",
+    "18446744073709551615", // u64::MAX
+    "18446744073709551612", // u64::MAX rounded down to a multiple of 4
+    "9223372036854775808",  // 2^63
+    "4611686018427387904",  // 2^62
+    "4294967295",           // u32::MAX
+    "-1",
+    "340282366920938463463374607431768211456", // 2^128
+    "1e308",
+    "1e999",
+    "-inf",
+    "nan",
+    "x",
+    "",
+];
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        let dir = std::env::temp_dir().join(format!("byzcoll-cli-extremes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create the temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(args: &[String]) -> Output {
+    run_with_limit(
+        Command::new(byzcoll()).args(args).env("BYZCOLL_LOG", "off"),
+        Duration::from_secs(30),
+    )
+    .0
+}
+
+/// Runs `args` and checks that it did not panic (status 101 or a "panicked" message) and was
+/// not killed by a signal (an abort, e.g. on an allocation failure).
+fn no_panic(args: &[String]) -> Output {
+    let out = run(args);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.code().is_some_and(|c| c != 101) && !stderr.contains("panicked"),
+        "{args:?}: {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    out
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// `base` with `--flag=value` for every extreme value (the `=` form, so `-1` is a value).
+fn sweep(base: &[&str], flag: &str, tail: &[&str]) -> usize {
+    let mut runs = 0;
+    for value in EXTREMES {
+        let mut args = strings(base);
+        args.push(format!("{flag}={value}"));
+        args.extend(strings(tail));
+        no_panic(&args);
+        runs += 1;
+    }
+    runs
+}
+
+fn input(dir: &TempDir) -> String {
+    let path = dir.0.join("in.npy");
+    let data: Vec<f32> = (0..15).map(|i| (i % 7) as f32).collect();
+    npy::write_f32(&path, &[5, 3], &data).expect("write the input");
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn no_numeric_flag_of_any_subcommand_panics() {
+    let start = Instant::now();
+    let dir = TempDir::new();
+    let input = input(&dir);
+    let output = dir.0.join("out.npy").to_string_lossy().into_owned();
+    let mut runs = 0;
+
+    // launch: -n and --grace-secs (the valid small values run `true`).
+    runs += sweep(&["launch", "--grace-secs", "0"], "--ranks", &["--", "true"]);
+    runs += sweep(&["launch", "-n", "1"], "--grace-secs", &["--", "true"]);
+
+    // aggregate: --f for every rule, --m, --tau.
+    for rule in [
+        "mean",
+        "median",
+        "trimmed-mean",
+        "krum",
+        "multi-krum",
+        "bulyan",
+        "geometric-median",
+        "nnm+median",
+        "nnm+bulyan",
+    ] {
+        runs += sweep(
+            &["aggregate", "--rule", rule, "-o", &output],
+            "--f",
+            &[&input],
+        );
+    }
+    runs += sweep(
+        &[
+            "aggregate",
+            "--rule",
+            "centered-clipping",
+            "--tau",
+            "1",
+            "-o",
+            &output,
+        ],
+        "--f",
+        &[&input],
+    );
+    runs += sweep(
+        &["aggregate", "--rule", "multi-krum", "-o", &output],
+        "--m",
+        &[&input],
+    );
+    runs += sweep(
+        &[
+            "aggregate",
+            "--rule",
+            "multi-krum",
+            "--f",
+            "1",
+            "-o",
+            &output,
+        ],
+        "--m",
+        &[&input],
+    );
+    runs += sweep(
+        &["aggregate", "--rule", "centered-clipping", "-o", &output],
+        "--tau",
+        &[&input],
+    );
+
+    // simulate, data mode: a small world unless the flag under test says otherwise.
+    let data = ["simulate", "--ranks", "4", "--d", "8", "--rule", "median"];
+    for flag in [
+        "--f",
+        "--replicas",
+        "--timeout-ms",
+        "--loss",
+        "--delay-us",
+        "--crash",
+        "--stall",
+        "--byzantine",
+        "--lying-owners",
+        "--seed",
+        "--alpha-us",
+        "--gbps",
+        "--agg-throughput",
+        "--sum-throughput",
+    ] {
+        runs += sweep(&data, flag, &[]);
+    }
+    runs += sweep(
+        &["simulate", "--d", "8", "--rule", "median"],
+        "--ranks",
+        &[],
+    );
+    runs += sweep(
+        &["simulate", "--ranks", "4", "--rule", "median"],
+        "--d",
+        &[],
+    );
+    runs += sweep(
+        &[
+            "simulate",
+            "--ranks",
+            "4",
+            "--d",
+            "8",
+            "--rule",
+            "multi-krum",
+        ],
+        "--m",
+        &[],
+    );
+    runs += sweep(
+        &[
+            "simulate",
+            "--ranks",
+            "4",
+            "--d",
+            "8",
+            "--rule",
+            "centered-clipping",
+        ],
+        "--tau",
+        &[],
+    );
+    // The numbers inside --crash R@STEP and --stall R:US.
+    for value in EXTREMES {
+        for spec in [
+            format!("--crash=1@{value}"),
+            format!("--stall=1:{value}"),
+            format!("--stall={value}:1"),
+        ] {
+            let mut args = strings(&data);
+            args.push(spec);
+            no_panic(&args);
+            runs += 1;
+        }
+    }
+
+    // simulate --predict.
+    let predict = ["simulate", "--predict", "--ranks", "4", "--bytes", "4096"];
+    for flag in [
+        "--f",
+        "--alpha-us",
+        "--gbps",
+        "--agg-throughput",
+        "--sum-throughput",
+    ] {
+        runs += sweep(&predict, flag, &[]);
+    }
+    runs += sweep(
+        &["simulate", "--predict", "--ranks", "4", "--rule", "median"],
+        "--bytes",
+        &[],
+    );
+    runs += sweep(
+        &["simulate", "--predict", "--bytes", "4096"],
+        "--ranks",
+        &[],
+    );
+    runs += sweep(
+        &["simulate", "--predict", "--ranks", "4"],
+        "--bytes",
+        &["--f", "1"],
+    );
+
+    // info has no numeric flag; the numbers it reads come from the environment.
+    for value in EXTREMES {
+        let out = run_with_limit(
+            Command::new(byzcoll())
+                .arg("info")
+                .env("BYZCOLL_TIMEOUT_MS", value)
+                .env("BYZCOLL_RANK", value)
+                .env("BYZCOLL_WORLD_SIZE", value),
+            Duration::from_secs(30),
+        )
+        .0;
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "info with {value:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        runs += 1;
+    }
+    eprintln!("{runs} runs in {:?}", start.elapsed());
+}
+
+/// Runs `args`, which must fail with `code` and a stderr holding every needle.
+fn fails(args: &[&str], code: i32, needles: &[&str]) {
+    let out = no_panic(&strings(args));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{args:?}\n{stdout}\n{stderr}"
+    );
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn byzantine_counts_beyond_n_name_f_and_n() {
+    let dir = TempDir::new();
+    let input = input(&dir);
+    let output = dir.0.join("out.npy").to_string_lossy().into_owned();
+    for (rule, f) in [
+        ("median", "9223372036854775808"),
+        ("median", "5"),
+        ("trimmed-mean", "9223372036854775808"),
+        ("bulyan", "4611686018427387904"),
+        ("multi-krum", "9223372036854775808"),
+        ("krum", "18446744073709551615"),
+        ("nnm+median", "9223372036854775808"),
+        ("mean", "18446744073709551615"),
+    ] {
+        let args = ["aggregate", "--rule", rule, "--f", f, "-o", &output, &input];
+        fails(
+            &args,
+            1,
+            &["byzcoll aggregate:", &format!("f = {f}"), "n = 5"],
+        );
+        let (_, stderr) = text(&run(&strings(&args)));
+        assert!(!stderr.contains("n - f = 9223372036854775816"), "{stderr}");
+        assert!(!std::path::Path::new(&output).exists(), "{args:?} wrote");
+    }
+    // Below n but beyond the rule's own precondition: the rule's message, with n and f.
+    fails(
+        &[
+            "aggregate",
+            "--rule",
+            "bulyan",
+            "--f",
+            "1",
+            "-o",
+            &output,
+            &input,
+        ],
+        1,
+        &["n >= 4f + 3", "n = 5, f = 1"],
+    );
+    fails(
+        &[
+            "simulate",
+            "--ranks",
+            "8",
+            "--d",
+            "8",
+            "--rule",
+            "median",
+            "--f",
+            "9223372036854775808",
+        ],
+        1,
+        &["byzcoll simulate:", "f = 9223372036854775808", "n = 8"],
+    );
+    fails(
+        &["simulate", "--predict", "--ranks", "8,4", "--f", "4"],
+        1,
+        &["f = 4", "n = 4"],
+    );
+}
+
+#[test]
+fn sizes_beyond_the_caps_are_refused() {
+    fails(
+        &["launch", "-n", "1", "--grace-secs", "3601", "--", "true"],
+        2,
+        &["--grace-secs", "0..=3600"],
+    );
+    fails(
+        &[
+            "simulate",
+            "--ranks",
+            "4",
+            "--rule",
+            "median",
+            "--d",
+            "4294967295",
+        ],
+        2,
+        &["--d", "1..=268435456"],
+    );
+    fails(
+        &["simulate", "--ranks", "1000000", "--rule", "median"],
+        1,
+        &["n = 1000000", "d = 4096", "2^28"],
+    );
+    fails(
+        &[
+            "simulate",
+            "--predict",
+            "--ranks",
+            "4",
+            "--bytes",
+            "18446744073709551612",
+        ],
+        2,
+        &["--bytes", "4..=1099511627776"],
+    );
+    fails(
+        &[
+            "simulate",
+            "--predict",
+            "--ranks",
+            "1000000",
+            "--bytes",
+            "1099511627776",
+        ],
+        1,
+        &["n = 1000000", "2^62"],
+    );
+}
