@@ -81,7 +81,8 @@ fn first_non_finite<T: Element>(out: &[T]) -> Result<(), usize> {
 }
 
 pub(crate) fn precondition(rule: &str, n: usize, f: usize) -> Result<(), AggError> {
-    if n > 2 * f {
+    // Checked: an f near usize::MAX must fail the precondition, not wrap past it.
+    if f.checked_mul(2).is_some_and(|two_f| n > two_f) {
         Ok(())
     } else {
         Err(AggError::Precondition {

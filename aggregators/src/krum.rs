@@ -70,7 +70,11 @@ fn mixed_types(rule: &str) -> AggError {
 }
 
 fn krum_precondition(rule: &str, n: usize, f: usize) -> Result<(), AggError> {
-    if n > 2 * f + 2 {
+    if f
+        .checked_mul(2)
+        .and_then(|x| x.checked_add(2))
+        .is_some_and(|bound| n > bound)
+    {
         Ok(())
     } else {
         Err(AggError::Precondition {
@@ -382,7 +386,12 @@ impl Aggregator for Bulyan {
         self.f
     }
     fn check(&self, n: usize) -> Result<(), AggError> {
-        if n >= 4 * self.f + 3 {
+        if self
+            .f
+            .checked_mul(4)
+            .and_then(|x| x.checked_add(3))
+            .is_some_and(|bound| n >= bound)
+        {
             Ok(())
         } else {
             Err(AggError::Precondition {

@@ -43,12 +43,12 @@ impl Replicas {
     /// [`Error::InvalidUsage`] for [`Replicas::Exactly`] outside `1..=n`.
     pub fn count(self, f: usize, n: usize) -> Result<usize> {
         match self {
-            Replicas::Tolerant => Ok((2 * f + 1).min(n)),
+            Replicas::Tolerant => Ok(f.saturating_mul(2).saturating_add(1).min(n)),
             Replicas::Exactly(r) if r == 0 || r > n => Err(Error::InvalidUsage(format!(
                 "sharded mode with {r} replicas in a world of {n}: need 1 <= r <= n"
             ))),
             Replicas::Exactly(r) => {
-                if r < 2 * f + 1 {
+                if r < f.saturating_mul(2).saturating_add(1) {
                     tracing::warn!(
                         r,
                         f,

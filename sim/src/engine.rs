@@ -517,7 +517,7 @@ impl<P: Program> Engine<'_, '_, P> {
         } else {
             self.ranks[rank].tx_busy = false;
         }
-        self.stats.bytes += bytes;
+        self.stats.bytes = self.stats.bytes.saturating_add(bytes);
         let faults = self.params.faults;
         if faults.loss > 0.0 && self.rng.gen::<f64>() < faults.loss {
             self.stats.lost += 1;

@@ -124,7 +124,7 @@ impl Algorithm {
     /// Sharded mode with `2f + 1` owners per shard (at most `n`): safe with `f` lying owners.
     pub fn tolerant(n: usize, f: usize) -> Algorithm {
         Algorithm::Sharded {
-            replicas: (2 * f + 1).min(n.max(1)),
+            replicas: f.saturating_mul(2).saturating_add(1).min(n.max(1)),
         }
     }
 

@@ -48,10 +48,9 @@ pub fn predict(
             "{bytes} bytes is not a positive whole number of float32"
         )));
     }
-    if 2 * f + 1 > n {
+    if f.checked_mul(2).and_then(|x| x.checked_add(1)).is_none_or(|r| r > n) {
         return Err(SimError::InvalidConfig(format!(
-            "sharded r = 2f+1 = {} needs at least that many ranks, have n = {n}",
-            2 * f + 1
+            "sharded r = 2f+1 (f = {f}) needs at least that many ranks, have n = {n}"
         )));
     }
     let d = usize::try_from(bytes / 4)
