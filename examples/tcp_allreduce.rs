@@ -121,6 +121,15 @@ async fn run() -> Result<(), String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // byzcoll's warnings (refused connections, an unauthenticated job) on stderr; BYZCOLL_LOG
+    // (e.g. `info`, `byzcoll=debug`) for more.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BYZCOLL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

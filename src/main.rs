@@ -333,6 +333,16 @@ fn info() {
         None => "unknown",
     };
     println!("  transport    {transport} ({how}; {usable})");
+    let auth = match byzcoll::bootstrap::JobAuth::from_env() {
+        Ok(a) if a.is_authenticated() => {
+            "authenticated: job secret set (BYZCOLL_SECRET or BYZCOLL_SECRET_FILE)".to_string()
+        }
+        Ok(_) => "UNAUTHENTICATED (BYZCOLL_ALLOW_UNAUTHENTICATED=1): any local process can \
+                  join a multi-rank job"
+            .to_string(),
+        Err(e) => format!("no usable job secret ({e}); `byzcoll launch` sets one"),
+    };
+    println!("  membership   {auth}");
     match Config::from_env() {
         Ok(c) => println!("  step timeout {:?} (BYZCOLL_TIMEOUT_MS)", c.step_timeout),
         Err(e) => println!("  step timeout invalid: {e}"),

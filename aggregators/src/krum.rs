@@ -70,8 +70,7 @@ fn mixed_types(rule: &str) -> AggError {
 }
 
 fn krum_precondition(rule: &str, n: usize, f: usize) -> Result<(), AggError> {
-    if f
-        .checked_mul(2)
+    if f.checked_mul(2)
         .and_then(|x| x.checked_add(2))
         .is_some_and(|bound| n > bound)
     {

@@ -48,10 +48,18 @@ pub fn predict(
             "{bytes} bytes is not a positive whole number of float32"
         )));
     }
-    if f.checked_mul(2).and_then(|x| x.checked_add(1)).is_none_or(|r| r > n) {
-        return Err(SimError::InvalidConfig(format!(
-            "sharded r = 2f+1 (f = {f}) needs at least that many ranks, have n = {n}"
-        )));
+    match f.checked_mul(2).and_then(|x| x.checked_add(1)) {
+        Some(r) if r <= n => {}
+        Some(r) => {
+            return Err(SimError::InvalidConfig(format!(
+                "sharded r = 2f+1 = {r} needs at least that many ranks, have n = {n}"
+            )))
+        }
+        None => {
+            return Err(SimError::InvalidConfig(format!(
+                "sharded r = 2f+1 with f = {f} exceeds any world, have n = {n}"
+            )))
+        }
     }
     let d = usize::try_from(bytes / 4)
         .map_err(|_| SimError::InvalidConfig(format!("{bytes} bytes is too large")))?;

@@ -11,7 +11,7 @@
 //! the secret; after that, only within fixed limits ([`MAX_KEY`], [`MAX_VALUE`],
 //! [`MAX_OPEN_ROUNDS`]) and the job's own world size, never a size from a request.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -54,7 +54,12 @@ struct Round {
 struct Rounds {
     world: usize,
     open: HashMap<String, Round>,
+    /// The most recently completed keys, so that a late registration is refused at once.
+    completed: VecDeque<String>,
 }
+
+/// Completed keys remembered.
+const COMPLETED_KEPT: usize = 1024;
 
 /// A running store; stops when dropped.
 #[derive(Debug)]
@@ -84,6 +89,7 @@ impl StoreServer {
         let rounds = Arc::new(Mutex::new(Rounds {
             world,
             open: HashMap::new(),
+            completed: VecDeque::new(),
         }));
         let auth = Arc::new(auth);
         let task = tokio::spawn(async move {
@@ -234,6 +240,13 @@ fn join_round(
     let (tx, rx) = oneshot::channel();
     let mut rounds = rounds.lock().unwrap_or_else(PoisonError::into_inner);
     let world = rounds.world;
+    if rounds.completed.iter().any(|k| k == key) {
+        let _ = tx.send(Err(format!(
+            "key {key:?}: the round completed without this registration of rank {rank} \
+             (another process registered as rank {rank})"
+        )));
+        return rx;
+    }
     if !rounds.open.contains_key(key) && rounds.open.len() >= MAX_OPEN_ROUNDS {
         let _ = tx.send(Err(format!(
             "key {key:?}: {MAX_OPEN_ROUNDS} rounds are open already"
@@ -268,6 +281,10 @@ fn join_round(
     round.filled += 1;
     round.waiters.push((rank, tx));
     if round.filled == world {
+        if rounds.completed.len() == COMPLETED_KEPT {
+            rounds.completed.pop_front();
+        }
+        rounds.completed.push_back(key.to_string());
         if let Some(done) = rounds.open.remove(key) {
             let values: Arc<Vec<Bytes>> = Arc::new(
                 done.values
@@ -599,6 +616,7 @@ mod tests {
         let rounds = Mutex::new(Rounds {
             world: 4,
             open: HashMap::new(),
+            completed: VecDeque::new(),
         });
         let _rx = join_round(&rounds, 2, "k", Bytes::from_static(b"x"));
         assert_eq!(rounds.lock().unwrap().open.len(), 1);
@@ -611,6 +629,24 @@ mod tests {
         let mut rx = join_round(&rounds, 0, "one too many", Bytes::new());
         let err = rx.try_recv().unwrap().unwrap_err();
         assert!(err.contains("rounds are open already"), "{err}");
+    }
+
+    #[test]
+    fn a_registration_after_its_round_completed_is_refused_at_once() {
+        let rounds = Mutex::new(Rounds {
+            world: 2,
+            open: HashMap::new(),
+            completed: VecDeque::new(),
+        });
+        let _a = join_round(&rounds, 0, "k#1", Bytes::new());
+        let _b = join_round(&rounds, 1, "k#1", Bytes::new());
+        let mut late = join_round(&rounds, 1, "k#1", Bytes::new());
+        let err = late.try_recv().unwrap().unwrap_err();
+        assert!(
+            err.contains("another process registered as rank 1"),
+            "{err}"
+        );
+        assert!(rounds.lock().unwrap().open.is_empty());
     }
 
     #[tokio::test]

@@ -1,0 +1,277 @@
+//! The attacks of issue #13, run as an attacker on the same host would, against byzcoll's own
+//! processes on 127.0.0.1: strangers running byzcoll's binary with a wrong secret or none, an
+//! insider registering as another rank, and a flood of store connections. Each test asserts
+//! the outcome: refused, named, and the real job's result exact.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::TcpStream as StdTcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use byzcoll::bootstrap::{JobAuth, JobSecret, StoreClient, StoreServer};
+use common::{example, free_port, run_with_limit, text};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The tests that measure this process's memory, descriptors and CPU run one at a time.
+static MEASURED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `tcp_allreduce` as rank `rank` of `world` with the store at `store`, authenticated as
+/// `auth` says: `Some(hex)` a secret, `None` the explicit opt-out.
+fn rank(rank: usize, world: usize, store: &str, auth: Option<&str>) -> Command {
+    let mut cmd = Command::new(example("tcp_allreduce"));
+    cmd.env("BYZCOLL_LAUNCHER", "byzcoll")
+        .env("BYZCOLL_RANK", rank.to_string())
+        .env("BYZCOLL_WORLD_SIZE", world.to_string())
+        .env("BYZCOLL_STORE", store)
+        .env("BYZCOLL_LOG", "warn")
+        .env("BYZCOLL_TIMEOUT_MS", "20000")
+        .env_remove("BYZCOLL_STORE_HOSTED")
+        .env_remove("BYZCOLL_SECRET")
+        .env_remove("BYZCOLL_SECRET_FILE")
+        .env_remove("BYZCOLL_ALLOW_UNAUTHENTICATED");
+    match auth {
+        Some(hex) => cmd.env("BYZCOLL_SECRET", hex),
+        None => cmd.env("BYZCOLL_ALLOW_UNAUTHENTICATED", "1"),
+    };
+    cmd
+}
+
+fn spawn(cmd: &mut Command) -> Child {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
+/// Waits (at most 20 s) until something listens at `addr`.
+fn wait_listening(addr: &str) {
+    let start = Instant::now();
+    while StdTcpStream::connect(addr).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "nothing listens at {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn finish(child: Child, limit: Duration) -> (bool, String, String) {
+    let start = Instant::now();
+    let mut child = child;
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            let (o, e) = text(&out);
+            panic!("rank exceeded {limit:?}\n{o}\n{e}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let (o, e) = text(&out);
+    (out.status.success(), o, e)
+}
+
+#[test]
+fn strangers_running_byzcoll_are_refused_and_the_job_result_is_exact() {
+    let store = format!("127.0.0.1:{}", free_port());
+    let secret = JobSecret::generate().unwrap().to_hex();
+    let wrong = JobSecret::generate().unwrap().to_hex();
+    let rank0 = spawn(&mut rank(0, 4, &store, Some(&secret)));
+    wait_listening(&store);
+    // Strangers claim ranks 1 to 3 before the real ones start: with another job's secret,
+    // and without any.
+    for (r, auth) in [
+        (1, Some(wrong.as_str())),
+        (2, None),
+        (3, Some(wrong.as_str())),
+    ] {
+        let (out, _) = run_with_limit(&mut rank(r, 4, &store, auth), Duration::from_secs(30));
+        let (stdout, stderr) = text(&out);
+        assert!(
+            !out.status.success(),
+            "stranger {r} joined:\n{stdout}\n{stderr}"
+        );
+        let want = if auth.is_some() {
+            "wrong job secret"
+        } else {
+            "unauthenticated"
+        };
+        assert!(stderr.contains(want), "stranger {r}:\n{stderr}");
+    }
+    let real: Vec<Child> = (1..4)
+        .map(|r| spawn(&mut rank(r, 4, &store, Some(&secret))))
+        .collect();
+    for (r, child) in real.into_iter().enumerate() {
+        let (ok, stdout, stderr) = finish(child, Duration::from_secs(60));
+        assert!(ok, "real rank {}:\n{stdout}\n{stderr}", r + 1);
+    }
+    let (ok, stdout, stderr) = finish(rank0, Duration::from_secs(60));
+    assert!(ok, "rank 0:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("OK: 4 ranks over tcp"), "{stdout}");
+    assert!(
+        stdout.contains("median        n = 4, f = 1: inside the honest range"),
+        "{stdout}"
+    );
+    // One warning line per refusal, naming where it came from.
+    let refusals: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("refused a connection"))
+        .collect();
+    assert!(refusals.len() >= 3, "{stderr}");
+    assert!(
+        refusals.iter().all(|l| l.contains("127.0.0.1:")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_insider_registering_as_another_rank_is_a_setup_error_naming_it() {
+    let store = format!("127.0.0.1:{}", free_port());
+    let secret = JobSecret::generate().unwrap().to_hex();
+    let rank0 = spawn(&mut rank(0, 3, &store, Some(&secret)));
+    wait_listening(&store);
+    let real = spawn(&mut rank(1, 3, &store, Some(&secret)));
+    std::thread::sleep(Duration::from_millis(200));
+    // A process holding the secret (a Byzantine rank) registers as rank 1 a second time.
+    let (out, _) = run_with_limit(
+        &mut rank(1, 3, &store, Some(&secret)),
+        Duration::from_secs(30),
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("rank 1 registered twice"), "{stderr}");
+    for (who, child) in [("rank 0", rank0), ("rank 1", real)] {
+        let (ok, stdout, stderr) = finish(child, Duration::from_secs(30));
+        assert!(!ok, "{who} went on with an impostor:\n{stdout}");
+        assert!(
+            stderr.contains("rank 1 registered twice"),
+            "{who}:\n{stderr}"
+        );
+    }
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes into the struct we pass and has no other preconditions.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let t = |tv: libc::timeval| Duration::new(tv.tv_sec as u64, tv.tv_usec as u32 * 1000);
+    t(usage.ru_utime) + t(usage.ru_stime)
+}
+
+fn secret() -> JobAuth {
+    JobAuth::Secret(JobSecret::generate().unwrap())
+}
+
+/// A round of `world` ranks through the store at `addr`, each rank publishing its number.
+async fn real_round(addr: &str, world: usize, auth: &JobAuth) -> Duration {
+    let start = Instant::now();
+    let joins: Vec<_> = (0..world)
+        .map(|r| {
+            let c = StoreClient::new(addr, r, world, Duration::from_secs(10), auth.clone());
+            tokio::spawn(async move { c.all_gather("round", &[r as u8]).await })
+        })
+        .collect();
+    for j in joins {
+        let got = j.await.unwrap().unwrap();
+        assert_eq!(got.iter().map(|b| b[0]).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    }
+    start.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_requests_claiming_huge_worlds_allocate_nothing() {
+    let _one = MEASURED.lock().await;
+    let auth = secret();
+    let server = StoreServer::bind("127.0.0.1:0", 4, auth.clone())
+        .await
+        .unwrap();
+    let addr = server.local_addr().to_string();
+    let before = rss_bytes();
+    for i in 0..80u32 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        // Half in protocol 1's format (which pinned 32 MiB each), half as version-2 hellos.
+        let mut req = Vec::new();
+        if i % 2 == 0 {
+            req.extend_from_slice(b"BZS1");
+            req.extend_from_slice(&0u32.to_le_bytes()); // rank
+            req.extend_from_slice(&(1u32 << 20).to_le_bytes()); // world
+        } else {
+            req.extend_from_slice(b"BZHS\x02\x00\x01\x00"); // version 2, store, flags
+            req.extend_from_slice(&(1u32 << 20).to_le_bytes()); // world
+            req.extend_from_slice(&0u32.to_le_bytes()); // rank
+        }
+        req.extend_from_slice(&[0u8; 72]);
+        s.write_all(&req).await.unwrap();
+        assert_ne!(s.read_u8().await.unwrap(), 0, "request {i} was not refused");
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(
+        grown < 16 << 20,
+        "80 requests grew the store by {grown} bytes"
+    );
+    assert!(real_round(&addr, 4, &auth).await < Duration::from_secs(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_joins_and_idle_connections_leave_descriptors_and_cpu_at_baseline() {
+    let _one = MEASURED.lock().await;
+    let auth = secret();
+    let server = StoreServer::bind("127.0.0.1:0", 4, auth.clone())
+        .await
+        .unwrap();
+    let addr = server.local_addr().to_string();
+    let baseline = open_fds();
+    let flood = Instant::now();
+    for _ in 0..20_000 {
+        let s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        drop(s);
+        assert!(
+            flood.elapsed() < Duration::from_secs(60),
+            "flood took too long"
+        );
+    }
+    let mut idle = Vec::new();
+    for _ in 0..1000 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    let took = real_round(&addr, 4, &auth).await;
+    assert!(
+        took < Duration::from_secs(2),
+        "a real round took {took:?} behind 1000 idle connections"
+    );
+    drop(idle);
+    // The store lets go of every descriptor (within a second), and then idles.
+    let settle = Instant::now();
+    while open_fds() > baseline + 8 {
+        assert!(
+            settle.elapsed() < Duration::from_secs(5),
+            "{} descriptors open, {baseline} before",
+            open_fds()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cpu = cpu_time();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let used = cpu_time() - cpu;
+    assert!(
+        used < Duration::from_millis(250),
+        "{used:?} of CPU in 0.5 s idle"
+    );
+}
