@@ -1,0 +1,111 @@
+//! Setup benchmark: the time from nothing to a connected TCP world of `n` ranks in this
+//! process (rendezvous store, identity keys, every pair's authenticated handshake), median of
+//! `--reps` worlds, for each `--ranks`. `--unauthenticated` runs the same with the explicit
+//! opt-out, for comparison.
+//!
+//! ```sh
+//! cargo bench --bench setup -- --ranks 4,8 --reps 15
+//! ```
+
+#![allow(clippy::print_stdout)]
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use byzcoll::bootstrap::{JobAuth, JobSecret, StoreClient, StoreServer};
+use byzcoll::transports::tcp::{TcpOptions, TcpTransport};
+
+async fn one_world(n: usize, auth: &JobAuth) -> Result<Duration, String> {
+    let start = Instant::now();
+    let server = StoreServer::bind("127.0.0.1:0", n, auth.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = server.local_addr().to_string();
+    let ranks: Vec<_> = (0..n)
+        .map(|r| {
+            let store = StoreClient::new(addr.clone(), r, n, Duration::from_secs(30), auth.clone());
+            tokio::spawn(async move {
+                TcpTransport::from_store(&store, r, n, None, TcpOptions::default()).await
+            })
+        })
+        .collect();
+    let mut world = Vec::with_capacity(n);
+    for r in ranks {
+        world.push(
+            r.await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let took = start.elapsed();
+    drop(world);
+    Ok(took)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let ranks: Vec<usize> = value("--ranks")
+        .unwrap_or_else(|| "4,8".into())
+        .split(',')
+        .filter_map(|s| s.parse().ok())
+        .filter(|&n| (1..=256).contains(&n))
+        .collect();
+    let reps: usize = value("--reps")
+        .and_then(|s| s.parse().ok())
+        .filter(|&r| (1..=1000).contains(&r))
+        .unwrap_or(15);
+    let auth = if args.iter().any(|a| a == "--unauthenticated") {
+        JobAuth::Unauthenticated
+    } else {
+        match JobSecret::generate() {
+            Ok(s) => JobAuth::Secret(s),
+            Err(e) => {
+                eprintln!("setup bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("setup bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "# TCP world setup, {} ({reps} worlds each; median, min, max in ms)",
+        if auth.is_authenticated() {
+            "authenticated"
+        } else {
+            "unauthenticated"
+        }
+    );
+    for n in ranks {
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            match rt.block_on(one_world(n, &auth)) {
+                Ok(t) => times.push(t.as_secs_f64() * 1e3),
+                Err(e) => {
+                    eprintln!("setup bench: {n} ranks: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "ranks {n:>3}  median {:>8.2}  min {:>8.2}  max {:>8.2}",
+            times[times.len() / 2],
+            times[0],
+            times[times.len() - 1]
+        );
+    }
+    ExitCode::SUCCESS
+}
