@@ -344,6 +344,8 @@ async fn prefix_lines(rank: usize, stream: impl AsyncRead + Unpin, to_stderr: bo
 struct Watchdog {
     /// The launcher's (write) end of the pipe, close-on-exec so no rank holds it open.
     fd: libc::c_int,
+    /// The watchdog's pid, reaped once the job is done.
+    pid: libc::pid_t,
 }
 
 impl Watchdog {
@@ -369,12 +371,12 @@ impl Watchdog {
             }
             // SAFETY: in the forked child, as above.
             0 => unsafe { watchdog_main(read_end, write_end) },
-            _ => {
+            pid => {
                 // SAFETY: closing our copy of the child's end.
                 unsafe {
                     libc::close(read_end);
                 }
-                Ok(Watchdog { fd: write_end })
+                Ok(Watchdog { fd: write_end, pid })
             }
         }
     }
@@ -387,8 +389,16 @@ impl Watchdog {
     }
 
     /// The job ended cleanly: the watchdog exits without killing anything.
+    /// Waits for it to exit (at once), so that no process of the job outlives the launch.
     fn done(&mut self) {
         self.send(0);
+        // SAFETY: waiting for our own child, whose pid we hold; a null status pointer is
+        // allowed. EINTR is retried; any other failure means it is already gone.
+        unsafe {
+            while libc::waitpid(self.pid, std::ptr::null_mut(), 0) < 0
+                && *libc::__errno_location() == libc::EINTR
+            {}
+        }
     }
 
     fn send(&mut self, value: i32) {
