@@ -62,6 +62,9 @@ const WINDOW: usize = 8;
 /// Header receives kept posted per peer (fewer in worlds so large that the provider's receive
 /// queue could not hold this many for every peer).
 pub const HEADER_WINDOW: usize = 16;
+/// How many times the receive of a one-fragment payload is posted again after a payload that
+/// did not match its sealed header (see Authentication in [`LibfabricTransport`]).
+pub const PAYLOAD_RETRIES: u8 = 3;
 
 pub(crate) fn tag(sender: Rank, kind: u64, seq: u64) -> u64 {
     ((sender as u64) << SENDER_SHIFT) | (kind << SEQ_BITS) | (seq & SEQ_MASK)
@@ -139,10 +142,13 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 /// the wrong length, cannot be attributed to the rank whose tags it used: it is dropped with a
 /// warning and the receive is posted again for the same sequence number (the genuine header
 /// still matches it); it never closes the peer. A payload whose bytes do not match the digest
-/// sealed in its header is `Malformed`, never delivered. A stranger who keeps injecting can
-/// still spoil a receive (a forged fragment that matches first makes it `Malformed`, one of
-/// the wrong length closes the peer as before): tag matching gives no way to refuse its
-/// messages before they match, short of `FI_DIRECTED_RECV`.
+/// sealed in its header is never delivered: a payload of one fragment is received again (at
+/// most [`PAYLOAD_RETRIES`] times, since a stranger's fragment on the same tag may have
+/// matched first), a longer one is `Malformed` (which of its fragments were genuine is not
+/// known, and the genuine ones already taken do not come again). A stranger who keeps
+/// injecting can still spoil a receive (forged fragments that match first make it
+/// `Malformed`, one of the wrong length closes the peer as before): tag matching gives no way
+/// to refuse its messages before they match, short of `FI_DIRECTED_RECV`.
 ///
 /// Why not one payload message drained with a zero-length receive, as the UCX transport does
 /// after probing? libfabric 1.17 (Debian 12) mishandles it: `ofi_rxm` loses its way on
@@ -607,6 +613,8 @@ struct Inbound {
     base: *mut u8,
     /// A fragment failed: nothing more is posted and the peer is closed.
     failed: bool,
+    /// Receives posted again after a payload that did not match its header.
+    retries: u8,
 }
 
 /// A posted header receive of one sequence number, and what became of it.
@@ -1294,6 +1302,7 @@ impl Engine {
                 buf,
                 base,
                 failed: false,
+                retries: 0,
             }));
         }
         busy
@@ -1303,6 +1312,7 @@ impl Engine {
     /// fragment receives, oldest payload first, at most [`WINDOW`] in flight for the peer.
     fn advance_payloads(&mut self, peer: Rank) -> bool {
         let mut busy = false;
+        let fragment = self.config.fragment;
         let rx = &mut self.rx[peer];
         rx.payloads.retain_mut(|inbound| {
             if !inbound.in_flight.is_empty() || inbound.received != inbound.total {
@@ -1317,6 +1327,21 @@ impl Engine {
                     .payload_matches(&buf.as_mut_slice()[..inbound.total])
                 {
                     d.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
+                } else if inbound.total <= fragment && inbound.retries < PAYLOAD_RETRIES {
+                    tracing::warn!(
+                        peer,
+                        seq = inbound.seq,
+                        "libfabric: dropped a payload on the peer's tags that does not match \
+                         its sealed header; receiving it again"
+                    );
+                    // Posted again by the loop below, into the same buffer.
+                    inbound.retries += 1;
+                    inbound.next = 0;
+                    inbound.received = 0;
+                    inbound.delivery = Some(d);
+                    inbound.buf = Some(buf);
+                    busy = true;
+                    return true;
                 } else {
                     tracing::warn!(
                         peer,

@@ -18,7 +18,9 @@ mod engine;
 pub mod safe;
 
 #[cfg(feature = "ucx")]
-pub use engine::{UcxOptions, UcxTransport, HEADER_WINDOW, MAX_RANKS, SEND_CREDIT, SPIN};
+pub use engine::{
+    UcxOptions, UcxTransport, HEADER_WINDOW, MAX_RANKS, PAYLOAD_RETRIES, SEND_CREDIT, SPIN,
+};
 
 #[cfg(all(test, feature = "ucx"))]
 mod tests {
@@ -38,6 +40,91 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sends_are_done_within_the_credit_and_wait_beyond_it() {
         byzcoll_conformance::sends_are_done_within_the_credit(world, SEND_CREDIT).await;
+    }
+
+    /// Ranks that find each other (worker addresses and frame keys) through the rendezvous
+    /// store, as separate processes do, authenticated or not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ranks_bootstrap_through_the_store() {
+        #![allow(clippy::unwrap_used)]
+        use byzcoll_runtime::bootstrap::{JobAuth, JobSecret, StoreClient, StoreServer};
+        use byzcoll_runtime::{Payload, RecvOp, RecvOutcome, SendOp, Step};
+        use std::time::Duration;
+        let n = 3;
+        for auth in [
+            JobAuth::Secret(JobSecret::generate().unwrap()),
+            JobAuth::Unauthenticated,
+        ] {
+            let server = StoreServer::bind("127.0.0.1:0", n, auth.clone())
+                .await
+                .unwrap();
+            let addr = server.local_addr().to_string();
+            let joins = (0..n).map(|rank| {
+                let (addr, auth) = (addr.clone(), auth.clone());
+                // Not spawned: a rank's UCX context and worker stay on this task's thread
+                // while it awaits the store (they are not `Send`).
+                async move {
+                    let store = StoreClient::new(addr, rank, n, Duration::from_secs(10), auth);
+                    UcxTransport::from_store(&store, rank, n, UcxOptions::default()).await
+                }
+            });
+            let ranks: Vec<UcxTransport> = futures::future::join_all(joins)
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            let steps = ranks.iter().enumerate().map(|(me, t)| {
+                let others = (0..n).filter(move |&p| p != me);
+                let sends = others
+                    .clone()
+                    .map(|p| SendOp {
+                        peer: p,
+                        tag: 3,
+                        payload: Payload::Host(vec![me as u8; 10 + p].into()),
+                    })
+                    .collect();
+                let recvs = others
+                    .map(|p| RecvOp {
+                        peer: p,
+                        tag: 3,
+                        len: 10 + me,
+                    })
+                    .collect();
+                t.exchange(Step {
+                    collective: 0,
+                    step: 0,
+                    sends,
+                    recvs,
+                    deadline: tokio::time::Instant::now() + Duration::from_secs(10),
+                })
+            });
+            for (me, got) in futures::future::join_all(steps)
+                .await
+                .into_iter()
+                .enumerate()
+            {
+                for (p, o) in (0..n).filter(|&p| p != me).zip(got.unwrap()) {
+                    match o {
+                        RecvOutcome::Received(Payload::Host(b)) => {
+                            assert_eq!(&b[..], &vec![p as u8; 10 + me][..], "rank {me} from {p}");
+                        }
+                        other => panic!("rank {me} from {p}: {other:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a measurement, not a check"]
+    async fn p2p_bandwidth() {
+        let ranks = UcxTransport::local_world(2, UcxOptions::default())
+            .unwrap()
+            .into_iter()
+            .map(|t| Box::new(t) as Box<dyn byzcoll_runtime::Transport>)
+            .collect();
+        let label = std::env::var("UCX_TLS").unwrap_or_default();
+        byzcoll_conformance::p2p_bandwidth(ranks, &format!("ucx {label}")).await;
     }
 
     mod forgery {
