@@ -247,7 +247,7 @@ mod tests {
             let (ranks, addresses, keys) = world(2);
             let forged = vec![0xEE; LEN];
             // Well-formed frames on rank 0's tags, sealed with keys of another job; an
-            // unsealed 32-byte header and an oversized one, as a version-1 sender would.
+            // unsealed 32-byte header (what senders sent before sealing) and an oversized one.
             let strangers = FrameKeys::local_world(2).unwrap();
             let sealed = strangers[0].seal(1, 0, &forged_header(), &forged);
             inject(
