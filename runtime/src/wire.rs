@@ -2,7 +2,28 @@
 //! `b"BZF2"` (protocol version 2), collective `u64`, step `u32`, sender `u32`, tag `u32`, payload length `u64`.
 //! Receivers check the sender against the connection and the length against the posted
 //! receive ([`crate::mailbox`]) before they allocate anything.
+//!
+//! # Sealed frames (UCX, libfabric)
+//! Tag-matched transports cannot tell which endpoint a message came from: whoever learns a
+//! worker address or endpoint name can send messages with any rank's tags. So there every
+//! header travels sealed ([`SEALED_LEN`] bytes, [`FrameKeys::seal`]):
+//!
+//! ```text
+//! header (32) | BLAKE3(payload) (32) | MAC (32)
+//! MAC = BLAKE3-keyed(key[sender -> receiver], "byzcoll-v2 frame" | seq (u64 LE) | header | digest)
+//! ```
+//!
+//! `seq` is the per-pair sequence number of the message (the one in its tags), so a recorded
+//! frame cannot be replayed into another position; the header binds collective, step, tag,
+//! sender and length. The pair key ([`crate::bootstrap::JobAuth::derive_pair_key`]) mixes the
+//! job secret with the X25519 secret of the two ranks, whose public keys are published with
+//! the addresses through the authenticated store: a stranger lacks the job secret, and a rank
+//! of the job (a Byzantine insider) lacks the other pair's X25519 secret, so neither can seal
+//! a frame as another rank. The receiver opens the header ([`FrameKeys::open`]) before it
+//! claims anything, and checks the payload against the sealed digest
+//! ([`Opened::payload_matches`]) before it delivers it.
 
+use crate::bootstrap::{FrameSecret, JobAuth, JobSecret};
 use crate::{MsgKey, Rank};
 
 /// Magic of a data frame.
@@ -83,9 +104,250 @@ impl FrameHeader {
     }
 }
 
+/// Length of the seal after the header: the payload digest and the MAC.
+pub const SEAL_LEN: usize = 64;
+/// Length of a sealed header (see the module docs).
+pub const SEALED_LEN: usize = HEADER_LEN + SEAL_LEN;
+const FRAME_LABEL: &[u8] = b"byzcoll-v2 frame";
+
+/// A rank's frame keys, one per ordered pair it is part of: `send[r]` seals frames to rank
+/// `r`, `recv[r]` opens frames from it. `Debug` shows no key.
+#[derive(Clone)]
+pub struct FrameKeys {
+    me: Rank,
+    send: Vec<[u8; 32]>,
+    recv: Vec<[u8; 32]>,
+}
+
+impl std::fmt::Debug for FrameKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FrameKeys(rank {} of {})", self.me, self.send.len())
+    }
+}
+
+/// Why a sealed header was not opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unsealed {
+    /// The MAC does not verify under the pair's key: the frame is not the claimed sender's
+    /// (forged, replayed into another position, or corrupted). It cannot be attributed to
+    /// the sender, so the receiver drops it rather than blame the sender.
+    Forged,
+    /// The MAC verifies, but the sender sealed a header that is not acceptable.
+    Invalid(String),
+}
+
+/// An opened header: authentic, for the sequence number it was opened with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    /// The header.
+    pub header: FrameHeader,
+    digest: [u8; 32],
+}
+
+impl Opened {
+    /// Whether `payload` is the payload the sender sealed (compared in constant time).
+    pub fn payload_matches(&self, payload: &[u8]) -> bool {
+        blake3::Hash::from(self.digest) == blake3::hash(payload)
+    }
+}
+
+impl FrameKeys {
+    /// Rank `me`'s keys from its X25519 secret and every rank's public key (`publics[r]`, as
+    /// published through the store), under the job's `auth`.
+    ///
+    /// # Errors
+    /// Naming the rank whose public key is a low-order point.
+    pub fn new(
+        auth: &JobAuth,
+        me: Rank,
+        secret: &FrameSecret,
+        publics: &[[u8; 32]],
+    ) -> Result<Self, String> {
+        let mut send = Vec::with_capacity(publics.len());
+        let mut recv = Vec::with_capacity(publics.len());
+        for (peer, public) in publics.iter().enumerate() {
+            let shared = secret
+                .shared(public)
+                .ok_or_else(|| format!("rank {peer} published an unusable frame key"))?;
+            send.push(auth.derive_pair_key(&shared, me as u32, peer as u32));
+            recv.push(auth.derive_pair_key(&shared, peer as u32, me as u32));
+        }
+        Ok(FrameKeys { me, send, recv })
+    }
+
+    /// The keys of every rank of a world that lives in this process: fresh X25519 keys and
+    /// a fresh job secret.
+    ///
+    /// # Errors
+    /// When the OS has no randomness to give.
+    pub fn local_world(size: usize) -> Result<Vec<Self>, String> {
+        let auth = JobAuth::Secret(JobSecret::generate().map_err(|e| e.to_string())?);
+        let secrets = (0..size)
+            .map(|_| FrameSecret::generate().map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let publics: Vec<[u8; 32]> = secrets.iter().map(FrameSecret::public).collect();
+        secrets
+            .iter()
+            .enumerate()
+            .map(|(rank, s)| Self::new(&auth, rank, s, &publics))
+            .collect()
+    }
+
+    fn mac(key: &[u8; 32], seq: u64, header: &[u8], digest: &[u8]) -> blake3::Hash {
+        let mut h = blake3::Hasher::new_keyed(key);
+        h.update(FRAME_LABEL);
+        h.update(&seq.to_le_bytes());
+        h.update(header);
+        h.update(digest);
+        h.finalize()
+    }
+
+    /// The sealed header of message `seq` to rank `to` (see the module docs).
+    pub fn seal(
+        &self,
+        to: Rank,
+        seq: u64,
+        header: &FrameHeader,
+        payload: &[u8],
+    ) -> [u8; SEALED_LEN] {
+        let mut b = [0u8; SEALED_LEN];
+        b[..HEADER_LEN].copy_from_slice(&header.encode());
+        b[HEADER_LEN..HEADER_LEN + 32].copy_from_slice(blake3::hash(payload).as_bytes());
+        let mac = Self::mac(
+            &self.send[to],
+            seq,
+            &b[..HEADER_LEN],
+            &b[HEADER_LEN..HEADER_LEN + 32],
+        );
+        b[HEADER_LEN + 32..].copy_from_slice(mac.as_bytes());
+        b
+    }
+
+    /// Opens the sealed header of message `seq` from rank `from`: verifies its MAC (in
+    /// constant time), then the magic and that the header names `from` as its sender.
+    ///
+    /// # Errors
+    /// [`Unsealed::Forged`] when the MAC does not verify; [`Unsealed::Invalid`] for an
+    /// authentic header with a bad magic or another sender.
+    pub fn open(&self, from: Rank, seq: u64, b: &[u8; SEALED_LEN]) -> Result<Opened, Unsealed> {
+        let (header, rest) = b.split_at(HEADER_LEN);
+        let (digest, mac) = rest.split_at(32);
+        let mut tag = [0u8; 32];
+        tag.copy_from_slice(mac);
+        if Self::mac(&self.recv[from], seq, header, digest) != blake3::Hash::from(tag) {
+            return Err(Unsealed::Forged);
+        }
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(header);
+        let header = FrameHeader::decode(&h).map_err(Unsealed::Invalid)?;
+        if header.sender as usize != from {
+            return Err(Unsealed::Invalid(format!(
+                "frame claims sender {} on rank {from}'s tags",
+                header.sender
+            )));
+        }
+        let mut d = [0u8; 32];
+        d.copy_from_slice(digest);
+        Ok(Opened { header, digest: d })
+    }
+}
+
+/// What a rank publishes through the store for a tag-matched transport: its X25519 public
+/// key followed by its transport address.
+pub fn publish(secret: &FrameSecret, address: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(32 + address.len());
+    v.extend_from_slice(&secret.public());
+    v.extend_from_slice(address);
+    v
+}
+
+/// Splits what a rank published ([`publish`]) into its public key and its address.
+///
+/// # Errors
+/// When it is too short to hold a key.
+pub fn published(value: &[u8]) -> Result<([u8; 32], &[u8]), String> {
+    if value.len() < 32 {
+        return Err(format!(
+            "{} bytes published, expected a 32-byte key and an address",
+            value.len()
+        ));
+    }
+    let mut key = [0u8; 32];
+    key.copy_from_slice(&value[..32]);
+    Ok((key, &value[32..]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn header(sender: u32, len: u64) -> FrameHeader {
+        FrameHeader {
+            collective: 3,
+            step: 4,
+            sender,
+            tag: 5,
+            len,
+        }
+    }
+
+    #[test]
+    fn sealed_frames_open_only_for_their_pair_position_and_payload() {
+        let keys = FrameKeys::local_world(3).unwrap();
+        let payload = b"genuine payload";
+        let sealed = keys[0].seal(1, 7, &header(0, 15), payload);
+        let opened = keys[1].open(0, 7, &sealed).unwrap();
+        assert_eq!(opened.header, header(0, 15));
+        assert!(opened.payload_matches(payload));
+        assert!(!opened.payload_matches(b"forged  payload"));
+        // Another position, another receiver, another claimed sender: forged.
+        assert_eq!(keys[1].open(0, 8, &sealed), Err(Unsealed::Forged));
+        assert_eq!(keys[2].open(0, 7, &sealed), Err(Unsealed::Forged));
+        assert_eq!(keys[1].open(2, 7, &sealed), Err(Unsealed::Forged));
+        // Any flipped bit: forged.
+        for i in [0, 5, 13, 17, 21, 25, HEADER_LEN + 3, SEALED_LEN - 1] {
+            let mut b = sealed;
+            b[i] ^= 1;
+            assert_eq!(keys[1].open(0, 7, &b), Err(Unsealed::Forged), "byte {i}");
+        }
+        // An insider (rank 2) sealing with its own key, claiming sender 0: forged.
+        let insider = keys[2].seal(1, 7, &header(0, 15), payload);
+        assert_eq!(keys[1].open(0, 7, &insider), Err(Unsealed::Forged));
+        // Its honest frame names sender 2: opened as rank 2's, not as rank 0's.
+        let own = keys[2].seal(1, 7, &header(0, 15), payload);
+        assert!(matches!(
+            keys[1].open(2, 7, &own),
+            Err(Unsealed::Invalid(_))
+        ));
+        // Keys of another job (another secret) do not open it.
+        let other = FrameKeys::local_world(3).unwrap();
+        assert_eq!(other[1].open(0, 7, &sealed), Err(Unsealed::Forged));
+    }
+
+    #[test]
+    fn unauthenticated_jobs_still_need_the_pair_secret_and_low_order_keys_are_refused() {
+        let secrets: Vec<FrameSecret> = (0..2).map(|_| FrameSecret::generate().unwrap()).collect();
+        let publics: Vec<[u8; 32]> = secrets.iter().map(FrameSecret::public).collect();
+        let auth = JobAuth::Unauthenticated;
+        let a = FrameKeys::new(&auth, 0, &secrets[0], &publics).unwrap();
+        let b = FrameKeys::new(&auth, 1, &secrets[1], &publics).unwrap();
+        let sealed = a.seal(1, 0, &header(0, 1), b"x");
+        assert!(b.open(0, 0, &sealed).is_ok());
+        let stranger = FrameSecret::generate().unwrap();
+        let s = FrameKeys::new(&auth, 0, &stranger, &publics).unwrap();
+        assert_eq!(
+            b.open(0, 0, &s.seal(1, 0, &header(0, 1), b"x")),
+            Err(Unsealed::Forged)
+        );
+        let mut low = publics;
+        low[1] = [0; 32];
+        assert!(FrameKeys::new(&auth, 0, &secrets[0], &low)
+            .unwrap_err()
+            .contains("rank 1"));
+        let v = publish(&secrets[0], b"addr");
+        assert_eq!(published(&v).unwrap(), (secrets[0].public(), &b"addr"[..]));
+        assert!(published(b"short").is_err());
+    }
 
     #[test]
     fn header_round_trips_and_rejects_bad_magic() {

@@ -170,6 +170,21 @@ impl JobAuth {
         }
     }
 
+    /// The key that authenticates frames from rank `from` to rank `to` on the tag-matched
+    /// transports (UCX, libfabric; see [`crate::wire::FrameKeys`]): keyed BLAKE3 under the job
+    /// secret (zeros for [`JobAuth::Unauthenticated`], so the code path is the same) over a
+    /// label, `shared` (the X25519 secret of the two ranks' [`FrameSecret`]s) and the ordered
+    /// pair. Without the secret a stranger cannot compute it; without one of the two X25519
+    /// private keys neither can another rank of the job. The secret itself stays private.
+    pub fn derive_pair_key(&self, shared: &[u8; 32], from: u32, to: u32) -> [u8; 32] {
+        let mut h = blake3::Hasher::new_keyed(&self.key());
+        h.update(b"byzcoll-v2 frame key");
+        h.update(shared);
+        h.update(&from.to_le_bytes());
+        h.update(&to.to_le_bytes());
+        *h.finalize().as_bytes()
+    }
+
     fn flags(&self) -> u8 {
         match self {
             JobAuth::Secret(_) => 0,
@@ -235,6 +250,44 @@ impl Identity {
     /// The public key, as registered in the store.
     pub fn public(&self) -> [u8; 32] {
         self.0.verifying_key().to_bytes()
+    }
+}
+
+/// A rank's X25519 key for frame authentication on the tag-matched transports, made fresh by
+/// each transport instance (from the OS CSPRNG) and published with its address through the
+/// (authenticated) store. Its `Debug` output shows only the public key.
+#[derive(Clone)]
+pub struct FrameSecret(x25519_dalek::StaticSecret);
+
+impl fmt::Debug for FrameSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FrameSecret({})", hex(&self.public()[..8]))
+    }
+}
+
+impl FrameSecret {
+    /// A fresh key from the OS CSPRNG.
+    ///
+    /// # Errors
+    /// When the OS has no randomness to give.
+    pub fn generate() -> Result<Self, BootstrapError> {
+        let mut b = [0u8; 32];
+        getrandom::getrandom(&mut b)
+            .map_err(|e| BootstrapError::Auth(format!("no randomness from the OS: {e}")))?;
+        Ok(FrameSecret(x25519_dalek::StaticSecret::from(b)))
+    }
+
+    /// The public key, as published with the transport address.
+    pub fn public(&self) -> [u8; 32] {
+        x25519_dalek::PublicKey::from(&self.0).to_bytes()
+    }
+
+    /// The X25519 secret shared with the holder of `peer`'s key, or `None` when `peer` is a
+    /// low-order point (the result would not depend on this side's key, so anyone could
+    /// compute it).
+    pub fn shared(&self, peer: &[u8; 32]) -> Option<[u8; 32]> {
+        let s = self.0.diffie_hellman(&x25519_dalek::PublicKey::from(*peer));
+        s.was_contributory().then(|| s.to_bytes())
     }
 }
 

@@ -6,7 +6,7 @@ mod env;
 pub mod gate;
 mod store;
 
-pub use auth::{Identity, JobAuth, JobSecret, Membership, Roster, PROTOCOL_VERSION};
+pub use auth::{FrameSecret, Identity, JobAuth, JobSecret, Membership, Roster, PROTOCOL_VERSION};
 pub use env::{LaunchEnv, Launcher};
 pub use store::{
     connect_with_retry, StoreClient, StoreServer, MAX_KEY, MAX_OPEN_ROUNDS, MAX_VALUE, MAX_WORLD,

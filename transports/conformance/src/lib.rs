@@ -1034,3 +1034,66 @@ where
         }
     }
 }
+
+/// One-way bandwidth from rank 0 to rank 1 of `ranks` (two transports), in windows of 8
+/// messages per step as `benches/p2p.rs` does, 4 KiB to 16 MiB, printed to stderr as
+/// `BW <label> <size> B: <MiB/s>`. A measurement, not a check: the transports call it from an
+/// ignored test (`cargo test --release -p <crate> --features <f> p2p_bandwidth -- --ignored
+/// --nocapture`), e.g. for the cost of frame sealing.
+///
+/// # Panics
+/// When an exchange fails or a message is not received.
+pub async fn p2p_bandwidth(ranks: Vec<Box<dyn Transport>>, label: &str) {
+    const WINDOW: usize = 8;
+    let mut step = 0;
+    for exp in [12u32, 16, 20, 24] {
+        let len = 1usize << exp;
+        let payload = byzcoll_runtime::Payload::Host(vec![7u8; len].into());
+        let steps = ((1usize << 30) / (len * WINDOW)).clamp(4, 2000);
+        let mut run = |n: usize| {
+            let mut all = Vec::new();
+            for _ in 0..n {
+                let mk = |sends, recvs| Step {
+                    collective: 0,
+                    step,
+                    sends,
+                    recvs,
+                    deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+                };
+                let sends = (0..WINDOW)
+                    .map(|t| SendOp {
+                        peer: 1,
+                        tag: t as u32,
+                        payload: payload.clone(),
+                    })
+                    .collect();
+                let recvs = (0..WINDOW)
+                    .map(|t| RecvOp {
+                        peer: 0,
+                        tag: t as u32,
+                        len,
+                    })
+                    .collect();
+                all.push((mk(sends, vec![]), mk(vec![], recvs)));
+                step += 1;
+            }
+            all
+        };
+        for (i, batch) in [run(2), run(steps)].into_iter().enumerate() {
+            let start = std::time::Instant::now();
+            for (s, r) in batch {
+                let (a, b) = tokio::join!(ranks[0].exchange(s), ranks[1].exchange(r));
+                a.unwrap();
+                assert!(b
+                    .unwrap()
+                    .iter()
+                    .all(|o| matches!(o, RecvOutcome::Received(_))));
+            }
+            if i == 1 {
+                let secs = start.elapsed().as_secs_f64();
+                let mib = (steps * WINDOW * len) as f64 / (1 << 20) as f64;
+                eprintln!("BW {label} {len:>9} B: {:>8.0} MiB/s", mib / secs);
+            }
+        }
+    }
+}

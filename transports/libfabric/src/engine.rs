@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use byzcoll_libfabric_sys as sys;
-use byzcoll_runtime::bootstrap::StoreClient;
+use byzcoll_runtime::bootstrap::{FrameSecret, StoreClient};
 use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
 use byzcoll_runtime::progress::{
     run_step_on_engine, Idle, Progress, SendCommand, SendCredit, SendDone, Signal,
 };
-use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
+use byzcoll_runtime::wire::{self as wire, FrameHeader, FrameKeys, Opened, Unsealed, SEALED_LEN};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
@@ -31,8 +31,8 @@ use crate::safe::{
     self, Completion, Domain, Endpoint, Fabric, FabricError, Info, MemoryRegion, Notifier, Post,
 };
 
-const KIND_HEADER: u64 = 1;
-const KIND_PAYLOAD: u64 = 2;
+pub(crate) const KIND_HEADER: u64 = 1;
+pub(crate) const KIND_PAYLOAD: u64 = 2;
 const SEQ_BITS: u32 = 36;
 const SENDER_SHIFT: u32 = SEQ_BITS + 2;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
@@ -62,8 +62,11 @@ const WINDOW: usize = 8;
 /// Header receives kept posted per peer (fewer in worlds so large that the provider's receive
 /// queue could not hold this many for every peer).
 pub const HEADER_WINDOW: usize = 16;
+/// How many times the receive of a one-fragment payload is posted again after a payload that
+/// did not match its sealed header (see Authentication in [`LibfabricTransport`]).
+pub const PAYLOAD_RETRIES: u8 = 3;
 
-fn tag(sender: Rank, kind: u64, seq: u64) -> u64 {
+pub(crate) fn tag(sender: Rank, kind: u64, seq: u64) -> u64 {
     ((sender as u64) << SENDER_SHIFT) | (kind << SEQ_BITS) | (seq & SEQ_MASK)
 }
 
@@ -103,7 +106,8 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 /// fault per 4 KiB page, which limited `shm` to about 1.5 GB/s.
 ///
 /// # Messages
-/// Every message is a 32-byte [`FrameHeader`] (tag kind `HEADER`) followed by its payload in
+/// Every message is a sealed [`FrameHeader`] ([`SEALED_LEN`] bytes: header, payload digest,
+/// MAC; see [`byzcoll_runtime::wire`]) (tag kind `HEADER`) followed by its payload in
 /// fragments of at most [`FRAGMENT`] bytes (kind `PAYLOAD`; none for an empty payload), all
 /// tagged messages on a reliable datagram endpoint carrying the same per-pair sequence number:
 ///
@@ -114,9 +118,9 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 /// The progress thread keeps [`HEADER_WINDOW`] header receives posted per peer (fewer when the
 /// provider's receive queue could not hold that many for every peer), for the exact tags of
 /// the peer's next sequence numbers, restricted to the peer's address where the provider
-/// supports `FI_DIRECTED_RECV`, into fixed 32-byte buffers (a longer message completes with
-/// `FI_ETRUNC` and closes the peer). It checks each header (sender, length limit) and claims
-/// the matching receive in the mailbox, in sequence order. Only then does it receive the
+/// supports `FI_DIRECTED_RECV`, into fixed [`SEALED_LEN`]-byte buffers. It opens each header
+/// (MAC, sender, length limit) and claims the matching receive in the mailbox, in sequence
+/// order. Only then does it receive the
 /// payload: into a buffer of the exact length the receiver expects, or, for a header of another
 /// length or for a retired step, fragment by fragment into a fixed scratch buffer that is never
 /// read. At most a few fragment receives per peer are posted at a time (over all of its
@@ -128,6 +132,23 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 /// while later headers are checked. (With one header receive per peer, every message waited
 /// for a pass of the thread between its header and its payload, and the next header receive
 /// was posted only after the payload had arrived.)
+///
+/// # Authentication
+/// Without `FI_DIRECTED_RECV` (and even with it, for a provider that resolves addresses
+/// loosely) a receiver cannot tell which endpoint a message came from, so anyone who knows an
+/// endpoint name can send messages with any rank's tags. Every frame is therefore sealed under
+/// the key of its ordered pair (X25519 keys published with the endpoint names through the
+/// authenticated store, mixed with the job secret). A header whose MAC does not verify, or of
+/// the wrong length, cannot be attributed to the rank whose tags it used: it is dropped with a
+/// warning and the receive is posted again for the same sequence number (the genuine header
+/// still matches it); it never closes the peer. A payload whose bytes do not match the digest
+/// sealed in its header is never delivered: a payload of one fragment is received again (at
+/// most [`PAYLOAD_RETRIES`] times, since a stranger's fragment on the same tag may have
+/// matched first), a longer one is `Malformed` (which of its fragments were genuine is not
+/// known, and the genuine ones already taken do not come again). A stranger who keeps
+/// injecting can still spoil a receive (forged fragments that match first make it
+/// `Malformed`, one of the wrong length closes the peer as before): tag matching gives no way
+/// to refuse its messages before they match, short of `FI_DIRECTED_RECV`.
 ///
 /// Why not one payload message drained with a zero-length receive, as the UCX transport does
 /// after probing? libfabric 1.17 (Debian 12) mishandles it: `ofi_rxm` loses its way on
@@ -196,7 +217,7 @@ fn setup(e: FabricError) -> TransportError {
 }
 
 /// Chooses the provider and checks that the tag layout fits it.
-fn choose() -> Result<Info, TransportError> {
+pub(crate) fn choose() -> Result<Info, TransportError> {
     let info = Info::rdm_tagged().map_err(setup)?;
     if info.tag_bits() < TAG_BITS {
         return Err(TransportError::Setup(format!(
@@ -209,7 +230,7 @@ fn choose() -> Result<Info, TransportError> {
 }
 
 /// Opens a fabric, domain and endpoint for a world of `size`.
-fn open(info: &Info, size: usize) -> Result<Endpoint, TransportError> {
+pub(crate) fn open(info: &Info, size: usize) -> Result<Endpoint, TransportError> {
     let fabric = Fabric::open(info).map_err(setup)?;
     let domain = Domain::open(fabric, info).map_err(setup)?;
     Endpoint::open(domain, info, CQ_SIZE, size).map_err(setup)
@@ -243,12 +264,33 @@ impl LibfabricTransport {
         }
         let info = choose()?;
         let endpoint = open(&info, size)?;
-        let name = endpoint.name().to_vec();
-        let names = store
-            .all_gather("byzcoll/libfabric", &name)
+        // The frame key is published with the name: the store is authenticated, so the table
+        // is the job's (see Authentication above).
+        let secret = FrameSecret::generate().map_err(|e| TransportError::Setup(e.to_string()))?;
+        let published = store
+            .all_gather(
+                "byzcoll/libfabric",
+                &wire::publish(&secret, endpoint.name()),
+            )
             .await
             .map_err(|e| TransportError::Setup(e.to_string()))?;
-        Self::start(&info, endpoint, &names, rank, size, options, None)
+        let mut publics = Vec::with_capacity(published.len());
+        let mut names = Vec::with_capacity(published.len());
+        for (peer, value) in published.iter().enumerate() {
+            let (key, name) = wire::published(value)
+                .map_err(|e| TransportError::Setup(format!("rank {peer}: {e}")))?;
+            publics.push(key);
+            names.push(value.slice_ref(name));
+        }
+        if publics.len() != size {
+            return Err(TransportError::Setup(format!(
+                "{} libfabric addresses for a world of {size}",
+                publics.len()
+            )));
+        }
+        let keys =
+            FrameKeys::new(store.auth(), rank, &secret, &publics).map_err(TransportError::Setup)?;
+        Self::start(&info, endpoint, &names, keys, rank, size, options, None)
     }
 
     /// Builds a whole world in this process (for tests and threads-as-ranks): one fabric,
@@ -260,6 +302,17 @@ impl LibfabricTransport {
         size: usize,
         options: LibfabricOptions,
     ) -> Result<Vec<Self>, TransportError> {
+        let keys = FrameKeys::local_world(size).map_err(TransportError::Setup)?;
+        Self::local_world_with(keys, options).map(|(ranks, _)| ranks)
+    }
+
+    /// As [`LibfabricTransport::local_world`] under the given frame keys; also returns the
+    /// endpoint names (the tests play strangers and insiders with them).
+    pub(crate) fn local_world_with(
+        keys: Vec<FrameKeys>,
+        options: LibfabricOptions,
+    ) -> Result<(Vec<Self>, Vec<Bytes>), TransportError> {
+        let size = keys.len();
         if size > MAX_RANKS {
             return Err(TransportError::InvalidUsage(format!(
                 "a world of {size}: the libfabric transport addresses at most {MAX_RANKS} ranks"
@@ -282,27 +335,32 @@ impl LibfabricTransport {
             .iter()
             .map(|e| Bytes::copy_from_slice(e.name()))
             .collect();
-        endpoints
+        let ranks = endpoints
             .into_iter()
+            .zip(keys)
             .enumerate()
-            .map(|(rank, ep)| {
+            .map(|(rank, (ep, keys))| {
                 Self::start(
                     &info,
                     ep,
                     &names,
+                    keys,
                     rank,
                     size,
                     options.clone(),
                     keeper.clone(),
                 )
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((ranks, names))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn start(
         info: &Info,
         mut endpoint: Endpoint,
         names: &[Bytes],
+        keys: FrameKeys,
         rank: Rank,
         size: usize,
         options: LibfabricOptions,
@@ -348,6 +406,7 @@ impl LibfabricTransport {
             endpoint,
             addresses,
             config,
+            keys,
             mailbox.clone(),
             rx,
             notifier_fd,
@@ -462,7 +521,7 @@ enum OpKind {
         out: u64,
         peer: Rank,
         tag: u64,
-        buf: Box<[u8; HEADER_LEN]>,
+        buf: Box<[u8; SEALED_LEN]>,
     },
     SendFragment {
         out: u64,
@@ -474,7 +533,7 @@ enum OpKind {
         peer: Rank,
         seq: u64,
         tag: u64,
-        buf: Box<[u8; HEADER_LEN]>,
+        buf: Box<[u8; SEALED_LEN]>,
     },
     RecvFragment {
         peer: Rank,
@@ -533,6 +592,8 @@ struct Outgoing {
 /// A payload being received, fragment by fragment.
 struct Inbound {
     seq: u64,
+    /// The opened header the payload must match.
+    opened: Opened,
     /// Payload bytes, as the header announced (and, when delivering, as the receive expects).
     total: usize,
     /// Where the next fragment receive starts.
@@ -552,6 +613,8 @@ struct Inbound {
     base: *mut u8,
     /// A fragment failed: nothing more is posted and the peer is closed.
     failed: bool,
+    /// Receives posted again after a payload that did not match its header.
+    retries: u8,
 }
 
 /// A posted header receive of one sequence number, and what became of it.
@@ -559,8 +622,10 @@ struct HeaderRecv {
     seq: u64,
     /// Context of the posted receive.
     id: usize,
-    /// `None` while in flight; the checked header, or why it is unacceptable.
-    arrived: Option<Result<FrameHeader, String>>,
+    /// `None` while in flight; the opened header, or why it is unacceptable: `Err(None)` when
+    /// it cannot be attributed to the peer (not sealed by it), so it is dropped and received
+    /// again, `Err(Some(why))` when it is the peer's fault or the receive's.
+    arrived: Option<Result<Opened, Option<String>>>,
 }
 
 /// The receive side of one peer.
@@ -570,8 +635,8 @@ struct PeerRx {
     headers: VecDeque<HeaderRecv>,
     /// Sequence number of the next header receive to post.
     next_post: u64,
-    /// Checked headers whose receive has not been claimed yet, in order.
-    early: VecDeque<(u64, FrameHeader)>,
+    /// Opened headers whose receive has not been claimed yet, in order.
+    early: VecDeque<(u64, Opened)>,
     /// Payloads being received or drained, in order.
     payloads: VecDeque<Box<Inbound>>,
     /// Fragment receives in flight, over all payloads.
@@ -582,6 +647,8 @@ struct Engine {
     endpoint: Endpoint,
     addresses: Vec<sys::fi_addr_t>,
     config: EngineConfig,
+    /// Seals frames to and opens frames from every peer.
+    keys: FrameKeys,
     mailbox: Arc<Mailbox>,
     commands: mpsc::Receiver<SendCommand>,
     /// Posted operations by context address.
@@ -671,6 +738,7 @@ impl Engine {
         endpoint: Endpoint,
         addresses: Vec<sys::fi_addr_t>,
         config: EngineConfig,
+        keys: FrameKeys,
         mailbox: Arc<Mailbox>,
         commands: mpsc::Receiver<SendCommand>,
         notifier_fd: Option<i32>,
@@ -680,6 +748,7 @@ impl Engine {
             endpoint,
             addresses,
             config,
+            keys,
             mailbox,
             commands,
             ops: HashMap::new(),
@@ -751,7 +820,8 @@ impl Engine {
         self.next_send[peer] += 1;
         let out = self.next_out;
         self.next_out += 1;
-        let header = Box::new(FrameHeader::new(key, me, payload.len()).encode());
+        let header = FrameHeader::new(key, me, payload.len());
+        let header = Box::new(self.keys.seal(peer, seq, &header, &payload));
         self.backlog[peer].push_back(Op::new(OpKind::SendHeader {
             out,
             peer,
@@ -878,7 +948,7 @@ impl Engine {
         let mut busy = false;
         while let Some(mut op) = self.backlog[peer].pop_front() {
             let (buf, len) = match &mut op.kind {
-                OpKind::SendHeader { buf, .. } => (buf.as_mut_ptr(), HEADER_LEN),
+                OpKind::SendHeader { buf, .. } => (buf.as_mut_ptr(), SEALED_LEN),
                 OpKind::SendFragment { data, .. } => (data.as_ptr().cast_mut(), data.len()),
                 // Only sends are queued.
                 _ => continue,
@@ -1002,30 +1072,31 @@ impl Engine {
         self.mailbox.close(peer, why);
     }
 
-    /// Records what arrived for header receive `seq` of `peer`: the header if it is
-    /// acceptable (its sender, its length within the limit), or why it is not. Headers are
-    /// taken in order by [`Engine::advance_headers`].
-    fn header_arrived(&mut self, peer: Rank, seq: u64, buf: &[u8; HEADER_LEN], c: &Completion) {
+    /// Records what arrived for header receive `seq` of `peer`: the opened header if it is
+    /// acceptable (sealed by the peer, its length within the limit), or why it is not.
+    /// Headers are taken in order by [`Engine::advance_headers`].
+    fn header_arrived(&mut self, peer: Rank, seq: u64, buf: &[u8; SEALED_LEN], c: &Completion) {
         if self.closed[peer] {
             return;
         }
         let checked = match c.error {
-            None if c.len == HEADER_LEN => match FrameHeader::decode(buf) {
-                Ok(h) if h.sender as usize != peer => Err(format!(
-                    "frame claims sender {} on rank {peer}'s tags",
-                    h.sender
-                )),
-                Ok(h) if h.len > self.config.max || usize::try_from(h.len).is_err() => {
-                    Err(format!(
+            None if c.len == SEALED_LEN => match self.keys.open(peer, seq, buf) {
+                Ok(o)
+                    if o.header.len > self.config.max || usize::try_from(o.header.len).is_err() =>
+                {
+                    Err(Some(format!(
                         "frame of {} bytes exceeds the limit of {}",
-                        h.len, self.config.max
-                    ))
+                        o.header.len, self.config.max
+                    )))
                 }
-                other => other,
+                Ok(o) => Ok(o),
+                Err(Unsealed::Invalid(why)) => Err(Some(why)),
+                Err(Unsealed::Forged) => Err(None),
             },
-            None => Err(format!("header of {} bytes", c.len)),
-            Some(e) if e.code == safe::ETRUNC => Err("header longer than 32 bytes".to_string()),
-            Some(e) => Err(format!("header receive failed: {e}")),
+            // Another length: not a sealed header, so not the peer's.
+            None => Err(None),
+            Some(e) if e.code == safe::ETRUNC => Err(None),
+            Some(e) => Err(Some(format!("header receive failed: {e}"))),
         };
         if let Some(h) = self.rx[peer].headers.iter_mut().find(|h| h.seq == seq) {
             h.arrived = Some(checked);
@@ -1101,8 +1172,32 @@ impl Engine {
             };
             busy = true;
             match checked {
-                Ok(header) => self.rx[peer].early.push_back((seq, header)),
-                Err(why) => {
+                Ok(opened) => self.rx[peer].early.push_back((seq, opened)),
+                Err(None) => {
+                    tracing::warn!(
+                        peer,
+                        seq,
+                        "libfabric: dropped a frame header on the peer's tags that is not \
+                         sealed by it (forged, replayed or corrupted)"
+                    );
+                    match self.post_header(peer, seq) {
+                        Ok(Some(h)) => self.rx[peer].headers.push_front(h),
+                        // The provider is busy: try again next turn.
+                        Ok(None) => {
+                            self.rx[peer].headers.push_front(HeaderRecv {
+                                seq,
+                                id: 0,
+                                arrived: Some(Err(None)),
+                            });
+                            break;
+                        }
+                        Err(why) => {
+                            self.close_peer(peer, Closed::Violation(why));
+                            return true;
+                        }
+                    }
+                }
+                Err(Some(why)) => {
                     self.close_peer(peer, Closed::Violation(why));
                     return true;
                 }
@@ -1117,32 +1212,15 @@ impl Engine {
         }
         while self.rx[peer].headers.len() < self.config.header_window {
             let seq = self.rx[peer].next_post;
-            let mut op = Op::new(OpKind::RecvHeader {
-                peer,
-                seq,
-                tag: tag(peer, KIND_HEADER, seq),
-                buf: Box::new([0u8; HEADER_LEN]),
-            });
-            let id = op.id();
-            let buf = match &mut op.kind {
-                OpKind::RecvHeader { buf, .. } => buf.as_mut_ptr(),
-                _ => ptr::null_mut(),
-            };
-            // SAFETY: the buffer is heap memory owned by `op`.
-            match unsafe { self.post(op, buf, HEADER_LEN) } {
-                Ok(None) => {
+            match self.post_header(peer, seq) {
+                Ok(Some(h)) => {
                     let rx = &mut self.rx[peer];
                     rx.next_post += 1;
-                    rx.headers.push_back(HeaderRecv {
-                        seq,
-                        id,
-                        arrived: None,
-                    });
+                    rx.headers.push_back(h);
                     busy = true;
                 }
-                Ok(Some(_)) => break,
-                Err((_, e)) => {
-                    let why = format!("cannot receive from rank {peer}: {e}");
+                Ok(None) => break,
+                Err(why) => {
                     self.close_peer(peer, Closed::Violation(why));
                     return true;
                 }
@@ -1151,12 +1229,39 @@ impl Engine {
         busy
     }
 
+    /// Posts the header receive of `peer`'s message `seq`: `Ok(None)` when the provider is
+    /// busy.
+    fn post_header(&mut self, peer: Rank, seq: u64) -> Result<Option<HeaderRecv>, String> {
+        let mut op = Op::new(OpKind::RecvHeader {
+            peer,
+            seq,
+            tag: tag(peer, KIND_HEADER, seq),
+            buf: Box::new([0u8; SEALED_LEN]),
+        });
+        let id = op.id();
+        let buf = match &mut op.kind {
+            OpKind::RecvHeader { buf, .. } => buf.as_mut_ptr(),
+            _ => ptr::null_mut(),
+        };
+        // SAFETY: the buffer is heap memory owned by `op`.
+        match unsafe { self.post(op, buf, SEALED_LEN) } {
+            Ok(None) => Ok(Some(HeaderRecv {
+                seq,
+                id,
+                arrived: None,
+            })),
+            Ok(Some(_)) => Ok(None),
+            Err((_, e)) => Err(format!("cannot receive from rank {peer}: {e}")),
+        }
+    }
+
     /// Claims the receives of `peer`'s checked headers, in order. A header of the expected
     /// length gets a buffer of that length; one of another length, or for a retired step,
     /// is drained into the scratch buffer.
     fn advance_claims(&mut self, peer: Rank) -> bool {
         let mut busy = false;
-        while let Some(&(seq, header)) = self.rx[peer].early.front() {
+        while let Some(&(seq, opened)) = self.rx[peer].early.front() {
+            let header = opened.header;
             let claim = match self.mailbox.try_claim(peer, header.key()) {
                 None => break,
                 Some(Claim::Closed) => {
@@ -1188,6 +1293,7 @@ impl Engine {
             };
             self.rx[peer].payloads.push_back(Box::new(Inbound {
                 seq,
+                opened,
                 total: announced,
                 next: 0,
                 received: 0,
@@ -1196,6 +1302,7 @@ impl Engine {
                 buf,
                 base,
                 failed: false,
+                retries: 0,
             }));
         }
         busy
@@ -1205,6 +1312,7 @@ impl Engine {
     /// fragment receives, oldest payload first, at most [`WINDOW`] in flight for the peer.
     fn advance_payloads(&mut self, peer: Rank) -> bool {
         let mut busy = false;
+        let fragment = self.config.fragment;
         let rx = &mut self.rx[peer];
         rx.payloads.retain_mut(|inbound| {
             if !inbound.in_flight.is_empty() || inbound.received != inbound.total {
@@ -1214,7 +1322,38 @@ impl Engine {
                 // Every fragment completed with its exact length: the provider wrote all
                 // `total` bytes.
                 buf.set_len(inbound.total);
-                d.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
+                if inbound
+                    .opened
+                    .payload_matches(&buf.as_mut_slice()[..inbound.total])
+                {
+                    d.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
+                } else if inbound.total <= fragment && inbound.retries < PAYLOAD_RETRIES {
+                    tracing::warn!(
+                        peer,
+                        seq = inbound.seq,
+                        "libfabric: dropped a payload on the peer's tags that does not match \
+                         its sealed header; receiving it again"
+                    );
+                    // Posted again by the loop below, into the same buffer.
+                    inbound.retries += 1;
+                    inbound.next = 0;
+                    inbound.received = 0;
+                    inbound.delivery = Some(d);
+                    inbound.buf = Some(buf);
+                    busy = true;
+                    return true;
+                } else {
+                    tracing::warn!(
+                        peer,
+                        seq = inbound.seq,
+                        "libfabric: a payload that does not match its sealed header"
+                    );
+                    d.complete(RecvOutcome::Malformed(
+                        "payload does not match the digest sealed in its header (forged or \
+                         corrupted)"
+                            .into(),
+                    ));
+                }
             }
             busy = true;
             false

@@ -31,6 +31,7 @@ pub use byzcoll_runtime::progress::SEND_CREDIT;
 #[cfg(feature = "libfabric")]
 pub use engine::{
     LibfabricOptions, LibfabricTransport, FRAGMENT, HEADER_WINDOW, MAX_PARK, MAX_RANKS,
+    PAYLOAD_RETRIES,
 };
 #[cfg(feature = "libfabric")]
 pub use safe::providers;
@@ -303,6 +304,149 @@ mod tests {
                 .map(|(p, o)| summary(&o, p as u8))
                 .collect();
             assert_eq!(got, vec![format!("ok {}", 10 + me); n - 1], "rank {me}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a measurement, not a check"]
+    async fn p2p_bandwidth() {
+        let world = LibfabricTransport::local_world(2, LibfabricOptions::default()).unwrap();
+        let label = world[0].provider().to_string();
+        let ranks = world
+            .into_iter()
+            .map(|t| Box::new(t) as Box<dyn byzcoll_runtime::Transport>)
+            .collect();
+        byzcoll_conformance::p2p_bandwidth(ranks, &format!("libfabric {label}")).await;
+    }
+
+    mod forgery {
+        use super::*;
+        use crate::engine::{choose, open, tag, KIND_HEADER, KIND_PAYLOAD};
+        use crate::safe::{Endpoint, Post};
+        use bytes::Bytes;
+        use byzcoll_libfabric_sys as sys;
+        use byzcoll_runtime::wire::{FrameHeader, FrameKeys, HEADER_LEN, SEALED_LEN};
+        use byzcoll_runtime::MsgKey;
+        use std::time::Instant;
+
+        const LEN: usize = 1000;
+
+        /// A world of `n` whose endpoint names and frame keys the test knows.
+        fn world(n: usize) -> (Vec<LibfabricTransport>, Vec<Bytes>, Vec<FrameKeys>) {
+            let keys = FrameKeys::local_world(n).unwrap();
+            let (ranks, names) =
+                LibfabricTransport::local_world_with(keys.clone(), LibfabricOptions::default())
+                    .unwrap();
+            (ranks, names, keys)
+        }
+
+        /// Sends `messages` (tag, bytes) to the endpoint named `name` from an endpoint of its
+        /// own, as a process that learnt the name would, and waits until they are out. The
+        /// endpoint is returned to be kept until the world is gone (`shm` maps it).
+        fn inject(name: &[u8], messages: &[(u64, Vec<u8>)]) -> Endpoint {
+            let mut ep = open(&choose().unwrap(), 2).unwrap();
+            let dest = ep.insert_address(name).unwrap();
+            let mut contexts: Vec<Box<sys::fi_context2>> =
+                messages.iter().map(|_| Box::default()).collect();
+            let mut completions = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            for ((t, b), c) in messages.iter().zip(&mut contexts) {
+                let context = std::ptr::from_mut::<sys::fi_context2>(c).cast();
+                loop {
+                    // SAFETY: the buffers and contexts outlive the sends, which complete
+                    // below; no registration is needed (`FI_MR_LOCAL` providers are not used
+                    // by these tests).
+                    let posted = unsafe {
+                        ep.send(b.as_ptr(), b.len(), std::ptr::null_mut(), dest, *t, context)
+                    };
+                    match posted.unwrap() {
+                        Post::Posted => break,
+                        Post::Busy => {
+                            assert!(Instant::now() < deadline, "the provider took nothing");
+                            ep.read_completions(&mut completions, 16).unwrap();
+                        }
+                    }
+                }
+            }
+            while completions.len() < messages.len() {
+                assert!(Instant::now() < deadline, "injected messages never left");
+                ep.read_completions(&mut completions, 16).unwrap();
+            }
+            assert!(completions.iter().all(|c| c.error.is_none()));
+            // Give the receiver's progress thread time to match them before the genuine ones.
+            let until = Instant::now() + Duration::from_millis(200);
+            while Instant::now() < until {
+                ep.read_completions(&mut completions, 16).unwrap();
+            }
+            ep
+        }
+
+        /// Rank 0 sends rank 1 `bytes(LEN, n)` under step `n`; rank 1's outcome in short.
+        async fn zero_to_one(ranks: &[LibfabricTransport], n: u32) -> String {
+            one_way(ranks, n, &[LEN], &[LEN]).await.remove(0)
+        }
+
+        fn header(step: u32) -> FrameHeader {
+            FrameHeader::new(
+                MsgKey {
+                    collective: 0,
+                    step,
+                    tag: 0,
+                },
+                0,
+                LEN,
+            )
+        }
+
+        /// The bytes of `bytes(len, seed)`.
+        fn raw(len: usize, seed: u8) -> Vec<u8> {
+            (0..len)
+                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+                .collect()
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_stranger_knowing_a_name_cannot_speak_as_a_rank_nor_replay() {
+            let (ranks, names, keys) = world(2);
+            let forged = raw(LEN, 0).iter().map(|b| !b).collect::<Vec<_>>();
+            // Well-formed frames on rank 0's tags, sealed with keys of another job; an
+            // unsealed 32-byte header (what senders sent before sealing) and an oversized one.
+            let strangers = FrameKeys::local_world(2).unwrap();
+            let sealed = strangers[0].seal(1, 0, &header(0), &forged);
+            let _stranger = inject(
+                &names[1],
+                &[
+                    (
+                        tag(0, KIND_HEADER, 0),
+                        header(0).encode()[..HEADER_LEN].to_vec(),
+                    ),
+                    (tag(0, KIND_HEADER, 0), vec![7; 4 * SEALED_LEN]),
+                    (tag(0, KIND_HEADER, 0), sealed.to_vec()),
+                    (tag(0, KIND_PAYLOAD, 0), forged.clone()),
+                ],
+            );
+            // rank 0's data arrives: the forged headers are dropped, and the forged payload
+            // (which matches rank 0's receive first where receives are not directed, as over
+            // shm) is refused and received again.
+            assert_eq!(zero_to_one(&ranks, 0).await, format!("ok {LEN}"));
+            // A recording of rank 0's genuine frame of step 0 (sealing is deterministic),
+            // replayed on the tags of its next message: refused.
+            let recorded = keys[0].seal(1, 0, &header(0), &raw(LEN, 0));
+            let _replayer = inject(&names[1], &[(tag(0, KIND_HEADER, 1), recorded.to_vec())]);
+            assert_eq!(zero_to_one(&ranks, 1).await, format!("ok {LEN}"));
+            assert_eq!(zero_to_one(&ranks, 2).await, format!("ok {LEN}"));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_insider_cannot_seal_frames_as_another_rank() {
+            let (ranks, names, keys) = world(3);
+            let forged = raw(LEN, 0).iter().map(|b| !b).collect::<Vec<_>>();
+            // Rank 2 knows the job secret and its own X25519 key, not rank 0's: its best
+            // forgery of rank 0's frame to rank 1 is sealed with its own pair key.
+            let sealed = keys[2].seal(1, 0, &header(0), &forged);
+            let _insider = inject(&names[1], &[(tag(0, KIND_HEADER, 0), sealed.to_vec())]);
+            assert_eq!(zero_to_one(&ranks, 0).await, format!("ok {LEN}"));
+            assert_eq!(zero_to_one(&ranks, 1).await, format!("ok {LEN}"));
         }
     }
 

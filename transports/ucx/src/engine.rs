@@ -2,18 +2,33 @@
 //! bounded command queue and the shared [`Mailbox`].
 //!
 //! # Messages
-//! Every message is two UCX tag messages from the same sender: a 32-byte
-//! [`FrameHeader`] (kind `HEADER`) and the payload (kind `PAYLOAD`), both carrying the same
-//! per-pair sequence number in their tags:
+//! Every message is two UCX tag messages from the same sender: a sealed [`FrameHeader`]
+//! ([`SEALED_LEN`] bytes: header, payload digest, MAC; see [`byzcoll_runtime::wire`]) (kind
+//! `HEADER`) and the payload (kind `PAYLOAD`), both carrying the same per-pair sequence number
+//! in their tags:
 //!
 //! ```text
 //! tag = sender (24 bits) | kind (2 bits) | sequence (38 bits)
 //! ```
 //!
+//! # Authentication
+//! A receiver cannot tell which endpoint a tag message came from, so anyone who knows a
+//! worker address can send messages with any rank's tags. Every frame is therefore sealed
+//! under the key of its ordered pair (X25519 keys published with the worker addresses through
+//! the authenticated store, mixed with the job secret): a header whose MAC does not verify
+//! (or of the wrong length) cannot be attributed to the rank whose tags it used, so it is
+//! dropped with a warning and the receive is posted again for the same sequence number (the
+//! genuine header still matches it); it never closes the peer. A payload that does not match
+//! its header's sealed digest is not delivered: its receive is posted again (at most
+//! [`PAYLOAD_RETRIES`] times, since a stranger's payload with the same tag may have matched
+//! first), then the receive is `Malformed`. So a forged frame is never delivered; a stranger
+//! who keeps injecting can still make a receive `Malformed` or `Missing` (tag matching gives
+//! no way to refuse its messages before they match).
+//!
 //! The progress thread keeps [`HEADER_WINDOW`] header receives posted per peer, for the exact
-//! tags of that peer's next sequence numbers, into fixed 32-byte buffers (a longer message is
-//! truncated and closes the peer). It checks each header (sender, length limit) and claims the
-//! matching receive in the mailbox, in sequence order. Only then does it post the payload
+//! tags of that peer's next sequence numbers, into fixed [`SEALED_LEN`]-byte buffers. It opens
+//! each header (MAC, sender, length limit) and claims the matching receive in the mailbox, in
+//! sequence order. Only then does it post the payload
 //! receive, for the exact tag, with the length the receiver expects, into a buffer it owns; a
 //! payload of another length, or one for a retired step, is received into a zero-length
 //! buffer and discarded (UCX truncates it). So no allocation is ever sized by a peer's number.
@@ -46,13 +61,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use byzcoll_runtime::bootstrap::StoreClient;
+use byzcoll_runtime::bootstrap::{FrameSecret, StoreClient};
 use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
 use byzcoll_runtime::pool::{BufferPool, PoolBuf};
 use byzcoll_runtime::progress::{
     run_step_on_engine, Idle, Progress, SendCommand, SendCredit, SendDone, Signal,
 };
-use byzcoll_runtime::wire::{FrameHeader, HEADER_LEN};
+use byzcoll_runtime::wire::{self as wire, FrameHeader, FrameKeys, Opened, Unsealed, SEALED_LEN};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
@@ -62,8 +77,8 @@ use tokio::sync::mpsc;
 
 use crate::safe::{self, Context, Endpoint, Poll, Request, Signaller, Worker};
 
-const KIND_HEADER: u64 = 1;
-const KIND_PAYLOAD: u64 = 2;
+pub(crate) const KIND_HEADER: u64 = 1;
+pub(crate) const KIND_PAYLOAD: u64 = 2;
 const SEQ_BITS: u32 = 38;
 const SENDER_SHIFT: u32 = SEQ_BITS + 2;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
@@ -72,6 +87,9 @@ pub const MAX_RANKS: usize = 1 << 24;
 pub use byzcoll_runtime::progress::SPIN;
 /// Header receives kept posted per peer.
 pub const HEADER_WINDOW: usize = 16;
+/// How many times a payload receive is posted again after a payload that did not match its
+/// sealed header (see the module docs).
+pub const PAYLOAD_RETRIES: u8 = 3;
 /// See [`byzcoll_runtime::progress::SEND_CREDIT`].
 pub use byzcoll_runtime::progress::SEND_CREDIT;
 /// How long the blocked thread sleeps at most while a header waits for its step to be posted
@@ -98,7 +116,7 @@ const TCP_SEGMENTS: &[(&str, &str)] = &[("TX_SEG_SIZE", "64k"), ("RX_SEG_SIZE", 
 /// of these names, checked with `ucx_info -c -a` on UCX 1.13 with InfiniBand built in.)
 /// Without failure handling TCP rendezvous uses the zero-copy put, large messages gain
 /// nothing from larger segments, and 16 KiB messages measured slower.
-fn context_settings() -> &'static [(&'static str, &'static str)] {
+pub(crate) fn context_settings() -> &'static [(&'static str, &'static str)] {
     let user_set = ["UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
@@ -109,7 +127,7 @@ fn context_settings() -> &'static [(&'static str, &'static str)] {
     }
 }
 
-fn tag(sender: Rank, kind: u64, seq: u64) -> u64 {
+pub(crate) fn tag(sender: Rank, kind: u64, seq: u64) -> u64 {
     ((sender as u64) << SENDER_SHIFT) | (kind << SEQ_BITS) | (seq & SEQ_MASK)
 }
 
@@ -216,11 +234,30 @@ impl UcxTransport {
         let context = Context::with_settings(context_settings()).map_err(setup)?;
         let worker = context.worker().map_err(setup)?;
         let address = worker.address().map_err(setup)?;
-        let addresses = store
-            .all_gather("byzcoll/ucx", &address)
+        // The frame key is published with the address: the store is authenticated, so the
+        // table is the job's (see the module docs).
+        let secret = FrameSecret::generate().map_err(|e| TransportError::Setup(e.to_string()))?;
+        let published = store
+            .all_gather("byzcoll/ucx", &wire::publish(&secret, &address))
             .await
             .map_err(|e| TransportError::Setup(e.to_string()))?;
-        Self::start(context, worker, &addresses, rank, size, options)
+        if published.len() != size {
+            return Err(TransportError::Setup(format!(
+                "{} UCX addresses for a world of {size}",
+                published.len()
+            )));
+        }
+        let mut publics = Vec::with_capacity(size);
+        let mut addresses = Vec::with_capacity(size);
+        for (peer, value) in published.iter().enumerate() {
+            let (key, address) = wire::published(value)
+                .map_err(|e| TransportError::Setup(format!("rank {peer}: {e}")))?;
+            publics.push(key);
+            addresses.push(value.slice_ref(address));
+        }
+        let keys =
+            FrameKeys::new(store.auth(), rank, &secret, &publics).map_err(TransportError::Setup)?;
+        Self::start(context, worker, &addresses, keys, rank, size, options)
     }
 
     /// Connects a world whose worker addresses are known (for tests that build all ranks in
@@ -238,11 +275,33 @@ impl UcxTransport {
             parts.push((context, worker, Bytes::from(address)));
         }
         let addresses: Vec<Bytes> = parts.iter().map(|p| p.2.clone()).collect();
+        let keys = FrameKeys::local_world(size).map_err(TransportError::Setup)?;
+        Self::local_world_of(parts, &addresses, keys, options)
+    }
+
+    /// Starts the ranks of an in-process world from their parts, worker addresses and keys
+    /// (the tests keep the addresses and keys to play strangers and insiders).
+    pub(crate) fn local_world_of(
+        parts: Vec<(Context, Worker, Bytes)>,
+        addresses: &[Bytes],
+        keys: Vec<FrameKeys>,
+        options: UcxOptions,
+    ) -> Result<Vec<Self>, TransportError> {
+        let size = parts.len();
         parts
             .into_iter()
+            .zip(keys)
             .enumerate()
-            .map(|(rank, (context, worker, _))| {
-                Self::start(context, worker, &addresses, rank, size, options.clone())
+            .map(|(rank, ((context, worker, _), keys))| {
+                Self::start(
+                    context,
+                    worker,
+                    addresses,
+                    keys,
+                    rank,
+                    size,
+                    options.clone(),
+                )
             })
             .collect()
     }
@@ -251,6 +310,7 @@ impl UcxTransport {
         context: Context,
         worker: Worker,
         addresses: &[Bytes],
+        keys: FrameKeys,
         rank: Rank,
         size: usize,
         options: UcxOptions,
@@ -274,7 +334,7 @@ impl UcxTransport {
         let handles = Handles { worker, endpoints };
         let mailbox = Arc::new(Mailbox::new(size));
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
-        let engine = Engine::new(handles, rank, size, mailbox.clone(), rx, &options);
+        let engine = Engine::new(handles, rank, size, keys, mailbox.clone(), rx, &options);
         let progress = Progress::start(format!("byzcoll-ucx-{rank}"), engine, signal)
             .map_err(TransportError::Io)?;
         tracing::debug!(rank, size, version = %safe::version(), "ucx transport started");
@@ -340,7 +400,7 @@ struct Outgoing {
     /// Reported done to the step (it counts against `Engine::credit`).
     credited: bool,
     requests: Vec<Request>,
-    _header: Box<[u8; HEADER_LEN]>,
+    _header: Box<[u8; SEALED_LEN]>,
     _payload: Bytes,
     done: Option<SendDone>,
     error: Option<String>,
@@ -350,17 +410,22 @@ struct Outgoing {
 struct HeaderRecv {
     seq: u64,
     request: Request,
-    buf: Box<[u8; HEADER_LEN]>,
+    buf: Box<[u8; SEALED_LEN]>,
 }
 
 /// A payload receive posted for the exact tag of one sequence number, into a buffer of the
 /// length the receiver expects (`delivery`), or of length zero to drain an unwanted payload.
 struct PayloadRecv {
     peer: Rank,
+    seq: u64,
     request: Request,
     buf: PoolBuf,
     len: usize,
     delivery: Option<Delivery>,
+    /// The opened header the payload must match.
+    opened: Opened,
+    /// Receives posted again after a payload that did not match.
+    retries: u8,
 }
 
 /// The receive side of one peer.
@@ -370,8 +435,8 @@ struct PeerRx {
     headers: VecDeque<HeaderRecv>,
     /// Sequence number of the next header receive to post.
     next_post: u64,
-    /// Checked headers whose claim is not settled yet, in sequence order.
-    early: VecDeque<(u64, FrameHeader)>,
+    /// Opened headers whose claim is not settled yet, in sequence order.
+    early: VecDeque<(u64, Opened)>,
 }
 
 struct Engine {
@@ -379,6 +444,8 @@ struct Engine {
     /// The worker's event descriptor, if it has one.
     efd: Option<i32>,
     me: Rank,
+    /// Seals frames to and opens frames from every peer.
+    keys: FrameKeys,
     mailbox: Arc<Mailbox>,
     commands: mpsc::Receiver<SendCommand>,
     pool: BufferPool,
@@ -388,7 +455,7 @@ struct Engine {
     rx: Vec<PeerRx>,
     payloads: Vec<PayloadRecv>,
     /// Cancelled receives whose buffers must outlive them.
-    retiring: Vec<(Request, Box<[u8; HEADER_LEN]>)>,
+    retiring: Vec<(Request, Box<[u8; SEALED_LEN]>)>,
     next_seq: Vec<u64>,
     /// The peer's slot is closed: nothing more is received from it.
     closed: Vec<bool>,
@@ -455,6 +522,7 @@ impl Engine {
         handles: Handles,
         me: Rank,
         size: usize,
+        keys: FrameKeys,
         mailbox: Arc<Mailbox>,
         commands: mpsc::Receiver<SendCommand>,
         options: &UcxOptions,
@@ -470,6 +538,7 @@ impl Engine {
             efd,
             handles,
             me,
+            keys,
             mailbox,
             commands,
             pool: BufferPool::new(options.pool_bytes),
@@ -519,7 +588,8 @@ impl Engine {
         };
         let seq = self.next_seq[peer];
         self.next_seq[peer] += 1;
-        let header = Box::new(FrameHeader::new(key, self.me, payload.len()).encode());
+        let header = FrameHeader::new(key, self.me, payload.len());
+        let header = Box::new(self.keys.seal(peer, seq, &header, &payload));
         let mut out = Outgoing {
             peer,
             credited: false,
@@ -534,7 +604,7 @@ impl Engine {
         let sent = unsafe {
             ep.send(
                 out._header.as_ptr(),
-                HEADER_LEN,
+                SEALED_LEN,
                 tag(self.me, KIND_HEADER, seq),
             )
             .and_then(|h| {
@@ -654,23 +724,27 @@ impl Engine {
         }
         while self.rx[peer].headers.len() < HEADER_WINDOW {
             let seq = self.rx[peer].next_post;
-            let mut buf = Box::new([0u8; HEADER_LEN]);
-            // SAFETY: `buf` moves into `self.rx[peer].headers` (its heap memory does not
-            // move) and is kept, there or in `self.retiring`, until the request completes.
-            // A receive UCX refuses is a request that completed with the error.
-            let request = unsafe {
-                self.handles.worker.recv(
-                    buf.as_mut_ptr(),
-                    HEADER_LEN,
-                    tag(peer, KIND_HEADER, seq),
-                    u64::MAX,
-                )
-            };
+            let h = self.header_recv(peer, seq);
             self.rx[peer].next_post += 1;
-            self.rx[peer]
-                .headers
-                .push_back(HeaderRecv { seq, request, buf });
+            self.rx[peer].headers.push_back(h);
         }
+    }
+
+    /// Posts the header receive of `peer`'s message `seq`.
+    fn header_recv(&self, peer: Rank, seq: u64) -> HeaderRecv {
+        let mut buf = Box::new([0u8; SEALED_LEN]);
+        // SAFETY: `buf` moves into `self.rx[peer].headers` (its heap memory does not
+        // move) and is kept, there or in `self.retiring`, until the request completes.
+        // A receive UCX refuses is a request that completed with the error.
+        let request = unsafe {
+            self.handles.worker.recv(
+                buf.as_mut_ptr(),
+                SEALED_LEN,
+                tag(peer, KIND_HEADER, seq),
+                u64::MAX,
+            )
+        };
+        HeaderRecv { seq, request, buf }
     }
 
     /// Moves every peer's receive side forward; `true` if anything happened.
@@ -723,27 +797,39 @@ impl Engine {
             let Some(HeaderRecv { seq, buf, .. }) = self.rx[peer].headers.pop_front() else {
                 break;
             };
+            // `Err(None)`: not attributable to the peer (anyone may use its tags), so dropped
+            // and received again; `Err(Some(why))`: the peer's own fault, or the receive's.
             let checked = match result {
-                Ok(HEADER_LEN) => match FrameHeader::decode(&buf) {
-                    Ok(h) if h.sender as usize != peer => Err(format!(
-                        "frame claims sender {} on rank {peer}'s tags",
-                        h.sender
-                    )),
-                    Ok(h) if h.len > self.max || usize::try_from(h.len).is_err() => Err(format!(
-                        "frame of {} bytes exceeds the limit of {}",
-                        h.len, self.max
-                    )),
-                    other => other,
+                Ok(SEALED_LEN) => match self.keys.open(peer, seq, &buf) {
+                    Ok(o) if o.header.len > self.max || usize::try_from(o.header.len).is_err() => {
+                        Err(Some(format!(
+                            "frame of {} bytes exceeds the limit of {}",
+                            o.header.len, self.max
+                        )))
+                    }
+                    Ok(o) => Ok(o),
+                    Err(Unsealed::Invalid(why)) => Err(Some(why)),
+                    Err(Unsealed::Forged) => Err(None),
                 },
-                Ok(len) => Err(format!("header of {len} bytes")),
-                Err(sys::ucs_status_t::UCS_ERR_MESSAGE_TRUNCATED) => {
-                    Err("header longer than 32 bytes".to_string())
-                }
-                Err(e) => Err(format!("header receive failed: {}", safe::status_text(e))),
+                Ok(_) | Err(sys::ucs_status_t::UCS_ERR_MESSAGE_TRUNCATED) => Err(None),
+                Err(e) => Err(Some(format!(
+                    "header receive failed: {}",
+                    safe::status_text(e)
+                ))),
             };
             match checked {
-                Ok(header) => self.rx[peer].early.push_back((seq, header)),
-                Err(why) => {
+                Ok(opened) => self.rx[peer].early.push_back((seq, opened)),
+                Err(None) => {
+                    tracing::warn!(
+                        peer,
+                        seq,
+                        "ucx: dropped a frame header on the peer's tags that is not sealed \
+                         by it (forged, replayed or corrupted)"
+                    );
+                    let again = self.header_recv(peer, seq);
+                    self.rx[peer].headers.push_front(again);
+                }
+                Err(Some(why)) => {
                     self.close_peer(peer, Closed::Violation(why));
                     return true;
                 }
@@ -760,7 +846,8 @@ impl Engine {
     /// empty one that drains the payload. So no allocation is sized by a peer's number.
     fn advance_claims(&mut self, peer: Rank) -> bool {
         let mut busy = false;
-        while let Some(&(seq, header)) = self.rx[peer].early.front() {
+        while let Some(&(seq, opened)) = self.rx[peer].early.front() {
+            let header = opened.header;
             let delivery = match self.mailbox.try_claim(peer, header.key()) {
                 None => break,
                 Some(Claim::Closed) => {
@@ -795,19 +882,24 @@ impl Engine {
             };
             self.payloads.push(PayloadRecv {
                 peer,
+                seq,
                 request,
                 buf,
                 len,
                 delivery,
+                opened,
+                retries: 0,
             });
         }
         busy
     }
 
-    /// Delivers the payloads that arrived. A payload of another length than its header
-    /// announced is `Malformed`; a drained one is dropped.
+    /// Delivers the payloads that arrived and match their sealed header. One that does not
+    /// (another length, another digest) is received again, at most [`PAYLOAD_RETRIES`] times
+    /// (a stranger's payload on the same tag may have matched first), then `Malformed`; a
+    /// drained one is dropped.
     fn advance_payloads(&mut self) -> bool {
-        let before = self.payloads.len();
+        let mut busy = false;
         let mut i = 0;
         while i < self.payloads.len() {
             let result = match self.payloads[i].request.poll_recv() {
@@ -817,39 +909,73 @@ impl Engine {
                 }
                 Poll::Done(result) => result,
             };
+            busy = true;
             let PayloadRecv {
                 peer,
+                seq,
                 request,
                 mut buf,
                 len,
                 delivery,
+                opened,
+                retries,
             } = self.payloads.swap_remove(i);
             drop(request);
             let Some(d) = delivery else {
                 tracing::trace!(peer, "ucx: drained a payload");
                 continue;
             };
-            match result {
-                Ok(got) if got == len => {
-                    // UCX wrote exactly `len` bytes into the buffer.
+            let unmatched = match result {
+                // UCX wrote exactly `len` bytes into the buffer.
+                Ok(got) if got == len && opened.payload_matches(&buf.as_mut_slice()[..len]) => {
                     buf.set_len(len);
                     d.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
+                    continue;
                 }
-                Ok(got) => d.complete(RecvOutcome::Malformed(format!(
-                    "payload of {got} bytes, expected {len}"
-                ))),
-                Err(sys::ucs_status_t::UCS_ERR_MESSAGE_TRUNCATED) => d.complete(
-                    RecvOutcome::Malformed(format!("payload longer than the expected {len} bytes")),
-                ),
+                Ok(got) if got == len => "a payload that does not match its sealed digest".into(),
+                Ok(got) => format!("payload of {got} bytes, expected {len}"),
+                Err(sys::ucs_status_t::UCS_ERR_MESSAGE_TRUNCATED) => {
+                    format!("payload longer than the expected {len} bytes")
+                }
                 // The payload of a peer that went away: it never arrived whole.
-                Err(_) if self.failed[peer] => d.complete(RecvOutcome::Missing),
-                Err(e) => d.complete(RecvOutcome::Malformed(format!(
-                    "payload receive failed: {}",
-                    safe::status_text(e)
-                ))),
+                Err(_) if self.failed[peer] => {
+                    d.complete(RecvOutcome::Missing);
+                    continue;
+                }
+                Err(e) => {
+                    d.complete(RecvOutcome::Malformed(format!(
+                        "payload receive failed: {}",
+                        safe::status_text(e)
+                    )));
+                    continue;
+                }
+            };
+            if retries >= PAYLOAD_RETRIES || self.closed[peer] {
+                d.complete(RecvOutcome::Malformed(unmatched));
+                continue;
             }
+            tracing::warn!(peer, seq, why = %unmatched, "ucx: dropped a payload on the peer's tags; receiving it again");
+            // SAFETY: as for the first receive into `buf` (`advance_claims`).
+            let request = unsafe {
+                self.handles.worker.recv(
+                    buf.as_mut_ptr(),
+                    len,
+                    tag(peer, KIND_PAYLOAD, seq),
+                    u64::MAX,
+                )
+            };
+            self.payloads.push(PayloadRecv {
+                peer,
+                seq,
+                request,
+                buf,
+                len,
+                delivery: Some(d),
+                opened,
+                retries: retries + 1,
+            });
         }
-        self.payloads.len() != before
+        busy
     }
 
     /// Cancels receives, lets sends finish (briefly), closes endpoints, then destroys the
