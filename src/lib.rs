@@ -137,6 +137,34 @@ pub async fn init() -> Result<Communicator> {
                     .join(", ")
             ))
         })?;
+    let frame_mac = match std::env::var("BYZCOLL_FRAME_MAC") {
+        Err(_) => None,
+        Ok(v) => Some(match v.trim() {
+            "1" => true,
+            "0" => false,
+            _ => {
+                return Err(Error::Bootstrap(BootstrapError::InvalidVar {
+                    var: "BYZCOLL_FRAME_MAC",
+                    value: v.clone(),
+                    why: "expected 1 (frames carry MACs) or 0".into(),
+                }))
+            }
+        }),
+    };
+    match (info.name, frame_mac) {
+        (_, None) | ("tcp", _) | ("ucx" | "libfabric", Some(true)) => {}
+        ("ucx" | "libfabric", Some(false)) => {
+            return Err(Error::Unsupported(format!(
+                "BYZCOLL_FRAME_MAC=0: frames over {transport} are always sealed (its tag \
+                 matching cannot tell senders apart otherwise)"
+            )))
+        }
+        (_, Some(_)) => {
+            return Err(Error::Unsupported(format!(
+                "BYZCOLL_FRAME_MAC: frame MACs are a TCP option, and {transport} has none; unset it"
+            )))
+        }
+    }
     if !info.available {
         return Err(Error::Unsupported(format!(
             "BYZCOLL_TRANSPORT={transport}: {}",
@@ -174,7 +202,7 @@ pub async fn init() -> Result<Communicator> {
         "ucx" => connect_ucx(&env, config).await,
         "libfabric" => connect_libfabric(&env, config).await,
         "nccl" => connect_nccl(&env, config).await,
-        _ => connect_tcp(&env, config, ip, tcp_spin).await,
+        _ => connect_tcp(&env, config, ip, tcp_spin, frame_mac.unwrap_or(false)).await,
     }
 }
 
@@ -239,11 +267,13 @@ async fn connect_tcp(
     config: Config,
     ip: Option<IpAddr>,
     spin: Option<Duration>,
+    frame_mac: bool,
 ) -> Result<Communicator> {
     let defaults = TcpOptions::default();
     let options = TcpOptions {
         setup_timeout: config.step_timeout.max(Duration::from_secs(60)),
         spin: spin.unwrap_or(defaults.spin),
+        frame_mac,
         ..defaults
     };
     let Some((store, server)) = rendezvous(env, options.setup_timeout).await? else {

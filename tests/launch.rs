@@ -177,6 +177,33 @@ fn the_tcp_spin_is_set_from_the_environment_and_bad_values_are_refused() {
 }
 
 #[test]
+fn frame_macs_are_chosen_by_the_environment_and_bad_values_are_refused() {
+    let run = |vars: &[(&str, &str)]| {
+        let mut cmd = Command::new(byzcoll());
+        cmd.args(["launch", "-n", "3", "--"])
+            .arg(example("tcp_allreduce"))
+            .env_remove("BYZCOLL_FRAME_MAC");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let (out, _) = run_with_limit(&mut cmd, Duration::from_secs(120));
+        let (stdout, stderr) = text(&out);
+        (out.status.success(), stdout, stderr)
+    };
+    // Every collective of the example, every TCP frame carrying a MAC.
+    let (ok, stdout, stderr) = run(&[("BYZCOLL_FRAME_MAC", "1")]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("[0] OK: 3 ranks over tcp"), "{stdout}");
+    let (ok, stdout, stderr) = run(&[("BYZCOLL_FRAME_MAC", "yes")]);
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("BYZCOLL_FRAME_MAC"), "{stderr}");
+    // Never ignored: a transport without the option refuses it.
+    let (ok, _, stderr) = run(&[("BYZCOLL_FRAME_MAC", "1"), ("BYZCOLL_TRANSPORT", "nccl")]);
+    assert!(!ok);
+    assert!(stderr.contains("frame MACs are a TCP option"), "{stderr}");
+}
+
+#[test]
 fn without_a_launcher_the_example_says_what_is_missing() {
     let mut cmd = Command::new(example("tcp_allreduce"));
     for var in [

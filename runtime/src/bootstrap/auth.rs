@@ -37,6 +37,7 @@ const NONCE_LEN: usize = 32;
 const TAG_LEN: usize = 32;
 const SIG_LEN: usize = 64;
 const FLAG_UNAUTHENTICATED: u8 = 1;
+const FLAG_FRAME_MACS: u8 = 2;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -451,6 +452,15 @@ pub struct Endpoint<'a> {
     /// This rank's identity and the roster to check the peer's against (TCP), or `None`
     /// (store requests, made before the roster exists).
     pub identity: Option<(&'a Identity, &'a Roster)>,
+    /// Data frames on the connection will carry MACs (TCP's `frame_mac` option); both ends
+    /// must agree.
+    pub frame_macs: bool,
+}
+
+impl Endpoint<'_> {
+    fn flags(&self) -> u8 {
+        self.auth.flags() | if self.frame_macs { FLAG_FRAME_MACS } else { 0 }
+    }
 }
 
 /// What an authenticated connection knows.
@@ -626,7 +636,7 @@ pub async fn initiate<S: AsyncRead + AsyncWrite + Unpin>(
     let hello = Hello {
         version: PROTOCOL_VERSION,
         purpose: me.purpose as u8,
-        flags: me.auth.flags(),
+        flags: me.flags(),
         world: me.world,
         from: me.rank,
         to,
@@ -724,7 +734,16 @@ pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
                 ),
             ));
         }
-        if h.flags != me.auth.flags() {
+        if h.flags & !(FLAG_UNAUTHENTICATED | FLAG_FRAME_MACS) != 0 {
+            return Err((Refusal::OtherJob, format!("unknown flags {:#04x}", h.flags)));
+        }
+        if (h.flags ^ me.flags()) & FLAG_FRAME_MACS != 0 {
+            return Err((
+                Refusal::OtherJob,
+                "frame MACs (BYZCOLL_FRAME_MAC) are on at one end only".into(),
+            ));
+        }
+        if h.flags != me.flags() {
             let why = if h.flags & FLAG_UNAUTHENTICATED != 0 {
                 "the peer runs unauthenticated (BYZCOLL_ALLOW_UNAUTHENTICATED=1) and this job does not"
             } else {
@@ -827,6 +846,7 @@ mod tests {
             world: 4,
             rank,
             identity: None,
+            frame_macs: false,
         }
     }
 
@@ -881,6 +901,7 @@ mod tests {
             world: 2,
             rank,
             identity: Some((id, roster)),
+            frame_macs: false,
         };
         let ids: &'static [Identity] = Box::leak(ids.into_boxed_slice());
         let roster: &'static Roster = Box::leak(Box::new(roster));

@@ -107,6 +107,7 @@ impl StoreServer {
                             world: world as u32,
                             rank: STORE,
                             identity: None,
+                            frame_macs: false,
                         };
                         match auth::respond(&mut stream, me, |_| Ok(())).await {
                             Ok(session) => Some((stream, session)),
@@ -408,6 +409,7 @@ impl StoreClient {
             world: self.world as u32,
             rank: self.rank as u32,
             identity: None,
+            frame_macs: false,
         };
         let session = auth::initiate(&mut stream, me, STORE)
             .await

@@ -69,6 +69,13 @@ pub struct TcpOptions {
     /// message (8-byte one-way latency halved on the 2-core development machine) for up to
     /// this much CPU per step. Zero: never spin (for ranks oversubscribing their cores).
     pub spin: Duration,
+    /// Every data frame carries a keyed-BLAKE3 MAC (under a key of its connection's
+    /// handshake, per direction, numbered), checked before the payload is delivered; a
+    /// mismatch is `Malformed` and closes the connection. Off by default: the connection is
+    /// authenticated already, and forging inside it takes injecting into an established TCP
+    /// stream; MACs cost a hash of every payload at both ends. All ranks must agree (the
+    /// handshake refuses a peer that differs).
+    pub frame_mac: bool,
 }
 
 impl Default for TcpOptions {
@@ -78,26 +85,83 @@ impl Default for TcpOptions {
             max_message_bytes: 1 << 40,
             pool_bytes: 256 << 20,
             spin: byzcoll_runtime::progress::SPIN,
+            frame_mac: false,
         }
     }
 }
 
-/// A frame for the writer task: written from byte `offset` of header and payload on.
+/// Length of a frame's MAC ([`TcpOptions::frame_mac`]).
+pub const MAC_LEN: usize = 32;
+
+/// What goes in front of a payload: its header, then (frame MACs on) its MAC.
+#[derive(Clone, Copy)]
+struct Head {
+    bytes: [u8; HEADER_LEN + MAC_LEN],
+    len: usize,
+}
+
+impl Head {
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// A frame for the writer task: written from byte `offset` of head and payload on.
 struct Outgoing {
-    header: [u8; HEADER_LEN],
+    head: Head,
     payload: Bytes,
     offset: usize,
     done: oneshot::Sender<io::Result<()>>,
+}
+
+/// Frame authentication on one direction of a connection: the key, and the number of the
+/// next frame (TCP keeps order, so both ends count alike).
+#[derive(Debug)]
+struct FrameMac {
+    key: [u8; 32],
+    seq: u64,
+}
+
+impl FrameMac {
+    /// The key of frames from `from` to `to` on the connection whose handshake gave
+    /// `session`.
+    fn new(session: &[u8; 32], from: Rank, to: Rank) -> Self {
+        let mut h = blake3::Hasher::new_keyed(session);
+        h.update(b"byzcoll-v2 tcp frame key");
+        h.update(&(from as u32).to_le_bytes());
+        h.update(&(to as u32).to_le_bytes());
+        FrameMac {
+            key: *h.finalize().as_bytes(),
+            seq: 0,
+        }
+    }
+
+    /// A hasher for the next frame, its header already in.
+    fn begin(&mut self, header: &[u8; HEADER_LEN]) -> blake3::Hasher {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(b"byzcoll-v2 tcp frame");
+        h.update(&self.seq.to_le_bytes());
+        h.update(header);
+        self.seq += 1;
+        h
+    }
 }
 
 /// The sending side of one connection.
 #[derive(Debug)]
 struct Writer {
     half: OwnedWriteHalf,
+    state: Mutex<WriterState>,
+    queue: mpsc::Sender<Outgoing>,
+}
+
+#[derive(Debug)]
+struct WriterState {
     /// Frames are queued for (or being written by) the writer task: a new frame must queue
     /// behind them.
-    busy: Mutex<bool>,
-    queue: mpsc::Sender<Outgoing>,
+    busy: bool,
+    /// Set when frames carry MACs.
+    mac: Option<FrameMac>,
 }
 
 impl Writer {
@@ -110,20 +174,32 @@ impl Writer {
         payload: Bytes,
         slot: mpsc::Permit<'_, Outgoing>,
     ) -> io::Result<Option<oneshot::Receiver<io::Result<()>>>> {
-        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut head = Head {
+            bytes: [0; HEADER_LEN + MAC_LEN],
+            len: HEADER_LEN,
+        };
+        head.bytes[..HEADER_LEN].copy_from_slice(&header);
+        // Under the lock, so frame numbers follow the order frames enter the stream.
+        if let Some(mac) = state.mac.as_mut() {
+            let mut h = mac.begin(&header);
+            h.update(&payload);
+            head.bytes[HEADER_LEN..].copy_from_slice(h.finalize().as_bytes());
+            head.len = HEADER_LEN + MAC_LEN;
+        }
         let mut offset = 0;
-        if !*busy {
-            match try_write_from(&self.half, [&header, &payload], 0) {
-                Ok(n) if n == HEADER_LEN + payload.len() => return Ok(None),
+        if !state.busy {
+            match try_write_from(&self.half, [head.as_slice(), &payload], 0) {
+                Ok(n) if n == head.len + payload.len() => return Ok(None),
                 Ok(n) => offset = n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
         }
-        *busy = true;
+        state.busy = true;
         let (done, finished) = oneshot::channel();
         slot.send(Outgoing {
-            header,
+            head,
             payload,
             offset,
             done,
@@ -161,7 +237,7 @@ pub struct TcpTransport {
 impl std::fmt::Debug for Outgoing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Outgoing")
-            .field("header", &self.header)
+            .field("head", &self.head.as_slice())
             .finish()
     }
 }
@@ -253,18 +329,19 @@ impl TcpTransport {
             );
         }
         let deadline = Instant::now() + options.setup_timeout;
-        let connects =
-            (0..rank).map(|peer| connect_peer(addrs[peer], rank, size, peer, membership, deadline));
+        let macs = options.frame_mac;
+        let connects = (0..rank)
+            .map(|peer| connect_peer(addrs[peer], rank, size, peer, membership, macs, deadline));
         let (accepted, connected) = tokio::join!(
-            accept_peers(listener, rank, size, membership, deadline),
+            accept_peers(listener, rank, size, membership, macs, deadline),
             futures::future::join_all(connects)
         );
-        let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
-        for (peer, stream) in accepted? {
-            streams[peer] = Some(stream);
+        let mut streams: Vec<Option<(TcpStream, [u8; 32])>> = (0..size).map(|_| None).collect();
+        for (peer, stream, key) in accepted? {
+            streams[peer] = Some((stream, key));
         }
-        for (peer, stream) in connected.into_iter().enumerate() {
-            streams[peer] = Some(stream?);
+        for (peer, connected) in connected.into_iter().enumerate() {
+            streams[peer] = Some(connected?);
         }
 
         let mailbox = Arc::new(Mailbox::new(size));
@@ -272,16 +349,27 @@ impl TcpTransport {
         let mut writers = Vec::with_capacity(size);
         let mut tasks = Vec::with_capacity(2 * size);
         for (peer, stream) in streams.into_iter().enumerate() {
-            let Some(stream) = stream else {
+            let Some((stream, session)) = stream else {
                 writers.push(None);
                 continue;
+            };
+            let (send_mac, recv_mac) = if macs {
+                (
+                    Some(FrameMac::new(&session, rank, peer)),
+                    Some(FrameMac::new(&session, peer, rank)),
+                )
+            } else {
+                (None, None)
             };
             stream.set_nodelay(true)?;
             let (rd, wr) = stream.into_split();
             let (tx, rx) = mpsc::channel(SEND_QUEUE);
             let writer = Arc::new(Writer {
                 half: wr,
-                busy: Mutex::new(false),
+                state: Mutex::new(WriterState {
+                    busy: false,
+                    mac: send_mac,
+                }),
                 queue: tx,
             });
             writers.push(Some(writer.clone()));
@@ -289,6 +377,7 @@ impl TcpTransport {
             tasks.push(tokio::spawn(read_loop(
                 peer,
                 rd,
+                recv_mac,
                 mailbox.clone(),
                 pool.clone(),
                 options.max_message_bytes,
@@ -334,13 +423,14 @@ pub async fn local_ip_towards(addr: &str) -> Result<IpAddr, TransportError> {
     Ok(probe.local_addr()?.ip())
 }
 
-fn endpoint(membership: &Membership, size: usize, rank: Rank) -> Endpoint<'_> {
+fn endpoint(membership: &Membership, size: usize, rank: Rank, macs: bool) -> Endpoint<'_> {
     Endpoint {
         auth: &membership.auth,
         purpose: Purpose::Tcp,
         world: size as u32,
         rank: rank as u32,
         identity: Some((&membership.identity, &membership.roster)),
+        frame_macs: macs,
     }
 }
 
@@ -350,14 +440,20 @@ async fn connect_peer(
     size: usize,
     peer: Rank,
     membership: &Membership,
+    macs: bool,
     deadline: Instant,
-) -> Result<TcpStream, TransportError> {
+) -> Result<(TcpStream, [u8; 32]), TransportError> {
     let setup =
         |what: String| TransportError::Setup(format!("rank {me} to rank {peer} at {addr}: {what}"));
     let attempt = async {
         let mut stream = connect_with_retry(&addr.to_string(), deadline).await?;
-        auth::initiate(&mut stream, endpoint(membership, size, me), peer as u32).await?;
-        Ok::<_, HandshakeError>(stream)
+        let session = auth::initiate(
+            &mut stream,
+            endpoint(membership, size, me, macs),
+            peer as u32,
+        )
+        .await?;
+        Ok::<_, HandshakeError>((stream, session.key()))
     };
     timeout_at(deadline, attempt)
         .await
@@ -372,13 +468,14 @@ async fn accept_peers(
     me: Rank,
     size: usize,
     membership: &Membership,
+    macs: bool,
     deadline: Instant,
-) -> Result<Vec<(Rank, TcpStream)>, TransportError> {
+) -> Result<Vec<(Rank, TcpStream, [u8; 32])>, TransportError> {
     let expected = size - me - 1;
     if expected == 0 {
         return Ok(Vec::new());
     }
-    let (tx, mut rx) = mpsc::channel::<(Rank, TcpStream)>(expected);
+    let (tx, mut rx) = mpsc::channel::<(Rank, TcpStream, [u8; 32])>(expected);
     let membership = Arc::new(membership.clone());
     let acceptor = tokio::spawn(async move {
         let gate = Gate::default();
@@ -395,8 +492,9 @@ async fn accept_peers(
                             Err(format!("rank {r} must be connected to by rank {me}, not connect"))
                         }
                     };
-                    match auth::respond(&mut stream, endpoint(&membership, size, me), accept).await {
-                        Ok(session) => Some((session.peer as Rank, stream)),
+                    let me_ep = endpoint(&membership, size, me, macs);
+                    match auth::respond(&mut stream, me_ep, accept).await {
+                        Ok(session) => Some((session.peer as Rank, stream, session.key())),
                         Err(HandshakeError::Rejected { why, .. }) => {
                             tracing::warn!(%from, rank = me, "tcp transport: refused a connection: {why}");
                             None
@@ -413,23 +511,23 @@ async fn accept_peers(
             );
         }
     });
-    let mut accepted: Vec<(Rank, TcpStream)> = Vec::with_capacity(expected);
+    let mut accepted: Vec<(Rank, TcpStream, [u8; 32])> = Vec::with_capacity(expected);
     while accepted.len() < expected {
         match timeout_at(deadline, rx.recv()).await {
-            Ok(Some((peer, stream))) => {
-                if accepted.iter().any(|(p, _)| *p == peer) {
+            Ok(Some((peer, stream, key))) => {
+                if accepted.iter().any(|(p, _, _)| *p == peer) {
                     tracing::warn!(
                         peer,
                         "tcp transport: rank connected twice; keeping the first"
                     );
                 } else {
-                    accepted.push((peer, stream));
+                    accepted.push((peer, stream, key));
                 }
             }
             Ok(None) | Err(_) => {
                 acceptor.abort();
                 let missing: Vec<Rank> = (me + 1..size)
-                    .filter(|r| !accepted.iter().any(|(p, _)| p == r))
+                    .filter(|r| !accepted.iter().any(|(p, _, _)| p == r))
                     .collect();
                 return Err(TransportError::Setup(format!(
                     "rank {me}: ranks {missing:?} did not connect before the setup timeout"
@@ -445,7 +543,12 @@ async fn accept_peers(
 /// connection idle if nothing else is queued.
 async fn write_loop(writer: Arc<Writer>, mut rx: mpsc::Receiver<Outgoing>) {
     while let Some(out) = rx.recv().await {
-        let result = write_rest(&writer.half, [&out.header, &out.payload], out.offset).await;
+        let result = write_rest(
+            &writer.half,
+            [out.head.as_slice(), &out.payload],
+            out.offset,
+        )
+        .await;
         let failed = result.is_err();
         let _ = out.done.send(result);
         if failed {
@@ -453,9 +556,9 @@ async fn write_loop(writer: Arc<Writer>, mut rx: mpsc::Receiver<Outgoing>) {
         }
         // Senders queue only while holding the lock (their place is reserved before), so an
         // empty queue here stays empty until a sender has seen the connection idle.
-        let mut busy = writer.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = writer.state.lock().unwrap_or_else(PoisonError::into_inner);
         if rx.is_empty() {
-            *busy = false;
+            state.busy = false;
         }
     }
 }
@@ -478,12 +581,13 @@ async fn write_rest(wr: &OwnedWriteHalf, parts: [&[u8]; 2], mut offset: usize) -
 async fn read_loop(
     peer: Rank,
     mut rd: OwnedReadHalf,
+    mut mac: Option<FrameMac>,
     mailbox: Arc<Mailbox>,
     pool: BufferPool,
     max: u64,
 ) {
     let why = loop {
-        match read_frame(peer, &mut rd, &mailbox, &pool, max).await {
+        match read_frame(peer, &mut rd, mac.as_mut(), &mailbox, &pool, max).await {
             Ok(true) => continue,
             Ok(false) => return,
             Err(why) => break why,
@@ -496,16 +600,27 @@ async fn read_loop(
     mailbox.close(peer, why);
 }
 
-/// Reads one frame. `Ok(false)`: the mailbox is closed, stop quietly.
+/// Reads one frame. `Ok(false)`: the mailbox is closed, stop quietly. With frame MACs, the
+/// payload is delivered only once its MAC matches; a frame that is skipped (stale, wrong
+/// length) is hashed as it is skipped, so a mismatch anywhere closes the connection.
 async fn read_frame(
     peer: Rank,
     rd: &mut OwnedReadHalf,
+    mac: Option<&mut FrameMac>,
     mailbox: &Mailbox,
     pool: &BufferPool,
     max: u64,
 ) -> Result<bool, Closed> {
     let mut raw = [0u8; HEADER_LEN];
     rd.read_exact(&mut raw).await.map_err(|_| Closed::Gone)?;
+    let mut check = match mac {
+        Some(m) => {
+            let mut tag = [0u8; MAC_LEN];
+            rd.read_exact(&mut tag).await.map_err(|_| Closed::Gone)?;
+            Some((m.begin(&raw), blake3::Hash::from_bytes(tag)))
+        }
+        None => None,
+    };
     let header = FrameHeader::decode(&raw).map_err(Closed::Violation)?;
     if header.sender as usize != peer {
         return Err(Closed::Violation(format!(
@@ -523,7 +638,7 @@ async fn read_frame(
         Claim::Closed => return Ok(false),
         Claim::Stale => {
             tracing::debug!(peer, key = ?header.key(), "dropping a frame for a retired step");
-            skip(rd, header.len).await?;
+            skip(rd, header.len, check).await?;
             return Ok(true);
         }
         Claim::Posted(d) => d,
@@ -534,7 +649,7 @@ async fn read_frame(
             "frame of {} bytes, expected {len}",
             header.len
         )));
-        skip(rd, header.len).await?;
+        skip(rd, header.len, check).await?;
         return Ok(true);
     }
     // Sized by our own posted receive (checked equal to the header above), from the pool.
@@ -552,18 +667,53 @@ async fn read_frame(
         }
     }
     buf.set_len(len);
+    if let Some((mut h, tag)) = check.take() {
+        h.update(&buf.as_mut_slice()[..len]);
+        if h.finalize() != tag {
+            delivery.complete(RecvOutcome::Malformed(
+                "the frame's MAC does not match its content".into(),
+            ));
+            return Err(mac_mismatch());
+        }
+    }
     delivery.complete(RecvOutcome::Received(Payload::Host(buf.freeze())));
     Ok(true)
 }
 
-async fn skip(rd: &mut OwnedReadHalf, len: u64) -> Result<(), Closed> {
-    let copied = tokio::io::copy(&mut rd.take(len), &mut tokio::io::sink())
-        .await
-        .map_err(|_| Closed::Gone)?;
-    if copied == len {
+fn mac_mismatch() -> Closed {
+    Closed::Violation("a frame's MAC does not match: the stream was altered".into())
+}
+
+/// Reads and drops `len` payload bytes, checking them against the frame's MAC if there is one.
+async fn skip(
+    rd: &mut OwnedReadHalf,
+    len: u64,
+    check: Option<(blake3::Hasher, blake3::Hash)>,
+) -> Result<(), Closed> {
+    let Some((mut h, tag)) = check else {
+        let copied = tokio::io::copy(&mut rd.take(len), &mut tokio::io::sink())
+            .await
+            .map_err(|_| Closed::Gone)?;
+        return if copied == len {
+            Ok(())
+        } else {
+            Err(Closed::Gone)
+        };
+    };
+    let mut chunk = vec![0u8; len.min(1 << 16) as usize];
+    let mut left = len;
+    while left > 0 {
+        let want = left.min(chunk.len() as u64) as usize;
+        rd.read_exact(&mut chunk[..want])
+            .await
+            .map_err(|_| Closed::Gone)?;
+        h.update(&chunk[..want]);
+        left -= want as u64;
+    }
+    if h.finalize() == tag {
         Ok(())
     } else {
-        Err(Closed::Gone)
+        Err(mac_mismatch())
     }
 }
 

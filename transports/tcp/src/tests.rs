@@ -27,14 +27,38 @@ async fn handshake_as(
     to: usize,
     member: &Membership,
 ) -> Result<TcpStream, HandshakeError> {
+    Ok(handshake_with_macs(addr, rank, to, member, false).await?.0)
+}
+
+/// As [`handshake_as`], announcing frame MACs or not; also returns the session key.
+async fn handshake_with_macs(
+    addr: SocketAddr,
+    rank: usize,
+    to: usize,
+    member: &Membership,
+    macs: bool,
+) -> Result<(TcpStream, [u8; 32]), HandshakeError> {
     let mut s = TcpStream::connect(addr).await?;
-    let me = endpoint(member, member.size(), rank);
-    auth::initiate(&mut s, me, to as u32).await?;
-    Ok(s)
+    let me = endpoint(member, member.size(), rank, macs);
+    let session = auth::initiate(&mut s, me, to as u32).await?;
+    Ok((s, session.key()))
 }
 
 /// All ranks of a world in this process, over real sockets on 127.0.0.1.
 async fn world(n: usize) -> Vec<Box<dyn Transport>> {
+    world_with(n, TcpOptions::default()).await
+}
+
+/// The same with frame MACs on.
+async fn world_with_macs(n: usize) -> Vec<Box<dyn Transport>> {
+    let options = TcpOptions {
+        frame_mac: true,
+        ..TcpOptions::default()
+    };
+    world_with(n, options).await
+}
+
+async fn world_with(n: usize, options: TcpOptions) -> Vec<Box<dyn Transport>> {
     let mut listeners = Vec::new();
     for _ in 0..n {
         listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
@@ -46,10 +70,10 @@ async fn world(n: usize) -> Vec<Box<dyn Transport>> {
         .zip(members)
         .enumerate()
         .map(|(r, (l, m))| {
-            let addrs = addrs.clone();
-            tokio::spawn(async move {
-                TcpTransport::connect_mesh(r, n, l, &addrs, &m, TcpOptions::default()).await
-            })
+            let (addrs, options) = (addrs.clone(), options.clone());
+            tokio::spawn(
+                async move { TcpTransport::connect_mesh(r, n, l, &addrs, &m, options).await },
+            )
         })
         .collect();
     let mut out: Vec<Box<dyn Transport>> = Vec::new();
@@ -60,6 +84,84 @@ async fn world(n: usize) -> Vec<Box<dyn Transport>> {
 }
 
 byzcoll_conformance::conformance_suite!(world);
+
+/// The conformance suite again, every frame carrying a MAC.
+mod with_frame_macs {
+    use super::world_with_macs;
+    byzcoll_conformance::conformance_suite!(world_with_macs);
+}
+
+/// With frame MACs, a frame whose MAC is right is delivered and one whose payload was altered
+/// in the stream is `Malformed`, and the connection is closed (later receives say why).
+#[tokio::test]
+async fn frame_macs_deliver_genuine_frames_and_refuse_altered_ones() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let addrs = [addr, "127.0.0.1:9".parse().unwrap()];
+    let m = members(&addrs);
+    let m0 = m[0].clone();
+    let options = TcpOptions {
+        frame_mac: true,
+        ..TcpOptions::default()
+    };
+    let real = tokio::spawn(async move {
+        TcpTransport::connect_mesh(0, 2, listener, &addrs, &m0, options).await
+    });
+    let (mut fake, session) = handshake_with_macs(addr, 1, 0, &m[1], true).await.unwrap();
+    let real = real.await.unwrap().unwrap();
+    let mut mac = FrameMac::new(&session, 1, 0);
+    let mut frame = |step: u32, payload: &[u8], alter: bool| {
+        let h = header(step, 1, payload.len() as u64);
+        let mut hasher = mac.begin(&h);
+        hasher.update(payload);
+        let mut bytes = h.to_vec();
+        bytes.extend_from_slice(hasher.finalize().as_bytes());
+        bytes.extend_from_slice(payload);
+        if alter {
+            *bytes.last_mut().unwrap() ^= 1;
+        }
+        bytes
+    };
+    let mut sends = frame(0, &[5u8; 40], false);
+    sends.extend(frame(1, &[6u8; 40], true));
+    fake.write_all(&sends).await.unwrap();
+    let timeout = Duration::from_secs(5);
+    let got = real.exchange(recv_step(0, 40, timeout)).await.unwrap();
+    assert!(
+        matches!(&got[0], RecvOutcome::Received(Payload::Host(b)) if b[..] == [5u8; 40]),
+        "{}",
+        short(&got[0])
+    );
+    let got = real.exchange(recv_step(1, 40, timeout)).await.unwrap();
+    assert_malformed(&got[0], "MAC does not match");
+    let started = std::time::Instant::now();
+    let got = real.exchange(recv_step(2, 40, timeout)).await.unwrap();
+    assert_malformed(&got[0], "the stream was altered");
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// Ranks must agree on frame MACs: a peer that differs is refused by name at setup.
+#[tokio::test]
+async fn frame_macs_on_one_end_only_are_refused_at_setup() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let addrs = [addr, "127.0.0.1:9".parse().unwrap()];
+    let m = members(&addrs);
+    let m0 = m[0].clone();
+    let options = TcpOptions {
+        setup_timeout: Duration::from_millis(500),
+        ..TcpOptions::default()
+    };
+    let real = tokio::spawn(async move {
+        TcpTransport::connect_mesh(0, 2, listener, &addrs, &m0, options).await
+    });
+    let err = handshake_with_macs(addr, 1, 0, &m[1], true)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("frame MACs"), "{err}");
+    assert!(real.await.unwrap().is_err());
+}
 
 /// Rank 0 is a real transport in a world of two; rank 1 is a raw socket that performed the
 /// handshake and will say whatever the test wants.
