@@ -71,6 +71,9 @@ cargo test -p byzcoll-cuda --features nccl --test device nccl 2>&1 | tee -a "$lo
 echo "== shared-memory conformance: UCX_TLS=sm,self and FI_PROVIDER=shm"
 UCX_TLS=sm,self cargo test -p byzcoll-transport-ucx --features ucx 2>&1 | tee -a "$log"
 FI_PROVIDER=shm cargo test -p byzcoll-transport-libfabric --features libfabric 2>&1 | tee -a "$log"
+# Each fuzz target for a few seconds (a SKIPPED line where nightly or cargo-fuzz is missing).
+echo "== fuzz smoke (scripts/fuzz-smoke.sh)"
+FUZZ_SECONDS=5 scripts/fuzz-smoke.sh
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # crate with nothing in it).
 # Skipped: ignored tests, and tests that found no GPU and said so with a SKIPPED line.
