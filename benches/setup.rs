@@ -1,10 +1,14 @@
-//! Setup benchmark: the time from nothing to a connected TCP world of `n` ranks in this
-//! process (rendezvous store, identity keys, every pair's authenticated handshake), median of
-//! `--reps` worlds, for each `--ranks`. `--unauthenticated` runs the same with the explicit
-//! opt-out, for comparison.
+//! Setup benchmark: the time from nothing to a connected TCP world of `n` ranks, median of
+//! `--reps` worlds, for each `--ranks`:
+//! - in this process: rendezvous store, identity keys, every pair's authenticated handshake;
+//! - `--processes`: `byzcoll launch` of `n` copies of this binary, each `byzcoll::init()`,
+//!   one barrier, exit (what a job pays before its first collective, process start included).
+//!
+//! `--unauthenticated` runs the in-process worlds with the explicit opt-out, for comparison.
 //!
 //! ```sh
 //! cargo bench --bench setup -- --ranks 4,8 --reps 15
+//! cargo bench --bench setup -- --ranks 4,8 --reps 15 --processes
 //! ```
 
 #![allow(clippy::print_stdout)]
@@ -42,8 +46,61 @@ async fn one_world(n: usize, auth: &JobAuth) -> Result<Duration, String> {
     Ok(took)
 }
 
+/// One launched rank: join the world, one barrier.
+fn rank_main() -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("setup bench rank: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let joined = rt.block_on(async {
+        let mut comm = byzcoll::init().await?;
+        comm.barrier().await
+    });
+    match joined {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("setup bench rank: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `byzcoll launch` of `n` ranks of this binary, timed to the last rank's exit.
+fn one_launch(n: usize) -> Result<Duration, String> {
+    use byzcoll::launch::{launch, LaunchOptions};
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    // Ranks are spawned from the thread running the launch (see `byzcoll::launch`).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let outcome = rt
+        .block_on(launch(LaunchOptions {
+            ranks: n,
+            command: vec![exe.into_os_string()],
+            grace: Duration::from_secs(5),
+            env: Vec::new(),
+        }))
+        .map_err(|e| e.to_string())?;
+    if outcome.exit_code != 0 {
+        return Err(format!("the job exited with {}", outcome.exit_code));
+    }
+    Ok(start.elapsed())
+}
+
 fn main() -> ExitCode {
+    if std::env::var_os("BYZCOLL_RANK").is_some() {
+        return rank_main();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let processes = args.iter().any(|a| a == "--processes");
     let value = |flag: &str| {
         args.iter()
             .position(|a| a == flag)
@@ -81,7 +138,12 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "# TCP world setup, {} ({reps} worlds each; median, min, max in ms)",
+        "# TCP world setup{}, {} ({reps} worlds each; median, min, max in ms)",
+        if processes {
+            " as processes (launch, init, barrier, exit)"
+        } else {
+            " in one process"
+        },
         if auth.is_authenticated() {
             "authenticated"
         } else {
@@ -91,7 +153,12 @@ fn main() -> ExitCode {
     for n in ranks {
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps {
-            match rt.block_on(one_world(n, &auth)) {
+            let one = if processes {
+                one_launch(n)
+            } else {
+                rt.block_on(one_world(n, &auth))
+            };
+            match one {
                 Ok(t) => times.push(t.as_secs_f64() * 1e3),
                 Err(e) => {
                     eprintln!("setup bench: {n} ranks: {e}");
