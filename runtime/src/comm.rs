@@ -36,6 +36,7 @@ pub struct Communicator {
     next_collective: u64,
     pub(crate) owner_tamper: Option<crate::robust::OwnerTamper>,
     unauthenticated: bool,
+    agreement: crate::Agreement,
     /// Keeps bootstrap resources (such as a rendezvous store hosted by this rank) alive for as
     /// long as the communicator.
     _keep_alive: Vec<Box<dyn std::any::Any + Send + Sync>>,
@@ -61,8 +62,20 @@ impl Communicator {
             next_collective: 0,
             owner_tamper: None,
             unauthenticated: false,
+            agreement: crate::Agreement::default(),
             _keep_alive: Vec::new(),
         }
+    }
+
+    /// How robust rounds cross-check their results ([`Agreement::Detect`](crate::Agreement)
+    /// by default). Every rank of the job must choose alike.
+    pub fn set_agreement(&mut self, agreement: crate::Agreement) {
+        self.agreement = agreement;
+    }
+
+    /// The agreement policy of robust rounds.
+    pub fn agreement(&self) -> crate::Agreement {
+        self.agreement
     }
 
     /// Marks this communicator's job as running without authentication (what

@@ -181,6 +181,25 @@ pub enum Error {
         /// The peers at fault.
         faults: Vec<PeerFault>,
     },
+    /// This rank's result is not the one at least `n − f` ranks hold (the cross-check of
+    /// [`Agreement::Detect`](crate::Agreement)): it is out of step with the job (it stalled
+    /// past a deadline, or a Byzantine rank sent it something else than the others). Do not
+    /// use this round's result; the ranks that agree with each other went on with theirs.
+    #[error(
+        "this rank's result disagrees with the job's: agreeing {agreeing:?}, other results at \
+         {disagreeing:?}, unconfirmed {unconfirmed:?}, inputs that differed between ranks from \
+         {differing_inputs:?}"
+    )]
+    Disagreement {
+        /// Ranks (this one included) that hold the same result as this rank.
+        agreeing: Vec<Rank>,
+        /// Ranks that hold another result.
+        disagreeing: Vec<Rank>,
+        /// Ranks whose result is unknown (missing, failed, erased).
+        unconfirmed: Vec<Rank>,
+        /// Senders whose vectors differed between the ranks that aggregated them (gather).
+        differing_inputs: Vec<Rank>,
+    },
     /// No owner delivered a usable result for a shard in sharded mode (all of them missing,
     /// malformed or unable to aggregate); the round has no trustworthy value for it.
     #[error(

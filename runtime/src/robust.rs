@@ -61,6 +61,54 @@ impl Replicas {
     }
 }
 
+/// How a robust round makes sure that honest ranks do not end it with different results
+/// silently (`PROTOCOL.md`, "Agreement").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Agreement {
+    /// No cross-check: honest ranks can end a round with different results (a rank that
+    /// stalled past the deadline, an equivocating sender) and nothing says so. Explicit only.
+    Off,
+    /// Every round ends with one extra step in which each rank sends every other the digest
+    /// of its result and of each input it used. A rank whose result fewer than `n − f` ranks
+    /// share gets [`Error::Disagreement`]; the others get the differences named in
+    /// [`RoundReport::agreement`]. With `n > 3f`, two honest ranks that both return `Ok` hold
+    /// bitwise the same result.
+    #[default]
+    Detect,
+    /// Inputs echoed before aggregating, so that honest ranks exclude equivocating senders
+    /// alike. Not built yet: asking for it is an [`Error::Unsupported`].
+    Enforce,
+}
+
+impl Agreement {
+    /// Parses `off`, `detect` or `enforce`.
+    ///
+    /// # Errors
+    /// The accepted values, for any other.
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        match s.trim() {
+            "off" => Ok(Agreement::Off),
+            "detect" => Ok(Agreement::Detect),
+            "enforce" => Ok(Agreement::Enforce),
+            other => Err(format!("{other:?}: expected off, detect or enforce")),
+        }
+    }
+}
+
+/// What the cross-check of [`Agreement::Detect`] found, where this rank's result is the one
+/// at least `n − f` ranks hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgreementReport {
+    /// Ranks that hold another result (Byzantine, or out of step: they get an error).
+    pub disagreeing: Vec<Rank>,
+    /// Ranks whose result is unknown: erased this round, failed, or silent in the cross-check.
+    pub unconfirmed: Vec<Rank>,
+    /// Senders whose vectors differed between the ranks that aggregated them (gather mode):
+    /// they sent different ranks different vectors.
+    pub differing_inputs: Vec<Rank>,
+}
+
 /// What happened in one robust round.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoundReport {
@@ -82,6 +130,9 @@ pub struct RoundReport {
     /// The job runs without authentication (`BYZCOLL_ALLOW_UNAUTHENTICATED=1`): any process
     /// that reached a rank's port during setup could have joined as a rank.
     pub unauthenticated: bool,
+    /// The cross-check's findings under [`Agreement::Detect`] (`None` under
+    /// [`Agreement::Off`]).
+    pub agreement: Option<AgreementReport>,
 }
 
 /// Fault injection for tests and demonstrations: lets a rank act as a Byzantine shard owner
@@ -137,11 +188,103 @@ impl Communicator {
         rule: &dyn Aggregator,
         policy: Policy,
     ) -> Result<RoundReport> {
-        let mut report = match policy {
-            Policy::Gather => self.gather(buf, rule).await,
+        let agreement = self.agreement();
+        if agreement == Agreement::Enforce {
+            return Err(Error::Unsupported(
+                "Agreement::Enforce is not built yet; Agreement::Detect (the default) names \
+                 every disagreement"
+                    .into(),
+            ));
+        }
+        let n = self.size();
+        let mut inputs = vec![None; n];
+        let round = match policy {
+            Policy::Gather => self.gather(buf, rule, &mut inputs).await,
             Policy::Sharded(replicas) => self.sharded(buf, rule, replicas).await,
-        }?;
+        };
+        let mut report = if agreement == Agreement::Off {
+            round?
+        } else {
+            self.cross_check(round, buf, &inputs, rule.byzantine()).await?
+        };
         report.unauthenticated = !self.is_authenticated();
+        Ok(report)
+    }
+
+    /// The cross-check step of [`Agreement::Detect`]: every rank, whether its round succeeded
+    /// or not (so that collectives stay numbered alike), sends every other rank its [`Check`];
+    /// the ranks this rank erased are not waited for.
+    async fn cross_check<T: Element>(
+        &mut self,
+        round: Result<RoundReport>,
+        buf: &[T],
+        inputs: &[Option<Digest>],
+        f: usize,
+    ) -> Result<RoundReport> {
+        let (me, n) = (self.rank(), self.size());
+        let mine = match &round {
+            Ok(_) => Check {
+                result: Some(blake3::hash(bytemuck::cast_slice(buf)).into()),
+                inputs: inputs.to_vec(),
+            },
+            Err(_) => Check {
+                result: None,
+                inputs: vec![None; n],
+            },
+        };
+        let erased: Vec<Rank> = match &round {
+            Ok(report) => report.faults.iter().map(|f| f.rank).collect(),
+            Err(_) => Vec::new(),
+        };
+        let awaited: Vec<Rank> = schedule::direct_peers(me, n)
+            .filter(|p| !erased.contains(p))
+            .collect();
+        let payload = Payload::Host(mine.encode());
+        let sends = schedule::direct_peers(me, n).map(|p| send(p, payload.clone()));
+        let recvs = awaited.iter().map(|&p| recv(p, Check::len(n)));
+        let mut seq = self.begin();
+        let outcomes = seq.run(sends.collect(), recvs.collect()).await;
+        let mut report = round?;
+        let outcomes = outcomes?;
+        let mut theirs: Vec<Option<Check>> = vec![None; n];
+        for (&p, outcome) in awaited.iter().zip(outcomes) {
+            if let RecvOutcome::Received(payload) = outcome {
+                theirs[p] = Check::decode(crate::comm::host_bytes(&payload), n);
+            }
+        }
+        let mut found = AgreementReport::default();
+        let mut agreeing = vec![me];
+        for p in schedule::direct_peers(me, n) {
+            match theirs[p].as_ref().and_then(|c| c.result.map(|r| (c, r))) {
+                None => found.unconfirmed.push(p),
+                Some((_, r)) if Some(r) != mine.result => found.disagreeing.push(p),
+                Some(_) => agreeing.push(p),
+            }
+        }
+        found.differing_inputs = (0..n)
+            .filter(|&j| {
+                theirs.iter().flatten().any(|c| {
+                    matches!((c.inputs[j], mine.inputs[j]), (Some(a), Some(b)) if a != b)
+                })
+            })
+            .collect();
+        agreeing.sort_unstable();
+        if agreeing.len() < n.saturating_sub(f) {
+            return Err(Error::Disagreement {
+                agreeing,
+                disagreeing: found.disagreeing,
+                unconfirmed: found.unconfirmed,
+                differing_inputs: found.differing_inputs,
+            });
+        }
+        if !found.disagreeing.is_empty() || !found.differing_inputs.is_empty() {
+            tracing::warn!(
+                disagreeing = ?found.disagreeing,
+                differing_inputs = ?found.differing_inputs,
+                "robust_all_reduce: ranks ended the round with other results"
+            );
+        }
+        report.agreement = Some(found);
         Ok(report)
     }
 
@@ -151,12 +294,15 @@ impl Communicator {
         self.owner_tamper = tamper;
     }
 
+    /// Gather mode; `digests[r]` is set to the digest of rank `r`'s vector as this rank used it.
     async fn gather<T: Element>(
         &mut self,
         buf: &mut [T],
         rule: &dyn Aggregator,
+        digests: &mut [Option<Digest>],
     ) -> Result<RoundReport> {
         let (me, n) = (self.rank(), self.size());
+        let detect = self.agreement() != Agreement::Off;
         let mut seq = self.begin();
         rule.check(n)?;
         let payload = Payload::Host(to_bytes(buf));
@@ -185,6 +331,11 @@ impl Communicator {
             }
         }
         report.inputs = ranks.len();
+        if detect {
+            for (&r, v) in ranks.iter().zip(&vectors) {
+                digests[r] = Some(input_digest(v));
+            }
+        }
         report.non_finite = non_finite_ranks(&ranks, &vectors);
         report.peak_bytes = (received.len() + 2) * byte_len(buf);
         if !report.faults.is_empty() {
@@ -724,4 +875,63 @@ fn non_finite_ranks<T: Element>(ranks: &[Rank], vectors: &[Cow<'_, [T]>]) -> Vec
         .filter(|(_, v)| !v.iter().all(|x| x.is_finite()))
         .map(|(&r, _)| r)
         .collect()
+}
+
+/// A digest in the cross-check: of a result (BLAKE3, 32 bytes) or of an input (its first 16).
+pub(crate) type Digest = [u8; 32];
+
+fn input_digest<T: Element>(v: &[T]) -> Digest {
+    let mut d: Digest = blake3::hash(bytemuck::cast_slice(v)).into();
+    d[16..].fill(0);
+    d
+}
+
+/// One rank's cross-check message: whether it has a result and its digest, and the digest of
+/// each rank's input as it used it. Wire: `status u8` (1: a result), result digest (32 bytes),
+/// then per rank `present u8` and the input digest's first 16 bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Check {
+    result: Option<Digest>,
+    inputs: Vec<Option<Digest>>,
+}
+
+impl Check {
+    fn len(n: usize) -> usize {
+        33 + 17 * n
+    }
+
+    fn encode(&self) -> Bytes {
+        let mut out = Vec::with_capacity(Self::len(self.inputs.len()));
+        out.push(u8::from(self.result.is_some()));
+        out.extend_from_slice(&self.result.unwrap_or([0; 32]));
+        for d in &self.inputs {
+            out.push(u8::from(d.is_some()));
+            out.extend_from_slice(&d.unwrap_or([0; 32])[..16]);
+        }
+        out.into()
+    }
+
+    /// `None` for a message that is not a cross-check of a world of `n` (counted unconfirmed).
+    fn decode(b: &[u8], n: usize) -> Option<Self> {
+        if b.len() != Self::len(n) || b[0] > 1 {
+            return None;
+        }
+        let digest = |bytes: &[u8]| {
+            let mut d = [0u8; 32];
+            d[..bytes.len()].copy_from_slice(bytes);
+            d
+        };
+        let mut inputs = Vec::with_capacity(n);
+        for chunk in b[33..].chunks_exact(17) {
+            inputs.push(match chunk[0] {
+                0 => None,
+                1 => Some(digest(&chunk[1..])),
+                _ => return None,
+            });
+        }
+        Some(Check {
+            result: (b[0] == 1).then(|| digest(&b[1..33])),
+            inputs,
+        })
+    }
 }

@@ -869,6 +869,8 @@ where
         )
         .await
         .unwrap();
+        // Trusting owners without the cross-check: the corruption goes through.
+        c.set_agreement(byzcoll_runtime::Agreement::Off);
         let mut trusting = vector(me, d);
         let trusted = c
             .robust_all_reduce(
@@ -879,12 +881,31 @@ where
             .await
             .map(|_| trusting)
             .map_err(|e| e.to_string());
-        (me, tolerant, trusted)
+        // With it (the default), no honest rank returns a corrupted result as success.
+        c.set_agreement(byzcoll_runtime::Agreement::Detect);
+        let mut checked = vector(me, d);
+        let detected = c
+            .robust_all_reduce(
+                &mut checked,
+                &Median::new(f),
+                Policy::Sharded(Replicas::Exactly(1)),
+            )
+            .await
+            .map(|_| checked)
+            .map_err(|e| e.to_string());
+        (me, tolerant, trusted, detected)
     })
     .await;
-    for (me, tolerant, trusting) in results {
+    for (me, tolerant, trusting, detected) in results {
         if me >= 5 {
             continue;
+        }
+        match detected {
+            Err(e) => assert!(
+                e.contains("non-finite") || e.contains("disagrees"),
+                "rank {me}: {e}"
+            ),
+            Ok(v) => assert_eq!(v, honest, "rank {me} returned a corrupted result as success"),
         }
         assert_eq!(
             tolerant, honest,
