@@ -35,9 +35,9 @@ pub use byzcoll_aggregators as aggregators;
 #[cfg(feature = "cuda")]
 pub use byzcoll_cuda as cuda;
 pub use byzcoll_runtime::{
-    bootstrap, mailbox, pool, schedule, BootstrapError, Capabilities, Communicator, Config, Error,
-    Fault, OwnerTamper, Payload, PeerFault, Policy, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas,
-    Result, RoundReport, SendOp, Step, Transport, TransportError,
+    bootstrap, mailbox, pool, schedule, Agreement, AgreementReport, BootstrapError, Capabilities,
+    Communicator, Config, Error, Fault, OwnerTamper, Payload, PeerFault, Policy, Rank, RecvOp,
+    RecvOutcome, ReduceOp, Replicas, Result, RoundReport, SendOp, Step, Transport, TransportError,
 };
 
 /// The transports, re-exported.
@@ -123,6 +123,16 @@ pub fn selected_transport() -> String {
 pub async fn init() -> Result<Communicator> {
     let env = LaunchEnv::from_env()?;
     let config = Config::from_env()?;
+    let agreement = match std::env::var("BYZCOLL_AGREEMENT") {
+        Err(_) => Agreement::default(),
+        Ok(v) => Agreement::parse(&v).map_err(|why| {
+            Error::Bootstrap(BootstrapError::InvalidVar {
+                var: "BYZCOLL_AGREEMENT",
+                value: v.clone(),
+                why,
+            })
+        })?,
+    };
     let transport = selected_transport();
     let info = TRANSPORTS
         .iter()
@@ -198,12 +208,14 @@ pub async fn init() -> Result<Communicator> {
         transport = %transport,
         "byzcoll: initialising"
     );
-    match info.name {
+    let mut comm = match info.name {
         "ucx" => connect_ucx(&env, config).await,
         "libfabric" => connect_libfabric(&env, config).await,
         "nccl" => connect_nccl(&env, config).await,
         _ => connect_tcp(&env, config, ip, tcp_spin, frame_mac.unwrap_or(false)).await,
-    }
+    }?;
+    comm.set_agreement(agreement);
+    Ok(comm)
 }
 
 /// The rendezvous store for a world larger than one, authenticated by the job secret

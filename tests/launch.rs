@@ -204,6 +204,38 @@ fn frame_macs_are_chosen_by_the_environment_and_bad_values_are_refused() {
 }
 
 #[test]
+fn the_agreement_policy_is_chosen_by_the_environment_and_bad_values_are_refused() {
+    let run = |value: &str| {
+        let (out, _) = run_with_limit(
+            Command::new(byzcoll())
+                .args(["launch", "-n", "3", "--"])
+                .arg(example("tcp_allreduce"))
+                .env("BYZCOLL_AGREEMENT", value),
+            Duration::from_secs(120),
+        );
+        let (stdout, stderr) = text(&out);
+        (out.status.success(), stdout, stderr)
+    };
+    for value in ["off", "detect"] {
+        let (ok, stdout, stderr) = run(value);
+        assert!(ok, "{value}: {stdout}\n{stderr}");
+        assert!(stdout.contains("[0] OK: 3 ranks over tcp"), "{stdout}");
+    }
+    let (ok, _, stderr) = run("enforce");
+    assert!(!ok);
+    assert!(
+        stderr.contains("Agreement::Enforce is not built yet"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = run("sometimes");
+    assert!(!ok);
+    assert!(
+        stderr.contains("BYZCOLL_AGREEMENT") && stderr.contains("expected off, detect or enforce"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn without_a_launcher_the_example_says_what_is_missing() {
     let mut cmd = Command::new(example("tcp_allreduce"));
     for var in [

@@ -205,7 +205,8 @@ impl Communicator {
         let mut report = if agreement == Agreement::Off {
             round?
         } else {
-            self.cross_check(round, buf, &inputs, rule.byzantine()).await?
+            self.cross_check(round, buf, &inputs, rule.byzantine())
+                .await?
         };
         report.unauthenticated = !self.is_authenticated();
         Ok(report)
@@ -263,9 +264,10 @@ impl Communicator {
         }
         found.differing_inputs = (0..n)
             .filter(|&j| {
-                theirs.iter().flatten().any(|c| {
-                    matches!((c.inputs[j], mine.inputs[j]), (Some(a), Some(b)) if a != b)
-                })
+                theirs
+                    .iter()
+                    .flatten()
+                    .any(|c| matches!((c.inputs[j], mine.inputs[j]), (Some(a), Some(b)) if a != b))
             })
             .collect();
         agreeing.sort_unstable();

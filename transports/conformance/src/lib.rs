@@ -21,8 +21,8 @@ use byzcoll_aggregators::{
     MultiKrum, Nnm, TrimmedMean,
 };
 use byzcoll_runtime::{
-    Communicator, Config, Error, Fault, OwnerTamper, Policy, RecvOp, RecvOutcome, ReduceOp,
-    Replicas, SendOp, Step, Transport,
+    Agreement, Communicator, Config, Error, Fault, OwnerTamper, Payload, Policy, RecvOp,
+    RecvOutcome, ReduceOp, Replicas, RoundReport, SendOp, Step, Transport,
 };
 
 /// World sizes that break naive schedules.
@@ -48,6 +48,8 @@ macro_rules! conformance_suite {
             sharded_survives_byzantine_owners_only_with_replication,
             sharded_krum_family_matches_gather,
             sharded_iterative_rules_match_gather,
+            an_equivocating_sender_never_splits_honest_ranks_silently,
+            a_stalled_rank_that_resumes_never_returns_another_result_as_success,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -905,7 +907,10 @@ where
                 e.contains("non-finite") || e.contains("disagrees"),
                 "rank {me}: {e}"
             ),
-            Ok(v) => assert_eq!(v, honest, "rank {me} returned a corrupted result as success"),
+            Ok(v) => assert_eq!(
+                v, honest,
+                "rank {me} returned a corrupted result as success"
+            ),
         }
         assert_eq!(
             tolerant, honest,
@@ -1115,6 +1120,166 @@ pub async fn p2p_bandwidth(ranks: Vec<Box<dyn Transport>>, label: &str) {
                 let mib = (steps * WINDOW * len) as f64 / (1 << 20) as f64;
                 eprintln!("BW {label} {len:>9} B: {:>8.0} MiB/s", mib / secs);
             }
+        }
+    }
+}
+
+/// One gather round of `Median::new(f)` on every rank but the last, which is a raw transport
+/// that sends `bytes_for(dest)` to each rank in the round and says nothing in the cross-check.
+/// Rank `r` contributes `r + 1` in every coordinate.
+async fn with_an_equivocator<F, Fut>(
+    factory: F,
+    n: usize,
+    f: usize,
+    agreement: Agreement,
+    bytes_for: fn(usize) -> f32,
+) -> Vec<Result<(RoundReport, Vec<f32>), Error>>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let d = 16;
+    let mut ranks = factory(n).await;
+    let liar = ranks.pop().unwrap();
+    let timeout = Duration::from_millis(800);
+    let honest = comms(ranks, timeout);
+    let byzantine = tokio::spawn(async move {
+        let sends = (0..n - 1)
+            .map(|dest| SendOp {
+                peer: dest,
+                tag: 0,
+                payload: Payload::Host(
+                    std::iter::repeat_n(bytes_for(dest).to_le_bytes(), d)
+                        .flatten()
+                        .collect::<Vec<u8>>()
+                        .into(),
+                ),
+            })
+            .collect();
+        let step = Step {
+            collective: 0,
+            step: 0,
+            sends,
+            recvs: vec![],
+            deadline: tokio::time::Instant::now() + timeout,
+        };
+        liar.exchange(step).await.unwrap();
+        // Kept alive (silent) until the honest ranks are done.
+        tokio::time::sleep(timeout * 4).await;
+        drop(liar);
+    });
+    let results = run_ranks(honest, move |mut c| async move {
+        c.set_agreement(agreement);
+        let mut v = vec![(c.rank() + 1) as f32; d];
+        c.robust_all_reduce(&mut v, &Median::new(f), Policy::Gather)
+            .await
+            .map(|report| (report, v))
+    })
+    .await;
+    byzantine.await.unwrap();
+    results
+}
+
+/// Issue #14's equivocation: the last rank sends rank 0 a vector of 1000 and the others a
+/// vector of -1000 (n = 7, f = 2; honest medians 4 and 3). Without the cross-check rank 0
+/// returns another result than the others, all of them `Ok` with `faults = []`. With it
+/// (`Detect`, the default) rank 0 gets `Error::Disagreement` and the others, which agree,
+/// name rank 0 as disagreeing and the liar as the sender whose inputs differed.
+pub async fn an_equivocating_sender_never_splits_honest_ranks_silently<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f) = (7, 2);
+    let split = |dest: usize| if dest == 0 { 1000.0 } else { -1000.0 };
+    let off = with_an_equivocator(&factory, n, f, Agreement::Off, split).await;
+    let values: Vec<f32> = off.iter().map(|r| r.as_ref().unwrap().1[0]).collect();
+    assert_eq!(
+        values,
+        [4.0, 3.0, 3.0, 3.0, 3.0, 3.0],
+        "the silent split, under Off"
+    );
+    assert!(off.iter().all(|r| r.as_ref().unwrap().0.faults.is_empty()));
+
+    let detect = with_an_equivocator(&factory, n, f, Agreement::Detect, split).await;
+    for (me, result) in detect.into_iter().enumerate() {
+        match (me, result) {
+            (
+                0,
+                Err(Error::Disagreement {
+                    agreeing,
+                    differing_inputs,
+                    ..
+                }),
+            ) => {
+                assert_eq!(agreeing, [0]);
+                assert_eq!(differing_inputs, [n - 1]);
+            }
+            (0, other) => panic!("rank 0 must be told it is out of step: {other:?}"),
+            (_, Ok((report, v))) => {
+                assert_eq!(v[0], 3.0, "rank {me}");
+                let found = report.agreement.expect("Detect reports");
+                assert_eq!(found.disagreeing, [0], "rank {me}");
+                assert_eq!(found.unconfirmed, [n - 1], "rank {me}");
+                assert_eq!(found.differing_inputs, [n - 1], "rank {me}");
+            }
+            (_, Err(e)) => panic!("rank {me}: {e}"),
+        }
+    }
+}
+
+/// Issue #14's stall: rank 2 of 4 (f = 1, rank `r` contributes `r + 1`) starts its round
+/// after the others' deadline. They erase it and return 2; where the transport kept their
+/// messages it then finds all four inputs and would return 2.5. Under `Off` it does, with
+/// `faults = []`; under `Detect` it gets `Error::Disagreement` (or, without the inputs,
+/// `TooManyFaults`), and the others report it erased and unconfirmed.
+pub async fn a_stalled_rank_that_resumes_never_returns_another_result_as_success<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let timeout = Duration::from_millis(400);
+    let run = |agreement: Agreement, transports: Vec<Box<dyn Transport>>| {
+        run_ranks(comms(transports, timeout), move |mut c| async move {
+            c.set_agreement(agreement);
+            if c.rank() == 2 {
+                tokio::time::sleep(timeout * 3).await;
+            }
+            let mut v = vec![(c.rank() + 1) as f32; 8];
+            let result = c
+                .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                .await
+                .map(|report| (report, v));
+            // The others stay up (as processes would) while rank 2 catches up.
+            if c.rank() != 2 {
+                tokio::time::sleep(timeout * 5).await;
+            }
+            result
+        })
+    };
+    let keeps_late_messages = factory(1).await[0].name() == "tcp";
+    // Transports that keep messages for a late receiver (TCP, UCX, libfabric) give rank 2
+    // all four inputs; the in-process one drops sends at the sender's deadline, and rank 2
+    // then has too few.
+    let off = run(Agreement::Off, factory(4).await).await;
+    match &off[2] {
+        Ok((report, v)) => assert_eq!((v[0], report.faults.len()), (2.5, 0), "the silent split"),
+        Err(e) => assert!(!keeps_late_messages, "{e}"),
+    }
+    assert_eq!(off[0].as_ref().unwrap().1[0], 2.0);
+
+    let detect = run(Agreement::Detect, factory(4).await).await;
+    for (me, result) in detect.into_iter().enumerate() {
+        match result {
+            Err(Error::Disagreement { agreeing, .. }) if me == 2 => assert_eq!(agreeing, [2]),
+            Err(Error::TooManyFaults { .. }) if me == 2 && !keeps_late_messages => {}
+            Ok((report, v)) if me != 2 => {
+                assert_eq!(v[0], 2.0);
+                assert_eq!(report.faults.len(), 1);
+                assert_eq!(report.faults[0].rank, 2);
+                assert_eq!(report.agreement.unwrap().unconfirmed, [2]);
+            }
+            other => panic!("rank {me}: {other:?}"),
         }
     }
 }
