@@ -56,6 +56,8 @@ all_features=byzcoll/ucx,byzcoll/libfabric,byzcoll/cuda,byzcoll/nccl
 echo "== cargo clippy (default features, then ucx, libfabric, cuda and nccl)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --features "$all_features" -- -D warnings
+echo "== cargo check of the fuzz targets (fuzz/, its own workspace)"
+cargo check --manifest-path fuzz/Cargo.toml --bins
 echo "== cargo check with CUDA 12 bindings (the cuda-12 feature)"
 cargo check -p byzcoll --no-default-features --features cuda-12,cuda,nccl --all-targets
 echo "== cargo test (default features: no system libraries)"
@@ -71,8 +73,12 @@ cargo test -p byzcoll-cuda --features nccl --test device nccl 2>&1 | tee -a "$lo
 echo "== shared-memory conformance: UCX_TLS=sm,self and FI_PROVIDER=shm"
 UCX_TLS=sm,self cargo test -p byzcoll-transport-ucx --features ucx 2>&1 | tee -a "$log"
 FI_PROVIDER=shm cargo test -p byzcoll-transport-libfabric --features libfabric 2>&1 | tee -a "$log"
-# Each fuzz target for a few seconds (a SKIPPED line where nightly or cargo-fuzz is missing).
+# Each fuzz target for a few seconds (a SKIPPED line where nightly or cargo-fuzz is missing;
+# cargo-fuzz comes from crates.io where a nightly toolchain is installed).
 echo "== fuzz smoke (scripts/fuzz-smoke.sh)"
+if rustup toolchain list 2>/dev/null | grep -q '^nightly' && ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    cargo install -q cargo-fuzz --locked
+fi
 FUZZ_SECONDS=5 scripts/fuzz-smoke.sh
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # crate with nothing in it).

@@ -55,6 +55,7 @@ impl Job {
                 Purpose::Store => None,
                 Purpose::Tcp => Some((&self.ids[rank as usize], &self.roster)),
             },
+            frame_macs: false,
         }
     }
 
