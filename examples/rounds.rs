@@ -1,0 +1,57 @@
+//! Repeated robust rounds, one line per round on every rank: rank `r` contributes `r + 1` in
+//! every coordinate, the rule is the median with `f = 1`, and each line says what the rank got
+//! (`ok <value>` with the ranks it erased and those the cross-check could not confirm, or the
+//! error). `tests/agreement.rs` stops one rank with SIGSTOP in the middle to check that no rank
+//! presents another result as success.
+//!
+//! ```sh
+//! cargo build --release --bins --examples
+//! ROUNDS=20 BYZCOLL_TIMEOUT_MS=1000 target/release/byzcoll launch -n 4 -- target/release/examples/rounds
+//! ```
+
+#![allow(clippy::print_stdout)]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use byzcoll::aggregators::Median;
+use byzcoll::Policy;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&r| r <= 10_000)
+        .unwrap_or(10);
+    let mut comm = match byzcoll::init().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rounds: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let me = comm.rank();
+    for k in 0..rounds {
+        let mut v = vec![(me + 1) as f32; 16];
+        let line = match comm
+            .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+            .await
+        {
+            Ok(report) => {
+                let erased: Vec<usize> = report.faults.iter().map(|f| f.rank).collect();
+                let unconfirmed = report.agreement.map(|a| a.unconfirmed).unwrap_or_default();
+                format!(
+                    "round {k}: ok {} erased {erased:?} unconfirmed {unconfirmed:?}",
+                    v[0]
+                )
+            }
+            Err(e) => format!("round {k}: error {e}"),
+        };
+        println!("{line}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Stay connected a little, so a rank that fell behind reads what was sent to it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ExitCode::SUCCESS
+}

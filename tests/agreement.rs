@@ -1,0 +1,120 @@
+//! Issue #14's SIGSTOP case as processes over TCP: 4 ranks (median, f = 1, rank `r`
+//! contributes `r + 1`: 2.5 with every input, 2 without rank 2's), a 1 s deadline, and rank 2
+//! stopped for 3.5 s in the middle of the rounds. The other ranks erase it and return 2; rank 2,
+//! resumed, finds every input of those rounds waiting. With the cross-check (the default) it
+//! never returns another value than the others as success; without it (`BYZCOLL_AGREEMENT=off`)
+//! it does, which shows the test can see the split.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use byzcoll::bootstrap::JobSecret;
+use common::{example, free_port, text};
+
+/// Each rank's lines: round → `Some(value)` for `ok <value>`, `None` for an error.
+type Outcomes = Vec<HashMap<usize, Option<f32>>>;
+
+fn run_job(agreement: &str) -> (Outcomes, Vec<String>) {
+    let store = format!("127.0.0.1:{}", free_port());
+    let secret = JobSecret::generate().unwrap().to_hex();
+    let ranks: Vec<Child> = (0..4)
+        .map(|r| {
+            Command::new(example("rounds"))
+                .env("BYZCOLL_LAUNCHER", "byzcoll")
+                .env("BYZCOLL_RANK", r.to_string())
+                .env("BYZCOLL_WORLD_SIZE", "4")
+                .env("BYZCOLL_STORE", &store)
+                .env("BYZCOLL_SECRET", &secret)
+                .env("BYZCOLL_TIMEOUT_MS", "1000")
+                .env("BYZCOLL_AGREEMENT", agreement)
+                .env("ROUNDS", "12")
+                .env_remove("BYZCOLL_STORE_HOSTED")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(900));
+    let pid = ranks[2].id() as i32;
+    // SAFETY: signalling a child process of this test by its pid.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(3500));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let mut outcomes = Vec::new();
+    let mut logs = Vec::new();
+    for mut child in ranks {
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(90) {
+                let _ = child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = text(&out);
+        let mut rounds = HashMap::new();
+        for line in stdout.lines() {
+            let Some(rest) = line.strip_prefix("round ") else {
+                continue;
+            };
+            let (k, what) = rest.split_once(": ").unwrap();
+            let value = what
+                .strip_prefix("ok ")
+                .map(|v| v.split_whitespace().next().unwrap().parse::<f32>().unwrap());
+            rounds.insert(k.parse::<usize>().unwrap(), value);
+        }
+        outcomes.push(rounds);
+        logs.push(format!("{stdout}\n{stderr}"));
+    }
+    (outcomes, logs)
+}
+
+/// Rounds in which rank 2 returned `Ok` with another value than a rank that also returned `Ok`.
+fn silent_splits(outcomes: &Outcomes) -> Vec<usize> {
+    let mut splits: Vec<usize> = outcomes[2]
+        .iter()
+        .filter_map(|(&k, &v2)| {
+            let v2 = v2?;
+            let differs = [0, 1, 3].iter().any(|&r| {
+                outcomes[r]
+                    .get(&k)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|v| v != v2)
+            });
+            differs.then_some(k)
+        })
+        .collect();
+    splits.sort_unstable();
+    splits
+}
+
+#[test]
+fn a_rank_stopped_past_the_deadline_never_returns_another_result_as_success() {
+    let (outcomes, logs) = run_job("detect");
+    let splits = silent_splits(&outcomes);
+    assert!(
+        splits.is_empty(),
+        "rounds {splits:?} split silently:\n{}",
+        logs.join("\n---\n")
+    );
+    // The stop did land in some rounds: the others erased rank 2 there, and rank 2 failed them.
+    let erased = logs[0].lines().filter(|l| l.contains("erased [2]")).count();
+    assert!(erased > 0, "the stop hit no round:\n{}", logs[0]);
+    assert!(logs[2].contains("error"), "{}", logs[2]);
+
+    // Without the cross-check the same stop gives rank 2 another result, presented as success.
+    let (outcomes, logs) = run_job("off");
+    assert!(
+        !silent_splits(&outcomes).is_empty(),
+        "expected a silent split under off:\n{}",
+        logs.join("\n---\n")
+    );
+}
