@@ -42,6 +42,7 @@ impl Replicas {
     /// # Errors
     /// [`Error::InvalidUsage`] for [`Replicas::Exactly`] outside `1..=n`.
     pub fn count(self, f: usize, n: usize) -> Result<usize> {
+        self.check_count(f, n)?;
         match self {
             Replicas::Tolerant => Ok(f.saturating_mul(2).saturating_add(1).min(n)),
             Replicas::Exactly(r) if r == 0 || r > n => Err(Error::InvalidUsage(format!(
@@ -104,9 +105,25 @@ pub struct AgreementReport {
     pub disagreeing: Vec<Rank>,
     /// Ranks whose result is unknown: erased this round, failed, or silent in the cross-check.
     pub unconfirmed: Vec<Rank>,
-    /// Senders whose vectors differed between the ranks that aggregated them (gather mode):
-    /// they sent different ranks different vectors.
+    /// Senders whose vectors differed between the ranks that aggregated them: they sent
+    /// different ranks different vectors (gather mode), or different owners of one shard
+    /// different pieces (sharded mode).
     pub differing_inputs: Vec<Rank>,
+    /// Shard owners whose result for a shard differed between the ranks that received it
+    /// (sharded mode): they sent different ranks different versions.
+    pub differing_versions: Vec<Rank>,
+}
+
+impl Replicas {
+    fn check_count(self, f: usize, n: usize) -> Result<usize> {
+        match self {
+            Replicas::Tolerant => Ok(f.saturating_mul(2).saturating_add(1).min(n)),
+            Replicas::Exactly(r) if r == 0 || r > n => Err(Error::InvalidUsage(format!(
+                "sharded mode with {r} replicas in a world of {n}: need 1 <= r <= n"
+            ))),
+            Replicas::Exactly(r) => Ok(r),
+        }
+    }
 }
 
 /// What happened in one robust round.
@@ -197,16 +214,19 @@ impl Communicator {
             ));
         }
         let n = self.size();
-        let mut inputs = vec![None; n];
+        let r = match policy {
+            Policy::Gather => 0,
+            Policy::Sharded(replicas) => replicas.check_count(rule.byzantine(), n).unwrap_or(0),
+        };
+        let mut seen = Seen::new(n, r);
         let round = match policy {
-            Policy::Gather => self.gather(buf, rule, &mut inputs).await,
-            Policy::Sharded(replicas) => self.sharded(buf, rule, replicas).await,
+            Policy::Gather => self.gather(buf, rule, &mut seen.inputs).await,
+            Policy::Sharded(replicas) => self.sharded(buf, rule, replicas, &mut seen).await,
         };
         let mut report = if agreement == Agreement::Off {
             round?
         } else {
-            self.cross_check(round, buf, &inputs, rule.byzantine())
-                .await?
+            self.cross_check(round, buf, seen, rule.byzantine()).await?
         };
         report.unauthenticated = !self.is_authenticated();
         Ok(report)
@@ -219,18 +239,19 @@ impl Communicator {
         &mut self,
         round: Result<RoundReport>,
         buf: &[T],
-        inputs: &[Option<Digest>],
+        seen: Seen,
         f: usize,
     ) -> Result<RoundReport> {
         let (me, n) = (self.rank(), self.size());
+        let r = seen.r;
         let mine = match &round {
             Ok(_) => Check {
                 result: Some(blake3::hash(bytemuck::cast_slice(buf)).into()),
-                inputs: inputs.to_vec(),
+                seen,
             },
             Err(_) => Check {
                 result: None,
-                inputs: vec![None; n],
+                seen: Seen::new(n, r),
             },
         };
         let erased: Vec<Rank> = match &round {
@@ -242,7 +263,7 @@ impl Communicator {
             .collect();
         let payload = Payload::Host(mine.encode());
         let sends = schedule::direct_peers(me, n).map(|p| send(p, payload.clone()));
-        let recvs = awaited.iter().map(|&p| recv(p, Check::len(n)));
+        let recvs = awaited.iter().map(|&p| recv(p, Check::len(n, r)));
         let mut seq = self.begin();
         let outcomes = seq.run(sends.collect(), recvs.collect()).await;
         let mut report = round?;
@@ -250,7 +271,7 @@ impl Communicator {
         let mut theirs: Vec<Option<Check>> = vec![None; n];
         for (&p, outcome) in awaited.iter().zip(outcomes) {
             if let RecvOutcome::Received(payload) = outcome {
-                theirs[p] = Check::decode(crate::comm::host_bytes(&payload), n);
+                theirs[p] = Check::decode(crate::comm::host_bytes(&payload), n, r);
             }
         }
         let mut found = AgreementReport::default();
@@ -262,14 +283,45 @@ impl Communicator {
                 Some(_) => agreeing.push(p),
             }
         }
-        found.differing_inputs = (0..n)
+        let differ =
+            |a: Option<Digest>, b: Option<Digest>| matches!((a, b), (Some(a), Some(b)) if a != b);
+        let mut differing_inputs: Vec<Rank> = (0..n)
             .filter(|&j| {
                 theirs
                     .iter()
                     .flatten()
-                    .any(|c| matches!((c.inputs[j], mine.inputs[j]), (Some(a), Some(b)) if a != b))
+                    .any(|c| differ(c.seen.inputs[j], mine.seen.inputs[j]))
             })
             .collect();
+        if r > 0 {
+            // Co-owners compare the pieces each sender gave them of the shards both own, and
+            // every rank compares the versions each owner sent it with those others got.
+            let mine_owned: Vec<usize> = sharded::owned(me, n, r).collect();
+            for (p, theirs) in theirs.iter().enumerate() {
+                let Some(c) = theirs else { continue };
+                for (k, s) in sharded::owned(p, n, r).enumerate() {
+                    let Some(i) = mine_owned.iter().position(|&t| t == s) else {
+                        continue;
+                    };
+                    for j in 0..n {
+                        if differ(c.seen.pieces[k * n + j], mine.seen.pieces[i * n + j]) {
+                            differing_inputs.push(j);
+                        }
+                    }
+                }
+                for (idx, (&a, &b)) in c.seen.versions.iter().zip(&mine.seen.versions).enumerate() {
+                    if differ(a, b) {
+                        let (s, k) = (idx / r, idx % r);
+                        found.differing_versions.push((s + k) % n);
+                    }
+                }
+            }
+            differing_inputs.sort_unstable();
+            differing_inputs.dedup();
+            found.differing_versions.sort_unstable();
+            found.differing_versions.dedup();
+        }
+        found.differing_inputs = differing_inputs;
         agreeing.sort_unstable();
         if agreeing.len() < n.saturating_sub(f) {
             return Err(Error::Disagreement {
@@ -279,10 +331,14 @@ impl Communicator {
                 differing_inputs: found.differing_inputs,
             });
         }
-        if !found.disagreeing.is_empty() || !found.differing_inputs.is_empty() {
+        if !found.disagreeing.is_empty()
+            || !found.differing_inputs.is_empty()
+            || !found.differing_versions.is_empty()
+        {
             tracing::warn!(
                 disagreeing = ?found.disagreeing,
                 differing_inputs = ?found.differing_inputs,
+                differing_versions = ?found.differing_versions,
                 "robust_all_reduce: ranks ended the round with other results"
             );
         }
@@ -365,13 +421,17 @@ impl Communicator {
         Ok(report)
     }
 
+    /// Sharded mode; `seen` gets the digests of the pieces of owned shards and of the
+    /// owners' versions, as this rank used them.
     async fn sharded<T: Element>(
         &mut self,
         buf: &mut [T],
         rule: &dyn Aggregator,
         replicas: Replicas,
+        seen: &mut Seen,
     ) -> Result<RoundReport> {
         let (me, n) = (self.rank(), self.size());
+        let detect = self.agreement() != Agreement::Off;
         let f = rule.byzantine();
         let tamper = self.owner_tamper.clone();
         let mut seq = self.begin();
@@ -445,6 +505,19 @@ impl Communicator {
             match outcome {
                 RecvOutcome::Received(payload) => arrived[s][p] = Some(payload),
                 other => report.add_fault(fault(p, other)),
+            }
+        }
+        if detect && seen.r == r {
+            for (i, s) in sharded::owned(me, n, r).enumerate() {
+                for (p, piece) in arrived[s].iter().enumerate() {
+                    seen.pieces[i * n + p] = if p == me {
+                        Some(input_digest(&buf[shard(s)]))
+                    } else {
+                        piece
+                            .as_ref()
+                            .map(|x| input_digest::<u8>(crate::comm::host_bytes(x)))
+                    };
+                }
             }
         }
         // Each owned shard's inputs, indexed by rank (`None`: erased).
@@ -678,6 +751,16 @@ impl Communicator {
             }
         }
         report.peak_bytes = phase1_peak.max(version_bytes);
+        if detect && seen.r == r {
+            for (s, vs) in versions.iter().enumerate() {
+                for (k, o) in sharded::owners(s, n, r).enumerate() {
+                    seen.versions[s * r + k] = vs
+                        .iter()
+                        .find(|(from, _)| *from == o)
+                        .map(|(_, p)| input_digest::<u8>(crate::comm::host_bytes(p)));
+                }
+            }
+        }
 
         // Combine: the coordinate-wise median of the owners' versions of each shard, written
         // straight into `buf` (its pieces were copied out in phase 1).
@@ -885,40 +968,65 @@ fn non_finite_ranks<T: Element>(ranks: &[Rank], vectors: &[Cow<'_, [T]>]) -> Vec
 /// BLAKE3 digests), and XXH3 hashes them several times faster.
 pub(crate) type Digest = [u8; 32];
 
-fn input_digest<T: Element>(v: &[T]) -> Digest {
+fn input_digest<T: bytemuck::Pod>(v: &[T]) -> Digest {
     let mut d = [0u8; 32];
     d[..16].copy_from_slice(&xxhash_rust::xxh3::xxh3_128(bytemuck::cast_slice(v)).to_le_bytes());
     d
 }
 
-/// One rank's cross-check message: whether it has a result and its digest, and the digest of
-/// each rank's input as it used it. Wire: `status u8` (1: a result), result digest (32 bytes),
-/// then per rank `present u8` and the input digest's first 16 bytes.
+/// What a rank aggregated, as digests (XXH3-128, [`input_digest`]): each rank's vector in
+/// gather mode; in sharded mode with `r` owners per shard, each sender's piece of each shard
+/// this rank owns (`r · n`, in the order of [`sharded::owned`]) and each owner's version of
+/// each shard (`n · r`, in the order of [`sharded::owners`]). `None`: not received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    r: usize,
+    inputs: Vec<Option<Digest>>,
+    pieces: Vec<Option<Digest>>,
+    versions: Vec<Option<Digest>>,
+}
+
+impl Seen {
+    fn new(n: usize, r: usize) -> Self {
+        Seen {
+            r,
+            inputs: vec![None; n],
+            pieces: vec![None; r * n],
+            versions: vec![None; n * r],
+        }
+    }
+}
+
+/// One rank's cross-check message. Wire: `status u8` (1: a result), the result's BLAKE3
+/// digest (32 bytes), then every digest of [`Seen`] as `present u8` and 16 bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Check {
     result: Option<Digest>,
-    inputs: Vec<Option<Digest>>,
+    seen: Seen,
 }
 
 impl Check {
-    fn len(n: usize) -> usize {
-        33 + 17 * n
+    fn len(n: usize, r: usize) -> usize {
+        33 + 17 * (n + 2 * r * n)
     }
 
     fn encode(&self) -> Bytes {
-        let mut out = Vec::with_capacity(Self::len(self.inputs.len()));
+        let seen = &self.seen;
+        let n = seen.inputs.len();
+        let mut out = Vec::with_capacity(Self::len(n, seen.r));
         out.push(u8::from(self.result.is_some()));
         out.extend_from_slice(&self.result.unwrap_or([0; 32]));
-        for d in &self.inputs {
+        for d in seen.inputs.iter().chain(&seen.pieces).chain(&seen.versions) {
             out.push(u8::from(d.is_some()));
             out.extend_from_slice(&d.unwrap_or([0; 32])[..16]);
         }
         out.into()
     }
 
-    /// `None` for a message that is not a cross-check of a world of `n` (counted unconfirmed).
-    fn decode(b: &[u8], n: usize) -> Option<Self> {
-        if b.len() != Self::len(n) || b[0] > 1 {
+    /// `None` for a message that is not a cross-check of a world of `n` with `r` owners per
+    /// shard (counted unconfirmed).
+    fn decode(b: &[u8], n: usize, r: usize) -> Option<Self> {
+        if b.len() != Self::len(n, r) || b[0] > 1 {
             return None;
         }
         let digest = |bytes: &[u8]| {
@@ -926,17 +1034,58 @@ impl Check {
             d[..bytes.len()].copy_from_slice(bytes);
             d
         };
-        let mut inputs = Vec::with_capacity(n);
+        let mut all = Vec::with_capacity(n + 2 * r * n);
         for chunk in b[33..].chunks_exact(17) {
-            inputs.push(match chunk[0] {
+            all.push(match chunk[0] {
                 0 => None,
                 1 => Some(digest(&chunk[1..])),
                 _ => return None,
             });
         }
+        let versions = all.split_off(n + r * n);
+        let pieces = all.split_off(n);
         Some(Check {
             result: (b[0] == 1).then(|| digest(&b[1..33])),
-            inputs,
+            seen: Seen {
+                r,
+                inputs: all,
+                pieces,
+                versions,
+            },
         })
+    }
+}
+
+#[cfg(test)]
+mod cross_check_tests {
+    use super::*;
+
+    #[test]
+    fn checks_round_trip_and_malformed_ones_are_unconfirmed() {
+        let (n, r) = (5, 3);
+        let mut seen = Seen::new(n, r);
+        seen.inputs[1] = Some(input_digest(&[1.0f32, 2.0]));
+        seen.pieces[4] = Some(input_digest(&[3u8]));
+        seen.versions[n * r - 1] = Some(input_digest(&[4u8]));
+        let check = Check {
+            result: Some([9; 32]),
+            seen,
+        };
+        let bytes = check.encode();
+        assert_eq!(bytes.len(), Check::len(n, r));
+        assert_eq!(Check::decode(&bytes, n, r), Some(check.clone()));
+        // Another world or replication, a bad status or flag: not a cross-check.
+        assert_eq!(Check::decode(&bytes, n, r - 1), None);
+        let mut bad = bytes.to_vec();
+        bad[0] = 2;
+        assert_eq!(Check::decode(&bad, n, r), None);
+        let mut bad = bytes.to_vec();
+        bad[33] = 7;
+        assert_eq!(Check::decode(&bad, n, r), None);
+        let none = Check {
+            result: None,
+            seen: Seen::new(n, 0),
+        };
+        assert_eq!(Check::decode(&none.encode(), n, 0), Some(none));
     }
 }

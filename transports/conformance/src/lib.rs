@@ -864,13 +864,14 @@ where
         };
         c.inject_owner_fault(tamper);
         let mut tolerant = vector(me, d);
-        c.robust_all_reduce(
-            &mut tolerant,
-            &Median::new(f),
-            Policy::Sharded(Replicas::Tolerant),
-        )
-        .await
-        .unwrap();
+        let tolerant_report = c
+            .robust_all_reduce(
+                &mut tolerant,
+                &Median::new(f),
+                Policy::Sharded(Replicas::Tolerant),
+            )
+            .await
+            .unwrap();
         // Trusting owners without the cross-check: the corruption goes through.
         c.set_agreement(byzcoll_runtime::Agreement::Off);
         let mut trusting = vector(me, d);
@@ -895,13 +896,23 @@ where
             .await
             .map(|_| checked)
             .map_err(|e| e.to_string());
-        (me, tolerant, trusted, detected)
+        (me, (tolerant, tolerant_report), trusted, detected)
     })
     .await;
-    for (me, tolerant, trusting, detected) in results {
+    for (me, (tolerant, tolerant_report), trusting, detected) in results {
         if me >= 5 {
             continue;
         }
+        // Owner 6 sent even and odd ranks different versions: the cross-check names it.
+        let found = tolerant_report.agreement.expect("Detect reports");
+        assert!(
+            found.differing_versions.contains(&6),
+            "rank {me}: {found:?}"
+        );
+        assert!(
+            !found.differing_versions.iter().any(|&o| o < 5),
+            "rank {me}: {found:?}"
+        );
         match detected {
             Err(e) => assert!(
                 e.contains("non-finite") || e.contains("disagrees"),
