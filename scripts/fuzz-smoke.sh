@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A short run of every cargo-fuzz target in fuzz/ (libFuzzer, nightly): 10 s each by default
 # (FUZZ_SECONDS overrides). Without a nightly toolchain with cargo-fuzz it prints a SKIPPED
-# line and exits 0. The regression inputs in fuzz/regressions/<target>/ are replayed first.
+# line and exits 0. The regression inputs in fuzz/regressions/<target>/ are replayed first, and
+# every run starts from the committed corpus in fuzz/seeds/<target>/.
 # Corpora and crash artifacts go to fuzz/corpus/ and fuzz/artifacts/ (both git-ignored).
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
@@ -24,8 +25,10 @@ for t in "${targets[@]}"; do
         # Files (not a directory) as arguments: libFuzzer runs each once and writes nothing.
         cargo +nightly fuzz run -O "$t" "regressions/$t"/* -- "${flags[@]}"
     fi
-    echo "== fuzz $t: ${seconds} s"
+    echo "== fuzz $t: ${seconds} s, starting from seeds/$t"
     mkdir -p "corpus/$t"
-    cargo +nightly fuzz run -O "$t" "corpus/$t" -- "${flags[@]}"
+    # New inputs go to the first directory (git-ignored); seeds/ is the committed corpus that
+    # the 10-million-run campaigns found (minimised), replayed by every smoke.
+    cargo +nightly fuzz run -O "$t" "corpus/$t" "seeds/$t" -- "${flags[@]}"
 done
 echo "== fuzz smoke: ${#targets[@]} targets, no crash"
