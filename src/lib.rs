@@ -36,8 +36,8 @@ pub use byzcoll_aggregators as aggregators;
 pub use byzcoll_cuda as cuda;
 pub use byzcoll_runtime::{
     bootstrap, mailbox, pool, schedule, Agreement, AgreementReport, BootstrapError, Capabilities,
-    Communicator, Config, Error, Fault, OwnerTamper, Payload, PeerFault, Policy, Rank, RecvOp,
-    RecvOutcome, ReduceOp, Replicas, Result, RoundReport, SendOp, Step, Transport, TransportError,
+    Communicator, Config, Error, Fault, Payload, PeerFault, Policy, Rank, RecvOp, RecvOutcome,
+    ReduceOp, Replicas, Result, RoundReport, SendOp, Step, Transport, TransportError,
 };
 
 /// The transports, re-exported.

@@ -34,7 +34,7 @@ pub struct Communicator {
     transport: Box<dyn Transport>,
     config: Config,
     next_collective: u64,
-    pub(crate) owner_tamper: Option<crate::robust::OwnerTamper>,
+    pub(crate) owner_tamper: Option<crate::robust::Tamper>,
     unauthenticated: bool,
     agreement: crate::Agreement,
     /// Keeps bootstrap resources (such as a rendezvous store hosted by this rank) alive for as

@@ -26,8 +26,8 @@ pub mod wire;
 pub use comm::{Communicator, ReduceOp};
 pub use config::Config;
 pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, TransportError};
-pub use robust::{
-    sum_of_shard_medians, Agreement, AgreementReport, OwnerTamper, Policy, Replicas, RoundReport,
-};
+#[cfg(feature = "fault-injection")]
+pub use robust::OwnerTamper;
+pub use robust::{sum_of_shard_medians, Agreement, AgreementReport, Policy, Replicas, RoundReport};
 pub use transport::{Capabilities, RecvOp, RecvOutcome, SendOp, Step, Transport};
 pub use types::{MemoryKind, MsgKey, Payload, Rank, Tag};

@@ -152,9 +152,14 @@ pub struct RoundReport {
     pub agreement: Option<AgreementReport>,
 }
 
-/// Fault injection for tests and demonstrations: lets a rank act as a Byzantine shard owner
-/// by rewriting the result it sends for `shard` to `dest` (equivocation included).
-pub type OwnerTamper = Arc<dyn Fn(usize, Rank, &[u8]) -> Bytes + Send + Sync>;
+/// Rewrites the result a Byzantine shard owner sends for `shard` to `dest`.
+pub(crate) type Tamper = Arc<dyn Fn(usize, Rank, &[u8]) -> Bytes + Send + Sync>;
+
+/// Fault injection for tests (feature `fault-injection`, for test doubles only): lets a rank
+/// act as a Byzantine shard owner by rewriting the result it sends for `shard` to `dest`
+/// (equivocation included).
+#[cfg(feature = "fault-injection")]
+pub type OwnerTamper = Tamper;
 
 impl RoundReport {
     fn add_fault(&mut self, f: PeerFault) {
@@ -347,7 +352,9 @@ impl Communicator {
     }
 
     /// Makes this rank a Byzantine shard owner in later sharded rounds (`None`: honest again).
-    /// For tests and demonstrations of what replication protects against.
+    /// For tests of what replication and the cross-check protect against (feature
+    /// `fault-injection`; never in a production build).
+    #[cfg(feature = "fault-injection")]
     pub fn inject_owner_fault(&mut self, tamper: Option<OwnerTamper>) {
         self.owner_tamper = tamper;
     }
