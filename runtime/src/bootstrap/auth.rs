@@ -195,13 +195,22 @@ impl JobAuth {
 }
 
 fn read_secret_file(path: &str) -> Result<JobSecret, BootstrapError> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     let bad = |why: String| BootstrapError::InvalidVar {
         var: "BYZCOLL_SECRET_FILE",
         value: path.to_string(),
         why,
     };
-    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    // The checks and the read use one open file, so it cannot be swapped in between.
+    // Non-blocking, so that a FIFO in its place is refused rather than waited on.
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| bad(format!("cannot read it: {e}")))?;
     if !meta.is_file() {
         return Err(bad("not a regular file".into()));
     }
@@ -222,7 +231,9 @@ fn read_secret_file(path: &str) -> Result<JobSecret, BootstrapError> {
     if meta.len() > 1024 {
         return Err(bad(format!("{} bytes, expected 64 hex digits", meta.len())));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut file, &mut text)
+        .map_err(|e| bad(format!("cannot read it: {e}")))?;
     JobSecret::from_hex(&text).map_err(bad)
 }
 
@@ -974,6 +985,16 @@ mod tests {
         assert!(err.contains("chmod 600"), "{err}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(JobAuth::from_lookup(get).unwrap(), JobAuth::Secret(s));
+        // A FIFO in its place is refused at once, not waited on.
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_string_lossy().into_owned()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let f = fifo.to_string_lossy().into_owned();
+        let err = JobAuth::from_lookup(|k| (k == "BYZCOLL_SECRET_FILE").then(|| f.clone()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a regular file"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
