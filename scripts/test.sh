@@ -18,7 +18,11 @@ pkg-config --exists ucx 2>/dev/null || apt_packages+=(libucx-dev)
 command -v ucx_info >/dev/null 2>&1 || apt_packages+=(ucx-utils)
 pkg-config --exists libfabric 2>/dev/null || apt_packages+=(libfabric-dev)
 command -v fi_info >/dev/null 2>&1 || apt_packages+=(libfabric-bin)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || apt_packages+=(libclang-dev)
+# bindgen loads libclang itself (libclang.so); libclang-cpp.so, which other packages bring, is not it.
+compgen -G '/usr/lib/llvm-*/lib/libclang.so' >/dev/null || apt_packages+=(libclang-dev)
+# mpi.h for the C examples compiled with mpicc (the C ABI's tests).
+{ command -v mpicc >/dev/null 2>&1 && echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1; } ||
+    apt_packages+=(libopenmpi-dev)
 if [ ${#apt_packages[@]} -gt 0 ]; then
     echo "== installing ${apt_packages[*]}"
     sudo=""
