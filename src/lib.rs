@@ -26,6 +26,9 @@
 
 pub mod launch;
 pub mod npy;
+mod oob;
+
+pub use oob::{init_with_allgather, AllGather, MAX_OOB_WORLD};
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -147,20 +150,7 @@ pub async fn init() -> Result<Communicator> {
                     .join(", ")
             ))
         })?;
-    let frame_mac = match std::env::var("BYZCOLL_FRAME_MAC") {
-        Err(_) => None,
-        Ok(v) => Some(match v.trim() {
-            "1" => true,
-            "0" => false,
-            _ => {
-                return Err(Error::Bootstrap(BootstrapError::InvalidVar {
-                    var: "BYZCOLL_FRAME_MAC",
-                    value: v.clone(),
-                    why: "expected 1 (frames carry MACs) or 0".into(),
-                }))
-            }
-        }),
-    };
+    let frame_mac = env_frame_mac()?;
     match (info.name, frame_mac) {
         (_, None) | ("tcp", _) | ("ucx" | "libfabric", Some(true)) => {}
         ("ucx" | "libfabric", Some(false)) => {
@@ -181,26 +171,8 @@ pub async fn init() -> Result<Communicator> {
             info.about
         )));
     }
-    let ip = match std::env::var("BYZCOLL_TCP_ADDR") {
-        Ok(v) => Some(v.parse::<IpAddr>().map_err(|_| {
-            Error::Bootstrap(BootstrapError::InvalidVar {
-                var: "BYZCOLL_TCP_ADDR",
-                value: v.clone(),
-                why: "expected an IP address".into(),
-            })
-        })?),
-        Err(_) => None,
-    };
-    let tcp_spin = match std::env::var("BYZCOLL_TCP_SPIN_US") {
-        Ok(v) => Some(Duration::from_micros(v.parse::<u64>().map_err(|_| {
-            Error::Bootstrap(BootstrapError::InvalidVar {
-                var: "BYZCOLL_TCP_SPIN_US",
-                value: v.clone(),
-                why: "expected microseconds (a non-negative integer)".into(),
-            })
-        })?)),
-        Err(_) => None,
-    };
+    let ip = env_tcp_addr()?;
+    let tcp_spin = env_tcp_spin()?;
     tracing::info!(
         launcher = %env.launcher,
         rank = env.rank,
@@ -216,6 +188,53 @@ pub async fn init() -> Result<Communicator> {
     }?;
     comm.set_agreement(agreement);
     Ok(comm)
+}
+
+/// `BYZCOLL_FRAME_MAC`: `Some(true)` for 1, `Some(false)` for 0, `None` when unset.
+fn env_frame_mac() -> Result<Option<bool>> {
+    match std::env::var("BYZCOLL_FRAME_MAC") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim() {
+            "1" => Ok(Some(true)),
+            "0" => Ok(Some(false)),
+            _ => Err(Error::Bootstrap(BootstrapError::InvalidVar {
+                var: "BYZCOLL_FRAME_MAC",
+                value: v.clone(),
+                why: "expected 1 (frames carry MACs) or 0".into(),
+            })),
+        },
+    }
+}
+
+/// `BYZCOLL_TCP_ADDR`: the IP address the TCP transport listens on.
+fn env_tcp_addr() -> Result<Option<IpAddr>> {
+    match std::env::var("BYZCOLL_TCP_ADDR") {
+        Err(_) => Ok(None),
+        Ok(v) => v.parse::<IpAddr>().map(Some).map_err(|_| {
+            Error::Bootstrap(BootstrapError::InvalidVar {
+                var: "BYZCOLL_TCP_ADDR",
+                value: v.clone(),
+                why: "expected an IP address".into(),
+            })
+        }),
+    }
+}
+
+/// `BYZCOLL_TCP_SPIN_US`: how long a waiting task polls its TCP exchange before sleeping.
+fn env_tcp_spin() -> Result<Option<Duration>> {
+    match std::env::var("BYZCOLL_TCP_SPIN_US") {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .parse::<u64>()
+            .map(|us| Some(Duration::from_micros(us)))
+            .map_err(|_| {
+                Error::Bootstrap(BootstrapError::InvalidVar {
+                    var: "BYZCOLL_TCP_SPIN_US",
+                    value: v.clone(),
+                    why: "expected microseconds (a non-negative integer)".into(),
+                })
+            }),
+    }
 }
 
 /// The rendezvous store for a world larger than one, authenticated by the job secret

@@ -116,6 +116,12 @@ impl Communicator {
         &self.config
     }
 
+    /// Replaces the configuration for the collectives that follow (every rank must choose
+    /// alike, as for [`Communicator::set_agreement`]).
+    pub fn set_config(&mut self, config: Config) {
+        self.config = config;
+    }
+
     pub(crate) fn begin(&mut self) -> Sequence<'_> {
         let collective = self.next_collective;
         self.next_collective += 1;

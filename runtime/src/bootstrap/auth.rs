@@ -63,6 +63,17 @@ impl JobSecret {
         Ok(JobSecret(b))
     }
 
+    /// A secret from 32 bytes the caller drew from a CSPRNG (or received from a rank that did,
+    /// over a channel it trusts).
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        JobSecret(bytes)
+    }
+
+    /// The secret's 32 bytes, to hand to the job's other ranks over a trusted channel.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        self.0
+    }
+
     /// The secret as 64 lowercase hex digits, the form `BYZCOLL_SECRET` takes.
     pub fn to_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()

@@ -1,0 +1,148 @@
+//! Turning the caller's pointers into slices, after checking everything a pointer and a count
+//! can get wrong.
+
+use std::ffi::c_void;
+
+use crate::status::Failure;
+use crate::{BYZCOLL_FLOAT32, BYZCOLL_FLOAT64};
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DType {
+    F32,
+    F64,
+}
+
+impl DType {
+    pub(crate) fn parse(dtype: i32) -> Result<Self, Failure> {
+        match dtype {
+            BYZCOLL_FLOAT32 => Ok(DType::F32),
+            BYZCOLL_FLOAT64 => Ok(DType::F64),
+            other => Err(Failure::invalid(format!(
+                "dtype is {other}: expected BYZCOLL_FLOAT32 or BYZCOLL_FLOAT64"
+            ))),
+        }
+    }
+
+    fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F64 => 8,
+        }
+    }
+}
+
+/// The caller's receive buffer, holding the send buffer's contents.
+pub(crate) enum Buffer<'a> {
+    F32(&'a mut [f32]),
+    F64(&'a mut [f64]),
+}
+
+pub(crate) fn check_aligned<T>(p: *const T, name: &str) -> Result<(), Failure> {
+    if p.is_null() {
+        return Err(Failure::invalid(format!("{name} is NULL")));
+    }
+    if (p as usize) % align_of::<T>() != 0 {
+        return Err(Failure::invalid(format!(
+            "{name} ({p:p}) is not aligned to {} bytes",
+            align_of::<T>()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks `p` for `count` elements of `dtype` and returns the byte length.
+fn check(p: *const c_void, count: usize, dtype: DType, name: &str) -> Result<usize, Failure> {
+    let bytes = count
+        .checked_mul(dtype.size())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| Failure::invalid(format!("{name}: count {count} is too large")))?;
+    if p.is_null() {
+        return Err(Failure::invalid(format!("{name} is NULL")));
+    }
+    if (p as usize) % dtype.size() != 0 {
+        return Err(Failure::invalid(format!(
+            "{name} ({p:p}) is not aligned to its {}-byte elements",
+            dtype.size()
+        )));
+    }
+    if (p as usize).checked_add(bytes).is_none() {
+        return Err(Failure::invalid(format!(
+            "{name} ({p:p}) + {bytes} bytes wraps around the address space"
+        )));
+    }
+    Ok(bytes)
+}
+
+/// `count` elements of `dtype` at `p`, as bytes.
+///
+/// # Safety
+/// `p` is valid for reads of `count` elements for `'a`.
+pub(crate) unsafe fn bytes<'a>(
+    p: *const c_void,
+    count: usize,
+    dtype: DType,
+    name: &str,
+) -> Result<&'a [u8], Failure> {
+    let len = check(p, count, dtype, name)?;
+    // SAFETY: checked non-null and in range; the caller vouches for validity.
+    Ok(unsafe { std::slice::from_raw_parts(p.cast(), len) })
+}
+
+/// `count` elements of `dtype` at `p`, as writable bytes.
+///
+/// # Safety
+/// `p` is valid for reads and writes of `count` elements for `'a`, and nothing else
+/// accesses them meanwhile.
+pub(crate) unsafe fn bytes_mut<'a>(
+    p: *mut c_void,
+    count: usize,
+    dtype: DType,
+    name: &str,
+) -> Result<&'a mut [u8], Failure> {
+    let len = check(p, count, dtype, name)?;
+    // SAFETY: as above, exclusive.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p.cast(), len) })
+}
+
+pub(crate) fn check_disjoint(a: &[u8], b: &[u8]) -> Result<(), Failure> {
+    let (a0, a1) = (a.as_ptr() as usize, a.as_ptr() as usize + a.len());
+    let (b0, b1) = (b.as_ptr() as usize, b.as_ptr() as usize + b.len());
+    if a0 < b1 && b0 < a1 {
+        return Err(Failure::invalid(
+            "sendbuf and recvbuf overlap: pass the same pointer for in place, or separate buffers",
+        ));
+    }
+    Ok(())
+}
+
+impl<'a> Buffer<'a> {
+    /// `recv`, holding `send`'s `count` elements (copied unless `send == recv`).
+    ///
+    /// # Safety
+    /// `send` is valid for reads and `recv` for reads and writes of `count` elements for `'a`.
+    pub(crate) unsafe fn in_place(
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+        send_name: &str,
+        recv_name: &str,
+    ) -> Result<Self, Failure> {
+        // SAFETY: forwarded.
+        let out = unsafe { bytes_mut(recv, count, dtype, recv_name)? };
+        if send != recv.cast_const() {
+            // SAFETY: forwarded.
+            let input = unsafe { bytes(send, count, dtype, send_name)? };
+            check_disjoint(input, out)?;
+            out.copy_from_slice(input);
+        }
+        let (p, n) = (out.as_mut_ptr(), count);
+        // SAFETY: aligned (checked) and valid for `count` elements of the type.
+        Ok(unsafe {
+            match dtype {
+                DType::F32 => Buffer::F32(std::slice::from_raw_parts_mut(p.cast(), n)),
+                DType::F64 => Buffer::F64(std::slice::from_raw_parts_mut(p.cast(), n)),
+            }
+        })
+    }
+}

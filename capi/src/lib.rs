@@ -1,0 +1,715 @@
+//! byzcoll's C ABI (`libbyzcoll.so`, `libbyzcoll.a`, `include/byzcoll.h`, generated from this
+//! file by cbindgen).
+//!
+//! Every function returns a [`byzcoll_status_t`] (or a value that cannot fail), checks its
+//! pointers, lengths and enum values before use, and never lets a Rust panic cross the
+//! boundary (it becomes `BYZCOLL_INTERNAL`). Messages: [`byzcoll_last_error`] for the calling
+//! thread's last failure, [`byzcoll_comm_last_error`] for a communicator's.
+#![allow(non_camel_case_types)]
+
+mod buffers;
+mod report;
+mod status;
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::net::IpAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::pin;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use byzcoll_rs::aggregators::{self, Params};
+use byzcoll_rs::{Agreement, Communicator, Config, Policy, ReduceOp, Replicas};
+
+use buffers::{Buffer, DType};
+pub use report::byzcoll_report_t;
+pub use status::byzcoll_status_t;
+use status::{byzcoll_status_t::*, Failure};
+
+/// The version of `byzcoll_config_t` this header describes.
+pub const BYZCOLL_CONFIG_VERSION: u32 = 1;
+
+/// Element type `float` (IEEE binary32).
+pub const BYZCOLL_FLOAT32: i32 = 0;
+/// Element type `double` (IEEE binary64).
+pub const BYZCOLL_FLOAT64: i32 = 1;
+
+/// Gather every rank's vector at every rank and aggregate there.
+pub const BYZCOLL_POLICY_GATHER: i32 = 0;
+/// Split the vector into shards aggregated by replicated owners.
+pub const BYZCOLL_POLICY_SHARDED: i32 = 1;
+
+/// Agreement as `BYZCOLL_AGREEMENT` says, else detect (the default).
+pub const BYZCOLL_AGREEMENT_FROM_ENV: i32 = 0;
+/// No cross-check: honest ranks may end a round with different results, silently.
+pub const BYZCOLL_AGREEMENT_OFF: i32 = 1;
+/// Every round ends with a cross-check of result digests; a rank out of step gets
+/// `BYZCOLL_DISAGREEMENT`, the others the names in their report.
+pub const BYZCOLL_AGREEMENT_DETECT: i32 = 2;
+
+/// Element-wise sum (`byzcoll_all_reduce`).
+pub const BYZCOLL_SUM: i32 = 0;
+/// Element-wise minimum.
+pub const BYZCOLL_MIN: i32 = 1;
+/// Element-wise maximum.
+pub const BYZCOLL_MAX: i32 = 2;
+
+/// Settings of a communicator. Initialise with `BYZCOLL_CONFIG_INIT`, then change fields:
+/// `size` lets later versions add fields without breaking binaries built against this one.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct byzcoll_config_t {
+    /// `sizeof(byzcoll_config_t)` as the caller compiled it.
+    pub size: usize,
+    /// `BYZCOLL_CONFIG_VERSION` as the caller compiled it.
+    pub version: u32,
+    /// One of `BYZCOLL_AGREEMENT_*`.
+    pub agreement: i32,
+    /// How long one step of a collective waits for its peers, in milliseconds; 0:
+    /// `BYZCOLL_TIMEOUT_MS`, else 30 000.
+    pub step_timeout_ms: u64,
+    /// `byzcoll_init_oob` only: the IP address to listen on (a C string); NULL:
+    /// `BYZCOLL_TCP_ADDR`, else the address this host's name resolves to.
+    pub listen_addr: *const c_char,
+}
+
+/// The parameters of a robust rule. Initialise with `BYZCOLL_RULE_PARAMS_INIT`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct byzcoll_rule_params_t {
+    /// `sizeof(byzcoll_rule_params_t)` as the caller compiled it.
+    pub size: usize,
+    /// Number of Byzantine ranks to tolerate.
+    pub f: u32,
+    /// Multi-Krum: how many inputs to average; 0: n - f.
+    pub m: u32,
+    /// Centered clipping: the clipping radius (> 0); 0: unset.
+    pub tau: f64,
+    /// One of `BYZCOLL_POLICY_*`.
+    pub policy: i32,
+    /// Sharded policy: owners per shard; 0: 2f + 1 (at most n).
+    pub replicas: u32,
+}
+
+/// A communicator: one rank's membership in a job. Opaque.
+#[derive(Debug)]
+pub struct byzcoll_comm_t {
+    runtime: tokio::runtime::Runtime,
+    comm: Mutex<Option<Communicator>>,
+    rank: usize,
+    size: usize,
+    aborted: AtomicBool,
+    abort: tokio::sync::Notify,
+    last_error: Mutex<std::ffi::CString>,
+}
+
+/// The caller's all-gather for `byzcoll_init_oob`: gathers `bytes` bytes from every rank of
+/// the group into `recvbuf` (`size * bytes` bytes, rank order), like
+/// `MPI_Allgather(sendbuf, bytes, MPI_BYTE, recvbuf, bytes, MPI_BYTE, comm)`. Returns 0 on
+/// success.
+pub type byzcoll_allgather_fn = Option<
+    unsafe extern "C" fn(
+        sendbuf: *const c_void,
+        recvbuf: *mut c_void,
+        bytes: usize,
+        ctx: *mut c_void,
+    ) -> c_int,
+>;
+
+/// Runs `body`, turning a failure into its status (and this thread's last error) and a panic
+/// into `BYZCOLL_INTERNAL`.
+fn guard(body: impl FnOnce() -> Result<(), Failure>) -> byzcoll_status_t {
+    let failure = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => return BYZCOLL_OK,
+        Ok(Err(failure)) => failure,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Failure::new(BYZCOLL_INTERNAL, format!("internal error (a bug): {what}"))
+        }
+    };
+    status::set_thread_error(&failure.message);
+    failure.status
+}
+
+/// As [`guard`], for a call on `comm`: the message is also the communicator's last error.
+///
+/// # Safety
+/// `comm` is null or a live communicator.
+unsafe fn guard_comm(
+    comm: *mut byzcoll_comm_t,
+    body: impl FnOnce(&byzcoll_comm_t) -> Result<(), Failure>,
+) -> byzcoll_status_t {
+    // SAFETY: the caller passes null or a live communicator.
+    let Some(comm) = (unsafe { comm.as_ref() }) else {
+        return guard(|| Err(Failure::invalid("comm is NULL")));
+    };
+    let status = guard(|| body(comm));
+    if status != BYZCOLL_OK {
+        let message = status::thread_error();
+        *comm
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = message;
+    }
+    status
+}
+
+impl byzcoll_comm_t {
+    fn new(runtime: tokio::runtime::Runtime, comm: Communicator) -> Box<Self> {
+        Box::new(byzcoll_comm_t {
+            rank: comm.rank(),
+            size: comm.size(),
+            runtime,
+            comm: Mutex::new(Some(comm)),
+            aborted: AtomicBool::new(false),
+            abort: tokio::sync::Notify::new(),
+            last_error: Mutex::default(),
+        })
+    }
+
+    /// Runs one collective on the communicator, unless it is or gets aborted.
+    fn run<T>(
+        &self,
+        op: impl AsyncFnOnce(&mut Communicator) -> byzcoll_rs::Result<T>,
+    ) -> Result<T, Failure> {
+        let mut slot = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
+        let comm = slot.as_mut().ok_or_else(Failure::aborted)?;
+        self.runtime.block_on(async {
+            let mut aborted = pin!(self.abort.notified());
+            aborted.as_mut().enable();
+            if self.aborted.load(Ordering::SeqCst) {
+                return Err(Failure::aborted());
+            }
+            tokio::select! {
+                r = op(comm) => r.map_err(Failure::from),
+                () = aborted => Err(Failure::aborted()),
+            }
+        })
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("byzcoll")
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(BYZCOLL_INTERNAL, format!("cannot start threads: {e}")))
+}
+
+/// The caller's config, or the defaults for NULL.
+///
+/// # Safety
+/// `config` is null or points to a readable `byzcoll_config_t` of the size it declares.
+unsafe fn read_config(
+    config: *const byzcoll_config_t,
+) -> Result<(Config, Option<Agreement>, Option<IpAddr>), Failure> {
+    let env = Config::from_env().map_err(|e| Failure::from(byzcoll_rs::Error::from(e)))?;
+    if config.is_null() {
+        return Ok((env, None, None));
+    }
+    buffers::check_aligned(config, "config")?;
+    // SAFETY: non-null and aligned; the caller vouches for the first field at least.
+    let declared = unsafe { ptr::addr_of!((*config).size).read() };
+    if declared != size_of::<byzcoll_config_t>() {
+        return Err(Failure::invalid(format!(
+            "config->size is {declared}, this library's byzcoll_config_t has {} bytes: \
+             initialise it with BYZCOLL_CONFIG_INIT from this library's byzcoll.h",
+            size_of::<byzcoll_config_t>()
+        )));
+    }
+    // SAFETY: the caller declared the whole struct.
+    let c = unsafe { config.read() };
+    if c.version != BYZCOLL_CONFIG_VERSION {
+        return Err(Failure::invalid(format!(
+            "config->version is {}, this library knows version {BYZCOLL_CONFIG_VERSION}",
+            c.version
+        )));
+    }
+    let agreement = match c.agreement {
+        BYZCOLL_AGREEMENT_FROM_ENV => None,
+        BYZCOLL_AGREEMENT_OFF => Some(Agreement::Off),
+        BYZCOLL_AGREEMENT_DETECT => Some(Agreement::Detect),
+        other => {
+            return Err(Failure::invalid(format!(
+                "config->agreement is {other}: expected BYZCOLL_AGREEMENT_FROM_ENV, _OFF or _DETECT"
+            )))
+        }
+    };
+    let mut out = env;
+    if c.step_timeout_ms > 0 {
+        if c.step_timeout_ms > 86_400_000 {
+            return Err(Failure::invalid(format!(
+                "config->step_timeout_ms is {}: at most one day (86400000)",
+                c.step_timeout_ms
+            )));
+        }
+        out.step_timeout = Duration::from_millis(c.step_timeout_ms);
+    }
+    let listen = if c.listen_addr.is_null() {
+        None
+    } else {
+        // SAFETY: the caller passes a NUL-terminated string.
+        let text = unsafe { CStr::from_ptr(c.listen_addr) }.to_string_lossy();
+        Some(text.parse::<IpAddr>().map_err(|_| {
+            Failure::invalid(format!("config->listen_addr {text:?} is not an IP address"))
+        })?)
+    };
+    Ok((out, agreement, listen))
+}
+
+/// # Safety
+/// `out` is a pointer the caller can write a pointer to.
+unsafe fn publish(
+    out: *mut *mut byzcoll_comm_t,
+    make: impl FnOnce() -> Result<Box<byzcoll_comm_t>, Failure>,
+) -> byzcoll_status_t {
+    if out.is_null() {
+        return guard(|| Err(Failure::invalid("comm (the output pointer) is NULL")));
+    }
+    // SAFETY: non-null; the caller passes a writable pointer.
+    unsafe { out.write(ptr::null_mut()) };
+    guard(|| {
+        let comm = make()?;
+        // SAFETY: as above.
+        unsafe { out.write(Box::into_raw(comm)) };
+        Ok(())
+    })
+}
+
+/// Joins the job described by the launcher's environment (`byzcoll launch`, srun, mpirun,
+/// torchrun, or `BYZCOLL_RANK`/`BYZCOLL_WORLD_SIZE`), as the Rust `byzcoll::init` does:
+/// transport from `BYZCOLL_TRANSPORT` (tcp by default), the job secret from `BYZCOLL_SECRET`.
+/// `config` may be NULL for the defaults. On success `*comm` is the new communicator; on
+/// failure it is NULL and `byzcoll_last_error()` says why.
+///
+/// Thread safety: may be called from any thread.
+///
+/// # Safety
+/// `config` is NULL or an initialised `byzcoll_config_t`; `comm` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_init_from_env(
+    config: *const byzcoll_config_t,
+    comm: *mut *mut byzcoll_comm_t,
+) -> byzcoll_status_t {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        publish(comm, || {
+            let (config, agreement, _listen) = read_config(config)?;
+            let runtime = runtime()?;
+            let mut c = runtime.block_on(byzcoll_rs::init())?;
+            c.set_config(config);
+            if let Some(a) = agreement {
+                c.set_agreement(a);
+            }
+            Ok(byzcoll_comm_t::new(runtime, c))
+        })
+    }
+}
+
+/// Joins a `size`-rank job as rank `rank` through the caller's all-gather (for example
+/// `MPI_Allgather` over `MPI_COMM_WORLD`), with no store and no `BYZCOLL_SECRET`: rank 0 draws
+/// the job secret and the all-gather hands it out, so the caller's channel must be one only the
+/// job's processes share. `allgather` is called twice, on this thread, with `ctx`; every rank
+/// must call this function together. Connects over TCP.
+///
+/// Thread safety: may be called from any thread (the callback runs on it).
+///
+/// # Safety
+/// `allgather` behaves as documented on `byzcoll_allgather_fn`; `config` is NULL or
+/// initialised; `comm` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_init_oob(
+    rank: i32,
+    size: i32,
+    allgather: byzcoll_allgather_fn,
+    ctx: *mut c_void,
+    config: *const byzcoll_config_t,
+    comm: *mut *mut byzcoll_comm_t,
+) -> byzcoll_status_t {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        publish(comm, || {
+            let Some(allgather) = allgather else {
+                return Err(Failure::invalid("allgather is NULL"));
+            };
+            let (Ok(rank), Ok(size)) = (usize::try_from(rank), usize::try_from(size)) else {
+                return Err(Failure::invalid(format!(
+                    "rank {rank} of size {size}: both must be non-negative"
+                )));
+            };
+            let (config, agreement, listen) = read_config(config)?;
+            let runtime = runtime()?;
+            let mut gather = |record: &[u8]| -> Result<Vec<u8>, String> {
+                let mut all = vec![0u8; record.len() * size];
+                // SAFETY: both buffers are valid for the lengths the callback is told.
+                let rc = allgather(
+                    record.as_ptr().cast(),
+                    all.as_mut_ptr().cast(),
+                    record.len(),
+                    ctx,
+                );
+                if rc == 0 {
+                    Ok(all)
+                } else {
+                    Err(format!("the allgather callback returned {rc}"))
+                }
+            };
+            let mut c = byzcoll_rs::init_with_allgather(
+                rank,
+                size,
+                &mut gather,
+                listen,
+                config,
+                runtime.handle(),
+            )?;
+            if let Some(a) = agreement {
+                c.set_agreement(a);
+            }
+            Ok(byzcoll_comm_t::new(runtime, c))
+        })
+    }
+}
+
+/// Closes the communicator's connections and frees it. NULL is ignored. Peers still in a
+/// collective with this rank see it as missing.
+///
+/// Thread safety: no other call on `comm` may be in progress or follow.
+///
+/// # Safety
+/// `comm` is NULL or a communicator not yet finalized.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_comm_finalize(comm: *mut byzcoll_comm_t) -> byzcoll_status_t {
+    if comm.is_null() {
+        return BYZCOLL_OK;
+    }
+    guard(|| {
+        // SAFETY: the caller hands over a live communicator.
+        let comm = unsafe { Box::from_raw(comm) };
+        let c = comm
+            .comm
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let _entered = comm.runtime.enter();
+        drop(c);
+        Ok(())
+    })
+}
+
+/// Aborts the communicator: a collective in progress on it (on another thread) returns
+/// `BYZCOLL_ABORTED`, its connections close (peers see this rank as missing), and every later
+/// call on it returns `BYZCOLL_ABORTED`. It must still be finalized.
+///
+/// Thread safety: may be called from any thread, also while another thread is in a collective
+/// on `comm`.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_comm_abort(comm: *mut byzcoll_comm_t) -> byzcoll_status_t {
+    // SAFETY: forwarded.
+    unsafe {
+        guard_comm(comm, |comm| {
+            comm.aborted.store(true, Ordering::SeqCst);
+            comm.abort.notify_waiters();
+            let c = comm
+                .comm
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            let _entered = comm.runtime.enter();
+            drop(c);
+            Ok(())
+        })
+    }
+}
+
+/// This process's rank in `comm`, or -1 when `comm` is NULL.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_comm_rank(comm: *const byzcoll_comm_t) -> i32 {
+    // SAFETY: null or live.
+    unsafe { comm.as_ref() }.map_or(-1, |c| c.rank as i32)
+}
+
+/// The number of ranks in `comm`, or -1 when `comm` is NULL.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_comm_size(comm: *const byzcoll_comm_t) -> i32 {
+    // SAFETY: null or live.
+    unsafe { comm.as_ref() }.map_or(-1, |c| c.size as i32)
+}
+
+/// The message of the last failed call on `comm` ("" if none, "comm is NULL" for NULL). The
+/// string stays valid until the next failing call on `comm` or its finalize.
+///
+/// Thread safety: any thread, but with concurrent calls on `comm` the message may be another
+/// call's.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_comm_last_error(comm: *const byzcoll_comm_t) -> *const c_char {
+    // SAFETY: null or live.
+    match unsafe { comm.as_ref() } {
+        None => c"comm is NULL".as_ptr(),
+        Some(c) => c
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ptr(),
+    }
+}
+
+/// The message of this thread's last failed byzcoll call ("" if none). Valid until this
+/// thread's next failing byzcoll call.
+///
+/// Thread safety: per thread.
+#[no_mangle]
+pub extern "C" fn byzcoll_last_error() -> *const c_char {
+    status::thread_error_ptr()
+}
+
+/// A static description of `status` ("unknown status" for values that are not one).
+///
+/// Thread safety: any thread.
+#[no_mangle]
+pub extern "C" fn byzcoll_status_string(status: c_int) -> *const c_char {
+    status::describe(status).as_ptr()
+}
+
+/// The library's version, e.g. "0.1.0".
+///
+/// Thread safety: any thread.
+#[no_mangle]
+pub extern "C" fn byzcoll_version() -> *const c_char {
+    static VERSION: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => c"unknown",
+        };
+    VERSION.as_ptr()
+}
+
+/// Robust all-reduce: every rank contributes `count` elements of `dtype` from `sendbuf` and
+/// receives in `recvbuf` the aggregate of every rank's vector under `rule` (a name:
+/// "median", "trimmed-mean", "krum", "multi-krum", "bulyan", "geometric-median",
+/// "centered-clipping", "mean", or "nnm+" and one of these; there is no default) with
+/// `params`. In place when `sendbuf == recvbuf`; the buffers must not otherwise overlap.
+/// Peers that were missing or malformed are treated as erasures and named in `report` (which
+/// may be NULL); the call fails when more than the rule tolerates were at fault. With
+/// agreement detection (the default) a rank whose result the job does not share gets
+/// `BYZCOLL_DISAGREEMENT` and must not use `recvbuf`.
+///
+/// Every rank must call with the same rule, parameters, count and dtype.
+///
+/// Thread safety: calls on one communicator are serialized (a second waits for the first);
+/// different communicators may be used from different threads.
+///
+/// # Safety
+/// `sendbuf` and `recvbuf` are valid for `count` elements; `params` is NULL or initialised;
+/// `report` is NULL or initialised with `BYZCOLL_REPORT_INIT` and arrays of its `capacity`.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_robust_allreduce(
+    comm: *mut byzcoll_comm_t,
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: usize,
+    dtype: i32,
+    rule: *const c_char,
+    params: *const byzcoll_rule_params_t,
+    report: *mut byzcoll_report_t,
+) -> byzcoll_status_t {
+    // SAFETY: forwarded; every pointer is checked before use.
+    unsafe {
+        guard_comm(comm, |comm| {
+            let mut report = report::Out::new(report)?;
+            let (rule, policy) = read_rule(rule, params)?;
+            let dtype = DType::parse(dtype)?;
+            let buf = Buffer::in_place(sendbuf, recvbuf, count, dtype, "sendbuf", "recvbuf")?;
+            let result = match buf {
+                Buffer::F32(b) => {
+                    comm.run(async |c| c.robust_all_reduce(b, rule.as_ref(), policy).await)
+                }
+                Buffer::F64(b) => {
+                    comm.run(async |c| c.robust_all_reduce(b, rule.as_ref(), policy).await)
+                }
+            };
+            match result {
+                Ok(r) => {
+                    report.fill(&r);
+                    Ok(())
+                }
+                Err(e) => {
+                    report.clear();
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+/// Non-robust all-reduce (`BYZCOLL_SUM`, `_MIN`, `_MAX`), the baseline MPI and NCCL offer: one
+/// faulty rank corrupts every result. In place when `sendbuf == recvbuf`.
+///
+/// Thread safety: as `byzcoll_robust_allreduce`.
+///
+/// # Safety
+/// `sendbuf` and `recvbuf` are valid for `count` elements.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_all_reduce(
+    comm: *mut byzcoll_comm_t,
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: usize,
+    dtype: i32,
+    op: i32,
+) -> byzcoll_status_t {
+    // SAFETY: forwarded; every pointer is checked before use.
+    unsafe {
+        guard_comm(comm, |comm| {
+            let op = match op {
+                BYZCOLL_SUM => ReduceOp::Sum,
+                BYZCOLL_MIN => ReduceOp::Min,
+                BYZCOLL_MAX => ReduceOp::Max,
+                other => {
+                    return Err(Failure::invalid(format!(
+                        "op is {other}: expected BYZCOLL_SUM, _MIN or _MAX"
+                    )))
+                }
+            };
+            let dtype = DType::parse(dtype)?;
+            match Buffer::in_place(sendbuf, recvbuf, count, dtype, "sendbuf", "recvbuf")? {
+                Buffer::F32(b) => comm.run(async |c| c.all_reduce(b, op).await),
+                Buffer::F64(b) => comm.run(async |c| c.all_reduce(b, op).await),
+            }
+        })
+    }
+}
+
+/// All-gather: `recvbuf` (`size * count` elements) receives every rank's `count` elements of
+/// `sendbuf`, in rank order. The buffers must not overlap.
+///
+/// Thread safety: as `byzcoll_robust_allreduce`.
+///
+/// # Safety
+/// `sendbuf` is valid for `count` elements, `recvbuf` for `size * count`.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_all_gather(
+    comm: *mut byzcoll_comm_t,
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: usize,
+    dtype: i32,
+) -> byzcoll_status_t {
+    // SAFETY: forwarded; every pointer is checked before use.
+    unsafe {
+        guard_comm(comm, |comm| {
+            let dtype = DType::parse(dtype)?;
+            let total = count.checked_mul(comm.size).ok_or_else(|| {
+                Failure::invalid(format!("count {count} x {} ranks overflows", comm.size))
+            })?;
+            let send = buffers::bytes(sendbuf, count, dtype, "sendbuf")?;
+            let recv = buffers::bytes_mut(recvbuf, total, dtype, "recvbuf")?;
+            buffers::check_disjoint(send, recv)?;
+            comm.run(async |c| c.all_gather_into(send, recv).await)
+        })
+    }
+}
+
+/// Blocks until every rank of `comm` has entered the barrier (or the step deadline passes:
+/// `BYZCOLL_TIMEOUT`).
+///
+/// Thread safety: as `byzcoll_robust_allreduce`.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_barrier(comm: *mut byzcoll_comm_t) -> byzcoll_status_t {
+    // SAFETY: forwarded.
+    unsafe { guard_comm(comm, |comm| comm.run(async |c| c.barrier().await)) }
+}
+
+/// The rule named `name` with `params`, and the policy.
+///
+/// # Safety
+/// `name` is NULL or a C string; `params` is NULL or initialised.
+unsafe fn read_rule(
+    name: *const c_char,
+    params: *const byzcoll_rule_params_t,
+) -> Result<(Box<dyn aggregators::Aggregator>, Policy), Failure> {
+    if name.is_null() {
+        return Err(Failure::invalid(
+            "rule is NULL: name one (\"median\", \"trimmed-mean\", \"krum\", ...); there is no default",
+        ));
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(name) }
+        .to_str()
+        .map_err(|_| Failure::invalid("rule is not UTF-8"))?;
+    if params.is_null() {
+        return Err(Failure::invalid(
+            "params is NULL: f (the number of Byzantine ranks to tolerate) has no default",
+        ));
+    }
+    buffers::check_aligned(params, "params")?;
+    // SAFETY: non-null and aligned; the caller vouches for the first field at least.
+    let declared = unsafe { ptr::addr_of!((*params).size).read() };
+    if declared != size_of::<byzcoll_rule_params_t>() {
+        return Err(Failure::invalid(format!(
+            "params->size is {declared}, this library's byzcoll_rule_params_t has {} bytes: \
+             initialise it with BYZCOLL_RULE_PARAMS_INIT",
+            size_of::<byzcoll_rule_params_t>()
+        )));
+    }
+    // SAFETY: the caller declared the whole struct.
+    let p = unsafe { params.read() };
+    let tau = if p.tau == 0.0 {
+        None
+    } else if p.tau.is_finite() && p.tau > 0.0 {
+        Some(p.tau)
+    } else {
+        return Err(Failure::invalid(format!(
+            "params->tau is {}: a positive finite radius, or 0 for unset",
+            p.tau
+        )));
+    };
+    let spec = Params {
+        f: p.f as usize,
+        m: (p.m > 0).then_some(p.m as usize),
+        tau,
+    };
+    let rule = aggregators::build(name, &spec)
+        .map_err(|e| Failure::invalid(format!("rule {name:?}: {e}")))?;
+    let policy = match (p.policy, p.replicas) {
+        (BYZCOLL_POLICY_GATHER, 0) => Policy::Gather,
+        (BYZCOLL_POLICY_GATHER, r) => {
+            return Err(Failure::invalid(format!(
+                "params->replicas is {r} with the gather policy: replicas are for BYZCOLL_POLICY_SHARDED"
+            )))
+        }
+        (BYZCOLL_POLICY_SHARDED, 0) => Policy::Sharded(Replicas::Tolerant),
+        (BYZCOLL_POLICY_SHARDED, r) => Policy::Sharded(Replicas::Exactly(r as usize)),
+        (other, _) => {
+            return Err(Failure::invalid(format!(
+                "params->policy is {other}: expected BYZCOLL_POLICY_GATHER or _SHARDED"
+            )))
+        }
+    };
+    Ok((rule, policy))
+}

@@ -1,0 +1,196 @@
+//! The round report, written into a struct and arrays the caller owns.
+
+use std::ffi::c_char;
+use std::ptr;
+
+use byzcoll_rs::{Fault, RoundReport};
+
+use crate::buffers::check_aligned;
+use crate::status::Failure;
+
+/// A peer that sent nothing before the deadline, or whose connection is gone.
+pub const BYZCOLL_FAULT_MISSING: i32 = 0;
+/// A peer that sent something unacceptable (wrong length, bad frame).
+pub const BYZCOLL_FAULT_MALFORMED: i32 = 1;
+
+/// What happened in one robust round. The caller owns it and the arrays it points to:
+/// initialise with `BYZCOLL_REPORT_INIT`, then point the arrays you want at storage for
+/// `capacity` entries (NULL arrays are skipped). The library fills at most `capacity` entries
+/// of each array and always the true counts, so `num_* > capacity` means truncated.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct byzcoll_report_t {
+    /// `sizeof(byzcoll_report_t)` as the caller compiled it.
+    pub size: usize,
+    /// Entries each array below can hold.
+    pub capacity: usize,
+    /// Ranks treated as erasures this round.
+    pub fault_ranks: *mut u32,
+    /// For each of `fault_ranks`: `BYZCOLL_FAULT_MISSING` or `BYZCOLL_FAULT_MALFORMED`.
+    pub fault_kinds: *mut i32,
+    /// Ranks whose vector held NaN or infinities (it still entered the rule).
+    pub non_finite_ranks: *mut u32,
+    /// Selection rules (Krum family): the ranks whose vectors were selected.
+    pub selected_ranks: *mut u32,
+    /// A NUL-terminated summary with every fault's reason (truncated to `text_capacity`).
+    pub text: *mut c_char,
+    /// Bytes `text` can hold, NUL included.
+    pub text_capacity: usize,
+    /// Out: vectors that entered this rank's aggregation (its own included).
+    pub inputs: usize,
+    /// Out: owners per shard (0 for the gather policy).
+    pub replicas: usize,
+    /// Out: number of faulty peers.
+    pub num_faults: usize,
+    /// Out: number of ranks with non-finite values.
+    pub num_non_finite: usize,
+    /// Out: number of selected ranks (0 unless `has_selection`).
+    pub num_selected: usize,
+    /// Out: 1 when the rule selects inputs.
+    pub has_selection: i32,
+    /// Out: 1 when the job runs without authentication.
+    pub unauthenticated: i32,
+    /// Out: 1 when the round ended with the agreement cross-check.
+    pub agreement_checked: i32,
+    /// Out: ranks that hold another result (named in `text`).
+    pub num_disagreeing: usize,
+    /// Out: ranks whose result is unknown (missing, failed, erased; named in `text`).
+    pub num_unconfirmed: usize,
+    /// Out: senders whose vectors differed between the ranks that used them (named in `text`).
+    pub num_differing_inputs: usize,
+    /// Out: peak bytes the collective held at once.
+    pub peak_bytes: usize,
+}
+
+/// The caller's report, checked.
+pub(crate) struct Out(Option<*mut byzcoll_report_t>);
+
+impl Out {
+    /// # Safety
+    /// `report` is NULL or points to an initialised report whose arrays hold `capacity`
+    /// entries and whose `text` holds `text_capacity` bytes.
+    pub(crate) unsafe fn new(report: *mut byzcoll_report_t) -> Result<Self, Failure> {
+        if report.is_null() {
+            return Ok(Out(None));
+        }
+        check_aligned(report.cast_const(), "report")?;
+        // SAFETY: non-null and aligned; the caller vouches for the first field at least.
+        let declared = unsafe { ptr::addr_of!((*report).size).read() };
+        if declared != size_of::<byzcoll_report_t>() {
+            return Err(Failure::invalid(format!(
+                "report->size is {declared}, this library's byzcoll_report_t has {} bytes: \
+                 initialise it with BYZCOLL_REPORT_INIT",
+                size_of::<byzcoll_report_t>()
+            )));
+        }
+        // SAFETY: the whole struct is the caller's.
+        let r = unsafe { report.read() };
+        if r.capacity > 0 {
+            for (p, name) in [
+                (r.fault_ranks.cast_const(), "report->fault_ranks"),
+                (r.non_finite_ranks.cast_const(), "report->non_finite_ranks"),
+                (r.selected_ranks.cast_const(), "report->selected_ranks"),
+            ] {
+                if !p.is_null() {
+                    check_aligned(p, name)?;
+                }
+            }
+            if !r.fault_kinds.is_null() {
+                check_aligned(r.fault_kinds.cast_const(), "report->fault_kinds")?;
+            }
+        }
+        Ok(Out(Some(report)))
+    }
+
+    /// Writes `round` into the caller's report.
+    pub(crate) fn fill(&mut self, round: &RoundReport) {
+        let Some(p) = self.0 else { return };
+        // SAFETY: checked in `new`; the caller keeps it valid for the call.
+        let r = unsafe { &mut *p };
+        let faults: Vec<u32> = round.faults.iter().map(|f| f.rank as u32).collect();
+        let kinds: Vec<i32> = round
+            .faults
+            .iter()
+            .map(|f| match f.fault {
+                Fault::Missing => BYZCOLL_FAULT_MISSING,
+                Fault::Malformed(_) => BYZCOLL_FAULT_MALFORMED,
+            })
+            .collect();
+        let non_finite: Vec<u32> = round.non_finite.iter().map(|&r| r as u32).collect();
+        let selected: Vec<u32> = round.selected.iter().flatten().map(|&r| r as u32).collect();
+        // SAFETY (all four): each array is NULL or holds `capacity` entries.
+        unsafe {
+            write_array(r.fault_ranks, r.capacity, &faults);
+            write_array(r.fault_kinds, r.capacity, &kinds);
+            write_array(r.non_finite_ranks, r.capacity, &non_finite);
+            write_array(r.selected_ranks, r.capacity, &selected);
+        }
+        r.inputs = round.inputs;
+        r.replicas = round.replicas.unwrap_or(0);
+        r.num_faults = faults.len();
+        r.num_non_finite = non_finite.len();
+        r.num_selected = selected.len();
+        r.has_selection = i32::from(round.selected.is_some());
+        r.unauthenticated = i32::from(round.unauthenticated);
+        r.agreement_checked = i32::from(round.agreement.is_some());
+        let a = round.agreement.clone().unwrap_or_default();
+        r.num_disagreeing = a.disagreeing.len();
+        r.num_unconfirmed = a.unconfirmed.len();
+        r.num_differing_inputs = a.differing_inputs.len();
+        r.peak_bytes = round.peak_bytes;
+        let mut text = String::new();
+        for f in &round.faults {
+            text.push_str(&format!("{f}; "));
+        }
+        if !round.non_finite.is_empty() {
+            text.push_str(&format!("non-finite values from {:?}; ", round.non_finite));
+        }
+        if let Some(a) = &round.agreement {
+            if !(a.disagreeing.is_empty()
+                && a.unconfirmed.is_empty()
+                && a.differing_inputs.is_empty())
+            {
+                text.push_str(&format!(
+                    "agreement: other results at {:?}, unconfirmed {:?}, differing inputs from {:?}, \
+                     differing versions from {:?}; ",
+                    a.disagreeing, a.unconfirmed, a.differing_inputs, a.differing_versions
+                ));
+            }
+        }
+        if round.unauthenticated {
+            text.push_str("UNAUTHENTICATED job; ");
+        }
+        // SAFETY: NULL or `text_capacity` bytes.
+        unsafe { write_text(r.text, r.text_capacity, text.trim_end_matches("; ")) };
+    }
+
+    /// Zeroes the outputs (a failed round).
+    pub(crate) fn clear(&mut self) {
+        self.fill(&RoundReport::default());
+    }
+}
+
+/// # Safety
+/// `dst` is NULL or holds `capacity` entries.
+unsafe fn write_array<T: Copy>(dst: *mut T, capacity: usize, src: &[T]) {
+    if dst.is_null() {
+        return;
+    }
+    let n = src.len().min(capacity);
+    // SAFETY: the caller's array holds `capacity >= n` entries.
+    unsafe { ptr::copy_nonoverlapping(src.as_ptr(), dst, n) };
+}
+
+/// # Safety
+/// `dst` is NULL or holds `capacity` bytes.
+unsafe fn write_text(dst: *mut c_char, capacity: usize, text: &str) {
+    if dst.is_null() || capacity == 0 {
+        return;
+    }
+    let n = text.len().min(capacity - 1);
+    // SAFETY: `n + 1 <= capacity`.
+    unsafe {
+        ptr::copy_nonoverlapping(text.as_ptr().cast(), dst, n);
+        dst.add(n).write(0);
+    }
+}

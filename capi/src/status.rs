@@ -1,0 +1,152 @@
+//! Status codes, their descriptions, and the messages of failed calls.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CStr, CString};
+
+use byzcoll_rs::aggregators::AggError;
+use byzcoll_rs::{BootstrapError, Error, Fault};
+
+/// What a call returns.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum byzcoll_status_t {
+    /// Success.
+    BYZCOLL_OK = 0,
+    /// A NULL or misaligned pointer, a count or enum value out of range, overlapping buffers,
+    /// an unknown rule: fix the calling code.
+    BYZCOLL_INVALID_ARGUMENT = 1,
+    /// The rule's precondition does not hold for this world (e.g. median needs n > 2f).
+    BYZCOLL_PRECONDITION = 2,
+    /// More peers were at fault this round (missing, malformed, non-finite) than the rule
+    /// tolerates: no result rather than an unprotected one.
+    BYZCOLL_TOO_MANY_FAULTS = 3,
+    /// The transport failed as a whole, or a peer sent something malformed to a non-robust
+    /// collective.
+    BYZCOLL_TRANSPORT = 4,
+    /// A non-robust collective's peer did not answer before the step deadline.
+    BYZCOLL_TIMEOUT = 5,
+    /// The job secret is missing, or a peer or the store failed authentication.
+    BYZCOLL_UNAUTHENTICATED = 6,
+    /// A bug in byzcoll (a panic caught at the boundary).
+    BYZCOLL_INTERNAL = 7,
+    /// This rank's result is not the one the job holds (agreement detection): do not use it.
+    BYZCOLL_DISAGREEMENT = 8,
+    /// Not available in this build or with this transport; the message says how to get it.
+    BYZCOLL_UNSUPPORTED = 9,
+    /// The launcher environment is incomplete or invalid, or the rendezvous failed.
+    BYZCOLL_BOOTSTRAP = 10,
+    /// The communicator was aborted.
+    BYZCOLL_ABORTED = 11,
+}
+
+use byzcoll_status_t::*;
+
+/// A failed call: its status and message.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) status: byzcoll_status_t,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    pub(crate) fn new(status: byzcoll_status_t, message: impl Into<String>) -> Self {
+        Failure {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Failure::new(BYZCOLL_INVALID_ARGUMENT, message)
+    }
+
+    pub(crate) fn aborted() -> Self {
+        Failure::new(BYZCOLL_ABORTED, "the communicator was aborted")
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let status = match &e {
+            Error::InvalidUsage(_) => BYZCOLL_INVALID_ARGUMENT,
+            Error::PeerFaults { faults, .. }
+                if faults.iter().all(|f| f.fault == Fault::Missing) =>
+            {
+                BYZCOLL_TIMEOUT
+            }
+            Error::PeerFaults { .. } | Error::Transport(_) => BYZCOLL_TRANSPORT,
+            Error::TooManyFaults { .. } | Error::ShardLost { .. } => BYZCOLL_TOO_MANY_FAULTS,
+            Error::Disagreement { .. } => BYZCOLL_DISAGREEMENT,
+            Error::Aggregation(AggError::Precondition { .. }) => BYZCOLL_PRECONDITION,
+            Error::Aggregation(AggError::InvalidSpec(_) | AggError::LengthMismatch { .. }) => {
+                BYZCOLL_INVALID_ARGUMENT
+            }
+            Error::Aggregation(_) => BYZCOLL_TOO_MANY_FAULTS,
+            Error::Bootstrap(BootstrapError::NoSecret | BootstrapError::Auth(_)) => {
+                BYZCOLL_UNAUTHENTICATED
+            }
+            Error::Bootstrap(_) => BYZCOLL_BOOTSTRAP,
+            Error::Unsupported(_) => BYZCOLL_UNSUPPORTED,
+            _ => BYZCOLL_INTERNAL,
+        };
+        Failure::new(status, e.to_string())
+    }
+}
+
+/// A static description of a status value.
+pub(crate) fn describe(status: c_int) -> &'static CStr {
+    const ALL: [(byzcoll_status_t, &CStr); 12] = [
+        (BYZCOLL_OK, c"success"),
+        (BYZCOLL_INVALID_ARGUMENT, c"invalid argument"),
+        (
+            BYZCOLL_PRECONDITION,
+            c"the rule's precondition does not hold",
+        ),
+        (
+            BYZCOLL_TOO_MANY_FAULTS,
+            c"too many faulty peers for the rule",
+        ),
+        (BYZCOLL_TRANSPORT, c"transport failure"),
+        (BYZCOLL_TIMEOUT, c"a peer did not answer in time"),
+        (
+            BYZCOLL_UNAUTHENTICATED,
+            c"authentication failed or no job secret",
+        ),
+        (BYZCOLL_INTERNAL, c"internal error"),
+        (
+            BYZCOLL_DISAGREEMENT,
+            c"this rank's result disagrees with the job's",
+        ),
+        (
+            BYZCOLL_UNSUPPORTED,
+            c"not supported by this build or transport",
+        ),
+        (BYZCOLL_BOOTSTRAP, c"bootstrap failed"),
+        (BYZCOLL_ABORTED, c"the communicator was aborted"),
+    ];
+    ALL.iter()
+        .find(|(s, _)| *s as c_int == status)
+        .map_or(c"unknown status", |(_, text)| text)
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::default();
+}
+
+/// `message` as a C string (interior NULs replaced).
+fn c_string(message: &str) -> CString {
+    CString::new(message.replace('\0', "\\0")).unwrap_or_default()
+}
+
+pub(crate) fn set_thread_error(message: &str) {
+    LAST_ERROR.with(|e| *e.borrow_mut() = c_string(message));
+}
+
+pub(crate) fn thread_error() -> CString {
+    LAST_ERROR.with(|e| e.borrow().clone())
+}
+
+pub(crate) fn thread_error_ptr() -> *const c_char {
+    // The CString lives in the thread-local until the next failing call on this thread.
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}

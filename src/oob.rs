@@ -1,0 +1,224 @@
+//! Joining a world through the caller's own all-gather (UCC's "out-of-band" habit): an MPI
+//! program bootstraps byzcoll over `MPI_Allgather`, so it needs no store port and byzcoll
+//! never links MPI.
+//!
+//! Two all-gathers of fixed-size records, then the TCP mesh:
+//! 1. `BZO1 | protocol version | rank | world | 32 bytes`: every rank checks that the callback
+//!    gathered in rank order and that every rank runs this protocol; rank 0's 32 bytes, fresh
+//!    from the OS CSPRNG, become the job secret. The caller's channel is trusted with it, as a
+//!    launcher's environment is.
+//! 2. `rank | Ed25519 identity key | address length | address`: every rank's TCP listener
+//!    and identity, from which each rank builds the same roster (its digest is compared on
+//!    every connection, as with the store).
+//!
+//! The caller's callback runs on the calling thread (MPI's `MPI_THREAD_SINGLE` programs
+//! need that); the connections are made on the given tokio runtime.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+
+use byzcoll_runtime::bootstrap::{Identity, JobAuth, JobSecret, Membership, Roster};
+use byzcoll_transport_tcp::{TcpOptions, TcpTransport};
+use tokio::net::TcpListener;
+
+use crate::{BootstrapError, Communicator, Config, Error, Result, TransportError};
+
+const MAGIC: &[u8; 4] = b"BZO1";
+const VERSION: u32 = byzcoll_runtime::bootstrap::PROTOCOL_VERSION as u32;
+const HELLO_LEN: usize = 4 + 4 + 4 + 4 + 32;
+const MAX_ADDR: usize = 94;
+const ENTRY_LEN: usize = 4 + 32 + 2 + MAX_ADDR;
+
+/// The caller's all-gather: given this rank's record, every rank's record of the same length,
+/// concatenated in rank order (or why not).
+pub type AllGather<'a> = dyn FnMut(&[u8]) -> std::result::Result<Vec<u8>, String> + 'a;
+
+/// Largest world [`init_with_allgather`] accepts.
+pub const MAX_OOB_WORLD: usize = byzcoll_runtime::bootstrap::MAX_WORLD;
+
+/// Creates rank `rank` of a `size`-rank world over TCP, bootstrapped through `allgather`,
+/// which must behave like `MPI_Allgather` on the caller's group: given this rank's record, it
+/// returns every rank's record of the same length, concatenated in rank order.
+///
+/// The listener binds to `listen` (an IP address; `None`: `BYZCOLL_TCP_ADDR`, else the
+/// address this host's name resolves to). `config` sets the step deadline. The connections
+/// are authenticated with a secret that rank 0 draws and the all-gather distributes, so the
+/// job needs no `BYZCOLL_SECRET`.
+///
+/// # Errors
+/// [`Error::InvalidUsage`] for `rank >= size`, `size == 0` or a world above
+/// [`MAX_OOB_WORLD`]; [`Error::Bootstrap`] when the callback fails, returns records out of
+/// order or of another protocol version, or a rank publishes an unusable address;
+/// [`Error::Unsupported`] when `BYZCOLL_TRANSPORT` names another transport (this path connects
+/// over TCP only, and does not switch silently); [`Error::Transport`] when connecting fails.
+pub fn init_with_allgather(
+    rank: usize,
+    size: usize,
+    allgather: &mut AllGather<'_>,
+    listen: Option<IpAddr>,
+    config: Config,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Communicator> {
+    if size == 0 || rank >= size || size > MAX_OOB_WORLD {
+        return Err(Error::InvalidUsage(format!(
+            "rank {rank} of a world of {size}: need 0 <= rank < size <= {MAX_OOB_WORLD}"
+        )));
+    }
+    match std::env::var("BYZCOLL_TRANSPORT") {
+        Ok(t) if t != "tcp" => {
+            return Err(Error::Unsupported(format!(
+                "BYZCOLL_TRANSPORT={t}: a world joined through the caller's all-gather connects \
+                 over TCP only; unset BYZCOLL_TRANSPORT, or join with byzcoll::init"
+            )))
+        }
+        _ => {}
+    }
+    let options = TcpOptions {
+        setup_timeout: config.step_timeout.max(std::time::Duration::from_secs(60)),
+        frame_mac: crate::env_frame_mac()?.unwrap_or(false),
+        spin: crate::env_tcp_spin()?.unwrap_or(TcpOptions::default().spin),
+        ..TcpOptions::default()
+    };
+    let ip = match listen {
+        Some(ip) => ip,
+        None => match crate::env_tcp_addr()? {
+            Some(ip) => ip,
+            None => host_address()?,
+        },
+    };
+
+    let secret = JobSecret::generate()?;
+    let mut hello = Vec::with_capacity(HELLO_LEN);
+    hello.extend_from_slice(MAGIC);
+    hello.extend_from_slice(&VERSION.to_le_bytes());
+    hello.extend_from_slice(&(rank as u32).to_le_bytes());
+    hello.extend_from_slice(&(size as u32).to_le_bytes());
+    hello.extend_from_slice(&secret.to_bytes());
+    let hellos = gather(allgather, &hello, size)?;
+    for (r, h) in hellos.chunks_exact(HELLO_LEN).enumerate() {
+        let version = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+        let (their_rank, world) = (le32(&h[8..12]), le32(&h[12..16]));
+        if &h[..4] != MAGIC || version != VERSION {
+            return Err(bootstrap(format!(
+                "the record at position {r} is not a byzcoll protocol {} hello (magic {:?}, \
+                 version {version}): every rank must run the same byzcoll",
+                VERSION,
+                &h[..4]
+            )));
+        }
+        if their_rank != r || world != size {
+            return Err(bootstrap(format!(
+                "the record at position {r} comes from rank {their_rank} of {world}: the \
+                 all-gather must return every rank's record in rank order, from a group of \
+                 {size}"
+            )));
+        }
+    }
+    let mut key = [0u8; 32];
+    key.copy_from_slice(&hellos[HELLO_LEN - 32..HELLO_LEN]);
+    let auth = JobAuth::Secret(JobSecret::from_bytes(key));
+
+    let listener = runtime
+        .block_on(TcpListener::bind((ip, 0)))
+        .map_err(TransportError::from)?;
+    let me = listener.local_addr().map_err(TransportError::from)?;
+    let identity = Identity::generate()?;
+    let addr = me.to_string();
+    let mut entry = vec![0u8; ENTRY_LEN];
+    entry[..4].copy_from_slice(&(rank as u32).to_le_bytes());
+    entry[4..36].copy_from_slice(&identity.public());
+    entry[36..38].copy_from_slice(&(addr.len() as u16).to_le_bytes());
+    entry[38..38 + addr.len()].copy_from_slice(addr.as_bytes());
+    let entries = gather(allgather, &entry, size)?;
+
+    let mut keys = Vec::with_capacity(size);
+    let mut addrs = Vec::with_capacity(size);
+    for (r, e) in entries.chunks_exact(ENTRY_LEN).enumerate() {
+        let invalid = |why: &str| bootstrap(format!("rank {r} published an invalid entry: {why}"));
+        if le32(&e[..4]) != r {
+            return Err(invalid("out of rank order"));
+        }
+        let len = u16::from_le_bytes([e[36], e[37]]) as usize;
+        let text = e
+            .get(38..38 + len)
+            .filter(|_| len <= MAX_ADDR)
+            .ok_or_else(|| invalid("address too long"))?;
+        let addr = std::str::from_utf8(text)
+            .ok()
+            .and_then(|s| s.parse::<SocketAddr>().ok())
+            .ok_or_else(|| invalid("not a socket address"))?;
+        let mut key = [0u8; 32];
+        key.copy_from_slice(&e[4..36]);
+        keys.push((key, text));
+        addrs.push(addr);
+    }
+    let membership = Membership {
+        auth,
+        identity,
+        roster: Roster::new(&keys)?,
+    };
+    let transport = runtime.block_on(TcpTransport::connect_mesh(
+        rank,
+        size,
+        listener,
+        &addrs,
+        &membership,
+        options,
+    ))?;
+    Ok(Communicator::new(Box::new(transport), config))
+}
+
+fn gather(allgather: &mut AllGather<'_>, record: &[u8], size: usize) -> Result<Vec<u8>> {
+    let all =
+        allgather(record).map_err(|why| bootstrap(format!("the all-gather failed: {why}")))?;
+    if all.len() != record.len() * size {
+        return Err(bootstrap(format!(
+            "the all-gather returned {} bytes for {size} records of {}",
+            all.len(),
+            record.len()
+        )));
+    }
+    Ok(all)
+}
+
+fn le32(b: &[u8]) -> usize {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
+}
+
+fn bootstrap(why: String) -> Error {
+    Error::Bootstrap(BootstrapError::Store(format!(
+        "out-of-band bootstrap: {why}"
+    )))
+}
+
+/// The first address this host's name resolves to (IPv4 preferred), where the other ranks of
+/// a multi-node job can reach this one.
+fn host_address() -> Result<IpAddr> {
+    let mut name = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or fails.
+    let rc = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) };
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let host = String::from_utf8_lossy(&name[..end]).into_owned();
+    let unresolvable = |why: String| {
+        Error::Bootstrap(BootstrapError::InvalidVar {
+            var: "BYZCOLL_TCP_ADDR",
+            value: String::new(),
+            why: format!(
+                "unset, and this host's name {host:?} gives no address ({why}): set it to the \
+                 IP address other ranks reach this one at"
+            ),
+        })
+    };
+    if rc != 0 {
+        return Err(unresolvable(std::io::Error::last_os_error().to_string()));
+    }
+    let addrs: Vec<SocketAddr> = (host.as_str(), 0)
+        .to_socket_addrs()
+        .map_err(|e| unresolvable(e.to_string()))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .map(SocketAddr::ip)
+        .ok_or_else(|| unresolvable("no address".into()))
+}
