@@ -20,6 +20,7 @@ pkg-config --exists libfabric 2>/dev/null || apt_packages+=(libfabric-dev)
 command -v fi_info >/dev/null 2>&1 || apt_packages+=(libfabric-bin)
 # bindgen loads libclang itself (libclang.so); libclang-cpp.so, which other packages bring, is not it.
 compgen -G '/usr/lib/llvm-*/lib/libclang.so' >/dev/null || apt_packages+=(libclang-dev)
+command -v c++ >/dev/null 2>&1 || apt_packages+=(g++)
 # mpi.h for the C examples compiled with mpicc (the C ABI's tests).
 { command -v mpicc >/dev/null 2>&1 && echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1; } ||
     apt_packages+=(libopenmpi-dev)
