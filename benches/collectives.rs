@@ -6,6 +6,7 @@
 //! cargo bench --bench collectives                       # 4 ranks, d = 2^16 .. 2^24 float32
 //! cargo bench --bench collectives -- --ranks 4 --min-exp 16 --max-exp 24 --no-anchor
 //! cargo bench --features ucx,libfabric --bench collectives -- --transports tcp,ucx,libfabric
+//! cargo bench --bench collectives -- --transports tcp,tcp+mac,tcp+off   # frame MACs, agreement off
 //! UCX_TLS=sm,self FI_PROVIDER=shm cargo bench --features ucx,libfabric --bench collectives -- --mpi-btl vader
 //! ```
 //!
@@ -59,10 +60,14 @@ fn default_transports() -> Vec<&'static str> {
 }
 
 /// Parses `--transports a,b,c`: each name must be a transport this build has; one it lacks is
-/// an error that says which feature to build with.
+/// an error that says which feature to build with. A name may carry variants: `+mac` (TCP
+/// frame MACs, `BYZCOLL_FRAME_MAC=1`) and `+off` (`BYZCOLL_AGREEMENT=off`), e.g.
+/// `tcp,tcp+mac,tcp+off` compares them in one run.
 fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
     let mut chosen: Vec<&'static str> = Vec::new();
-    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+    for spec in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let mut parts = spec.split('+');
+        let name = parts.next().unwrap_or_default();
         let info = TRANSPORTS.iter().find(|t| t.name == name).ok_or_else(|| {
             let known: Vec<&str> = TRANSPORTS.iter().map(|t| t.name).collect();
             format!(
@@ -73,8 +78,19 @@ fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
         if !info.available {
             return Err(format!("--transports {name}: {}", info.about));
         }
-        if !chosen.contains(&info.name) {
-            chosen.push(info.name);
+        for variant in parts {
+            match variant {
+                "mac" if name == "tcp" => {}
+                "off" => {}
+                _ => {
+                    return Err(format!(
+                        "--transports {spec}: unknown variant {variant:?} (tcp+mac, NAME+off)"
+                    ))
+                }
+            }
+        }
+        if !chosen.contains(&spec) {
+            chosen.push(Box::leak(spec.to_string().into_boxed_str()));
         }
     }
     if chosen.is_empty() {
@@ -83,9 +99,11 @@ fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
     Ok(chosen)
 }
 
-/// The environment one transport's ranks get: `BYZCOLL_TRANSPORT`, and loopback defaults for
-/// the UCX and libfabric settings the caller left unset.
-fn transport_env(name: &str) -> Vec<(String, String)> {
+/// The environment one transport's ranks get: `BYZCOLL_TRANSPORT` (and the variants' settings),
+/// and loopback defaults for the UCX and libfabric settings the caller left unset.
+fn transport_env(spec: &str) -> Vec<(String, String)> {
+    let mut parts = spec.split('+');
+    let name = parts.next().unwrap_or_default();
     let defaults: &[(&str, &str)] = match name {
         "ucx" => &[("UCX_TLS", "tcp,self"), ("UCX_NET_DEVICES", "lo")],
         "libfabric" => &[
@@ -97,7 +115,17 @@ fn transport_env(name: &str) -> Vec<(String, String)> {
         ],
         _ => &[],
     };
-    let mut env = vec![("BYZCOLL_TRANSPORT".to_string(), name.to_string())];
+    let mut env = vec![
+        ("BYZCOLL_TRANSPORT".to_string(), name.to_string()),
+        ("BYZCOLL_BENCH_LABEL".to_string(), spec.to_string()),
+    ];
+    for variant in parts {
+        match variant {
+            "mac" => env.push(("BYZCOLL_FRAME_MAC".into(), "1".into())),
+            "off" => env.push(("BYZCOLL_AGREEMENT".into(), "off".into())),
+            _ => {}
+        }
+    }
     env.extend(
         defaults
             .iter()
@@ -271,11 +299,16 @@ async fn worker(args: &Args) -> Result<(), String> {
     let nf = n as f64;
     let f = (n - 1) / 2;
     let median = Median::new(f);
-    let transport = comm.transport().name();
+    let label = std::env::var("BYZCOLL_BENCH_LABEL").ok();
+    let transport: &str = match &label {
+        Some(l) => l,
+        None => comm.transport().name(),
+    };
     if me == 0 {
         println!(
-            "# byzcoll over {transport}{} on loopback, {n} ranks, median f = {f}",
-            transport_settings(transport)
+            "# byzcoll over {transport}{} on loopback, {n} ranks, median f = {f}, agreement {:?}",
+            transport_settings(comm.transport().name()),
+            comm.agreement()
         );
         println!(
             "{:>12} {:>10} {:>6} {:>7} {:>12} {:>8} {:>8} {:>9}   {:<9} collective",

@@ -57,7 +57,7 @@ export SLURM_CONF BYZCOLL_REQUIRE_SLURM=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-all_features=byzcoll/ucx,byzcoll/libfabric,byzcoll/cuda,byzcoll/nccl
+all_features=byzcoll/ucx,byzcoll/libfabric,byzcoll/cuda,byzcoll/nccl,byzcoll-capi/cuda
 echo "== cargo clippy (default features, then ucx, libfabric, cuda and nccl)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --features "$all_features" -- -D warnings

@@ -89,6 +89,8 @@ typedef enum byzcoll_status_t {
   BYZCOLL_BOOTSTRAP = 10,
   // The communicator was aborted.
   BYZCOLL_ABORTED = 11,
+  // A CUDA call failed (device vectors).
+  BYZCOLL_DEVICE = 12,
 } byzcoll_status_t;
 
 // A communicator: one rank's membership in a job. Opaque.
@@ -303,6 +305,28 @@ enum byzcoll_status_t byzcoll_robust_allreduce(struct byzcoll_comm_t *comm,
                                                const char *rule,
                                                const struct byzcoll_rule_params_t *params,
                                                struct byzcoll_report_t *report);
+
+// Robust all-reduce of device vectors: as `byzcoll_robust_allreduce`, with `sendbuf` and
+// `recvbuf` in CUDA device memory (cudaMalloc, same device) and the rule run by byzcoll's
+// CUDA kernels ("median", "trimmed-mean", "krum", "multi-krum", "bulyan"; `BYZCOLL_FLOAT32`).
+// Work queued on `stream` (a `cudaStream_t`; NULL: the default stream) is waited for first;
+// the call returns when `recvbuf` holds the result. The vectors cross the network from host
+// memory. Without the `cuda` build feature, a CUDA driver or a device: `BYZCOLL_UNSUPPORTED`.
+//
+// Thread safety: as `byzcoll_robust_allreduce`.
+//
+// # Safety
+// As `byzcoll_robust_allreduce`, for device memory; `stream` is NULL or a live stream of the
+// buffers' device.
+enum byzcoll_status_t byzcoll_robust_allreduce_device(struct byzcoll_comm_t *comm,
+                                                      const void *sendbuf,
+                                                      void *recvbuf,
+                                                      size_t count,
+                                                      int32_t dtype,
+                                                      const char *rule,
+                                                      const struct byzcoll_rule_params_t *params,
+                                                      void *stream,
+                                                      struct byzcoll_report_t *report);
 
 // Non-robust all-reduce (`BYZCOLL_SUM`, `_MIN`, `_MAX`), the baseline MPI and NCCL offer: one
 // faulty rank corrupts every result. In place when `sendbuf == recvbuf`.

@@ -8,6 +8,8 @@
 #![allow(non_camel_case_types)]
 
 mod buffers;
+#[cfg(feature = "cuda")]
+mod device;
 mod report;
 mod status;
 
@@ -564,6 +566,53 @@ pub unsafe extern "C" fn byzcoll_robust_allreduce(
     }
 }
 
+/// Robust all-reduce of device vectors: as `byzcoll_robust_allreduce`, with `sendbuf` and
+/// `recvbuf` in CUDA device memory (cudaMalloc, same device) and the rule run by byzcoll's
+/// CUDA kernels ("median", "trimmed-mean", "krum", "multi-krum", "bulyan"; `BYZCOLL_FLOAT32`).
+/// Work queued on `stream` (a `cudaStream_t`; NULL: the default stream) is waited for first;
+/// the call returns when `recvbuf` holds the result. The vectors cross the network from host
+/// memory. Without the `cuda` build feature, a CUDA driver or a device: `BYZCOLL_UNSUPPORTED`.
+///
+/// Thread safety: as `byzcoll_robust_allreduce`.
+///
+/// # Safety
+/// As `byzcoll_robust_allreduce`, for device memory; `stream` is NULL or a live stream of the
+/// buffers' device.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn byzcoll_robust_allreduce_device(
+    comm: *mut byzcoll_comm_t,
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: usize,
+    dtype: i32,
+    rule: *const c_char,
+    params: *const byzcoll_rule_params_t,
+    stream: *mut c_void,
+    report: *mut byzcoll_report_t,
+) -> byzcoll_status_t {
+    // SAFETY: forwarded; every pointer is checked before use.
+    unsafe {
+        guard_comm(comm, |comm| {
+            #[cfg(feature = "cuda")]
+            return device::robust_allreduce(
+                comm, sendbuf, recvbuf, count, dtype, rule, params, stream, report,
+            );
+            #[cfg(not(feature = "cuda"))]
+            {
+                let _ = (
+                    comm, sendbuf, recvbuf, count, dtype, rule, params, stream, report,
+                );
+                Err(Failure::new(
+                    BYZCOLL_UNSUPPORTED,
+                    "device vectors need libbyzcoll built with the cuda feature \
+                     (scripts/install-capi.sh PREFIX cuda)",
+                ))
+            }
+        })
+    }
+}
+
 /// Non-robust all-reduce (`BYZCOLL_SUM`, `_MIN`, `_MAX`), the baseline MPI and NCCL offer: one
 /// faulty rank corrupts every result. In place when `sendbuf == recvbuf`.
 ///
@@ -653,6 +702,21 @@ unsafe fn read_rule(
     name: *const c_char,
     params: *const byzcoll_rule_params_t,
 ) -> Result<(Box<dyn aggregators::Aggregator>, Policy), Failure> {
+    // SAFETY: forwarded.
+    let (name, spec, policy) = unsafe { read_rule_spec(name, params)? };
+    let rule = aggregators::build(&name, &spec)
+        .map_err(|e| Failure::invalid(format!("rule {name:?}: {e}")))?;
+    Ok((rule, policy))
+}
+
+/// The rule's name, parameters and policy, checked.
+///
+/// # Safety
+/// As [`read_rule`].
+unsafe fn read_rule_spec(
+    name: *const c_char,
+    params: *const byzcoll_rule_params_t,
+) -> Result<(String, Params, Policy), Failure> {
     if name.is_null() {
         return Err(Failure::invalid(
             "rule is NULL: name one (\"median\", \"trimmed-mean\", \"krum\", ...); there is no default",
@@ -694,8 +758,6 @@ unsafe fn read_rule(
         m: (p.m > 0).then_some(p.m as usize),
         tau,
     };
-    let rule = aggregators::build(name, &spec)
-        .map_err(|e| Failure::invalid(format!("rule {name:?}: {e}")))?;
     let policy = match (p.policy, p.replicas) {
         (BYZCOLL_POLICY_GATHER, 0) => Policy::Gather,
         (BYZCOLL_POLICY_GATHER, r) => {
@@ -711,5 +773,5 @@ unsafe fn read_rule(
             )))
         }
     };
-    Ok((rule, policy))
+    Ok((name.to_string(), spec, policy))
 }

@@ -37,6 +37,8 @@ pub enum byzcoll_status_t {
     BYZCOLL_BOOTSTRAP = 10,
     /// The communicator was aborted.
     BYZCOLL_ABORTED = 11,
+    /// A CUDA call failed (device vectors).
+    BYZCOLL_DEVICE = 12,
 }
 
 use byzcoll_status_t::*;
@@ -81,6 +83,8 @@ impl From<Error> for Failure {
             Error::Aggregation(AggError::InvalidSpec(_) | AggError::LengthMismatch { .. }) => {
                 BYZCOLL_INVALID_ARGUMENT
             }
+            Error::Aggregation(AggError::Unsupported { .. }) => BYZCOLL_UNSUPPORTED,
+            Error::Aggregation(AggError::Backend { .. }) => BYZCOLL_DEVICE,
             Error::Aggregation(_) => BYZCOLL_TOO_MANY_FAULTS,
             Error::Bootstrap(BootstrapError::NoSecret | BootstrapError::Auth(_)) => {
                 BYZCOLL_UNAUTHENTICATED
@@ -95,7 +99,7 @@ impl From<Error> for Failure {
 
 /// A static description of a status value.
 pub(crate) fn describe(status: c_int) -> &'static CStr {
-    const ALL: [(byzcoll_status_t, &CStr); 12] = [
+    const ALL: [(byzcoll_status_t, &CStr); 13] = [
         (BYZCOLL_OK, c"success"),
         (BYZCOLL_INVALID_ARGUMENT, c"invalid argument"),
         (
@@ -123,6 +127,7 @@ pub(crate) fn describe(status: c_int) -> &'static CStr {
         ),
         (BYZCOLL_BOOTSTRAP, c"bootstrap failed"),
         (BYZCOLL_ABORTED, c"the communicator was aborted"),
+        (BYZCOLL_DEVICE, c"a CUDA call failed"),
     ];
     ALL.iter()
         .find(|(s, _)| *s as c_int == status)

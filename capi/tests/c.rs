@@ -1,14 +1,18 @@
 //! The C ABI from C and C++, as its users build it: the header, the library, and a C compiler
 //! (no Rust toolchain at link time), and the MPI example under a real `mpirun`.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// `target/<profile>`, where cargo put `libbyzcoll.a` and `libbyzcoll.so` for this test.
+/// `target/<profile>/deps`, where cargo built `libbyzcoll.a` and `libbyzcoll.so` for this test
+/// (the crate is also an rlib so that cargo rebuilds them with it; the copies one level up are
+/// refreshed only by `cargo build`).
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let dir = exe.parent().unwrap().to_path_buf();
     for lib in ["libbyzcoll.a", "libbyzcoll.so"] {
         assert!(
             dir.join(lib).exists(),
@@ -41,15 +45,25 @@ fn static_link_flags() -> Vec<String> {
         }
     }
     flags.extend(
-        ["-lpthread", "-ldl", "-lm", "-lrt", "-lutil", "-lgcc_s", "-lc"]
-            .iter()
-            .map(|s| s.to_string()),
+        [
+            "-lpthread",
+            "-ldl",
+            "-lm",
+            "-lrt",
+            "-lutil",
+            "-lgcc_s",
+            "-lc",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
     );
     flags
 }
 
 fn compile(mut cmd: Command, what: &str) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot run the compiler: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run the compiler: {e}"));
     assert!(
         out.status.success(),
         "{what} does not compile:\n{}",
@@ -171,7 +185,11 @@ const MPIRUN: [&str; 11] = [
 /// The MPI example built with `mpicc` against `libbyzcoll.a`, or `None` (and a SKIPPED line)
 /// without MPI, unless `BYZCOLL_REQUIRE_MPI` says it must be there.
 fn mpi_example() -> Option<PathBuf> {
-    if Command::new("mpicc").arg("--showme:version").output().is_err() {
+    if Command::new("mpicc")
+        .arg("--showme:version")
+        .output()
+        .is_err()
+    {
         assert!(
             std::env::var_os("BYZCOLL_REQUIRE_MPI").is_none(),
             "BYZCOLL_REQUIRE_MPI is set but mpicc is missing (apt-get install libopenmpi-dev)"

@@ -149,9 +149,28 @@ int main(void) {
         return 1;
     }
 
+    /* Device vectors with host pointers: refused, saying why (no cuda feature, no driver, or
+     * not device memory where there is a GPU). */
+    {
+        float hv[4] = {1, 2, 3, 4};
+        byzcoll_status_t st = byzcoll_robust_allreduce_device(comm, hv, hv, 4, BYZCOLL_FLOAT32, "median",
+                                                              &params, NULL, NULL);
+        const char *msg = byzcoll_comm_last_error(comm);
+        checks++;
+        if (!((st == BYZCOLL_UNSUPPORTED && (strstr(msg, "cuda feature") || strstr(msg, "libcuda"))) ||
+              (st == BYZCOLL_INVALID_ARGUMENT && strstr(msg, "CUDA driver knows")))) {
+            fprintf(stderr, "FAILED: device call with host pointers -> %d \"%s\"\n", (int)st, msg);
+            return 1;
+        }
+        printf("device vectors here: %s\n", msg);
+    }
+    EXPECT(byzcoll_robust_allreduce_device(NULL, v, v, 8, BYZCOLL_FLOAT32, "median", &params, NULL, NULL),
+           BYZCOLL_INVALID_ARGUMENT, "comm is NULL");
+
     /* Strings. */
     if (strcmp(byzcoll_status_string(BYZCOLL_OK), "success") || strcmp(byzcoll_status_string(1234), "unknown status") ||
-        strcmp(byzcoll_status_string(-1), "unknown status") || byzcoll_version()[0] == 0 ||
+        strcmp(byzcoll_status_string(-1), "unknown status") ||
+        strcmp(byzcoll_status_string(BYZCOLL_DEVICE), "a CUDA call failed") || byzcoll_version()[0] == 0 ||
         byzcoll_comm_rank(NULL) != -1 || byzcoll_comm_size(NULL) != -1) {
         fprintf(stderr, "FAILED: strings or NULL getters\n");
         return 1;

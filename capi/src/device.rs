@@ -1,0 +1,147 @@
+//! Device vectors (feature `cuda`): the caller's CUDA buffers through the CUDA rules.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use byzcoll_rs::cuda::cudarc::driver::{result, sys, DriverError};
+use byzcoll_rs::cuda::{CudaRule, Gpu, GpuError};
+use byzcoll_rs::Policy;
+
+use crate::buffers::DType;
+use crate::report;
+use crate::status::{byzcoll_status_t::*, Failure};
+use crate::{byzcoll_comm_t, byzcoll_report_t, byzcoll_rule_params_t};
+
+fn driver(what: &str, e: DriverError) -> Failure {
+    Failure::new(BYZCOLL_DEVICE, format!("{what}: {e}"))
+}
+
+fn gpu_error(e: GpuError) -> Failure {
+    match e {
+        GpuError::NoLibrary { .. } | GpuError::NoDevice => {
+            Failure::new(BYZCOLL_UNSUPPORTED, e.to_string())
+        }
+        e => Failure::new(BYZCOLL_DEVICE, e.to_string()),
+    }
+}
+
+/// The device `p` lives on, or why it is not device memory.
+fn device_of(p: *const c_void, name: &str) -> Result<usize, Failure> {
+    let mut ordinal: i32 = -1;
+    // SAFETY: the driver is loaded and initialised; it writes one int for this attribute.
+    let rc = unsafe {
+        sys::cuPointerGetAttribute(
+            (&raw mut ordinal).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            p as sys::CUdeviceptr,
+        )
+    };
+    match rc.result() {
+        Ok(()) if ordinal >= 0 => Ok(ordinal as usize),
+        _ => Err(Failure::invalid(format!(
+            "{name} ({p:p}) is not memory the CUDA driver knows (cudaMalloc it, or use \
+             byzcoll_robust_allreduce for host memory)"
+        ))),
+    }
+}
+
+/// One `Gpu` (context, stream, compiled kernels) per device, for the whole process.
+fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Failure> {
+    static GPUS: OnceLock<Mutex<HashMap<usize, Arc<Gpu>>>> = OnceLock::new();
+    let mut gpus = GPUS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(g) = gpus.get(&ordinal) {
+        return Ok(g.clone());
+    }
+    let g = Gpu::new(ordinal).map_err(gpu_error)?;
+    gpus.insert(ordinal, g.clone());
+    Ok(g)
+}
+
+/// See `byzcoll_robust_allreduce_device`.
+///
+/// # Safety
+/// As `byzcoll_robust_allreduce_device`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn robust_allreduce(
+    comm: &byzcoll_comm_t,
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: usize,
+    dtype: i32,
+    rule: *const std::ffi::c_char,
+    params: *const byzcoll_rule_params_t,
+    stream: *mut c_void,
+    report: *mut byzcoll_report_t,
+) -> Result<(), Failure> {
+    // SAFETY: forwarded.
+    let mut report = unsafe { report::Out::new(report)? };
+    // SAFETY: forwarded.
+    let (name, spec, policy): (String, _, Policy) = unsafe { crate::read_rule_spec(rule, params)? };
+    if let DType::F64 = DType::parse(dtype)? {
+        return Err(Failure::new(
+            BYZCOLL_UNSUPPORTED,
+            "device vectors are BYZCOLL_FLOAT32 (the CUDA rules' element type)",
+        ));
+    }
+    let bytes = count
+        .checked_mul(4)
+        .ok_or_else(|| Failure::invalid(format!("count {count} is too large")))?;
+    for (p, what) in [(sendbuf, "sendbuf"), (recvbuf.cast_const(), "recvbuf")] {
+        if p.is_null() {
+            return Err(Failure::invalid(format!("{what} is NULL")));
+        }
+    }
+    // SAFETY: only tries to open the library.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Failure::new(
+            BYZCOLL_UNSUPPORTED,
+            "the CUDA driver (libcuda.so) could not be loaded: run on a machine with an NVIDIA \
+             GPU and its driver",
+        ));
+    }
+    result::init().map_err(|e| driver("cuInit", e))?;
+    let ordinal = device_of(recvbuf, "recvbuf")?;
+    if device_of(sendbuf, "sendbuf")? != ordinal {
+        return Err(Failure::invalid(
+            "sendbuf and recvbuf are on different devices",
+        ));
+    }
+    let gpu = gpu(ordinal)?;
+    gpu.context()
+        .bind_to_thread()
+        .map_err(|e| driver("binding the device's context", e))?;
+    let rule =
+        CudaRule::new(gpu, &name, &spec).map_err(|e| Failure::from(byzcoll_rs::Error::from(e)))?;
+    let mut host = vec![0f32; count];
+    // SAFETY: `stream` is NULL (the default stream) or the caller's live stream; the copies
+    // are synchronous, between device buffers of `bytes` bytes (the caller's word) and `host`.
+    unsafe {
+        sys::cuStreamSynchronize(stream as sys::CUstream)
+            .result()
+            .map_err(|e| driver("waiting for the caller's stream", e))?;
+        sys::cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), sendbuf as sys::CUdeviceptr, bytes)
+            .result()
+            .map_err(|e| driver("copying sendbuf from the device", e))?;
+    }
+    let round = comm.run(async |c| c.robust_all_reduce(&mut host, &rule, policy).await);
+    match round {
+        Ok(r) => {
+            // SAFETY: as above.
+            unsafe {
+                sys::cuMemcpyHtoD_v2(recvbuf as sys::CUdeviceptr, host.as_ptr().cast(), bytes)
+                    .result()
+                    .map_err(|e| driver("copying the result to recvbuf", e))?;
+            }
+            report.fill(&r);
+            Ok(())
+        }
+        Err(e) => {
+            report.clear();
+            Err(e)
+        }
+    }
+}
