@@ -10,26 +10,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=()
-command -v mpirun >/dev/null 2>&1 || apt_packages+=(openmpi-bin)
-command -v pgrep >/dev/null 2>&1 || apt_packages+=(procps)
-command -v pkg-config >/dev/null 2>&1 || apt_packages+=(pkg-config)
-pkg-config --exists ucx 2>/dev/null || apt_packages+=(libucx-dev)
-command -v ucx_info >/dev/null 2>&1 || apt_packages+=(ucx-utils)
-pkg-config --exists libfabric 2>/dev/null || apt_packages+=(libfabric-dev)
-command -v fi_info >/dev/null 2>&1 || apt_packages+=(libfabric-bin)
-# bindgen loads libclang itself (libclang.so); libclang-cpp.so, which other packages bring, is not it.
-compgen -G '/usr/lib/llvm-*/lib/libclang.so' >/dev/null || apt_packages+=(libclang-dev)
-command -v c++ >/dev/null 2>&1 || apt_packages+=(g++)
-# mpi.h for the C examples compiled with mpicc (the C ABI's tests).
-{ command -v mpicc >/dev/null 2>&1 && echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1; } ||
-    apt_packages+=(libopenmpi-dev)
+mapfile -t apt_packages < <(scripts/deps.sh)
 if [ ${#apt_packages[@]} -gt 0 ]; then
     echo "== installing ${apt_packages[*]}"
     sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_packages[@]}"
+    still=$(scripts/deps.sh | tr '\n' ' ')
+    if [ -n "$still" ]; then
+        echo "installed, but still missing what they should bring: $still" >&2
+        exit 1
+    fi
 fi
 
 # NVRTC for the kernel compile test: the CUDA toolkit's if there is one, else the PyPI wheel
