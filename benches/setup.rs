@@ -4,7 +4,8 @@
 //! - `--processes`: `byzcoll launch` of `n` copies of this binary, each `byzcoll::init()`,
 //!   one barrier, exit (what a job pays before its first collective, process start included).
 //!
-//! `--unauthenticated` runs the in-process worlds with the explicit opt-out, for comparison.
+//! In one process, authenticated and unauthenticated (the explicit opt-out) worlds alternate and
+//! both are printed with their ratio; `--unauthenticated` runs only the latter.
 //!
 //! ```sh
 //! cargo bench --bench setup -- --ranks 4,8 --reps 15
@@ -116,16 +117,21 @@ fn main() -> ExitCode {
         .and_then(|s| s.parse().ok())
         .filter(|&r| (1..=1000).contains(&r))
         .unwrap_or(15);
-    let auth = if args.iter().any(|a| a == "--unauthenticated") {
-        JobAuth::Unauthenticated
-    } else {
-        match JobSecret::generate() {
-            Ok(s) => JobAuth::Secret(s),
-            Err(e) => {
-                eprintln!("setup bench: {e}");
-                return ExitCode::FAILURE;
-            }
+    let secret = match JobSecret::generate() {
+        Ok(s) => JobAuth::Secret(s),
+        Err(e) => {
+            eprintln!("setup bench: {e}");
+            return ExitCode::FAILURE;
         }
+    };
+    // In one process, authenticated and unauthenticated worlds alternate, so both see the same
+    // machine; as processes, `byzcoll launch` always hands out a secret.
+    let modes: Vec<JobAuth> = if processes {
+        vec![secret]
+    } else if args.iter().any(|a| a == "--unauthenticated") {
+        vec![JobAuth::Unauthenticated]
+    } else {
+        vec![secret, JobAuth::Unauthenticated]
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -138,41 +144,53 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "# TCP world setup{}, {} ({reps} worlds each; median, min, max in ms)",
+        "# TCP world setup{} ({reps} worlds each, modes alternating; median, min, max in ms)",
         if processes {
             " as processes (launch, init, barrier, exit)"
         } else {
             " in one process"
         },
-        if auth.is_authenticated() {
-            "authenticated"
-        } else {
-            "unauthenticated"
-        }
     );
     for n in ranks {
-        let mut times = Vec::with_capacity(reps);
+        let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); modes.len()];
         for _ in 0..reps {
-            let one = if processes {
-                one_launch(n)
-            } else {
-                rt.block_on(one_world(n, &auth))
-            };
-            match one {
-                Ok(t) => times.push(t.as_secs_f64() * 1e3),
-                Err(e) => {
-                    eprintln!("setup bench: {n} ranks: {e}");
-                    return ExitCode::FAILURE;
+            for (auth, times) in modes.iter().zip(&mut times) {
+                let one = if processes {
+                    one_launch(n)
+                } else {
+                    rt.block_on(one_world(n, auth))
+                };
+                match one {
+                    Ok(t) => times.push(t.as_secs_f64() * 1e3),
+                    Err(e) => {
+                        eprintln!("setup bench: {n} ranks: {e}");
+                        return ExitCode::FAILURE;
+                    }
                 }
             }
         }
-        times.sort_by(f64::total_cmp);
-        println!(
-            "ranks {n:>3}  median {:>8.2}  min {:>8.2}  max {:>8.2}",
-            times[times.len() / 2],
-            times[0],
-            times[times.len() - 1]
-        );
+        let mut medians = Vec::new();
+        for (auth, times) in modes.iter().zip(&mut times) {
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
+            medians.push(median);
+            println!(
+                "ranks {n:>3}  {:<15}  median {median:>8.2}  min {:>8.2}  max {:>8.2}",
+                if auth.is_authenticated() {
+                    "authenticated"
+                } else {
+                    "unauthenticated"
+                },
+                times[0],
+                times[times.len() - 1]
+            );
+        }
+        if let [a, u] = medians[..] {
+            println!(
+                "ranks {n:>3}  authenticated / unauthenticated = {:.2}",
+                a / u
+            );
+        }
     }
     ExitCode::SUCCESS
 }
