@@ -126,16 +126,7 @@ pub fn selected_transport() -> String {
 pub async fn init() -> Result<Communicator> {
     let env = LaunchEnv::from_env()?;
     let config = Config::from_env()?;
-    let agreement = match std::env::var("BYZCOLL_AGREEMENT") {
-        Err(_) => Agreement::default(),
-        Ok(v) => Agreement::parse(&v).map_err(|why| {
-            Error::Bootstrap(BootstrapError::InvalidVar {
-                var: "BYZCOLL_AGREEMENT",
-                value: v.clone(),
-                why,
-            })
-        })?,
-    };
+    let agreement = env_agreement()?;
     let transport = selected_transport();
     let info = TRANSPORTS
         .iter()
@@ -188,6 +179,24 @@ pub async fn init() -> Result<Communicator> {
     }?;
     comm.set_agreement(agreement);
     Ok(comm)
+}
+
+/// `BYZCOLL_AGREEMENT`: how robust rounds cross-check their results ([`Agreement::Detect`] when
+/// unset).
+///
+/// # Errors
+/// [`Error::Bootstrap`] naming the variable when its value is not one of the policies.
+pub fn env_agreement() -> Result<Agreement> {
+    match std::env::var("BYZCOLL_AGREEMENT") {
+        Err(_) => Ok(Agreement::default()),
+        Ok(v) => Agreement::parse(&v).map_err(|why| {
+            Error::Bootstrap(BootstrapError::InvalidVar {
+                var: "BYZCOLL_AGREEMENT",
+                value: v.clone(),
+                why,
+            })
+        }),
+    }
 }
 
 /// `BYZCOLL_FRAME_MAC`: `Some(true)` for 1, `Some(false)` for 0, `None` when unset.

@@ -113,6 +113,11 @@ pub fn init_with_allgather(
             )));
         }
     }
+    if hellos[rank * HELLO_LEN..(rank + 1) * HELLO_LEN] != hello[..] {
+        return Err(bootstrap(format!(
+            "the all-gather did not return this rank's own record at position {rank}"
+        )));
+    }
     let mut key = [0u8; 32];
     key.copy_from_slice(&hellos[HELLO_LEN - 32..HELLO_LEN]);
     let auth = JobAuth::Secret(JobSecret::from_bytes(key));
@@ -151,11 +156,32 @@ pub fn init_with_allgather(
         keys.push((key, text));
         addrs.push(addr);
     }
+    if entries[rank * ENTRY_LEN..(rank + 1) * ENTRY_LEN] != entry[..] {
+        return Err(bootstrap(format!(
+            "the all-gather did not return this rank's own record at position {rank}"
+        )));
+    }
+    if let Some(r) = addrs.iter().position(|a| a.ip().is_unspecified()) {
+        return Err(bootstrap(format!(
+            "rank {r} listens on {}, which no peer can connect to: give it a specific address \
+             (config listen address or BYZCOLL_TCP_ADDR)",
+            addrs[r]
+        )));
+    }
+    let looped: Vec<usize> = (0..size).filter(|&r| addrs[r].ip().is_loopback()).collect();
+    if !looped.is_empty() && looped.len() < size {
+        return Err(bootstrap(format!(
+            "ranks {looped:?} listen on loopback addresses and the others do not, so they cannot \
+             all reach each other: set BYZCOLL_TCP_ADDR (or the config's listen address) to an \
+             address of each host's network"
+        )));
+    }
     let membership = Membership {
         auth,
         identity,
         roster: Roster::new(&keys)?,
     };
+    let agreement = crate::env_agreement()?;
     let transport = runtime.block_on(TcpTransport::connect_mesh(
         rank,
         size,
@@ -164,7 +190,9 @@ pub fn init_with_allgather(
         &membership,
         options,
     ))?;
-    Ok(Communicator::new(Box::new(transport), config))
+    let mut comm = Communicator::new(Box::new(transport), config);
+    comm.set_agreement(agreement);
+    Ok(comm)
 }
 
 fn gather(allgather: &mut AllGather<'_>, record: &[u8], size: usize) -> Result<Vec<u8>> {
@@ -190,8 +218,8 @@ fn bootstrap(why: String) -> Error {
     )))
 }
 
-/// The first address this host's name resolves to (IPv4 preferred), where the other ranks of
-/// a multi-node job can reach this one.
+/// An address this host's name resolves to, where the other ranks of a multi-node job can
+/// reach this one.
 fn host_address() -> Result<IpAddr> {
     let mut name = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or fails.
@@ -215,10 +243,12 @@ fn host_address() -> Result<IpAddr> {
         .to_socket_addrs()
         .map_err(|e| unresolvable(e.to_string()))?
         .collect();
+    // A non-loopback address first (Debian maps the host name to 127.0.1.1 as well), IPv4
+    // before IPv6; loopback only when there is nothing else (a single-host job).
+    let rank = |a: &&SocketAddr| (a.ip().is_loopback(), !a.is_ipv4());
     addrs
         .iter()
-        .find(|a| a.is_ipv4())
-        .or(addrs.first())
+        .min_by_key(rank)
         .map(SocketAddr::ip)
         .ok_or_else(|| unresolvable("no address".into()))
 }

@@ -96,8 +96,9 @@ typedef enum byzcoll_status_t {
 // A communicator: one rank's membership in a job. Opaque.
 typedef struct byzcoll_comm_t byzcoll_comm_t;
 
-// Settings of a communicator. Initialise with `BYZCOLL_CONFIG_INIT`, then change fields:
-// `size` lets later versions add fields without breaking binaries built against this one.
+// Settings of a communicator. Initialise with `BYZCOLL_CONFIG_INIT`, then change fields.
+// `size` and `version` must be this header's: a later library that adds fields will accept
+// the sizes of earlier headers and default the fields they lack.
 typedef struct byzcoll_config_t {
   // `sizeof(byzcoll_config_t)` as the caller compiled it.
   size_t size;
@@ -202,8 +203,9 @@ enum byzcoll_status_t byzcoll_init_from_env(const struct byzcoll_config_t *confi
 // Joins a `size`-rank job as rank `rank` through the caller's all-gather (for example
 // `MPI_Allgather` over `MPI_COMM_WORLD`), with no store and no `BYZCOLL_SECRET`: rank 0 draws
 // the job secret and the all-gather hands it out, so the caller's channel must be one only the
-// job's processes share. `allgather` is called twice, on this thread, with `ctx`; every rank
-// must call this function together. Connects over TCP.
+// job's processes share. `allgather` is called twice, on this thread, with `ctx`; it must
+// return (not throw or longjmp). Every rank must call this function together. Connects over
+// TCP. Agreement: `config->agreement`, else `BYZCOLL_AGREEMENT`.
 //
 // Thread safety: may be called from any thread (the callback runs on it).
 //
@@ -231,7 +233,8 @@ enum byzcoll_status_t byzcoll_comm_finalize(struct byzcoll_comm_t *comm);
 // call on it returns `BYZCOLL_ABORTED`. It must still be finalized.
 //
 // Thread safety: may be called from any thread, also while another thread is in a collective
-// on `comm`.
+// on `comm` (it waits for that collective to return `BYZCOLL_ABORTED`). Not async-signal-safe:
+// do not call it from a signal handler.
 //
 // # Safety
 // `comm` is NULL or a live communicator.
@@ -253,11 +256,12 @@ int32_t byzcoll_comm_rank(const struct byzcoll_comm_t *comm);
 // `comm` is NULL or a live communicator.
 int32_t byzcoll_comm_size(const struct byzcoll_comm_t *comm);
 
-// The message of the last failed call on `comm` ("" if none, "comm is NULL" for NULL). The
-// string stays valid until the next failing call on `comm` or its finalize.
+// The message of the last failed call on `comm` ("" if none, "comm is NULL" for NULL), copied
+// into this thread's storage: the string stays valid until this thread's next byzcoll call
+// that fails or asks for a message.
 //
-// Thread safety: any thread, but with concurrent calls on `comm` the message may be another
-// call's.
+// Thread safety: any thread; with calls on `comm` from several threads the message may be
+// another thread's call's.
 //
 // # Safety
 // `comm` is NULL or a live communicator.
@@ -289,10 +293,14 @@ const char *byzcoll_version(void);
 // agreement detection (the default) a rank whose result the job does not share gets
 // `BYZCOLL_DISAGREEMENT` and must not use `recvbuf`.
 //
-// Every rank must call with the same rule, parameters, count and dtype.
+// Every rank must call with the same rule, parameters, count and dtype, and make the same
+// sequence of collective calls on the communicator. On failure the report (if any) names the
+// peers at fault when the error knows them, and its other outputs are zero.
 //
-// Thread safety: calls on one communicator are serialized (a second waits for the first);
-// different communicators may be used from different threads.
+// Thread safety: call the collectives of one communicator from one thread at a time, in the
+// same order on every rank (concurrent calls are serialized in an unspecified order, which
+// other ranks cannot follow); different communicators may be used from different threads.
+// Not async-signal-safe, like every function here.
 //
 // # Safety
 // `sendbuf` and `recvbuf` are valid for `count` elements; `params` is NULL or initialised;

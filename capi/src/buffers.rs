@@ -51,7 +51,12 @@ pub(crate) fn check_aligned<T>(p: *const T, name: &str) -> Result<(), Failure> {
 }
 
 /// Checks `p` for `count` elements of `dtype` and returns the byte length.
-fn check(p: *const c_void, count: usize, dtype: DType, name: &str) -> Result<usize, Failure> {
+pub(crate) fn check(
+    p: *const c_void,
+    count: usize,
+    dtype: DType,
+    name: &str,
+) -> Result<usize, Failure> {
     let bytes = count
         .checked_mul(dtype.size())
         .filter(|&b| b <= isize::MAX as usize)
@@ -104,9 +109,16 @@ pub(crate) unsafe fn bytes_mut<'a>(
     Ok(unsafe { std::slice::from_raw_parts_mut(p.cast(), len) })
 }
 
-pub(crate) fn check_disjoint(a: &[u8], b: &[u8]) -> Result<(), Failure> {
-    let (a0, a1) = (a.as_ptr() as usize, a.as_ptr() as usize + a.len());
-    let (b0, b1) = (b.as_ptr() as usize, b.as_ptr() as usize + b.len());
+/// Refuses overlapping `[a, a + a_len)` and `[b, b + b_len)`, checked on addresses before any
+/// slice over them exists.
+pub(crate) fn check_disjoint(
+    a: *const c_void,
+    a_len: usize,
+    b: *const c_void,
+    b_len: usize,
+) -> Result<(), Failure> {
+    let (a0, b0) = (a as usize, b as usize);
+    let (a1, b1) = (a0.saturating_add(a_len), b0.saturating_add(b_len));
     if a0 < b1 && b0 < a1 {
         return Err(Failure::invalid(
             "sendbuf and recvbuf overlap: pass the same pointer for in place, or separate buffers",
@@ -128,12 +140,16 @@ impl<'a> Buffer<'a> {
         send_name: &str,
         recv_name: &str,
     ) -> Result<Self, Failure> {
-        // SAFETY: forwarded.
+        let len = check(recv, count, dtype, recv_name)?;
+        if send != recv.cast_const() {
+            check(send, count, dtype, send_name)?;
+            check_disjoint(send, len, recv, len)?;
+        }
+        // SAFETY: forwarded; checked above, and disjoint unless identical.
         let out = unsafe { bytes_mut(recv, count, dtype, recv_name)? };
         if send != recv.cast_const() {
-            // SAFETY: forwarded.
+            // SAFETY: forwarded; disjoint from `out`.
             let input = unsafe { bytes(send, count, dtype, send_name)? };
-            check_disjoint(input, out)?;
             out.copy_from_slice(input);
         }
         let (p, n) = (out.as_mut_ptr(), count);

@@ -26,8 +26,9 @@ fn gpu_error(e: GpuError) -> Failure {
     }
 }
 
-/// The device `p` lives on, or why it is not device memory.
-fn device_of(p: *const c_void, name: &str) -> Result<usize, Failure> {
+/// The device `p` lives on, or why it is not device memory; and that its allocation holds
+/// `bytes` bytes from `p`.
+fn device_of(p: *const c_void, bytes: usize, name: &str) -> Result<usize, Failure> {
     let mut ordinal: i32 = -1;
     // SAFETY: the driver is loaded and initialised; it writes one int for this attribute.
     let rc = unsafe {
@@ -37,13 +38,27 @@ fn device_of(p: *const c_void, name: &str) -> Result<usize, Failure> {
             p as sys::CUdeviceptr,
         )
     };
-    match rc.result() {
-        Ok(()) if ordinal >= 0 => Ok(ordinal as usize),
-        _ => Err(Failure::invalid(format!(
-            "{name} ({p:p}) is not memory the CUDA driver knows (cudaMalloc it, or use \
-             byzcoll_robust_allreduce for host memory)"
-        ))),
+    let ordinal = match rc.result() {
+        Ok(()) if ordinal >= 0 => ordinal as usize,
+        _ => {
+            return Err(Failure::invalid(format!(
+                "{name} ({p:p}) is not memory the CUDA driver knows (cudaMalloc it, or use \
+                 byzcoll_robust_allreduce for host memory)"
+            )))
+        }
+    };
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: as above; the driver writes the allocation's base and size.
+    unsafe { sys::cuMemGetAddressRange_v2(&raw mut base, &raw mut size, p as sys::CUdeviceptr) }
+        .result()
+        .map_err(|e| driver(&format!("the allocation of {name}"), e))?;
+    let end = base.saturating_add(size as sys::CUdeviceptr);
+    if (p as sys::CUdeviceptr).saturating_add(bytes as sys::CUdeviceptr) > end {
+        return Err(Failure::invalid(format!(
+            "{name} ({p:p}) + {bytes} bytes runs past its allocation ({size} bytes from {base:#x})"
+        )));
     }
+    Ok(ordinal)
 }
 
 /// One `Gpu` (context, stream, compiled kernels) per device, for the whole process.
@@ -103,9 +118,14 @@ pub(crate) unsafe fn robust_allreduce(
              GPU and its driver",
         ));
     }
-    result::init().map_err(|e| driver("cuInit", e))?;
-    let ordinal = device_of(recvbuf, "recvbuf")?;
-    if device_of(sendbuf, "sendbuf")? != ordinal {
+    result::init().map_err(|e| match e.0 {
+        sys::CUresult::CUDA_ERROR_NO_DEVICE => {
+            Failure::new(BYZCOLL_UNSUPPORTED, "the CUDA driver finds no device here")
+        }
+        _ => driver("cuInit", e),
+    })?;
+    let ordinal = device_of(recvbuf, bytes, "recvbuf")?;
+    if device_of(sendbuf, bytes, "sendbuf")? != ordinal {
         return Err(Failure::invalid(
             "sendbuf and recvbuf are on different devices",
         ));
@@ -116,7 +136,14 @@ pub(crate) unsafe fn robust_allreduce(
         .map_err(|e| driver("binding the device's context", e))?;
     let rule =
         CudaRule::new(gpu, &name, &spec).map_err(|e| Failure::from(byzcoll_rs::Error::from(e)))?;
-    let mut host = vec![0f32; count];
+    let mut host: Vec<f32> = Vec::new();
+    host.try_reserve_exact(count).map_err(|_| {
+        Failure::new(
+            BYZCOLL_INTERNAL,
+            format!("no host memory for {bytes} bytes"),
+        )
+    })?;
+    host.resize(count, 0.0);
     // SAFETY: `stream` is NULL (the default stream) or the caller's live stream; the copies
     // are synchronous, between device buffers of `bytes` bytes (the caller's word) and `host`.
     unsafe {
@@ -135,12 +162,16 @@ pub(crate) unsafe fn robust_allreduce(
                 sys::cuMemcpyHtoD_v2(recvbuf as sys::CUdeviceptr, host.as_ptr().cast(), bytes)
                     .result()
                     .map_err(|e| driver("copying the result to recvbuf", e))?;
+                // From pageable memory the copy may return before the DMA lands.
+                sys::cuCtxSynchronize()
+                    .result()
+                    .map_err(|e| driver("waiting for the copy to recvbuf", e))?;
             }
             report.fill(&r);
             Ok(())
         }
         Err(e) => {
-            report.clear();
+            report.failed(&e);
             Err(e)
         }
     }

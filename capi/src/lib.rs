@@ -58,8 +58,9 @@ pub const BYZCOLL_MIN: i32 = 1;
 /// Element-wise maximum.
 pub const BYZCOLL_MAX: i32 = 2;
 
-/// Settings of a communicator. Initialise with `BYZCOLL_CONFIG_INIT`, then change fields:
-/// `size` lets later versions add fields without breaking binaries built against this one.
+/// Settings of a communicator. Initialise with `BYZCOLL_CONFIG_INIT`, then change fields.
+/// `size` and `version` must be this header's: a later library that adds fields will accept
+/// the sizes of earlier headers and default the fields they lack.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct byzcoll_config_t {
@@ -180,7 +181,23 @@ impl byzcoll_comm_t {
         &self,
         op: impl AsyncFnOnce(&mut Communicator) -> byzcoll_rs::Result<T>,
     ) -> Result<T, Failure> {
-        let mut slot = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = match self.comm.lock() {
+            Ok(slot) => slot,
+            Err(poisoned) => {
+                // A collective panicked half-way: its numbering and mailboxes are mid-round,
+                // so the communicator cannot go on in step with the others.
+                let mut slot = poisoned.into_inner();
+                let broken = slot.take();
+                let _entered = self.runtime.enter();
+                drop(broken);
+                self.aborted.store(true, Ordering::SeqCst);
+                return Err(Failure::new(
+                    BYZCOLL_INTERNAL,
+                    "an earlier call on this communicator failed inside a collective (a bug); \
+                     it is closed: finalize it",
+                ));
+            }
+        };
         let comm = slot.as_mut().ok_or_else(Failure::aborted)?;
         self.runtime.block_on(async {
             let mut aborted = pin!(self.abort.notified());
@@ -272,8 +289,12 @@ unsafe fn publish(
     out: *mut *mut byzcoll_comm_t,
     make: impl FnOnce() -> Result<Box<byzcoll_comm_t>, Failure>,
 ) -> byzcoll_status_t {
-    if out.is_null() {
-        return guard(|| Err(Failure::invalid("comm (the output pointer) is NULL")));
+    if out.is_null() || (out as usize) % align_of::<*mut byzcoll_comm_t>() != 0 {
+        return guard(|| {
+            Err(Failure::invalid(
+                "comm (the output pointer) is NULL or misaligned",
+            ))
+        });
     }
     // SAFETY: non-null; the caller passes a writable pointer.
     unsafe { out.write(ptr::null_mut()) };
@@ -318,8 +339,9 @@ pub unsafe extern "C" fn byzcoll_init_from_env(
 /// Joins a `size`-rank job as rank `rank` through the caller's all-gather (for example
 /// `MPI_Allgather` over `MPI_COMM_WORLD`), with no store and no `BYZCOLL_SECRET`: rank 0 draws
 /// the job secret and the all-gather hands it out, so the caller's channel must be one only the
-/// job's processes share. `allgather` is called twice, on this thread, with `ctx`; every rank
-/// must call this function together. Connects over TCP.
+/// job's processes share. `allgather` is called twice, on this thread, with `ctx`; it must
+/// return (not throw or longjmp). Every rank must call this function together. Connects over
+/// TCP. Agreement: `config->agreement`, else `BYZCOLL_AGREEMENT`.
 ///
 /// Thread safety: may be called from any thread (the callback runs on it).
 ///
@@ -410,7 +432,8 @@ pub unsafe extern "C" fn byzcoll_comm_finalize(comm: *mut byzcoll_comm_t) -> byz
 /// call on it returns `BYZCOLL_ABORTED`. It must still be finalized.
 ///
 /// Thread safety: may be called from any thread, also while another thread is in a collective
-/// on `comm`.
+/// on `comm` (it waits for that collective to return `BYZCOLL_ABORTED`). Not async-signal-safe:
+/// do not call it from a signal handler.
 ///
 /// # Safety
 /// `comm` is NULL or a live communicator.
@@ -457,11 +480,12 @@ pub unsafe extern "C" fn byzcoll_comm_size(comm: *const byzcoll_comm_t) -> i32 {
     unsafe { comm.as_ref() }.map_or(-1, |c| c.size as i32)
 }
 
-/// The message of the last failed call on `comm` ("" if none, "comm is NULL" for NULL). The
-/// string stays valid until the next failing call on `comm` or its finalize.
+/// The message of the last failed call on `comm` ("" if none, "comm is NULL" for NULL), copied
+/// into this thread's storage: the string stays valid until this thread's next byzcoll call
+/// that fails or asks for a message.
 ///
-/// Thread safety: any thread, but with concurrent calls on `comm` the message may be another
-/// call's.
+/// Thread safety: any thread; with calls on `comm` from several threads the message may be
+/// another thread's call's.
 ///
 /// # Safety
 /// `comm` is NULL or a live communicator.
@@ -470,11 +494,15 @@ pub unsafe extern "C" fn byzcoll_comm_last_error(comm: *const byzcoll_comm_t) ->
     // SAFETY: null or live.
     match unsafe { comm.as_ref() } {
         None => c"comm is NULL".as_ptr(),
-        Some(c) => c
-            .last_error
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ptr(),
+        Some(c) => {
+            let message = c
+                .last_error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            status::set_thread_error_c(message);
+            status::thread_error_ptr()
+        }
     }
 }
 
@@ -518,10 +546,14 @@ pub extern "C" fn byzcoll_version() -> *const c_char {
 /// agreement detection (the default) a rank whose result the job does not share gets
 /// `BYZCOLL_DISAGREEMENT` and must not use `recvbuf`.
 ///
-/// Every rank must call with the same rule, parameters, count and dtype.
+/// Every rank must call with the same rule, parameters, count and dtype, and make the same
+/// sequence of collective calls on the communicator. On failure the report (if any) names the
+/// peers at fault when the error knows them, and its other outputs are zero.
 ///
-/// Thread safety: calls on one communicator are serialized (a second waits for the first);
-/// different communicators may be used from different threads.
+/// Thread safety: call the collectives of one communicator from one thread at a time, in the
+/// same order on every rank (concurrent calls are serialized in an unspecified order, which
+/// other ranks cannot follow); different communicators may be used from different threads.
+/// Not async-signal-safe, like every function here.
 ///
 /// # Safety
 /// `sendbuf` and `recvbuf` are valid for `count` elements; `params` is NULL or initialised;
@@ -558,7 +590,7 @@ pub unsafe extern "C" fn byzcoll_robust_allreduce(
                     Ok(())
                 }
                 Err(e) => {
-                    report.clear();
+                    report.failed(&e);
                     Err(e)
                 }
             }
@@ -673,9 +705,11 @@ pub unsafe extern "C" fn byzcoll_all_gather(
             let total = count.checked_mul(comm.size).ok_or_else(|| {
                 Failure::invalid(format!("count {count} x {} ranks overflows", comm.size))
             })?;
+            let send_len = buffers::check(sendbuf, count, dtype, "sendbuf")?;
+            let recv_len = buffers::check(recvbuf, total, dtype, "recvbuf")?;
+            buffers::check_disjoint(sendbuf, send_len, recvbuf, recv_len)?;
             let send = buffers::bytes(sendbuf, count, dtype, "sendbuf")?;
             let recv = buffers::bytes_mut(recvbuf, total, dtype, "recvbuf")?;
-            buffers::check_disjoint(send, recv)?;
             comm.run(async |c| c.all_gather_into(send, recv).await)
         })
     }

@@ -62,8 +62,8 @@ pub struct byzcoll_report_t {
     pub peak_bytes: usize,
 }
 
-/// The caller's report, checked.
-pub(crate) struct Out(Option<*mut byzcoll_report_t>);
+/// The caller's report, checked: where to write, and the arrays as they were checked.
+pub(crate) struct Out(Option<(*mut byzcoll_report_t, byzcoll_report_t)>);
 
 impl Out {
     /// # Safety
@@ -85,28 +85,25 @@ impl Out {
         }
         // SAFETY: the whole struct is the caller's.
         let r = unsafe { report.read() };
-        if r.capacity > 0 {
-            for (p, name) in [
-                (r.fault_ranks.cast_const(), "report->fault_ranks"),
-                (r.non_finite_ranks.cast_const(), "report->non_finite_ranks"),
-                (r.selected_ranks.cast_const(), "report->selected_ranks"),
-            ] {
-                if !p.is_null() {
-                    check_aligned(p, name)?;
-                }
-            }
-            if !r.fault_kinds.is_null() {
-                check_aligned(r.fault_kinds.cast_const(), "report->fault_kinds")?;
+        for (p, name) in [
+            (r.fault_ranks.cast_const(), "report->fault_ranks"),
+            (r.non_finite_ranks.cast_const(), "report->non_finite_ranks"),
+            (r.selected_ranks.cast_const(), "report->selected_ranks"),
+        ] {
+            if !p.is_null() {
+                check_aligned(p, name)?;
             }
         }
-        Ok(Out(Some(report)))
+        if !r.fault_kinds.is_null() {
+            check_aligned(r.fault_kinds.cast_const(), "report->fault_kinds")?;
+        }
+        Ok(Out(Some((report, r))))
     }
 
     /// Writes `round` into the caller's report.
     pub(crate) fn fill(&mut self, round: &RoundReport) {
-        let Some(p) = self.0 else { return };
-        // SAFETY: checked in `new`; the caller keeps it valid for the call.
-        let r = unsafe { &mut *p };
+        let Some((dst, checked)) = self.0 else { return };
+        let mut r = checked;
         let faults: Vec<u32> = round.faults.iter().map(|f| f.rank as u32).collect();
         let kinds: Vec<i32> = round
             .faults
@@ -118,7 +115,7 @@ impl Out {
             .collect();
         let non_finite: Vec<u32> = round.non_finite.iter().map(|&r| r as u32).collect();
         let selected: Vec<u32> = round.selected.iter().flatten().map(|&r| r as u32).collect();
-        // SAFETY (all four): each array is NULL or holds `capacity` entries.
+        // SAFETY (all four): each array is NULL or holds `capacity` entries (checked in `new`).
         unsafe {
             write_array(r.fault_ranks, r.capacity, &faults);
             write_array(r.fault_kinds, r.capacity, &kinds);
@@ -151,8 +148,8 @@ impl Out {
                 && a.differing_inputs.is_empty())
             {
                 text.push_str(&format!(
-                    "agreement: other results at {:?}, unconfirmed {:?}, differing inputs from {:?}, \
-                     differing versions from {:?}; ",
+                    "agreement: other results at {:?}, unconfirmed {:?}, differing inputs from \
+                     {:?}, differing versions from {:?}; ",
                     a.disagreeing, a.unconfirmed, a.differing_inputs, a.differing_versions
                 ));
             }
@@ -162,11 +159,16 @@ impl Out {
         }
         // SAFETY: NULL or `text_capacity` bytes.
         unsafe { write_text(r.text, r.text_capacity, text.trim_end_matches("; ")) };
+        // SAFETY: `dst` was checked in `new`; only the outputs differ from what the caller wrote.
+        unsafe { dst.write(r) };
     }
 
-    /// Zeroes the outputs (a failed round).
-    pub(crate) fn clear(&mut self) {
-        self.fill(&RoundReport::default());
+    /// A failed round: the peers at fault where the error names them, every other output zero.
+    pub(crate) fn failed(&mut self, failure: &Failure) {
+        self.fill(&RoundReport {
+            faults: failure.faults.clone(),
+            ..RoundReport::default()
+        });
     }
 }
 
@@ -177,6 +179,9 @@ unsafe fn write_array<T: Copy>(dst: *mut T, capacity: usize, src: &[T]) {
         return;
     }
     let n = src.len().min(capacity);
+    if n == 0 {
+        return;
+    }
     // SAFETY: the caller's array holds `capacity >= n` entries.
     unsafe { ptr::copy_nonoverlapping(src.as_ptr(), dst, n) };
 }

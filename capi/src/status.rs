@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
 
 use byzcoll_rs::aggregators::AggError;
-use byzcoll_rs::{BootstrapError, Error, Fault};
+use byzcoll_rs::{BootstrapError, Error, Fault, PeerFault};
 
 /// What a call returns.
 #[repr(C)]
@@ -48,6 +48,8 @@ use byzcoll_status_t::*;
 pub(crate) struct Failure {
     pub(crate) status: byzcoll_status_t,
     pub(crate) message: String,
+    /// The peers at fault, when the error names them.
+    pub(crate) faults: Vec<PeerFault>,
 }
 
 impl Failure {
@@ -55,6 +57,7 @@ impl Failure {
         Failure {
             status,
             message: message.into(),
+            faults: Vec::new(),
         }
     }
 
@@ -93,7 +96,16 @@ impl From<Error> for Failure {
             Error::Unsupported(_) => BYZCOLL_UNSUPPORTED,
             _ => BYZCOLL_INTERNAL,
         };
-        Failure::new(status, e.to_string())
+        let faults = match &e {
+            Error::PeerFaults { faults, .. }
+            | Error::TooManyFaults { faults, .. }
+            | Error::ShardLost { faults, .. } => faults.clone(),
+            _ => Vec::new(),
+        };
+        Failure {
+            faults,
+            ..Failure::new(status, e.to_string())
+        }
     }
 }
 
@@ -145,6 +157,10 @@ fn c_string(message: &str) -> CString {
 
 pub(crate) fn set_thread_error(message: &str) {
     LAST_ERROR.with(|e| *e.borrow_mut() = c_string(message));
+}
+
+pub(crate) fn set_thread_error_c(message: CString) {
+    LAST_ERROR.with(|e| *e.borrow_mut() = message);
 }
 
 pub(crate) fn thread_error() -> CString {

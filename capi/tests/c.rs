@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// `target/<profile>/deps`, where cargo built `libbyzcoll.a` and `libbyzcoll.so` for this test
@@ -71,27 +71,44 @@ fn compile(mut cmd: Command, what: &str) {
     );
 }
 
-/// Runs `cmd`, killing it after `limit`.
+/// Runs `cmd`, killing it after `limit`. Output goes to files, so a child that writes a lot
+/// cannot block on a full pipe while it is waited for.
 fn run(cmd: &mut Command, limit: Duration) -> Output {
+    let stem = std::env::temp_dir().join(format!(
+        "byzcoll-capi-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let (out_path, err_path) = (stem.with_extension("out"), stem.with_extension("err"));
     let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
         .spawn()
         .unwrap();
     let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
         if start.elapsed() > limit {
             child.kill().ok();
-            let out = child.wait_with_output().unwrap();
+            child.wait().ok();
             panic!(
                 "{cmd:?} still running after {limit:?}:\n{}\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+                std::fs::read_to_string(&out_path).unwrap_or_default(),
+                std::fs::read_to_string(&err_path).unwrap_or_default()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    };
+    let out = Output {
+        status,
+        stdout: std::fs::read(&out_path).unwrap_or_default(),
+        stderr: std::fs::read(&err_path).unwrap_or_default(),
+    };
+    std::fs::remove_file(&out_path).ok();
+    std::fs::remove_file(&err_path).ok();
+    out
 }
 
 fn text(out: &Output) -> String {

@@ -1,6 +1,7 @@
 /* Every error path of the C ABI, exercised from C in one process (a world of one through
  * byzcoll_init_oob, and fake all-gathers that misbehave). Prints "errors.c: N checks passed"
  * and exits 0, or names the first check that failed and exits 1. */
+#define _POSIX_C_SOURCE 200809L
 #include <byzcoll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,14 @@ int main(void) {
     EXPECT(byzcoll_init_oob(0, 2, failing_gather, NULL, &config, &comm), BYZCOLL_BOOTSTRAP, "returned 42");
     EXPECT(byzcoll_init_oob(0, 2, duplicate_gather, NULL, &config, &comm), BYZCOLL_BOOTSTRAP, "rank order");
     EXPECT(byzcoll_init_oob(0, 1, foreign_gather, NULL, &config, &comm), BYZCOLL_BOOTSTRAP, "protocol");
+
+    /* What the job could not use: an address nobody can connect to, a bad BYZCOLL_AGREEMENT. */
+    byzcoll_config_t any = config;
+    any.listen_addr = "0.0.0.0";
+    EXPECT(byzcoll_init_oob(0, 1, copy_gather, NULL, &any, &comm), BYZCOLL_BOOTSTRAP, "no peer can connect to");
+    setenv("BYZCOLL_AGREEMENT", "sometimes", 1);
+    EXPECT(byzcoll_init_oob(0, 1, copy_gather, NULL, &config, &comm), BYZCOLL_BOOTSTRAP, "BYZCOLL_AGREEMENT");
+    unsetenv("BYZCOLL_AGREEMENT");
 
     /* Config checks. */
     byzcoll_config_t bad = config;
