@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # byzcoll's whole test suite. On a fresh Debian machine it first installs what the tests need
-# (Open MPI's mpirun and a one-node Slurm cluster for the launcher tests; UCX, libfabric,
-# pkg-config and libclang for the UCX and libfabric transports), then checks formatting and lints,
-# and runs every unit, conformance, multi-process and doc test, examples included: once with the
-# default features (no system libraries) and once with `--features ucx,libfabric,cuda,nccl`.
+# (scripts/deps.sh says what is missing: Open MPI with mpicc, a one-node Slurm cluster for the
+# launcher tests, UCX, libfabric, pkg-config and libclang for those transports, a C++ compiler),
+# then checks formatting and lints, and runs every unit, conformance, multi-process, C ABI and doc
+# test, examples included: once with the default features (no system libraries) and once with
+# `--features ucx,libfabric,cuda,nccl`; then builds the Python package into a virtual environment
+# (target/pyvenv: maturin, numpy, pytest, mpi4py) and runs its tests.
 # There is no GPU in CI: the CUDA kernels are compiled for sm_90 by NVRTC (the nvidia-cuda-nvrtc
 # wheel, installed below), run under the CPU emulation of byzcoll-cuda-emu, and the GPU tests
 # print SKIPPED (counted in the closing line).
@@ -70,6 +72,15 @@ cargo test -p byzcoll-cuda --features nccl --test device nccl 2>&1 | tee -a "$lo
 echo "== shared-memory conformance: UCX_TLS=sm,self and FI_PROVIDER=shm"
 UCX_TLS=sm,self cargo test -p byzcoll-transport-ucx --features ucx 2>&1 | tee -a "$log"
 FI_PROVIDER=shm cargo test -p byzcoll-transport-libfabric --features libfabric 2>&1 | tee -a "$log"
+# The Python package (python/, its own cargo workspace): built by maturin into a virtual
+# environment made here, then its tests (multi-process jobs over TCP, mpi4py under mpirun).
+echo "== Python package: fmt, clippy, pip install ./python into target/pyvenv, pytest"
+cargo fmt --manifest-path python/Cargo.toml -- --check
+CARGO_TARGET_DIR="$PWD/target/python" cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
+[ -x target/pyvenv/bin/python ] || python3 -m venv target/pyvenv
+target/pyvenv/bin/pip install -q --disable-pip-version-check maturin numpy pytest mpi4py
+CARGO_TARGET_DIR="$PWD/target/python" target/pyvenv/bin/pip install -q --disable-pip-version-check ./python
+target/pyvenv/bin/python -m pytest python/tests -q -rs -p no:cacheprovider 2>&1 | tee -a "$log"
 # Each fuzz target for a few seconds (a SKIPPED line where nightly or cargo-fuzz is missing;
 # cargo-fuzz comes from crates.io where a nightly toolchain is installed).
 echo "== fuzz smoke (scripts/fuzz-smoke.sh)"
@@ -80,5 +91,8 @@ FUZZ_SECONDS=5 scripts/fuzz-smoke.sh
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # crate with nothing in it).
 # Skipped: ignored tests, and tests that found no GPU and said so with a SKIPPED line.
-awk '/^test result:/ { p += $4; f += $6; i += $8 } /SKIPPED:/ { s += gsub(/SKIPPED:/, "&") }
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     !/^test result:/ && /[0-9]+ (passed|failed)/ && / in [0-9.]+s/ {
+         for (k = 1; k < NF; k++) { if ($(k+1) ~ /^passed/) p += $k; if ($(k+1) ~ /^failed/) f += $k } }
+     /SKIPPED:/ { s += gsub(/SKIPPED:/, "&") }
      END { printf "total: %d passed (%d of them skipped for want of a GPU), %d failed, %d ignored\n", p, s, f, i }' "$log"

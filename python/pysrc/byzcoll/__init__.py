@@ -1,0 +1,142 @@
+"""byzcoll: Byzantine-robust collective communication.
+
+Every rank contributes a vector and every honest rank gets back a robust aggregate
+(coordinate-wise median, trimmed mean, Krum, ...) even when some ranks send garbage, lie, crash
+or stall::
+
+    import numpy as np, byzcoll
+    comm = byzcoll.init()                        # byzcoll launch, torchrun, mpirun, srun
+    grad = np.full(1 << 20, comm.rank, dtype=np.float32)
+    report = comm.robust_all_reduce(grad, rule="median", f=1)   # in place, zero copy
+    print(report.faults)
+
+There is no default rule. Arrays are numpy arrays (float32/float64, C-contiguous, writable) or
+torch CPU tensors, updated in place without a copy.
+"""
+
+from . import _byzcoll
+from ._byzcoll import (
+    BootstrapError,
+    DisagreementError,
+    Error,
+    InvalidUsage,
+    PreconditionError,
+    Report,
+    TooManyFaults,
+    TransportError,
+    UnsupportedError,
+    __version__,
+    rules,
+)
+
+__all__ = [
+    "BootstrapError",
+    "Communicator",
+    "DisagreementError",
+    "Error",
+    "InvalidUsage",
+    "PreconditionError",
+    "Report",
+    "TooManyFaults",
+    "TransportError",
+    "UnsupportedError",
+    "__version__",
+    "init",
+    "init_mpi4py",
+    "init_with_allgather",
+    "rules",
+]
+
+
+def _array(x):
+    """The numpy view of `x` (itself for numpy arrays; a zero-copy view of a torch CPU tensor)."""
+    module = type(x).__module__
+    if module.startswith("torch"):
+        if x.device.type != "cpu":
+            raise InvalidUsage(
+                f"tensor on {x.device}: this build takes CPU tensors (CUDA tensors need the cuda feature)"
+            )
+        if not x.is_contiguous():
+            raise InvalidUsage("the tensor is not contiguous: pass x.contiguous() and copy the result back")
+        return x.detach().numpy()
+    return x
+
+
+class Communicator:
+    """One rank's membership in a job: robust and plain collectives on numpy arrays and torch
+    CPU tensors. Create it with :func:`init`, :func:`init_mpi4py` or :func:`init_with_allgather`."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    @property
+    def rank(self):
+        """This process's rank."""
+        return self._inner.rank
+
+    @property
+    def size(self):
+        """The number of ranks."""
+        return self._inner.size
+
+    def robust_all_reduce(self, x, rule, f, *, policy="gather", replicas=None, m=None, tau=None):
+        """Replaces `x` in place by the robust aggregate of every rank's `x` under `rule`
+        ("median", "trimmed-mean", "krum", "multi-krum", "bulyan", "geometric-median",
+        "centered-clipping", "mean", "nnm+RULE"; see :func:`rules`) tolerating `f` Byzantine
+        ranks, with the "gather" or "sharded" policy (`replicas` owners per shard; default
+        2f + 1). The GIL is released while the ranks talk. Returns a :class:`Report`; raises
+        :class:`TooManyFaults`, :class:`PreconditionError`, :class:`DisagreementError`, ...
+        """
+        return self._inner.robust_all_reduce(
+            _array(x), rule, f, policy=policy, replicas=replicas, m=m, tau=tau
+        )
+
+    def all_reduce(self, x, op="sum"):
+        """Non-robust all-reduce in place ("sum", "min", "max"): one faulty rank corrupts every
+        result. For comparison with :meth:`robust_all_reduce`."""
+        self._inner.all_reduce(_array(x), op)
+
+    def barrier(self):
+        """Blocks until every rank has entered the barrier."""
+        self._inner.barrier()
+
+    def close(self):
+        """Closes the connections; later calls raise :class:`InvalidUsage`."""
+        self._inner.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return repr(self._inner)
+
+
+def init():
+    """Joins the job the launcher's environment describes (byzcoll launch, torchrun, mpirun,
+    srun, or BYZCOLL_RANK / BYZCOLL_WORLD_SIZE / BYZCOLL_STORE / BYZCOLL_SECRET)."""
+    return Communicator(_byzcoll.init())
+
+
+def init_with_allgather(rank, size, allgather, *, listen=None, timeout_ms=None):
+    """Joins a `size`-rank job as `rank` through `allgather(record: bytes) -> list[bytes]`
+    (every rank's record, in rank order). Connects over TCP on `listen` (an IP address; default
+    BYZCOLL_TCP_ADDR, else this host name's address)."""
+    return Communicator(
+        _byzcoll.init_with_allgather(rank, size, allgather, listen=listen, timeout_ms=timeout_ms)
+    )
+
+
+def init_mpi4py(comm=None, *, listen=None, timeout_ms=None):
+    """Joins the job of an mpi4py communicator (default ``MPI.COMM_WORLD``) through its
+    allgather: no store port and no secret to export."""
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    return init_with_allgather(
+        comm.Get_rank(), comm.Get_size(), comm.allgather, listen=listen, timeout_ms=timeout_ms
+    )

@@ -1,0 +1,64 @@
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+__version__: str
+
+class Error(Exception):
+    faults: list[tuple[int, str, str]]
+
+class InvalidUsage(Error): ...
+class PreconditionError(Error): ...
+class TooManyFaults(Error): ...
+class DisagreementError(Error):
+    agreeing: list[int]
+    disagreeing: list[int]
+    unconfirmed: list[int]
+    differing_inputs: list[int]
+class TransportError(Error): ...
+class BootstrapError(Error): ...
+class UnsupportedError(Error): ...
+
+class Report:
+    inputs: int
+    faults: list[tuple[int, str, str]]
+    non_finite: list[int]
+    selected: Optional[list[int]]
+    replicas: Optional[int]
+    unauthenticated: bool
+    agreement: Optional[dict[str, list[int]]]
+    peak_bytes: int
+
+class Communicator:
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    def robust_all_reduce(
+        self,
+        x: Any,
+        rule: str,
+        f: int,
+        *,
+        policy: str = "gather",
+        replicas: Optional[int] = None,
+        m: Optional[int] = None,
+        tau: Optional[float] = None,
+    ) -> Report: ...
+    def all_reduce(self, x: Any, op: str = "sum") -> None: ...
+    def barrier(self) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> "Communicator": ...
+    def __exit__(self, *exc: Any) -> bool: ...
+
+def init() -> Communicator: ...
+def init_with_allgather(
+    rank: int,
+    size: int,
+    allgather: Callable[[bytes], Sequence[bytes]],
+    *,
+    listen: Optional[str] = None,
+    timeout_ms: Optional[int] = None,
+) -> Communicator: ...
+def init_mpi4py(comm: Any = None, *, listen: Optional[str] = None, timeout_ms: Optional[int] = None) -> Communicator: ...
+def rules() -> list[tuple[str, str]]: ...

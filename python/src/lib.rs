@@ -1,0 +1,511 @@
+//! The `byzcoll._byzcoll` extension module: a communicator over the Rust runtime, robust
+//! all-reduce in place on the caller's array (zero copy, the GIL released while the ranks
+//! talk), reports, and an exception hierarchy mirroring `byzcoll::Error`. The Python package
+//! (`pysrc/byzcoll`) wraps it: torch tensors, mpi4py bootstrap, type stubs.
+
+use std::sync::{Mutex, PoisonError};
+
+use byzcoll::aggregators::{self, Aggregator, Params};
+use byzcoll::{Communicator, Config, Fault, Policy, ReduceOp, Replicas, RoundReport};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+create_exception!(
+    _byzcoll,
+    Error,
+    PyException,
+    "Base class of byzcoll's errors."
+);
+create_exception!(
+    _byzcoll,
+    InvalidUsage,
+    Error,
+    "The call broke a contract (array, rule, parameters): fix the calling code."
+);
+create_exception!(
+    _byzcoll,
+    PreconditionError,
+    Error,
+    "The rule's precondition does not hold for this world (e.g. median needs n > 2f)."
+);
+create_exception!(
+    _byzcoll,
+    TooManyFaults,
+    Error,
+    "More peers were at fault this round than the rule tolerates; `faults` names them."
+);
+create_exception!(
+    _byzcoll,
+    DisagreementError,
+    Error,
+    "This rank's result is not the one the job holds (agreement detection): do not use it."
+);
+create_exception!(
+    _byzcoll,
+    TransportError,
+    Error,
+    "The transport failed, or a peer failed a non-robust collective."
+);
+create_exception!(
+    _byzcoll,
+    BootstrapError,
+    Error,
+    "Joining the job failed: launcher environment, secret, rendezvous or authentication."
+);
+create_exception!(
+    _byzcoll,
+    UnsupportedError,
+    Error,
+    "Not available in this build or with this transport; the message says how to get it."
+);
+
+fn faults_list(faults: &[byzcoll::PeerFault]) -> Vec<(usize, String, String)> {
+    faults
+        .iter()
+        .map(|f| match &f.fault {
+            Fault::Missing => (f.rank, "missing".to_string(), f.to_string()),
+            Fault::Malformed(_) => (f.rank, "malformed".to_string(), f.to_string()),
+        })
+        .collect()
+}
+
+/// A Rust error as the matching Python exception, with its structured fields as attributes.
+fn to_py(py: Python<'_>, e: byzcoll::Error) -> PyErr {
+    use byzcoll::aggregators::AggError;
+    use byzcoll::Error as E;
+    let message = e.to_string();
+    let (err, faults) = match &e {
+        E::InvalidUsage(_) => (InvalidUsage::new_err(message), None),
+        E::TooManyFaults { faults, .. } | E::ShardLost { faults, .. } => {
+            (TooManyFaults::new_err(message), Some(faults.clone()))
+        }
+        E::PeerFaults { faults, .. } => (TransportError::new_err(message), Some(faults.clone())),
+        E::Disagreement { .. } => (DisagreementError::new_err(message), None),
+        E::Aggregation(AggError::Precondition { .. }) => {
+            (PreconditionError::new_err(message), None)
+        }
+        E::Aggregation(AggError::InvalidSpec(_) | AggError::LengthMismatch { .. }) => {
+            (InvalidUsage::new_err(message), None)
+        }
+        E::Aggregation(AggError::Unsupported { .. }) | E::Unsupported(_) => {
+            (UnsupportedError::new_err(message), None)
+        }
+        E::Aggregation(_) => (TooManyFaults::new_err(message), None),
+        E::Transport(_) => (TransportError::new_err(message), None),
+        E::Bootstrap(_) => (BootstrapError::new_err(message), None),
+        _ => (Error::new_err(message), None),
+    };
+    let value = err.value(py);
+    let _ = value.setattr("faults", faults_list(&faults.unwrap_or_default()));
+    if let E::Disagreement {
+        agreeing,
+        disagreeing,
+        unconfirmed,
+        differing_inputs,
+    } = &e
+    {
+        let _ = value.setattr("agreeing", agreeing.clone());
+        let _ = value.setattr("disagreeing", disagreeing.clone());
+        let _ = value.setattr("unconfirmed", unconfirmed.clone());
+        let _ = value.setattr("differing_inputs", differing_inputs.clone());
+    }
+    err
+}
+
+/// What happened in one robust round.
+#[pyclass(frozen, module = "byzcoll", name = "Report")]
+struct Report {
+    /// Vectors that entered this rank's aggregation (its own included).
+    #[pyo3(get)]
+    inputs: usize,
+    /// Peers treated as erasures: `(rank, "missing" | "malformed", reason)`.
+    #[pyo3(get)]
+    faults: Vec<(usize, String, String)>,
+    /// Ranks whose vector held NaN or infinities.
+    #[pyo3(get)]
+    non_finite: Vec<usize>,
+    /// Selection rules: the ranks whose vectors were selected.
+    #[pyo3(get)]
+    selected: Option<Vec<usize>>,
+    /// Owners per shard (None for the gather policy).
+    #[pyo3(get)]
+    replicas: Option<usize>,
+    /// The job runs without authentication.
+    #[pyo3(get)]
+    unauthenticated: bool,
+    /// The agreement cross-check's findings (None when agreement is off): a dict of rank lists
+    /// `disagreeing`, `unconfirmed`, `differing_inputs`, `differing_versions`.
+    agreement: Option<[Vec<usize>; 4]>,
+    /// Peak bytes the collective held at once.
+    #[pyo3(get)]
+    peak_bytes: usize,
+}
+
+#[pymethods]
+impl Report {
+    #[getter]
+    fn agreement<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(a) = &self.agreement else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        for (k, v) in [
+            "disagreeing",
+            "unconfirmed",
+            "differing_inputs",
+            "differing_versions",
+        ]
+        .iter()
+        .zip(a)
+        {
+            d.set_item(k, v.clone())?;
+        }
+        Ok(Some(d))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Report(inputs={}, faults={:?}, non_finite={:?}, selected={:?}, replicas={:?}, \
+             unauthenticated={}, agreement={:?})",
+            self.inputs,
+            self.faults,
+            self.non_finite,
+            self.selected,
+            self.replicas,
+            self.unauthenticated,
+            self.agreement
+        )
+    }
+}
+
+impl From<RoundReport> for Report {
+    fn from(r: RoundReport) -> Self {
+        Report {
+            inputs: r.inputs,
+            faults: faults_list(&r.faults),
+            non_finite: r.non_finite,
+            selected: r.selected,
+            replicas: r.replicas,
+            unauthenticated: r.unauthenticated,
+            agreement: r.agreement.map(|a| {
+                [
+                    a.disagreeing,
+                    a.unconfirmed,
+                    a.differing_inputs,
+                    a.differing_versions,
+                ]
+            }),
+            peak_bytes: r.peak_bytes,
+        }
+    }
+}
+
+/// A writable, C-contiguous float32 or float64 array, found through `__array_interface__`.
+enum Array {
+    F32(usize, usize),
+    F64(usize, usize),
+}
+
+fn array(x: &Bound<'_, PyAny>) -> PyResult<Array> {
+    let iface = x.getattr("__array_interface__").map_err(|_| {
+        PyTypeError::new_err(
+            "expected a numpy array or a torch CPU tensor (something with __array_interface__)",
+        )
+    })?;
+    let get = |k: &str| iface.get_item(k);
+    let data: (usize, bool) = get("data")?.extract()?;
+    let shape: Vec<usize> = get("shape")?.extract()?;
+    let typestr: String = get("typestr")?.extract()?;
+    if data.1 {
+        return Err(InvalidUsage::new_err(
+            "the array is read-only: the result is written into it",
+        ));
+    }
+    if iface.contains("mask")? && !get("mask")?.is_none() {
+        return Err(InvalidUsage::new_err("masked arrays are not supported"));
+    }
+    let len = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| InvalidUsage::new_err("the array's shape overflows"))?;
+    let item = match typestr.as_str() {
+        "<f4" | "=f4" => 4,
+        "<f8" | "=f8" => 8,
+        other => {
+            return Err(InvalidUsage::new_err(format!(
+                "dtype {other}: robust_all_reduce takes float32 or float64"
+            )))
+        }
+    };
+    if let Ok(strides) = get("strides") {
+        if !strides.is_none() {
+            let strides: Vec<isize> = strides.extract()?;
+            let mut expect = item as isize;
+            for (s, d) in strides.iter().zip(&shape).rev() {
+                if *d > 1 && *s != expect {
+                    return Err(InvalidUsage::new_err(
+                        "the array is not C-contiguous: pass numpy.ascontiguousarray(x) and copy \
+                         the result back",
+                    ));
+                }
+                expect *= *d as isize;
+            }
+        }
+    }
+    if len > 0 && (data.0 == 0 || data.0 % item != 0) {
+        return Err(InvalidUsage::new_err(
+            "the array's data pointer is unusable",
+        ));
+    }
+    Ok(if item == 4 {
+        Array::F32(data.0, len)
+    } else {
+        Array::F64(data.0, len)
+    })
+}
+
+/// One rank's membership in a job. Create with `byzcoll.init()` or `byzcoll.init_mpi4py()`.
+#[pyclass(module = "byzcoll", name = "Communicator")]
+struct PyCommunicator {
+    runtime: tokio::runtime::Runtime,
+    comm: Mutex<Option<Communicator>>,
+    rank: usize,
+    size: usize,
+}
+
+impl PyCommunicator {
+    fn new(runtime: tokio::runtime::Runtime, comm: Communicator) -> Self {
+        PyCommunicator {
+            rank: comm.rank(),
+            size: comm.size(),
+            runtime,
+            comm: Mutex::new(Some(comm)),
+        }
+    }
+
+    /// Runs a collective with the GIL released.
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        op: impl AsyncFnOnce(&mut Communicator) -> byzcoll::Result<T> + Send,
+    ) -> PyResult<T> {
+        let result = py.detach(|| {
+            let mut slot = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
+            slot.as_mut().map(|comm| self.runtime.block_on(op(comm)))
+        });
+        match result {
+            None => Err(InvalidUsage::new_err("the communicator is closed")),
+            Some(r) => r.map_err(|e| to_py(py, e)),
+        }
+    }
+}
+
+fn runtime() -> PyResult<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("byzcoll")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::new_err(format!("cannot start threads: {e}")))
+}
+
+fn rule(name: &str, f: usize, m: Option<usize>, tau: Option<f64>) -> PyResult<Box<dyn Aggregator>> {
+    aggregators::build(name, &Params { f, m, tau })
+        .map_err(|e| InvalidUsage::new_err(e.to_string()))
+}
+
+fn policy(name: &str, replicas: Option<usize>) -> PyResult<Policy> {
+    match (name, replicas) {
+        ("gather", None) => Ok(Policy::Gather),
+        ("gather", Some(_)) => Err(InvalidUsage::new_err(
+            "replicas apply to policy=\"sharded\" only",
+        )),
+        ("sharded", None) => Ok(Policy::Sharded(Replicas::Tolerant)),
+        ("sharded", Some(r)) => Ok(Policy::Sharded(Replicas::Exactly(r))),
+        (other, _) => Err(InvalidUsage::new_err(format!(
+            "policy {other:?}: expected \"gather\" or \"sharded\""
+        ))),
+    }
+}
+
+#[pymethods]
+impl PyCommunicator {
+    /// This process's rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    #[getter]
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Robust all-reduce in place: `x` (a writable, C-contiguous float32 or float64 numpy
+    /// array) is replaced by the robust aggregate of every rank's `x` under `rule` (no default)
+    /// tolerating `f` Byzantine ranks. Returns a `Report`.
+    #[pyo3(signature = (x, rule, f, *, policy="gather", replicas=None, m=None, tau=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn robust_all_reduce(
+        &self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        rule: &str,
+        f: usize,
+        policy: &str,
+        replicas: Option<usize>,
+        m: Option<usize>,
+        tau: Option<f64>,
+    ) -> PyResult<Report> {
+        let rule = crate::rule(rule, f, m, tau)?;
+        let policy = crate::policy(policy, replicas)?;
+        let rule = rule.as_ref();
+        // `x` stays referenced (and so alive) on this stack frame while the GIL is released.
+        let report = match array(x)? {
+            Array::F32(p, n) => self.run(py, async move |c| {
+                // SAFETY: `x` is a live, writable, contiguous float32 array of `n` elements.
+                let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
+                c.robust_all_reduce(buf, rule, policy).await
+            })?,
+            Array::F64(p, n) => self.run(py, async move |c| {
+                // SAFETY: as above, float64.
+                let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
+                c.robust_all_reduce(buf, rule, policy).await
+            })?,
+        };
+        Ok(report.into())
+    }
+
+    /// Non-robust all-reduce in place (`op` "sum", "min" or "max"), the baseline MPI and NCCL
+    /// offer: one faulty rank corrupts every result.
+    #[pyo3(signature = (x, op="sum"))]
+    fn all_reduce(&self, py: Python<'_>, x: &Bound<'_, PyAny>, op: &str) -> PyResult<()> {
+        let op = match op {
+            "sum" => ReduceOp::Sum,
+            "min" => ReduceOp::Min,
+            "max" => ReduceOp::Max,
+            other => {
+                return Err(InvalidUsage::new_err(format!(
+                    "op {other:?}: expected \"sum\", \"min\" or \"max\""
+                )))
+            }
+        };
+        match array(x)? {
+            Array::F32(p, n) => self.run(py, async move |c| {
+                // SAFETY: as in robust_all_reduce.
+                let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
+                c.all_reduce(buf, op).await
+            }),
+            Array::F64(p, n) => self.run(py, async move |c| {
+                // SAFETY: as in robust_all_reduce.
+                let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
+                c.all_reduce(buf, op).await
+            }),
+        }
+    }
+
+    /// Blocks until every rank has entered the barrier.
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, async |c| c.barrier().await)
+    }
+
+    /// Closes the connections; later calls raise InvalidUsage.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| {
+            let c = self
+                .comm
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            let _entered = self.runtime.enter();
+            drop(c);
+        });
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Communicator(rank={}, size={})", self.rank, self.size)
+    }
+}
+
+/// Joins the job the launcher's environment describes (byzcoll launch, torchrun, mpirun,
+/// srun, or BYZCOLL_RANK / BYZCOLL_WORLD_SIZE), as the Rust `byzcoll::init` does.
+#[pyfunction]
+fn init(py: Python<'_>) -> PyResult<PyCommunicator> {
+    let rt = runtime()?;
+    let comm = py
+        .detach(|| rt.block_on(byzcoll::init()))
+        .map_err(|e| to_py(py, e))?;
+    Ok(PyCommunicator::new(rt, comm))
+}
+
+/// Joins a `size`-rank job as `rank` through `allgather(record: bytes) -> list[bytes]`, which
+/// must return every rank's record in rank order (mpi4py: `comm.allgather`). No store and no
+/// BYZCOLL_SECRET: rank 0 draws the job secret and the all-gather hands it out.
+#[pyfunction]
+#[pyo3(signature = (rank, size, allgather, listen=None, timeout_ms=None))]
+fn init_with_allgather(
+    py: Python<'_>,
+    rank: usize,
+    size: usize,
+    allgather: Bound<'_, PyAny>,
+    listen: Option<&str>,
+    timeout_ms: Option<u64>,
+) -> PyResult<PyCommunicator> {
+    let rt = runtime()?;
+    let listen = listen
+        .map(|s| {
+            s.parse()
+                .map_err(|_| InvalidUsage::new_err(format!("listen {s:?} is not an IP address")))
+        })
+        .transpose()?;
+    let mut config = Config::from_env().map_err(|e| to_py(py, e.into()))?;
+    if let Some(ms) = timeout_ms {
+        if ms == 0 || ms > 86_400_000 {
+            return Err(InvalidUsage::new_err(
+                "timeout_ms: between 1 and 86400000 (one day)",
+            ));
+        }
+        config.step_timeout = std::time::Duration::from_millis(ms);
+    }
+    let mut gather = |record: &[u8]| -> Result<Vec<u8>, String> {
+        let out = allgather
+            .call1((PyBytes::new(py, record),))
+            .map_err(|e| e.to_string())?;
+        let parts: Vec<Vec<u8>> = out
+            .extract()
+            .map_err(|e| format!("allgather returned something else than a list of bytes: {e}"))?;
+        Ok(parts.concat())
+    };
+    let comm = byzcoll::init_with_allgather(rank, size, &mut gather, listen, config, rt.handle())
+        .map_err(|e| to_py(py, e))?;
+    Ok(PyCommunicator::new(rt, comm))
+}
+
+/// The rules byzcoll knows: `(name, what it needs)`.
+#[pyfunction]
+fn rules() -> Vec<(&'static str, &'static str)> {
+    aggregators::RULES.to_vec()
+}
+
+#[pymodule]
+fn _byzcoll(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<PyCommunicator>()?;
+    m.add_class::<Report>()?;
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(init_with_allgather, m)?)?;
+    m.add_function(wrap_pyfunction!(rules, m)?)?;
+    m.add("Error", py.get_type::<Error>())?;
+    m.add("InvalidUsage", py.get_type::<InvalidUsage>())?;
+    m.add("PreconditionError", py.get_type::<PreconditionError>())?;
+    m.add("TooManyFaults", py.get_type::<TooManyFaults>())?;
+    m.add("DisagreementError", py.get_type::<DisagreementError>())?;
+    m.add("TransportError", py.get_type::<TransportError>())?;
+    m.add("BootstrapError", py.get_type::<BootstrapError>())?;
+    m.add("UnsupportedError", py.get_type::<UnsupportedError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,176 @@
+"""byzcoll from Python: multi-process jobs over TCP on 127.0.0.1 (what `byzcoll launch` sets
+up, done here by hand), bad inputs in a world of one, mpi4py bootstrap under mpirun."""
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import byzcoll
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "worker.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra):
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMI", "SLURM_", "BYZCOLL_", "MASTER_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
+    env.update(extra)
+    return env
+
+
+def run_job(n, scenario, dtype="float32"):
+    """Starts n ranks of worker.py as byzcoll launch would, returns their JSON lines by rank."""
+    store, secret = f"127.0.0.1:{free_port()}", secrets.token_hex(32)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, scenario, dtype],
+            env=clean_env(
+                BYZCOLL_RANK=str(r),
+                BYZCOLL_WORLD_SIZE=str(n),
+                BYZCOLL_STORE=store,
+                BYZCOLL_SECRET=secret,
+                BYZCOLL_TIMEOUT_MS="20000",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(n)
+    ]
+    outs = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        assert p.returncode == 0, stderr
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    return sorted(outs, key=lambda o: o["rank"])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_rank_gets_the_median(n, dtype):
+    outs = run_job(n, "honest", dtype)
+    expect = float(np.median(np.arange(1, n + 1, dtype=dtype)))
+    f = (n - 1) // 2
+    # Trimmed mean: drop f from each end of 1..n.
+    trimmed = float(np.mean(np.arange(1 + f, n + 1 - f, dtype=np.float64)))
+    for o in outs:
+        assert o["size"] == n
+        assert o["median"] == expect and o["uniform"], o
+        assert o["same_buffer"], "the result must land in the caller's buffer"
+        assert o["inputs"] == n and o["faults"] == []
+        assert o["trimmed_sharded"] == trimmed, o
+        assert o["sum"] == n * (n + 1) / 2
+        if n > 1:
+            assert o["agreement"] == {
+                "disagreeing": [],
+                "unconfirmed": [],
+                "differing_inputs": [],
+                "differing_versions": [],
+            }
+
+
+def test_a_byzantine_rank_does_not_move_the_median():
+    outs = run_job(4, "byzantine")
+    for o in outs[:3]:
+        assert o["median"] == 2.5, o  # median of {1, 2, 3, 1e9}
+        assert o["sum"] > 1e8, "the plain sum is dragged away by the one liar"
+
+
+@pytest.fixture()
+def world_of_one(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(("OMPI_", "PMI", "SLURM_", "BYZCOLL_", "MASTER_")) or k in ("RANK", "WORLD_SIZE"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("BYZCOLL_RANK", "0")
+    monkeypatch.setenv("BYZCOLL_WORLD_SIZE", "1")
+    comm = byzcoll.init()
+    yield comm
+    comm.close()
+
+
+def test_bad_inputs_are_clear_exceptions(world_of_one):
+    comm = world_of_one
+    x = np.ones(8, dtype=np.float32)
+    with pytest.raises(byzcoll.InvalidUsage, match="float32 or float64"):
+        comm.robust_all_reduce(np.ones(8, dtype=np.int32), "median", 0)
+    with pytest.raises(byzcoll.InvalidUsage, match="C-contiguous"):
+        comm.robust_all_reduce(np.ones(16, dtype=np.float32)[::2], "median", 0)
+    ro = np.ones(8, dtype=np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(byzcoll.InvalidUsage, match="read-only"):
+        comm.robust_all_reduce(ro, "median", 0)
+    with pytest.raises(byzcoll.InvalidUsage, match="average"):
+        comm.robust_all_reduce(x, "average", 0)
+    with pytest.raises(byzcoll.PreconditionError, match="n > 2f"):
+        comm.robust_all_reduce(x, "median", 1)
+    with pytest.raises(byzcoll.InvalidUsage, match="policy"):
+        comm.robust_all_reduce(x, "median", 0, policy="scatter")
+    with pytest.raises(byzcoll.InvalidUsage, match="replicas"):
+        comm.robust_all_reduce(x, "median", 0, replicas=2)
+    with pytest.raises(byzcoll.InvalidUsage, match="op"):
+        comm.all_reduce(x, "avg")
+    with pytest.raises(TypeError, match="numpy array"):
+        comm.robust_all_reduce([1.0, 2.0], "median", 0)
+    with pytest.raises(TypeError):
+        comm.robust_all_reduce(x, "median")  # no default f
+    assert issubclass(byzcoll.PreconditionError, byzcoll.Error)
+    comm.close()
+    with pytest.raises(byzcoll.InvalidUsage, match="closed"):
+        comm.barrier()
+
+
+def test_result_lands_in_a_view_of_a_larger_array(world_of_one):
+    big = np.arange(20, dtype=np.float64)
+    view = big[5:15]
+    report = world_of_one.robust_all_reduce(view, "trimmed-mean", 0)
+    assert report.inputs == 1 and report.faults == []
+    assert (big == np.arange(20)).all()  # a world of one aggregates to its own vector
+
+
+def test_torch_cpu_tensors_are_updated_in_place(world_of_one):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    t = torch.arange(8, dtype=torch.float32)
+    ptr = t.data_ptr()
+    world_of_one.robust_all_reduce(t, "median", 0)
+    assert t.data_ptr() == ptr and t.tolist() == list(range(8))
+
+
+def test_join_through_mpi4py_allgather_under_mpirun():
+    if shutil.which("mpirun") is None or subprocess.run(
+        [sys.executable, "-c", "import mpi4py"], capture_output=True
+    ).returncode != 0:
+        assert not os.environ.get("BYZCOLL_REQUIRE_MPI"), "BYZCOLL_REQUIRE_MPI is set but mpirun or mpi4py is missing"
+        pytest.skip("mpirun or mpi4py missing")
+    cmd = [
+        "mpirun", "--allow-run-as-root", "--oversubscribe",
+        "--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
+        "-n", "3", sys.executable, WORKER, "mpi4py", "float32",
+    ]
+    p = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    outs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert sorted(o["rank"] for o in outs) == [0, 1, 2]
+    for o in outs:
+        assert o["median"] == 2.0 and o["inputs"] == 3 and o["faults"] == []

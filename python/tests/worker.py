@@ -1,0 +1,45 @@
+"""One rank of the multi-process tests: joins the job, runs the scenario named on the command
+line, prints one JSON line with what it saw."""
+
+import json
+import sys
+
+import numpy as np
+
+import byzcoll
+
+
+def main():
+    scenario, dtype = sys.argv[1], np.dtype(sys.argv[2])
+    if scenario == "mpi4py":
+        comm = byzcoll.init_mpi4py(listen="127.0.0.1")
+    else:
+        comm = byzcoll.init()
+    r, n = comm.rank, comm.size
+    out = {"rank": r, "size": n}
+    x = np.full(1000, r + 1, dtype=dtype)
+    liar = scenario == "byzantine" and r == n - 1
+    if liar:
+        x[:] = 1e9
+    f = (n - 1) // 2
+    before = x.__array_interface__["data"][0]
+    report = comm.robust_all_reduce(x, "median", f)
+    out["median"] = float(x[0])
+    out["uniform"] = bool((x == x[0]).all())
+    out["same_buffer"] = x.__array_interface__["data"][0] == before
+    out["inputs"] = report.inputs
+    out["faults"] = report.faults
+    out["agreement"] = report.agreement
+    y = np.full(1000, r + 1, dtype=dtype)
+    comm.robust_all_reduce(y, "trimmed-mean", f, policy="sharded")
+    out["trimmed_sharded"] = float(y[0])
+    s = np.full(10, 1e9 if liar else r + 1, dtype=dtype)
+    comm.all_reduce(s, "sum")
+    out["sum"] = float(s[0])
+    comm.barrier()
+    comm.close()
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
