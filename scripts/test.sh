@@ -80,7 +80,8 @@ CARGO_TARGET_DIR="$PWD/target/python" cargo clippy --manifest-path python/Cargo.
 [ -x target/pyvenv/bin/python ] || python3 -m venv target/pyvenv
 target/pyvenv/bin/pip install -q --disable-pip-version-check maturin numpy pytest mpi4py
 CARGO_TARGET_DIR="$PWD/target/python" target/pyvenv/bin/pip install -q --disable-pip-version-check ./python
-target/pyvenv/bin/python -m pytest python/tests -q -rs -p no:cacheprovider 2>&1 | tee -a "$log"
+BYZCOLL_BIN="$PWD/target/debug/byzcoll" target/pyvenv/bin/python -m pytest python/tests -q -rs -p no:cacheprovider 2>&1 |
+    tee -a "$log"
 # Each fuzz target for a few seconds (a SKIPPED line where nightly or cargo-fuzz is missing;
 # cargo-fuzz comes from crates.io where a nightly toolchain is installed).
 echo "== fuzz smoke (scripts/fuzz-smoke.sh)"

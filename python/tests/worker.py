@@ -17,6 +17,16 @@ def main():
         comm = byzcoll.init()
     r, n = comm.rank, comm.size
     out = {"rank": r, "size": n}
+    if scenario.startswith("rows:"):
+        # rows:RULE:F:POLICY:INPUT.npy:OUTPUT_PREFIX — this rank contributes row r and writes
+        # its result to OUTPUT_PREFIX<r>.npy.
+        _, rule, f, policy, path, prefix = scenario.split(":")
+        x = np.ascontiguousarray(np.load(path)[r])
+        comm.robust_all_reduce(x, rule, int(f), policy=policy)
+        np.save(f"{prefix}{r}.npy", x)
+        comm.close()
+        print(json.dumps(out), flush=True)
+        return
     x = np.full(1000, r + 1, dtype=dtype)
     liar = scenario == "byzantine" and r == n - 1
     if liar:
