@@ -5,7 +5,7 @@
 # then checks formatting and lints, and runs every unit, conformance, multi-process, C ABI and doc
 # test, examples included: once with the default features (no system libraries) and once with
 # `--features ucx,libfabric,cuda,nccl`; then builds the Python package into a virtual environment
-# (target/pyvenv: maturin, numpy, pytest, mpi4py) and runs its tests.
+# (target/pyvenv: maturin, numpy, pytest, mpi4py, torch) and runs its tests.
 # There is no GPU in CI: the CUDA kernels are compiled for sm_90 by NVRTC (the nvidia-cuda-nvrtc
 # wheel, installed below), run under the CPU emulation of byzcoll-cuda-emu, and the GPU tests
 # print SKIPPED (counted in the closing line).
@@ -78,7 +78,8 @@ echo "== Python package: fmt, clippy, pip install ./python into target/pyvenv, p
 cargo fmt --manifest-path python/Cargo.toml -- --check
 CARGO_TARGET_DIR="$PWD/target/python" cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
 [ -x target/pyvenv/bin/python ] || python3 -m venv target/pyvenv
-target/pyvenv/bin/pip install -q --disable-pip-version-check maturin numpy pytest mpi4py
+# torch (PyPI's, with its CUDA libraries: about 2 minutes and 5 GiB here) for the DDP hook tests.
+target/pyvenv/bin/pip install -q --disable-pip-version-check maturin numpy pytest mpi4py torch
 CARGO_TARGET_DIR="$PWD/target/python" target/pyvenv/bin/pip install -q --disable-pip-version-check ./python
 BYZCOLL_BIN="$PWD/target/debug/byzcoll" target/pyvenv/bin/python -m pytest python/tests -q -rs -p no:cacheprovider 2>&1 |
     tee -a "$log"

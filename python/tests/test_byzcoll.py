@@ -157,7 +157,7 @@ def test_torch_cpu_tensors_are_updated_in_place(world_of_one):
     assert t.data_ptr() == ptr and t.tolist() == list(range(8))
 
 
-def test_join_through_mpi4py_allgather_under_mpirun():
+def test_join_through_mpi4py_allgather_under_mpirun(tmp_path):
     if shutil.which("mpirun") is None or subprocess.run(
         [sys.executable, "-c", "import mpi4py"], capture_output=True
     ).returncode != 0:
@@ -168,9 +168,14 @@ def test_join_through_mpi4py_allgather_under_mpirun():
         "--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
         "-n", "3", sys.executable, WORKER, "mpi4py", "float32",
     ]
+    prefix = f"{tmp_path}/rank"
+    cmd[1:1] = ["-x", f"TEST_OUT_PREFIX={prefix}"]
     p = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
-    outs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    outs = []
+    for r in range(3):
+        with open(f"{prefix}{r}.json") as f:
+            outs.append(json.load(f))
     assert sorted(o["rank"] for o in outs) == [0, 1, 2]
     for o in outs:
         assert o["median"] == 2.0 and o["inputs"] == 3 and o["faults"] == []

@@ -1,0 +1,64 @@
+"""One rank of the DDP tests: torch.distributed (gloo on 127.0.0.1), byzcoll joined through it,
+a tiny model trained with the robust comm hook; prints its final parameters as JSON."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import byzcoll
+import byzcoll.torch as bt
+
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def data(rank):
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(32, 8, generator=g)
+    return x, x.sum(1, keepdim=True) * 0.5 + 0.1 * torch.randn(32, 1, generator=g)
+
+
+def main():
+    rule, f, steps, bucket_mb, byzantine = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
+    torch.set_num_threads(1)
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{os.environ['TEST_PORT']}", rank=rank, world_size=size
+    )
+    comm = bt.init_from_process_group(listen="127.0.0.1")
+    model = DistributedDataParallel(net(), bucket_cap_mb=bucket_mb)
+    state = bt.HookState(comm, rule, f)
+    hook = bt.ddp_comm_hook
+    if byzantine and rank == size - 1:
+        def hook(state, bucket):  # the Byzantine rank: its gradient, flipped and scaled
+            bucket.buffer().mul_(-10.0)
+            return bt.ddp_comm_hook(state, bucket)
+    model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = data(rank)
+    losses = []
+    try:
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    except Exception as e:  # DDP wraps the hook's exception
+        print(json.dumps({"rank": rank, "error": str(e)}), flush=True)
+        return
+    params = [p.detach().flatten().tolist() for p in model.module.parameters()]
+    print(json.dumps({"rank": rank, "params": params, "losses": losses,
+                      "report_inputs": state.last_report.inputs}), flush=True)
+    comm.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
