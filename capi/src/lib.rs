@@ -176,6 +176,18 @@ impl byzcoll_comm_t {
         })
     }
 
+    /// Closes the connections (once a collective in progress has returned), inside the
+    /// runtime that the transport's tasks belong to.
+    fn close(&self) {
+        let c = self
+            .comm
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let _entered = self.runtime.enter();
+        drop(c);
+    }
+
     /// Runs one collective on the communicator, unless it is or gets aborted.
     fn run<T>(
         &self,
@@ -416,13 +428,7 @@ pub unsafe extern "C" fn byzcoll_comm_finalize(comm: *mut byzcoll_comm_t) -> byz
     guard(|| {
         // SAFETY: the caller hands over a live communicator.
         let comm = unsafe { Box::from_raw(comm) };
-        let c = comm
-            .comm
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let _entered = comm.runtime.enter();
-        drop(c);
+        comm.close();
         Ok(())
     })
 }
@@ -444,13 +450,7 @@ pub unsafe extern "C" fn byzcoll_comm_abort(comm: *mut byzcoll_comm_t) -> byzcol
         guard_comm(comm, |comm| {
             comm.aborted.store(true, Ordering::SeqCst);
             comm.abort.notify_waiters();
-            let c = comm
-                .comm
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            let _entered = comm.runtime.enter();
-            drop(c);
+            comm.close();
             Ok(())
         })
     }

@@ -1,0 +1,92 @@
+"""Python overhead, under `byzcoll launch -n 4`:
+
+1. `comm.robust_all_reduce` (median f = 1, gather) from Python at 4 KiB, 1 MiB and 64 MiB per
+   rank; the same call from Rust is `cargo bench --bench collectives` (its `robust_all_reduce
+   gather` rows), run next to it;
+2. a DistributedDataParallel step with byzcoll's median hook against PyTorch's own gloo
+   all-reduce (no hook) on the same model, in the same job.
+
+    target/release/byzcoll launch -n 4 -- python python/bench/overhead.py --port 29611
+
+Times are the slowest rank's (MAX over ranks), median over the reps, in ms.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import byzcoll
+import byzcoll.torch as bt
+
+
+def slowest(comm, seconds):
+    t = np.array([seconds], dtype=np.float64)
+    comm.all_reduce(t, "max")
+    return float(t[0])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True, help="torch.distributed's port on 127.0.0.1")
+    ap.add_argument("--reps", type=int, default=15)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    comm = byzcoll.init()
+    r, n = comm.rank, comm.size
+    if r == 0:
+        print(f"# {n} ranks, median f = 1, gather, agreement {os.environ.get('BYZCOLL_AGREEMENT', 'detect')}")
+        print(f"{'bytes':>10} {'python ms':>10}")
+    for size in [4096, 1 << 20, 64 << 20]:
+        x = np.full(size // 4, float(r), dtype=np.float32)
+        reps = args.reps if size < (64 << 20) else 5
+        times = []
+        for i in range(reps + 1):
+            comm.barrier()
+            t0 = time.perf_counter()
+            comm.robust_all_reduce(x, "median", 1)
+            t = slowest(comm, time.perf_counter() - t0)
+            if i > 0:
+                times.append(t)
+        if r == 0:
+            print(f"{size:>10} {statistics.median(times) * 1e3:>10.3f}", flush=True)
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=r, world_size=n)
+    width = 512
+    x = torch.randn(64, width, generator=torch.Generator().manual_seed(r))
+    results = {}
+    for name in ["gloo all-reduce", "byzcoll median"]:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])  # ~1M parameters
+        model = DistributedDataParallel(net)
+        if name == "byzcoll median":
+            model.register_comm_hook(bt.HookState(comm, "median", 1), bt.ddp_comm_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        times = []
+        for i in range(args.reps + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            t = slowest(comm, time.perf_counter() - t0)
+            if i > 1:
+                times.append(t)
+        results[name] = statistics.median(times)
+    if r == 0:
+        params = sum(p.numel() for p in net.parameters())
+        print(f"# DDP step, {params} parameters, batch 64, 1 thread per rank (ms)")
+        for name, t in results.items():
+            print(f"{name:>16} {t * 1e3:>10.2f}")
+        print(f"{'ratio':>16} {results['byzcoll median'] / results['gloo all-reduce']:>10.2f}")
+    dist.destroy_process_group()
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()
