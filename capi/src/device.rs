@@ -154,9 +154,9 @@ pub(crate) unsafe fn robust_allreduce(
             .result()
             .map_err(|e| driver("copying sendbuf from the device", e))?;
     }
-    let round = comm.run(async |c| c.robust_all_reduce(&mut host, &rule, policy).await);
-    match round {
-        Ok(r) => {
+    let round = comm
+        .run(async |c| c.robust_all_reduce(&mut host, &rule, policy).await)
+        .and_then(|r| {
             // SAFETY: as above.
             unsafe {
                 sys::cuMemcpyHtoD_v2(recvbuf as sys::CUdeviceptr, host.as_ptr().cast(), bytes)
@@ -167,12 +167,7 @@ pub(crate) unsafe fn robust_allreduce(
                     .result()
                     .map_err(|e| driver("waiting for the copy to recvbuf", e))?;
             }
-            report.fill(&r);
-            Ok(())
-        }
-        Err(e) => {
-            report.failed(&e);
-            Err(e)
-        }
-    }
+            Ok(r)
+        });
+    report.record(round)
 }

@@ -576,24 +576,14 @@ pub unsafe extern "C" fn byzcoll_robust_allreduce(
             let (rule, policy) = read_rule(rule, params)?;
             let dtype = DType::parse(dtype)?;
             let buf = Buffer::in_place(sendbuf, recvbuf, count, dtype, "sendbuf", "recvbuf")?;
-            let result = match buf {
+            report.record(match buf {
                 Buffer::F32(b) => {
                     comm.run(async |c| c.robust_all_reduce(b, rule.as_ref(), policy).await)
                 }
                 Buffer::F64(b) => {
                     comm.run(async |c| c.robust_all_reduce(b, rule.as_ref(), policy).await)
                 }
-            };
-            match result {
-                Ok(r) => {
-                    report.fill(&r);
-                    Ok(())
-                }
-                Err(e) => {
-                    report.failed(&e);
-                    Err(e)
-                }
-            }
+            })
         })
     }
 }

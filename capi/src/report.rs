@@ -163,6 +163,21 @@ impl Out {
         unsafe { dst.write(r) };
     }
 
+    /// Writes the round's outcome: its report, or on failure the peers at fault; passes the
+    /// outcome on.
+    pub(crate) fn record(&mut self, round: Result<RoundReport, Failure>) -> Result<(), Failure> {
+        match round {
+            Ok(r) => {
+                self.fill(&r);
+                Ok(())
+            }
+            Err(e) => {
+                self.failed(&e);
+                Err(e)
+            }
+        }
+    }
+
     /// A failed round: the peers at fault where the error names them, every other output zero.
     pub(crate) fn failed(&mut self, failure: &Failure) {
         self.fill(&RoundReport {
