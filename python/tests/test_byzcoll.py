@@ -5,7 +5,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -13,26 +12,10 @@ import numpy as np
 import pytest
 
 import byzcoll
+from helpers import clean_env, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "worker.py")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(**extra):
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OMPI_", "PMI", "SLURM_", "BYZCOLL_", "MASTER_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    }
-    env.update(extra)
-    return env
 
 
 def run_job(n, scenario, dtype="float32"):
@@ -96,18 +79,6 @@ def test_a_byzantine_rank_does_not_move_the_median():
     for o in outs[:3]:
         assert o["median"] == 2.5, o  # median of {1, 2, 3, 1e9}
         assert o["sum"] > 1e8, "the plain sum is dragged away by the one liar"
-
-
-@pytest.fixture()
-def world_of_one(monkeypatch):
-    for k in list(os.environ):
-        if k.startswith(("OMPI_", "PMI", "SLURM_", "BYZCOLL_", "MASTER_")) or k in ("RANK", "WORLD_SIZE"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("BYZCOLL_RANK", "0")
-    monkeypatch.setenv("BYZCOLL_WORLD_SIZE", "1")
-    comm = byzcoll.init()
-    yield comm
-    comm.close()
 
 
 def test_bad_inputs_are_clear_exceptions(world_of_one):

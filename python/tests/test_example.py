@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import clean_env
 
 pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("sklearn", reason="scikit-learn is not installed")
@@ -22,8 +23,7 @@ def test_robust_rules_train_through_attacks_the_mean_does_not(tmp_path):
         assert not os.environ.get("BYZCOLL_REQUIRE_MPI"), "BYZCOLL_BIN must name the byzcoll binary in CI"
         pytest.skip("BYZCOLL_BIN (the byzcoll CLI) is not set")
     out, png = tmp_path / "results.json", tmp_path / "results.png"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BYZCOLL_", "OMPI_", "PMI", "SLURM_"))}
-    env["OMP_NUM_THREADS"] = "1"
+    env = clean_env(OMP_NUM_THREADS="1")
     p = subprocess.run(
         [cli, "launch", "-n", "8", "--", sys.executable, EXAMPLE, "--steps", "50",
          "--rules", "mean,median,trimmed-mean,krum", "--attacks", "none,sign-flip,nan",

@@ -4,7 +4,6 @@ not move them; whole-vector rules are refused on several buckets; async calls co
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,24 +11,16 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
-import byzcoll  # noqa: E402
 import byzcoll.torch as bt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import torch_worker  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import clean_env, free_port  # noqa: E402
 
 
 def run_ddp(n, rule, f, steps, bucket_mb, byzantine):
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BYZCOLL_", "OMPI_", "PMI", "SLURM_"))}
-    env.update(WORLD_SIZE=str(n), TEST_PORT=str(port), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env = clean_env(WORLD_SIZE=str(n), TEST_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     procs = [
         subprocess.Popen(
             [sys.executable, os.path.join(HERE, "torch_worker.py"), rule, str(f), str(steps), str(bucket_mb), str(int(byzantine))],
@@ -99,17 +90,11 @@ def test_whole_vector_rules_run_on_one_bucket():
     assert outs[0]["params"] == outs[1]["params"] == outs[2]["params"]
 
 
-def test_async_all_reduce_completes_in_order(monkeypatch):
-    for k in list(os.environ):
-        if k.startswith(("OMPI_", "PMI", "SLURM_", "BYZCOLL_", "MASTER_")) or k in ("RANK", "WORLD_SIZE"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("BYZCOLL_RANK", "0")
-    monkeypatch.setenv("BYZCOLL_WORLD_SIZE", "1")
-    with byzcoll.init() as comm:
-        ts = [torch.full((100,), float(i)) for i in range(5)]
-        futs = [bt.robust_all_reduce_async(comm, t, "median", 0) for t in ts]
-        for i, fut in enumerate(futs):
-            assert fut.wait() is ts[i] and ts[i][0].item() == i
-        bad = bt.robust_all_reduce_async(comm, torch.ones(4), "median", 1)
-        with pytest.raises(Exception, match="n > 2f"):
-            bad.wait()
+def test_async_all_reduce_completes_in_order(world_of_one):
+    ts = [torch.full((100,), float(i)) for i in range(5)]
+    futs = [bt.robust_all_reduce_async(world_of_one, t, "median", 0) for t in ts]
+    for i, fut in enumerate(futs):
+        assert fut.wait() is ts[i] and ts[i][0].item() == i
+    bad = bt.robust_all_reduce_async(world_of_one, torch.ones(4), "median", 1)
+    with pytest.raises(Exception, match="n > 2f"):
+        bad.wait()
