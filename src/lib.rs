@@ -302,6 +302,19 @@ fn communicator(
     comm
 }
 
+/// The TCP transport's options for a communicator with `config`: setup may take as long as a
+/// step, and at least a minute (ranks start at different times); `spin` (`BYZCOLL_TCP_SPIN_US`)
+/// when given.
+fn tcp_options(config: &Config, spin: Option<Duration>, frame_mac: bool) -> TcpOptions {
+    let defaults = TcpOptions::default();
+    TcpOptions {
+        setup_timeout: config.step_timeout.max(Duration::from_secs(60)),
+        spin: spin.unwrap_or(defaults.spin),
+        frame_mac,
+        ..defaults
+    }
+}
+
 async fn connect_tcp(
     env: &LaunchEnv,
     config: Config,
@@ -309,13 +322,7 @@ async fn connect_tcp(
     spin: Option<Duration>,
     frame_mac: bool,
 ) -> Result<Communicator> {
-    let defaults = TcpOptions::default();
-    let options = TcpOptions {
-        setup_timeout: config.step_timeout.max(Duration::from_secs(60)),
-        spin: spin.unwrap_or(defaults.spin),
-        frame_mac,
-        ..defaults
-    };
+    let options = tcp_options(&config, spin, frame_mac);
     let Some((store, server)) = rendezvous(env, options.setup_timeout).await? else {
         // A world of one: nothing to rendezvous with.
         let listener = tokio::net::TcpListener::bind((ip.unwrap_or([127, 0, 0, 1].into()), 0))

@@ -17,7 +17,7 @@
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
 use byzcoll_runtime::bootstrap::{Identity, JobAuth, JobSecret, Membership, Roster};
-use byzcoll_transport_tcp::{TcpOptions, TcpTransport};
+use byzcoll_transport_tcp::TcpTransport;
 use tokio::net::TcpListener;
 
 use crate::{BootstrapError, Communicator, Config, Error, Result, TransportError};
@@ -72,12 +72,11 @@ pub fn init_with_allgather(
         }
         _ => {}
     }
-    let options = TcpOptions {
-        setup_timeout: config.step_timeout.max(std::time::Duration::from_secs(60)),
-        frame_mac: crate::env_frame_mac()?.unwrap_or(false),
-        spin: crate::env_tcp_spin()?.unwrap_or(TcpOptions::default().spin),
-        ..TcpOptions::default()
-    };
+    let options = crate::tcp_options(
+        &config,
+        crate::env_tcp_spin()?,
+        crate::env_frame_mac()?.unwrap_or(false),
+    );
     let ip = match listen {
         Some(ip) => ip,
         None => match crate::env_tcp_addr()? {
