@@ -50,6 +50,32 @@ pub(crate) fn check_aligned<T>(p: *const T, name: &str) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Reads the caller's versioned struct at `p`, whose first field is its size in bytes: it must
+/// be this library's `T` (`init` names the macro that sets it).
+///
+/// # Safety
+/// `p` is non-null and points to at least that first field, and to a whole `T` when the size
+/// it declares is `T`'s.
+pub(crate) unsafe fn read_sized<T: Copy>(
+    p: *const T,
+    name: &str,
+    type_name: &str,
+    init: &str,
+) -> Result<T, Failure> {
+    check_aligned(p, name)?;
+    // SAFETY: non-null and aligned; every such struct starts with its `size: usize` (repr(C)).
+    let declared = unsafe { p.cast::<usize>().read() };
+    if declared != size_of::<T>() {
+        return Err(Failure::invalid(format!(
+            "{name}->size is {declared}, this library's {type_name} has {} bytes: initialise it \
+             with {init} from this library's byzcoll.h",
+            size_of::<T>()
+        )));
+    }
+    // SAFETY: the caller declared the whole struct.
+    Ok(unsafe { p.read() })
+}
+
 /// Checks `p` for `count` elements of `dtype` and returns the byte length.
 pub(crate) fn check(
     p: *const c_void,

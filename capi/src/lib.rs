@@ -245,18 +245,10 @@ unsafe fn read_config(
     if config.is_null() {
         return Ok((env, None, None));
     }
-    buffers::check_aligned(config, "config")?;
-    // SAFETY: non-null and aligned; the caller vouches for the first field at least.
-    let declared = unsafe { ptr::addr_of!((*config).size).read() };
-    if declared != size_of::<byzcoll_config_t>() {
-        return Err(Failure::invalid(format!(
-            "config->size is {declared}, this library's byzcoll_config_t has {} bytes: \
-             initialise it with BYZCOLL_CONFIG_INIT from this library's byzcoll.h",
-            size_of::<byzcoll_config_t>()
-        )));
-    }
-    // SAFETY: the caller declared the whole struct.
-    let c = unsafe { config.read() };
+    // SAFETY: non-null; the caller passes an initialised config.
+    let c = unsafe {
+        buffers::read_sized(config, "config", "byzcoll_config_t", "BYZCOLL_CONFIG_INIT")?
+    };
     if c.version != BYZCOLL_CONFIG_VERSION {
         return Err(Failure::invalid(format!(
             "config->version is {}, this library knows version {BYZCOLL_CONFIG_VERSION}",
@@ -755,18 +747,15 @@ unsafe fn read_rule_spec(
             "params is NULL: f (the number of Byzantine ranks to tolerate) has no default",
         ));
     }
-    buffers::check_aligned(params, "params")?;
-    // SAFETY: non-null and aligned; the caller vouches for the first field at least.
-    let declared = unsafe { ptr::addr_of!((*params).size).read() };
-    if declared != size_of::<byzcoll_rule_params_t>() {
-        return Err(Failure::invalid(format!(
-            "params->size is {declared}, this library's byzcoll_rule_params_t has {} bytes: \
-             initialise it with BYZCOLL_RULE_PARAMS_INIT",
-            size_of::<byzcoll_rule_params_t>()
-        )));
-    }
-    // SAFETY: the caller declared the whole struct.
-    let p = unsafe { params.read() };
+    // SAFETY: non-null; the caller passes initialised params.
+    let p = unsafe {
+        buffers::read_sized(
+            params,
+            "params",
+            "byzcoll_rule_params_t",
+            "BYZCOLL_RULE_PARAMS_INIT",
+        )?
+    };
     let tau = if p.tau == 0.0 {
         None
     } else if p.tau.is_finite() && p.tau > 0.0 {

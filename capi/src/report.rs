@@ -5,7 +5,7 @@ use std::ptr;
 
 use byzcoll_rs::{Fault, RoundReport};
 
-use crate::buffers::check_aligned;
+use crate::buffers::{check_aligned, read_sized};
 use crate::status::Failure;
 
 /// A peer that sent nothing before the deadline, or whose connection is gone.
@@ -73,18 +73,15 @@ impl Out {
         if report.is_null() {
             return Ok(Out(None));
         }
-        check_aligned(report.cast_const(), "report")?;
-        // SAFETY: non-null and aligned; the caller vouches for the first field at least.
-        let declared = unsafe { ptr::addr_of!((*report).size).read() };
-        if declared != size_of::<byzcoll_report_t>() {
-            return Err(Failure::invalid(format!(
-                "report->size is {declared}, this library's byzcoll_report_t has {} bytes: \
-                 initialise it with BYZCOLL_REPORT_INIT",
-                size_of::<byzcoll_report_t>()
-            )));
-        }
-        // SAFETY: the whole struct is the caller's.
-        let r = unsafe { report.read() };
+        // SAFETY: non-null; the caller passes an initialised report.
+        let r = unsafe {
+            read_sized(
+                report.cast_const(),
+                "report",
+                "byzcoll_report_t",
+                "BYZCOLL_REPORT_INIT",
+            )?
+        };
         for (p, name) in [
             (r.fault_ranks.cast_const(), "report->fault_ranks"),
             (r.non_finite_ranks.cast_const(), "report->non_finite_ranks"),
