@@ -311,6 +311,16 @@ pub(crate) struct Sequence<'a> {
 }
 
 impl Sequence<'_> {
+    /// The number of steps run so far.
+    pub(crate) fn steps(&self) -> u32 {
+        self.step
+    }
+
+    /// Gives every later step `factor` times the configured timeout.
+    pub(crate) fn stretch_timeout(&mut self, factor: u32) {
+        self.timeout = self.timeout.saturating_mul(factor.max(1));
+    }
+
     pub(crate) async fn run(
         &mut self,
         sends: Vec<SendOp>,

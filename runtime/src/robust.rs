@@ -169,6 +169,23 @@ impl RoundReport {
     }
 }
 
+/// Where a sharded round reads its input and delivers the combined shards.
+enum Target<'a, T> {
+    /// All-reduce: the vector is the input, and every shard comes back into it.
+    All(&'a mut [T]),
+    /// Reduce-scatter: only this rank's own shard comes back, into `output`.
+    OwnShard { input: &'a [T], output: &'a mut [T] },
+}
+
+impl<T> Target<'_, T> {
+    fn input(&self) -> &[T] {
+        match self {
+            Target::All(buf) => buf,
+            Target::OwnShard { input, .. } => input,
+        }
+    }
+}
+
 /// Maps input indices in an aggregator error to ranks.
 fn rank_error(e: AggError, ranks: &[Rank]) -> Error {
     match e {
@@ -226,12 +243,19 @@ impl Communicator {
         let mut seen = Seen::new(n, r);
         let round = match policy {
             Policy::Gather => self.gather(buf, rule, &mut seen.inputs).await,
-            Policy::Sharded(replicas) => self.sharded(buf, rule, replicas, &mut seen).await,
+            Policy::Sharded(replicas) => {
+                self.sharded(Target::All(buf), rule, replicas, &mut seen)
+                    .await
+            }
         };
         let mut report = if agreement == Agreement::Off {
             round?
         } else {
-            self.cross_check(round, buf, seen, rule.byzantine()).await?
+            let result = round
+                .is_ok()
+                .then(|| blake3::hash(bytemuck::cast_slice(buf)).into());
+            self.cross_check(round, result, seen, rule.byzantine())
+                .await?
         };
         report.unauthenticated = !self.is_authenticated();
         Ok(report)
@@ -240,23 +264,28 @@ impl Communicator {
     /// The cross-check step of [`Agreement::Detect`]: every rank, whether its round succeeded
     /// or not (so that collectives stay numbered alike), sends every other rank its [`Check`];
     /// the ranks this rank erased are not waited for.
-    async fn cross_check<T: Element>(
+    ///
+    /// `result` is the digest the ranks compare (`Some` exactly when the round succeeded).
+    async fn cross_check(
         &mut self,
         round: Result<RoundReport>,
-        buf: &[T],
+        result: Option<Digest>,
         seen: Seen,
         f: usize,
     ) -> Result<RoundReport> {
         let (me, n) = (self.rank(), self.size());
         let r = seen.r;
-        let mine = match &round {
-            Ok(_) => Check {
-                result: Some(blake3::hash(bytemuck::cast_slice(buf)).into()),
+        let mine = match result {
+            Some(result) if round.is_ok() => Check {
+                result: Some(result),
                 seen,
             },
-            Err(_) => Check {
+            _ => Check {
                 result: None,
-                seen: Seen::new(n, r),
+                seen: Seen {
+                    steps: seen.steps,
+                    ..Seen::new(n, r)
+                },
             },
         };
         let erased: Vec<Rank> = match &round {
@@ -270,6 +299,10 @@ impl Communicator {
         let sends = schedule::direct_peers(me, n).map(|p| send(p, payload.clone()));
         let recvs = awaited.iter().map(|&p| recv(p, Check::len(n, r)));
         let mut seq = self.begin();
+        // An honest rank can reach this step up to a timeout per step of the round later than
+        // this one (a silent Byzantine owner makes only the ranks that wait for it wait), so
+        // the cross-check waits that long before counting it unconfirmed.
+        seq.stretch_timeout(mine.seen.steps);
         let outcomes = seq.run(sends.collect(), recvs.collect()).await;
         let mut report = round?;
         let outcomes = outcomes?;
@@ -348,6 +381,73 @@ impl Communicator {
             );
         }
         report.agreement = Some(found);
+        Ok(report)
+    }
+
+    /// Byzantine-robust reduce-scatter: `input` is cut into `n` shards
+    /// ([`schedule::chunk_range`]`(input.len(), n, s)` for shard `s`), and rank `s`'s `output`
+    /// becomes `rule` applied to every rank's shard `s`. It is the sharded schedule of
+    /// [`Communicator::robust_all_reduce`] (each shard aggregated by `replicas` owners) whose
+    /// owners send each shard's result only to the rank that takes it, which combines the
+    /// owners' versions by their coordinate-wise median: bitwise the own shard of the
+    /// all-reduce with the same rule and replicas, for about `(r + 1)/(2r)` of its traffic.
+    ///
+    /// Under [`Agreement::Detect`] the ranks compare, in the final step, which ranks' inputs
+    /// each of them aggregated (results differ by design: every rank holds another shard) and
+    /// co-owners compare the pieces each sender gave them: a rank whose input set fewer than
+    /// `n − f` ranks share (it stalled past the deadline and resumed, say) gets
+    /// [`Error::Disagreement`], and an equivocating sender is named in
+    /// [`AgreementReport::differing_inputs`].
+    ///
+    /// # Errors
+    /// As [`Communicator::robust_all_reduce`] in sharded mode, and [`Error::InvalidUsage`] when
+    /// `output` is not this rank's shard of `input` in length.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: the other ranks count this rank missing.
+    pub async fn robust_reduce_scatter<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        rule: &dyn Aggregator,
+        replicas: Replicas,
+    ) -> Result<RoundReport> {
+        let (me, n) = (self.rank(), self.size());
+        let agreement = self.agreement();
+        if agreement == Agreement::Enforce {
+            return Err(Error::Unsupported(
+                "Agreement::Enforce is not built yet; Agreement::Detect (the default) names \
+                 every disagreement"
+                    .into(),
+            ));
+        }
+        let own = chunk_range(input.len(), n, me).len();
+        if output.len() != own {
+            return Err(Error::InvalidUsage(format!(
+                "robust_reduce_scatter: rank {me}'s shard of a {}-element input over {n} ranks \
+                 has {own} elements, the output has {}",
+                input.len(),
+                output.len()
+            )));
+        }
+        let r = replicas.check_count(rule.byzantine(), n).unwrap_or(0);
+        let mut seen = Seen::new(n, r);
+        let round = self
+            .sharded(
+                Target::OwnShard { input, output },
+                rule,
+                replicas,
+                &mut seen,
+            )
+            .await;
+        let mut report = if agreement == Agreement::Off {
+            round?
+        } else {
+            let result = round.is_ok().then(|| seen.erased_inputs_digest(n));
+            self.cross_check(round, result, seen, rule.byzantine())
+                .await?
+        };
+        report.unauthenticated = !self.is_authenticated();
         Ok(report)
     }
 
@@ -432,7 +532,7 @@ impl Communicator {
     /// owners' versions, as this rank used them.
     async fn sharded<T: Element>(
         &mut self,
-        buf: &mut [T],
+        mut target: Target<'_, T>,
         rule: &dyn Aggregator,
         replicas: Replicas,
         seen: &mut Seen,
@@ -466,7 +566,8 @@ impl Communicator {
             },
         };
         let r = replicas.count(f, n)?;
-        let d = buf.len();
+        let input = target.input();
+        let d = input.len();
         let size = std::mem::size_of::<T>();
         let shard = |s: usize| chunk_range(d, n, s);
         let mut report = RoundReport {
@@ -477,7 +578,7 @@ impl Communicator {
 
         // Phase 1: shard s of this rank's vector goes straight to each owner of s.
         let pieces: Vec<Payload> = (0..n)
-            .map(|s| Payload::Host(to_bytes(&buf[shard(s)])))
+            .map(|s| Payload::Host(to_bytes(&input[shard(s)])))
             .collect();
         let sends = sharded::scatter_sends(me, n, r)
             .into_iter()
@@ -518,7 +619,7 @@ impl Communicator {
             for (i, s) in sharded::owned(me, n, r).enumerate() {
                 for (p, piece) in arrived[s].iter().enumerate() {
                     seen.pieces[i * n + p] = if p == me {
-                        Some(input_digest(&buf[shard(s)]))
+                        Some(input_digest(&input[shard(s)]))
                     } else {
                         piece
                             .as_ref()
@@ -532,7 +633,7 @@ impl Communicator {
             (0..n)
                 .map(|p| {
                     if p == me {
-                        Some(Cow::Borrowed(&buf[shard(s)]))
+                        Some(Cow::Borrowed(&input[shard(s)]))
                     } else {
                         arrived[s][p]
                             .as_ref()
@@ -547,7 +648,7 @@ impl Communicator {
                 .map(|s| {
                     let inputs = shard_inputs(s);
                     let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
-                    let views = placeholder_views(&inputs, &buf[shard(s)]);
+                    let views = placeholder_views(&inputs, &input[shard(s)]);
                     let table =
                         byzcoll_aggregators::distance::distance_table_of_present(&views, &present);
                     (s, to_bytes(&table))
@@ -609,7 +710,7 @@ impl Communicator {
                         .zip(&moved)
                         .map(|((&s, zs), &(change, size))| {
                             let inputs = shard_inputs(s);
-                            let views = placeholder_views(&inputs, &buf[shard(s)]);
+                            let views = placeholder_views(&inputs, &input[shard(s)]);
                             let mut stats = byzcoll_aggregators::iteration::sq_distances_to(
                                 &views,
                                 &finite_of(&inputs),
@@ -634,7 +735,7 @@ impl Communicator {
                     let (a, w) = iteration.coefficients(&distances);
                     for (i, &s) in owned.iter().enumerate() {
                         let inputs = shard_inputs(s);
-                        let views = placeholder_views(&inputs, &buf[shard(s)]);
+                        let views = placeholder_views(&inputs, &input[shard(s)]);
                         let mut next = vec![0.0f64; z[i].len()];
                         byzcoll_aggregators::iteration::step_into(&views, a, &w, &z[i], &mut next);
                         let change: f64 =
@@ -695,7 +796,7 @@ impl Communicator {
                         if selected.iter().any(|&i| inputs[i].is_none()) {
                             return owner_result::<T>(s, Err("a selected input is missing here"));
                         }
-                        let views = placeholder_views(&inputs, &buf[shard(s)]);
+                        let views = placeholder_views(&inputs, &input[shard(s)]);
                         let mut out = vec![T::zeroed(); shard(s).len()];
                         let finished =
                             selection.finish(T::inputs(&views), &selected, T::output(&mut out));
@@ -706,9 +807,12 @@ impl Communicator {
         };
         drop(arrived);
         let result_bytes: usize = results.iter().map(|(_, b)| b.len()).sum();
-        let phase1_peak = byte_len(buf) + received_bytes + result_bytes;
+        let phase1_peak = byte_len(input) + received_bytes + result_bytes;
 
-        // Phase 3: every owner sends its results to every rank.
+        // Phase 3: every owner sends its results to every rank that takes the shard: every
+        // rank in an all-reduce, the shard's own rank in a reduce-scatter.
+        let own_only = matches!(target, Target::OwnShard { .. });
+        let takes = |q: Rank, s: usize| !own_only || q == s;
         let result_of = |s: usize| {
             results
                 .iter()
@@ -718,6 +822,7 @@ impl Communicator {
         };
         let sends = sharded::result_sends(me, n, r)
             .into_iter()
+            .filter(|&(q, s)| takes(q, s))
             .map(|(q, s)| {
                 let honest = result_of(s);
                 let bytes = match &tamper {
@@ -731,7 +836,13 @@ impl Communicator {
                 }
             })
             .collect();
-        let plan = sharded::result_recvs(me, n, r);
+        // Owners already erased this round (silent or malformed in an earlier step) are not
+        // waited for again.
+        let erased: Vec<Rank> = report.faults.iter().map(|f| f.rank).collect();
+        let plan: Vec<(Rank, usize)> = sharded::result_recvs(me, n, r)
+            .into_iter()
+            .filter(|&(o, s)| takes(me, s) && !erased.contains(&o))
+            .collect();
         let recvs = plan
             .iter()
             .map(|&(o, s)| RecvOp {
@@ -741,9 +852,10 @@ impl Communicator {
             })
             .collect();
         let outcomes = seq.run(sends, recvs).await?;
+        seen.steps = seq.steps();
         let mut versions: Vec<Vec<(Rank, Payload)>> = vec![Vec::new(); n];
         for (s, bytes) in &results {
-            if bytes.len() == shard(*s).len() * size {
+            if takes(me, *s) && bytes.len() == shard(*s).len() * size {
                 versions[*s].push((me, Payload::Host(bytes.clone())));
             }
         }
@@ -769,9 +881,11 @@ impl Communicator {
             }
         }
 
-        // Combine: the coordinate-wise median of the owners' versions of each shard, written
-        // straight into `buf` (its pieces were copied out in phase 1).
-        if let Some(s) = (0..n).find(|&s| !shard(s).is_empty() && versions[s].is_empty()) {
+        // Combine: the coordinate-wise median of the owners' versions of each shard taken
+        // here, written straight into the output (in an all-reduce, the input's pieces were
+        // copied out in phase 1).
+        let taken = |s: usize| !shard(s).is_empty() && takes(me, s);
+        if let Some(s) = (0..n).find(|&s| taken(s) && versions[s].is_empty()) {
             return Err(Error::ShardLost {
                 shard: s,
                 owners: sharded::owners(s, n, r).collect(),
@@ -779,16 +893,20 @@ impl Communicator {
             });
         }
         for (s, vs) in versions.iter_mut().enumerate() {
-            let range = shard(s);
-            if range.is_empty() {
+            if !taken(s) {
                 continue;
             }
+            let range = shard(s);
+            let start = range.start;
+            let out = match &mut target {
+                Target::All(buf) => &mut buf[range],
+                Target::OwnShard { output, .. } => &mut output[..],
+            };
             vs.sort_by_key(|(o, _)| *o);
             let views: Vec<Cow<'_, [T]>> = vs.iter().map(|(_, p)| cast_payload::<T>(p)).collect();
             let refs: Vec<&[T]> = views.iter().map(|v| v.as_ref()).collect();
             let median = Median::new((refs.len() - 1) / 2);
-            let start = range.start;
-            aggregate_into(&median, &refs, &mut buf[range]).map_err(|e| match e {
+            aggregate_into(&median, &refs, out).map_err(|e| match e {
                 AggError::NonFiniteResult { f, coordinate, .. } => {
                     Error::Aggregation(AggError::NonFiniteResult {
                         rule: format!("median of the {} owner versions of shard {s}", refs.len()),
@@ -988,6 +1106,8 @@ fn input_digest<T: bytemuck::Pod>(v: &[T]) -> Digest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Seen {
     r: usize,
+    /// The number of steps the round took (not sent).
+    steps: u32,
     inputs: Vec<Option<Digest>>,
     pieces: Vec<Option<Digest>>,
     versions: Vec<Option<Digest>>,
@@ -997,10 +1117,23 @@ impl Seen {
     fn new(n: usize, r: usize) -> Self {
         Seen {
             r,
+            steps: 1,
             inputs: vec![None; n],
             pieces: vec![None; r * n],
             versions: vec![None; n * r],
         }
+    }
+
+    /// The digest of the senders whose piece of some owned shard this rank went without: what
+    /// the ranks of a reduce-scatter compare, since each holds a different shard.
+    fn erased_inputs_digest(&self, n: usize) -> Digest {
+        let mut hasher = blake3::Hasher::new();
+        for j in 0..n {
+            if self.pieces.chunks_exact(n).any(|shard| shard[j].is_none()) {
+                hasher.update(&(j as u64).to_le_bytes());
+            }
+        }
+        hasher.finalize().into()
     }
 }
 
@@ -1055,6 +1188,7 @@ impl Check {
             result: (b[0] == 1).then(|| digest(&b[1..33])),
             seen: Seen {
                 r,
+                steps: 1,
                 inputs: all,
                 pieces,
                 versions,

@@ -20,6 +20,7 @@ use byzcoll_aggregators::{
     aggregate_into, Aggregator, Bulyan, CenteredClipping, GeometricMedian, Krum, Mean, Median,
     MultiKrum, Nnm, TrimmedMean,
 };
+use byzcoll_runtime::schedule::chunk_range;
 use byzcoll_runtime::{
     Agreement, Communicator, Config, Error, Fault, OwnerTamper, Payload, Policy, RecvOp,
     RecvOutcome, ReduceOp, Replicas, RoundReport, SendOp, Step, Transport,
@@ -50,6 +51,9 @@ macro_rules! conformance_suite {
             sharded_iterative_rules_match_gather,
             an_equivocating_sender_never_splits_honest_ranks_silently,
             a_stalled_rank_that_resumes_never_returns_another_result_as_success,
+            robust_reduce_scatter_gives_each_rank_its_shard_of_the_all_reduce,
+            an_equivocating_sender_is_named_in_a_reduce_scatter,
+            a_stalled_rank_that_resumes_is_told_in_a_reduce_scatter,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -1135,13 +1139,24 @@ pub async fn p2p_bandwidth(ranks: Vec<Box<dyn Transport>>, label: &str) {
     }
 }
 
-/// One gather round of `Median::new(f)` on every rank but the last, which is a raw transport
-/// that sends `bytes_for(dest)` to each rank in the round and says nothing in the cross-check.
-/// Rank `r` contributes `r + 1` in every coordinate.
+/// Which round [`with_an_equivocator`] plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// A gather-mode all-reduce: the liar sends each rank a whole vector.
+    Gather,
+    /// A reduce-scatter with `2f + 1` owners per shard: the liar sends each owner of each
+    /// shard its piece.
+    ReduceScatter,
+}
+
+/// One round of `Median::new(f)` on every rank but the last, which is a raw transport that
+/// sends `bytes_for(dest)` in every coordinate of what it sends rank `dest` in the round's
+/// first step and says nothing afterwards. Rank `r` contributes `r + 1` in every coordinate;
+/// each result is the rank's whole vector (gather) or its shard (reduce-scatter).
 async fn with_an_equivocator<F, Fut>(
     factory: F,
-    n: usize,
-    f: usize,
+    (n, f): (usize, usize),
+    round: Round,
     agreement: Agreement,
     bytes_for: fn(usize) -> f32,
 ) -> Vec<Result<(RoundReport, Vec<f32>), Error>>
@@ -1155,18 +1170,33 @@ where
     let timeout = Duration::from_millis(800);
     let honest = comms(ranks, timeout);
     let byzantine = tokio::spawn(async move {
-        let sends = (0..n - 1)
-            .map(|dest| SendOp {
-                peer: dest,
-                tag: 0,
-                payload: Payload::Host(
-                    std::iter::repeat_n(bytes_for(dest).to_le_bytes(), d)
-                        .flatten()
-                        .collect::<Vec<u8>>()
-                        .into(),
-                ),
-            })
-            .collect();
+        let piece = |dest: usize, len: usize| {
+            Payload::Host(
+                std::iter::repeat_n(bytes_for(dest).to_le_bytes(), len)
+                    .flatten()
+                    .collect::<Vec<u8>>()
+                    .into(),
+            )
+        };
+        let sends = match round {
+            Round::Gather => (0..n - 1)
+                .map(|dest| SendOp {
+                    peer: dest,
+                    tag: 0,
+                    payload: piece(dest, d),
+                })
+                .collect(),
+            Round::ReduceScatter => {
+                byzcoll_runtime::schedule::sharded::scatter_sends(n - 1, n, 2 * f + 1)
+                    .into_iter()
+                    .map(|(owner, s)| SendOp {
+                        peer: owner,
+                        tag: s as u32,
+                        payload: piece(owner, chunk_range(d, n, s).len()),
+                    })
+                    .collect()
+            }
+        };
         let step = Step {
             collective: 0,
             step: 0,
@@ -1182,9 +1212,18 @@ where
     let results = run_ranks(honest, move |mut c| async move {
         c.set_agreement(agreement);
         let mut v = vec![(c.rank() + 1) as f32; d];
-        c.robust_all_reduce(&mut v, &Median::new(f), Policy::Gather)
-            .await
-            .map(|report| (report, v))
+        match round {
+            Round::Gather => c
+                .robust_all_reduce(&mut v, &Median::new(f), Policy::Gather)
+                .await
+                .map(|report| (report, v)),
+            Round::ReduceScatter => {
+                let mut out = vec![0.0; chunk_range(d, n, c.rank()).len()];
+                c.robust_reduce_scatter(&v, &mut out, &Median::new(f), Replicas::Tolerant)
+                    .await
+                    .map(|report| (report, out))
+            }
+        }
     })
     .await;
     byzantine.await.unwrap();
@@ -1203,7 +1242,7 @@ where
 {
     let (n, f) = (7, 2);
     let split = |dest: usize| if dest == 0 { 1000.0 } else { -1000.0 };
-    let off = with_an_equivocator(&factory, n, f, Agreement::Off, split).await;
+    let off = with_an_equivocator(&factory, (n, f), Round::Gather, Agreement::Off, split).await;
     let values: Vec<f32> = off.iter().map(|r| r.as_ref().unwrap().1[0]).collect();
     assert_eq!(
         values,
@@ -1212,7 +1251,8 @@ where
     );
     assert!(off.iter().all(|r| r.as_ref().unwrap().0.faults.is_empty()));
 
-    let detect = with_an_equivocator(&factory, n, f, Agreement::Detect, split).await;
+    let detect =
+        with_an_equivocator(&factory, (n, f), Round::Gather, Agreement::Detect, split).await;
     for (me, result) in detect.into_iter().enumerate() {
         match (me, result) {
             (
@@ -1289,6 +1329,153 @@ where
                 assert_eq!(report.faults.len(), 1);
                 assert_eq!(report.faults[0].rank, 2);
                 assert_eq!(report.agreement.unwrap().unconfirmed, [2]);
+            }
+            other => panic!("rank {me}: {other:?}"),
+        }
+    }
+}
+
+/// `robust_reduce_scatter` gives every rank bitwise its own shard of the sharded all-reduce
+/// (and of the gather-mode one, for coordinate-wise rules) at every world size, for vectors
+/// shorter than the world and not divisible by it, with r = 1, 2 and 2f + 1, for
+/// coordinate-wise rules and the Krum family; a wrong output length is refused on every rank
+/// before any data moves.
+pub async fn robust_reduce_scatter_gives_each_rank_its_shard_of_the_all_reduce<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    for n in WORLD_SIZES {
+        for d in [0usize, 1, n + 3, 1000] {
+            let comms = comms(factory(n).await, Duration::from_secs(20));
+            run_ranks(comms, move |mut c| async move {
+                let me = c.rank();
+                let f = (n - 1) / 2;
+                let mut rules: Vec<Box<dyn Aggregator>> =
+                    vec![Box::new(Median::new(f)), Box::new(TrimmedMean::new(f))];
+                if n >= 5 {
+                    rules.push(Box::new(Krum::new((n - 3) / 2)));
+                }
+                let shard = chunk_range(d, n, me);
+                let mut wrong = vec![0.0f32; shard.len() + 1];
+                let refused = c
+                    .robust_reduce_scatter(
+                        &vector(me, d),
+                        &mut wrong,
+                        &Median::new(f),
+                        Replicas::Tolerant,
+                    )
+                    .await;
+                assert!(
+                    matches!(refused, Err(Error::InvalidUsage(_))),
+                    "{refused:?}"
+                );
+                for rule in &rules {
+                    for replicas in [
+                        Replicas::Tolerant,
+                        Replicas::Exactly(1),
+                        Replicas::Exactly(2.min(n)),
+                    ] {
+                        let mut all = vector(me, d);
+                        c.robust_all_reduce(&mut all, rule.as_ref(), Policy::Sharded(replicas))
+                            .await
+                            .unwrap();
+                        let mut out = vec![f32::NAN; shard.len()];
+                        let report = c
+                            .robust_reduce_scatter(
+                                &vector(me, d),
+                                &mut out,
+                                rule.as_ref(),
+                                replicas,
+                            )
+                            .await
+                            .unwrap();
+                        let what = format!("{} {replicas:?} n={n} d={d} rank {me}", rule.name());
+                        assert_eq!(out, all[shard.clone()], "{what}");
+                        assert!(report.faults.is_empty(), "{what}: {:?}", report.faults);
+                        let found = report.agreement.expect("Detect is the default");
+                        assert_eq!(found, byzcoll_runtime::AgreementReport::default(), "{what}");
+                        if rule.name().starts_with("krum") {
+                            assert!(report.selected.is_some(), "{what}");
+                        }
+                    }
+                }
+            })
+            .await;
+        }
+    }
+}
+
+/// A sender that gives owners of one shard different pieces (the last of 7 ranks, f = 2,
+/// r = 2f + 1: rank 0 gets 1000, the other owners -1000) cannot move any rank's shard: the
+/// owners' versions are combined by their median, every honest rank gets 3 (the honest median)
+/// and, under `Detect`, the report names the liar among the senders whose inputs differed.
+pub async fn an_equivocating_sender_is_named_in_a_reduce_scatter<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f) = (7, 2);
+    let split = |dest: usize| if dest == 0 { 1000.0 } else { -1000.0 };
+    let detect = with_an_equivocator(
+        &factory,
+        (n, f),
+        Round::ReduceScatter,
+        Agreement::Detect,
+        split,
+    )
+    .await;
+    for (me, result) in detect.into_iter().enumerate() {
+        let (report, shard) = result.unwrap_or_else(|e| panic!("rank {me}: {e}"));
+        assert!(shard.iter().all(|&x| x == 3.0), "rank {me}: {shard:?}");
+        let found = report.agreement.expect("Detect reports");
+        assert!(found.disagreeing.is_empty(), "rank {me}: {found:?}");
+        assert_eq!(found.unconfirmed, [n - 1], "rank {me}: {found:?}");
+        // Co-owners with rank 0 see the split; a rank that shares no shard with rank 0 that the
+        // liar sent differently may not, but every rank here co-owns one with it (r = 5 of 7).
+        assert_eq!(found.differing_inputs, [n - 1], "rank {me}: {found:?}");
+    }
+}
+
+/// Issue #14's stall in a reduce-scatter (4 ranks, f = 1, r = 3): rank 2 starts after the
+/// others' deadline; they erase it and finish. Where the transport kept their messages rank 2
+/// then finds every input, which is not the input set the others used: it gets
+/// `Error::Disagreement`, never its shard presented as success. Elsewhere it lacks inputs and
+/// gets another typed error; the others report it erased and unconfirmed.
+pub async fn a_stalled_rank_that_resumes_is_told_in_a_reduce_scatter<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let timeout = Duration::from_millis(400);
+    let keeps_late_messages = factory(1).await[0].name() == "tcp";
+    let comms = comms(factory(4).await, timeout);
+    let results = run_ranks(comms, move |mut c| async move {
+        if c.rank() == 2 {
+            tokio::time::sleep(timeout * 4).await;
+        }
+        let v = vec![(c.rank() + 1) as f32; 8];
+        let mut out = vec![0.0f32; 2];
+        let result = c
+            .robust_reduce_scatter(&v, &mut out, &Median::new(1), Replicas::Tolerant)
+            .await
+            .map(|report| (report, out));
+        if c.rank() != 2 {
+            tokio::time::sleep(timeout * 6).await;
+        }
+        result
+    })
+    .await;
+    for (me, result) in results.into_iter().enumerate() {
+        match result {
+            Err(Error::Disagreement { agreeing, .. }) if me == 2 => assert_eq!(agreeing, [2]),
+            Err(Error::TooManyFaults { .. } | Error::ShardLost { .. })
+                if me == 2 && !keeps_late_messages => {}
+            Ok((report, v)) if me != 2 => {
+                assert_eq!(v, [2.0, 2.0], "rank {me}");
+                assert!(report.faults.iter().all(|f| f.rank == 2), "rank {me}");
+                assert!(!report.faults.is_empty(), "rank {me}");
+                assert_eq!(report.agreement.unwrap().unconfirmed, [2], "rank {me}");
             }
             other => panic!("rank {me}: {other:?}"),
         }
