@@ -208,7 +208,18 @@ enum Array {
     F64(usize, usize),
 }
 
-fn array(x: &Bound<'_, PyAny>) -> PyResult<Array> {
+impl Array {
+    /// The bytes the array spans, as an address range.
+    fn span(&self) -> std::ops::Range<usize> {
+        match *self {
+            Array::F32(p, n) => p..p + n * 4,
+            Array::F64(p, n) => p..p + n * 8,
+        }
+    }
+}
+
+/// `x`'s data as an [`Array`]; `writable`: the result is written into it.
+fn array(x: &Bound<'_, PyAny>, writable: bool) -> PyResult<Array> {
     let iface = x.getattr("__array_interface__").map_err(|_| {
         PyTypeError::new_err(
             "expected a numpy array or a torch CPU tensor (something with __array_interface__)",
@@ -218,7 +229,7 @@ fn array(x: &Bound<'_, PyAny>) -> PyResult<Array> {
     let data: (usize, bool) = get("data")?.extract()?;
     let shape: Vec<usize> = get("shape")?.extract()?;
     let typestr: String = get("typestr")?.extract()?;
-    if data.1 {
+    if data.1 && writable {
         return Err(InvalidUsage::new_err(
             "the array is read-only: the result is written into it",
         ));
@@ -364,7 +375,7 @@ impl PyCommunicator {
         let policy = crate::policy(policy, replicas)?;
         let rule = rule.as_ref();
         // `x` stays referenced (and so alive) on this stack frame while the GIL is released.
-        let report = match array(x)? {
+        let report = match array(x, true)? {
             Array::F32(p, n) => self.run(py, async move |c| {
                 // SAFETY: `x` is a live, writable, contiguous float32 array of `n` elements.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
@@ -375,6 +386,66 @@ impl PyCommunicator {
                 let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
                 c.robust_all_reduce(buf, rule, policy).await
             })?,
+        };
+        Ok(report.into())
+    }
+
+    /// Robust reduce-scatter: `input` (every rank's whole vector, float32 or float64,
+    /// C-contiguous) is cut into `size` shards, and `output` (writable, this rank's shard in
+    /// length: `len(input) // size`, one more for the first `len(input) % size` ranks) becomes
+    /// `rule` applied to every rank's shard `rank`. The sharded schedule with `replicas` owners
+    /// per shard (default 2f + 1). Returns a `Report`.
+    #[pyo3(signature = (input, output, rule, f, *, replicas=None, m=None, tau=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn robust_reduce_scatter(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        rule: &str,
+        f: usize,
+        replicas: Option<usize>,
+        m: Option<usize>,
+        tau: Option<f64>,
+    ) -> PyResult<Report> {
+        let rule = crate::rule(rule, f, m, tau)?;
+        let rule = rule.as_ref();
+        let replicas = replicas.map_or(Replicas::Tolerant, Replicas::Exactly);
+        let (inp, out) = (array(input, false)?, array(output, true)?);
+        let (a, b) = (inp.span(), out.span());
+        if a.start < b.end && b.start < a.end {
+            return Err(InvalidUsage::new_err(
+                "input and output overlap: the output must be a buffer of its own",
+            ));
+        }
+        // Both stay referenced (and so alive) on this stack frame while the GIL is released.
+        let report = match (inp, out) {
+            (Array::F32(p, n), Array::F32(q, k)) => self.run(py, async move |c| {
+                // SAFETY: live, contiguous float32 arrays of `n` and `k` elements that do not
+                // overlap; the output is writable.
+                let (input, output) = unsafe {
+                    (
+                        std::slice::from_raw_parts(p as *const f32, n),
+                        std::slice::from_raw_parts_mut(q as *mut f32, k),
+                    )
+                };
+                c.robust_reduce_scatter(input, output, rule, replicas).await
+            })?,
+            (Array::F64(p, n), Array::F64(q, k)) => self.run(py, async move |c| {
+                // SAFETY: as above, float64.
+                let (input, output) = unsafe {
+                    (
+                        std::slice::from_raw_parts(p as *const f64, n),
+                        std::slice::from_raw_parts_mut(q as *mut f64, k),
+                    )
+                };
+                c.robust_reduce_scatter(input, output, rule, replicas).await
+            })?,
+            _ => {
+                return Err(InvalidUsage::new_err(
+                    "input and output must have the same dtype",
+                ))
+            }
         };
         Ok(report.into())
     }
@@ -393,7 +464,7 @@ impl PyCommunicator {
                 )))
             }
         };
-        match array(x)? {
+        match array(x, true)? {
             Array::F32(p, n) => self.run(py, async move |c| {
                 // SAFETY: as in robust_all_reduce.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };

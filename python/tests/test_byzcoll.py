@@ -64,6 +64,8 @@ def test_every_rank_gets_the_median(n, dtype):
         assert o["same_buffer"], "the result must land in the caller's buffer"
         assert o["inputs"] == n and o["faults"] == []
         assert o["trimmed_sharded"] == trimmed, o
+        assert o["reduce_scatter_matches"] and o["reduce_scatter_input_kept"], o
+        assert o["reduce_scatter_faults"] == [], o
         assert o["sum"] == n * (n + 1) / 2
         if n > 1:
             assert o["agreement"] == {
@@ -106,6 +108,14 @@ def test_bad_inputs_are_clear_exceptions(world_of_one):
         comm.robust_all_reduce([1.0, 2.0], "median", 0)
     with pytest.raises(TypeError):
         comm.robust_all_reduce(x, "median")  # no default f
+    with pytest.raises(byzcoll.InvalidUsage, match="shard"):
+        comm.robust_reduce_scatter(x, np.empty(7, dtype=np.float32), "median", 0)
+    with pytest.raises(byzcoll.InvalidUsage, match="same dtype"):
+        comm.robust_reduce_scatter(x, np.empty(8, dtype=np.float64), "median", 0)
+    with pytest.raises(byzcoll.InvalidUsage, match="overlap"):
+        comm.robust_reduce_scatter(x, x, "median", 0)
+    with pytest.raises(byzcoll.InvalidUsage, match="read-only"):
+        comm.robust_reduce_scatter(x, ro, "median", 0)
     assert issubclass(byzcoll.PreconditionError, byzcoll.Error)
     comm.close()
     with pytest.raises(byzcoll.InvalidUsage, match="closed"):
@@ -118,6 +128,14 @@ def test_result_lands_in_a_view_of_a_larger_array(world_of_one):
     report = world_of_one.robust_all_reduce(view, "trimmed-mean", 0)
     assert report.inputs == 1 and report.faults == []
     assert (big == np.arange(20)).all()  # a world of one aggregates to its own vector
+
+
+def test_reduce_scatter_reads_a_read_only_input(world_of_one):
+    x = np.arange(6, dtype=np.float64)
+    x.flags.writeable = False
+    out = np.zeros(6)
+    report = world_of_one.robust_reduce_scatter(x, out, "median", 0)
+    assert report.replicas == 1 and out.tolist() == list(range(6))
 
 
 def test_torch_cpu_tensors_are_updated_in_place(world_of_one):

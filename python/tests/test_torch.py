@@ -19,11 +19,11 @@ import torch_worker  # noqa: E402
 from helpers import clean_env, free_port  # noqa: E402
 
 
-def run_ddp(n, rule, f, steps, bucket_mb, byzantine):
+def run_ddp(n, rule, f, steps, bucket_mb, byzantine, mode="ddp"):
     env = clean_env(WORLD_SIZE=str(n), TEST_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     procs = [
         subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "torch_worker.py"), rule, str(f), str(steps), str(bucket_mb), str(int(byzantine))],
+            [sys.executable, os.path.join(HERE, "torch_worker.py"), rule, str(f), str(steps), str(bucket_mb), str(int(byzantine)), mode],
             env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for r in range(n)
@@ -88,6 +88,33 @@ def test_whole_vector_rules_run_on_one_bucket():
     for o in outs:
         assert "error" not in o, o
     assert outs[0]["params"] == outs[1]["params"] == outs[2]["params"]
+
+
+@pytest.mark.parametrize("byzantine", [False, True])
+def test_fsdp2_robust_reduce_scatter_trains_to_the_reference_parameters(byzantine):
+    n, steps = 3, 12
+    outs = run_ddp(n, "median", 1, steps, 0, byzantine, mode="fsdp1")
+    expect = reference(n, steps, byzantine)
+    honest = outs[:-1] if byzantine else outs
+    for o in honest:
+        assert "error" not in o, o
+        # FSDP's sharded SGD step and the reference's are the same float operations.
+        assert o["params"] == expect, f"rank {o['rank']} differs from the reference"
+        assert o["report_inputs"] == n
+        assert o["losses"][-1] < o["losses"][0], "training must make progress"
+
+
+def test_fsdp2_per_layer_groups_train_with_a_coordinate_wise_rule():
+    outs = run_ddp(3, "trimmed-mean", 1, 4, 0, True, mode="fsdp3")
+    for o in outs[:-1]:
+        assert "error" not in o, o
+    assert outs[0]["params"] == outs[1]["params"]
+
+
+def test_fsdp2_whole_vector_rules_are_refused_on_several_groups():
+    outs = run_ddp(3, "krum", 0, 1, 0, False, mode="fsdp3")
+    for o in outs:
+        assert "fully_shard groups" in o.get("error", ""), o
 
 
 def test_async_all_reduce_completes_in_order(world_of_one):

@@ -44,6 +44,18 @@ def main():
     y = np.full(1000, r + 1, dtype=dtype)
     comm.robust_all_reduce(y, "trimmed-mean", f, policy="sharded")
     out["trimmed_sharded"] = float(y[0])
+    # Reduce-scatter: this rank's shard of the sharded all-reduce, bitwise; the input untouched.
+    d = 1003
+    z = (np.arange(d) % 17 + 3 * r).astype(dtype)
+    full = z.copy()
+    comm.robust_all_reduce(full, "median", f, policy="sharded")
+    lo = r * (d // n) + min(r, d % n)
+    shard = np.full(d // n + (r < d % n), np.nan, dtype=dtype)
+    kept = z.copy()
+    rs = comm.robust_reduce_scatter(z, shard, "median", f)
+    out["reduce_scatter_matches"] = bool(np.array_equal(shard, full[lo : lo + len(shard)]))
+    out["reduce_scatter_input_kept"] = bool(np.array_equal(z, kept))
+    out["reduce_scatter_faults"] = rs.faults
     s = np.full(10, 1e9 if liar else r + 1, dtype=dtype)
     comm.all_reduce(s, "sum")
     out["sum"] = float(s[0])

@@ -91,6 +91,18 @@ class Communicator:
             _array(x), rule, f, policy=policy, replicas=replicas, m=m, tau=tau
         )
 
+    def robust_reduce_scatter(self, input, output, rule, f, *, replicas=None, m=None, tau=None):
+        """Robust reduce-scatter: `input` (every rank's whole vector) is cut into :attr:`size`
+        shards and `output` (this rank's shard in length: ``len(input) // size``, one more on the
+        first ``len(input) % size`` ranks) becomes `rule` applied to every rank's shard number
+        :attr:`rank`, tolerating `f` Byzantine ranks. Each shard is aggregated by `replicas`
+        owners (default 2f + 1) and combined by the median of their versions, as in the sharded
+        all-reduce: bitwise its shard of ``robust_all_reduce(..., policy="sharded")``. `output`
+        is written in place; `input` is not modified. Returns a :class:`Report`."""
+        return self._inner.robust_reduce_scatter(
+            _array(input), _array(output), rule, f, replicas=replicas, m=m, tau=tau
+        )
+
     def all_reduce(self, x, op="sum"):
         """Non-robust all-reduce in place ("sum", "min", "max"): one faulty rank corrupts every
         result. For comparison with :meth:`robust_all_reduce`."""

@@ -45,6 +45,17 @@ class Communicator:
         m: Optional[int] = None,
         tau: Optional[float] = None,
     ) -> Report: ...
+    def robust_reduce_scatter(
+        self,
+        input: Any,
+        output: Any,
+        rule: str,
+        f: int,
+        *,
+        replicas: Optional[int] = None,
+        m: Optional[int] = None,
+        tau: Optional[float] = None,
+    ) -> Report: ...
     def all_reduce(self, x: Any, op: str = "sum") -> None: ...
     def barrier(self) -> None: ...
     def close(self) -> None: ...

@@ -16,6 +16,17 @@ whole gradient. Rules that compare whole vectors (Krum, Multi-Krum, Bulyan, geom
 centered clipping, NNM) are not: a per-bucket Krum is not Krum. For those the hook requires the
 whole gradient in one bucket (``DistributedDataParallel(..., bucket_cap_mb=...)`` larger than the
 model) and refuses otherwise.
+
+FSDP2 (``fully_shard``) reduce-scatters each parameter group's gradients instead;
+:func:`fsdp_robust_reduce_scatter` replaces that by byzcoll's robust reduce-scatter (each rank
+gets the robust aggregate of its own shard, at about the traffic of the sharded all-reduce)::
+
+    fully_shard(model)
+    rs = bt.fsdp_robust_reduce_scatter(model, comm, "median", f=1)
+    ...                                                 # rs.last_report after each backward
+
+The same rule applies: a whole-vector rule needs the whole gradient in one reduce-scatter, so it
+is refused on a model with more than one ``fully_shard`` group.
 """
 
 import queue
@@ -24,12 +35,19 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import Communicator, InvalidUsage, init_with_allgather
+from . import Communicator, InvalidUsage, UnsupportedError, init_with_allgather
+
+try:  # FSDP2's custom-collective interface (PyTorch >= 2.8), not re-exported publicly
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatter
+except ImportError:  # pragma: no cover - older PyTorch
+    _ReduceScatter = object
 
 __all__ = [
     "COORDINATE_WISE",
     "HookState",
+    "RobustReduceScatter",
     "ddp_comm_hook",
+    "fsdp_robust_reduce_scatter",
     "init_from_process_group",
     "robust_all_reduce_async",
 ]
@@ -129,3 +147,77 @@ def ddp_comm_hook(state: HookState, bucket):
         return buf
 
     return _worker(state.comm).submit(job)
+
+
+class RobustReduceScatter(_ReduceScatter):
+    """An FSDP2 ``ReduceScatter`` (``FSDPModule.set_custom_reduce_scatter``) backed by
+    :meth:`byzcoll.Communicator.robust_reduce_scatter`: the gradient shard FSDP gives each rank is
+    the robust aggregate (``rule`` tolerating ``f`` Byzantine ranks) of every rank's gradients for
+    that shard. FSDP's ``AVG`` gets the aggregate itself, ``SUM`` the aggregate times the world
+    size (so FSDP's own division still gives the aggregate); other ops are refused. The group
+    must be the communicator's ranks in the same order. ``last_report`` holds the report of the
+    latest call."""
+
+    def __init__(self, comm: Communicator, rule, f, *, replicas=None, m=None, tau=None):
+        self.comm = comm
+        self.rule = rule
+        self.f = f
+        self.kwargs = dict(replicas=replicas, m=m, tau=tau)
+        self.last_report = None
+
+    def allocate(self, size, *, dtype, device):
+        """A plain tensor: byzcoll reads and writes host memory in place."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        if async_op:
+            raise InvalidUsage("RobustReduceScatter runs synchronously (async_op=False)")
+        if group is not None and (
+            dist.get_world_size(group) != self.comm.size or dist.get_rank(group) != self.comm.rank
+        ):
+            raise InvalidUsage(
+                f"FSDP reduce-scatters over a group of {dist.get_world_size(group)} ranks (this one "
+                f"{dist.get_rank(group)}), the communicator is {self.comm!r}: join byzcoll through "
+                "the same group (init_from_process_group(group))"
+            )
+        if op == dist.ReduceOp.AVG:
+            scale = None
+        elif op == dist.ReduceOp.SUM:
+            scale = float(self.comm.size)
+        else:
+            raise InvalidUsage(
+                f"FSDP asked for a {op} reduce-scatter: a robust aggregate stands for AVG (or SUM "
+                "with FSDP's own division); leave set_gradient_divide_factor at its default"
+            )
+        self.last_report = self.comm.robust_reduce_scatter(
+            input_tensor, output_tensor, self.rule, self.f, **self.kwargs
+        )
+        if scale is not None:
+            output_tensor.mul_(scale)
+        return None
+
+
+def fsdp_robust_reduce_scatter(module, comm: Communicator, rule, f, *, replicas=None, m=None, tau=None):
+    """Makes every ``fully_shard`` group in ``module`` reduce-scatter its gradients through one
+    :class:`RobustReduceScatter` (returned, with its ``last_report``). Refuses a whole-vector
+    rule (Krum family, geometric median, centered clipping, NNM) when ``module`` holds more than
+    one group: each group's reduce-scatter sees only its own parameters' gradients."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if _ReduceScatter is object or not hasattr(FSDPModule, "set_custom_reduce_scatter"):
+        raise UnsupportedError(
+            f"PyTorch {torch.__version__} has no FSDPModule.set_custom_reduce_scatter (2.8 or newer)"
+        )
+    groups = [m_ for m_ in module.modules() if isinstance(m_, FSDPModule)]
+    if not groups:
+        raise InvalidUsage("no fully_shard module in it: call fully_shard(module) first")
+    if rule not in COORDINATE_WISE and len(groups) > 1:
+        raise InvalidUsage(
+            f"rule {rule!r} compares whole gradients, and this model has {len(groups)} fully_shard "
+            "groups, each reduce-scattered on its own: a per-group aggregate would not be that rule. "
+            f"Shard the model as one group, or use a coordinate-wise rule ({', '.join(sorted(COORDINATE_WISE))})"
+        )
+    rs = RobustReduceScatter(comm, rule, f, replicas=replicas, m=m, tau=tau)
+    for g in groups:
+        g.set_custom_reduce_scatter(rs)
+    return rs
