@@ -1,10 +1,10 @@
-"""Python overhead, under `byzcoll launch -n 4`:
+"""Python overhead, under `byzcoll launch -n 4` (`python/bench/overhead.sh` runs it next to
+its Rust twin, `examples/overhead.rs`, alternating, and prints the ratios):
 
-1. `comm.robust_all_reduce` (median f = 1, gather) from Python at 4 KiB, 1 MiB and 64 MiB per
-   rank; the same call from Rust is `cargo bench --bench collectives` (its `robust_all_reduce
-   gather` rows), run next to it;
-2. a DistributedDataParallel step with byzcoll's median hook against PyTorch's own gloo
-   all-reduce (no hook) on the same model, in the same job.
+1. `--part allreduce`: `comm.robust_all_reduce` (median f = 1, gather) from Python at 4 KiB,
+   1 MiB and 64 MiB per rank, the same loop as `examples/overhead.rs`;
+2. `--part ddp`: a DistributedDataParallel step with byzcoll's median hook against PyTorch's own
+   gloo all-reduce (no hook) on the same model, in the same job.
 
     target/release/byzcoll launch -n 4 -- python python/bench/overhead.py --port 29611
 
@@ -35,16 +35,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True, help="torch.distributed's port on 127.0.0.1")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--part", choices=["allreduce", "ddp", "all"], default="all")
     args = ap.parse_args()
     torch.set_num_threads(1)
     comm = byzcoll.init()
     r, n = comm.rank, comm.size
-    if r == 0:
+    if r == 0 and args.part != "ddp":
         print(f"# {n} ranks, median f = 1, gather, agreement {os.environ.get('BYZCOLL_AGREEMENT', 'detect')}")
         print(f"{'bytes':>10} {'python ms':>10}")
-    for size in [4096, 1 << 20, 64 << 20]:
+    for size in [4096, 1 << 20, 64 << 20] if args.part != "ddp" else []:
         x = np.full(size // 4, float(r), dtype=np.float32)
-        reps = args.reps if size < (64 << 20) else 5
+        reps = args.reps * 10 if size <= (64 << 10) else args.reps if size < (64 << 20) else min(args.reps, 5)
         times = []
         for i in range(reps + 1):
             comm.barrier()
@@ -56,6 +57,9 @@ def main():
         if r == 0:
             print(f"{size:>10} {statistics.median(times) * 1e3:>10.3f}", flush=True)
 
+    if args.part == "allreduce":
+        comm.close()
+        return
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=r, world_size=n)
     width = 512
     x = torch.randn(64, width, generator=torch.Generator().manual_seed(r))

@@ -296,26 +296,40 @@ impl PyCommunicator {
         }
     }
 
-    /// Runs a collective with the GIL released.
-    fn run<T: Send>(
-        &self,
-        py: Python<'_>,
-        op: impl AsyncFnOnce(&mut Communicator) -> byzcoll::Result<T> + Send,
-    ) -> PyResult<T> {
+    /// Runs a collective with the GIL released, as a task on the runtime's worker threads (as a
+    /// Rust caller's would run): the calling thread sleeps once until it is done, instead of
+    /// being woken at every step of the collective. `op` gets the communicator and gives it back.
+    fn run<T, F>(&self, py: Python<'_>, op: impl FnOnce(Communicator) -> F + Send) -> PyResult<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = (Communicator, byzcoll::Result<T>)> + Send + 'static,
+    {
         let result = py.detach(|| {
             let mut slot = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
-            slot.as_mut().map(|comm| self.runtime.block_on(op(comm)))
+            let comm = slot.take()?;
+            let task = self.runtime.spawn(op(comm));
+            Some(match self.runtime.block_on(task) {
+                Ok((comm, result)) => {
+                    *slot = Some(comm);
+                    Ok(result)
+                }
+                // The communicator went down with the task: later calls find it closed.
+                Err(e) => Err(e.to_string()),
+            })
         });
         match result {
             None => Err(InvalidUsage::new_err("the communicator is closed")),
-            Some(r) => r.map_err(|e| to_py(py, e)),
+            Some(Err(panic)) => Err(Error::new_err(format!(
+                "the collective panicked ({panic}); the communicator is closed"
+            ))),
+            Some(Ok(r)) => r.map_err(|e| to_py(py, e)),
         }
     }
 }
 
 fn runtime() -> PyResult<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .thread_name("byzcoll")
         .enable_all()
         .build()
@@ -373,18 +387,19 @@ impl PyCommunicator {
     ) -> PyResult<Report> {
         let rule = crate::rule(rule, f, m, tau)?;
         let policy = crate::policy(policy, replicas)?;
-        let rule = rule.as_ref();
-        // `x` stays referenced (and so alive) on this stack frame while the GIL is released.
+        // `x` stays referenced (and so alive) on this stack frame until the task is done.
         let report = match array(x, true)? {
-            Array::F32(p, n) => self.run(py, async move |c| {
+            Array::F32(p, n) => self.run(py, move |mut c| async move {
                 // SAFETY: `x` is a live, writable, contiguous float32 array of `n` elements.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
-                c.robust_all_reduce(buf, rule, policy).await
+                let r = c.robust_all_reduce(buf, rule.as_ref(), policy).await;
+                (c, r)
             })?,
-            Array::F64(p, n) => self.run(py, async move |c| {
+            Array::F64(p, n) => self.run(py, move |mut c| async move {
                 // SAFETY: as above, float64.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
-                c.robust_all_reduce(buf, rule, policy).await
+                let r = c.robust_all_reduce(buf, rule.as_ref(), policy).await;
+                (c, r)
             })?,
         };
         Ok(report.into())
@@ -409,7 +424,6 @@ impl PyCommunicator {
         tau: Option<f64>,
     ) -> PyResult<Report> {
         let rule = crate::rule(rule, f, m, tau)?;
-        let rule = rule.as_ref();
         let replicas = replicas.map_or(Replicas::Tolerant, Replicas::Exactly);
         let (inp, out) = (array(input, false)?, array(output, true)?);
         let (a, b) = (inp.span(), out.span());
@@ -418,9 +432,9 @@ impl PyCommunicator {
                 "input and output overlap: the output must be a buffer of its own",
             ));
         }
-        // Both stay referenced (and so alive) on this stack frame while the GIL is released.
+        // Both stay referenced (and so alive) on this stack frame until the task is done.
         let report = match (inp, out) {
-            (Array::F32(p, n), Array::F32(q, k)) => self.run(py, async move |c| {
+            (Array::F32(p, n), Array::F32(q, k)) => self.run(py, move |mut c| async move {
                 // SAFETY: live, contiguous float32 arrays of `n` and `k` elements that do not
                 // overlap; the output is writable.
                 let (input, output) = unsafe {
@@ -429,9 +443,12 @@ impl PyCommunicator {
                         std::slice::from_raw_parts_mut(q as *mut f32, k),
                     )
                 };
-                c.robust_reduce_scatter(input, output, rule, replicas).await
+                let r = c
+                    .robust_reduce_scatter(input, output, rule.as_ref(), replicas)
+                    .await;
+                (c, r)
             })?,
-            (Array::F64(p, n), Array::F64(q, k)) => self.run(py, async move |c| {
+            (Array::F64(p, n), Array::F64(q, k)) => self.run(py, move |mut c| async move {
                 // SAFETY: as above, float64.
                 let (input, output) = unsafe {
                     (
@@ -439,7 +456,10 @@ impl PyCommunicator {
                         std::slice::from_raw_parts_mut(q as *mut f64, k),
                     )
                 };
-                c.robust_reduce_scatter(input, output, rule, replicas).await
+                let r = c
+                    .robust_reduce_scatter(input, output, rule.as_ref(), replicas)
+                    .await;
+                (c, r)
             })?,
             _ => {
                 return Err(InvalidUsage::new_err(
@@ -465,22 +485,27 @@ impl PyCommunicator {
             }
         };
         match array(x, true)? {
-            Array::F32(p, n) => self.run(py, async move |c| {
+            Array::F32(p, n) => self.run(py, move |mut c| async move {
                 // SAFETY: as in robust_all_reduce.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
-                c.all_reduce(buf, op).await
+                let r = c.all_reduce(buf, op).await;
+                (c, r)
             }),
-            Array::F64(p, n) => self.run(py, async move |c| {
+            Array::F64(p, n) => self.run(py, move |mut c| async move {
                 // SAFETY: as in robust_all_reduce.
                 let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
-                c.all_reduce(buf, op).await
+                let r = c.all_reduce(buf, op).await;
+                (c, r)
             }),
         }
     }
 
     /// Blocks until every rank has entered the barrier.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        self.run(py, async |c| c.barrier().await)
+        self.run(py, |mut c| async move {
+            let r = c.barrier().await;
+            (c, r)
+        })
     }
 
     /// Closes the connections; later calls raise InvalidUsage.

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Python overhead side by side in one run: `robust_all_reduce` (median f = 1, gather, 4 ranks)
+# timed from Rust (examples/overhead.rs) and from Python (python/bench/overhead.py), the two
+# alternating ROUNDS times (default 3) so that both see the same machine; then the DDP step with
+# byzcoll's hook against gloo's all-reduce. Prints medians over the rounds, the ratio and the
+# difference, and writes them as JSON to target/bench/python_overhead.json.
+#
+#   cargo build --release --bins --examples
+#   CARGO_TARGET_DIR=target/python pip install ./python    # into the venv of PYTHON
+#   PYTHON=target/pyvenv/bin/python python/bench/overhead.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+py=${PYTHON:-target/pyvenv/bin/python}
+rounds=${ROUNDS:-3}
+launch() { target/release/byzcoll launch -n 4 -- "$@"; }
+rows=$(mktemp)
+trap 'rm -f "$rows"' EXIT
+for _ in $(seq "$rounds"); do
+    launch target/release/examples/overhead --reps 15 | awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {print "rust", $2, $3}' >>"$rows"
+    launch "$py" python/bench/overhead.py --port 0 --part allreduce |
+        awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {print "python", $2, $3}' >>"$rows"
+done
+mkdir -p target/bench
+"$py" - "$rows" target/bench/python_overhead.json <<'PY'
+import json, statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+by = {}
+for lang, size, ms in rows:
+    by.setdefault((lang, int(size)), []).append(float(ms))
+out = []
+print(f"# robust_all_reduce, median f = 1, gather, 4 ranks: median of {len(by[('rust', 4096)])} runs (ms)")
+print(f"{'bytes':>10} {'rust ms':>10} {'python ms':>10} {'ratio':>7} {'diff us':>9}")
+for size in sorted({s for _, s in by}):
+    r, p = statistics.median(by[("rust", size)]), statistics.median(by[("python", size)])
+    print(f"{size:>10} {r:>10.3f} {p:>10.3f} {p / r:>7.2f} {(p - r) * 1e3:>9.0f}")
+    out.append({"bytes": size, "rust_ms": r, "python_ms": p, "ratio": p / r, "runs_rust": by[("rust", size)], "runs_python": by[("python", size)]})
+json.dump({"bench": "python_overhead", "rows": out}, open(sys.argv[2], "w"), indent=1)
+PY
+port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+launch "$py" python/bench/overhead.py --port "$port" --part ddp | sed -n 's/^\[0\] //p'
