@@ -202,3 +202,67 @@ def test_results_equal_the_rust_reference_bitwise(tmp_path, rule, f, policy, dty
         # Sharded too: honest owners compute the same shard, and the median of identical
         # versions is that version.
         assert got.tobytes() == expect.tobytes(), f"rank {r} differs from the reference"
+
+
+RSS_PROBE = r"""
+import sys
+import numpy as np
+import byzcoll
+
+
+def peak_rss():
+    # VmHWM belongs to this process's memory (ru_maxrss would carry over the forking parent's).
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+
+def reset_peak_rss():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+mode, kind = sys.argv[1], sys.argv[2]
+d = 16 << 20  # 64 MiB of float32
+if kind == "torch":
+    import torch
+
+    x = torch.ones(d, dtype=torch.float32)
+    address = x.data_ptr
+else:
+    x = np.ones(d, dtype=np.float32)
+    address = lambda: x.__array_interface__["data"][0]
+comm = byzcoll.init()
+comm.robust_all_reduce(np.ones(8, dtype=np.float32), "median", 0)  # warm up
+ptr = address()
+reset_peak_rss()
+before = peak_rss()
+if mode == "copy":  # the control: what one copy of the array looks like
+    y = np.array(x, copy=True)
+    peak = 0
+else:
+    peak = comm.robust_all_reduce(x, "median", 0).peak_bytes
+print(peak_rss() - before, peak, 4 * d, int(ptr == address()))
+"""
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_no_copy_of_the_array_peak_rss(kind):
+    """Peak RSS grows by what the collective reports holding (its own send and result buffers,
+    report.peak_bytes), not by one more copy of the caller's 64 MiB array; the control shows
+    that a copy is visible in the measure."""
+    if kind == "torch":
+        pytest.importorskip("torch", reason="torch is not installed")
+
+    def probe(mode):
+        env = clean_env(BYZCOLL_RANK="0", BYZCOLL_WORLD_SIZE="1")
+        out = subprocess.run([sys.executable, "-c", RSS_PROBE, mode, kind], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return [int(v) for v in out.stdout.split()]
+
+    grew, _, d, _ = probe("copy")
+    assert grew >= 0.9 * d, f"the control copy of {d} bytes grew peak RSS by only {grew}"
+    grew, peak, d, same = probe("call")
+    assert same, "the result must land in the caller's buffer"
+    assert peak <= 2 * d, f"the collective reports holding {peak} bytes"
+    assert grew <= peak + d // 4, f"peak RSS grew by {grew} bytes, the collective holds {peak}: a copy of the {d}-byte array?"
