@@ -9,7 +9,7 @@ use std::time::Duration;
 use byzcoll::aggregators::{aggregate_into, AggError, AggReport, Aggregator, Element, Params};
 use byzcoll::bootstrap::LaunchEnv;
 use byzcoll::launch::{launch, LaunchOptions};
-use byzcoll::npy::{self, Array};
+use byzcoll::npy::{self, MappedData};
 use byzcoll::{Config, TRANSPORTS};
 use byzcoll_sim::{
     Adversary, Algorithm, Compute, Crash, DataSet, Faults, Lie, Network, Preset, Scenario, Stall,
@@ -178,9 +178,19 @@ fn aggregate(args: &AggregateArgs) -> Result<(), String> {
         }
         Device::Cuda => cuda_rule(&args.rule, &params)?,
     };
-    let input = npy::read(&args.input).map_err(|e| e.to_string())?;
+    // The rows are read where the page cache holds them; a file that cannot be viewed in
+    // place (a big-endian host, a misaligned header) is read into memory and converted.
+    let mapped = npy::map(&args.input).map_err(|e| e.to_string())?;
+    let converted;
+    let data = match mapped.data() {
+        Some(data) => data,
+        None => {
+            converted = npy::read(&args.input).map_err(|e| e.to_string())?;
+            converted.view()
+        }
+    };
     let at = |e: &dyn std::fmt::Display| format!("{}: {e}", args.input.display());
-    let (n, d) = input.matrix_dims().map_err(|e| at(&e))?;
+    let (n, d) = mapped.matrix_dims().map_err(|e| at(&e))?;
     if d == 0 {
         return Err(at(&format_args!(
             "shape ({n}, 0) has d = 0 coordinates: nothing to aggregate"
@@ -188,14 +198,14 @@ fn aggregate(args: &AggregateArgs) -> Result<(), String> {
     }
     check_f(args.f, n).map_err(|e| at(&e))?;
     rule.check(n).map_err(|e| at(&e))?;
-    let report = match &input {
-        Array::F32 { data, .. } => {
+    let report = match data {
+        MappedData::F32(data) => {
             let (out, report) = aggregate_rows(rule.as_ref(), data, d).map_err(|e| at(&e))?;
             npy::write_f32(&args.output, &[d], &out)
                 .map(|()| report)
                 .map_err(|e| e.to_string())?
         }
-        Array::F64 { data, .. } => {
+        MappedData::F64(data) => {
             let (out, report) = aggregate_rows(rule.as_ref(), data, d).map_err(|e| at(&e))?;
             npy::write_f64(&args.output, &[d], &out)
                 .map(|()| report)
@@ -205,7 +215,7 @@ fn aggregate(args: &AggregateArgs) -> Result<(), String> {
     if args.report == Some(ReportFormat::Json) {
         println!(
             "{}",
-            json_report(rule.name(), n, d, input.dtype_name(), &report)
+            json_report(rule.name(), n, d, mapped.dtype_name(), &report)
         );
     }
     Ok(())

@@ -83,11 +83,14 @@ impl Array {
     /// # Errors
     /// [`NpyError::NotMatrix`] when the array is not 2-D.
     pub fn matrix_dims(&self) -> Result<(usize, usize), NpyError> {
-        match *self.shape() {
-            [n, d] => Ok((n, d)),
-            ref shape => Err(NpyError::NotMatrix {
-                shape: format_shape(shape),
-            }),
+        matrix_dims(self.shape())
+    }
+
+    /// The elements, borrowed.
+    pub fn view(&self) -> MappedData<'_> {
+        match self {
+            Array::F32 { data, .. } => MappedData::F32(data),
+            Array::F64 { data, .. } => MappedData::F64(data),
         }
     }
 
@@ -232,7 +235,7 @@ impl NpyError {
 }
 
 /// The element types this module reads and writes.
-trait Float: Copy + Default {
+trait Float: Copy + Default + bytemuck::Pod {
     const DESCR: &'static str;
     const SIZE: usize;
     fn from_le(bytes: &[u8]) -> Self;
@@ -297,6 +300,94 @@ pub fn read(path: &Path) -> Result<Array, NpyError> {
         read_impl(&mut BufReader::with_capacity(CHUNK, file), len)
     };
     read().map_err(|e| e.at(path))
+}
+
+/// A `.npy` file mapped into memory: its elements are read where the page cache holds them,
+/// without a copy ([`map`]).
+#[derive(Debug)]
+pub struct Mapped {
+    map: memmap2::Mmap,
+    shape: Vec<usize>,
+    kind: Kind,
+    offset: usize,
+}
+
+/// The elements of a [`Mapped`] file, borrowed from the mapping.
+#[derive(Debug, Clone, Copy)]
+pub enum MappedData<'a> {
+    /// Little-endian `float32`.
+    F32(&'a [f32]),
+    /// Little-endian `float64`.
+    F64(&'a [f64]),
+}
+
+impl Mapped {
+    /// The array's dimensions, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// `"float32"` or `"float64"`.
+    pub fn dtype_name(&self) -> &'static str {
+        match self.kind {
+            Kind::F32 => "float32",
+            Kind::F64 => "float64",
+        }
+    }
+
+    /// `(n, d)` for a 2-D array.
+    ///
+    /// # Errors
+    /// [`NpyError::NotMatrix`] when the array is not 2-D.
+    pub fn matrix_dims(&self) -> Result<(usize, usize), NpyError> {
+        matrix_dims(&self.shape)
+    }
+
+    /// The elements in place, or `None` where they cannot be viewed as they lie: a
+    /// big-endian host, or data not aligned to its element size (a header NumPy would not
+    /// write); [`read`] converts those.
+    pub fn data(&self) -> Option<MappedData<'_>> {
+        if cfg!(target_endian = "big") {
+            return None;
+        }
+        let bytes = &self.map[self.offset..];
+        Some(match self.kind {
+            Kind::F32 => MappedData::F32(bytemuck::try_cast_slice(bytes).ok()?),
+            Kind::F64 => MappedData::F64(bytemuck::try_cast_slice(bytes).ok()?),
+        })
+    }
+}
+
+/// Maps a C-order little-endian float32/float64 `.npy` file (read-only, pages loaded up front)
+/// after checking its header and length as [`read`] does. The file must not change while the
+/// mapping lives.
+///
+/// # Errors
+/// As [`read`]; also when the file is not a regular file (read a pipe with [`read`]).
+pub fn map(path: &Path) -> Result<Mapped, NpyError> {
+    let map = || -> Result<Mapped, NpyError> {
+        let file = File::open(path).map_err(NpyError::io("open"))?;
+        let meta = file.metadata().map_err(NpyError::io("read"))?;
+        if !meta.is_file() {
+            return Err(NpyError::Io {
+                action: "map",
+                source: io::Error::other("not a regular file"),
+            });
+        }
+        // SAFETY: a read-only private mapping of a regular file; the caller keeps the file
+        // unchanged while it lives (documented), so the bytes do not change under the slices.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
+            .map_err(NpyError::io("map"))?;
+        let layout = read_layout(&mut &map[..], Some(map.len() as u64))?;
+        Ok(Mapped {
+            shape: layout.shape,
+            kind: layout.kind,
+            // At most the file's length, which is mapped.
+            offset: layout.preamble as usize,
+            map,
+        })
+    };
+    map().map_err(|e| e.at(path))
 }
 
 /// Reads a `.npy` array from a stream of unknown length. The data buffer grows with the bytes
@@ -421,6 +512,11 @@ fn write_impl<T: Float, W: Write>(mut w: W, shape: &[usize], data: &[T]) -> Resu
 
 fn write_all<T: Float, W: Write>(w: &mut W, shape: &[usize], data: &[T]) -> io::Result<()> {
     w.write_all(&header_bytes(T::DESCR, shape))?;
+    if cfg!(target_endian = "little") {
+        // The elements' bytes are the file's: one write, no conversion.
+        w.write_all(bytemuck::cast_slice(data))?;
+        return w.flush();
+    }
     let mut buf = Vec::with_capacity(CHUNK);
     for chunk in data.chunks(CHUNK / T::SIZE) {
         buf.clear();
@@ -459,7 +555,43 @@ struct Header {
 
 /// Reads a whole array. `total` is the stream's length when it is known (a file or a slice);
 /// every size is then checked against it before anything is allocated.
+/// What a `.npy` header says, checked against the file's length when it is known.
+struct Layout {
+    shape: Vec<usize>,
+    kind: Kind,
+    /// Elements in the data.
+    count: usize,
+    /// Bytes of data the header promises.
+    expected: u64,
+    /// Bytes before the data (magic, version, length field, header).
+    preamble: u64,
+    /// The stream's length was known and matches the header.
+    known: bool,
+}
+
 fn read_impl<R: Read + ?Sized>(r: &mut R, total: Option<u64>) -> Result<Array, NpyError> {
+    let Layout {
+        shape,
+        kind,
+        count,
+        expected,
+        known,
+        ..
+    } = read_layout(r, total)?;
+    Ok(match kind {
+        Kind::F32 => Array::F32 {
+            data: read_data(r, count, expected, known)?,
+            shape,
+        },
+        Kind::F64 => Array::F64 {
+            data: read_data(r, count, expected, known)?,
+            shape,
+        },
+    })
+}
+
+/// Reads and checks the preamble and header, leaving `r` at the first data byte.
+fn read_layout<R: Read + ?Sized>(r: &mut R, total: Option<u64>) -> Result<Layout, NpyError> {
     let mut pre = [0u8; 8];
     let got = read_full(r, &mut pre)?;
     let m = got.min(MAGIC.len());
@@ -534,16 +666,13 @@ fn read_impl<R: Read + ?Sized>(r: &mut R, total: Option<u64>) -> Result<Array, N
         }
         None => false,
     };
-    let shape = header.shape;
-    Ok(match header.kind {
-        Kind::F32 => Array::F32 {
-            data: read_data(r, count, expected, known)?,
-            shape,
-        },
-        Kind::F64 => Array::F64 {
-            data: read_data(r, count, expected, known)?,
-            shape,
-        },
+    Ok(Layout {
+        shape: header.shape,
+        kind: header.kind,
+        count,
+        expected,
+        preamble,
+        known,
     })
 }
 
@@ -587,6 +716,15 @@ fn read_data<T: Float, R: Read + ?Sized>(
         }
     }
     Ok(data)
+}
+
+fn matrix_dims(shape: &[usize]) -> Result<(usize, usize), NpyError> {
+    match *shape {
+        [n, d] => Ok((n, d)),
+        _ => Err(NpyError::NotMatrix {
+            shape: format_shape(shape),
+        }),
+    }
 }
 
 /// The shape as Python writes a tuple: `()`, `(3,)`, `(3, 4)`.
@@ -1021,6 +1159,15 @@ mod tests {
         out
     }
 
+    impl Array {
+        fn view_f32(&self) -> Option<&[f32]> {
+            match self.view() {
+                MappedData::F32(d) => Some(d),
+                MappedData::F64(_) => None,
+            }
+        }
+    }
+
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
@@ -1106,6 +1253,47 @@ mod tests {
         };
         a.write(&path).unwrap();
         assert_eq!(read(&path).unwrap(), a);
+    }
+
+    #[test]
+    fn mapped_files_view_the_same_elements_and_are_checked_alike() {
+        let dir = TempDir::new("map");
+        let data32: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 1.0).collect();
+        let path = dir.0.join("a.npy");
+        write_f32(&path, &[3, 4], &data32).unwrap();
+        let m = map(&path).unwrap();
+        assert_eq!((m.shape(), m.matrix_dims().unwrap()), (&[3, 4][..], (3, 4)));
+        assert_eq!(m.dtype_name(), "float32");
+        assert!(matches!(m.data(), Some(MappedData::F32(d)) if d == data32.as_slice()));
+        let data64 = vec![f64::MIN_POSITIVE, -0.0, 1e300];
+        write_f64(&path, &[3], &data64).unwrap();
+        let m = map(&path).unwrap();
+        assert!(matches!(m.data(), Some(MappedData::F64(d)) if d == data64.as_slice()));
+
+        // A header NumPy would not write (data at an odd offset) is not viewed in place; the
+        // reader converts it.
+        let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }";
+        let odd = raw(1, header, &f32_bytes(&[1.5, -2.0]));
+        assert_ne!((10 + header.len()) % 4, 0);
+        std::fs::write(&path, &odd).unwrap();
+        assert!(map(&path).unwrap().data().is_none());
+        assert_eq!(read(&path).unwrap().view_f32(), Some(&[1.5f32, -2.0][..]));
+
+        // Truncated, trailing or malformed files fail as they do for the reader, and so does
+        // something that is not a regular file.
+        for bad in [
+            &odd[..odd.len() - 1],
+            &[odd.as_slice(), &[0]].concat(),
+            b"NUMPY",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            let (m, r) = (map(&path).unwrap_err(), read(&path).unwrap_err());
+            assert_eq!(m.to_string(), r.to_string());
+        }
+        assert!(map(&dir.0)
+            .unwrap_err()
+            .to_string()
+            .contains("not a regular file"));
     }
 
     #[test]
