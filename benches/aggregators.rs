@@ -49,6 +49,10 @@ use byzcoll::aggregators::{aggregate_into, build, AggError, Aggregator, Params};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
+use serde_json::json;
+
+#[path = "common/rows.rs"]
+mod rows;
 
 const SEED: u64 = 0x5EED;
 const DEFAULT_NS: &[usize] = &[4, 8, 16, 32, 64];
@@ -334,7 +338,18 @@ fn header() {
     );
 }
 
-fn row(n: usize, rule: &str, f: usize, threads: &str, seconds: f64, gb: f64, cells: [String; 2]) {
+fn row(
+    table: &mut rows::Rows,
+    (n, rule, f): (usize, &str, usize),
+    threads: &str,
+    seconds: f64,
+    gb: f64,
+    cells: [String; 2],
+) {
+    table.push(
+        json!({ "n": n, "rule": rule, "f": f, "threads": threads, "seconds": seconds,
+        "gb_per_s": gb / seconds }),
+    );
     println!(
         "  {n:>4} {rule:<14} {f:>4} {threads:>7} {:>11.3} {:>8.2} {:>8} {:>8}",
         seconds * 1e3,
@@ -370,6 +385,7 @@ fn run(args: &Args) -> Result<(), String> {
         }
     }
     header();
+    let mut table = rows::Rows::new("aggregators", json!({ "d": d, "dtype": "float32" }));
     for &n in &args.ns {
         let bytes = (n * d * 4) as f64;
         let data = make_inputs(n, d)?;
@@ -420,14 +436,15 @@ fn run(args: &Args) -> Result<(), String> {
                         None => "-".into(),
                     };
                     let t = pool.threads.to_string();
-                    row(n, name, f, &t, seconds, bytes / 1e9, [vs_numpy, vs_mean]);
+                    let what = (n, name.as_str(), f);
+                    let cells = [vs_numpy, vs_mean];
+                    row(&mut table, what, &t, seconds, bytes / 1e9, cells);
                 }
             }
             if let Some(&(f, seconds)) = numpy {
                 row(
-                    n,
-                    name,
-                    f,
+                    &mut table,
+                    (n, name, f),
                     "numpy",
                     seconds,
                     bytes / 1e9,
@@ -438,6 +455,7 @@ fn run(args: &Args) -> Result<(), String> {
         drop(rows);
         drop(data);
     }
+    table.write();
     Ok(())
 }
 

@@ -37,6 +37,10 @@ use std::time::{Duration, Instant};
 use byzcoll::aggregators::Median;
 use byzcoll::launch::{launch, LaunchOptions};
 use byzcoll::{Communicator, Policy, ReduceOp, Replicas, TRANSPORTS};
+use serde_json::json;
+
+#[path = "common/rows.rs"]
+mod rows;
 
 struct Args {
     ranks: usize,
@@ -467,8 +471,8 @@ fn run_anchor(args: &Args) -> Vec<(usize, f64, String)> {
         .collect()
 }
 
-/// One byzcoll result: (transport, elements per rank, seconds, label).
-type Ours = (&'static str, usize, f64, String);
+/// One byzcoll result: (transport, elements per rank, seconds, peak RSS MiB, label).
+type Ours = (&'static str, usize, f64, f64, String);
 
 /// Prints, per size and comparison, byzcoll's time over each transport divided by Open MPI's.
 fn print_ratios(
@@ -541,7 +545,7 @@ fn print_ratios(
             for t in transports {
                 let cell = ours
                     .iter()
-                    .find(|(tr, e, _, l)| tr == t && *e == d && l == ours_label)
+                    .find(|(tr, e, _, _, l)| tr == t && *e == d && l == ours_label)
                     .map_or("-".to_string(), |r| format!("{:.2}", r.2 / mpi));
                 print!(" {cell:>10}");
             }
@@ -593,8 +597,8 @@ fn run_transport(
             let mut it = l.splitn(4, ' ');
             let d = it.next()?.parse().ok()?;
             let secs = it.next()?.parse().ok()?;
-            let _rss = it.next()?;
-            Some((transport, d, secs, it.next()?.to_string()))
+            let rss = it.next()?.parse().unwrap_or(f64::NAN);
+            Some((transport, d, secs, rss, it.next()?.to_string()))
         })
         .collect();
     let _ = std::fs::remove_file(&results);
@@ -640,13 +644,32 @@ fn main() -> ExitCode {
             }
         }
     }
-    if args.anchor {
+    let anchor = if args.anchor {
         println!();
-        let anchor = run_anchor(&args);
-        if !anchor.is_empty() && !ours.is_empty() {
-            print_ratios(&args.transports, args.mpi_btl, args.ranks, &ours, &anchor);
-        }
+        run_anchor(&args)
+    } else {
+        Vec::new()
+    };
+    if !anchor.is_empty() && !ours.is_empty() {
+        print_ratios(&args.transports, args.mpi_btl, args.ranks, &ours, &anchor);
     }
+    let mut table = rows::Rows::new(
+        "collectives",
+        json!({ "ranks": args.ranks, "dtype": "float32", "mpi_btl": args.mpi_btl }),
+    );
+    for (transport, d, secs, rss, label) in &ours {
+        table.push(
+            json!({ "who": "byzcoll", "transport": transport, "collective": label,
+            "bytes_per_rank": d * 4, "seconds": secs, "peak_rss_mib": rss }),
+        );
+    }
+    for (d, secs, label) in &anchor {
+        table.push(
+            json!({ "who": "Open MPI", "transport": args.mpi_btl, "collective": label,
+            "bytes_per_rank": d * 4, "seconds": secs }),
+        );
+    }
+    table.write();
     match first_failure {
         None => ExitCode::SUCCESS,
         Some(code) => ExitCode::from(code),

@@ -1,0 +1,41 @@
+//! The rows a bench prints, also written as JSON to `target/bench/<bench>.json`, for
+//! `scripts/plot-benches.py` to draw.
+
+use serde_json::{json, Value};
+
+/// A bench's rows, written when [`Rows::write`] is called.
+pub struct Rows {
+    bench: &'static str,
+    meta: Value,
+    rows: Vec<Value>,
+}
+
+impl Rows {
+    /// No rows yet; `meta` describes the run (world size, dimensions, ...).
+    pub fn new(bench: &'static str, meta: Value) -> Self {
+        Rows {
+            bench,
+            meta,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds one row (an object).
+    pub fn push(&mut self, row: Value) {
+        self.rows.push(row);
+    }
+
+    /// Writes `target/bench/<bench>.json` under the package and says so in a comment line;
+    /// a failure to write is printed, not fatal (the text table is the primary output).
+    pub fn write(&self) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+        let path = dir.join(format!("{}.json", self.bench));
+        let doc = json!({ "bench": self.bench, "meta": self.meta, "rows": self.rows });
+        let written = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&path, serde_json::to_string_pretty(&doc)?));
+        match written {
+            Ok(()) => println!("# rows as JSON: {}", path.display()),
+            Err(e) => println!("# rows not written to {}: {e}", path.display()),
+        }
+    }
+}

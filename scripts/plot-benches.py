@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Draws the benches' JSON rows (target/bench/*.json, written by every bench next to its text
+table) as PNG plots in docs/bench/, with an index (docs/bench/README.md) that shows them.
+
+    cargo bench --bench collectives; cargo bench --bench aggregators     # any subset
+    scripts/bench-aggregate.sh; python/bench/overhead.sh
+    target/pyvenv/bin/python scripts/plot-benches.py [--from target/bench] [--to docs/bench]
+
+Needs matplotlib (the test command's virtual environment has it). A bench without rows is left
+out of the index, with a line that says how to make them.
+"""
+
+import argparse
+import json
+import os
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HOW = {
+    "collectives": "cargo bench --bench collectives",
+    "aggregators": "cargo bench --bench aggregators",
+    "aggregate_e2e": "scripts/bench-aggregate.sh",
+    "python_overhead": "python/bench/overhead.sh",
+}
+
+
+def load(src, name):
+    path = os.path.join(src, f"{name}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def human(nbytes):
+    for unit in ["B", "KiB", "MiB", "GiB"]:
+        if nbytes < 1024:
+            return f"{nbytes:g} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:g} TiB"
+
+
+def collectives(doc, dst):
+    """Time and bus bandwidth against size, one panel per operation, byzcoll per transport and
+    Open MPI's matching collectives on the same axes."""
+    ranks = doc["meta"]["ranks"]
+    panels = [
+        ("all-reduce SUM", ["all_reduce"], ["MPI Allreduce"]),
+        ("all-gather", ["all_gather"], ["MPI Allgather"]),
+        (
+            "robust median (byzcoll) vs Allreduce SUM and Allgather + median (Open MPI)",
+            [
+                "robust_all_reduce gather",
+                "robust_all_reduce sharded r=1",
+                f"robust_all_reduce sharded r={2 * ((ranks - 1) // 2) + 1}",
+            ],
+            ["MPI Allreduce", "MPI Allgather + numpy.median"],
+        ),
+    ]
+    series = defaultdict(list)
+    for r in doc["rows"]:
+        who = r["collective"] if r["who"] == "Open MPI" else f"{r['collective']} ({r['transport']})"
+        series[(r["collective"], r["who"], who)].append((r["bytes_per_rank"], r["seconds"]))
+    fig, axes = plt.subplots(2, len(panels), figsize=(6 * len(panels), 9), squeeze=False)
+    for col, (title, ours, theirs) in enumerate(panels):
+        for (collective, who, label), points in sorted(series.items()):
+            if collective not in (ours if who == "byzcoll" else theirs):
+                continue
+            points.sort()
+            sizes = [p[0] for p in points]
+            times = [p[1] * 1e3 for p in points]
+            # Bytes each rank moves, as nccl-tests counts them for a ring all-reduce: the
+            # same yardstick for every line, so lines compare as times do.
+            busbw = [s * 2 * (ranks - 1) / ranks / t / 1e6 for s, t in zip(sizes, times)]
+            style = dict(marker="o", linestyle="--" if who == "Open MPI" else "-")
+            axes[0][col].plot(sizes, times, label=label, **style)
+            axes[1][col].plot(sizes, busbw, label=label, **style)
+        axes[0][col].set_title(title, fontsize=10)
+        axes[0][col].set_ylabel("time (ms), slowest rank, median of reps")
+        axes[1][col].set_ylabel("GB/s (bytes/rank x 2(n-1)/n / time)")
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("bytes per rank")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][col].set_yscale("log")
+        axes[0][col].legend(fontsize=7)
+    fig.suptitle(f"collectives, {ranks} ranks on one host (loopback), same run")
+    fig.tight_layout()
+    out = os.path.join(dst, "collectives.png")
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return [("collectives.png", f"Collectives, {ranks} ranks: time and bandwidth against size, byzcoll per transport and Open MPI")]
+
+
+def aggregators(doc, dst):
+    """Time per rule, byzcoll (per thread count) next to numpy/scipy, one panel per n."""
+    by_n = defaultdict(list)
+    for r in doc["rows"]:
+        by_n[r["n"]].append(r)
+    ns = sorted(by_n)
+    fig, axes = plt.subplots(1, len(ns), figsize=(7 * len(ns), 5), squeeze=False)
+    for ax, n in zip(axes[0], ns):
+        rows = by_n[n]
+        rules = list(dict.fromkeys(r["rule"] for r in rows))
+        threads = list(dict.fromkeys(r["threads"] for r in rows))
+        width = 0.8 / len(threads)
+        for k, t in enumerate(threads):
+            xs, ys = [], []
+            for i, rule in enumerate(rules):
+                match = [r for r in rows if r["rule"] == rule and r["threads"] == t]
+                if match:
+                    xs.append(i + k * width)
+                    ys.append(match[0]["seconds"] * 1e3)
+            label = "numpy/scipy" if t == "numpy" else f"byzcoll, {t} thread(s)"
+            ax.bar(xs, ys, width, label=label)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rules))])
+        ax.set_xticklabels(rules, rotation=30, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("time (ms)")
+        ax.set_title(f"n = {n} inputs of d = {doc['meta']['d']} float32")
+        ax.legend(fontsize=8)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(dst, "aggregators.png"), dpi=90)
+    plt.close(fig)
+    return [("aggregators.png", "Aggregation rules against numpy/scipy, in memory")]
+
+
+def paired_bars(doc, dst, name, key, pairs, ylabel, title):
+    rows = doc["rows"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.8 / len(pairs)
+    for k, (field, label) in enumerate(pairs):
+        ax.bar([i + k * width for i in range(len(rows))], [r[field] for r in rows], width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+    ax.set_xticklabels([key(r) for r in rows])
+    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(dst, f"{name}.png"), dpi=90)
+    plt.close(fig)
+
+
+def aggregate_e2e(doc, dst):
+    for r in doc["rows"]:
+        r["byzcoll_ms"], r["numpy_ms"] = r["byzcoll_s"] * 1e3, r["numpy_s"] * 1e3
+    paired_bars(
+        doc, dst, "aggregate_e2e", lambda r: r["rule"],
+        [("byzcoll_ms", "byzcoll aggregate"), ("numpy_ms", "numpy/scipy (np.load, rule, np.save)")],
+        "wall time (ms)", f"byzcoll aggregate end to end, n = {doc['n']}, d = {doc['d']} float32",
+    )
+    return [("aggregate_e2e.png", "`byzcoll aggregate` end to end against numpy/scipy")]
+
+
+def python_overhead(doc, dst):
+    paired_bars(
+        doc, dst, "python_overhead", lambda r: human(r["bytes"]),
+        [("rust_ms", "from Rust"), ("python_ms", "from Python")],
+        "time (ms)", "robust_all_reduce (median f = 1, gather, 4 ranks) from Rust and from Python",
+    )
+    return [("python_overhead.png", "Python against Rust, the same robust all-reduce")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--from", dest="src", default="target/bench")
+    ap.add_argument("--to", dest="dst", default="docs/bench")
+    args = ap.parse_args()
+    os.makedirs(args.dst, exist_ok=True)
+    index = ["# Benchmarks", "", "Drawn by `scripts/plot-benches.py` from the JSON rows the benches write to",
+             "`target/bench/`; figures from one 2-core VM over loopback (compare within a plot, not",
+             "across machines).", ""]
+    for name, draw in [("collectives", collectives), ("aggregators", aggregators),
+                       ("aggregate_e2e", aggregate_e2e), ("python_overhead", python_overhead)]:
+        doc = load(args.src, name)
+        if doc is None:
+            index += [f"- {name}: no rows yet (`{HOW[name]}`)", ""]
+            continue
+        for png, caption in draw(doc, args.dst):
+            index += [f"## {caption}", "", f"`{HOW[name]}`", "", f"![{caption}]({png})", ""]
+    with open(os.path.join(args.dst, "README.md"), "w") as f:
+        f.write("\n".join(index))
+    print(f"wrote {args.dst}/README.md")
+
+
+if __name__ == "__main__":
+    main()
