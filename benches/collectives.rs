@@ -324,9 +324,13 @@ async fn worker(args: &Args) -> Result<(), String> {
         let bytes = d * 4;
         let reps = reps_for(bytes);
         let input: Vec<f32> = (0..d).map(|j| (me * 7 + j % 13) as f32).collect();
+        // The collectives work in place: each rep copies the input into one buffer allocated
+        // here (as Open MPI's out-of-place Allreduce writes into the caller's `out`), rather
+        // than timing a fresh allocation and its page faults.
+        let mut v = input.clone();
 
         let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
-            let mut v = input.clone();
+            v.copy_from_slice(&input);
             c.all_reduce(&mut v, ReduceOp::Sum)
                 .await
                 .expect("all_reduce");
@@ -382,7 +386,7 @@ async fn worker(args: &Args) -> Result<(), String> {
             ),
         ] {
             let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
-                let mut v = input.clone();
+                v.copy_from_slice(&input);
                 c.robust_all_reduce(&mut v, &median, policy)
                     .await
                     .expect("robust_all_reduce");

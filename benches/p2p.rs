@@ -27,6 +27,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use byzcoll::launch::{launch, LaunchOptions};
 use byzcoll::{Communicator, RecvOp, SendOp, Transport};
+use serde_json::json;
+
+#[path = "common/rows.rs"]
+mod rows;
 
 struct Args {
     min_exp: u32,
@@ -333,6 +337,14 @@ fn parse_row(line: &str) -> Option<(String, String, usize, f64)> {
 }
 
 fn print_table(rows: &[(String, String, usize, f64)], args: &Args) {
+    let mut table = rows::Rows::new(
+        "p2p",
+        json!({ "latency": "us, one way", "bandwidth": "MiB/s" }),
+    );
+    for (label, kind, size, value) in rows {
+        table.push(json!({ "config": label, "kind": kind, "bytes": size, "value": value }));
+    }
+    table.write();
     let get = |label: &str, kind: &str, size: usize| {
         rows.iter()
             .find(|r| r.0 == label && r.1 == kind && r.2 == size)

@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 
 use byzcoll::bootstrap::{JobAuth, JobSecret, StoreClient, StoreServer};
 use byzcoll::transports::tcp::{TcpOptions, TcpTransport};
+use serde_json::json;
+
+#[path = "common/rows.rs"]
+mod rows;
 
 async fn one_world(n: usize, auth: &JobAuth) -> Result<Duration, String> {
     let start = Instant::now();
@@ -151,6 +155,7 @@ fn main() -> ExitCode {
             " in one process"
         },
     );
+    let mut table = rows::Rows::new("setup", json!({ "reps": reps, "processes": processes }));
     for n in ranks {
         let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); modes.len()];
         for _ in 0..reps {
@@ -174,15 +179,18 @@ fn main() -> ExitCode {
             times.sort_by(f64::total_cmp);
             let median = times[times.len() / 2];
             medians.push(median);
+            let mode = if auth.is_authenticated() {
+                "authenticated"
+            } else {
+                "unauthenticated"
+            };
+            let (min, max) = (times[0], times[times.len() - 1]);
             println!(
-                "ranks {n:>3}  {:<15}  median {median:>8.2}  min {:>8.2}  max {:>8.2}",
-                if auth.is_authenticated() {
-                    "authenticated"
-                } else {
-                    "unauthenticated"
-                },
-                times[0],
-                times[times.len() - 1]
+                "ranks {n:>3}  {mode:<15}  median {median:>8.2}  min {min:>8.2}  max {max:>8.2}"
+            );
+            table.push(
+                json!({ "ranks": n, "mode": mode, "median_ms": median, "min_ms": min,
+                "max_ms": max }),
             );
         }
         if let [a, u] = medians[..] {
@@ -192,5 +200,6 @@ fn main() -> ExitCode {
             );
         }
     }
+    table.write();
     ExitCode::SUCCESS
 }

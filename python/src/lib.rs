@@ -141,6 +141,15 @@ struct Report {
     /// Peak bytes the collective held at once.
     #[pyo3(get)]
     peak_bytes: usize,
+    /// Payload bytes this rank sent in the round (each destination counted).
+    #[pyo3(get)]
+    bytes_sent: u64,
+    /// Payload bytes this rank received in the round.
+    #[pyo3(get)]
+    bytes_received: u64,
+    /// Each step's time in microseconds, in order (the cross-check last).
+    #[pyo3(get)]
+    step_times_us: Vec<u64>,
 }
 
 #[pymethods]
@@ -198,6 +207,14 @@ impl From<RoundReport> for Report {
                 ]
             }),
             peak_bytes: r.peak_bytes,
+            bytes_sent: r.stats.bytes_sent,
+            bytes_received: r.stats.bytes_received,
+            step_times_us: r
+                .stats
+                .step_times
+                .iter()
+                .map(|t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX))
+                .collect(),
         }
     }
 }

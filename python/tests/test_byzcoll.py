@@ -63,6 +63,9 @@ def test_every_rank_gets_the_median(n, dtype):
         assert o["median"] == expect and o["uniform"], o
         assert o["same_buffer"], "the result must land in the caller's buffer"
         assert o["inputs"] == n and o["faults"] == []
+        assert o["steps"] == 2, o  # the gather exchange and the cross-check
+        # Each peer gets the 1000-element vector; the cross-check messages come on top.
+        assert o["bytes"][0] >= (n - 1) * 1000 * np.dtype(dtype).itemsize and o["bytes"][1] >= o["bytes"][0], o
         assert o["trimmed_sharded"] == trimmed, o
         assert o["reduce_scatter_matches"] and o["reduce_scatter_input_kept"], o
         assert o["reduce_scatter_faults"] == [], o

@@ -41,6 +41,8 @@ def main():
     out["inputs"] = report.inputs
     out["faults"] = report.faults
     out["agreement"] = report.agreement
+    out["steps"] = len(report.step_times_us)
+    out["bytes"] = (report.bytes_sent, report.bytes_received)
     y = np.full(1000, r + 1, dtype=dtype)
     comm.robust_all_reduce(y, "trimmed-mean", f, policy="sharded")
     out["trimmed_sharded"] = float(y[0])

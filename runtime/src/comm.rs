@@ -37,6 +37,8 @@ pub struct Communicator {
     pub(crate) owner_tamper: Option<crate::robust::Tamper>,
     unauthenticated: bool,
     agreement: crate::Agreement,
+    /// What the steps since the last [`Communicator::take_stats`] moved and took.
+    stats: RoundStats,
     /// Keeps bootstrap resources (such as a rendezvous store hosted by this rank) alive for as
     /// long as the communicator.
     _keep_alive: Vec<Box<dyn std::any::Any + Send + Sync>>,
@@ -63,6 +65,7 @@ impl Communicator {
             owner_tamper: None,
             unauthenticated: false,
             agreement: crate::Agreement::default(),
+            stats: RoundStats::default(),
             _keep_alive: Vec::new(),
         }
     }
@@ -126,11 +129,19 @@ impl Communicator {
         let collective = self.next_collective;
         self.next_collective += 1;
         Sequence {
+            rank: self.transport.rank(),
             transport: self.transport.as_ref(),
             timeout: self.config.step_timeout,
             collective,
             step: 0,
+            stats: &mut self.stats,
         }
+    }
+
+    /// What the steps run since the last call moved and took (every collective adds to it;
+    /// the robust collectives return theirs in [`RoundReport::stats`](crate::RoundReport)).
+    pub fn take_stats(&mut self) -> RoundStats {
+        std::mem::take(&mut self.stats)
     }
 
     /// Blocks until every rank has entered the barrier.
@@ -302,12 +313,25 @@ impl Communicator {
     }
 }
 
+/// Counters of the steps of one or more collectives (see [`Communicator::take_stats`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoundStats {
+    /// Payload bytes this rank handed to the transport (each destination counted).
+    pub bytes_sent: u64,
+    /// Payload bytes this rank received (delivered payloads only).
+    pub bytes_received: u64,
+    /// Each step's time from posting its operations to its last outcome, in order.
+    pub step_times: Vec<std::time::Duration>,
+}
+
 /// The steps of one collective call.
 pub(crate) struct Sequence<'a> {
+    rank: Rank,
     transport: &'a dyn Transport,
     timeout: std::time::Duration,
     pub(crate) collective: u64,
     step: u32,
+    stats: &'a mut RoundStats,
 }
 
 impl Sequence<'_> {
@@ -326,15 +350,50 @@ impl Sequence<'_> {
         sends: Vec<SendOp>,
         recvs: Vec<RecvOp>,
     ) -> Result<Vec<RecvOutcome>> {
+        use tracing::Instrument;
+        let sent: u64 = sends.iter().map(|s| s.payload.len() as u64).sum();
+        let span = tracing::debug_span!(
+            "step",
+            rank = self.rank,
+            collective = self.collective,
+            step = self.step,
+            sends = sends.len(),
+            recvs = recvs.len(),
+        );
+        let started = Instant::now();
         let step = Step {
             collective: self.collective,
             step: self.step,
             sends,
             recvs,
-            deadline: Instant::now() + self.timeout,
+            deadline: started + self.timeout,
         };
         self.step += 1;
-        Ok(self.transport.exchange(step).await?)
+        let outcomes = self
+            .transport
+            .exchange(step)
+            .instrument(span.clone())
+            .await?;
+        let received: u64 = outcomes
+            .iter()
+            .map(|o| match o {
+                RecvOutcome::Received(p) => p.len() as u64,
+                _ => 0,
+            })
+            .sum();
+        let took = started.elapsed();
+        span.in_scope(|| {
+            tracing::debug!(
+                bytes_sent = sent,
+                bytes_received = received,
+                micros = took.as_micros() as u64,
+                "step done"
+            );
+        });
+        self.stats.bytes_sent += sent;
+        self.stats.bytes_received += received;
+        self.stats.step_times.push(took);
+        Ok(outcomes)
     }
 
     /// Runs a step whose every receive must succeed.
@@ -415,14 +474,16 @@ fn copy_payload<T: Pod>(payload: &Payload, dst: &mut [T]) {
 }
 
 fn combine<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) {
-    for (a, &b) in acc.iter_mut().zip(other) {
-        let (x, y) = (a.to_f64(), b.to_f64());
-        *a = match op {
-            // Summing through f64 and rounding once is exact for f32 pairs and identical to
-            // the native sum for f64.
-            ReduceOp::Sum => T::from_f64(x + y),
-            ReduceOp::Min => T::from_f64(x.min(y)),
-            ReduceOp::Max => T::from_f64(x.max(y)),
-        };
+    // One loop per operation, so that each compiles to a plain vector loop. Summing through
+    // f64 and rounding once is the correctly rounded sum: the native one for f32 and f64.
+    fn each<T: Element>(acc: &mut [T], other: &[T], f: impl Fn(f64, f64) -> f64) {
+        for (a, &b) in acc.iter_mut().zip(other) {
+            *a = T::from_f64(f(a.to_f64(), b.to_f64()));
+        }
+    }
+    match op {
+        ReduceOp::Sum => each(acc, other, |x, y| x + y),
+        ReduceOp::Min => each(acc, other, f64::min),
+        ReduceOp::Max => each(acc, other, f64::max),
     }
 }

@@ -23,7 +23,7 @@ mod transport;
 mod types;
 pub mod wire;
 
-pub use comm::{Communicator, ReduceOp};
+pub use comm::{Communicator, ReduceOp, RoundStats};
 pub use config::Config;
 pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, TransportError};
 #[cfg(feature = "fault-injection")]

@@ -150,6 +150,8 @@ pub struct RoundReport {
     /// The cross-check's findings under [`Agreement::Detect`] (`None` under
     /// [`Agreement::Off`]).
     pub agreement: Option<AgreementReport>,
+    /// Bytes moved and each step's time, the cross-check included.
+    pub stats: crate::RoundStats,
 }
 
 /// Rewrites the result a Byzantine shard owner sends for `shard` to `dest`.
@@ -236,6 +238,7 @@ impl Communicator {
             ));
         }
         let n = self.size();
+        self.take_stats();
         let r = match policy {
             Policy::Gather => 0,
             Policy::Sharded(replicas) => replicas.check_count(rule.byzantine(), n).unwrap_or(0),
@@ -258,6 +261,7 @@ impl Communicator {
                 .await?
         };
         report.unauthenticated = !self.is_authenticated();
+        report.stats = self.take_stats();
         Ok(report)
     }
 
@@ -430,6 +434,7 @@ impl Communicator {
                 output.len()
             )));
         }
+        self.take_stats();
         let r = replicas.check_count(rule.byzantine(), n).unwrap_or(0);
         let mut seen = Seen::new(n, r);
         let round = self
@@ -448,6 +453,7 @@ impl Communicator {
                 .await?
         };
         report.unauthenticated = !self.is_authenticated();
+        report.stats = self.take_stats();
         Ok(report)
     }
 

@@ -28,6 +28,9 @@ class Report:
     unauthenticated: bool
     agreement: Optional[dict[str, list[int]]]
     peak_bytes: int
+    bytes_sent: int
+    bytes_received: int
+    step_times_us: list[int]
 
 class Communicator:
     @property

@@ -1395,9 +1395,21 @@ where
                         assert!(report.faults.is_empty(), "{what}: {:?}", report.faults);
                         let found = report.agreement.expect("Detect is the default");
                         assert_eq!(found, byzcoll_runtime::AgreementReport::default(), "{what}");
-                        if rule.name().starts_with("krum") {
+                        let krum = rule.name().starts_with("krum");
+                        if krum {
                             assert!(report.selected.is_some(), "{what}");
                         }
+                        // Phase 1, the distance tables for Krum, phase 3, the cross-check.
+                        let stats = &report.stats;
+                        assert_eq!(stats.step_times.len(), 3 + usize::from(krum), "{what}");
+                        let r = report.replicas.unwrap();
+                        let scattered: usize =
+                            byzcoll_runtime::schedule::sharded::scatter_sends(me, n, r)
+                                .into_iter()
+                                .map(|(_, s)| chunk_range(d, n, s).len() * 4)
+                                .sum();
+                        assert!(stats.bytes_sent >= scattered as u64, "{what}: {stats:?}");
+                        assert_eq!(stats.bytes_received > 0, n > 1, "{what}: {stats:?}");
                     }
                 }
             })

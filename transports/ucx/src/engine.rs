@@ -196,11 +196,27 @@ unsafe extern "C" fn on_endpoint_error(
 /// support it (TCP, InfiniBand), not over shared memory, and refuses the endpoint otherwise; so
 /// it is off when `UCX_TLS` names only shared-memory transports, and `BYZCOLL_UCX_PEER_FAILURE`
 /// (`on`/`off`) overrides. Without it, a dead peer is noticed at the step deadline.
+/// `BYZCOLL_UCX_PEER_FAILURE` checked ([`UcxTransport::from_store`] refuses an invalid value
+/// before anything else, so that the other readers never see one).
+fn peer_failure_setting() -> Result<Option<bool>, TransportError> {
+    parse_peer_failure(std::env::var("BYZCOLL_UCX_PEER_FAILURE").ok().as_deref())
+}
+
+fn parse_peer_failure(value: Option<&str>) -> Result<Option<bool>, TransportError> {
+    match value {
+        None => Ok(None),
+        Some("on") => Ok(Some(true)),
+        Some("off") => Ok(Some(false)),
+        Some(other) => Err(TransportError::Setup(format!(
+            "BYZCOLL_UCX_PEER_FAILURE={other:?}: expected on or off (or unset: on unless \
+             UCX_TLS names only shared-memory transports)"
+        ))),
+    }
+}
+
 fn peer_failure_handling() -> bool {
-    match std::env::var("BYZCOLL_UCX_PEER_FAILURE").as_deref() {
-        Ok("on") => return true,
-        Ok("off") => return false,
-        _ => {}
+    if let Ok(Some(on)) = peer_failure_setting() {
+        return on;
     }
     let Ok(tls) = std::env::var("UCX_TLS") else {
         return true;
@@ -225,6 +241,7 @@ impl UcxTransport {
         size: usize,
         options: UcxOptions,
     ) -> Result<Self, TransportError> {
+        peer_failure_setting()?;
         if size > MAX_RANKS || rank >= size {
             return Err(TransportError::InvalidUsage(format!(
                 "rank {rank} of {size}: the UCX transport addresses at most {MAX_RANKS} ranks"
@@ -1025,5 +1042,24 @@ impl Engine {
             std::mem::forget(std::mem::take(&mut self.retiring));
         }
         drop(self.handles);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_failure_setting_is_on_off_or_unset_and_nothing_else() {
+        assert_eq!(parse_peer_failure(None).ok(), Some(None));
+        assert_eq!(parse_peer_failure(Some("on")).ok(), Some(Some(true)));
+        assert_eq!(parse_peer_failure(Some("off")).ok(), Some(Some(false)));
+        for bad in ["", "ON", "yes", "1", "on "] {
+            let e = parse_peer_failure(Some(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("BYZCOLL_UCX_PEER_FAILURE") && e.contains("on or off"),
+                "{e}"
+            );
+        }
     }
 }
