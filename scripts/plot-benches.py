@@ -52,7 +52,7 @@ def collectives(doc, dst):
         ("all-reduce SUM", ["all_reduce"], ["MPI Allreduce"]),
         ("all-gather", ["all_gather"], ["MPI Allgather"]),
         (
-            "robust median (byzcoll) vs Allreduce SUM and Allgather + median (Open MPI)",
+            "robust median vs Open MPI Allreduce SUM, Allgather + median",
             [
                 "robust_all_reduce gather",
                 "robust_all_reduce sharded r=1",

@@ -583,15 +583,22 @@ impl Communicator {
         };
 
         // Phase 1: shard s of this rank's vector goes straight to each owner of s.
-        let pieces: Vec<Payload> = (0..n)
-            .map(|s| Payload::Host(to_bytes(&input[shard(s)])))
+        // Only the shards that leave this rank are copied (with r = 1 its own shard stays).
+        let scatter = sharded::scatter_sends(me, n, r);
+        let pieces: Vec<Option<Payload>> = (0..n)
+            .map(|s| {
+                let sent = scatter.iter().any(|&(_, t)| t == s);
+                sent.then(|| Payload::Host(to_bytes(&input[shard(s)])))
+            })
             .collect();
-        let sends = sharded::scatter_sends(me, n, r)
-            .into_iter()
-            .map(|(o, s)| SendOp {
-                peer: o,
-                tag: s as u32,
-                payload: pieces[s].clone(),
+        let sends = scatter
+            .iter()
+            .filter_map(|&(o, s)| {
+                Some(SendOp {
+                    peer: o,
+                    tag: s as u32,
+                    payload: pieces[s].clone()?,
+                })
             })
             .collect();
         let plan = sharded::scatter_recvs(me, n, r);
@@ -912,7 +919,22 @@ impl Communicator {
             let views: Vec<Cow<'_, [T]>> = vs.iter().map(|(_, p)| cast_payload::<T>(p)).collect();
             let refs: Vec<&[T]> = views.iter().map(|v| v.as_ref()).collect();
             let median = Median::new((refs.len() - 1) / 2);
-            aggregate_into(&median, &refs, out).map_err(|e| match e {
+            let combined = if let [only] = refs[..] {
+                // The median of one version is that version: copied, refused where it is not
+                // finite, as the median would.
+                out.copy_from_slice(only);
+                match out.iter().position(|v| !v.is_finite()) {
+                    Some(coordinate) => Err(AggError::NonFiniteResult {
+                        rule: median.name().to_string(),
+                        f: 0,
+                        coordinate,
+                    }),
+                    None => Ok(Default::default()),
+                }
+            } else {
+                aggregate_into(&median, &refs, out)
+            };
+            combined.map_err(|e| match e {
                 AggError::NonFiniteResult { f, coordinate, .. } => {
                     Error::Aggregation(AggError::NonFiniteResult {
                         rule: format!("median of the {} owner versions of shard {s}", refs.len()),
