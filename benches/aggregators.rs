@@ -386,6 +386,10 @@ fn run(args: &Args) -> Result<(), String> {
     }
     header();
     let mut table = rows::Rows::new("aggregators", json!({ "d": d, "dtype": "float32" }));
+    let bar = rows::progress(
+        Some((args.ns.len() * rules.len() * pools.len()) as u64),
+        "aggregators",
+    );
     for &n in &args.ns {
         let bytes = (n * d * 4) as f64;
         let data = make_inputs(n, d)?;
@@ -413,6 +417,8 @@ fn run(args: &Args) -> Result<(), String> {
                 };
                 let f = rule.byzantine();
                 for (p, pool) in pools.iter().enumerate() {
+                    bar.set_message(format!("n = {n}, {name}, {} thread(s)", pool.threads));
+                    bar.inc(1);
                     let timed = match &pool.pool {
                         Some(tp) => tp.install(|| time_rule(rule.as_ref(), &rows, &mut out)),
                         None => time_rule(rule.as_ref(), &rows, &mut out),
@@ -455,6 +461,7 @@ fn run(args: &Args) -> Result<(), String> {
         drop(rows);
         drop(data);
     }
+    bar.finish_and_clear();
     table.write();
     Ok(())
 }

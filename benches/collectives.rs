@@ -406,6 +406,7 @@ fn run_anchor(args: &Args) -> Vec<(usize, f64, String)> {
         env!("CARGO_MANIFEST_DIR"),
         "/benches/anchors/mpi_collectives.py"
     );
+    let spinner = rows::progress(None, "Open MPI anchor");
     let output = std::process::Command::new("mpirun")
         .args([
             "--allow-run-as-root",
@@ -432,6 +433,7 @@ fn run_anchor(args: &Args) -> Vec<(usize, f64, String)> {
         ])
         .stderr(std::process::Stdio::inherit())
         .output();
+    spinner.finish_and_clear();
     let output = match output {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
         Ok(o) => {
@@ -580,12 +582,15 @@ fn run_transport(
         results.to_string_lossy().into_owned(),
     ));
     println!();
+    let spinner = rows::progress(None, transport);
+    spinner.set_message(format!("{} ranks", args.ranks));
     let outcome = runtime.block_on(launch(LaunchOptions {
         ranks: args.ranks,
         command,
         grace: Duration::from_secs(5),
         env,
     }));
+    spinner.finish_and_clear();
     let failed = match outcome {
         Ok(o) if o.exit_code == 0 => None,
         Ok(o) => Some(o.exit_code.clamp(1, 255) as u8),

@@ -39,3 +39,26 @@ impl Rows {
         }
     }
 }
+
+/// Progress of a long bench on stderr (drawn only where stderr is a terminal, so logs and CI
+/// output stay clean): a bar over `len` items, or a spinner with the elapsed time when `len`
+/// is `None`. (Short benches leave it unused.)
+#[allow(dead_code)]
+pub fn progress(len: Option<u64>, what: &str) -> indicatif::ProgressBar {
+    let (bar, template) = match len {
+        Some(len) => (
+            indicatif::ProgressBar::new(len),
+            "{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+        ),
+        None => (
+            indicatif::ProgressBar::new_spinner(),
+            "{prefix} {spinner} {msg} ({elapsed})",
+        ),
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar.set_prefix(what.to_string());
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
+}
