@@ -1,8 +1,10 @@
 //! Repeated robust rounds, one line per round on every rank: rank `r` contributes `r + 1` in
 //! every coordinate, the rule is the median with `f = 1`, and each line says what the rank got
 //! (`ok <value>` with the ranks it erased and those the cross-check could not confirm, or the
-//! error). `tests/agreement.rs` stops one rank with SIGSTOP in the middle to check that no rank
-//! presents another result as success.
+//! error). With `ROUNDS_OP=reduce-scatter` each round is a `robust_reduce_scatter` (2f + 1
+//! owners per shard) and the value is the first of the rank's own shard. `tests/agreement.rs`
+//! stops one rank with SIGSTOP in the middle to check that no rank presents another result as
+//! success.
 //!
 //! ```sh
 //! cargo build --release --bins --examples
@@ -15,7 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use byzcoll::aggregators::Median;
-use byzcoll::Policy;
+use byzcoll::{Policy, Replicas};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -32,12 +34,30 @@ async fn main() -> ExitCode {
         }
     };
     let me = comm.rank();
+    let scatter = match std::env::var("ROUNDS_OP").as_deref() {
+        Err(_) | Ok("all-reduce") => false,
+        Ok("reduce-scatter") => true,
+        Ok(other) => {
+            eprintln!("rounds: ROUNDS_OP={other:?}: expected all-reduce or reduce-scatter");
+            return ExitCode::FAILURE;
+        }
+    };
+    let n = comm.size();
     for k in 0..rounds {
         let mut v = vec![(me + 1) as f32; 16];
-        let line = match comm
-            .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
-            .await
-        {
+        let result = if scatter {
+            let mut shard = vec![0.0f32; byzcoll::schedule::chunk_range(16, n, me).len()];
+            let input = v.clone();
+            let r = comm
+                .robust_reduce_scatter(&input, &mut shard, &Median::new(1), Replicas::Tolerant)
+                .await;
+            v = shard;
+            r
+        } else {
+            comm.robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                .await
+        };
+        let line = match result {
             Ok(report) => {
                 let erased: Vec<usize> = report.faults.iter().map(|f| f.rank).collect();
                 let unconfirmed = report.agreement.map(|a| a.unconfirmed).unwrap_or_default();

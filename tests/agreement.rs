@@ -20,6 +20,10 @@ use common::{example, free_port, text};
 type Outcomes = Vec<HashMap<usize, Option<f32>>>;
 
 fn run_job(agreement: &str) -> (Outcomes, Vec<String>) {
+    run_op(agreement, "all-reduce")
+}
+
+fn run_op(agreement: &str, op: &str) -> (Outcomes, Vec<String>) {
     let store = format!("127.0.0.1:{}", free_port());
     let secret = JobSecret::generate().unwrap().to_hex();
     let ranks: Vec<Child> = (0..4)
@@ -33,6 +37,7 @@ fn run_job(agreement: &str) -> (Outcomes, Vec<String>) {
                 .env("BYZCOLL_TIMEOUT_MS", "1000")
                 .env("BYZCOLL_AGREEMENT", agreement)
                 .env("ROUNDS", "12")
+                .env("ROUNDS_OP", op)
                 .env_remove("BYZCOLL_STORE_HOSTED")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -115,6 +120,52 @@ fn a_rank_stopped_past_the_deadline_never_returns_another_result_as_success() {
     assert!(
         !silent_splits(&outcomes).is_empty(),
         "expected a silent split under off:\n{}",
+        logs.join("\n---\n")
+    );
+}
+
+/// Rounds in which rank 0 erased rank 2 and rank 2 still returned `Ok`: in a reduce-scatter
+/// every rank holds another shard, so a late rank's split shows as shards computed from
+/// different input sets, each presented as success.
+fn inconsistent_input_sets(outcomes: &Outcomes, logs: &[String]) -> Vec<usize> {
+    let mut rounds: Vec<usize> = logs[0]
+        .lines()
+        .filter(|l| l.contains("erased [2]"))
+        .filter_map(|l| l.strip_prefix("round ")?.split_once(':')?.0.parse().ok())
+        .filter(|k| outcomes[2].get(k).copied().flatten().is_some())
+        .collect();
+    rounds.sort_unstable();
+    rounds
+}
+
+#[test]
+fn a_rank_stopped_in_a_reduce_scatter_is_told_not_handed_a_shard_of_another_input_set() {
+    let (outcomes, logs) = run_op("detect", "reduce-scatter");
+    let split = inconsistent_input_sets(&outcomes, &logs);
+    assert!(
+        split.is_empty(),
+        "rounds {split:?}: rank 2 returned a shard of another input set as success:\n{}",
+        logs.join("\n---\n")
+    );
+    let erased = logs[0].lines().filter(|l| l.contains("erased [2]")).count();
+    assert!(erased > 0, "the stop hit no round:\n{}", logs[0]);
+    // The honest ranks agree among themselves: every round they finished has the same value
+    // (each rank's shard of the median of 1, 2, 4 or of 1..4).
+    for k in 0..12 {
+        let values: Vec<f32> = [0, 1, 3]
+            .iter()
+            .filter_map(|&r| outcomes[r].get(&k).copied().flatten())
+            .collect();
+        assert!(
+            values.windows(2).all(|w| w[0] == w[1]),
+            "round {k}: {values:?}"
+        );
+    }
+
+    let (outcomes, logs) = run_op("off", "reduce-scatter");
+    assert!(
+        !inconsistent_input_sets(&outcomes, &logs).is_empty(),
+        "expected rank 2 to return a shard of another input set under off:\n{}",
         logs.join("\n---\n")
     );
 }
