@@ -534,33 +534,19 @@ fn progress_thread<E: Engine>(shared: &Shared<E>) -> Option<E::Remains> {
     Some(engine.shutdown())
 }
 
-#[repr(C)]
-struct PollFd {
-    fd: i32,
-    events: i16,
-    revents: i16,
-}
-
-const POLLIN: i16 = 1;
-
-extern "C" {
-    // From the C library, which std links.
-    fn poll(fds: *mut PollFd, nfds: u64, timeout: i32) -> i32;
-}
-
 /// Blocks until one of `fds` is readable or `timeout_ms` passes (an interrupted or failed
 /// `poll` returns early, which the progress loops treat as a spurious wakeup).
 pub fn wait_readable(fds: &[i32], timeout_ms: i32) {
-    let mut polls: Vec<PollFd> = fds
+    let mut polls: Vec<libc::pollfd> = fds
         .iter()
-        .map(|&fd| PollFd {
+        .map(|&fd| libc::pollfd {
             fd,
-            events: POLLIN,
+            events: libc::POLLIN,
             revents: 0,
         })
         .collect();
     // SAFETY: `polls` holds `fds.len()` valid pollfd structs.
-    let _ = unsafe { poll(polls.as_mut_ptr(), polls.len() as u64, timeout_ms) };
+    let _ = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, timeout_ms) };
 }
 
 #[cfg(test)]

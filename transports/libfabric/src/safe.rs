@@ -975,21 +975,11 @@ pub struct Notifier {
     fd: i32,
 }
 
-const EFD_CLOEXEC: i32 = 0o2_000_000;
-const EFD_NONBLOCK: i32 = 0o4_000;
-
-extern "C" {
-    fn eventfd(initval: u32, flags: i32) -> i32;
-    fn read(fd: i32, buf: *mut c_void, count: usize) -> isize;
-    fn write(fd: i32, buf: *const c_void, count: usize) -> isize;
-    fn close(fd: i32) -> i32;
-}
-
 impl Notifier {
     /// A new non-blocking eventfd; `None` if the system refuses one.
     pub fn new() -> Option<Self> {
         // SAFETY: eventfd has no memory preconditions.
-        let fd = unsafe { eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         (fd >= 0).then_some(Notifier { fd })
     }
 
@@ -998,14 +988,14 @@ impl Notifier {
         let one: u64 = 1;
         // SAFETY: fd is an open eventfd; the buffer is 8 readable bytes. A full counter
         // (EAGAIN) is already readable.
-        let _ = unsafe { write(self.fd, ptr::addr_of!(one).cast(), 8) };
+        let _ = unsafe { libc::write(self.fd, ptr::addr_of!(one).cast(), 8) };
     }
 
     /// Makes it unreadable again.
     pub fn drain(&self) {
         let mut n: u64 = 0;
         // SAFETY: fd is an open non-blocking eventfd; the buffer is 8 writable bytes.
-        let _ = unsafe { read(self.fd, ptr::addr_of_mut!(n).cast(), 8) };
+        let _ = unsafe { libc::read(self.fd, ptr::addr_of_mut!(n).cast(), 8) };
     }
 
     /// The descriptor.
@@ -1017,6 +1007,6 @@ impl Notifier {
 impl Drop for Notifier {
     fn drop(&mut self) {
         // SAFETY: fd is open and closed once.
-        let _ = unsafe { close(self.fd) };
+        let _ = unsafe { libc::close(self.fd) };
     }
 }
