@@ -763,38 +763,14 @@ fn predict(
         byzcoll_sim::predict(label, network, &compute, n, bytes, args.f, rule)
             .map_err(|e| e.to_string())
     };
-    // Each prediction is an independent, deterministic simulation: run them on all cores.
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |t| t.get())
-        .min(jobs.len().max(1));
-    let mut results: Vec<Option<Result<Vec<byzcoll_sim::Prediction>, String>>> =
-        (0..jobs.len()).map(|_| None).collect();
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let jobs = &jobs;
-                let predict_one = &predict_one;
-                scope.spawn(move || {
-                    (t..jobs.len())
-                        .step_by(threads)
-                        .map(|i| (i, predict_one(&jobs[i])))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for w in workers {
-            match w.join() {
-                Ok(done) => {
-                    for (i, r) in done {
-                        results[i] = Some(r);
-                    }
-                }
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        }
-    });
+    // Each prediction is an independent, deterministic simulation: run them on all cores
+    // (rayon keeps the results in the jobs' order).
+    let results: Vec<Result<Vec<byzcoll_sim::Prediction>, String>> = {
+        use rayon::prelude::*;
+        jobs.par_iter().map(predict_one).collect()
+    };
     let mut rows = Vec::new();
-    for r in results.into_iter().flatten() {
+    for r in results {
         rows.extend(r?);
     }
     println!(
