@@ -48,6 +48,7 @@ use byzcoll_cuda::{CudaRule, Gpu};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{self, CompileOptions};
+use serde_json::Value as Json;
 
 type BoxError = Box<dyn Error>;
 
@@ -511,11 +512,14 @@ impl Bench<'_> {
         match reference {
             None => writeln!(s, "- torch results: not available")?,
             Some(r) => {
-                let samples = r.get("samples").and_then(Json::as_array).unwrap_or(&[]);
+                let samples = r
+                    .get("samples")
+                    .and_then(Json::as_array)
+                    .map_or(&[][..], Vec::as_slice);
                 let same = samples
                     .iter()
                     .filter(|p| {
-                        let p = p.as_array().unwrap_or(&[]);
+                        let p = p.as_array().map_or(&[][..], Vec::as_slice);
                         let (i, v) = (
                             p.first().and_then(Json::as_f64),
                             p.get(1).and_then(Json::as_f64),
@@ -529,7 +533,10 @@ impl Bench<'_> {
                     samples.len()
                 )?;
                 let diff = |key: &str, ours: &[f32]| -> String {
-                    let theirs = r.get(key).and_then(Json::as_array).unwrap_or(&[]);
+                    let theirs = r
+                        .get(key)
+                        .and_then(Json::as_array)
+                        .map_or(&[][..], Vec::as_slice);
                     if theirs.len() != ours.len() {
                         return format!("— (torch gave {} values)", theirs.len());
                     }
@@ -692,7 +699,7 @@ fn run_torch(
         .rev()
         .find(|l| l.starts_with('{'))
         .ok_or("the torch script printed no JSON")?;
-    let json = Json::parse(line)?;
+    let json = serde_json::from_str::<Json>(line).map_err(|e| e.to_string())?;
     match json.get("available") {
         Some(Json::Bool(true)) => Ok(json),
         _ => Err(json
@@ -839,197 +846,4 @@ fn goals(rows: &[Row]) -> Vec<String> {
         ));
     }
     out
-}
-
-/// Just enough JSON for the anchor script's output.
-#[derive(Debug, Clone)]
-enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
-}
-
-impl Json {
-    fn parse(text: &str) -> Result<Json, String> {
-        let mut p = JsonParser {
-            s: text.as_bytes(),
-            i: 0,
-        };
-        let v = p.value()?;
-        p.ws();
-        if p.i != p.s.len() {
-            return Err(format!("trailing characters at byte {}", p.i));
-        }
-        Ok(v)
-    }
-
-    fn get(&self, key: &str) -> Option<&Json> {
-        match self {
-            Json::Obj(fields) => fields.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-
-    fn as_f64(&self) -> Option<f64> {
-        match self {
-            Json::Num(x) => Some(*x),
-            _ => None,
-        }
-    }
-
-    fn as_str(&self) -> Option<&str> {
-        match self {
-            Json::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    fn as_array(&self) -> Option<&[Json]> {
-        match self {
-            Json::Arr(a) => Some(a),
-            _ => None,
-        }
-    }
-}
-
-struct JsonParser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl JsonParser<'_> {
-    fn ws(&mut self) {
-        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> Result<(), String> {
-        self.ws();
-        if self.s.get(self.i) == Some(&c) {
-            self.i += 1;
-            Ok(())
-        } else {
-            Err(format!("expected '{}' at byte {}", c as char, self.i))
-        }
-    }
-
-    fn literal(&mut self, word: &str, v: Json) -> Result<Json, String> {
-        if self.s[self.i..].starts_with(word.as_bytes()) {
-            self.i += word.len();
-            Ok(v)
-        } else {
-            Err(format!("bad literal at byte {}", self.i))
-        }
-    }
-
-    fn value(&mut self) -> Result<Json, String> {
-        self.ws();
-        match self.s.get(self.i) {
-            None => Err("unexpected end of JSON".into()),
-            Some(b'n') => self.literal("null", Json::Null),
-            Some(b't') => self.literal("true", Json::Bool(true)),
-            Some(b'f') => self.literal("false", Json::Bool(false)),
-            Some(b'"') => self.string().map(Json::Str),
-            Some(b'[') => {
-                self.i += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.s.get(self.i) == Some(&b']') {
-                    self.i += 1;
-                    return Ok(Json::Arr(items));
-                }
-                loop {
-                    items.push(self.value()?);
-                    self.ws();
-                    match self.s.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b']') => {
-                            self.i += 1;
-                            return Ok(Json::Arr(items));
-                        }
-                        _ => return Err(format!("expected ',' or ']' at byte {}", self.i)),
-                    }
-                }
-            }
-            Some(b'{') => {
-                self.i += 1;
-                let mut fields = Vec::new();
-                self.ws();
-                if self.s.get(self.i) == Some(&b'}') {
-                    self.i += 1;
-                    return Ok(Json::Obj(fields));
-                }
-                loop {
-                    self.ws();
-                    let key = self.string()?;
-                    self.eat(b':')?;
-                    fields.push((key, self.value()?));
-                    self.ws();
-                    match self.s.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b'}') => {
-                            self.i += 1;
-                            return Ok(Json::Obj(fields));
-                        }
-                        _ => return Err(format!("expected ',' or '}}' at byte {}", self.i)),
-                    }
-                }
-            }
-            Some(_) => {
-                let start = self.i;
-                while self.i < self.s.len()
-                    && matches!(
-                        self.s[self.i],
-                        b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'
-                    )
-                {
-                    self.i += 1;
-                }
-                std::str::from_utf8(&self.s[start..self.i])
-                    .ok()
-                    .and_then(|t| t.parse().ok())
-                    .map(Json::Num)
-                    .ok_or_else(|| format!("bad number at byte {start}"))
-            }
-        }
-    }
-
-    fn string(&mut self) -> Result<String, String> {
-        self.eat(b'"')?;
-        let mut out = Vec::new();
-        while let Some(&c) = self.s.get(self.i) {
-            self.i += 1;
-            match c {
-                b'"' => return String::from_utf8(out).map_err(|e| e.to_string()),
-                b'\\' => {
-                    let esc = *self.s.get(self.i).ok_or("unterminated escape")?;
-                    self.i += 1;
-                    match esc {
-                        b'n' => out.push(b'\n'),
-                        b't' => out.push(b'\t'),
-                        b'r' => out.push(b'\r'),
-                        b'b' => out.push(8),
-                        b'f' => out.push(12),
-                        b'u' => {
-                            let hex = self.s.get(self.i..self.i + 4).ok_or("short \\u escape")?;
-                            self.i += 4;
-                            let code = std::str::from_utf8(hex)
-                                .ok()
-                                .and_then(|h| u32::from_str_radix(h, 16).ok())
-                                .ok_or("bad \\u escape")?;
-                            let ch = char::from_u32(code).unwrap_or('\u{fffd}');
-                            out.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes());
-                        }
-                        other => out.push(other),
-                    }
-                }
-                _ => out.push(c),
-            }
-        }
-        Err("unterminated string".into())
-    }
 }
