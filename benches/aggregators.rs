@@ -11,8 +11,8 @@
 //! `d = 2^exp` (default 22); `--rules` the rules to time (default
 //! `mean,median,trimmed-mean,krum,multi-krum`; `mean` is always timed, it is the floor the other
 //! rules are compared with); `--threads` the rayon pool sizes, integers or `all` for rayon's
-//! default pool (default `1,all`); `--no-anchor` skips numpy. Bad arguments print one line and
-//! exit with status 2.
+//! default pool (default `1,all`); `--no-anchor` skips numpy. Bad arguments print clap's message
+//! and exit with status 2; `--help` lists the options.
 //!
 //! For each `n` the inputs are built once (a common N(0, 1) vector plus 0.1 * N(0, 1) noise per
 //! input, fixed seed) and dropped before the next `n`; `n = 64, d = 2^22` takes 1 GiB. Each rule
@@ -63,90 +63,48 @@ const MIN_TIME: Duration = Duration::from_secs(1);
 /// Elements generated per RNG stream; fixed, so the data does not depend on the thread count.
 const GEN_BLOCK: usize = 1 << 16;
 
+#[derive(clap::Parser)]
+#[command(about = "byzcoll's CPU rules against numpy/scipy (see the file's docs)")]
 struct Args {
+    /// Input counts, comma-separated, each in 1..=65536.
+    #[arg(long = "n", value_delimiter = ',', default_values_t = DEFAULT_NS.to_vec(),
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
     ns: Vec<usize>,
+    /// The vector length is d = 2^exp.
+    #[arg(long, default_value_t = 22, value_parser = clap::value_parser!(u32).range(0..=30))]
     exp: u32,
+    /// Rules to time (mean is always timed: it is the floor the others are compared with).
+    #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_RULES.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
     rules: Vec<String>,
-    /// `None` is rayon's default pool ("all").
+    /// rayon pool sizes: integers >= 1, or `all` for rayon's default pool (`None` here).
+    #[arg(long, value_delimiter = ',', default_value = "1,all", value_parser = parse_threads)]
     threads: Vec<Option<usize>>,
+    /// Skip the numpy/scipy anchor.
+    #[arg(long = "no-anchor", action = clap::ArgAction::SetFalse)]
     anchor: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
-fn parse_list<T>(
-    flag: &str,
-    text: &str,
-    expected: &str,
-    item: impl Fn(&str) -> Option<T>,
-) -> Result<Vec<T>, String> {
-    let items: Option<Vec<T>> = text
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| item(s.trim()))
-        .collect();
-    match items {
-        Some(v) if !v.is_empty() => Ok(v),
-        _ => Err(format!(
-            "{flag} got `{text}`, expected a comma-separated list of {expected}"
-        )),
+fn parse_threads(s: &str) -> Result<Option<usize>, String> {
+    match s.trim() {
+        "all" => Ok(None),
+        t => t
+            .parse()
+            .ok()
+            .filter(|&t| t >= 1)
+            .map(Some)
+            .ok_or_else(|| format!("`{t}`: expected a thread count >= 1 or `all`")),
     }
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        ns: DEFAULT_NS.to_vec(),
-        exp: 22,
-        rules: DEFAULT_RULES.iter().map(|s| s.to_string()).collect(),
-        threads: vec![Some(1), None],
-        anchor: true,
-    };
-    let mut argv = std::env::args().skip(1);
-    while let Some(arg) = argv.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        match flag.as_str() {
-            // cargo bench passes --bench.
-            "--bench" => continue,
-            "--no-anchor" => {
-                args.anchor = false;
-                continue;
-            }
-            "--n" | "--exp" | "--rules" | "--threads" => {}
-            other => return Err(format!("unknown argument `{other}`")),
-        }
-        let value = match inline.or_else(|| argv.next()) {
-            Some(v) => v,
-            None => return Err(format!("{flag} needs a value")),
-        };
-        match flag.as_str() {
-            "--n" => {
-                args.ns = parse_list("--n", &value, "integers in 1..=65536", |s| {
-                    s.parse().ok().filter(|n| (1..=1 << 16).contains(n))
-                })?;
-            }
-            "--exp" => {
-                args.exp =
-                    value.parse().ok().filter(|e| *e <= 30).ok_or_else(|| {
-                        format!("--exp got `{value}`, expected an integer in 0..=30")
-                    })?;
-            }
-            "--rules" => {
-                args.rules = parse_list("--rules", &value, "rule names", |s| Some(s.to_string()))?
-            }
-            _ => {
-                args.threads = parse_list(
-                    "--threads",
-                    &value,
-                    "thread counts >= 1 or `all`",
-                    |s| match s {
-                        "all" => Some(None),
-                        _ => s.parse().ok().filter(|t| *t >= 1).map(Some),
-                    },
-                )?;
-            }
-        }
-    }
+    use clap::Parser;
+    let args = Args::try_parse().map_err(|e| match e.kind() {
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => e.exit(),
+        _ => e.to_string(),
+    })?;
     let d = 1usize << args.exp;
     if let Some(n) = args.ns.iter().find(|n| n.checked_mul(d * 4).is_none()) {
         return Err(format!("n = {n} vectors of 2^{} floats overflow", args.exp));
