@@ -160,36 +160,20 @@ impl Net {
 }
 
 /// The command line.
+#[derive(clap::Parser)]
 struct Args {
+    /// Elements per vector.
+    #[arg(long, default_value_t = 1 << 24)]
     d: usize,
+    /// How many of the highest ranks attack (default: up to 2, keeping n > 2K).
+    #[arg(long)]
     byzantine: Option<usize>,
+    /// Rounds per configuration (at least 1).
+    #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     rounds: usize,
+    /// Aggregate bf16 vectors instead of f32.
+    #[arg(long)]
     bf16: bool,
-}
-
-fn args() -> Result<Args, String> {
-    let mut it = std::env::args().skip(1);
-    let mut a = Args {
-        d: 1 << 24,
-        byzantine: None,
-        rounds: 5,
-        bf16: false,
-    };
-    while let Some(flag) = it.next() {
-        let mut number = |name: &str| {
-            it.next()
-                .and_then(|v| v.parse::<usize>().ok())
-                .ok_or_else(|| format!("{name} needs a non-negative integer"))
-        };
-        match flag.as_str() {
-            "--d" => a.d = number("--d")?,
-            "--byzantine" => a.byzantine = Some(number("--byzantine")?),
-            "--rounds" => a.rounds = number("--rounds")?.max(1),
-            "--bf16" => a.bf16 = true,
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(a)
 }
 
 async fn run<E: Value>(a: &Args, net: &mut Net) -> Result<(), String> {
@@ -314,7 +298,7 @@ fn check(
 #[tokio::main]
 async fn main() -> ExitCode {
     let outcome = async {
-        let a = args()?;
+        let a = <Args as clap::Parser>::parse();
         let mut net = Net::join().await?;
         match a.bf16 {
             true => run::<half::bf16>(&a, &mut net).await,

@@ -22,23 +22,22 @@ use byzcoll::{Policy, ReduceOp, Replicas};
 mod common;
 use common::{honest, in_honest_range};
 
-fn arg(name: &str) -> Result<Option<usize>, String> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        None => Ok(None),
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .map(Some)
-            .ok_or_else(|| format!("{name} needs a non-negative integer")),
-    }
+/// The command line.
+#[derive(clap::Parser)]
+struct Args {
+    /// Elements per vector.
+    #[arg(long, default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 28))]
+    d: usize,
+    /// How many of the highest ranks attack (default: up to 2, keeping n > 2K).
+    #[arg(long)]
+    byzantine: Option<usize>,
 }
 
-async fn run() -> Result<(), String> {
-    let d = arg("--d")?.unwrap_or(4096);
+async fn run(args: Args) -> Result<(), String> {
+    let d = args.d;
     let mut comm = byzcoll::init().await.map_err(|e| e.to_string())?;
     let (me, n) = (comm.rank(), comm.size());
-    let k = arg("--byzantine")?.unwrap_or(2.min((n - 1) / 2));
+    let k = args.byzantine.unwrap_or(2.min((n - 1) / 2));
     if n <= 2 * k {
         return Err(format!(
             "{k} Byzantine ranks need more than {} ranks",
@@ -130,7 +129,8 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match run().await {
+    let args = <Args as clap::Parser>::parse();
+    match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tcp_allreduce: {e}");
