@@ -100,27 +100,39 @@ fn one_launch(n: usize) -> Result<Duration, String> {
     Ok(start.elapsed())
 }
 
+/// The command line (bad values are refused with clap's message and status 2).
+#[derive(clap::Parser)]
+struct Args {
+    /// World sizes, comma-separated, each in 1..=256.
+    #[arg(long, value_delimiter = ',', default_value = "4,8",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
+    ranks: Vec<usize>,
+    /// Worlds per size and mode.
+    #[arg(long, default_value_t = 15,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    reps: usize,
+    /// Time `byzcoll launch` of processes instead of worlds in this process.
+    #[arg(long)]
+    processes: bool,
+    /// Only unauthenticated worlds (in this process).
+    #[arg(long)]
+    unauthenticated: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() -> ExitCode {
     if std::env::var_os("BYZCOLL_RANK").is_some() {
         return rank_main();
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let processes = args.iter().any(|a| a == "--processes");
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned())
-    };
-    let ranks: Vec<usize> = value("--ranks")
-        .unwrap_or_else(|| "4,8".into())
-        .split(',')
-        .filter_map(|s| s.parse().ok())
-        .filter(|&n| (1..=256).contains(&n))
-        .collect();
-    let reps: usize = value("--reps")
-        .and_then(|s| s.parse().ok())
-        .filter(|&r| (1..=1000).contains(&r))
-        .unwrap_or(15);
+    let Args {
+        ranks,
+        reps,
+        processes,
+        unauthenticated,
+        ..
+    } = <Args as clap::Parser>::parse();
     let secret = match JobSecret::generate() {
         Ok(s) => JobAuth::Secret(s),
         Err(e) => {
@@ -132,7 +144,7 @@ fn main() -> ExitCode {
     // machine; as processes, `byzcoll launch` always hands out a secret.
     let modes: Vec<JobAuth> = if processes {
         vec![secret]
-    } else if args.iter().any(|a| a == "--unauthenticated") {
+    } else if unauthenticated {
         vec![JobAuth::Unauthenticated]
     } else {
         vec![secret, JobAuth::Unauthenticated]
