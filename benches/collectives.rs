@@ -151,58 +151,61 @@ fn transport_settings(name: &str) -> String {
         .collect()
 }
 
+/// The command line (the launcher's ranks get the same one).
+#[derive(clap::Parser)]
+struct Cli {
+    /// Ranks per transport run.
+    #[arg(long, default_value_t = 4,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=256))]
+    ranks: usize,
+    /// Smallest size: 2^min-exp float32 per rank.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=28))]
+    min_exp: u32,
+    /// Largest size: 2^max-exp float32 per rank (every second exponent between).
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u32).range(0..=28))]
+    max_exp: u32,
+    /// Transports, comma-separated, each with optional variants: `tcp`, `tcp+mac`, `tcp+off`,
+    /// `ucx`, `libfabric` (default: every transport of this build but nccl).
+    #[arg(long)]
+    transports: Option<String>,
+    /// Open MPI's byte transfer layer for the anchor.
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "vader"])]
+    mpi_btl: String,
+    /// Skip the Open MPI anchor.
+    #[arg(long = "no-anchor", action = clap::ArgAction::SetFalse)]
+    anchor: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        ranks: 4,
-        min_exp: 16,
-        max_exp: 24,
-        anchor: true,
-        transports: default_transports(),
-        mpi_btl: "tcp",
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let value = |i: usize| -> Result<u64, String> {
-            argv.get(i + 1)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("{} needs a number", argv[i]))
-        };
-        match argv[i].as_str() {
-            "--ranks" => args.ranks = value(i)? as usize,
-            "--min-exp" => args.min_exp = value(i)? as u32,
-            "--max-exp" => args.max_exp = value(i)? as u32,
-            "--transports" => {
-                let list = argv
-                    .get(i + 1)
-                    .ok_or("--transports needs a list, e.g. tcp,ucx,libfabric")?;
-                args.transports = parse_transports(list)?;
-            }
-            "--mpi-btl" => {
-                args.mpi_btl = match argv.get(i + 1).map(String::as_str) {
-                    Some("tcp") => "tcp",
-                    Some("vader") => "vader",
-                    _ => return Err("--mpi-btl needs tcp or vader".into()),
-                };
-            }
-            "--no-anchor" => {
-                args.anchor = false;
-                i += 1;
-                continue;
-            }
-            // cargo bench passes --bench; anything else is a mistake.
-            "--bench" => {
-                i += 1;
-                continue;
-            }
-            other => return Err(format!("unknown argument {other}")),
-        }
-        i += 2;
+    use clap::Parser;
+    let cli = Cli::try_parse().map_err(|e| match e.kind() {
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => e.exit(),
+        _ => e.to_string(),
+    })?;
+    if cli.min_exp > cli.max_exp {
+        return Err(format!(
+            "--min-exp {} is above --max-exp {}",
+            cli.min_exp, cli.max_exp
+        ));
     }
-    if args.ranks < 2 || args.min_exp > args.max_exp || args.max_exp > 28 {
-        return Err("need --ranks >= 2 and --min-exp <= --max-exp <= 28".into());
-    }
-    Ok(args)
+    Ok(Args {
+        ranks: cli.ranks,
+        min_exp: cli.min_exp,
+        max_exp: cli.max_exp,
+        anchor: cli.anchor,
+        transports: match &cli.transports {
+            Some(list) => parse_transports(list)?,
+            None => default_transports(),
+        },
+        mpi_btl: if cli.mpi_btl == "vader" {
+            "vader"
+        } else {
+            "tcp"
+        },
+    })
 }
 
 fn reps_for(bytes: usize) -> usize {
