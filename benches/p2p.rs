@@ -32,58 +32,40 @@ use serde_json::json;
 #[path = "common/rows.rs"]
 mod rows;
 
+/// The command line (bad values are refused with clap's message and status 2).
+#[derive(clap::Parser)]
 struct Args {
+    /// Smallest message: 2^min-exp bytes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=28))]
     min_exp: u32,
+    /// Largest message: 2^max-exp bytes.
+    #[arg(long, default_value_t = 26, value_parser = clap::value_parser!(u32).range(0..=28))]
     max_exp: u32,
+    /// Skip ucx_perftest and fi_pingpong.
+    #[arg(long = "no-anchor", action = clap::ArgAction::SetFalse)]
     anchor: bool,
-    /// Messages per step in the bandwidth test (`--window`, default 8).
+    /// Messages per step in the bandwidth test.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     window: u32,
-    /// Which configurations to run (`--only tcp,ucx-sm,...`; all when empty).
+    /// Which configurations to run, comma-separated (`tcp,ucx-sm,...`; all when absent).
+    #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        min_exp: 3,
-        max_exp: 26,
-        anchor: true,
-        window: 8,
-        only: Vec::new(),
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let value = |i: usize| -> Result<u32, String> {
-            argv.get(i + 1)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("{} needs a number", argv[i]))
-        };
-        match argv[i].as_str() {
-            "--min-exp" => args.min_exp = value(i)?,
-            "--max-exp" => args.max_exp = value(i)?,
-            "--window" => args.window = value(i)?,
-            "--only" => {
-                let list = argv.get(i + 1).ok_or("--only needs a list")?;
-                args.only = list.split(',').map(str::to_string).collect();
-            }
-            "--no-anchor" => {
-                args.anchor = false;
-                i += 1;
-                continue;
-            }
-            "--bench" => {
-                i += 1;
-                continue;
-            }
-            other => return Err(format!("unknown argument {other}")),
-        }
-        i += 2;
-    }
-    if args.min_exp > args.max_exp || args.max_exp > 28 {
-        return Err("need --min-exp <= --max-exp <= 28".into());
-    }
-    if !(1..=64).contains(&args.window) {
-        return Err("--window takes 1 to 64 messages".into());
+    use clap::Parser;
+    let args = Args::try_parse().map_err(|e| match e.kind() {
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => e.exit(),
+        _ => e.to_string(),
+    })?;
+    if args.min_exp > args.max_exp {
+        return Err(format!(
+            "--min-exp {} is above --max-exp {}",
+            args.min_exp, args.max_exp
+        ));
     }
     Ok(args)
 }
