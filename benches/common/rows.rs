@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 /// A bench's rows, written when [`Rows::write`] is called.
-pub struct Rows {
+pub(crate) struct Rows {
     bench: &'static str,
     meta: Value,
     rows: Vec<Value>,
@@ -12,7 +12,7 @@ pub struct Rows {
 
 impl Rows {
     /// No rows yet; `meta` describes the run (world size, dimensions, ...).
-    pub fn new(bench: &'static str, meta: Value) -> Self {
+    pub(crate) fn new(bench: &'static str, meta: Value) -> Self {
         Rows {
             bench,
             meta,
@@ -21,13 +21,13 @@ impl Rows {
     }
 
     /// Adds one row (an object).
-    pub fn push(&mut self, row: Value) {
+    pub(crate) fn push(&mut self, row: Value) {
         self.rows.push(row);
     }
 
     /// Writes `target/bench/<bench>.json` under the package and says so in a comment line;
     /// a failure to write is printed, not fatal (the text table is the primary output).
-    pub fn write(&self) {
+    pub(crate) fn write(&self) {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
         let path = dir.join(format!("{}.json", self.bench));
         let doc = json!({ "bench": self.bench, "meta": self.meta, "rows": self.rows });
@@ -44,7 +44,7 @@ impl Rows {
 /// output stay clean): a bar over `len` items, or a spinner with the elapsed time when `len`
 /// is `None`. (Short benches leave it unused.)
 #[allow(dead_code)]
-pub fn progress(len: Option<u64>, what: &str) -> indicatif::ProgressBar {
+pub(crate) fn progress(len: Option<u64>, what: &str) -> indicatif::ProgressBar {
     let (bar, template) = match len {
         Some(len) => (
             indicatif::ProgressBar::new(len),

@@ -40,7 +40,7 @@ pub(crate) struct Store {
 
 impl Store {
     /// Adds a buffer; returns the id of a view of all of it.
-    pub fn insert(&mut self, data: Arc<[f32]>) -> ChunkId {
+    pub(crate) fn insert(&mut self, data: Arc<[f32]>) -> ChunkId {
         let len = data.len() as u32;
         self.bufs.push(Some(data));
         let buf = (self.bufs.len() - 1) as u32;
@@ -48,7 +48,7 @@ impl Store {
     }
 
     /// A view of `range` of chunk `of`.
-    pub fn view(&mut self, of: ChunkId, range: Range<usize>) -> ChunkId {
+    pub(crate) fn view(&mut self, of: ChunkId, range: Range<usize>) -> ChunkId {
         let base = self.views[of as usize];
         debug_assert!(range.end <= base.len as usize);
         self.push_view(View {
@@ -68,7 +68,7 @@ impl Store {
     }
 
     /// The values of chunk `id` (empty for a released buffer).
-    pub fn get(&self, id: ChunkId) -> &[f32] {
+    pub(crate) fn get(&self, id: ChunkId) -> &[f32] {
         let v = self.views[id as usize];
         match &self.bufs[v.buf as usize] {
             Some(b) => &b[v.start as usize..(v.start + v.len) as usize],
@@ -77,14 +77,14 @@ impl Store {
     }
 
     /// The buffer behind chunk `id`, shared, when the chunk is all of it.
-    pub fn arc(&self, id: ChunkId) -> Option<Arc<[f32]>> {
+    pub(crate) fn arc(&self, id: ChunkId) -> Option<Arc<[f32]>> {
         let v = self.views[id as usize];
         let b = self.bufs[v.buf as usize].as_ref()?;
         (v.start == 0 && v.len as usize == b.len()).then(|| Arc::clone(b))
     }
 
     /// Frees the buffer behind `id` (for one-off messages such as ring chunks).
-    pub fn release(&mut self, id: ChunkId) {
+    pub(crate) fn release(&mut self, id: ChunkId) {
         let v = self.views[id as usize];
         self.bufs[v.buf as usize] = None;
     }
@@ -106,7 +106,7 @@ pub(crate) struct Plane {
 }
 
 impl Plane {
-    pub fn new(data: &DataSet) -> Plane {
+    pub(crate) fn new(data: &DataSet) -> Plane {
         let mut store = Store::default();
         let inputs = data
             .inputs
@@ -123,7 +123,7 @@ impl Plane {
     }
 
     /// `rule` over the chunks `ids` (all of length `len`), in that order.
-    pub fn aggregate(
+    pub(crate) fn aggregate(
         &mut self,
         rule: &dyn Aggregator,
         ids: &[ChunkId],
@@ -133,7 +133,7 @@ impl Plane {
     }
 
     /// The coordinate-wise `median` of owner versions `ids` of one shard.
-    pub fn combine(
+    pub(crate) fn combine(
         &mut self,
         median: &dyn Aggregator,
         ids: &[ChunkId],
@@ -162,7 +162,7 @@ impl Plane {
     }
 
     /// One buffer holding the chunks `ids` one after the other.
-    pub fn concat(&mut self, ids: &[ChunkId]) -> ChunkId {
+    pub(crate) fn concat(&mut self, ids: &[ChunkId]) -> ChunkId {
         if let Some(&id) = self.concat_memo.get(ids) {
             return id;
         }

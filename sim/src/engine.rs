@@ -53,7 +53,7 @@ pub(crate) struct Out<M> {
 
 impl<M> Out<M> {
     /// A message to `to` (worlds are limited to fewer than 2^30 ranks).
-    pub fn new(to: Rank, tag: Tag, msg: M) -> Self {
+    pub(crate) fn new(to: Rank, tag: Tag, msg: M) -> Self {
         Out {
             to: to as u32,
             tag,

@@ -32,7 +32,12 @@ pub(crate) struct Common<'a> {
 }
 
 impl<'a> Common<'a> {
-    pub fn new(n: usize, d: usize, rule: Option<&'a dyn Aggregator>, plane: Option<Plane>) -> Self {
+    pub(crate) fn new(
+        n: usize,
+        d: usize,
+        rule: Option<&'a dyn Aggregator>,
+        plane: Option<Plane>,
+    ) -> Self {
         Common {
             n,
             d,
@@ -176,7 +181,7 @@ pub(crate) struct Sharded<'a> {
 }
 
 impl<'a> Sharded<'a> {
-    pub fn new(common: Common<'a>, r: usize, adversary: &'a Adversary) -> Self {
+    pub(crate) fn new(common: Common<'a>, r: usize, adversary: &'a Adversary) -> Self {
         let n = common.n;
         Sharded {
             common,
@@ -451,7 +456,7 @@ pub(crate) struct Ring<'a> {
 }
 
 impl<'a> Ring<'a> {
-    pub fn new(common: Common<'a>) -> Self {
+    pub(crate) fn new(common: Common<'a>) -> Self {
         let bufs = match &common.plane {
             Some(plane) => plane
                 .inputs
@@ -473,7 +478,7 @@ impl<'a> Ring<'a> {
     }
 
     /// The final buffers, stored, for ranks that completed.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if let Some(plane) = &mut self.common.plane {
             for (r, buf) in self.bufs.iter_mut().enumerate() {
                 let done = std::mem::take(buf);

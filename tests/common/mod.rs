@@ -7,12 +7,12 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// The `byzcoll` binary cargo built for these tests.
-pub fn byzcoll() -> PathBuf {
+pub(crate) fn byzcoll() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_byzcoll"))
 }
 
 /// An example binary built next to it (`cargo test` builds examples).
-pub fn example(name: &str) -> PathBuf {
+pub(crate) fn example(name: &str) -> PathBuf {
     let path = byzcoll()
         .parent()
         .expect("target dir")
@@ -27,7 +27,7 @@ pub fn example(name: &str) -> PathBuf {
 }
 
 /// Runs `cmd` with a hard time limit, so a hang fails the test instead of stalling CI.
-pub fn run_with_limit(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
+pub(crate) fn run_with_limit(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
     let start = Instant::now();
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
@@ -54,7 +54,7 @@ pub fn run_with_limit(cmd: &mut Command, limit: Duration) -> (Output, Duration) 
 }
 
 /// stdout and stderr of `out` as text.
-pub fn text(out: &Output) -> (String, String) {
+pub(crate) fn text(out: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -62,7 +62,7 @@ pub fn text(out: &Output) -> (String, String) {
 }
 
 /// A port on 127.0.0.1 that was free a moment ago.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind")

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 /// The GPU, or `None` with a visible `SKIPPED` line where there is none.
-pub fn gpu() -> Option<Arc<Gpu>> {
+pub(crate) fn gpu() -> Option<Arc<Gpu>> {
     match Gpu::probe() {
         Ok(gpu) => Some(gpu),
         Err(e) => {
@@ -23,7 +23,7 @@ pub fn gpu() -> Option<Arc<Gpu>> {
 
 /// Fresh random vectors (never zeros): a common centre plus noise, so order statistics and
 /// distances are all distinct and meaningful.
-pub fn inputs(rng: &mut StdRng, n: usize, d: usize) -> Vec<Vec<f32>> {
+pub(crate) fn inputs(rng: &mut StdRng, n: usize, d: usize) -> Vec<Vec<f32>> {
     let centre: Vec<f32> = (0..d).map(|_| rng.gen_range(-10.0..10.0)).collect();
     (0..n)
         .map(|_| {
@@ -36,7 +36,7 @@ pub fn inputs(rng: &mut StdRng, n: usize, d: usize) -> Vec<Vec<f32>> {
 }
 
 /// Within one f32 ulp of `want`, coordinate by coordinate.
-pub fn assert_close(got: &[f32], want: &[f32], what: &str) {
+pub(crate) fn assert_close(got: &[f32], want: &[f32], what: &str) {
     for (j, (g, w)) in got.iter().zip(want).enumerate() {
         assert!(
             (g - w).abs() <= w.abs() * 1.2e-7,

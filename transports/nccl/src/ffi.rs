@@ -69,7 +69,7 @@ impl Comm {
     /// Starts joining communicator `id` as `rank` of `size`, without blocking; poll
     /// [`Comm::state`] until it is ready. The caller's thread must have the CUDA context of
     /// the device to use current.
-    pub fn start(size: usize, id: &[u8; ID_BYTES], rank: usize) -> Result<Comm, String> {
+    pub(crate) fn start(size: usize, id: &[u8; ID_BYTES], rank: usize) -> Result<Comm, String> {
         let nranks = i32::try_from(size).map_err(|_| format!("world of {size} ranks"))?;
         let rank = i32::try_from(rank).map_err(|_| format!("rank {rank}"))?;
         let id = sys::ncclUniqueId {
@@ -108,7 +108,7 @@ impl Comm {
 
     /// Whether the last asynchronous call (init, group end) has finished; an error when NCCL
     /// reports one (the communicator must then be aborted).
-    pub fn state(&self) -> Result<State, String> {
+    pub(crate) fn state(&self) -> Result<State, String> {
         let mut state = sys::ncclResult_t::ncclSuccess;
         // SAFETY: `self.raw` is a live communicator; `state` is a valid out-pointer.
         let r = unsafe { sys::ncclCommGetAsyncError(self.raw, &mut state) };
@@ -146,7 +146,7 @@ impl Comm {
     /// `ptr..ptr+len` is device memory of this communicator's device that stays allocated,
     /// and is not written, until the work posted on `stream` has completed or the
     /// communicator has been aborted; `stream` is a live stream of that device.
-    pub unsafe fn send(
+    pub(crate) unsafe fn send(
         &self,
         ptr: u64,
         len: usize,
@@ -173,7 +173,7 @@ impl Comm {
     ///
     /// # Safety
     /// As [`Comm::send`], and nothing else reads or writes the range until then.
-    pub unsafe fn recv(
+    pub(crate) unsafe fn recv(
         &self,
         ptr: u64,
         len: usize,
@@ -198,7 +198,7 @@ impl Comm {
 
     /// Aborts the communicator: operations still running on the device are stopped and its
     /// resources freed. May take a while (it joins NCCL's threads).
-    pub fn abort(self) -> Result<(), String> {
+    pub(crate) fn abort(self) -> Result<(), String> {
         let raw = self.raw;
         std::mem::forget(self);
         // SAFETY: `raw` is live and, `self` being forgotten, aborted exactly once.

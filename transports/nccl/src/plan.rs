@@ -48,7 +48,7 @@ impl Plan {
     ///
     /// # Errors
     /// [`TransportError::InvalidUsage`] when the step's buffers would not fit in memory.
-    pub fn new(step: &Step) -> Result<Plan, TransportError> {
+    pub(crate) fn new(step: &Step) -> Result<Plan, TransportError> {
         Plan::from_ops(
             step.sends.iter().map(|s| (s.peer, s.tag, s.payload.len())),
             step.recvs.iter().map(|r| (r.peer, r.tag, r.len)),
@@ -59,7 +59,7 @@ impl Plan {
     ///
     /// # Errors
     /// As [`Plan::new`].
-    pub fn from_ops(
+    pub(crate) fn from_ops(
         sends: impl Iterator<Item = (Rank, Tag, usize)>,
         recvs: impl Iterator<Item = (Rank, Tag, usize)>,
     ) -> Result<Plan, TransportError> {
@@ -74,12 +74,12 @@ impl Plan {
     }
 
     /// `true` when the step has no operation at all.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.sends.is_empty() && self.recvs.is_empty()
     }
 
     /// Every peer of the step, sorted, each once.
-    pub fn peers(&self) -> Vec<Rank> {
+    pub(crate) fn peers(&self) -> Vec<Rank> {
         let mut peers: Vec<Rank> = self
             .sends
             .iter()

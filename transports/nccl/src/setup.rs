@@ -29,7 +29,7 @@ pub(crate) enum Contribution {
 }
 
 impl Contribution {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         match self {
             Contribution::Ready(id) => {
                 let mut v = vec![0u8];
