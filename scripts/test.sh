@@ -55,6 +55,9 @@ all_features=byzcoll/ucx,byzcoll/libfabric,byzcoll/cuda,byzcoll/nccl,byzcoll-cap
 echo "== cargo clippy (default features, then ucx, libfabric, cuda and nccl)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --features "$all_features" -- -D warnings
+echo "== cargo doc --no-deps (warnings denied: broken links, missing docs), default and all features"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --features "$all_features"
 echo "== cargo check of the fuzz targets (fuzz/, its own workspace)"
 cargo check --manifest-path fuzz/Cargo.toml --bins
 echo "== cargo check with CUDA 12 bindings (the cuda-12 feature)"
