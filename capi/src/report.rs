@@ -9,9 +9,9 @@ use crate::buffers::{check_aligned, read_sized};
 use crate::status::Failure;
 
 /// A peer that sent nothing before the deadline, or whose connection is gone.
-pub(crate) const BYZCOLL_FAULT_MISSING: i32 = 0;
+pub const BYZCOLL_FAULT_MISSING: i32 = 0;
 /// A peer that sent something unacceptable (wrong length, bad frame).
-pub(crate) const BYZCOLL_FAULT_MALFORMED: i32 = 1;
+pub const BYZCOLL_FAULT_MALFORMED: i32 = 1;
 
 /// What happened in one robust round. The caller owns it and the arrays it points to:
 /// initialise with `BYZCOLL_REPORT_INIT`, then point the arrays you want at storage for
