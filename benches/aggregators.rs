@@ -100,11 +100,7 @@ fn parse_threads(s: &str) -> Result<Option<usize>, String> {
 }
 
 fn parse_args() -> Result<Args, String> {
-    use clap::Parser;
-    let args = Args::try_parse().map_err(|e| match e.kind() {
-        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => e.exit(),
-        _ => e.to_string(),
-    })?;
+    let args: Args = rows::parse_cli()?;
     let d = 1usize << args.exp;
     if let Some(n) = args.ns.iter().find(|n| n.checked_mul(d * 4).is_none()) {
         return Err(format!("n = {n} vectors of 2^{} floats overflow", args.exp));

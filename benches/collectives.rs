@@ -180,11 +180,7 @@ struct Cli {
 }
 
 fn parse_args() -> Result<Args, String> {
-    use clap::Parser;
-    let cli = Cli::try_parse().map_err(|e| match e.kind() {
-        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => e.exit(),
-        _ => e.to_string(),
-    })?;
+    let cli: Cli = rows::parse_cli()?;
     if cli.min_exp > cli.max_exp {
         return Err(format!(
             "--min-exp {} is above --max-exp {}",

@@ -56,11 +56,7 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    use clap::Parser;
-    let args = Args::try_parse().map_err(|e| match e.kind() {
-        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => e.exit(),
-        _ => e.to_string(),
-    })?;
+    let args: Args = rows::parse_cli()?;
     if args.min_exp > args.max_exp {
         return Err(format!(
             "--min-exp {} is above --max-exp {}",

@@ -62,3 +62,13 @@ pub(crate) fn progress(len: Option<u64>, what: &str) -> indicatif::ProgressBar {
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     bar
 }
+
+/// The command line as `T`: `--help` prints and exits 0; a bad value is clap's message, for
+/// the bench to print and exit with status 2.
+#[allow(dead_code)]
+pub(crate) fn parse_cli<T: clap::Parser>() -> Result<T, String> {
+    T::try_parse().map_err(|e| match e.kind() {
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => e.exit(),
+        _ => e.to_string(),
+    })
+}

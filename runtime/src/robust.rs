@@ -229,14 +229,7 @@ impl Communicator {
         rule: &dyn Aggregator,
         policy: Policy,
     ) -> Result<RoundReport> {
-        let agreement = self.agreement();
-        if agreement == Agreement::Enforce {
-            return Err(Error::Unsupported(
-                "Agreement::Enforce is not built yet; Agreement::Detect (the default) names \
-                 every disagreement"
-                    .into(),
-            ));
-        }
+        let agreement = self.round_agreement()?;
         let n = self.size();
         self.take_stats();
         let r = match policy {
@@ -251,14 +244,39 @@ impl Communicator {
                     .await
             }
         };
+        let result = || blake3::hash(bytemuck::cast_slice(buf)).into();
+        self.finish_round(agreement, round, result, seen, rule.byzantine())
+            .await
+    }
+
+    /// The agreement policy for a robust round, refused up front where it is not built.
+    fn round_agreement(&self) -> Result<Agreement> {
+        match self.agreement() {
+            Agreement::Enforce => Err(Error::Unsupported(
+                "Agreement::Enforce is not built yet; Agreement::Detect (the default) names \
+                 every disagreement"
+                    .into(),
+            )),
+            agreement => Ok(agreement),
+        }
+    }
+
+    /// Ends a robust round: the cross-check unless `agreement` is off (`result` gives the
+    /// digest the ranks compare, asked only when the round succeeded), then the report's
+    /// authentication flag and the round's counters.
+    async fn finish_round(
+        &mut self,
+        agreement: Agreement,
+        round: Result<RoundReport>,
+        result: impl FnOnce() -> Digest,
+        seen: Seen,
+        f: usize,
+    ) -> Result<RoundReport> {
         let mut report = if agreement == Agreement::Off {
             round?
         } else {
-            let result = round
-                .is_ok()
-                .then(|| blake3::hash(bytemuck::cast_slice(buf)).into());
-            self.cross_check(round, result, seen, rule.byzantine())
-                .await?
+            let result = round.is_ok().then(result);
+            self.cross_check(round, result, seen, f).await?
         };
         report.unauthenticated = !self.is_authenticated();
         report.stats = self.take_stats();
@@ -417,14 +435,7 @@ impl Communicator {
         replicas: Replicas,
     ) -> Result<RoundReport> {
         let (me, n) = (self.rank(), self.size());
-        let agreement = self.agreement();
-        if agreement == Agreement::Enforce {
-            return Err(Error::Unsupported(
-                "Agreement::Enforce is not built yet; Agreement::Detect (the default) names \
-                 every disagreement"
-                    .into(),
-            ));
-        }
+        let agreement = self.round_agreement()?;
         let own = chunk_range(input.len(), n, me).len();
         if output.len() != own {
             return Err(Error::InvalidUsage(format!(
@@ -445,16 +456,9 @@ impl Communicator {
                 &mut seen,
             )
             .await;
-        let mut report = if agreement == Agreement::Off {
-            round?
-        } else {
-            let result = round.is_ok().then(|| seen.erased_inputs_digest(n));
-            self.cross_check(round, result, seen, rule.byzantine())
-                .await?
-        };
-        report.unauthenticated = !self.is_authenticated();
-        report.stats = self.take_stats();
-        Ok(report)
+        let result = seen.erased_inputs_digest(n);
+        self.finish_round(agreement, round, || result, seen, rule.byzantine())
+            .await
     }
 
     /// Makes this rank a Byzantine shard owner in later sharded rounds (`None`: honest again).
