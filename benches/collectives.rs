@@ -13,7 +13,7 @@
 //! Without `BYZCOLL_RANK` in its environment the binary is the launcher: for each transport of
 //! `--transports` (default: `tcp` and every other transport in `byzcoll::TRANSPORTS` that this
 //! build has, except `nccl`, which needs one GPU per rank) it starts `--ranks` copies of itself
-//! through `byzcoll::launch` with `BYZCOLL_TRANSPORT` set, then runs the MPI anchor. A transport
+//! through `byzcoll_cli::launch` with `BYZCOLL_TRANSPORT` set, then runs the MPI anchor. A transport
 //! this build lacks is an error naming the cargo feature. UCX and libfabric stay on loopback:
 //! the caller's `UCX_TLS`, `UCX_NET_DEVICES`, `FI_PROVIDER` and `FI_*_IFACE` are honoured, and
 //! where unset the ranks get `UCX_TLS=tcp,self UCX_NET_DEVICES=lo` and
@@ -35,8 +35,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use byzcoll::aggregators::Median;
-use byzcoll::launch::{launch, LaunchOptions};
 use byzcoll::{Communicator, Policy, ReduceOp, Replicas, TRANSPORTS};
+use byzcoll_cli::launch::{launch, LaunchOptions};
 use serde_json::json;
 
 #[path = "common/rows.rs"]

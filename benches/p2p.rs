@@ -25,8 +25,8 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use byzcoll::launch::{launch, LaunchOptions};
 use byzcoll::{Communicator, RecvOp, SendOp, Transport};
+use byzcoll_cli::launch::{launch, LaunchOptions};
 use serde_json::json;
 
 #[path = "common/rows.rs"]
@@ -134,8 +134,8 @@ async fn bandwidth(
     windows: usize,
 ) -> f64 {
     let me = t.rank();
-    // Where the collectives' own messages live (huge pages from 1 MiB); see byzcoll::pool.
-    let payload = byzcoll::pool::payload_from(&vec![7u8; size]);
+    // Where the collectives' own messages live (huge pages from 1 MiB); see byzcoll_transport_kit::pool.
+    let payload = byzcoll_transport_kit::pool::payload_from(&vec![7u8; size]);
     let ack = Bytes::from_static(b"k");
     // Warm-up window.
     let run = async |keys: &mut Keys, n: usize| {
@@ -387,7 +387,7 @@ fn main() -> ExitCode {
         };
     }
     let mut configs: Vec<(&str, Vec<(String, String)>)> = vec![("tcp", vec![])];
-    if byzcoll::transports::ucx::AVAILABLE {
+    if available("ucx") {
         for tls in ["tcp", "sm"] {
             configs.push((
                 if tls == "tcp" { "ucx-tcp" } else { "ucx-sm" },
@@ -402,7 +402,7 @@ fn main() -> ExitCode {
     } else {
         println!("# built without --features ucx: no UCX rows");
     }
-    if byzcoll::transports::libfabric::AVAILABLE {
+    if available("libfabric") {
         for (label, provider) in [("fi-tcp", "tcp;ofi_rxm"), ("fi-shm", "shm")] {
             configs.push((
                 label,
@@ -456,7 +456,7 @@ fn main() -> ExitCode {
         .filter_map(parse_row)
         .collect();
     let _ = std::fs::remove_file(&results);
-    if args.anchor && byzcoll::transports::ucx::AVAILABLE {
+    if args.anchor && available("ucx") {
         for tls in ["tcp", "sm"] {
             let tls_full = format!("{tls},self");
             let label = format!("perftest-{tls}");
@@ -475,7 +475,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    if args.anchor && byzcoll::transports::libfabric::AVAILABLE {
+    if args.anchor && available("libfabric") {
         for (label, provider) in [("pingpong-tcp", "tcp;ofi_rxm"), ("pingpong-shm", "shm")] {
             if !wanted(&label.replace("pingpong", "fi")) {
                 continue;
@@ -496,4 +496,11 @@ fn main() -> ExitCode {
     }
     print_table(&rows, &args);
     ExitCode::SUCCESS
+}
+
+/// Whether this build has the transport `name` and its system library.
+fn available(name: &str) -> bool {
+    byzcoll::TRANSPORTS
+        .iter()
+        .any(|t| t.name == name && t.available)
 }

@@ -78,9 +78,9 @@ fn rank_main() -> ExitCode {
 
 /// `byzcoll launch` of `n` ranks of this binary, timed to the last rank's exit.
 fn one_launch(n: usize) -> Result<Duration, String> {
-    use byzcoll::launch::{launch, LaunchOptions};
+    use byzcoll_cli::launch::{launch, LaunchOptions};
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    // Ranks are spawned from the thread running the launch (see `byzcoll::launch`).
+    // Ranks are spawned from the thread running the launch (see `byzcoll_cli::launch`).
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

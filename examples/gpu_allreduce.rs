@@ -79,14 +79,15 @@ enum Net {
 
 impl Net {
     async fn join() -> Result<Net, String> {
+        let config = byzcoll::JobConfig::from_env().map_err(|e| e.to_string())?;
         #[cfg(feature = "nccl")]
-        if byzcoll::selected_transport() == "nccl" {
+        if config.transport().name == "nccl" {
             return byzcoll::init_nccl()
                 .await
                 .map(Net::Nccl)
                 .map_err(|e| e.to_string());
         }
-        byzcoll::init()
+        byzcoll::init_with(&config)
             .await
             .map(Net::Host)
             .map_err(|e| e.to_string())

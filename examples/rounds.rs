@@ -2,7 +2,7 @@
 //! every coordinate, the rule is the median with `f = 1`, and each line says what the rank got
 //! (`ok <value>` with the ranks it erased and those the cross-check could not confirm, or the
 //! error). With `ROUNDS_OP=reduce-scatter` each round is a `robust_reduce_scatter` (2f + 1
-//! owners per shard) and the value is the first of the rank's own shard. `tests/agreement.rs`
+//! owners per shard) and the value is the first of the rank's own shard. `cli/tests/agreement.rs`
 //! stops one rank with SIGSTOP in the middle to check that no rank presents another result as
 //! success.
 //!

@@ -51,7 +51,7 @@ export SLURM_CONF BYZCOLL_REQUIRE_SLURM=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-all_features=byzcoll/ucx,byzcoll/libfabric,byzcoll/cuda,byzcoll/nccl,byzcoll-capi/cuda
+all_features=byzcoll/ucx,byzcoll/libfabric,byzcoll/cuda,byzcoll/nccl,byzcoll-cli/ucx,byzcoll-cli/libfabric,byzcoll-cli/cuda,byzcoll-cli/nccl,byzcoll-capi/cuda
 echo "== cargo clippy (default features, then ucx, libfabric, cuda and nccl)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --features "$all_features" -- -D warnings
@@ -61,7 +61,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --features "$all_feat
 echo "== cargo check of the fuzz targets (fuzz/, its own workspace)"
 cargo check --manifest-path fuzz/Cargo.toml --bins
 echo "== cargo check with CUDA 12 bindings (the cuda-12 feature)"
-cargo check -p byzcoll --no-default-features --features cuda-12,cuda,nccl --all-targets
+cargo check -p byzcoll --no-default-features --features tcp,cuda-12,cuda,nccl --all-targets
+echo "== cargo check of the library alone, without the TCP transport (no default features)"
+cargo check -p byzcoll --no-default-features
 echo "== cargo test (default features: no system libraries)"
 cargo test --workspace 2>&1 | tee -a "$log"
 echo "== cargo test --features ucx,libfabric,cuda,nccl (UCX_TLS=tcp,self, FI_PROVIDER=tcp;ofi_rxm)"

@@ -20,6 +20,7 @@ use byzcoll_runtime::bootstrap::{Identity, JobAuth, JobSecret, Membership, Roste
 use byzcoll_transport_tcp::TcpTransport;
 use tokio::net::TcpListener;
 
+use crate::config::Settings;
 use crate::{BootstrapError, Communicator, Config, Error, Result, TransportError};
 
 const MAGIC: &[u8; 4] = b"BZO1";
@@ -63,23 +64,21 @@ pub fn init_with_allgather(
             "rank {rank} of a world of {size}: need 0 <= rank < size <= {MAX_OOB_WORLD}"
         )));
     }
-    match std::env::var("BYZCOLL_TRANSPORT") {
-        Ok(t) if t != "tcp" => {
-            return Err(Error::Unsupported(format!(
-                "BYZCOLL_TRANSPORT={t}: a world joined through the caller's all-gather connects \
-                 over TCP only; unset BYZCOLL_TRANSPORT, or join with byzcoll::init"
-            )))
-        }
-        _ => {}
+    let settings = Settings::from_lookup(&|k| std::env::var(k).ok())?;
+    if settings.transport.name != "tcp" {
+        return Err(Error::Unsupported(format!(
+            "BYZCOLL_TRANSPORT={}: a world joined through the caller's all-gather connects \
+             over TCP only; unset BYZCOLL_TRANSPORT, or join with byzcoll::init",
+            settings.transport.name
+        )));
     }
-    let options = crate::tcp_options(
-        &config,
-        crate::env_tcp_spin()?,
-        crate::env_frame_mac()?.unwrap_or(false),
+    let options = crate::registry::tcp::options(
+        &settings,
+        config.step_timeout.max(std::time::Duration::from_secs(60)),
     );
     let ip = match listen {
         Some(ip) => ip,
-        None => match crate::env_tcp_addr()? {
+        None => match settings.tcp_listen {
             Some(ip) => ip,
             None => host_address()?,
         },
@@ -180,7 +179,7 @@ pub fn init_with_allgather(
         identity,
         roster: Roster::new(&keys)?,
     };
-    let agreement = crate::env_agreement()?;
+    let agreement = settings.agreement;
     let transport = runtime.block_on(TcpTransport::connect_mesh(
         rank,
         size,

@@ -2,7 +2,7 @@
 //! ones cut): it never panics, and what it accepts encodes back to the same bytes.
 #![no_main]
 
-use byzcoll_runtime::wire::FrameHeader;
+use byzcoll_transport_kit::wire::FrameHeader;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 //! accepts has as many elements as its shape says and writes back to bytes it reads again.
 #![no_main]
 
-use byzcoll::npy::{self, Array};
+use byzcoll_cli::npy::{self, Array};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -24,7 +24,8 @@ impl Config {
     /// The defaults, overridden by `BYZCOLL_TIMEOUT_MS` when it is set.
     ///
     /// # Errors
-    /// [`BootstrapError::InvalidVar`] when the variable is not a positive integer.
+    /// [`BootstrapError::InvalidVar`] when the variable is not a whole number of milliseconds
+    /// from 1 to one day (86 400 000).
     pub fn from_env() -> Result<Self, BootstrapError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -36,13 +37,16 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, BootstrapError> {
         let mut config = Config::default();
         if let Some(v) = get("BYZCOLL_TIMEOUT_MS") {
-            let ms: u64 = v.trim().parse().ok().filter(|&ms| ms > 0).ok_or_else(|| {
-                BootstrapError::InvalidVar {
+            let ms: u64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|ms| (1..=86_400_000).contains(ms))
+                .ok_or_else(|| BootstrapError::InvalidVar {
                     var: "BYZCOLL_TIMEOUT_MS",
                     value: v.clone(),
-                    why: "expected a positive number of milliseconds".into(),
-                }
-            })?;
+                    why: "expected milliseconds, an integer from 1 to 86400000 (one day)".into(),
+                })?;
             config.step_timeout = Duration::from_millis(ms);
         }
         Ok(config)

@@ -7,21 +7,19 @@
 //!   `all_gather_into`, `all_to_all_into`, the non-robust `all_reduce`, and
 //!   `robust_all_reduce` with a caller-chosen [`Aggregator`](byzcoll_aggregators::Aggregator).
 //! - [`bootstrap`] reads the launcher's environment and runs the rendezvous store.
-//! - [`mailbox`] is the receive-matching logic transports share; [`pool`] the receive buffers
-//!   they reuse.
+//! - [`pool`] holds the receive buffers transports reuse and the huge-page payloads the
+//!   collectives send. What else transports share (receive matching, the progress engine,
+//!   sealed frames) is the `byzcoll-transport-kit` crate.
 
 pub mod bootstrap;
 mod comm;
 mod config;
 mod error;
-pub mod mailbox;
 pub mod pool;
-pub mod progress;
 mod robust;
 pub mod schedule;
 mod transport;
 mod types;
-pub mod wire;
 
 pub use comm::{Communicator, ReduceOp, RoundStats};
 pub use config::Config;

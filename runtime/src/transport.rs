@@ -161,7 +161,7 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// or at the step's deadline, whichever comes first. Returns one outcome per receive, in
     /// the order of `step.recvs`. A send has left when the transport no longer needs the
     /// step to wait for it: written to the socket (TCP), taken by the receiver (local), or
-    /// held by the progress thread within [`crate::progress::SEND_CREDIT`] bytes in flight per
+    /// held by the progress thread within `byzcoll_transport_kit::progress::SEND_CREDIT` bytes in flight per
     /// peer (UCX, libfabric), which delivers it even if the transport is dropped right after
     /// (for a bounded time).
     ///

@@ -54,6 +54,13 @@ impl Payload {
         self.len() == 0
     }
 
+    /// The bytes of a payload in host memory (`None` for any other memory).
+    pub fn as_host(&self) -> Option<&Bytes> {
+        match self {
+            Payload::Host(b) => Some(b),
+        }
+    }
+
     /// The memory the payload lives in.
     pub fn memory_kind(&self) -> MemoryKind {
         match self {

@@ -183,7 +183,7 @@ impl JobAuth {
     }
 
     /// The key that authenticates frames from rank `from` to rank `to` on the tag-matched
-    /// transports (UCX, libfabric; see [`crate::wire::FrameKeys`]): keyed BLAKE3 under the job
+    /// transports (UCX, libfabric; see `byzcoll_transport_kit::wire::FrameKeys`): keyed BLAKE3 under the job
     /// secret (zeros for [`JobAuth::Unauthenticated`], so the code path is the same) over a
     /// label, `shared` (the X25519 secret of the two ranks' [`FrameSecret`]s) and the ordered
     /// pair. Without the secret a stranger cannot compute it; without one of the two X25519

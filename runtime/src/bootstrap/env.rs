@@ -33,6 +33,8 @@ pub enum Launcher {
     Torchrun,
     /// Slurm's `srun`.
     Slurm,
+    /// Set in code (`byzcoll::JobConfig::builder`), not read from a launcher's variables.
+    Code,
 }
 
 struct Vars {
@@ -84,6 +86,7 @@ impl Launcher {
             Launcher::Pmi => "pmi",
             Launcher::Torchrun => "torchrun",
             Launcher::Slurm => "slurm",
+            Launcher::Code => "code",
         }
     }
 }

@@ -15,14 +15,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use byzcoll_libfabric_sys as sys;
 use byzcoll_runtime::bootstrap::{FrameSecret, StoreClient};
-use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
-use byzcoll_runtime::pool::{BufferPool, PoolBuf};
-use byzcoll_runtime::progress::{
-    run_step_on_engine, Idle, Progress, SendCommand, SendCredit, SendDone, Signal,
-};
-use byzcoll_runtime::wire::{self as wire, FrameHeader, FrameKeys, Opened, Unsealed, SEALED_LEN};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
+};
+use byzcoll_transport_kit::mailbox::{Claim, Closed, Delivery, Mailbox};
+use byzcoll_transport_kit::pool::{BufferPool, PoolBuf};
+use byzcoll_transport_kit::progress::{
+    run_step_on_engine, Idle, Progress, SendCommand, SendCredit, SendDone, Signal,
+};
+use byzcoll_transport_kit::wire::{
+    self as wire, FrameHeader, FrameKeys, Opened, Unsealed, SEALED_LEN,
 };
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
@@ -40,7 +42,7 @@ const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 const TAG_BITS: u32 = SENDER_SHIFT + 24;
 /// Largest world the tag layout can address.
 pub const MAX_RANKS: usize = 1 << 24;
-pub use byzcoll_runtime::progress::MAX_NAP as MAX_PARK;
+pub use byzcoll_transport_kit::progress::MAX_NAP as MAX_PARK;
 /// How long the thread blocks at most on the queue's wait object while a header waits for its
 /// step to be posted (a step can be retired without waking the thread), and otherwise.
 const EARLY_RECHECK_MS: i32 = 2;
@@ -107,7 +109,7 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 ///
 /// # Messages
 /// Every message is a sealed [`FrameHeader`] ([`SEALED_LEN`] bytes: header, payload digest,
-/// MAC; see [`byzcoll_runtime::wire`]) (tag kind `HEADER`) followed by its payload in
+/// MAC; see [`byzcoll_transport_kit::wire`]) (tag kind `HEADER`) followed by its payload in
 /// fragments of at most [`FRAGMENT`] bytes (kind `PAYLOAD`; none for an empty payload), all
 /// tagged messages on a reliable datagram endpoint carrying the same per-pair sequence number:
 ///
@@ -158,7 +160,7 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 /// Exact tags and fragments that always fit avoid both.
 ///
 /// # Progress
-/// The engine moves in turns under [`byzcoll_runtime::progress::Progress`]: it reads the
+/// The engine moves in turns under [`byzcoll_transport_kit::progress::Progress`]: it reads the
 /// completion queue (`fi_cq_read`, which also drives providers with manual progress), starts
 /// queued sends and moves every peer's receive side. The task awaiting an exchange runs the
 /// turns itself while its step is open; a progress thread runs them otherwise, and when idle
@@ -687,7 +689,7 @@ struct Engine {
 // mutex, so its turns never overlap.
 unsafe impl Send for Engine {}
 
-impl byzcoll_runtime::progress::Engine for Engine {
+impl byzcoll_transport_kit::progress::Engine for Engine {
     type Remains = Endpoint;
 
     /// Completions (which also drive providers with manual progress), queued sends, the

@@ -30,7 +30,7 @@ mod engine;
 pub mod safe;
 
 #[cfg(feature = "libfabric")]
-pub use byzcoll_runtime::progress::SEND_CREDIT;
+pub use byzcoll_transport_kit::progress::SEND_CREDIT;
 #[cfg(feature = "libfabric")]
 pub use engine::{
     LibfabricOptions, LibfabricTransport, FRAGMENT, HEADER_WINDOW, MAX_PARK, MAX_RANKS,
@@ -328,8 +328,8 @@ mod tests {
         use crate::safe::{Endpoint, Post};
         use bytes::Bytes;
         use byzcoll_libfabric_sys as sys;
-        use byzcoll_runtime::wire::{FrameHeader, FrameKeys, HEADER_LEN, SEALED_LEN};
         use byzcoll_runtime::MsgKey;
+        use byzcoll_transport_kit::wire::{FrameHeader, FrameKeys, HEADER_LEN, SEALED_LEN};
         use std::time::Instant;
 
         const LEN: usize = 1000;

@@ -969,7 +969,7 @@ impl Drop for Endpoint {
 }
 
 /// An `eventfd` that other threads signal to wake a thread blocked in
-/// [`byzcoll_runtime::progress::wait_readable`].
+/// [`byzcoll_transport_kit::progress::wait_readable`].
 #[derive(Debug)]
 pub struct Notifier {
     fd: i32,

@@ -32,10 +32,10 @@
 
 use std::sync::Arc;
 
-use byzcoll_runtime::mailbox::{run_step, Claim, Closed, Mailbox};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
+use byzcoll_transport_kit::mailbox::{run_step, Claim, Closed, Mailbox};
 use futures::future::BoxFuture;
 
 /// One rank of an in-process world; see the crate docs.

@@ -11,7 +11,7 @@
 //! to the writer task, which finishes it even if the step that sent it is dropped, so a frame
 //! is never cut short. The reader
 //! decodes 32-byte [`wire::FrameHeader`]s and checks each against the connection's peer and
-//! the posted receive ([`byzcoll_runtime::mailbox`]) *before* allocating: a frame of the wrong
+//! the posted receive ([`byzcoll_transport_kit::mailbox`]) *before* allocating: a frame of the wrong
 //! length is `Malformed`, a frame that claims another sender or is longer than
 //! [`TcpOptions::max_message_bytes`] closes the connection as a protocol violation, and a
 //! truncated frame is `Malformed`. Payloads have 64-bit lengths, so vectors of gigabytes work.
@@ -35,12 +35,12 @@ use bytes::Bytes;
 use byzcoll_runtime::bootstrap::auth::{self, Endpoint, HandshakeError, Purpose};
 use byzcoll_runtime::bootstrap::gate::{self, Gate};
 use byzcoll_runtime::bootstrap::{connect_with_retry, Identity, Membership, Roster, StoreClient};
-use byzcoll_runtime::mailbox::{run_step, Claim, Closed, Mailbox};
-use byzcoll_runtime::pool::BufferPool;
-use byzcoll_runtime::progress::spin_on;
 use byzcoll_runtime::{
     Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
+use byzcoll_transport_kit::mailbox::{run_step, Claim, Closed, Mailbox};
+use byzcoll_transport_kit::pool::BufferPool;
+use byzcoll_transport_kit::progress::spin_on;
 use futures::future::BoxFuture;
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -65,7 +65,7 @@ pub struct TcpOptions {
     /// buffer costs a page fault per page when the frame is read into it.
     pub pool_bytes: usize,
     /// How long the task awaiting an exchange polls it eagerly, yielding between polls, before
-    /// it sleeps until woken ([`byzcoll_runtime::progress::spin_on`]): a shorter wait for each
+    /// it sleeps until woken ([`byzcoll_transport_kit::progress::spin_on`]): a shorter wait for each
     /// message (8-byte one-way latency halved on the 2-core development machine) for up to
     /// this much CPU per step. Zero: never spin (for ranks oversubscribing their cores).
     pub spin: Duration,
@@ -84,7 +84,7 @@ impl Default for TcpOptions {
             setup_timeout: Duration::from_secs(60),
             max_message_bytes: 1 << 40,
             pool_bytes: 256 << 20,
-            spin: byzcoll_runtime::progress::SPIN,
+            spin: byzcoll_transport_kit::progress::SPIN,
             frame_mac: false,
         }
     }

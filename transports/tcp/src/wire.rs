@@ -4,4 +4,4 @@
 //! (purpose TCP, identity signatures, roster digest); then data frames follow: a 32-byte
 //! [`FrameHeader`] and `len` payload bytes.
 
-pub use byzcoll_runtime::wire::{FrameHeader, FRAME_MAGIC, HEADER_LEN};
+pub use byzcoll_transport_kit::wire::{FrameHeader, FRAME_MAGIC, HEADER_LEN};

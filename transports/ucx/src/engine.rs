@@ -3,7 +3,7 @@
 //!
 //! # Messages
 //! Every message is two UCX tag messages from the same sender: a sealed [`FrameHeader`]
-//! ([`SEALED_LEN`] bytes: header, payload digest, MAC; see [`byzcoll_runtime::wire`]) (kind
+//! ([`SEALED_LEN`] bytes: header, payload digest, MAC; see [`byzcoll_transport_kit::wire`]) (kind
 //! `HEADER`) and the payload (kind `PAYLOAD`), both carrying the same per-pair sequence number
 //! in their tags:
 //!
@@ -42,7 +42,7 @@
 //!
 //! # Progress
 //! The engine (worker, endpoints, requests, buffers) moves in turns under
-//! [`byzcoll_runtime::progress::Progress`]: `ucp_worker_progress` until it finds nothing, then
+//! [`byzcoll_transport_kit::progress::Progress`]: `ucp_worker_progress` until it finds nothing, then
 //! queued sends, endpoint failures and completions. The task awaiting an exchange runs the
 //! turns itself while its step is open; a progress thread runs them otherwise, and when idle
 //! arms the worker (`UCP_FEATURE_WAKEUP`) and blocks in `poll` on its event descriptor until
@@ -62,14 +62,16 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use byzcoll_runtime::bootstrap::{FrameSecret, StoreClient};
-use byzcoll_runtime::mailbox::{Claim, Closed, Delivery, Mailbox};
-use byzcoll_runtime::pool::{BufferPool, PoolBuf};
-use byzcoll_runtime::progress::{
-    run_step_on_engine, Idle, Progress, SendCommand, SendCredit, SendDone, Signal,
-};
-use byzcoll_runtime::wire::{self as wire, FrameHeader, FrameKeys, Opened, Unsealed, SEALED_LEN};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
+};
+use byzcoll_transport_kit::mailbox::{Claim, Closed, Delivery, Mailbox};
+use byzcoll_transport_kit::pool::{BufferPool, PoolBuf};
+use byzcoll_transport_kit::progress::{
+    run_step_on_engine, Idle, Progress, SendCommand, SendCredit, SendDone, Signal,
+};
+use byzcoll_transport_kit::wire::{
+    self as wire, FrameHeader, FrameKeys, Opened, Unsealed, SEALED_LEN,
 };
 use byzcoll_ucx_sys as sys;
 use futures::future::BoxFuture;
@@ -84,14 +86,14 @@ const SENDER_SHIFT: u32 = SEQ_BITS + 2;
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 /// Largest world the tag layout can address.
 pub const MAX_RANKS: usize = 1 << 24;
-pub use byzcoll_runtime::progress::SPIN;
+pub use byzcoll_transport_kit::progress::SPIN;
 /// Header receives kept posted per peer.
 pub const HEADER_WINDOW: usize = 16;
 /// How many times a payload receive is posted again after a payload that did not match its
 /// sealed header (see the module docs).
 pub const PAYLOAD_RETRIES: u8 = 3;
-/// See [`byzcoll_runtime::progress::SEND_CREDIT`].
-pub use byzcoll_runtime::progress::SEND_CREDIT;
+/// See [`byzcoll_transport_kit::progress::SEND_CREDIT`].
+pub use byzcoll_transport_kit::progress::SEND_CREDIT;
 /// How long the blocked thread sleeps at most while a header waits for its step to be posted
 /// (a step can be retired without waking the thread), and otherwise.
 const EARLY_RECHECK_MS: i32 = 2;
@@ -488,7 +490,7 @@ struct Engine {
 // only ever reached through its `Progress`'s mutex, so its turns never overlap.
 unsafe impl Send for Engine {}
 
-impl byzcoll_runtime::progress::Engine for Engine {
+impl byzcoll_transport_kit::progress::Engine for Engine {
     type Remains = ();
 
     /// UCX progress until it finds nothing, then queued sends, failures, completions.

@@ -137,8 +137,8 @@ mod tests {
         use crate::engine::{context_settings, tag, KIND_HEADER, KIND_PAYLOAD};
         use crate::safe::{Context, Poll, Worker};
         use bytes::Bytes;
-        use byzcoll_runtime::wire::{FrameHeader, FrameKeys, HEADER_LEN, SEALED_LEN};
         use byzcoll_runtime::{MsgKey, Payload, RecvOp, RecvOutcome, SendOp, Step};
+        use byzcoll_transport_kit::wire::{FrameHeader, FrameKeys, HEADER_LEN, SEALED_LEN};
         use std::time::{Duration, Instant};
 
         const LEN: usize = 1000;

@@ -159,6 +159,11 @@ pub struct Worker {
     _context: Context,
 }
 
+// SAFETY: the worker is created UCS_THREAD_MODE_SERIALIZED, so any thread may use it, one at a
+// time; without `Sync` only the thread that owns (or exclusively borrows) it can reach it. It
+// is moved once, from the thread that sets the transport up to the one that runs its turns.
+unsafe impl Send for Worker {}
+
 /// A message found by [`Worker::probe`] and removed from UCX's unexpected queue.
 #[derive(Debug)]
 pub struct Probed {

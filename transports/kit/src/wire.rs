@@ -15,7 +15,7 @@
 //!
 //! `seq` is the per-pair sequence number of the message (the one in its tags), so a recorded
 //! frame cannot be replayed into another position; the header binds collective, step, tag,
-//! sender and length. The pair key ([`crate::bootstrap::JobAuth::derive_pair_key`]) mixes the
+//! sender and length. The pair key ([`byzcoll_runtime::bootstrap::JobAuth::derive_pair_key`]) mixes the
 //! job secret with the X25519 secret of the two ranks, whose public keys are published with
 //! the addresses through the authenticated store: a stranger lacks the job secret, and a rank
 //! of the job (a Byzantine insider) lacks the other pair's X25519 secret, so neither can seal
@@ -23,8 +23,8 @@
 //! claims anything, and checks the payload against the sealed digest
 //! ([`Opened::payload_matches`]) before it delivers it.
 
-use crate::bootstrap::{FrameSecret, JobAuth, JobSecret};
-use crate::{MsgKey, Rank};
+use byzcoll_runtime::bootstrap::{FrameSecret, JobAuth, JobSecret};
+use byzcoll_runtime::{MsgKey, Rank};
 
 /// Magic of a data frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"BZF2";

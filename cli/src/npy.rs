@@ -11,8 +11,8 @@
 //!
 //! ```
 //! let mut bytes = Vec::new();
-//! byzcoll::npy::write_f32_to(&mut bytes, &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
-//! let array = byzcoll::npy::from_bytes(&bytes).unwrap();
+//! byzcoll_cli::npy::write_f32_to(&mut bytes, &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+//! let array = byzcoll_cli::npy::from_bytes(&bytes).unwrap();
 //! assert_eq!(array.shape(), &[2, 3]);
 //! assert_eq!(array.dtype_name(), "float32");
 //! ```

@@ -23,7 +23,7 @@ use std::future::Future;
 
 use bytes::Bytes;
 
-use crate::{MsgKey, Payload, Rank, RecvOutcome, SendOp, Step};
+use byzcoll_runtime::{MsgKey, Payload, Rank, RecvOutcome, SendOp, Step};
 
 /// Why a peer's slot was closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,7 +261,7 @@ impl Mailbox {
         PostedStep {
             mailbox: self,
             receivers: receivers.into_iter().flatten().collect(),
-            last: step.key(crate::Tag::MAX),
+            last: step.key(byzcoll_runtime::Tag::MAX),
         }
     }
 }
@@ -293,7 +293,7 @@ impl Drop for PostedStep<'_> {
     }
 }
 
-/// The part of [`crate::Transport::exchange`] that every mailbox-based transport shares: posts
+/// The part of [`byzcoll_runtime::Transport::exchange`] that every mailbox-based transport shares: posts
 /// the step's receives (then calls `on_posted`, e.g. to wake a progress thread), runs `send`
 /// for every send (each bounded by the step's deadline; a failure or a timeout is logged, not
 /// an error: the peer will count this rank missing), and returns the receive outcomes in the
@@ -315,9 +315,16 @@ where
     let posted = mailbox.post_step(step);
     on_posted();
     let sends = step.sends.iter().map(|s| {
-        let Payload::Host(payload) = &s.payload;
-        let sending = send(s, step.key(s.tag), payload.clone());
+        // Host memory only: `Step::validate` refuses other payloads for a host transport.
+        let sending = s
+            .payload
+            .as_host()
+            .map(|payload| send(s, step.key(s.tag), payload.clone()));
         async move {
+            let Some(sending) = sending else {
+                tracing::debug!(transport, peer = s.peer, "send of non-host memory skipped");
+                return;
+            };
             match tokio::time::timeout_at(step.deadline, sending).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::debug!(transport, peer = s.peer, error = %e, "send failed"),

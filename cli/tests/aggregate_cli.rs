@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use byzcoll::npy::{self, Array};
+use byzcoll_cli::npy::{self, Array};
 use common::{byzcoll, run_with_limit, text};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

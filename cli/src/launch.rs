@@ -15,7 +15,7 @@
 //!
 //! `PR_SET_PDEATHSIG` fires when the *thread* that forked the child ends, not the process. So
 //! [`launch`] must be driven by a thread that lives as long as the job: `byzcoll launch` runs
-//! it with `block_on` on a current-thread runtime on the main thread (see `src/main.rs`), and
+//! it with `block_on` on a current-thread runtime on the main thread (see `cli/src/main.rs`), and
 //! the ranks are spawned directly in `launch`'s own body (never from a `tokio::spawn`ed task,
 //! which a multi-thread runtime could run on a worker thread that is later retired).
 
@@ -24,7 +24,7 @@ use std::io::Write;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use byzcoll_runtime::bootstrap::{JobAuth, JobSecret, StoreServer};
+use byzcoll::bootstrap::{JobAuth, JobSecret, StoreServer};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};

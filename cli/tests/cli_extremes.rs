@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use byzcoll::npy;
+use byzcoll_cli::npy;
 use common::{byzcoll, run_with_limit, text};
 
 /// Values every numeric flag is tried with: the edges of the integer types, negative,

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use byzcoll::aggregators::{aggregate_into, AggError, AggReport, Aggregator, Element, Params};
 use byzcoll::bootstrap::LaunchEnv;
-use byzcoll::launch::{launch, LaunchOptions};
-use byzcoll::npy::{self, MappedData};
-use byzcoll::{Config, TRANSPORTS};
+use byzcoll::{JobConfig, DEFAULT_TRANSPORT, TRANSPORTS};
+use byzcoll_cli::launch::{launch, LaunchOptions};
+use byzcoll_cli::npy::{self, MappedData};
 use byzcoll_sim::{
     Adversary, Algorithm, Compute, Crash, DataSet, Faults, Lie, Network, Preset, Scenario, Stall,
 };
@@ -135,7 +135,7 @@ fn main() -> ExitCode {
         } => {
             // A current-thread runtime, driven by `block_on` on the main thread: the ranks are
             // forked by the thread that lives as long as the launcher, which their
-            // PR_SET_PDEATHSIG (fired when the forking *thread* ends) needs; see src/launch.rs.
+            // PR_SET_PDEATHSIG (fired when the forking *thread* ends) needs; see cli/src/launch.rs.
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -331,7 +331,8 @@ fn info() {
         }
         Err(e) => println!("  launcher     none usable: {e}"),
     }
-    let transport = byzcoll::selected_transport();
+    let transport =
+        std::env::var("BYZCOLL_TRANSPORT").unwrap_or_else(|_| DEFAULT_TRANSPORT.to_string());
     let how = if std::env::var_os("BYZCOLL_TRANSPORT").is_some() {
         "from BYZCOLL_TRANSPORT"
     } else {
@@ -353,9 +354,13 @@ fn info() {
         Err(e) => format!("no usable job secret ({e}); `byzcoll launch` sets one"),
     };
     println!("  membership   {auth}");
-    match Config::from_env() {
-        Ok(c) => println!("  step timeout {:?} (BYZCOLL_TIMEOUT_MS)", c.step_timeout),
-        Err(e) => println!("  step timeout invalid: {e}"),
+    match JobConfig::from_env() {
+        Ok(c) => println!(
+            "  settings     valid: step timeout {:?}, agreement {:?}",
+            c.comm().step_timeout,
+            c.agreement()
+        ),
+        Err(e) => println!("  settings     INVALID: {e}"),
     }
     ucx_info();
     libfabric_info();

@@ -39,7 +39,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::mailbox::{run_step, Mailbox};
-use crate::{MsgKey, Rank, RecvOutcome, Step, TransportError};
+use byzcoll_runtime::{MsgKey, Rank, RecvOutcome, Step, TransportError};
 
 /// The completion of one send, answered by the progress thread.
 pub type SendDone = oneshot::Sender<Result<(), String>>;
@@ -106,7 +106,7 @@ impl SendCredit {
     }
 }
 
-/// [`crate::Transport::exchange`] (after [`Step::validate`]) for a transport whose network
+/// [`byzcoll_runtime::Transport::exchange`] (after [`Step::validate`]) for a transport whose network
 /// moves in turns of `progress`'s engine: posts the step's receives on `mailbox`, queues each
 /// send on `commands` as a [`SendCommand`] and awaits the engine's answers
 /// (see [`run_step`] for deadlines and failures), driving the engine from this task meanwhile

@@ -1,0 +1,637 @@
+//! [`JobConfig`]: everything [`crate::init_with`] needs to join a job, validated in one place,
+//! from the environment ([`JobConfig::from_env`]) or from code ([`JobConfig::builder`]).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use byzcoll_runtime::bootstrap::{JobAuth, LaunchEnv, Launcher, MAX_WORLD};
+
+use crate::registry::{self, TransportInfo};
+use crate::{Agreement, BootstrapError, Config, Error, Rank, Result};
+
+/// The transport a job uses when nothing names one.
+pub const DEFAULT_TRANSPORT: &str = "tcp";
+
+/// The longest step deadline accepted (one day), so that deadline arithmetic cannot overflow.
+pub const MAX_STEP_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// How this rank joins a job and how its collectives behave: rank and world, the rendezvous
+/// store and the job's authentication, the transport (there is no fallback to another one),
+/// the step deadline, the agreement policy and the TCP options.
+///
+/// A `JobConfig` is always valid: it is made only by [`JobConfig::from_env`] or
+/// [`JobConfigBuilder::build`], which check every value and say which one is wrong. Each
+/// `BYZCOLL_*` variable is read here and nowhere else (the launcher's own variables are read
+/// by [`LaunchEnv`], the secret by [`JobAuth`], both called from here); an invalid value is
+/// an error naming the variable, never a silent default.
+///
+/// | variable | meaning | default |
+/// |---|---|---|
+/// | `BYZCOLL_RANK`, `BYZCOLL_WORLD_SIZE`, `BYZCOLL_LOCAL_RANK`, `BYZCOLL_STORE` | who and where (or Slurm's, Open MPI's, PMI's, torchrun's variables) | a world of one |
+/// | `BYZCOLL_SECRET` / `BYZCOLL_SECRET_FILE` | the job secret (64 hex digits) | required when the world is larger than one |
+/// | `BYZCOLL_ALLOW_UNAUTHENTICATED=1` | run without a secret (insecure; every report says so) | off |
+/// | `BYZCOLL_TRANSPORT` | `tcp`, `ucx`, `libfabric`, `nccl` | `tcp` |
+/// | `BYZCOLL_TIMEOUT_MS` | step deadline, 1 ms to one day | 30 000 |
+/// | `BYZCOLL_AGREEMENT` | `off`, `detect`, `enforce` | `detect` |
+/// | `BYZCOLL_TCP_ADDR` | IP address TCP listens on | the host name's address |
+/// | `BYZCOLL_TCP_SPIN_US` | how long a waiting TCP exchange polls before sleeping, at most 1 s | the transport's |
+/// | `BYZCOLL_FRAME_MAC` | `1`: TCP frames carry MACs; `0`: not (UCX and libfabric always seal theirs) | `0` |
+/// | `BYZCOLL_STORE_HOSTED` | `1`: the launcher hosts the store, rank 0 does not; `0`: rank 0 does | `0` |
+#[derive(Debug, Clone)]
+pub struct JobConfig {
+    launch: LaunchEnv,
+    auth: Option<JobAuth>,
+    settings: Settings,
+}
+
+/// The settings that do not depend on who this rank is (shared with
+/// [`crate::init_with_allgather`], which learns rank and secret from the caller).
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) transport: &'static TransportInfo,
+    pub(crate) comm: Config,
+    pub(crate) agreement: Agreement,
+    pub(crate) tcp_listen: Option<IpAddr>,
+    pub(crate) tcp_spin: Option<Duration>,
+    pub(crate) frame_mac: Option<bool>,
+    pub(crate) store_hosted: bool,
+}
+
+impl JobConfig {
+    /// Starts a configuration for rank `rank` of `size`, with every other setting at its
+    /// default.
+    pub fn builder(rank: Rank, size: usize) -> JobConfigBuilder {
+        JobConfigBuilder {
+            rank,
+            size,
+            local_rank: None,
+            store: None,
+            auth: None,
+            transport: DEFAULT_TRANSPORT.to_string(),
+            step_timeout: Config::default().step_timeout,
+            agreement: Agreement::default(),
+            tcp_listen: None,
+            tcp_spin: None,
+            frame_mac: None,
+            store_hosted: false,
+        }
+    }
+
+    /// Reads the process environment (see the table on [`JobConfig`]).
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] naming the variable whose value is invalid, or saying what is
+    /// missing (a store address or a secret for a world larger than one);
+    /// [`Error::Unsupported`] for a transport that is unknown or not in this build.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`JobConfig::from_env`], reading variables through `get` (for tests and embedders
+    /// with their own configuration source).
+    ///
+    /// # Errors
+    /// As [`JobConfig::from_env`].
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let launch = LaunchEnv::from_lookup(&get)?;
+        let settings = Settings::from_lookup(&get)?;
+        let auth = if launch.size > 1 {
+            Some(JobAuth::from_lookup(&get)?)
+        } else {
+            None
+        };
+        let config = JobConfig {
+            launch,
+            auth,
+            settings,
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Rank, world size, local rank and store address.
+    pub fn launch(&self) -> &LaunchEnv {
+        &self.launch
+    }
+
+    /// The job's authentication; `None` in a world of one, which connects to nobody.
+    pub fn auth(&self) -> Option<&JobAuth> {
+        self.auth.as_ref()
+    }
+
+    /// The transport's name and description.
+    pub fn transport(&self) -> &'static TransportInfo {
+        self.settings.transport
+    }
+
+    /// The communicator's settings (the step deadline).
+    pub fn comm(&self) -> &Config {
+        &self.settings.comm
+    }
+
+    /// How robust rounds cross-check their results.
+    pub fn agreement(&self) -> Agreement {
+        self.settings.agreement
+    }
+
+    /// Whether the launcher hosts the rendezvous store (so rank 0 does not).
+    pub fn store_hosted(&self) -> bool {
+        self.settings.store_hosted
+    }
+
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The checks that involve more than one value.
+    fn check(&self) -> Result<()> {
+        let l = &self.launch;
+        if l.size == 0 || l.size > MAX_WORLD || l.rank >= l.size {
+            return Err(Error::InvalidUsage(format!(
+                "rank {} of a world of {}: need 0 <= rank < size <= {MAX_WORLD}",
+                l.rank, l.size
+            )));
+        }
+        if l.size > 1 {
+            if l.store.is_none() {
+                return Err(Error::InvalidUsage(format!(
+                    "a world of {} ranks needs a rendezvous store address (BYZCOLL_STORE, or \
+                     MASTER_ADDR and MASTER_PORT)",
+                    l.size
+                )));
+            }
+            if self.auth.is_none() {
+                return Err(BootstrapError::NoSecret.into());
+            }
+        }
+        self.settings.check()
+    }
+}
+
+impl Settings {
+    pub(crate) fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let transport_name = get("BYZCOLL_TRANSPORT").unwrap_or_else(|| DEFAULT_TRANSPORT.into());
+        let transport = registry::find(&transport_name).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "BYZCOLL_TRANSPORT={transport_name:?} is not a transport byzcoll knows; known: {}",
+                registry::names()
+            ))
+        })?;
+        let comm = Config::from_lookup(get)?;
+        let agreement = match get("BYZCOLL_AGREEMENT") {
+            None => Agreement::default(),
+            Some(v) => Agreement::parse(&v).map_err(|why| invalid("BYZCOLL_AGREEMENT", &v, why))?,
+        };
+        let tcp_listen = parse_var(get, "BYZCOLL_TCP_ADDR", "expected an IP address", |v| {
+            v.parse::<IpAddr>().ok()
+        })?;
+        let tcp_spin = parse_var(
+            get,
+            "BYZCOLL_TCP_SPIN_US",
+            "expected microseconds, an integer from 0 to 1000000",
+            |v| {
+                v.parse::<u64>()
+                    .ok()
+                    .filter(|&us| us <= 1_000_000)
+                    .map(Duration::from_micros)
+            },
+        )?;
+        let frame_mac = parse_var(
+            get,
+            "BYZCOLL_FRAME_MAC",
+            "expected 1 (frames carry MACs) or 0",
+            parse_flag,
+        )?;
+        let store_hosted = parse_var(
+            get,
+            "BYZCOLL_STORE_HOSTED",
+            "expected 1 (the launcher hosts the store) or 0 (rank 0 does)",
+            parse_flag,
+        )?
+        .unwrap_or(false);
+        let settings = Settings {
+            transport,
+            comm,
+            agreement,
+            tcp_listen,
+            tcp_spin,
+            frame_mac,
+            store_hosted,
+        };
+        // Name the variables when the combination is what is wrong.
+        settings.check().map_err(|e| match e {
+            Error::Unsupported(why) => {
+                Error::Unsupported(format!("BYZCOLL_TRANSPORT={transport_name}: {why}"))
+            }
+            other => other,
+        })?;
+        Ok(settings)
+    }
+
+    fn check(&self) -> Result<()> {
+        let name = self.transport.name;
+        if self.comm.step_timeout.is_zero() || self.comm.step_timeout > MAX_STEP_TIMEOUT {
+            return Err(Error::InvalidUsage(format!(
+                "step timeout {:?}: between 1 ms and one day",
+                self.comm.step_timeout
+            )));
+        }
+        match (name, self.frame_mac) {
+            (_, None) | ("tcp", _) | ("ucx" | "libfabric", Some(true)) => {}
+            ("ucx" | "libfabric", Some(false)) => {
+                return Err(Error::Unsupported(format!(
+                    "BYZCOLL_FRAME_MAC=0: frames over {name} are always sealed (its tag \
+                     matching cannot tell senders apart otherwise)"
+                )))
+            }
+            (_, Some(_)) => {
+                return Err(Error::Unsupported(format!(
+                    "BYZCOLL_FRAME_MAC: frame MACs are a TCP option, and {name} has none; unset it"
+                )))
+            }
+        }
+        if name != "tcp" && (self.tcp_listen.is_some() || self.tcp_spin.is_some()) {
+            return Err(Error::Unsupported(format!(
+                "BYZCOLL_TCP_ADDR and BYZCOLL_TCP_SPIN_US are TCP options, and the transport is \
+                 {name}; unset them"
+            )));
+        }
+        if !self.transport.available {
+            return Err(Error::Unsupported(self.transport.about.to_string()));
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`JobConfig`] in code; every setter takes the value as is and
+/// [`build`](JobConfigBuilder::build) checks them all.
+#[derive(Debug, Clone)]
+pub struct JobConfigBuilder {
+    rank: Rank,
+    size: usize,
+    local_rank: Option<usize>,
+    store: Option<String>,
+    auth: Option<JobAuth>,
+    transport: String,
+    step_timeout: Duration,
+    agreement: Agreement,
+    tcp_listen: Option<IpAddr>,
+    tcp_spin: Option<Duration>,
+    frame_mac: Option<bool>,
+    store_hosted: bool,
+}
+
+impl JobConfigBuilder {
+    /// `host:port` of the rendezvous store (required for a world larger than one).
+    pub fn store(mut self, address: impl Into<String>) -> Self {
+        self.store = Some(address.into());
+        self
+    }
+
+    /// This rank's index among the ranks of its node (NCCL picks the GPU by it).
+    pub fn local_rank(mut self, local_rank: usize) -> Self {
+        self.local_rank = Some(local_rank);
+        self
+    }
+
+    /// The job's authentication: [`JobAuth::Secret`], or the explicit
+    /// [`JobAuth::Unauthenticated`] (required for a world larger than one).
+    pub fn auth(mut self, auth: JobAuth) -> Self {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// The transport by name (see [`crate::TRANSPORTS`]); default `tcp`.
+    pub fn transport(mut self, name: impl Into<String>) -> Self {
+        self.transport = name.into();
+        self
+    }
+
+    /// How long one step waits for its peers (1 ms to one day); default 30 s.
+    pub fn step_timeout(mut self, timeout: Duration) -> Self {
+        self.step_timeout = timeout;
+        self
+    }
+
+    /// How robust rounds cross-check their results; default [`Agreement::Detect`].
+    pub fn agreement(mut self, agreement: Agreement) -> Self {
+        self.agreement = agreement;
+        self
+    }
+
+    /// The IP address the TCP transport listens on.
+    pub fn tcp_listen(mut self, ip: IpAddr) -> Self {
+        self.tcp_listen = Some(ip);
+        self
+    }
+
+    /// How long a waiting TCP exchange polls before sleeping (at most 1 s).
+    pub fn tcp_spin(mut self, spin: Duration) -> Self {
+        self.tcp_spin = Some(spin);
+        self
+    }
+
+    /// Whether TCP frames carry MACs (UCX and libfabric always seal theirs).
+    pub fn frame_mac(mut self, on: bool) -> Self {
+        self.frame_mac = Some(on);
+        self
+    }
+
+    /// The launcher hosts the rendezvous store, so rank 0 does not.
+    pub fn store_hosted(mut self, hosted: bool) -> Self {
+        self.store_hosted = hosted;
+        self
+    }
+
+    /// Checks every value and their combination.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] for a rank outside the world, a world above the largest
+    /// supported, a step timeout of zero or above one day, a TCP spin above 1 s, or a world
+    /// larger than one without a store; [`Error::Bootstrap`] for such a world without
+    /// [`auth`](JobConfigBuilder::auth); [`Error::Unsupported`] for a transport that is unknown
+    /// or not in this build, or an option the transport does not have.
+    pub fn build(self) -> Result<JobConfig> {
+        let transport = registry::find(&self.transport).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "transport {:?} is not one byzcoll knows; known: {}",
+                self.transport,
+                registry::names()
+            ))
+        })?;
+        if self.tcp_spin.is_some_and(|s| s > Duration::from_secs(1)) {
+            return Err(Error::InvalidUsage(format!(
+                "TCP spin {:?}: at most 1 s",
+                self.tcp_spin
+            )));
+        }
+        let config = JobConfig {
+            launch: LaunchEnv {
+                launcher: Launcher::Code,
+                rank: self.rank,
+                size: self.size,
+                local_rank: self.local_rank,
+                store: self.store,
+            },
+            auth: self.auth,
+            settings: Settings {
+                transport,
+                comm: Config {
+                    step_timeout: self.step_timeout,
+                },
+                agreement: self.agreement,
+                tcp_listen: self.tcp_listen,
+                tcp_spin: self.tcp_spin,
+                frame_mac: self.frame_mac,
+                store_hosted: self.store_hosted,
+            },
+        };
+        config.check()?;
+        Ok(config)
+    }
+}
+
+fn invalid(var: &'static str, value: &str, why: impl Into<String>) -> Error {
+    Error::Bootstrap(BootstrapError::InvalidVar {
+        var,
+        value: value.to_string(),
+        why: why.into(),
+    })
+}
+
+/// The value of `var` through `parse`, `None` when unset, an error naming `var` when `parse`
+/// refuses it.
+fn parse_var<T>(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &'static str,
+    expected: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Option<T>> {
+    match get(var) {
+        None => Ok(None),
+        Some(v) => parse(v.trim())
+            .map(Some)
+            .ok_or_else(|| invalid(var, &v, expected)),
+    }
+}
+
+fn parse_flag(v: &str) -> Option<bool> {
+    match v {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    const WORLD: [(&str, &str); 4] = [
+        ("BYZCOLL_RANK", "1"),
+        ("BYZCOLL_WORLD_SIZE", "4"),
+        ("BYZCOLL_STORE", "127.0.0.1:29500"),
+        ("BYZCOLL_ALLOW_UNAUTHENTICATED", "1"),
+    ];
+
+    fn with(extra: &[(&'static str, &'static str)]) -> Result<JobConfig> {
+        let mut vars = WORLD.to_vec();
+        vars.extend_from_slice(extra);
+        JobConfig::from_lookup(lookup(&vars))
+    }
+
+    /// The variable an error names, for an invalid value.
+    fn named(e: Error) -> &'static str {
+        match e {
+            Error::Bootstrap(BootstrapError::InvalidVar { var, .. }) => var,
+            other => panic!("expected an invalid variable, got {other}"),
+        }
+    }
+
+    #[test]
+    fn defaults_from_a_launcher_environment() {
+        let c = with(&[]).unwrap();
+        assert_eq!((c.launch().rank, c.launch().size), (1, 4));
+        assert_eq!(c.transport().name, "tcp");
+        assert_eq!(c.comm().step_timeout, Duration::from_secs(30));
+        assert_eq!(c.agreement(), Agreement::Detect);
+        assert!(!c.store_hosted());
+        assert!(!c.auth().unwrap().is_authenticated());
+    }
+
+    #[test]
+    fn every_value_is_read() {
+        let c = with(&[
+            ("BYZCOLL_TIMEOUT_MS", "250"),
+            ("BYZCOLL_AGREEMENT", "off"),
+            ("BYZCOLL_TCP_ADDR", "127.0.0.2"),
+            ("BYZCOLL_TCP_SPIN_US", "1000000"),
+            ("BYZCOLL_FRAME_MAC", "1"),
+            ("BYZCOLL_STORE_HOSTED", "1"),
+        ])
+        .unwrap();
+        assert_eq!(c.comm().step_timeout, Duration::from_millis(250));
+        assert_eq!(c.agreement(), Agreement::Off);
+        let s = c.settings();
+        assert_eq!(s.tcp_listen, Some([127, 0, 0, 2].into()));
+        assert_eq!(s.tcp_spin, Some(Duration::from_secs(1)));
+        assert_eq!(s.frame_mac, Some(true));
+        assert!(c.store_hosted());
+    }
+
+    /// Every variable, at values just past what it accepts, is an error naming it.
+    #[test]
+    fn an_invalid_value_names_its_variable() {
+        let cases: [(&str, &[&str]); 7] = [
+            (
+                "BYZCOLL_TIMEOUT_MS",
+                &["0", "-1", "1.5", "", "86400001", "18446744073709551616"],
+            ),
+            ("BYZCOLL_AGREEMENT", &["", "Detect!", "on"]),
+            ("BYZCOLL_TCP_ADDR", &["localhost", "127.0.0.1:80", ""]),
+            (
+                "BYZCOLL_TCP_SPIN_US",
+                &["-1", "1000001", "x", "18446744073709551616"],
+            ),
+            ("BYZCOLL_FRAME_MAC", &["yes", "2", ""]),
+            ("BYZCOLL_STORE_HOSTED", &["true", "2", ""]),
+            ("BYZCOLL_WORLD_SIZE", &["0", "x", "-4"]),
+        ];
+        for (var, values) in cases {
+            for value in values {
+                let e = with(&[(var, value)]).unwrap_err();
+                let shown = e.to_string();
+                assert_eq!(named(e), var, "{var}={value:?}: {shown}");
+            }
+        }
+    }
+
+    #[test]
+    fn transports_are_checked_up_front() {
+        let e = with(&[("BYZCOLL_TRANSPORT", "carrier-pigeon")]).unwrap_err();
+        assert!(
+            matches!(&e, Error::Unsupported(m) if m.contains("BYZCOLL_TRANSPORT=\"carrier-pigeon\"") && m.contains("tcp")),
+            "{e}"
+        );
+        #[cfg(not(feature = "nccl"))]
+        {
+            let e = with(&[("BYZCOLL_TRANSPORT", "nccl")]).unwrap_err();
+            assert!(
+                matches!(&e, Error::Unsupported(m) if m.starts_with("BYZCOLL_TRANSPORT=nccl: not in this build")),
+                "{e}"
+            );
+        }
+        let e = with(&[("BYZCOLL_TRANSPORT", "local")]).unwrap_err();
+        assert!(matches!(&e, Error::Unsupported(_)), "{e}");
+    }
+
+    #[test]
+    fn options_of_another_transport_are_refused() {
+        for (var, value) in [
+            ("BYZCOLL_FRAME_MAC", "1"),
+            ("BYZCOLL_TCP_SPIN_US", "10"),
+            ("BYZCOLL_TCP_ADDR", "127.0.0.1"),
+        ] {
+            let e = JobConfig::builder(0, 1)
+                .transport("nccl")
+                .frame_mac(var == "BYZCOLL_FRAME_MAC")
+                .build();
+            assert!(matches!(e, Err(Error::Unsupported(_))), "{var}={value}");
+        }
+        let e = with(&[
+            ("BYZCOLL_TRANSPORT", "local"),
+            ("BYZCOLL_TCP_SPIN_US", "10"),
+        ])
+        .unwrap_err();
+        assert!(matches!(e, Error::Unsupported(_)), "{e}");
+    }
+
+    #[test]
+    fn a_world_needs_a_store_and_a_secret() {
+        let e = JobConfig::from_lookup(lookup(&[
+            ("BYZCOLL_RANK", "0"),
+            ("BYZCOLL_WORLD_SIZE", "2"),
+            ("BYZCOLL_STORE", "127.0.0.1:1"),
+        ]))
+        .unwrap_err();
+        assert!(
+            matches!(e, Error::Bootstrap(BootstrapError::NoSecret)),
+            "{e}"
+        );
+        let e = JobConfig::builder(0, 2)
+            .auth(JobAuth::Unauthenticated)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidUsage(m) if m.contains("store")),
+            "{e}"
+        );
+        let e = JobConfig::builder(0, 2)
+            .store("127.0.0.1:1")
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Bootstrap(BootstrapError::NoSecret)),
+            "{e}"
+        );
+        // A world of one connects to nobody: no store and no secret are needed.
+        let c = JobConfig::from_lookup(lookup(&[
+            ("BYZCOLL_RANK", "0"),
+            ("BYZCOLL_WORLD_SIZE", "1"),
+        ]))
+        .unwrap();
+        assert_eq!(c.launch().size, 1);
+        assert!(c.auth().is_none());
+    }
+
+    #[test]
+    fn the_builder_checks_what_from_env_checks() {
+        let ok = JobConfig::builder(3, 4)
+            .store("127.0.0.1:29500")
+            .auth(JobAuth::Unauthenticated)
+            .step_timeout(Duration::from_millis(5))
+            .agreement(Agreement::Off)
+            .tcp_listen([127, 0, 0, 1].into())
+            .tcp_spin(Duration::from_micros(50))
+            .frame_mac(true)
+            .build()
+            .unwrap();
+        assert_eq!(ok.launch().rank, 3);
+        assert_eq!(ok.comm().step_timeout, Duration::from_millis(5));
+        for bad in [
+            JobConfig::builder(4, 4),
+            JobConfig::builder(0, 0),
+            JobConfig::builder(0, MAX_WORLD + 1),
+            JobConfig::builder(0, 1).step_timeout(Duration::ZERO),
+            JobConfig::builder(0, 1).step_timeout(MAX_STEP_TIMEOUT + Duration::from_millis(1)),
+            JobConfig::builder(0, 1).tcp_spin(Duration::from_secs(2)),
+        ] {
+            let shown = format!("{bad:?}");
+            assert!(
+                matches!(bad.build(), Err(Error::InvalidUsage(_))),
+                "{shown}"
+            );
+        }
+        assert!(matches!(
+            JobConfig::builder(0, 1).transport("nope").build(),
+            Err(Error::Unsupported(_))
+        ));
+        assert_eq!(
+            named(with(&[("BYZCOLL_AGREEMENT", "x")]).unwrap_err()),
+            "BYZCOLL_AGREEMENT"
+        );
+    }
+}

@@ -1,0 +1,17 @@
+//! The toolkit byzcoll's transports are built from; transport authors depend on it, and
+//! embedders (who depend on `byzcoll`) never see it.
+//!
+//! - [`mailbox`]: receive matching: which delivered message a step's receive takes, with
+//!   deadlines, for transports that deliver into a queue.
+//! - [`progress`]: a progress engine for tag-matching libraries (UCX, libfabric): the turns,
+//!   the thread that runs them when no task does, and the send credit.
+//! - [`wire`]: sealed frames (keyed BLAKE3 per pair of ranks) for transports whose tag matching
+//!   cannot tell senders apart.
+//! - [`pool`]: receive buffers used again, on transparent huge pages from 1 MiB (the runtime's
+//!   own, re-exported: the collectives' outgoing payloads are made there too).
+
+pub mod mailbox;
+pub mod progress;
+pub mod wire;
+
+pub use byzcoll_runtime::pool;
