@@ -36,6 +36,7 @@ pub const MAX_STEP_TIMEOUT: Duration = Duration::from_secs(86_400);
 /// | `BYZCOLL_TCP_ADDR` | IP address TCP listens on | the host name's address |
 /// | `BYZCOLL_TCP_SPIN_US` | how long a waiting TCP exchange polls before sleeping, at most 1 s | the transport's |
 /// | `BYZCOLL_FRAME_MAC` | `1`: TCP frames carry MACs; `0`: not (UCX and libfabric always seal theirs) | `0` |
+/// | `BYZCOLL_UCX_PEER_FAILURE` | `on`/`off`: UCX endpoints report dead peers | on unless `UCX_TLS` is shared memory only |
 /// | `BYZCOLL_STORE_HOSTED` | `1`: the launcher hosts the store, rank 0 does not; `0`: rank 0 does | `0` |
 #[derive(Debug, Clone)]
 pub struct JobConfig {
@@ -54,6 +55,7 @@ pub(crate) struct Settings {
     pub(crate) tcp_listen: Option<IpAddr>,
     pub(crate) tcp_spin: Option<Duration>,
     pub(crate) frame_mac: Option<bool>,
+    pub(crate) ucx_peer_failure: Option<bool>,
     pub(crate) store_hosted: bool,
 }
 
@@ -73,6 +75,7 @@ impl JobConfig {
             tcp_listen: None,
             tcp_spin: None,
             frame_mac: None,
+            ucx_peer_failure: None,
             store_hosted: false,
         }
     }
@@ -139,7 +142,7 @@ impl JobConfig {
         self.settings.store_hosted
     }
 
-    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "tcp", feature = "ucx")), allow(dead_code))]
     pub(crate) fn settings(&self) -> &Settings {
         &self.settings
     }
@@ -203,6 +206,16 @@ impl Settings {
             "expected 1 (frames carry MACs) or 0",
             parse_flag,
         )?;
+        let ucx_peer_failure = parse_var(
+            get,
+            "BYZCOLL_UCX_PEER_FAILURE",
+            "expected on or off (or unset: on unless UCX_TLS names only shared-memory transports)",
+            |v| match v {
+                "on" => Some(true),
+                "off" => Some(false),
+                _ => None,
+            },
+        )?;
         let store_hosted = parse_var(
             get,
             "BYZCOLL_STORE_HOSTED",
@@ -217,6 +230,7 @@ impl Settings {
             tcp_listen,
             tcp_spin,
             frame_mac,
+            ucx_peer_failure,
             store_hosted,
         };
         // Name the variables when the combination is what is wrong.
@@ -257,6 +271,11 @@ impl Settings {
                  {name}; unset them"
             )));
         }
+        if name != "ucx" && self.ucx_peer_failure.is_some() {
+            return Err(Error::Unsupported(format!(
+                "BYZCOLL_UCX_PEER_FAILURE is a UCX option, and the transport is {name}; unset it"
+            )));
+        }
         if !self.transport.available {
             return Err(Error::Unsupported(self.transport.about.to_string()));
         }
@@ -279,6 +298,7 @@ pub struct JobConfigBuilder {
     tcp_listen: Option<IpAddr>,
     tcp_spin: Option<Duration>,
     frame_mac: Option<bool>,
+    ucx_peer_failure: Option<bool>,
     store_hosted: bool,
 }
 
@@ -338,6 +358,13 @@ impl JobConfigBuilder {
         self
     }
 
+    /// Whether UCX endpoints ask UCX to report dead peers (default: on unless `UCX_TLS`
+    /// names only shared-memory transports, which cannot).
+    pub fn ucx_peer_failure(mut self, on: bool) -> Self {
+        self.ucx_peer_failure = Some(on);
+        self
+    }
+
     /// The launcher hosts the rendezvous store, so rank 0 does not.
     pub fn store_hosted(mut self, hosted: bool) -> Self {
         self.store_hosted = hosted;
@@ -384,6 +411,7 @@ impl JobConfigBuilder {
                 tcp_listen: self.tcp_listen,
                 tcp_spin: self.tcp_spin,
                 frame_mac: self.frame_mac,
+                ucx_peer_failure: self.ucx_peer_failure,
                 store_hosted: self.store_hosted,
             },
         };
@@ -495,7 +523,7 @@ mod tests {
     /// Every variable, at values just past what it accepts, is an error naming it.
     #[test]
     fn an_invalid_value_names_its_variable() {
-        let cases: [(&str, &[&str]); 7] = [
+        let cases: [(&str, &[&str]); 8] = [
             (
                 "BYZCOLL_TIMEOUT_MS",
                 &["0", "-1", "1.5", "", "86400001", "18446744073709551616"],
@@ -508,6 +536,7 @@ mod tests {
             ),
             ("BYZCOLL_FRAME_MAC", &["yes", "2", ""]),
             ("BYZCOLL_STORE_HOSTED", &["true", "2", ""]),
+            ("BYZCOLL_UCX_PEER_FAILURE", &["ON", "yes", "1", ""]),
             ("BYZCOLL_WORLD_SIZE", &["0", "x", "-4"]),
         ];
         for (var, values) in cases {

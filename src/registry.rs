@@ -178,8 +178,12 @@ mod ucx {
         store: Option<&'a StoreClient>,
     ) -> Connecting<'a> {
         Box::pin(async move {
+            let options = UcxOptions {
+                peer_failure: config.settings().ucx_peer_failure,
+                ..UcxOptions::default()
+            };
             let Some(store) = store else {
-                let t = UcxTransport::local_world(1, UcxOptions::default())?
+                let t = UcxTransport::local_world(1, options)?
                     .pop()
                     .ok_or_else(|| Error::Unsupported("empty UCX world".into()))?;
                 return Ok(Box::new(t) as Box<dyn Transport>);

@@ -103,7 +103,7 @@ const COMMAND_QUEUE: usize = 1024;
 /// TCP segment sizes byzcoll sets on its own context (`UCX_TCP_TX_SEG_SIZE` and
 /// `UCX_TCP_RX_SEG_SIZE`, 8 and 64 KiB by default) unless the environment sets either.
 ///
-/// With peer failure handling (on by default over TCP, see [`peer_failure_handling`]) UCX
+/// With peer failure handling (on by default over TCP, see [`UcxOptions::peer_failure`]) UCX
 /// gives up TCP's zero-copy put for rendezvous (`ucx_info -e -u twe` shows no `rma_bw` lane)
 /// and moves large messages as active-message fragments of one send segment each: with 8 KiB
 /// segments that is a round of UCX work per 8 KiB. Measured with the p2p bench over loopback
@@ -118,11 +118,11 @@ const TCP_SEGMENTS: &[(&str, &str)] = &[("TX_SEG_SIZE", "64k"), ("RX_SEG_SIZE", 
 /// of these names, checked with `ucx_info -c -a` on UCX 1.13 with InfiniBand built in.)
 /// Without failure handling TCP rendezvous uses the zero-copy put, large messages gain
 /// nothing from larger segments, and 16 KiB messages measured slower.
-pub(crate) fn context_settings() -> &'static [(&'static str, &'static str)] {
+pub(crate) fn context_settings(options: &UcxOptions) -> &'static [(&'static str, &'static str)] {
     let user_set = ["UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
-    if user_set || !peer_failure_handling() {
+    if user_set || !options.peer_failure_handling() {
         &[]
     } else {
         TCP_SEGMENTS
@@ -140,6 +140,12 @@ pub struct UcxOptions {
     pub max_message_bytes: u64,
     /// Most bytes of idle receive buffers kept for reuse (see [`BufferPool`]).
     pub pool_bytes: usize,
+    /// Whether endpoints ask UCX to report peer failures (`BYZCOLL_UCX_PEER_FAILURE`, read by
+    /// `byzcoll::JobConfig`). UCX can only do so over transports that support it (TCP,
+    /// InfiniBand), not over shared memory, and refuses the endpoint otherwise; so `None` (the
+    /// default) means on unless `UCX_TLS` names only shared-memory transports. Without it, a
+    /// dead peer is noticed at the step deadline.
+    pub peer_failure: Option<bool>,
 }
 
 impl Default for UcxOptions {
@@ -147,7 +153,24 @@ impl Default for UcxOptions {
         UcxOptions {
             max_message_bytes: 1 << 40,
             pool_bytes: 256 << 20,
+            peer_failure: None,
         }
+    }
+}
+
+impl UcxOptions {
+    /// Whether endpoints handle peer failures: [`UcxOptions::peer_failure`], or its default.
+    fn peer_failure_handling(&self) -> bool {
+        if let Some(on) = self.peer_failure {
+            return on;
+        }
+        let Ok(tls) = std::env::var("UCX_TLS") else {
+            return true;
+        };
+        let shared_memory = ["sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"];
+        !tls.trim_start_matches('^')
+            .split(',')
+            .all(|t| shared_memory.contains(&t.trim()))
     }
 }
 
@@ -194,41 +217,6 @@ unsafe extern "C" fn on_endpoint_error(
     FAILED.with(|f| f.borrow_mut().push((arg as usize, status)));
 }
 
-/// Whether endpoints ask UCX to report peer failures. UCX can only do so over transports that
-/// support it (TCP, InfiniBand), not over shared memory, and refuses the endpoint otherwise; so
-/// it is off when `UCX_TLS` names only shared-memory transports, and `BYZCOLL_UCX_PEER_FAILURE`
-/// (`on`/`off`) overrides. Without it, a dead peer is noticed at the step deadline.
-/// `BYZCOLL_UCX_PEER_FAILURE` checked ([`UcxTransport::from_store`] refuses an invalid value
-/// before anything else, so that the other readers never see one).
-fn peer_failure_setting() -> Result<Option<bool>, TransportError> {
-    parse_peer_failure(std::env::var("BYZCOLL_UCX_PEER_FAILURE").ok().as_deref())
-}
-
-fn parse_peer_failure(value: Option<&str>) -> Result<Option<bool>, TransportError> {
-    match value {
-        None => Ok(None),
-        Some("on") => Ok(Some(true)),
-        Some("off") => Ok(Some(false)),
-        Some(other) => Err(TransportError::Setup(format!(
-            "BYZCOLL_UCX_PEER_FAILURE={other:?}: expected on or off (or unset: on unless \
-             UCX_TLS names only shared-memory transports)"
-        ))),
-    }
-}
-
-fn peer_failure_handling() -> bool {
-    if let Ok(Some(on)) = peer_failure_setting() {
-        return on;
-    }
-    let Ok(tls) = std::env::var("UCX_TLS") else {
-        return true;
-    };
-    let shared_memory = ["sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"];
-    !tls.trim_start_matches('^')
-        .split(',')
-        .all(|t| shared_memory.contains(&t.trim()))
-}
-
 impl UcxTransport {
     /// Creates a UCP context and worker (honouring `UCX_TLS`, `UCX_NET_DEVICES` and the other
     /// `UCX_` variables), publishes the worker address through `store`, connects endpoints to
@@ -243,14 +231,13 @@ impl UcxTransport {
         size: usize,
         options: UcxOptions,
     ) -> Result<Self, TransportError> {
-        peer_failure_setting()?;
         if size > MAX_RANKS || rank >= size {
             return Err(TransportError::InvalidUsage(format!(
                 "rank {rank} of {size}: the UCX transport addresses at most {MAX_RANKS} ranks"
             )));
         }
         let setup = |e: safe::UcxError| TransportError::Setup(e.to_string());
-        let context = Context::with_settings(context_settings()).map_err(setup)?;
+        let context = Context::with_settings(context_settings(&options)).map_err(setup)?;
         let worker = context.worker().map_err(setup)?;
         let address = worker.address().map_err(setup)?;
         // The frame key is published with the address: the store is authenticated, so the
@@ -288,7 +275,7 @@ impl UcxTransport {
         let setup = |e: safe::UcxError| TransportError::Setup(e.to_string());
         let mut parts = Vec::with_capacity(size);
         for _ in 0..size {
-            let context = Context::with_settings(context_settings()).map_err(setup)?;
+            let context = Context::with_settings(context_settings(&options)).map_err(setup)?;
             let worker = context.worker().map_err(setup)?;
             let address = worker.address().map_err(setup)?;
             parts.push((context, worker, Bytes::from(address)));
@@ -340,7 +327,7 @@ impl UcxTransport {
                 endpoints.push(None);
                 continue;
             }
-            let ep = if peer_failure_handling() {
+            let ep = if options.peer_failure_handling() {
                 worker.connect(address, peer, Some(Some(on_endpoint_error)))
             } else {
                 worker.connect(address, peer, None)
@@ -1044,24 +1031,5 @@ impl Engine {
             std::mem::forget(std::mem::take(&mut self.retiring));
         }
         drop(self.handles);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peer_failure_setting_is_on_off_or_unset_and_nothing_else() {
-        assert_eq!(parse_peer_failure(None).ok(), Some(None));
-        assert_eq!(parse_peer_failure(Some("on")).ok(), Some(Some(true)));
-        assert_eq!(parse_peer_failure(Some("off")).ok(), Some(Some(false)));
-        for bad in ["", "ON", "yes", "1", "on "] {
-            let e = parse_peer_failure(Some(bad)).unwrap_err().to_string();
-            assert!(
-                e.contains("BYZCOLL_UCX_PEER_FAILURE") && e.contains("on or off"),
-                "{e}"
-            );
-        }
     }
 }

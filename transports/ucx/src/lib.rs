@@ -144,7 +144,7 @@ mod tests {
         const LEN: usize = 1000;
 
         fn parts() -> (Context, Worker, Bytes) {
-            let context = Context::with_settings(context_settings()).unwrap();
+            let context = Context::with_settings(context_settings(&UcxOptions::default())).unwrap();
             let worker = context.worker().unwrap();
             let address = Bytes::from(worker.address().unwrap());
             (context, worker, address)
