@@ -58,6 +58,8 @@ cargo clippy --workspace --all-targets --features "$all_features" -- -D warnings
 echo "== cargo doc --no-deps (warnings denied: broken links, missing docs), default and all features"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --features "$all_features"
+echo "== MSRV (scripts/msrv.sh): dependencies' rust-version, and cargo check with that toolchain"
+scripts/msrv.sh "$all_features"
 echo "== cargo check of the fuzz targets (fuzz/, its own workspace)"
 cargo check --manifest-path fuzz/Cargo.toml --bins
 echo "== cargo check with CUDA 12 bindings (the cuda-12 feature)"

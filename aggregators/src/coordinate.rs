@@ -114,7 +114,7 @@ impl Median {
         self.check(inputs.len())?;
         let n = inputs.len();
         let mid = n / 2;
-        let even = n % 2 == 0;
+        let even = n.is_multiple_of(2);
         let non_finite = |coordinate| AggError::NonFiniteResult {
             rule: self.name().to_string(),
             f: self.f,

@@ -41,7 +41,7 @@ pub(crate) fn check_aligned<T>(p: *const T, name: &str) -> Result<(), Failure> {
     if p.is_null() {
         return Err(Failure::invalid(format!("{name} is NULL")));
     }
-    if (p as usize) % align_of::<T>() != 0 {
+    if !(p as usize).is_multiple_of(align_of::<T>()) {
         return Err(Failure::invalid(format!(
             "{name} ({p:p}) is not aligned to {} bytes",
             align_of::<T>()
@@ -90,7 +90,7 @@ pub(crate) fn check(
     if p.is_null() {
         return Err(Failure::invalid(format!("{name} is NULL")));
     }
-    if (p as usize) % dtype.size() != 0 {
+    if !(p as usize).is_multiple_of(dtype.size()) {
         return Err(Failure::invalid(format!(
             "{name} ({p:p}) is not aligned to its {}-byte elements",
             dtype.size()

@@ -293,7 +293,7 @@ unsafe fn publish(
     out: *mut *mut byzcoll_comm_t,
     make: impl FnOnce() -> Result<Box<byzcoll_comm_t>, Failure>,
 ) -> byzcoll_status_t {
-    if out.is_null() || (out as usize) % align_of::<*mut byzcoll_comm_t>() != 0 {
+    if out.is_null() || !(out as usize).is_multiple_of(align_of::<*mut byzcoll_comm_t>()) {
         return guard(|| {
             Err(Failure::invalid(
                 "comm (the output pointer) is NULL or misaligned",

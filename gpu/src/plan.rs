@@ -52,7 +52,7 @@ impl Mode {
 /// median, `f..n-f` for a trimmed mean.
 pub fn ranks(mode: Mode, n: usize, f: usize) -> std::ops::Range<usize> {
     match mode {
-        Mode::Median if n % 2 == 0 => n / 2 - 1..n / 2 + 1,
+        Mode::Median if n.is_multiple_of(2) => n / 2 - 1..n / 2 + 1,
         Mode::Median => n / 2..n / 2 + 1,
         Mode::Trimmed => f..n - f,
     }

@@ -245,7 +245,7 @@ impl Communicator {
     ) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
         let mut seq = self.begin();
-        if send_buf.len() != recv_buf.len() || send_buf.len() % n != 0 {
+        if send_buf.len() != recv_buf.len() || !send_buf.len().is_multiple_of(n) {
             return Err(Error::InvalidUsage(format!(
                 "all_to_all: send ({}) and receive ({}) lengths must be equal multiples of {n}",
                 send_buf.len(),

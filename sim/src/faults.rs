@@ -164,7 +164,11 @@ impl Lie {
             Lie::Nan => vec![f32::NAN; honest.len()],
             Lie::Equivocate => {
                 let magnitude = 1e9 * (dest as f32 + 1.0);
-                let v = if dest % 2 == 0 { magnitude } else { -magnitude };
+                let v = if dest.is_multiple_of(2) {
+                    magnitude
+                } else {
+                    -magnitude
+                };
                 vec![v; honest.len()]
             }
         }

@@ -43,7 +43,7 @@ pub fn predict(
     f: usize,
     rule: Option<&dyn Aggregator>,
 ) -> Result<Vec<Prediction>, SimError> {
-    if bytes == 0 || bytes % 4 != 0 {
+    if bytes == 0 || !bytes.is_multiple_of(4) {
         return Err(SimError::InvalidConfig(format!(
             "{bytes} bytes is not a positive whole number of float32"
         )));
@@ -95,7 +95,7 @@ pub fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = bytes;
     let mut unit = 0;
-    while unit + 1 < UNITS.len() && v >= 1024 && v % 1024 == 0 {
+    while unit + 1 < UNITS.len() && v >= 1024 && v.is_multiple_of(1024) {
         v /= 1024;
         unit += 1;
     }

@@ -857,7 +857,11 @@ where
             )),
             6 => Some(std::sync::Arc::new(
                 |_s: usize, dest: usize, honest: &[u8]| {
-                    let x: f32 = if dest % 2 == 0 { f32::NAN } else { 1e30 };
+                    let x: f32 = if dest.is_multiple_of(2) {
+                        f32::NAN
+                    } else {
+                        1e30
+                    };
                     std::iter::repeat_n(x.to_le_bytes(), honest.len() / 4)
                         .flatten()
                         .collect::<Vec<u8>>()

@@ -517,7 +517,7 @@ async fn frames_written_at_once_never_cut_into_queued_ones() {
     let mut ranks = world(2).await.into_iter();
     let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
     fn len(step: u32, tag: u32) -> usize {
-        if (step + tag) % 3 == 0 {
+        if (step + tag).is_multiple_of(3) {
             4 << 20
         } else {
             8 + tag as usize
