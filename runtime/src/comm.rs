@@ -1,6 +1,8 @@
 //! The async driver: executes schedules from [`crate::schedule`] over a [`Transport`].
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 
 use bytemuck::Pod;
 use bytes::Bytes;
@@ -9,8 +11,8 @@ use tokio::time::Instant;
 
 use crate::schedule::{self, chunk_range};
 use crate::{
-    Config, Error, Fault, Payload, PeerFault, Rank, RecvOp, RecvOutcome, Result, SendOp, Step,
-    Transport,
+    Config, Error, Fault, MsgKey, Payload, PeerFault, Rank, RecvOp, RecvOutcome, Result, SendOp,
+    Step, Transport,
 };
 
 /// Element-wise reduction of the non-robust [`Communicator::all_reduce`].
@@ -30,18 +32,39 @@ pub enum ReduceOp {
 /// Every rank must call the same collectives in the same order (SPMD); each call is numbered
 /// and messages are matched by that number, so a late message from an earlier call is never
 /// mistaken for a current one.
+///
+/// [`Communicator::split`] makes communicators of subsets of the ranks over the same
+/// transport, each with its own stream of collective numbers ([`crate::MsgKey::stream`]).
+/// The communicators over one transport take turns: a collective holds the transport from its
+/// first step to its last, so one step is in flight at a time. As with MPI, ranks that share
+/// two communicators must call their collectives on them in the same relative order.
 pub struct Communicator {
-    transport: Box<dyn Transport>,
+    transport: Arc<dyn Transport>,
     config: Config,
+    /// This communicator's stream: the top bits of its collective numbers.
+    stream: u64,
+    /// Calls made so far in this communicator's stream.
     next_collective: u64,
+    /// What the communicators over one transport share: the turn lock and the highest stream
+    /// in use.
+    shared: Arc<Shared>,
     pub(crate) owner_tamper: Option<crate::robust::Tamper>,
     unauthenticated: bool,
     agreement: crate::Agreement,
     /// What the steps since the last [`Communicator::take_stats`] moved and took.
     stats: RoundStats,
-    /// Keeps bootstrap resources (such as a rendezvous store hosted by this rank) alive for as
-    /// long as the communicator.
-    _keep_alive: Vec<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+/// What every communicator over one transport shares.
+#[derive(Default)]
+struct Shared {
+    /// Held by a collective from its first step to its last.
+    turn: Arc<tokio::sync::Mutex<()>>,
+    /// The highest stream any communicator over the transport uses.
+    streams: AtomicU64,
+    /// Bootstrap resources (such as a rendezvous store hosted by this rank), kept as long as
+    /// any communicator over the transport lives.
+    keep_alive: StdMutex<Vec<Box<dyn std::any::Any + Send + Sync>>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -49,6 +72,7 @@ impl std::fmt::Debug for Communicator {
         f.debug_struct("Communicator")
             .field("transport", &self.transport)
             .field("config", &self.config)
+            .field("stream", &self.stream)
             .field("next_collective", &self.next_collective)
             .field("owner_tamper", &self.owner_tamper.is_some())
             .finish_non_exhaustive()
@@ -59,14 +83,15 @@ impl Communicator {
     /// A communicator over `transport`.
     pub fn new(transport: Box<dyn Transport>, config: Config) -> Self {
         Communicator {
-            transport,
+            transport: Arc::from(transport),
             config,
+            stream: 0,
             next_collective: 0,
+            shared: Arc::default(),
             owner_tamper: None,
             unauthenticated: false,
             agreement: crate::Agreement::default(),
             stats: RoundStats::default(),
-            _keep_alive: Vec::new(),
         }
     }
 
@@ -96,7 +121,11 @@ impl Communicator {
 
     /// Ties the lifetime of `resource` (a hosted rendezvous store, say) to the communicator.
     pub fn keep_alive(&mut self, resource: impl std::any::Any + Send + Sync) {
-        self._keep_alive.push(Box::new(resource));
+        self.shared
+            .keep_alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(resource));
     }
 
     /// This process's rank.
@@ -126,16 +155,93 @@ impl Communicator {
     }
 
     pub(crate) fn begin(&mut self) -> Sequence<'_> {
-        let collective = self.next_collective;
+        // 2^48 calls per communicator: at a million calls a second, nine years.
+        let collective = MsgKey::stream_start(self.stream).collective | self.next_collective;
         self.next_collective += 1;
         Sequence {
             rank: self.transport.rank(),
             transport: self.transport.as_ref(),
+            turn: Turn::Waiting(self.shared.turn.clone()),
             timeout: self.config.step_timeout,
             collective,
             step: 0,
             stats: &mut self.stats,
         }
+    }
+
+    /// Splits the ranks into communicators by `color`, MPI's `MPI_Comm_split`: every rank
+    /// calls it; the ranks with the same color form one communicator, ordered by `key`, then
+    /// by their rank here; a rank with color `None` joins none and gets `None`. The new
+    /// communicators run over the same transport, with this one's configuration and
+    /// agreement policy, and their own stream of collective numbers.
+    ///
+    /// The colors, keys and streams are gathered from every rank, then the digest of what
+    /// each rank gathered is compared, so a rank that told different ranks different colors
+    /// cannot split the others into communicators that disagree on their members: that is
+    /// [`Error::Disagreement`] on every rank that sees it.
+    ///
+    /// # Errors
+    /// [`Error::PeerFaults`] when a rank's record is missing or malformed (every rank must
+    /// take part); [`Error::Disagreement`] naming the ranks whose gathered table differs from
+    /// this rank's; [`Error::Unsupported`] when the transport's streams are used up (2^16
+    /// communicators).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: the other ranks count this rank missing.
+    pub async fn split(&mut self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
+        let (me, n) = (self.rank(), self.size());
+        let mine = [
+            color.map_or(0, |c| u64::from(c) + 1),
+            u64::from(key),
+            self.shared.streams.load(Ordering::Relaxed),
+        ];
+        let mut table = vec![0u64; 3 * n];
+        self.all_gather_into(&mine, &mut table).await?;
+        let digest: [u8; 32] = blake3::hash(bytemuck::cast_slice(&table)).into();
+        let mut digests = vec![[0u8; 32]; n];
+        self.all_gather_into(&[digest], &mut digests).await?;
+        let (agreeing, disagreeing): (Vec<Rank>, Vec<Rank>) =
+            (0..n).partition(|&r| digests[r] == digest);
+        if !disagreeing.is_empty() {
+            return Err(Error::Disagreement {
+                agreeing,
+                disagreeing,
+                unconfirmed: Vec::new(),
+                differing_inputs: Vec::new(),
+            });
+        }
+        let highest = table.chunks_exact(3).map(|r| r[2]).max().unwrap_or(0);
+        let stream = highest + 1;
+        if stream >= 1 << crate::STREAM_BITS {
+            return Err(Error::Unsupported(format!(
+                "split: the transport's {} communicator streams are used up",
+                1u64 << crate::STREAM_BITS
+            )));
+        }
+        self.shared.streams.fetch_max(stream, Ordering::Relaxed);
+        let Some(color) = color else {
+            return Ok(None);
+        };
+        let mut members: Vec<Rank> = (0..n)
+            .filter(|&r| table[3 * r] == u64::from(color) + 1)
+            .collect();
+        members.sort_by_key(|&r| (table[3 * r + 1], r));
+        let rank = members.iter().position(|&r| r == me).unwrap_or_default();
+        Ok(Some(Communicator {
+            transport: Arc::new(SubTransport {
+                parent: self.transport.clone(),
+                members,
+                rank,
+            }),
+            config: self.config.clone(),
+            stream,
+            next_collective: 0,
+            shared: self.shared.clone(),
+            owner_tamper: None,
+            unauthenticated: self.unauthenticated,
+            agreement: self.agreement,
+            stats: RoundStats::default(),
+        }))
     }
 
     /// What the steps run since the last call moved and took (every collective adds to it;
@@ -328,6 +434,8 @@ pub struct RoundStats {
 pub(crate) struct Sequence<'a> {
     rank: Rank,
     transport: &'a dyn Transport,
+    /// The transport's turn, taken at the first step and held until the call ends.
+    turn: Turn,
     timeout: std::time::Duration,
     pub(crate) collective: u64,
     step: u32,
@@ -351,6 +459,9 @@ impl Sequence<'_> {
         recvs: Vec<RecvOp>,
     ) -> Result<Vec<RecvOutcome>> {
         use tracing::Instrument;
+        if let Turn::Waiting(lock) = &self.turn {
+            self.turn = Turn::Held(lock.clone().lock_owned().await);
+        }
         let sent: u64 = sends.iter().map(|s| s.payload.len() as u64).sum();
         let span = tracing::debug_span!(
             "step",
@@ -423,6 +534,56 @@ impl Sequence<'_> {
                 faults,
             })
         }
+    }
+}
+
+/// A collective's turn on the transport ([`Communicator`]).
+enum Turn {
+    Waiting(Arc<tokio::sync::Mutex<()>>),
+    Held(#[allow(dead_code)] tokio::sync::OwnedMutexGuard<()>),
+}
+
+/// The transport of a communicator made by [`Communicator::split`]: its ranks are `members`
+/// of the parent's, in order.
+#[derive(Debug)]
+struct SubTransport {
+    parent: Arc<dyn Transport>,
+    members: Vec<Rank>,
+    rank: Rank,
+}
+
+impl Transport for SubTransport {
+    fn name(&self) -> &'static str {
+        self.parent.name()
+    }
+
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    fn capabilities(&self) -> crate::Capabilities {
+        self.parent.capabilities()
+    }
+
+    fn exchange(
+        &self,
+        mut step: Step,
+    ) -> futures::future::BoxFuture<'_, std::result::Result<Vec<RecvOutcome>, crate::TransportError>>
+    {
+        if let Err(e) = step.validate(self.rank, self.size(), &self.capabilities()) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        for s in &mut step.sends {
+            s.peer = self.members[s.peer];
+        }
+        for r in &mut step.recvs {
+            r.peer = self.members[r.peer];
+        }
+        self.parent.exchange(step)
     }
 }
 

@@ -28,4 +28,4 @@ pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, Transpo
 pub use robust::OwnerTamper;
 pub use robust::{sum_of_shard_medians, Agreement, AgreementReport, Policy, Replicas, RoundReport};
 pub use transport::{Capabilities, RecvOp, RecvOutcome, SendOp, Step, Transport};
-pub use types::{MemoryKind, MsgKey, Payload, Rank, Tag};
+pub use types::{MemoryKind, MsgKey, Payload, Rank, Tag, STREAM_BITS};

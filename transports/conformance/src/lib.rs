@@ -54,6 +54,8 @@ macro_rules! conformance_suite {
             robust_reduce_scatter_gives_each_rank_its_shard_of_the_all_reduce,
             an_equivocating_sender_is_named_in_a_reduce_scatter,
             a_stalled_rank_that_resumes_is_told_in_a_reduce_scatter,
+            split_communicators_interleave_with_their_parent,
+            a_split_with_an_equivocated_color_is_refused,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -1494,6 +1496,137 @@ where
                 assert_eq!(report.agreement.unwrap().unconfirmed, [2], "rank {me}");
             }
             other => panic!("rank {me}: {other:?}"),
+        }
+    }
+}
+
+/// `split` makes communicators of subsets over the same transport: by color (`rank % 2`, and
+/// no color for the last rank of worlds of three and more), ordered by key (reversed ranks).
+/// Their collectives and the parent's, called in turns, each give their reference result:
+/// every communicator has its own stream of collective numbers, so a call on one never takes
+/// or drops a message of another. A communicator split again from a split one gets yet
+/// another stream.
+pub async fn split_communicators_interleave_with_their_parent<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    for n in WORLD_SIZES {
+        let comms = comms(factory(n).await, Duration::from_secs(20));
+        run_ranks(comms, move |mut parent| async move {
+            let me = parent.rank();
+            let outside = n >= 3 && me == n - 1;
+            let color = (!outside).then_some((me % 2) as u32);
+            let sub = parent.split(color, (n - me) as u32).await.unwrap();
+            let Some(mut sub) = sub else {
+                assert!(outside, "rank {me} of {n} has a color");
+                // Rank n - 1 keeps using the parent in turn with the others.
+                for round in 0..3 {
+                    let mut v = vector(me + round, 64);
+                    parent.all_reduce(&mut v, ReduceOp::Sum).await.unwrap();
+                }
+                return;
+            };
+            let members: Vec<usize> = (0..n)
+                .filter(|&r| !(n >= 3 && r == n - 1) && r % 2 == me % 2)
+                .rev()
+                .collect();
+            assert_eq!(sub.size(), members.len(), "rank {me} of {n}");
+            assert_eq!(
+                members[sub.rank()],
+                me,
+                "rank {me} of {n}: keys order the ranks"
+            );
+            let mut nested = sub.split(Some(0), 0).await.unwrap().expect("one color");
+            assert_eq!((nested.rank(), nested.size()), (sub.rank(), sub.size()));
+            for round in 0..3 {
+                let mut v = vector(me + round, 64);
+                sub.all_reduce(&mut v, ReduceOp::Sum).await.unwrap();
+                let expect: Vec<f32> = (0..64)
+                    .map(|j| members.iter().map(|&r| vector(r + round, 64)[j]).sum())
+                    .collect();
+                assert_eq!(v, expect, "sub, rank {me} of {n}, round {round}");
+
+                let mut w = vector(me + round, 64);
+                parent.all_reduce(&mut w, ReduceOp::Sum).await.unwrap();
+                let expect: Vec<f32> = (0..64)
+                    .map(|j| (0..n).map(|r| vector(r + round, 64)[j]).sum())
+                    .collect();
+                assert_eq!(w, expect, "parent, rank {me} of {n}, round {round}");
+
+                let m = members.len();
+                let mut x = vector(me, 16);
+                let report = nested
+                    .robust_all_reduce(&mut x, &Median::new((m - 1) / 2), Policy::Gather)
+                    .await
+                    .unwrap();
+                let inputs: Vec<Vec<f32>> = members.iter().map(|&r| vector(r, 16)).collect();
+                assert_eq!(
+                    x,
+                    reference(&Median::new((m - 1) / 2), &inputs),
+                    "nested, rank {me}"
+                );
+                assert!(report.faults.is_empty(), "{:?}", report.faults);
+            }
+        })
+        .await;
+    }
+}
+
+/// A rank that tells rank 0 another color than the others (the last of 4, a raw transport)
+/// cannot split the honest ranks into communicators that disagree on their members: the
+/// digests of the gathered tables differ, and every honest rank gets `Error::Disagreement`.
+pub async fn a_split_with_an_equivocated_color_is_refused<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let n = 4;
+    let mut ranks = factory(n).await;
+    let liar = ranks.pop().unwrap();
+    let timeout = Duration::from_millis(800);
+    let honest = comms(ranks, timeout);
+    let byzantine = tokio::spawn(async move {
+        // Split's records are (color + 1, key, stream) as u64s, then a 32-byte digest.
+        let record = |dest: usize| {
+            let color: u64 = if dest == 0 { 1 } else { 2 };
+            let words = [color, 0u64, 0u64];
+            Payload::Host(bytemuck::cast_slice::<u64, u8>(&words).to_vec().into())
+        };
+        for (collective, payload) in [(0u64, None), (1, Some(vec![0u8; 32]))] {
+            let sends = (0..n - 1)
+                .map(|dest| SendOp {
+                    peer: dest,
+                    tag: 0,
+                    payload: payload
+                        .clone()
+                        .map_or_else(|| record(dest), |p| Payload::Host(p.into())),
+                })
+                .collect();
+            let step = Step {
+                collective,
+                step: 0,
+                sends,
+                recvs: vec![],
+                deadline: tokio::time::Instant::now() + timeout,
+            };
+            liar.exchange(step).await.unwrap();
+        }
+        tokio::time::sleep(timeout * 4).await;
+        drop(liar);
+    });
+    let results = run_ranks(honest, move |mut c| async move {
+        c.split(Some(0), 0).await.map(|sub| sub.map(|s| s.size()))
+    })
+    .await;
+    byzantine.await.unwrap();
+    for (me, result) in results.into_iter().enumerate() {
+        match result {
+            Err(Error::Disagreement { disagreeing, .. }) => {
+                let expect: Vec<usize> = if me == 0 { vec![1, 2, 3] } else { vec![0, 3] };
+                assert_eq!(disagreeing, expect, "rank {me}");
+            }
+            other => panic!("rank {me}: a split with an equivocated color gave {other:?}"),
         }
     }
 }

@@ -6,11 +6,13 @@
 //! [`claims`](Mailbox::claim) the receive that a message is for before it allocates anything,
 //! so a message's length is checked against what the receiver expects, never trusted.
 //!
-//! Because steps are posted in increasing [`MsgKey`] order, and all receives of a step from
-//! one peer are posted at once, a message whose key is not posted is either early (above every
-//! key posted so far: the claim waits for it, which back-pressures that one peer) or stale
-//! (below a key already posted, or at or below the retired watermark: it will never be
-//! posted, so the claim says so and the message is dropped).
+//! Because the steps of a stream (a communicator, [`MsgKey::stream`]) are posted in increasing
+//! [`MsgKey`] order, and all receives of a step from one peer are posted at once, a message
+//! whose key is not posted is either early (above every key of its stream posted so far: the
+//! claim waits for it, which back-pressures that one peer) or stale (below a key of its stream
+//! already posted, or at or below its stream's retired watermark: it will never be posted, so
+//! the claim says so and the message is dropped). Streams are independent: a communicator and
+//! the ones split from it may run their collectives concurrently over one transport.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -47,9 +49,10 @@ impl Closed {
 #[derive(Debug, Default)]
 struct Slot {
     posted: BTreeMap<MsgKey, Posted>,
-    /// Highest key ever posted.
-    high: Option<MsgKey>,
-    retired: Option<MsgKey>,
+    /// Highest key ever posted, by stream.
+    high: BTreeMap<u64, MsgKey>,
+    /// Highest key retired, by stream.
+    retired: BTreeMap<u64, MsgKey>,
     closed: Option<Closed>,
 }
 
@@ -62,14 +65,17 @@ impl Slot {
             }
             None => {
                 self.posted.insert(key, Posted { len, tx });
-                self.high = self.high.max(Some(key));
+                let high = self.high.entry(key.stream()).or_insert(key);
+                *high = (*high).max(key);
             }
         }
         rx
     }
 
     fn is_stale(&self, key: MsgKey) -> bool {
-        self.retired.is_some_and(|r| key <= r) || self.high.is_some_and(|h| key <= h)
+        let at_or_below =
+            |marks: &BTreeMap<u64, MsgKey>| marks.get(&key.stream()).is_some_and(|&m| key <= m);
+        at_or_below(&self.retired) || at_or_below(&self.high)
     }
 }
 
@@ -159,16 +165,18 @@ impl Mailbox {
         rx
     }
 
-    /// Withdraws whatever is still posted from `peer` at or below `key` and raises the
-    /// watermark, so that late messages for those keys are [`Claim::Stale`].
+    /// Withdraws whatever is still posted from `peer` at or below `key` in its stream and
+    /// raises that stream's watermark, so that late messages for those keys are
+    /// [`Claim::Stale`].
     pub fn retire(&self, peer: Rank, key: MsgKey) {
         {
             let mut slot = self.slot(peer);
-            let later = slot.posted.split_off(&next_key(key));
-            slot.posted = later;
-            if slot.retired.is_none_or(|r| r < key) {
-                slot.retired = Some(key);
+            let start = MsgKey::stream_start(key.stream());
+            while let Some((&k, _)) = slot.posted.range(start..=key).next() {
+                slot.posted.remove(&k);
             }
+            let retired = slot.retired.entry(key.stream()).or_insert(key);
+            *retired = (*retired).max(key);
         }
         self.changed.notify_waiters();
     }
@@ -341,20 +349,6 @@ where
         futures::future::join_all(sends)
     );
     outcomes
-}
-
-fn next_key(k: MsgKey) -> MsgKey {
-    match k.tag.checked_add(1) {
-        Some(tag) => MsgKey { tag, ..k },
-        None => match k.step.checked_add(1) {
-            Some(step) => MsgKey { step, tag: 0, ..k },
-            None => MsgKey {
-                collective: k.collective.saturating_add(1),
-                step: 0,
-                tag: 0,
-            },
-        },
-    }
 }
 
 #[cfg(test)]
