@@ -41,9 +41,10 @@ pub use byzcoll_aggregators as aggregators;
 #[cfg(feature = "cuda")]
 pub use byzcoll_cuda as cuda;
 pub use byzcoll_runtime::{
-    bootstrap, schedule, Agreement, AgreementReport, BootstrapError, Capabilities, Communicator,
-    Config, Error, Fault, MemoryKind, Payload, PeerFault, Policy, Rank, RecvOp, RecvOutcome,
-    ReduceOp, Replicas, Result, RoundReport, RoundStats, SendOp, Step, Transport, TransportError,
+    bootstrap, schedule, Agreement, AgreementReport, BootstrapError, Capabilities, CommHandle,
+    Communicator, Config, Error, Fault, MemoryKind, Payload, PeerFault, Pending, Policy, Rank,
+    RecvOp, RecvOutcome, ReduceOp, Replicas, Result, RoundReport, RoundStats, SendOp, Step,
+    Transport, TransportError,
 };
 
 /// The transports of this build, re-exported.

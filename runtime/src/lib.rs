@@ -15,6 +15,7 @@ pub mod bootstrap;
 mod comm;
 mod config;
 mod error;
+mod handle;
 pub mod pool;
 mod robust;
 pub mod schedule;
@@ -24,6 +25,7 @@ mod types;
 pub use comm::{Communicator, ReduceOp, RoundStats};
 pub use config::Config;
 pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, TransportError};
+pub use handle::{CommHandle, Pending, QUEUED};
 #[cfg(feature = "fault-injection")]
 pub use robust::OwnerTamper;
 pub use robust::{sum_of_shard_medians, Agreement, AgreementReport, Policy, Replicas, RoundReport};

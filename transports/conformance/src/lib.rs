@@ -56,6 +56,7 @@ macro_rules! conformance_suite {
             a_stalled_rank_that_resumes_is_told_in_a_reduce_scatter,
             split_communicators_interleave_with_their_parent,
             a_split_with_an_equivocated_color_is_refused,
+            nonblocking_collectives_run_in_start_order,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -1628,5 +1629,64 @@ where
             }
             other => panic!("rank {me}: a split with an equivocated color gave {other:?}"),
         }
+    }
+}
+
+/// Collectives started through a `CommHandle` run in the order they were started and give
+/// the results of the blocking calls, however their results are awaited: here in reverse
+/// order, and one not at all (it runs all the same, or the blocking barrier after `finish`
+/// would not meet the other ranks').
+pub async fn nonblocking_collectives_run_in_start_order<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    for n in WORLD_SIZES {
+        let comms = comms(factory(n).await, Duration::from_secs(20));
+        run_ranks(comms, move |c| async move {
+            let me = c.rank();
+            let f = (n - 1) / 2;
+            let handle = c.into_handle();
+            assert_eq!((handle.rank(), handle.size()), (me, n));
+            let rule: std::sync::Arc<dyn Aggregator> = std::sync::Arc::new(Median::new(f));
+            let first = handle
+                .robust_all_reduce(vector(me, 100), rule.clone(), Policy::Gather)
+                .await;
+            let sum = handle.all_reduce(vector(me + 1, 100), ReduceOp::Sum).await;
+            let dropped = handle.all_reduce(vector(me, 10), ReduceOp::Max).await;
+            drop(dropped);
+            let barrier = handle.barrier().await;
+            let sharded = handle
+                .robust_all_reduce(
+                    vector(me + 2, 100),
+                    rule.clone(),
+                    Policy::Sharded(Replicas::Tolerant),
+                )
+                .await;
+            let (v, report) = sharded.await.unwrap().unwrap();
+            let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r + 2, 100)).collect();
+            assert_eq!(
+                v,
+                reference(rule.as_ref(), &inputs),
+                "sharded, rank {me} of {n}"
+            );
+            assert!(report.faults.is_empty());
+            barrier.await.unwrap().unwrap();
+            let s = sum.await.unwrap().unwrap();
+            let expect: Vec<f32> = (0..100)
+                .map(|j| (0..n).map(|r| vector(r + 1, 100)[j]).sum())
+                .collect();
+            assert_eq!(s, expect, "sum, rank {me} of {n}");
+            let (v, _) = first.await.unwrap().unwrap();
+            let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, 100)).collect();
+            assert_eq!(
+                v,
+                reference(rule.as_ref(), &inputs),
+                "gather, rank {me} of {n}"
+            );
+            let mut c = handle.finish().await.unwrap();
+            c.barrier().await.unwrap();
+        })
+        .await;
     }
 }
