@@ -154,11 +154,12 @@ impl Communicator {
         self.config = config;
     }
 
-    pub(crate) fn begin(&mut self) -> Sequence<'_> {
+    pub(crate) fn begin(&mut self, op: &'static str) -> Sequence<'_> {
         // 2^48 calls per communicator: at a million calls a second, nine years.
         let collective = MsgKey::stream_start(self.stream).collective | self.next_collective;
         self.next_collective += 1;
         Sequence {
+            op,
             rank: self.transport.rank(),
             transport: self.transport.as_ref(),
             turn: Turn::Waiting(self.shared.turn.clone()),
@@ -259,7 +260,7 @@ impl Communicator {
     /// Not cancel safe: a dropped call leaves the other ranks waiting until their timeout.
     pub async fn barrier(&mut self) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
-        let mut seq = self.begin();
+        let mut seq = self.begin("barrier");
         let empty = Payload::Host(Bytes::new());
         let sends = schedule::direct_peers(me, n).map(|p| send(p, empty.clone()));
         let recvs = schedule::direct_peers(me, n).map(|p| recv(p, 0));
@@ -279,7 +280,7 @@ impl Communicator {
     /// Not cancel safe: other ranks wait for this one until their timeout.
     pub async fn broadcast_into<T: Pod>(&mut self, root: Rank, buf: &mut [T]) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
-        let mut seq = self.begin();
+        let mut seq = self.begin("broadcast");
         if root >= n {
             return Err(Error::InvalidUsage(format!(
                 "broadcast root {root} in a world of {n}"
@@ -314,7 +315,7 @@ impl Communicator {
         recv_buf: &mut [T],
     ) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
-        let mut seq = self.begin();
+        let mut seq = self.begin("all_gather");
         let block = send_buf.len();
         if recv_buf.len() != block * n {
             return Err(Error::InvalidUsage(format!(
@@ -350,7 +351,7 @@ impl Communicator {
         recv_buf: &mut [T],
     ) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
-        let mut seq = self.begin();
+        let mut seq = self.begin("all_to_all");
         if send_buf.len() != recv_buf.len() || !send_buf.len().is_multiple_of(n) {
             return Err(Error::InvalidUsage(format!(
                 "all_to_all: send ({}) and receive ({}) lengths must be equal multiples of {n}",
@@ -385,7 +386,7 @@ impl Communicator {
     /// Not cancel safe: `buf` holds partial sums when the call is dropped.
     pub async fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
-        let mut seq = self.begin();
+        let mut seq = self.begin("all_reduce");
         let d = buf.len();
         let chunk = |c: usize| chunk_range(d, n, c);
         for s in 0..n - 1 {
@@ -432,6 +433,8 @@ pub struct RoundStats {
 
 /// The steps of one collective call.
 pub(crate) struct Sequence<'a> {
+    /// The collective's name, for the step spans.
+    op: &'static str,
     rank: Rank,
     transport: &'a dyn Transport,
     /// The transport's turn, taken at the first step and held until the call ends.
@@ -465,12 +468,19 @@ impl Sequence<'_> {
         let sent: u64 = sends.iter().map(|s| s.payload.len() as u64).sum();
         let span = tracing::debug_span!(
             "step",
+            op = self.op,
             rank = self.rank,
             collective = self.collective,
             step = self.step,
             sends = sends.len(),
             recvs = recvs.len(),
         );
+        // The peers of the receives, for a debug event per peer (only when it is on).
+        let peers: Vec<Rank> = if tracing::enabled!(tracing::Level::DEBUG) {
+            recvs.iter().map(|r| r.peer).collect()
+        } else {
+            Vec::new()
+        };
         let started = Instant::now();
         let step = Step {
             collective: self.collective,
@@ -494,6 +504,15 @@ impl Sequence<'_> {
             .sum();
         let took = started.elapsed();
         span.in_scope(|| {
+            for (&peer, outcome) in peers.iter().zip(&outcomes) {
+                match outcome {
+                    RecvOutcome::Received(p) => {
+                        tracing::debug!(peer, bytes = p.len(), "received")
+                    }
+                    RecvOutcome::Missing => tracing::debug!(peer, "missing"),
+                    RecvOutcome::Malformed(why) => tracing::debug!(peer, why, "malformed"),
+                }
+            }
             tracing::debug!(
                 bytes_sent = sent,
                 bytes_received = received,

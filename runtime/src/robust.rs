@@ -320,7 +320,7 @@ impl Communicator {
         let payload = Payload::Host(mine.encode());
         let sends = schedule::direct_peers(me, n).map(|p| send(p, payload.clone()));
         let recvs = awaited.iter().map(|&p| recv(p, Check::len(n, r)));
-        let mut seq = self.begin();
+        let mut seq = self.begin("cross_check");
         // An honest rank can reach this step up to a timeout per step of the round later than
         // this one (a silent Byzantine owner makes only the ranks that wait for it wait), so
         // the cross-check waits that long before counting it unconfirmed.
@@ -478,7 +478,7 @@ impl Communicator {
     ) -> Result<RoundReport> {
         let (me, n) = (self.rank(), self.size());
         let detect = self.agreement() != Agreement::Off;
-        let mut seq = self.begin();
+        let mut seq = self.begin("robust_gather");
         rule.check(n)?;
         let payload = Payload::Host(to_bytes(buf));
         let sends = schedule::direct_peers(me, n).map(|p| send(p, payload.clone()));
@@ -551,7 +551,7 @@ impl Communicator {
         let detect = self.agreement() != Agreement::Off;
         let f = rule.byzantine();
         let tamper = self.owner_tamper.clone();
-        let mut seq = self.begin();
+        let mut seq = self.begin("robust_sharded");
         rule.check(n)?;
         let statistics = match rule.structure() {
             Structure::CoordinateWise => Statistics::None,
