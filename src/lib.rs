@@ -145,57 +145,6 @@ async fn rendezvous(
     )))
 }
 
-/// An NCCL transport joined from the launcher's environment, for the device-vector robust
-/// all-reduce (`byzcoll::cuda::robust_all_reduce_nccl`), which needs the transport itself
-/// rather than a [`Communicator`].
-#[cfg(feature = "nccl")]
-#[derive(Debug)]
-pub struct NcclWorld {
-    /// This rank's transport (one GPU per rank, picked by the local rank).
-    pub transport: byzcoll_transport_nccl::NcclTransport,
-    /// Rank 0's rendezvous store, kept while the world lives.
-    _store: Option<StoreServer>,
-    /// The job runs with `BYZCOLL_ALLOW_UNAUTHENTICATED=1`.
-    pub unauthenticated: bool,
-}
-
-/// Joins the NCCL world the launcher describes (as [`init`] does with `BYZCOLL_TRANSPORT=nccl`,
-/// but returning the transport itself): rank, world size and local rank from the environment,
-/// the unique id shared through the store at `BYZCOLL_STORE` or `MASTER_ADDR:MASTER_PORT`, one
-/// GPU per rank. A world of one needs no store.
-///
-/// # Errors
-/// As [`JobConfig::from_env`] (with `BYZCOLL_TRANSPORT` read as `nccl` when unset);
-/// [`Error::Bootstrap`] for an unreachable store; [`Error::Transport`] when NCCL, the driver or
-/// a GPU is missing on any rank (every rank fails, naming which), or the communicator is not
-/// complete in time.
-#[cfg(feature = "nccl")]
-pub async fn init_nccl() -> Result<NcclWorld> {
-    let config = JobConfig::from_lookup(|k| {
-        match std::env::var(k) {
-            Err(_) if k == "BYZCOLL_TRANSPORT" => Ok("nccl".to_string()),
-            v => v,
-        }
-        .ok()
-    })?;
-    if config.transport().name != "nccl" {
-        return Err(Error::Unsupported(format!(
-            "BYZCOLL_TRANSPORT={}: init_nccl joins an NCCL world; unset it or set it to nccl",
-            config.transport().name
-        )));
-    }
-    let rendezvous = rendezvous(&config, registry::setup_timeout(&config)).await?;
-    let store = rendezvous.as_ref().map(|(client, _)| client);
-    let transport = registry::nccl::transport(&config, store).await?;
-    Ok(NcclWorld {
-        transport,
-        unauthenticated: rendezvous
-            .as_ref()
-            .is_some_and(|(client, _)| !client.auth().is_authenticated()),
-        _store: rendezvous.and_then(|(_, server)| server),
-    })
-}
-
 /// The README's code blocks, compiled as doc tests so the embedding example cannot rot.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

@@ -232,7 +232,7 @@ mod libfabric {
 }
 
 #[cfg(feature = "nccl")]
-pub(crate) mod nccl {
+mod nccl {
     use byzcoll_runtime::bootstrap::StoreClient;
     use byzcoll_transport_nccl::{NcclOptions, NcclTransport};
 
@@ -241,10 +241,7 @@ pub(crate) mod nccl {
     use crate::{Result, Transport};
 
     /// This rank's NCCL transport: one GPU per rank, picked by the local rank.
-    pub(crate) async fn transport(
-        config: &JobConfig,
-        store: Option<&StoreClient>,
-    ) -> Result<NcclTransport> {
+    async fn transport(config: &JobConfig, store: Option<&StoreClient>) -> Result<NcclTransport> {
         let launch = config.launch();
         let options = NcclOptions {
             local_rank: launch.local_rank,

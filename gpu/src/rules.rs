@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use byzcoll_aggregators::{
     build, AggError, AggReport, Aggregator, DistanceSelection, Inputs, Output, Params, Structure,
 };
-use byzcoll_runtime::{Communicator, Policy, RoundReport};
+#[cfg(feature = "nccl")]
+use byzcoll_runtime::Agreement;
+use byzcoll_runtime::{Communicator, Error, Policy, RoundReport};
 use cudarc::driver::{
     sys::CUdeviceptr, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, LaunchConfig,
     PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
@@ -580,18 +582,83 @@ impl DistanceSelection for CudaRule {
     }
 }
 
-/// `Communicator::robust_all_reduce` for a vector on the device: copied to the host for the
-/// transport (TCP, UCX, libfabric carry host buffers), aggregated with `rule` on the GPU, the
-/// result copied back into `buf`. On error `buf` is unchanged.
+/// The communicator's transport when it is NCCL's own (not a split of it).
+#[cfg(feature = "nccl")]
+fn nccl_transport(comm: &Communicator) -> Option<&byzcoll_transport_nccl::NcclTransport> {
+    comm.transport()
+        .as_any()
+        .and_then(|t| t.downcast_ref::<byzcoll_transport_nccl::NcclTransport>())
+}
+
+/// `Communicator::robust_all_reduce` for a vector on the device, the one entry point for
+/// device vectors whatever the transport: every rank's `buf` becomes `rule` applied to all
+/// ranks' vectors, moved according to `policy`, with the communicator's numbering, deadline
+/// and [`RoundReport`].
+///
+/// - Over NCCL (a communicator whose transport is NCCL's), the vectors travel device to device
+///   and are aggregated where NCCL left them, with no host copy (`robust_all_reduce_nccl`, in
+///   gather and sharded modes, for every [`GpuElement`]). NCCL's rounds have no cross-check,
+///   so the communicator's agreement must be [`Agreement::Off`](byzcoll_runtime::Agreement::Off), set explicitly: under
+///   `Detect` the call refuses rather than skip the check silently. A peer that does not take
+///   part aborts the NCCL communicator at the deadline, so the report names no faults.
+/// - Over a host transport (TCP, UCX, libfabric), an `f32` vector is copied to the host for the
+///   transport, aggregated with `rule` on the GPU, and the result copied back; other element
+///   types are refused (they travel over NCCL).
+///
+/// On error `buf` is unchanged.
 ///
 /// # Errors
-/// As `robust_all_reduce`; CUDA copy failures as [`AggError::Backend`].
-pub async fn robust_all_reduce_device(
+/// As `robust_all_reduce`; CUDA copy failures as [`AggError::Backend`];
+/// [`Error::Unsupported`] for `Agreement::Detect` over NCCL, a communicator split from an NCCL
+/// one, or a non-`f32` vector over a host transport.
+pub async fn robust_all_reduce_device<E: GpuElement>(
     comm: &mut Communicator,
-    buf: &mut CudaSlice<f32>,
+    buf: &mut CudaSlice<E>,
     rule: &CudaRule,
     policy: Policy,
 ) -> byzcoll_runtime::Result<RoundReport> {
+    #[cfg(feature = "nccl")]
+    if nccl_transport(comm).is_some() {
+        if comm.agreement() != Agreement::Off {
+            return Err(Error::Unsupported(format!(
+                "Agreement::{:?} for device vectors over NCCL: its rounds have no cross-check \
+                 yet; set Agreement::Off explicitly (BYZCOLL_AGREEMENT=off)",
+                comm.agreement()
+            )));
+        }
+        let (n, timeout) = (comm.size(), comm.config().step_timeout);
+        let replicas = match policy {
+            Policy::Sharded(r) => Some(r.count(rule.byzantine(), n)?),
+            _ => None,
+        };
+        // Numbered in the communicator's sequence like any other call.
+        let collective = comm.reserve_collective();
+        let nccl = nccl_transport(comm)
+            .ok_or_else(|| Error::Unsupported("the NCCL transport went away".into()))?;
+        let report =
+            crate::nccl::robust_all_reduce_nccl(nccl, collective, buf, rule, policy, timeout)
+                .await?;
+        return Ok(RoundReport {
+            inputs: n,
+            selected: report.selected,
+            replicas,
+            unauthenticated: !comm.is_authenticated(),
+            ..RoundReport::default()
+        });
+    }
+    if comm.transport().name() == "nccl" {
+        return Err(Error::Unsupported(
+            "device vectors over a communicator split from an NCCL one".into(),
+        ));
+    }
+    let Some(buf) = (buf as &mut dyn std::any::Any).downcast_mut::<CudaSlice<f32>>() else {
+        return Err(Error::Unsupported(format!(
+            "{:?} device vectors over {}: host transports stage f32 vectors only; others \
+             travel over NCCL",
+            E::KIND,
+            comm.transport().name()
+        )));
+    };
     let stream = rule.gpu().stream().clone();
     let mut host = stream.clone_dtoh(&*buf).map_err(|e| rule.backend(e))?;
     let report = comm.robust_all_reduce(&mut host, rule, policy).await?;

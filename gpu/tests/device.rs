@@ -267,3 +267,59 @@ async fn nccl_device_all_reduce_at_world_size_one() {
         assert_eq!(stream.clone_dtoh(&buf).expect("download"), xb, "{policy:?}");
     }
 }
+
+/// The one device-vector entry point: on a communicator over NCCL (world size 1) it takes
+/// the device path for f32 and bf16, numbered in the communicator's sequence (a host
+/// collective before and after still meets itself), refuses `Agreement::Detect` rather than
+/// skip the cross-check; over a host transport it refuses bf16, which only NCCL carries.
+#[cfg(feature = "nccl")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_device_entry_point_over_nccl_and_host_transports() {
+    use byzcoll_runtime::{Agreement, Error};
+    use byzcoll_transport_nccl::{NcclOptions, NcclTransport};
+    use std::io::Write as _;
+    let Some(gpu) = gpu() else { return };
+    let nccl = match NcclTransport::single(NcclOptions::default()).await {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "SKIPPED: NCCL unavailable ({e})");
+            return;
+        }
+    };
+    let mut comm = Communicator::new(Box::new(nccl), Config::default());
+    let mut rng = StdRng::seed_from_u64(26);
+    let x = inputs(&mut rng, 1, 4099).remove(0);
+    let xb: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
+    let stream = gpu.stream().clone();
+    let rule = median(&gpu, 0);
+    let mut buf = stream.clone_htod(&x).expect("upload");
+    let refused = robust_all_reduce_device(&mut comm, &mut buf, &rule, Policy::Gather).await;
+    assert!(
+        matches!(&refused, Err(Error::Unsupported(m)) if m.contains("Agreement")),
+        "{refused:?}"
+    );
+    comm.set_agreement(Agreement::Off);
+    for policy in [Policy::Gather, Policy::Sharded(Replicas::Tolerant)] {
+        comm.barrier().await.expect("host collective before");
+        let mut buf = stream.clone_htod(&x).expect("upload");
+        let report = robust_all_reduce_device(&mut comm, &mut buf, &rule, policy)
+            .await
+            .expect("f32 over NCCL");
+        assert_eq!(report.inputs, 1);
+        assert_eq!(stream.clone_dtoh(&buf).expect("download"), x, "{policy:?}");
+        let mut buf = stream.clone_htod(&xb).expect("upload");
+        robust_all_reduce_device(&mut comm, &mut buf, &rule, policy)
+            .await
+            .expect("bf16 over NCCL");
+        assert_eq!(stream.clone_dtoh(&buf).expect("download"), xb, "{policy:?}");
+        comm.barrier().await.expect("host collective after");
+    }
+
+    let mut host = Communicator::new(
+        Box::new(LocalTransport::world(1).remove(0)),
+        Config::default(),
+    );
+    let mut buf = stream.clone_htod(&xb).expect("upload");
+    let refused = robust_all_reduce_device(&mut host, &mut buf, &rule, Policy::Gather).await;
+    assert!(matches!(refused, Err(Error::Unsupported(_))), "{refused:?}");
+}

@@ -170,6 +170,14 @@ impl Communicator {
         }
     }
 
+    /// Takes the next collective number for a collective run outside the runtime's schedules
+    /// (the device-vector path over NCCL), so that its messages are numbered in this
+    /// communicator's sequence like every other call's. Every rank must call it at the same
+    /// point of its sequence.
+    pub fn reserve_collective(&mut self) -> u64 {
+        self.begin("external").collective
+    }
+
     /// Splits the ranks into communicators by `color`, MPI's `MPI_Comm_split`: every rank
     /// calls it; the ranks with the same color form one communicator, ordered by `key`, then
     /// by their rank here; a rank with color `None` joins none and gets `None`. The new

@@ -33,7 +33,15 @@ pub const QUEUED: usize = 256;
 /// A collective queued on the communicator's task.
 type Job = Box<dyn for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, ()> + Send>;
 
-/// A communicator running on a task of its own; see the [module docs](self).
+/// A communicator running on a task of its own ([`Communicator::into_handle`]): each call
+/// queues a collective and returns a [`Pending`] future of its result. The collectives run
+/// one after another in the order they were started, which every rank must agree on.
+///
+/// # Cancel safety
+/// Dropping a [`Pending`] does not cancel its collective: the other ranks expect this one, so
+/// it runs in its turn and its result is dropped. Dropping the handle lets the task finish
+/// every collective already started, then drops the communicator;
+/// [`CommHandle::finish`] waits for that and gives the communicator back.
 #[derive(Debug)]
 pub struct CommHandle {
     jobs: mpsc::Sender<Job>,

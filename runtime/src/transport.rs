@@ -175,4 +175,11 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// that arrive later are discarded. Buffers are owned, so nothing is left pointing into
     /// freed memory; sends already queued may still be delivered.
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>>;
+
+    /// The transport itself, for extensions that need more than this trait: the device-vector
+    /// robust all-reduce (`byzcoll::cuda::robust_all_reduce_device`) finds the NCCL transport
+    /// this way. `None` unless the transport offers it.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }

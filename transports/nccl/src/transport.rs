@@ -827,6 +827,10 @@ impl Transport for NcclTransport {
         self.size
     }
 
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             memory: vec![MemoryKind::Host],
