@@ -437,10 +437,7 @@ impl<N: TaggedNet> Core<N> {
         let Some(mut busy) = self.fill_window(net, peer) else {
             return true;
         };
-        loop {
-            let Some(front) = self.rx[peer].headers.front_mut() else {
-                break;
-            };
+        while let Some(front) = self.rx[peer].headers.front_mut() {
             if front.posted.is_none() && front.arrived.is_none() {
                 // Posted again after a header that was not the peer's.
                 match net.post_header(peer, front.seq) {

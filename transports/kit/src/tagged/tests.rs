@@ -363,7 +363,7 @@ fn sends_are_done_within_the_credit_and_wait_beyond_it() {
     assert!(dones[2].try_recv().is_err(), "beyond the credit: waits");
     // The network is done with the first: the third fits now.
     let first = r.net.sent[0].id;
-    assert!(r.core.finish_sends(|_| false) == false);
+    assert!(!r.core.finish_sends(|_| false));
     r.core.finish_send(first);
     assert_eq!(dones[2].try_recv().ok(), Some(Ok(())));
     assert!(r.core.sending());
