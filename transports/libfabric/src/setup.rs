@@ -4,11 +4,13 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
-use byzcoll_runtime::bootstrap::{FrameSecret, StoreClient};
+use byzcoll_runtime::bootstrap::StoreClient;
 use byzcoll_runtime::{Rank, TransportError};
 use byzcoll_transport_kit::progress::Signal;
-use byzcoll_transport_kit::tagged::{Core, CoreConfig, Shell, TagLayout};
-use byzcoll_transport_kit::wire::{self as wire, FrameKeys};
+use byzcoll_transport_kit::tagged::{
+    check_world, gather_addresses, Core, CoreConfig, Shell, TagLayout,
+};
+use byzcoll_transport_kit::wire::FrameKeys;
 
 use crate::engine::{Engine, EngineConfig};
 use crate::safe::{self, Domain, Endpoint, Fabric, FabricError, Info, Notifier};
@@ -214,39 +216,19 @@ impl LibfabricTransport {
         size: usize,
         options: LibfabricOptions,
     ) -> Result<Self, TransportError> {
-        if size > MAX_RANKS || rank >= size {
-            return Err(TransportError::InvalidUsage(format!(
-                "rank {rank} of {size}: the libfabric transport addresses at most {MAX_RANKS} ranks"
-            )));
-        }
+        check_world("libfabric", rank, size)?;
         let info = choose()?;
         let endpoint = open(&info, size)?;
-        // The frame key is published with the name: the store is authenticated, so the table
-        // is the job's (see Authentication above).
-        let secret = FrameSecret::generate().map_err(|e| TransportError::Setup(e.to_string()))?;
-        let published = store
-            .all_gather(
-                "byzcoll/libfabric",
-                &wire::publish(&secret, endpoint.name()),
-            )
-            .await
-            .map_err(|e| TransportError::Setup(e.to_string()))?;
-        let mut publics = Vec::with_capacity(published.len());
-        let mut names = Vec::with_capacity(published.len());
-        for (peer, value) in published.iter().enumerate() {
-            let (key, name) = wire::published(value)
-                .map_err(|e| TransportError::Setup(format!("rank {peer}: {e}")))?;
-            publics.push(key);
-            names.push(value.slice_ref(name));
-        }
-        if publics.len() != size {
-            return Err(TransportError::Setup(format!(
-                "{} libfabric addresses for a world of {size}",
-                publics.len()
-            )));
-        }
-        let keys =
-            FrameKeys::new(store.auth(), rank, &secret, &publics).map_err(TransportError::Setup)?;
+        // The frame key is published with the name (see Authentication above).
+        let (names, keys) = gather_addresses(
+            store,
+            "byzcoll/libfabric",
+            "libfabric addresses",
+            rank,
+            size,
+            endpoint.name(),
+        )
+        .await?;
         Self::start(&info, endpoint, &names, keys, rank, size, options, None)
     }
 

@@ -59,13 +59,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use byzcoll_runtime::bootstrap::{FrameSecret, StoreClient};
+use byzcoll_runtime::bootstrap::StoreClient;
 use byzcoll_runtime::{Rank, TransportError};
 use byzcoll_transport_kit::progress::{Idle, Signal};
 use byzcoll_transport_kit::tagged::{
-    Core, CoreConfig, Frame, HeaderArrival, Kind, PayloadPoll, Shell, Started, TagLayout, TaggedNet,
+    check_world, gather_addresses, Core, CoreConfig, Frame, HeaderArrival, Kind, PayloadPoll,
+    Shell, Started, TagLayout, TaggedNet,
 };
-use byzcoll_transport_kit::wire::{self as wire, FrameKeys, SEALED_LEN};
+use byzcoll_transport_kit::wire::{FrameKeys, SEALED_LEN};
 use byzcoll_ucx_sys as sys;
 
 use crate::safe::{self, Context, Endpoint, Poll, Request, Signaller, Worker};
@@ -194,38 +195,14 @@ impl UcxTransport {
         size: usize,
         options: UcxOptions,
     ) -> Result<Self, TransportError> {
-        if size > MAX_RANKS || rank >= size {
-            return Err(TransportError::InvalidUsage(format!(
-                "rank {rank} of {size}: the UCX transport addresses at most {MAX_RANKS} ranks"
-            )));
-        }
+        check_world("UCX", rank, size)?;
         let setup = |e: safe::UcxError| TransportError::Setup(e.to_string());
         let context = Context::with_settings(context_settings(&options)).map_err(setup)?;
         let worker = context.worker().map_err(setup)?;
         let address = worker.address().map_err(setup)?;
-        // The frame key is published with the address: the store is authenticated, so the
-        // table is the job's (see the module docs).
-        let secret = FrameSecret::generate().map_err(|e| TransportError::Setup(e.to_string()))?;
-        let published = store
-            .all_gather("byzcoll/ucx", &wire::publish(&secret, &address))
-            .await
-            .map_err(|e| TransportError::Setup(e.to_string()))?;
-        if published.len() != size {
-            return Err(TransportError::Setup(format!(
-                "{} UCX addresses for a world of {size}",
-                published.len()
-            )));
-        }
-        let mut publics = Vec::with_capacity(size);
-        let mut addresses = Vec::with_capacity(size);
-        for (peer, value) in published.iter().enumerate() {
-            let (key, address) = wire::published(value)
-                .map_err(|e| TransportError::Setup(format!("rank {peer}: {e}")))?;
-            publics.push(key);
-            addresses.push(value.slice_ref(address));
-        }
-        let keys =
-            FrameKeys::new(store.auth(), rank, &secret, &publics).map_err(TransportError::Setup)?;
+        // The frame key is published with the address (see the module docs).
+        let (addresses, keys) =
+            gather_addresses(store, "byzcoll/ucx", "UCX addresses", rank, size, &address).await?;
         Self::start(context, worker, &addresses, keys, rank, size, options)
     }
 

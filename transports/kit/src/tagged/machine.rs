@@ -668,6 +668,21 @@ impl<N: TaggedNet> Core<N> {
     /// buffers stay until the network is done with them).
     pub fn close_peer(&mut self, net: &mut N, peer: Rank, why: Closed) {
         self.closed[peer] = true;
+        for p in &mut self.rx[peer].payloads {
+            if let Some(d) = p.delivery.take() {
+                d.complete(match &why {
+                    Closed::Gone => RecvOutcome::Missing,
+                    Closed::Violation(w) => RecvOutcome::Malformed(w.clone()),
+                });
+            }
+        }
+        self.cancel_peer(net, peer);
+        self.mailbox.close(peer, why);
+    }
+
+    /// Cancels `peer`'s posted receives; its payload receives stay until the network is done
+    /// with them.
+    fn cancel_peer(&mut self, net: &mut N, peer: Rank) {
         let rx = &mut self.rx[peer];
         rx.early.clear();
         for h in rx.headers.drain(..) {
@@ -676,29 +691,14 @@ impl<N: TaggedNet> Core<N> {
             }
         }
         for p in &mut rx.payloads {
-            if let Some(d) = p.delivery.take() {
-                d.complete(match &why {
-                    Closed::Gone => RecvOutcome::Missing,
-                    Closed::Violation(w) => RecvOutcome::Malformed(w.clone()),
-                });
-            }
             net.cancel_payload(peer, &mut p.recv);
         }
-        self.mailbox.close(peer, why);
     }
 
     /// At shutdown: cancels every posted receive (see [`Core::settle`]).
     pub fn cancel_receives(&mut self, net: &mut N) {
-        for (peer, rx) in self.rx.iter_mut().enumerate() {
-            rx.early.clear();
-            for h in rx.headers.drain(..) {
-                if let Some(posted) = h.posted {
-                    net.cancel_header(peer, posted);
-                }
-            }
-            for p in &mut rx.payloads {
-                net.cancel_payload(peer, &mut p.recv);
-            }
+        for peer in 0..self.rx.len() {
+            self.cancel_peer(net, peer);
         }
     }
 

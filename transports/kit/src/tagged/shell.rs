@@ -1,15 +1,19 @@
-//! [`Shell`]: the [`Transport`](byzcoll_runtime::Transport) side of an engine-driven transport.
+//! [`Shell`]: the [`Transport`](byzcoll_runtime::Transport) side of an engine-driven transport,
+//! and its setup: [`check_world`], [`gather_addresses`].
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use bytes::Bytes;
+use byzcoll_runtime::bootstrap::{FrameSecret, StoreClient};
 use byzcoll_runtime::{Capabilities, MemoryKind, Rank, RecvOutcome, Step, TransportError};
 use tokio::sync::mpsc;
 
-use super::COMMAND_QUEUE;
+use super::{COMMAND_QUEUE, MAX_RANKS};
 use crate::mailbox::Mailbox;
 use crate::progress::{run_step_on_engine, Engine, Progress, SendCommand, Signal};
+use crate::wire::{self, FrameKeys};
 
 /// The future of [`Shell::exchange`] (that of [`byzcoll_runtime::Transport::exchange`]).
 pub type Exchange<'a> =
@@ -124,6 +128,58 @@ impl<E: Engine> Drop for Shell<E> {
     fn drop(&mut self) {
         drop(self.finish());
     }
+}
+
+/// Refuses a rank outside the world or a world larger than the tag layout can address.
+///
+/// # Errors
+/// [`TransportError::InvalidUsage`], naming the transport.
+pub fn check_world(transport: &str, rank: Rank, size: usize) -> Result<(), TransportError> {
+    if size > MAX_RANKS || rank >= size {
+        return Err(TransportError::InvalidUsage(format!(
+            "rank {rank} of {size}: the {transport} transport addresses at most {MAX_RANKS} ranks"
+        )));
+    }
+    Ok(())
+}
+
+/// Publishes this rank's network `address` with a fresh frame key through `store` (under
+/// `label`) and gathers every rank's: their addresses, by rank, and this rank's frame keys.
+/// The store is authenticated, so the table of keys is the job's.
+///
+/// # Errors
+/// [`TransportError::Setup`] when the store fails, a rank publishes an unusable value, or the
+/// store does not hold one per rank (`what` names the addresses in the message).
+pub async fn gather_addresses(
+    store: &StoreClient,
+    label: &str,
+    what: &str,
+    rank: Rank,
+    size: usize,
+    address: &[u8],
+) -> Result<(Vec<Bytes>, FrameKeys), TransportError> {
+    let setup = |e: String| TransportError::Setup(e);
+    let secret = FrameSecret::generate().map_err(|e| setup(e.to_string()))?;
+    let published = store
+        .all_gather(label, &wire::publish(&secret, address))
+        .await
+        .map_err(|e| setup(e.to_string()))?;
+    if published.len() != size {
+        return Err(setup(format!(
+            "{} {what} for a world of {size}",
+            published.len()
+        )));
+    }
+    let mut publics = Vec::with_capacity(size);
+    let mut addresses = Vec::with_capacity(size);
+    for (peer, value) in published.iter().enumerate() {
+        let (key, address) =
+            wire::published(value).map_err(|e| setup(format!("rank {peer}: {e}")))?;
+        publics.push(key);
+        addresses.push(value.slice_ref(address));
+    }
+    let keys = FrameKeys::new(store.auth(), rank, &secret, &publics).map_err(setup)?;
+    Ok((addresses, keys))
 }
 
 /// Implements [`byzcoll_runtime::Transport`] for a type whose field `shell` is a
