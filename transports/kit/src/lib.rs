@@ -5,6 +5,9 @@
 //!   deadlines, for transports that deliver into a queue.
 //! - [`progress`]: a progress engine for tag-matching libraries (UCX, libfabric): the turns,
 //!   the thread that runs them when no task does, and the send credit.
+//! - [`tagged`]: what the tag-matching transports share on top of [`progress`]: the tag
+//!   layout, the header → claim → payload state machine, the sends and their credit, and the
+//!   `Transport` shell ([`shell_transport!`]).
 //! - [`wire`]: sealed frames (keyed BLAKE3 per pair of ranks) for transports whose tag matching
 //!   cannot tell senders apart.
 //! - [`pool`]: receive buffers used again, on transparent huge pages from 1 MiB (the runtime's
@@ -12,6 +15,13 @@
 
 pub mod mailbox;
 pub mod progress;
+pub mod tagged;
 pub mod wire;
 
 pub use byzcoll_runtime::pool;
+
+/// What [`shell_transport!`] expands to refers to.
+#[doc(hidden)]
+pub mod __private {
+    pub use byzcoll_runtime::{Capabilities, Rank, Step, Transport};
+}

@@ -27,17 +27,21 @@ pub const AVAILABLE: bool = cfg!(feature = "libfabric");
 #[cfg(feature = "libfabric")]
 mod engine;
 #[cfg(feature = "libfabric")]
+mod op;
+#[cfg(feature = "libfabric")]
 pub mod safe;
+#[cfg(feature = "libfabric")]
+mod setup;
 
 #[cfg(feature = "libfabric")]
 pub use byzcoll_transport_kit::progress::SEND_CREDIT;
 #[cfg(feature = "libfabric")]
-pub use engine::{
+pub use safe::providers;
+#[cfg(feature = "libfabric")]
+pub use setup::{
     LibfabricOptions, LibfabricTransport, FRAGMENT, HEADER_WINDOW, MAX_PARK, MAX_RANKS,
     PAYLOAD_RETRIES,
 };
-#[cfg(feature = "libfabric")]
-pub use safe::providers;
 
 #[cfg(all(test, feature = "libfabric"))]
 mod tests {
@@ -324,11 +328,12 @@ mod tests {
 
     mod forgery {
         use super::*;
-        use crate::engine::{choose, open, tag, KIND_HEADER, KIND_PAYLOAD};
         use crate::safe::{Endpoint, Post};
+        use crate::setup::{choose, open, TAGS};
         use bytes::Bytes;
         use byzcoll_libfabric_sys as sys;
         use byzcoll_runtime::MsgKey;
+        use byzcoll_transport_kit::tagged::Kind;
         use byzcoll_transport_kit::wire::{FrameHeader, FrameKeys, HEADER_LEN, SEALED_LEN};
         use std::time::Instant;
 
@@ -420,12 +425,12 @@ mod tests {
                 &names[1],
                 &[
                     (
-                        tag(0, KIND_HEADER, 0),
+                        TAGS.tag(0, Kind::Header, 0),
                         header(0).encode()[..HEADER_LEN].to_vec(),
                     ),
-                    (tag(0, KIND_HEADER, 0), vec![7; 4 * SEALED_LEN]),
-                    (tag(0, KIND_HEADER, 0), sealed.to_vec()),
-                    (tag(0, KIND_PAYLOAD, 0), forged.clone()),
+                    (TAGS.tag(0, Kind::Header, 0), vec![7; 4 * SEALED_LEN]),
+                    (TAGS.tag(0, Kind::Header, 0), sealed.to_vec()),
+                    (TAGS.tag(0, Kind::Payload, 0), forged.clone()),
                 ],
             );
             // rank 0's data arrives: the forged headers are dropped, and the forged payload
@@ -435,7 +440,10 @@ mod tests {
             // A recording of rank 0's genuine frame of step 0 (sealing is deterministic),
             // replayed on the tags of its next message: refused.
             let recorded = keys[0].seal(1, 0, &header(0), &raw(LEN, 0));
-            let _replayer = inject(&names[1], &[(tag(0, KIND_HEADER, 1), recorded.to_vec())]);
+            let _replayer = inject(
+                &names[1],
+                &[(TAGS.tag(0, Kind::Header, 1), recorded.to_vec())],
+            );
             assert_eq!(zero_to_one(&ranks, 1).await, format!("ok {LEN}"));
             assert_eq!(zero_to_one(&ranks, 2).await, format!("ok {LEN}"));
         }
@@ -447,7 +455,10 @@ mod tests {
             // Rank 2 knows the job secret and its own X25519 key, not rank 0's: its best
             // forgery of rank 0's frame to rank 1 is sealed with its own pair key.
             let sealed = keys[2].seal(1, 0, &header(0), &forged);
-            let _insider = inject(&names[1], &[(tag(0, KIND_HEADER, 0), sealed.to_vec())]);
+            let _insider = inject(
+                &names[1],
+                &[(TAGS.tag(0, Kind::Header, 0), sealed.to_vec())],
+            );
             assert_eq!(zero_to_one(&ranks, 0).await, format!("ok {LEN}"));
             assert_eq!(zero_to_one(&ranks, 1).await, format!("ok {LEN}"));
         }

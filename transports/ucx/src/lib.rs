@@ -134,10 +134,11 @@ mod tests {
         #![allow(clippy::unwrap_used)]
 
         use super::*;
-        use crate::engine::{context_settings, tag, KIND_HEADER, KIND_PAYLOAD};
+        use crate::engine::{context_settings, TAGS};
         use crate::safe::{Context, Poll, Worker};
         use bytes::Bytes;
         use byzcoll_runtime::{MsgKey, Payload, RecvOp, RecvOutcome, SendOp, Step};
+        use byzcoll_transport_kit::tagged::Kind;
         use byzcoll_transport_kit::wire::{FrameHeader, FrameKeys, HEADER_LEN, SEALED_LEN};
         use std::time::{Duration, Instant};
 
@@ -257,12 +258,12 @@ mod tests {
                 &addresses[1],
                 &[
                     (
-                        tag(0, KIND_HEADER, 0),
+                        TAGS.tag(0, Kind::Header, 0),
                         forged_header().encode()[..HEADER_LEN].to_vec(),
                     ),
-                    (tag(0, KIND_HEADER, 0), vec![7; 4 * SEALED_LEN]),
-                    (tag(0, KIND_HEADER, 0), sealed.to_vec()),
-                    (tag(0, KIND_PAYLOAD, 0), forged.clone()),
+                    (TAGS.tag(0, Kind::Header, 0), vec![7; 4 * SEALED_LEN]),
+                    (TAGS.tag(0, Kind::Header, 0), sealed.to_vec()),
+                    (TAGS.tag(0, Kind::Payload, 0), forged.clone()),
                 ],
             );
             // The genuine frame still arrives (the forged payload that matched its receive
@@ -274,8 +275,8 @@ mod tests {
             inject(
                 &addresses[1],
                 &[
-                    (tag(0, KIND_HEADER, 1), recorded.to_vec()),
-                    (tag(0, KIND_PAYLOAD, 1), genuine(0)),
+                    (TAGS.tag(0, Kind::Header, 1), recorded.to_vec()),
+                    (TAGS.tag(0, Kind::Payload, 1), genuine(0)),
                 ],
             );
             assert_genuine(&zero_to_one(&ranks, 1).await, 1, &genuine(0));
@@ -291,8 +292,8 @@ mod tests {
             inject(
                 &addresses[1],
                 &[
-                    (tag(0, KIND_HEADER, 0), sealed.to_vec()),
-                    (tag(0, KIND_PAYLOAD, 0), forged.clone()),
+                    (TAGS.tag(0, Kind::Header, 0), sealed.to_vec()),
+                    (TAGS.tag(0, Kind::Payload, 0), forged.clone()),
                 ],
             );
             assert_genuine(&zero_to_one(&ranks, 0).await, 0, &forged);
