@@ -90,7 +90,7 @@ pub async fn init_with(config: &JobConfig) -> Result<Communicator> {
     let connect = transport
         .connect
         .ok_or_else(|| Error::Unsupported(format!("{}: {}", transport.name, transport.about)))?;
-    let rendezvous = rendezvous(config, registry::setup_timeout(config)).await?;
+    let rendezvous = rendezvous(config, registry::setup_timeout(config.comm())).await?;
     let store = rendezvous.as_ref().map(|(client, _)| client);
     let t = connect(config, store).await?;
     let mut comm = Communicator::new(t, config.comm().clone());
@@ -116,9 +116,6 @@ async fn rendezvous(
     let (Some(store_addr), Some(auth)) = (launch.store.clone(), config.auth()) else {
         return Ok(None);
     };
-    if launch.size == 1 {
-        return Ok(None);
-    }
     if !auth.is_authenticated() {
         tracing::warn!(
             rank = launch.rank,

@@ -72,10 +72,7 @@ pub fn init_with_allgather(
             settings.transport.name
         )));
     }
-    let options = crate::registry::tcp::options(
-        &settings,
-        config.step_timeout.max(std::time::Duration::from_secs(60)),
-    );
+    let options = crate::registry::tcp::options(&settings, crate::registry::setup_timeout(&config));
     let ip = match listen {
         Some(ip) => ip,
         None => match settings.tcp_listen {

@@ -113,8 +113,8 @@ pub(crate) fn names() -> String {
 
 /// How long joining may take: as long as a step, and at least a minute (ranks start at
 /// different times).
-pub(crate) fn setup_timeout(config: &JobConfig) -> Duration {
-    config.comm().step_timeout.max(Duration::from_secs(60))
+pub(crate) fn setup_timeout(comm: &crate::Config) -> Duration {
+    comm.step_timeout.max(Duration::from_secs(60))
 }
 
 #[cfg(feature = "tcp")]
@@ -143,7 +143,7 @@ pub(crate) mod tcp {
     ) -> Connecting<'a> {
         Box::pin(async move {
             let settings = config.settings();
-            let options = options(settings, setup_timeout(config));
+            let options = options(settings, setup_timeout(config.comm()));
             let ip = settings.tcp_listen;
             let Some(store) = store else {
                 // A world of one: nothing to rendezvous with, and nobody to authenticate.
