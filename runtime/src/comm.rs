@@ -1,6 +1,5 @@
 //! The async driver: executes schedules from [`crate::schedule`] over a [`Transport`].
 
-use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 
@@ -10,6 +9,7 @@ use byzcoll_aggregators::Element;
 use tokio::time::Instant;
 
 use crate::schedule::{self, chunk_range};
+use crate::types::{cast_payload, host_bytes, to_bytes};
 use crate::{
     Config, Error, Fault, MsgKey, Payload, PeerFault, Rank, RecvOp, RecvOutcome, Result, SendOp,
     Step, Transport,
@@ -48,7 +48,7 @@ pub struct Communicator {
     /// What the communicators over one transport share: the turn lock and the highest stream
     /// in use.
     shared: Arc<Shared>,
-    pub(crate) owner_tamper: Option<crate::robust::Tamper>,
+    pub(crate) owner_tamper: Option<crate::round::host::Tamper>,
     unauthenticated: bool,
     agreement: crate::Agreement,
     /// What the steps since the last [`Communicator::take_stats`] moved and took.
@@ -454,14 +454,18 @@ pub(crate) struct Sequence<'a> {
 }
 
 impl Sequence<'_> {
-    /// The number of steps run so far.
-    pub(crate) fn steps(&self) -> u32 {
-        self.step
-    }
-
-    /// Gives every later step `factor` times the configured timeout.
-    pub(crate) fn stretch_timeout(&mut self, factor: u32) {
-        self.timeout = self.timeout.saturating_mul(factor.max(1));
+    /// Runs a step named `op` that may take `timeout` (a robust round's steps: the round
+    /// names them and says how long each may take).
+    pub(crate) async fn run_as(
+        &mut self,
+        op: &'static str,
+        timeout: std::time::Duration,
+        sends: Vec<SendOp>,
+        recvs: Vec<RecvOp>,
+    ) -> Result<Vec<RecvOutcome>> {
+        self.op = op;
+        self.timeout = timeout;
+        self.run(sends, recvs).await
     }
 
     pub(crate) async fn run(
@@ -636,25 +640,6 @@ pub(crate) fn fault(rank: Rank, outcome: RecvOutcome) -> PeerFault {
 
 pub(crate) fn byte_len<T>(buf: &[T]) -> usize {
     std::mem::size_of_val(buf)
-}
-
-pub(crate) fn to_bytes<T: Pod>(buf: &[T]) -> Bytes {
-    crate::pool::payload_from(bytemuck::cast_slice(buf))
-}
-
-pub(crate) fn host_bytes(payload: &Payload) -> &[u8] {
-    match payload {
-        Payload::Host(b) => b,
-    }
-}
-
-/// Views a received payload as elements, copying only if the buffer is misaligned.
-pub(crate) fn cast_payload<T: Pod>(payload: &Payload) -> Cow<'_, [T]> {
-    let bytes = host_bytes(payload);
-    match bytemuck::try_cast_slice(bytes) {
-        Ok(v) => Cow::Borrowed(v),
-        Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
-    }
 }
 
 fn copy_payload<T: Pod>(payload: &Payload, dst: &mut [T]) {

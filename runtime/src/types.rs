@@ -99,3 +99,25 @@ impl From<Bytes> for Payload {
         Payload::Host(b)
     }
 }
+
+/// A host slice's bytes as a payload (in pooled, huge-page-backed memory).
+pub(crate) fn to_bytes<T: bytemuck::Pod>(buf: &[T]) -> bytes::Bytes {
+    crate::pool::payload_from(bytemuck::cast_slice(buf))
+}
+
+/// A host payload's bytes.
+pub(crate) fn host_bytes(payload: &Payload) -> &[u8] {
+    match payload {
+        Payload::Host(b) => b,
+    }
+}
+
+/// Views a received payload as elements, copying only if the buffer is misaligned.
+pub(crate) fn cast_payload<T: bytemuck::Pod>(payload: &Payload) -> std::borrow::Cow<'_, [T]> {
+    let bytes = host_bytes(payload);
+    match bytemuck::try_cast_slice(bytes) {
+        Ok(v) => std::borrow::Cow::Borrowed(v),
+        Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
+    }
+}
+

@@ -1,0 +1,355 @@
+//! The host plane: a round's data in host memory, aggregated by the CPU rules. The
+//! `Communicator`'s driver runs rounds on it; so can anything that holds its vectors as host
+//! slices and its messages as [`Payload`]s.
+
+use std::borrow::Cow;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use byzcoll_aggregators::{
+    aggregate_into, AggError, AggReport, Aggregator, DistanceMixing, DistanceSelection, Element,
+    Median,
+};
+
+use super::{check, Dest, Digest, Msg, Plane, Src};
+use crate::schedule::chunk_range;
+use crate::types::{cast_payload, host_bytes, to_bytes};
+use crate::{Payload, Rank};
+
+/// Rewrites the result a Byzantine shard owner sends for `shard` to `dest` (a test double's
+/// hook: feature `fault-injection`).
+pub type Tamper = Arc<dyn Fn(usize, Rank, &[u8]) -> Bytes + Send + Sync>;
+
+/// Where a host round reads its input and writes its result.
+#[derive(Debug)]
+pub enum Target<'a, T> {
+    /// All-reduce: the vector is the input, and the result comes back into it.
+    All(&'a mut [T]),
+    /// Reduce-scatter: only this rank's own shard comes back, into `output`.
+    OwnShard {
+        /// The whole input.
+        input: &'a [T],
+        /// This rank's shard of the result.
+        output: &'a mut [T],
+    },
+}
+
+/// A round's data on the host (see the module docs).
+pub struct HostPlane<'a, T> {
+    target: Target<'a, T>,
+    me: Rank,
+    n: usize,
+    /// The owned shards' results, by position among the owned shards.
+    results: Vec<Vec<T>>,
+    /// Their wire form, made once however many ranks receive them.
+    result_payloads: Vec<Option<Payload>>,
+    /// The iterative rules' estimates, by owned shard.
+    estimates: Vec<Vec<f64>>,
+    /// The whole input's wire form (gather mode), made once.
+    input_payload: Option<Payload>,
+    /// The pieces' wire forms (sharded mode), by shard, made once.
+    pieces: Vec<Option<Payload>>,
+    tamper: Option<Tamper>,
+}
+
+impl<T> std::fmt::Debug for HostPlane<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostPlane")
+            .field("me", &self.me)
+            .field("n", &self.n)
+            .field("tamper", &self.tamper.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, T: Element> HostPlane<'a, T> {
+    /// Rank `me` of `n`'s data; `tamper` rewrites the results it sends as a shard owner.
+    pub fn new(target: Target<'a, T>, me: Rank, n: usize, tamper: Option<Tamper>) -> Self {
+        HostPlane {
+            target,
+            me,
+            n,
+            results: Vec::new(),
+            result_payloads: Vec::new(),
+            estimates: Vec::new(),
+            input_payload: None,
+            pieces: vec![None; n],
+            tamper,
+        }
+    }
+
+    fn input(&self) -> &[T] {
+        match &self.target {
+            Target::All(buf) => buf,
+            Target::OwnShard { input, .. } => input,
+        }
+    }
+
+    /// The bytes of `msg` for `dest`.
+    pub fn payload(&mut self, msg: &Msg, dest: Rank) -> Payload {
+        match msg {
+            Msg::Input => {
+                if self.input_payload.is_none() {
+                    self.input_payload = Some(Payload::Host(to_bytes(self.input())));
+                }
+                self.input_payload.clone().expect("made above")
+            }
+            Msg::Piece(s) => {
+                if self.pieces[*s].is_none() {
+                    let range = chunk_range(self.input().len(), self.n, *s);
+                    self.pieces[*s] = Some(Payload::Host(to_bytes(&self.input()[range])));
+                }
+                self.pieces[*s].clone().expect("made above")
+            }
+            Msg::Result(s) => {
+                let i = (self.me + self.n - s) % self.n;
+                if self.result_payloads.len() <= i {
+                    self.result_payloads.resize(i + 1, None);
+                }
+                let honest = self.result_payloads[i]
+                    .get_or_insert_with(|| {
+                        Payload::Host(to_bytes(self.results.get(i).map_or(&[][..], |v| v)))
+                    })
+                    .clone();
+                match &self.tamper {
+                    Some(t) => Payload::Host(t(*s, dest, host_bytes(&honest))),
+                    None => honest,
+                }
+            }
+            Msg::Empty => Payload::Host(Bytes::new()),
+            Msg::Bytes(b) => Payload::Host(b.clone()),
+        }
+    }
+
+    /// Drops the wire forms of the input and its pieces (sent; the transport holds what it
+    /// still needs).
+    pub fn release_sent(&mut self) {
+        self.input_payload = None;
+        self.pieces.iter_mut().for_each(|p| *p = None);
+    }
+
+    fn view<'b>(&'b self, src: &Src<'b, Payload>) -> Cow<'b, [T]> {
+        match src {
+            Src::Mine(range) => Cow::Borrowed(&self.input()[range.clone()]),
+            Src::Got(p) => cast_payload::<T>(p),
+            Src::Owned(i) => Cow::Borrowed(&self.results[*i]),
+        }
+    }
+
+    /// A shard's inputs by rank, with the first present one standing in for erased ones
+    /// (which callers mark non-finite or never select, so its values are never used).
+    fn placeholder_views<'b>(&'b self, inputs: &[Option<Src<'b, Payload>>]) -> Vec<Cow<'b, [T]>> {
+        let stand_in = inputs.iter().flatten().next().map(|s| self.view(s));
+        inputs
+            .iter()
+            .map(|x| match x {
+                Some(src) => self.view(src),
+                None => stand_in.clone().unwrap_or(Cow::Borrowed(&[])),
+            })
+            .collect()
+    }
+
+    fn set_result(&mut self, i: usize, out: Vec<T>) {
+        if self.results.len() <= i {
+            self.results.resize_with(i + 1, Vec::new);
+        }
+        self.results[i] = out;
+    }
+}
+
+fn refs<'b, T: Clone>(views: &'b [Cow<'_, [T]>]) -> Vec<&'b [T]> {
+    views.iter().map(|v| v.as_ref()).collect()
+}
+
+impl<T: Element> Plane for HostPlane<'_, T> {
+    type Buf = Payload;
+
+    fn host<'b>(&self, buf: &'b Payload) -> Cow<'b, [u8]> {
+        Cow::Borrowed(host_bytes(buf))
+    }
+
+    fn digest(&mut self, src: Src<'_, Payload>) -> Digest {
+        match src {
+            Src::Got(p) => check::input_digest::<u8>(host_bytes(p)),
+            other => check::input_digest(&self.view(&other)),
+        }
+    }
+
+    fn finite(&mut self, src: Src<'_, Payload>) -> bool {
+        self.view(&src).iter().all(|x| x.is_finite())
+    }
+
+    fn aggregate(
+        &mut self,
+        rule: &dyn Aggregator,
+        inputs: &[Src<'_, Payload>],
+        to: Dest,
+    ) -> Result<AggReport, AggError> {
+        let views: Vec<Cow<'_, [T]>> = inputs.iter().map(|s| self.view(s)).collect();
+        let len = views.first().map_or(0, |v| v.len());
+        let mut out = vec![T::zeroed(); len];
+        let report = aggregate_into(rule, &refs(&views), &mut out)?;
+        drop(views);
+        match to {
+            // Written only on success: on error the caller's vector is unchanged.
+            Dest::Output => match &mut self.target {
+                Target::All(buf) => buf.copy_from_slice(&out),
+                Target::OwnShard { output, .. } => output.copy_from_slice(&out),
+            },
+            Dest::Owned(i) => self.set_result(i, out),
+        }
+        Ok(report)
+    }
+
+    fn combine(
+        &mut self,
+        _s: usize,
+        range: Range<usize>,
+        versions: &[Src<'_, Payload>],
+    ) -> Result<(), AggError> {
+        let HostPlane {
+            target, results, ..
+        } = self;
+        let views: Vec<Cow<'_, [T]>> = versions
+            .iter()
+            .map(|src| match src {
+                Src::Got(p) => cast_payload::<T>(p),
+                Src::Owned(i) => Cow::Borrowed(&results[*i][..]),
+                Src::Mine(_) => unreachable!("versions never come from the input"),
+            })
+            .collect();
+        let out = match target {
+            Target::All(buf) => &mut buf[range],
+            Target::OwnShard { output, .. } => &mut output[..],
+        };
+        let median = Median::new(views.len().saturating_sub(1) / 2);
+        if let [only] = &views[..] {
+            // The median of one version is that version: copied, refused where it is not
+            // finite, as the median would.
+            out.copy_from_slice(only);
+            return match out.iter().position(|v| !v.is_finite()) {
+                Some(coordinate) => Err(AggError::NonFiniteResult {
+                    rule: median.name().to_string(),
+                    f: 0,
+                    coordinate,
+                }),
+                None => Ok(()),
+            };
+        }
+        aggregate_into(&median, &refs(&views), out).map(|_| ())
+    }
+
+    fn distance_table(&mut self, inputs: &[Option<Src<'_, Payload>>]) -> Vec<f64> {
+        let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
+        let views = self.placeholder_views(inputs);
+        byzcoll_aggregators::distance::distance_table_of_present(&refs(&views), &present)
+    }
+
+    fn finish_selected(
+        &mut self,
+        selection: &dyn DistanceSelection,
+        inputs: &[Option<Src<'_, Payload>>],
+        selected: &[usize],
+        i: usize,
+    ) -> Result<(), AggError> {
+        let views = self.placeholder_views(inputs);
+        let len = views.first().map_or(0, |v| v.len());
+        let mut out = vec![T::zeroed(); len];
+        let r = refs(&views);
+        selection.finish(T::inputs(&r), selected, T::output(&mut out))?;
+        drop(views);
+        self.set_result(i, out);
+        Ok(())
+    }
+
+    fn estimate_start(
+        &mut self,
+        i: usize,
+        inputs: &[Option<Src<'_, Payload>>],
+    ) -> Result<(), AggError> {
+        let views: Vec<Cow<'_, [T]>> = inputs.iter().flatten().map(|s| self.view(s)).collect();
+        let len = views.first().map_or(0, |v| v.len());
+        let mut m = vec![T::zeroed(); len];
+        aggregate_into(
+            &Median::new(views.len().saturating_sub(1) / 2),
+            &refs(&views),
+            &mut m,
+        )?;
+        drop(views);
+        if self.estimates.len() <= i {
+            self.estimates.resize_with(i + 1, Vec::new);
+        }
+        self.estimates[i] = m.iter().map(|v| v.to_f64()).collect();
+        Ok(())
+    }
+
+    fn estimate_distances(
+        &mut self,
+        i: usize,
+        inputs: &[Option<Src<'_, Payload>>],
+    ) -> Vec<f64> {
+        let finite: Vec<bool> = inputs
+            .iter()
+            .map(|x| {
+                x.as_ref()
+                    .is_some_and(|s| self.view(s).iter().all(|e| e.is_finite()))
+            })
+            .collect();
+        let views = self.placeholder_views(inputs);
+        byzcoll_aggregators::iteration::sq_distances_to(&refs(&views), &finite, &self.estimates[i])
+    }
+
+    fn estimate_step(
+        &mut self,
+        i: usize,
+        inputs: &[Option<Src<'_, Payload>>],
+        a: f64,
+        w: &[f64],
+    ) -> (f64, f64) {
+        let views = self.placeholder_views(inputs);
+        let z = &self.estimates[i];
+        let mut next = vec![0.0f64; z.len()];
+        byzcoll_aggregators::iteration::step_into(&refs(&views), a, w, z, &mut next);
+        let change: f64 = next.iter().zip(z).map(|(p, q)| (p - q) * (p - q)).sum();
+        let size: f64 = z.iter().map(|q| q * q).sum();
+        drop(views);
+        self.estimates[i] = next;
+        (change, size)
+    }
+
+    fn estimate_finish(&mut self, i: usize) -> Result<(), String> {
+        let out: Vec<T> = self.estimates[i].iter().map(|&v| T::from_f64(v)).collect();
+        if !out.iter().all(|v| v.is_finite()) {
+            return Err("the estimate is not finite".into());
+        }
+        self.set_result(i, out);
+        Ok(())
+    }
+
+    fn mix(
+        &mut self,
+        mixing: &dyn DistanceMixing,
+        inputs: &[Src<'_, Payload>],
+        neighbours: &[Option<Vec<usize>>],
+        i: usize,
+    ) -> Result<(), AggError> {
+        let views: Vec<Cow<'_, [T]>> = inputs.iter().map(|s| self.view(s)).collect();
+        let mixed = byzcoll_aggregators::mix(&refs(&views), neighbours);
+        drop(views);
+        let refs: Vec<&[T]> = mixed.iter().map(Vec::as_slice).collect();
+        let len = refs.first().map_or(0, |v| v.len());
+        let mut out = vec![T::zeroed(); len];
+        aggregate_into(mixing.inner(), &refs, &mut out)?;
+        self.set_result(i, out);
+        Ok(())
+    }
+
+    fn result_digest(&mut self) -> Digest {
+        let out: &[T] = match &self.target {
+            Target::All(buf) => buf,
+            Target::OwnShard { output, .. } => output,
+        };
+        blake3::hash(bytemuck::cast_slice(out)).into()
+    }
+}

@@ -1,0 +1,1213 @@
+//! The robust round as a sans-IO state machine: one implementation of gather, sharded (with
+//! the statistic rounds of global rules), reduce-scatter and the cross-check of
+//! [`Agreement::Detect`], executed by the async host driver (`Communicator`), the simulator
+//! (virtual time) and the device path (CUDA), each with its own data plane.
+//!
+//! A [`Round`] never reads a clock, never awaits and never touches a socket. Its driver loops:
+//!
+//! 1. [`Round::step`] says what the next step sends ([`Send`]: a [`Msg`] named, not made, so
+//!    each driver builds the bytes where its data lives), what it receives
+//!    ([`RecvOp`]: peer, tag, exact length) and how long it may take ([`StepPlan::timeout`],
+//!    counted from when the driver posts it: the round's deadlines, emitted, never read off a
+//!    clock);
+//! 2. the driver runs the step on its transport and hands the outcomes, one per receive, to
+//!    [`Round::handle`] with its [`Plane`] (aggregation, digests and statistics on the data
+//!    wherever it lives);
+//! 3. when [`Round::step`] is `None`, [`Round::finish`] gives the [`RoundReport`] or the
+//!    error.
+//!
+//! Everything a rank decides in a round lives here: which peers are erasures, which inputs an
+//! aggregation takes (in rank order), the preconditions, owners that cannot aggregate sending
+//! an empty result, the median of the owners' versions, the statistic rounds and the
+//! cross-check. Drivers only move bytes and run the plane.
+
+mod check;
+pub mod host;
+
+use std::borrow::Cow;
+use std::ops::Range;
+use std::time::Duration;
+
+use bytes::Bytes;
+use byzcoll_aggregators::{
+    AggError, AggReport, Aggregator, DistanceIteration, DistanceMixing, DistanceSelection, Structure,
+};
+
+use crate::schedule::{self, chunk_range, sharded};
+use crate::{Agreement, Error, Fault, PeerFault, Rank, RecvOp, RoundReport, Tag};
+
+pub use check::Digest;
+use check::{Check, Seen};
+
+/// What a step's message carries, named so that each driver makes the bytes where its data
+/// lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Msg {
+    /// This rank's whole input vector (gather mode).
+    Input,
+    /// Shard `s` of this rank's input ([`chunk_range`]`(d, n, s)`).
+    Piece(usize),
+    /// This rank's result for owned shard `s` (sharded mode, to the ranks that take it).
+    Result(usize),
+    /// An empty message: an owner's result for a shard it could not aggregate (receivers count
+    /// it as an erasure of that owner's version).
+    Empty,
+    /// Bytes the round made itself: statistics, the cross-check.
+    Bytes(Bytes),
+}
+
+/// One send of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Send {
+    /// The receiver.
+    pub peer: Rank,
+    /// The message's tag (the shard, in sharded steps).
+    pub tag: Tag,
+    /// What it carries.
+    pub msg: Msg,
+}
+
+/// One step of a round: its sends, its receives and how long it may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepPlan {
+    /// The step's name, for spans and logs.
+    pub op: &'static str,
+    /// The step's index in the round (every rank numbers steps alike).
+    pub index: u32,
+    /// What this rank sends.
+    pub sends: Vec<Send>,
+    /// What this rank waits for, with exact lengths.
+    pub recvs: Vec<RecvOp>,
+    /// How long after posting the step its receives may still arrive.
+    pub timeout: Duration,
+}
+
+/// One receive's outcome, as a driver hands it back.
+#[derive(Debug)]
+pub enum Arrival<B> {
+    /// The expected bytes arrived (the driver checked the length).
+    Received(B),
+    /// Nothing arrived by the deadline, or the peer is gone.
+    Missing,
+    /// Something unacceptable arrived; the string says what.
+    Malformed(String),
+}
+
+/// Where an input or a version is, as the round names it to the plane.
+#[derive(Debug)]
+pub enum Src<'a, B> {
+    /// This element range of this rank's own input.
+    Mine(Range<usize>),
+    /// A received message.
+    Got(&'a B),
+    /// This rank's own result for its `i`-th owned shard ([`sharded::owned`] order).
+    Owned(usize),
+}
+
+impl<B> Clone for Src<'_, B> {
+    fn clone(&self) -> Self {
+        match self {
+            Src::Mine(r) => Src::Mine(r.clone()),
+            Src::Got(b) => Src::Got(b),
+            Src::Owned(i) => Src::Owned(*i),
+        }
+    }
+}
+
+/// Where an aggregation writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dest {
+    /// The caller's output (gather mode: the whole vector, written only on success).
+    Output,
+    /// The result of the `i`-th owned shard.
+    Owned(usize),
+}
+
+/// The data side of a round: where the vectors live and what runs on them. The host driver's
+/// plane works on host slices ([`host::HostPlane`]), the simulator's on its shared store, the
+/// device path's on GPU memory. Every method is synchronous and deterministic.
+pub trait Plane {
+    /// A received message.
+    type Buf;
+
+    /// A received message's bytes on the host (statistics and cross-checks: small).
+    fn host<'b>(&self, buf: &'b Self::Buf) -> Cow<'b, [u8]>;
+
+    /// The digest of an input as this rank used it (XXH3-128, [`check::input_digest`]).
+    fn digest(&mut self, src: Src<'_, Self::Buf>) -> Digest;
+
+    /// Whether every element of `src` is finite.
+    fn finite(&mut self, src: Src<'_, Self::Buf>) -> bool;
+
+    /// `rule` over `inputs` (rank order) into `to`.
+    ///
+    /// # Errors
+    /// The rule's (input indices are positions in `inputs`).
+    fn aggregate(
+        &mut self,
+        rule: &dyn Aggregator,
+        inputs: &[Src<'_, Self::Buf>],
+        to: Dest,
+    ) -> Result<AggReport, AggError>;
+
+    /// The coordinate-wise median of `versions` (owner order) into shard `s` of the output
+    /// (its elements `range`, or the whole output in a reduce-scatter): one version is copied,
+    /// refused where it is not finite.
+    ///
+    /// # Errors
+    /// [`AggError::NonFiniteResult`] with the coordinate within the shard.
+    fn combine(
+        &mut self,
+        s: usize,
+        range: Range<usize>,
+        versions: &[Src<'_, Self::Buf>],
+    ) -> Result<(), AggError>;
+
+    /// The pairwise squared-distance table (`n × n`, `f64`) of one shard's inputs, rank order;
+    /// erased inputs (`None`) count as infinitely far.
+    fn distance_table(&mut self, inputs: &[Option<Src<'_, Self::Buf>>]) -> Vec<f64>;
+
+    /// A selection rule's owned shard `i`: `selection` finishes over the `selected` inputs.
+    ///
+    /// # Errors
+    /// The rule's; [`AggError::Backend`] where the plane cannot run it.
+    fn finish_selected(
+        &mut self,
+        selection: &dyn DistanceSelection,
+        inputs: &[Option<Src<'_, Self::Buf>>],
+        selected: &[usize],
+        i: usize,
+    ) -> Result<(), AggError>;
+
+    /// Starts the estimate of an iterative rule on owned shard `i`: the median of the present
+    /// inputs.
+    ///
+    /// # Errors
+    /// The median's; [`AggError::Backend`] where the plane cannot run iterative rules.
+    fn estimate_start(
+        &mut self,
+        i: usize,
+        inputs: &[Option<Src<'_, Self::Buf>>],
+    ) -> Result<(), AggError>;
+
+    /// The squared distances (`n`, rank order; erased or non-finite inputs: `+inf`) from each
+    /// input of owned shard `i` to its estimate.
+    fn estimate_distances(&mut self, i: usize, inputs: &[Option<Src<'_, Self::Buf>>])
+        -> Vec<f64>;
+
+    /// One step of the estimate of owned shard `i` with coefficients `a`, `w`; returns the
+    /// squared change and the squared size of the previous estimate.
+    fn estimate_step(
+        &mut self,
+        i: usize,
+        inputs: &[Option<Src<'_, Self::Buf>>],
+        a: f64,
+        w: &[f64],
+    ) -> (f64, f64);
+
+    /// Writes the estimate of owned shard `i` as its result.
+    ///
+    /// # Errors
+    /// Why it cannot (the estimate is not finite).
+    fn estimate_finish(&mut self, i: usize) -> Result<(), String>;
+
+    /// A mixing rule's owned shard `i`: mixes the inputs with `neighbours`, then applies the
+    /// coordinate-wise `inner` rule.
+    ///
+    /// # Errors
+    /// The rule's.
+    fn mix(
+        &mut self,
+        mixing: &dyn DistanceMixing,
+        inputs: &[Src<'_, Self::Buf>],
+        neighbours: &[Option<Vec<usize>>],
+        i: usize,
+    ) -> Result<(), AggError>;
+
+    /// The BLAKE3 digest of the output (all-reduce), what the cross-check compares.
+    fn result_digest(&mut self) -> Digest;
+}
+
+/// What a round computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Gather mode: every rank aggregates every rank's vector.
+    Gather,
+    /// Sharded all-reduce with `r` owners per shard (the [`Replicas`](crate::Replicas), not
+    /// yet checked).
+    Sharded(crate::Replicas),
+    /// Sharded reduce-scatter: each rank takes only its own shard.
+    ReduceScatter(crate::Replicas),
+}
+
+/// What every rank of a round must agree on, plus who this rank is.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// This rank.
+    pub me: Rank,
+    /// The world size.
+    pub n: usize,
+    /// Elements per vector.
+    pub d: usize,
+    /// Bytes per element.
+    pub elem: usize,
+    /// What the round computes.
+    pub shape: Shape,
+    /// The cross-check policy ([`Agreement::Enforce`] is refused by the driver up front).
+    pub agreement: Agreement,
+    /// The step timeout of the communicator.
+    pub timeout: Duration,
+}
+
+/// What a global rule needs exchanged in sharded mode.
+#[derive(Clone, Copy)]
+enum Statistics<'a> {
+    None,
+    Select(&'a dyn DistanceSelection),
+    Iterate(&'a dyn DistanceIteration),
+    Mix(&'a dyn DistanceMixing),
+}
+
+/// Where the round is: the step whose outcomes it waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Gather,
+    Scatter,
+    /// A statistic round; `k` counts iterations of an iterative rule.
+    Statistic { k: usize },
+    Versions,
+    Check,
+    Done,
+}
+
+/// One rank's robust round (see the module docs). `B` is the driver's received-message type.
+pub struct Round<'r, B> {
+    spec: Spec,
+    rule: &'r dyn Aggregator,
+    /// Owners per shard (0 in gather mode).
+    r: usize,
+    statistics: Statistics<'r>,
+    phase: Phase,
+    plan: Option<StepPlan>,
+    steps: u32,
+    report: RoundReport,
+    seen: Seen,
+    /// The round's error, once it has one (the cross-check still runs).
+    failed: Option<Error>,
+    /// Received pieces of owned shards: `arrived[i][p]` for the `i`-th owned shard.
+    arrived: Vec<Vec<Option<B>>>,
+    /// Owned shards whose result is missing (sent empty).
+    no_result: Vec<bool>,
+    /// Selection, once made.
+    selected: Option<Vec<usize>>,
+    /// Received bytes of pieces and versions, for the report's peak.
+    received_bytes: usize,
+    /// This rank's own statistics of the statistic round in flight.
+    own_statistics: Vec<(usize, Bytes)>,
+    /// This rank's cross-check message, once posted.
+    check: Option<Check>,
+    /// Bytes of input the rules read since the last [`Round::take_work`].
+    work: std::cell::Cell<u64>,
+}
+
+impl<B> std::fmt::Debug for Round<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Round")
+            .field("spec", &self.spec)
+            .field("rule", &self.rule.name())
+            .field("phase", &self.phase)
+            .field("steps", &self.steps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'r, B> Round<'r, B> {
+    /// A round of `rule` as `spec` says. Errors the caller could have avoided (a replica
+    /// count outside `1..=n`, a rule sharded mode cannot run, the precondition for the world
+    /// size) become the round's error; under [`Agreement::Detect`] the cross-check step still
+    /// runs, so that every rank takes part in the same steps.
+    pub fn new(spec: Spec, rule: &'r dyn Aggregator) -> Self {
+        let n = spec.n;
+        let f = rule.byzantine();
+        let mut round = Round {
+            spec,
+            rule,
+            r: 0,
+            statistics: Statistics::None,
+            phase: Phase::Done,
+            plan: None,
+            steps: 0,
+            report: RoundReport::default(),
+            seen: Seen::new(n, 0),
+            failed: None,
+            arrived: Vec::new(),
+            no_result: Vec::new(),
+            selected: None,
+            received_bytes: 0,
+            own_statistics: Vec::new(),
+            check: None,
+            work: std::cell::Cell::new(0),
+        };
+        let start = match spec.shape {
+            Shape::Gather => rule.check(n).map_err(Error::Aggregation).map(|()| {
+                round.post_gather();
+            }),
+            Shape::Sharded(replicas) | Shape::ReduceScatter(replicas) => {
+                // The digest layout follows the count even when the rule is refused, so that
+                // every rank's cross-check has the same length.
+                round.r = replicas_checked(replicas, f, n).unwrap_or(0);
+                round.seen = Seen::new(n, round.r);
+                rule.check(n)
+                    .map_err(Error::Aggregation)
+                    .and_then(|()| statistics_of(rule))
+                    .and_then(|s| {
+                        round.statistics = s;
+                        replicas.count(f, n)
+                    })
+                    .map(|r| {
+                        round.r = r;
+                        round.report.replicas = Some(r);
+                        round.report.inputs = n;
+                        round.post_scatter();
+                    })
+            }
+        };
+        if let Err(e) = start {
+            round.fail(e);
+        }
+        round
+    }
+
+    /// The step to run next, `None` when the round is over ([`Round::finish`]).
+    pub fn step(&self) -> Option<&StepPlan> {
+        self.plan.as_ref()
+    }
+
+    /// The number of steps posted so far.
+    pub fn steps(&self) -> u32 {
+        self.steps
+    }
+
+    /// Bytes of input the rules read since the last call (the simulator charges them as
+    /// compute time).
+    pub fn take_work(&mut self) -> u64 {
+        self.work.take()
+    }
+
+    /// Whether the round has failed (the cross-check may still run).
+    pub fn has_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// The outcomes of [`Round::step`]'s receives, in its order, one each.
+    ///
+    /// # Panics
+    /// When no step is posted or the outcomes do not match its receives: a driver bug.
+    pub fn handle<P: Plane<Buf = B>>(&mut self, plane: &mut P, outcomes: Vec<Arrival<B>>) {
+        let plan = self.plan.take().expect("a step is posted");
+        assert_eq!(plan.recvs.len(), outcomes.len(), "one outcome per receive");
+        match self.phase {
+            Phase::Gather => self.gathered(plane, &plan, outcomes),
+            Phase::Scatter => self.scattered(plane, &plan, outcomes),
+            Phase::Statistic { k } => self.statistic_done(plane, &plan, outcomes, k),
+            Phase::Versions => self.versions_done(plane, &plan, outcomes),
+            Phase::Check => self.checked(plane, &plan, outcomes),
+            Phase::Done => unreachable!("no step is posted when done"),
+        }
+    }
+
+    /// The round's report or error, once [`Round::step`] is `None`.
+    ///
+    /// # Errors
+    /// What the round failed with, or [`Error::Disagreement`] from the cross-check.
+    ///
+    /// # Panics
+    /// Before the round is over.
+    pub fn finish(self) -> Result<RoundReport, Error> {
+        assert!(self.plan.is_none(), "the round is not over");
+        match self.failed {
+            Some(e) => Err(e),
+            None => Ok(self.report),
+        }
+    }
+
+    fn detect(&self) -> bool {
+        self.spec.agreement != Agreement::Off
+    }
+
+    fn post(&mut self, phase: Phase, op: &'static str, sends: Vec<Send>, recvs: Vec<RecvOp>) {
+        self.post_stretched(phase, op, sends, recvs, 1);
+    }
+
+    fn post_stretched(
+        &mut self,
+        phase: Phase,
+        op: &'static str,
+        sends: Vec<Send>,
+        recvs: Vec<RecvOp>,
+        stretch: u32,
+    ) {
+        self.phase = phase;
+        self.plan = Some(StepPlan {
+            op,
+            index: self.steps,
+            sends,
+            recvs,
+            timeout: self.spec.timeout.saturating_mul(stretch.max(1)),
+        });
+        self.steps += 1;
+    }
+
+    /// Records the round's error and moves on to the cross-check (or ends).
+    fn fail(&mut self, e: Error) {
+        if self.failed.is_none() {
+            self.failed = Some(e);
+        }
+        self.post_check(None);
+    }
+
+    fn add_fault(&mut self, rank: Rank, fault: Fault) {
+        if !self.report.faults.iter().any(|g| g.rank == rank) {
+            self.report.faults.push(PeerFault { rank, fault });
+        }
+    }
+
+    fn arrival_fault(&mut self, rank: Rank, a: &Arrival<B>) {
+        match a {
+            Arrival::Received(_) => {}
+            Arrival::Missing => self.add_fault(rank, Fault::Missing),
+            Arrival::Malformed(why) => self.add_fault(rank, Fault::Malformed(why.clone())),
+        }
+    }
+
+    fn warn_faults(&self, what: &'static str) {
+        if !self.report.faults.is_empty() {
+            tracing::warn!(
+                rank = self.spec.me,
+                faults = %crate::Faults(&self.report.faults),
+                "{what}: peers treated as erasures"
+            );
+        }
+    }
+
+    /// Counts `bytes` of input read by a rule.
+    fn charge(&self, bytes: usize) {
+        self.work.set(self.work.get() + bytes as u64);
+    }
+
+    fn bytes(&self, elements: usize) -> usize {
+        elements * self.spec.elem
+    }
+
+    fn shard(&self, s: usize) -> Range<usize> {
+        chunk_range(self.spec.d, self.spec.n, s)
+    }
+
+    // ---- gather ------------------------------------------------------------------------
+
+    fn post_gather(&mut self) {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let len = self.bytes(self.spec.d);
+        let sends = schedule::direct_peers(me, n)
+            .map(|peer| Send {
+                peer,
+                tag: 0,
+                msg: Msg::Input,
+            })
+            .collect();
+        let recvs = schedule::direct_peers(me, n)
+            .map(|peer| RecvOp { peer, tag: 0, len })
+            .collect();
+        self.post(Phase::Gather, "robust_gather", sends, recvs);
+    }
+
+    fn gathered<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let (me, n, d) = (self.spec.me, self.spec.n, self.spec.d);
+        let mut got: Vec<Option<B>> = (0..n).map(|_| None).collect();
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            self.arrival_fault(op.peer, &a);
+            if let Arrival::Received(b) = a {
+                got[op.peer] = Some(b);
+            }
+        }
+        let ranks: Vec<Rank> = (0..n).filter(|&p| p == me || got[p].is_some()).collect();
+        let src = |p: Rank| match &got[p] {
+            Some(b) => Src::Got(b),
+            None => Src::Mine(0..d),
+        };
+        self.report.inputs = ranks.len();
+        self.received_bytes = (ranks.len() - 1) * self.bytes(d);
+        self.report.peak_bytes = (ranks.len() + 1) * self.bytes(d);
+        for &p in &ranks {
+            if self.detect() {
+                self.seen.inputs[p] = Some(plane.digest(src(p)));
+            }
+            if !plane.finite(src(p)) {
+                self.report.non_finite.push(p);
+            }
+        }
+        self.warn_faults("robust_all_reduce");
+        if let Err(source) = self.rule.check(ranks.len()) {
+            let faults = self.report.faults.clone();
+            return self.fail(Error::TooManyFaults { source, faults });
+        }
+        let inputs: Vec<Src<'_, B>> = ranks.iter().map(|&p| src(p)).collect();
+        self.charge(inputs.len() * self.bytes(d));
+        match plane.aggregate(self.rule, &inputs, Dest::Output) {
+            Ok(agg) => {
+                self.report.selected = agg
+                    .selected
+                    .map(|s| s.into_iter().map(|i| ranks[i]).collect());
+                drop(inputs);
+                let digest = self.detect().then(|| plane.result_digest());
+                self.post_check(digest);
+            }
+            Err(e) => self.fail(rank_error(e, &ranks)),
+        }
+    }
+
+    // ---- sharded -----------------------------------------------------------------------
+
+    fn owned(&self) -> Vec<usize> {
+        sharded::owned(self.spec.me, self.spec.n, self.r).collect()
+    }
+
+    /// Whether rank `q` takes shard `s`'s result (everyone in an all-reduce, rank `s` in a
+    /// reduce-scatter).
+    fn takes(&self, q: Rank, s: usize) -> bool {
+        !matches!(self.spec.shape, Shape::ReduceScatter(_)) || q == s
+    }
+
+    fn post_scatter(&mut self) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        self.arrived = (0..r).map(|_| (0..n).map(|_| None).collect()).collect();
+        self.no_result = vec![false; r];
+        let sends = sharded::scatter_sends(me, n, r)
+            .into_iter()
+            .map(|(peer, s)| Send {
+                peer,
+                tag: s as Tag,
+                msg: Msg::Piece(s),
+            })
+            .collect();
+        let recvs = sharded::scatter_recvs(me, n, r)
+            .into_iter()
+            .map(|(peer, s)| RecvOp {
+                peer,
+                tag: s as Tag,
+                len: self.bytes(self.shard(s).len()),
+            })
+            .collect();
+        self.post(Phase::Scatter, "robust_sharded", sends, recvs);
+    }
+
+    /// The inputs of the `i`-th owned shard `s`, by rank (`None`: erased).
+    fn shard_inputs(&self, i: usize, s: usize) -> Vec<Option<Src<'_, B>>> {
+        (0..self.spec.n)
+            .map(|p| {
+                if p == self.spec.me {
+                    Some(Src::Mine(self.shard(s)))
+                } else {
+                    self.arrived[i][p].as_ref().map(Src::Got)
+                }
+            })
+            .collect()
+    }
+
+    fn scattered<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let owned = self.owned();
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            self.arrival_fault(op.peer, &a);
+            if let Arrival::Received(b) = a {
+                self.received_bytes += op.len;
+                let i = owned_index(me, op.tag as usize, n).expect("scatter receives are owned");
+                self.arrived[i][op.peer] = Some(b);
+            }
+        }
+        let mut digests = Vec::new();
+        let mut non_finite = Vec::new();
+        let mut inputs = n;
+        for (i, &s) in owned.iter().enumerate() {
+            let shard_inputs = self.shard_inputs(i, s);
+            inputs = inputs.min(shard_inputs.iter().flatten().count());
+            for (p, src) in shard_inputs.into_iter().enumerate() {
+                let Some(src) = src else { continue };
+                if self.detect() {
+                    digests.push((i * n + p, plane.digest(src.clone())));
+                }
+                if !non_finite.contains(&p) && !plane.finite(src) {
+                    non_finite.push(p);
+                }
+            }
+        }
+        for (at, d) in digests {
+            self.seen.pieces[at] = Some(d);
+        }
+        non_finite.sort_unstable();
+        self.report.non_finite = non_finite;
+        self.report.inputs = inputs;
+        let _ = r;
+        match self.statistics {
+            Statistics::None => {
+                for (i, &s) in owned.iter().enumerate() {
+                    let ranks: Vec<Rank> = (0..n)
+                        .filter(|&p| p == me || self.arrived[i][p].is_some())
+                        .collect();
+                    let done = match self.rule.check(ranks.len()) {
+                        Err(e) => Err(Error::Aggregation(e)),
+                        Ok(()) => {
+                            let srcs: Vec<Src<'_, B>> =
+                                self.shard_inputs(i, s).into_iter().flatten().collect();
+                            self.charge(srcs.len() * self.bytes(self.shard(s).len()));
+                            plane
+                                .aggregate(self.rule, &srcs, Dest::Owned(i))
+                                .map(|_| ())
+                                .map_err(|e| rank_error(e, &ranks))
+                        }
+                    };
+                    self.owner_outcome(i, s, done);
+                }
+                self.post_versions();
+            }
+            Statistics::Select(_) | Statistics::Mix(_) => {
+                let tables: Vec<(usize, Bytes)> = owned
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &s)| {
+                        let inputs = self.shard_inputs(i, s);
+                        self.charge(inputs.iter().flatten().count()
+                            * self.bytes(self.shard(s).len()));
+                        (s, f64_bytes(&plane.distance_table(&inputs)))
+                    })
+                    .collect();
+                self.post_statistic(0, &tables, n * n);
+            }
+            Statistics::Iterate(_) => {
+                for (i, &s) in owned.iter().enumerate() {
+                    let inputs = self.shard_inputs(i, s);
+                    if let Err(e) = plane.estimate_start(i, &inputs) {
+                        return self.fail(Error::Aggregation(e));
+                    }
+                }
+                self.post_iteration(plane, 0, &vec![(0.0, 0.0); owned.len()]);
+            }
+        }
+    }
+
+    /// An owner's result for its `i`-th shard `s`: on failure it sends an empty one, which
+    /// receivers count as an erasure of its version (the reason is logged here).
+    fn owner_outcome(&mut self, i: usize, s: usize, done: Result<(), impl std::fmt::Display>) {
+        if let Err(why) = done {
+            tracing::warn!(
+                rank = self.spec.me,
+                shard = s,
+                %why,
+                "no result for an owned shard; sending an empty one"
+            );
+            self.no_result[i] = true;
+        }
+    }
+
+    fn post_iteration<P: Plane<Buf = B>>(&mut self, plane: &mut P, k: usize, moved: &[(f64, f64)]) {
+        let n = self.spec.n;
+        let partials: Vec<(usize, Bytes)> = self
+            .owned()
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let inputs = self.shard_inputs(i, s);
+                let mut stats = plane.estimate_distances(i, &inputs);
+                stats.extend([moved[i].0, moved[i].1]);
+                (s, f64_bytes(&stats))
+            })
+            .collect();
+        self.post_statistic(k, &partials, n + 2);
+    }
+
+    /// One statistic round: every owner sends, for each owned shard, `len` `f64` statistics
+    /// to every rank; every rank combines them ([`sum_of_shard_medians`]).
+    fn post_statistic(&mut self, k: usize, parts: &[(usize, Bytes)], len: usize) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let sends = sharded::result_sends(me, n, r)
+            .into_iter()
+            .filter_map(|(peer, s)| {
+                let (_, t) = parts.iter().find(|(u, _)| *u == s)?;
+                Some(Send {
+                    peer,
+                    tag: s as Tag,
+                    msg: Msg::Bytes(t.clone()),
+                })
+            })
+            .collect();
+        let recvs = sharded::result_recvs(me, n, r)
+            .into_iter()
+            .map(|(peer, s)| RecvOp {
+                peer,
+                tag: s as Tag,
+                len: len * std::mem::size_of::<f64>(),
+            })
+            .collect();
+        self.own_statistics = parts.to_vec();
+        self.post(Phase::Statistic { k }, "robust_sharded", sends, recvs);
+    }
+
+    fn statistic_done<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+        k: usize,
+    ) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let mut versions: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n];
+        for (s, t) in std::mem::take(&mut self.own_statistics) {
+            versions[s].push(f64_vec(&t));
+        }
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            self.arrival_fault(op.peer, &a);
+            if let Arrival::Received(b) = a {
+                versions[op.tag as usize].push(f64_vec(&plane.host(&b)));
+            }
+        }
+        if let Some(s) = versions.iter().position(Vec::is_empty) {
+            let faults = std::mem::take(&mut self.report.faults);
+            let owners = sharded::owners(s, n, r).collect();
+            return self.fail(Error::ShardLost {
+                shard: s,
+                owners,
+                faults,
+            });
+        }
+        let len = versions[0][0].len();
+        let refs: Vec<Vec<&[f64]>> = versions
+            .iter()
+            .map(|vs| vs.iter().map(Vec::as_slice).collect())
+            .collect();
+        let total = sum_of_shard_medians(&refs, len);
+        let owned = self.owned();
+        match self.statistics {
+            Statistics::Select(selection) => {
+                let selected = match selection.select(&total, n) {
+                    Ok(s) => s,
+                    Err(e) => return self.fail(Error::Aggregation(e)),
+                };
+                self.report.selected = Some(selected.clone());
+                for (i, &s) in owned.iter().enumerate() {
+                    let inputs = self.shard_inputs(i, s);
+                    let done = if selected.iter().any(|&j| inputs[j].is_none()) {
+                        Err("a selected input is missing here".to_string())
+                    } else {
+                        self.charge(selected.len() * self.bytes(self.shard(s).len()));
+                        plane
+                            .finish_selected(selection, &inputs, &selected, i)
+                            .map_err(|e| e.to_string())
+                    };
+                    self.owner_outcome(i, s, done);
+                }
+                self.selected = Some(selected);
+                self.post_versions();
+            }
+            Statistics::Mix(mixing) => {
+                let neighbours = match mixing.neighbours(&total, n) {
+                    Ok(nb) => nb,
+                    Err(e) => return self.fail(Error::Aggregation(e)),
+                };
+                for (i, &s) in owned.iter().enumerate() {
+                    let inputs = self.shard_inputs(i, s);
+                    let needed = neighbours
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(j, near)| near.clone().unwrap_or_else(|| vec![j]));
+                    let done = if needed.into_iter().any(|j| inputs[j].is_none()) {
+                        Err("an input to mix is missing here".to_string())
+                    } else {
+                        let present: Vec<Src<'_, B>> = inputs.into_iter().flatten().collect();
+                        self.charge(present.len() * self.bytes(self.shard(s).len()));
+                        plane
+                            .mix(mixing, &present, &neighbours, i)
+                            .map_err(|e| e.to_string())
+                    };
+                    self.owner_outcome(i, s, done);
+                }
+                self.post_versions();
+            }
+            Statistics::Iterate(iteration) => {
+                let (change, size) = (total[n].sqrt(), total[n + 1].sqrt());
+                let converged = k > 0
+                    && iteration
+                        .tolerance()
+                        .is_some_and(|tol| change <= tol * size.max(f64::MIN_POSITIVE));
+                if converged || k == iteration.max_steps() {
+                    for (i, &s) in owned.iter().enumerate() {
+                        let done = plane.estimate_finish(i);
+                        self.owner_outcome(i, s, done);
+                    }
+                    return self.post_versions();
+                }
+                let distances: Vec<f64> = total[..n].iter().map(|d| d.sqrt()).collect();
+                let (a, w) = iteration.coefficients(&distances);
+                let moved: Vec<(f64, f64)> = owned
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &s)| {
+                        let inputs = self.shard_inputs(i, s);
+                        self.charge(inputs.iter().flatten().count()
+                            * self.bytes(self.shard(s).len()));
+                        plane.estimate_step(i, &inputs, a, &w)
+                    })
+                    .collect();
+                self.post_iteration(plane, k + 1, &moved);
+            }
+            Statistics::None => unreachable!("coordinate-wise rules have no statistic round"),
+        }
+        let _ = me;
+    }
+
+    /// Phase 3: every owner sends its results to every rank that takes the shard.
+    fn post_versions(&mut self) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        // The pieces are not needed any more.
+        self.arrived.clear();
+        let sends = sharded::result_sends(me, n, r)
+            .into_iter()
+            .filter(|&(q, s)| self.takes(q, s))
+            .map(|(peer, s)| {
+                let i = owned_index(me, s, n).expect("result sends are owned");
+                Send {
+                    peer,
+                    tag: s as Tag,
+                    msg: if self.no_result[i] {
+                        Msg::Empty
+                    } else {
+                        Msg::Result(s)
+                    },
+                }
+            })
+            .collect();
+        // Owners already erased this round (silent or malformed in an earlier step) are not
+        // waited for again.
+        let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
+        let recvs = sharded::result_recvs(me, n, r)
+            .into_iter()
+            .filter(|&(o, s)| self.takes(me, s) && !erased.contains(&o))
+            .map(|(peer, s)| RecvOp {
+                peer,
+                tag: s as Tag,
+                len: self.bytes(self.shard(s).len()),
+            })
+            .collect();
+        self.post(Phase::Versions, "robust_sharded", sends, recvs);
+    }
+
+    fn versions_done<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let owned = self.owned();
+        let mut versions: Vec<Vec<(Rank, Src<'_, B>)>> = (0..n).map(|_| Vec::new()).collect();
+        let mut faults = Vec::new();
+        let mut version_bytes = 0;
+        let outcomes: Vec<(Rank, usize, Arrival<B>)> = plan
+            .recvs
+            .iter()
+            .zip(outcomes)
+            .map(|(op, a)| (op.peer, op.tag as usize, a))
+            .collect();
+        for (o, s, a) in &outcomes {
+            match a {
+                Arrival::Received(b) => {
+                    version_bytes += self.bytes(self.shard(*s).len());
+                    versions[*s].push((*o, Src::Got(b)));
+                }
+                Arrival::Missing => faults.push((*o, Fault::Missing)),
+                Arrival::Malformed(why) => faults.push((*o, Fault::Malformed(why.clone()))),
+            }
+        }
+        for (i, &s) in owned.iter().enumerate() {
+            if self.takes(me, s) && !self.no_result[i] {
+                versions[s].push((me, Src::Owned(i)));
+            }
+        }
+        let results_bytes: usize = owned.iter().map(|&s| self.bytes(self.shard(s).len())).sum();
+        let phase1 = self.bytes(self.spec.d) + self.received_bytes + results_bytes;
+        let peak = phase1.max(results_bytes + version_bytes);
+        let mut digests = Vec::new();
+        if self.detect() {
+            for (s, vs) in versions.iter().enumerate() {
+                for (k, o) in sharded::owners(s, n, r).enumerate() {
+                    if let Some((_, src)) = vs.iter().find(|(from, _)| *from == o) {
+                        digests.push((s * r + k, plane.digest(src.clone())));
+                    }
+                }
+            }
+        }
+        let taken = |s: usize| !self.shard(s).is_empty() && self.takes(me, s);
+        let lost = (0..n).find(|&s| taken(s) && versions[s].is_empty());
+        let mut combined = Ok(());
+        if lost.is_none() {
+            for (s, vs) in versions.iter_mut().enumerate() {
+                if !taken(s) {
+                    continue;
+                }
+                vs.sort_by_key(|(o, _)| *o);
+                let range = self.shard(s);
+                let srcs: Vec<Src<'_, B>> = vs.iter().map(|(_, src)| src.clone()).collect();
+                if srcs.len() > 1 {
+                    self.charge(srcs.len() * self.bytes(range.len()));
+                }
+                let start = range.start;
+                if let Err(e) = plane.combine(s, range, &srcs) {
+                    combined = Err(match e {
+                        AggError::NonFiniteResult { f, coordinate, .. } => {
+                            Error::Aggregation(AggError::NonFiniteResult {
+                                rule: format!(
+                                    "median of the {} owner versions of shard {s}",
+                                    srcs.len()
+                                ),
+                                f,
+                                coordinate: start + coordinate,
+                            })
+                        }
+                        other => Error::Aggregation(other),
+                    });
+                    break;
+                }
+            }
+        }
+        drop(versions);
+        drop(outcomes);
+        for (rank, fault) in faults {
+            self.add_fault(rank, fault);
+        }
+        for (at, d) in digests {
+            self.seen.versions[at] = Some(d);
+        }
+        self.report.peak_bytes = peak;
+        if let Some(s) = lost {
+            let faults = self.report.faults.clone();
+            return self.fail(Error::ShardLost {
+                shard: s,
+                owners: sharded::owners(s, n, r).collect(),
+                faults,
+            });
+        }
+        if let Err(e) = combined {
+            return self.fail(e);
+        }
+        self.warn_faults("sharded robust_all_reduce");
+        let digest = match self.spec.shape {
+            _ if !self.detect() => None,
+            Shape::ReduceScatter(_) => Some(self.seen.erased_inputs_digest(n)),
+            _ => Some(plane.result_digest()),
+        };
+        self.post_check(digest);
+    }
+
+    // ---- the cross-check ---------------------------------------------------------------
+
+    /// The cross-check step of [`Agreement::Detect`] (or the end under `Off`): every rank,
+    /// whether its round succeeded or not (so that collectives stay numbered alike), sends
+    /// every other rank its [`Check`]; the ranks this rank erased are not waited for.
+    /// `result` is the digest the ranks compare (`Some` exactly when the round succeeded).
+    fn post_check(&mut self, result: Option<Digest>) {
+        if !self.detect() {
+            self.phase = Phase::Done;
+            self.plan = None;
+            return;
+        }
+        let (me, n, r) = (self.spec.me, self.spec.n, self.seen.r);
+        let ok = self.failed.is_none() && result.is_some();
+        let steps = self.steps;
+        let seen = if ok {
+            Seen {
+                steps,
+                ..self.seen.clone()
+            }
+        } else {
+            Seen {
+                steps,
+                ..Seen::new(n, r)
+            }
+        };
+        let mine = Check {
+            result: result.filter(|_| ok),
+            seen,
+        };
+        let erased: Vec<Rank> = if self.failed.is_none() {
+            self.report.faults.iter().map(|f| f.rank).collect()
+        } else {
+            Vec::new()
+        };
+        let bytes = mine.encode();
+        let sends = schedule::direct_peers(me, n)
+            .map(|peer| Send {
+                peer,
+                tag: 0,
+                msg: Msg::Bytes(bytes.clone()),
+            })
+            .collect();
+        let recvs = schedule::direct_peers(me, n)
+            .filter(|p| !erased.contains(p))
+            .map(|peer| RecvOp {
+                peer,
+                tag: 0,
+                len: Check::len(n, r),
+            })
+            .collect();
+        self.check = Some(mine);
+        // An honest rank can reach this step up to a timeout per step of the round later than
+        // this one (a silent Byzantine owner makes only the ranks that wait for it wait), so
+        // the cross-check waits that long before counting it unconfirmed.
+        self.post_stretched(Phase::Check, "cross_check", sends, recvs, steps);
+    }
+
+    fn checked<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        self.phase = Phase::Done;
+        let mine = self.check.take().expect("the check was posted");
+        if self.failed.is_some() {
+            return;
+        }
+        let (me, n) = (self.spec.me, self.spec.n);
+        let mut theirs: Vec<Option<Check>> = vec![None; n];
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            if let Arrival::Received(b) = a {
+                theirs[op.peer] = Check::decode(&plane.host(&b), n, mine.seen.r);
+            }
+        }
+        match check::evaluate(me, n, self.rule.byzantine(), &mine, &theirs) {
+            Ok(found) => self.report.agreement = Some(found),
+            Err(e) => self.failed = Some(e),
+        }
+    }
+}
+
+/// Position of shard `s` among the shards `rank` owns ([`sharded::owned`] lists
+/// `rank, rank-1, ...`), which is also `rank`'s position among the owners of `s`.
+fn owned_index(rank: Rank, s: usize, n: usize) -> Option<usize> {
+    Some((rank + n - s) % n)
+}
+
+/// The replica count without the warning of [`crate::Replicas::count`].
+fn replicas_checked(replicas: crate::Replicas, f: usize, n: usize) -> Option<usize> {
+    match replicas {
+        crate::Replicas::Tolerant => Some(f.saturating_mul(2).saturating_add(1).min(n)),
+        crate::Replicas::Exactly(r) if r == 0 || r > n => None,
+        crate::Replicas::Exactly(r) => Some(r),
+    }
+}
+
+/// What a rule needs exchanged in sharded mode, or why sharded mode cannot run it.
+fn statistics_of(rule: &dyn Aggregator) -> Result<Statistics<'_>, Error> {
+    Ok(match rule.structure() {
+        Structure::CoordinateWise => Statistics::None,
+        Structure::Global => match (
+            rule.distance_selection(),
+            rule.distance_iteration(),
+            rule.distance_mixing(),
+        ) {
+            (Some(s), _, _) => Statistics::Select(s),
+            (None, Some(i), _) => Statistics::Iterate(i),
+            (None, None, Some(m)) if m.inner().structure() == Structure::CoordinateWise => {
+                Statistics::Mix(m)
+            }
+            _ => {
+                return Err(Error::Unsupported(format!(
+                    "{} needs statistics that sharded mode does not combine (it combines \
+                     distance tables, distance iterations, and mixing followed by a \
+                     coordinate-wise rule); use Policy::Gather for it",
+                    rule.name()
+                )))
+            }
+        },
+    })
+}
+
+/// Maps input indices in an aggregator error to ranks.
+pub(crate) fn rank_error(e: AggError, ranks: &[Rank]) -> Error {
+    match e {
+        AggError::NonFiniteInputs { rule, inputs } => {
+            Error::Aggregation(AggError::NonFiniteInputs {
+                rule,
+                inputs: inputs.into_iter().map(|i| ranks[i]).collect(),
+            })
+        }
+        other => Error::Aggregation(other),
+    }
+}
+
+fn f64_bytes(v: &[f64]) -> Bytes {
+    Bytes::copy_from_slice(bytemuck::cast_slice(v))
+}
+
+fn f64_vec(b: &[u8]) -> Vec<f64> {
+    b.chunks_exact(8)
+        .map(|c| f64::from_ne_bytes(c.try_into().expect("8 bytes")))
+        .collect()
+}
+
+/// Combines a sharded statistic round: `versions[s]` holds the owners' versions of shard `s`'s
+/// `len` statistics (at least one each); the result is, entry by entry, the sum over shards (in
+/// shard order) of the median of each shard's versions. Every rank that receives the same
+/// versions gets the same bits; up to half of a shard's versions lying cannot move its median
+/// outside the honest values (`+inf` entries are ordered as extremes).
+///
+/// # Panics
+/// If a shard has no version or a version is not `len` long.
+pub fn sum_of_shard_medians(versions: &[Vec<&[f64]>], len: usize) -> Vec<f64> {
+    let mut total = vec![0.0f64; len];
+    let mut part = vec![0.0f64; len];
+    for vs in versions {
+        assert!(!vs.is_empty(), "a shard without any version");
+        assert!(
+            vs.iter().all(|v| v.len() == len),
+            "a version not {len} long"
+        );
+        combine_versions(vs, &mut part);
+        for (t, p) in total.iter_mut().zip(&part) {
+            *t += p;
+        }
+    }
+    total
+}
+
+/// The element-wise median of the owners' versions of a table (`+inf` entries are ordered as
+/// extremes, so up to half of the versions lying cannot move it outside the honest values).
+fn combine_versions(versions: &[&[f64]], out: &mut [f64]) {
+    if versions.len() == 1 {
+        out.copy_from_slice(versions[0]);
+        return;
+    }
+    let mut col = vec![0.0f64; versions.len()];
+    for (j, o) in out.iter_mut().enumerate() {
+        for (c, v) in col.iter_mut().zip(versions) {
+            *c = v[j];
+        }
+        col.sort_by(f64::total_cmp);
+        let m = col.len();
+        *o = if m % 2 == 1 {
+            col[m / 2]
+        } else {
+            col[m / 2 - 1] * 0.5 + col[m / 2] * 0.5
+        };
+    }
+}
