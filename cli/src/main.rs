@@ -492,7 +492,7 @@ struct SimulateArgs {
     /// for vectors of 1 MiB to 1 GiB (float32), without faults.
     #[arg(long, conflicts_with_all = [
         "d", "mode", "replicas", "check", "timeout_ms", "loss", "delay_us", "crash", "stall",
-        "byzantine", "attack", "lying_owners", "lie", "seed",
+        "byzantine", "attack", "lying_owners", "lie", "seed", "equivocate",
     ])]
     predict: bool,
     /// Timing mode: vector sizes in bytes instead of the 1 MiB..1 GiB sweep, comma-separated;
@@ -554,6 +554,15 @@ struct SimulateArgs {
     /// What lying owners send.
     #[arg(long, value_enum, default_value_t = LieArg::Signflip)]
     lie: LieArg,
+    /// The --byzantine ranks also equivocate: every destination (every peer in gather mode,
+    /// every owner of a shard in sharded mode) gets a different forged vector.
+    #[arg(long, requires = "byzantine")]
+    equivocate: bool,
+    /// The robust rounds' cross-check, as the runtime's `BYZCOLL_AGREEMENT`: detect (the
+    /// default: one more step; a rank out of step fails, the others name the difference) or
+    /// off (explicit: splits between honest ranks go unreported).
+    #[arg(long, default_value = "detect", value_parser = parse_agreement)]
+    agreement: byzcoll::Agreement,
     /// Seed of the inputs, losses and delays (any u64).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -596,6 +605,15 @@ const MAX_PREDICT_BYTES: u64 = 1 << 40;
 /// The most bytes a prediction may move in all (n^2 * bytes bounds gather's traffic): the
 /// simulator counts bytes in a u64.
 const MAX_PREDICT_TRAFFIC: u64 = 1 << 62;
+
+fn parse_agreement(s: &str) -> Result<byzcoll::Agreement, String> {
+    match byzcoll::Agreement::parse(s)? {
+        byzcoll::Agreement::Enforce => Err(
+            "enforce is not built yet (the runtime refuses it too); use detect or off".into(),
+        ),
+        a => Ok(a),
+    }
+}
 
 fn parse_number(s: &str) -> Result<f64, String> {
     let v: f64 = s
@@ -765,7 +783,16 @@ fn predict(
     }
     let compute = args.compute();
     let predict_one = |&(n, bytes): &(usize, u64)| {
-        byzcoll_sim::predict(label, network, &compute, n, bytes, args.f, rule)
+        byzcoll_sim::predict(
+            label,
+            network,
+            &compute,
+            n,
+            bytes,
+            args.f,
+            rule,
+            args.agreement,
+        )
             .map_err(|e| e.to_string())
     };
     // Each prediction is an independent, deterministic simulation: run them on all cores
@@ -825,9 +852,11 @@ fn simulate_data(
             attack,
             lying_owners: args.lying_owners,
             lie,
+            equivocate_inputs: args.equivocate,
         },
         timeout: args.timeout_ms * 1e-3,
         seed: args.seed,
+        agreement: args.agreement,
     };
     scenario.validate().map_err(|e| e.to_string())?;
     rule.check(n).map_err(|e| e.to_string())?;
@@ -839,16 +868,7 @@ fn simulate_data(
     if matches!(args.mode, SimMode::All | SimMode::Gather) {
         algorithms.push(Algorithm::Gather);
     }
-    let sharded = matches!(args.mode, SimMode::All | SimMode::Sharded);
-    let global = rule.structure() != byzcoll::aggregators::Structure::CoordinateWise;
-    if sharded && global && args.mode == SimMode::Sharded {
-        return Err(format!(
-            "{} needs global statistics, which sharded mode does not compute yet; use \
-             --mode gather for it",
-            rule.name()
-        ));
-    }
-    if sharded && !global {
+    if matches!(args.mode, SimMode::All | SimMode::Sharded) {
         let mut replicas: Vec<usize> = if args.replicas.is_empty() {
             vec![1, args.f.saturating_mul(2).saturating_add(1).min(n)]
         } else {
@@ -877,12 +897,6 @@ fn simulate_data(
         rule.byzantine(),
         describe_network(label, &network)
     );
-    if sharded && global {
-        println!(
-            "  (sharded skipped: {} is not coordinate-wise and needs global statistics)",
-            rule.name()
-        );
-    }
     let header = format!(
         "  {:<14} {:>12} {:>10} {:>6} {:>9}  {}",
         "algorithm",
@@ -900,9 +914,17 @@ fn simulate_data(
             .run_data(alg, &data, rule)
             .map_err(|e| format!("{alg}: {e}"))?;
         let verdict = if args.check {
-            match reference.check(&run) {
-                Ok(v) => v.to_string(),
-                Err(m) => {
+            // Honest ranks that completed must not hold different results silently (with
+            // the cross-check off, that is what --check reports), and must match the
+            // reference.
+            match (run.silent_split(), reference.check(&run)) {
+                (Some(split), _) => {
+                    ok = false;
+                    problems.push(split);
+                    "SPLIT".to_string()
+                }
+                (None, Ok(v)) => v.to_string(),
+                (None, Err(m)) => {
                     ok = false;
                     problems.push(m.to_string());
                     "FAILED".to_string()

@@ -69,6 +69,20 @@ pub(crate) struct Posted {
     pub slots: usize,
     /// Number of messages the step waits for.
     pub expected: usize,
+    /// The step's deadline in units of the scenario's timeout (a robust round's cross-check
+    /// waits as many timeouts as the round had steps).
+    pub timeouts: f64,
+}
+
+impl Posted {
+    /// A step with `slots` receive slots, waiting for `expected` messages for one timeout.
+    pub(crate) fn new(slots: usize, expected: usize) -> Self {
+        Posted {
+            slots,
+            expected,
+            timeouts: 1.0,
+        }
+    }
 }
 
 /// A collective schedule as seen by the engine: what each rank sends and expects per step, and
@@ -80,8 +94,8 @@ pub(crate) trait Program {
     /// The value of a receive slot whose message has not arrived (never a payload).
     const ABSENT: Self::Msg;
 
-    /// Steps of the collective; every rank runs them in order.
-    fn steps(&self) -> usize;
+    /// Whether `rank` has no step `step` (it has run all of its steps).
+    fn finished(&self, rank: Rank, step: usize) -> bool;
 
     /// Posts step `step` of `rank`: pushes its sends onto `sends`.
     fn post(&mut self, rank: Rank, step: usize, sends: &mut Vec<Out<Self::Msg>>) -> Posted;
@@ -92,6 +106,13 @@ pub(crate) trait Program {
     /// The receive slot of a message `from` with `tag` in `rank`'s step `step`, or `None` when
     /// the schedule does not expect it.
     fn slot(&self, rank: Rank, step: usize, from: Rank, tag: Tag) -> Option<usize>;
+
+    /// Whether a message `slot` does not place is one `rank`'s step deliberately does not
+    /// wait for (a robust round does not wait again for a peer it erased): dropped as late,
+    /// as a transport's mailbox drops it, instead of a schedule mismatch.
+    fn ignores(&self, _rank: Rank, _step: usize, _from: Rank, _tag: Tag) -> bool {
+        false
+    }
 
     /// `rank`'s step `step` ended (every receive arrived or the deadline passed): `got[slot]`
     /// is [`Program::ABSENT`] for what is missing. Returns the local work before the next
@@ -380,10 +401,9 @@ impl<P: Program> Engine<'_, '_, P> {
     /// Posts `rank`'s current step at true time `t`; steps that need no message complete on
     /// the spot, so this loops until a step waits or the rank is finished.
     fn post(&mut self, rank: Rank, mut t: f64) -> Result<(), SimError> {
-        let steps = self.prog.steps();
         loop {
             let step = self.ranks[rank].step;
-            if step >= steps {
+            if self.prog.finished(rank, step) {
                 self.finish(rank, End::Done, t);
                 return Ok(());
             }
@@ -432,7 +452,7 @@ impl<P: Program> Engine<'_, '_, P> {
             rs.got.resize(posted.slots, P::ABSENT);
             rs.pending = posted.expected;
             rs.last = t;
-            rs.deadline = t + self.params.timeout;
+            rs.deadline = t + self.params.timeout * posted.timeouts;
             if start_tx {
                 self.push(first_tx, Kind::Tx(rank as u32));
             }
@@ -610,6 +630,10 @@ impl<P: Program> Engine<'_, '_, P> {
         let slot = self.prog.slot(rank, step, from, tag);
         let rs = &mut self.ranks[rank];
         let Some(slot) = slot.filter(|&s| s < rs.got.len()) else {
+            if self.prog.ignores(rank, step, from, tag) {
+                self.stats.late += 1;
+                return Ok(false);
+            }
             return Err(SimError::Schedule(format!(
                 "rank {rank} step {step}: unexpected message from rank {from} with tag {tag}"
             )));
@@ -666,8 +690,8 @@ mod tests {
         type Msg = u32;
         const ABSENT: u32 = u32::MAX;
 
-        fn steps(&self) -> usize {
-            2
+        fn finished(&self, _rank: Rank, step: usize) -> bool {
+            step >= 2
         }
 
         fn post(&mut self, rank: Rank, step: usize, sends: &mut Vec<Out<u32>>) -> Posted {
@@ -675,29 +699,17 @@ mod tests {
                 (0, 0) => {
                     sends.push(Out::new(1, 0, 0));
                     sends.push(Out::new(1, 1, 0));
-                    Posted {
-                        slots: 1,
-                        expected: 1,
-                    }
+                    Posted::new(1, 1)
                 }
                 (1, 0) => {
                     sends.push(Out::new(0, 0, 0));
-                    Posted {
-                        slots: 2,
-                        expected: 2,
-                    }
+                    Posted::new(2, 2)
                 }
                 (0, _) => {
                     sends.push(Out::new(1, 2, 0));
-                    Posted {
-                        slots: 0,
-                        expected: 0,
-                    }
+                    Posted::new(0, 0)
                 }
-                _ => Posted {
-                    slots: 1,
-                    expected: 1,
-                },
+                _ => Posted::new(1, 1),
             }
         }
 

@@ -210,6 +210,9 @@ pub struct Adversary {
     pub lying_owners: usize,
     /// What they send instead.
     pub lie: Lie,
+    /// Whether the ranks that forge inputs also equivocate: each destination (each peer in
+    /// gather mode, each owner of a shard in sharded mode) gets a different vector.
+    pub equivocate_inputs: bool,
 }
 
 impl Default for Adversary {
@@ -219,6 +222,7 @@ impl Default for Adversary {
             attack: Attack::SignFlip,
             lying_owners: 0,
             lie: Lie::SignFlip,
+            equivocate_inputs: false,
         }
     }
 }
@@ -227,6 +231,11 @@ impl Adversary {
     /// Whether `rank` forges its input in a world of `n`.
     pub fn forges_input(&self, rank: Rank, n: usize) -> bool {
         rank + self.byzantine_inputs >= n
+    }
+
+    /// Whether `rank` sends different inputs to different ranks in a world of `n`.
+    pub fn equivocates_inputs(&self, rank: Rank, n: usize) -> bool {
+        self.equivocate_inputs && self.forges_input(rank, n)
     }
 
     /// Whether `rank` lies as a shard owner in a world of `n`.

@@ -63,12 +63,14 @@ mod faults;
 mod model;
 mod predict;
 mod programs;
+mod robust;
 
 use std::fmt;
 use std::sync::Arc;
 
-use byzcoll_aggregators::{AggError, Aggregator, Structure};
-use byzcoll_runtime::{Error, PeerFault, Rank};
+use byzcoll_aggregators::{AggError, Aggregator};
+use byzcoll_runtime::round::{Shape, Spec};
+use byzcoll_runtime::{Agreement, AgreementReport, Error, PeerFault, Rank, Replicas};
 
 pub use data::{DataSet, Mismatch, Reference, Verdict};
 pub use faults::{attack_by_name, Adversary, Crash, Faults, Lie, Stall, ATTACKS};
@@ -76,7 +78,8 @@ pub use model::{Compute, Network, Preset};
 pub use predict::{format_bytes, format_time, predict, prediction_table, sweep_sizes, Prediction};
 
 use data::Plane;
-use programs::{Common, Gather, Ring, Sharded};
+use programs::{Common, Ring};
+use robust::Robust;
 
 /// The largest world data mode runs: buffers are addressed by 32-bit ids, and sharded and ring
 /// runs create about `2n²` of them.
@@ -182,6 +185,9 @@ pub struct RankOutcome {
     pub faults: Vec<PeerFault>,
     /// What it would log as warnings, e.g. an owned shard it could not aggregate.
     pub warnings: Vec<String>,
+    /// What the cross-check found (robust rounds under [`Agreement::Detect`] that ended
+    /// well; a rank out of step fails with [`Error::Disagreement`] instead).
+    pub agreement: Option<AgreementReport>,
 }
 
 /// Counters of one run.
@@ -247,6 +253,9 @@ pub struct Scenario {
     pub timeout: f64,
     /// Seed of every random choice: inputs, losses, delays.
     pub seed: u64,
+    /// The robust rounds' cross-check ([`Agreement::Detect`] by default, as in the runtime):
+    /// one more step, whose findings land in each rank's [`RankOutcome::agreement`].
+    pub agreement: Agreement,
 }
 
 impl Scenario {
@@ -260,6 +269,7 @@ impl Scenario {
             adversary: Adversary::default(),
             timeout: 30.0,
             seed: 0,
+            agreement: Agreement::Detect,
         }
     }
 
@@ -382,13 +392,11 @@ impl Scenario {
                     "sharded mode with {replicas} replicas in a world of {n}: need 1 <= r <= n"
                 )));
             }
-            if let Some(rule) = rule.filter(|r| r.structure() != Structure::CoordinateWise) {
-                return Err(SimError::Unsupported(format!(
-                    "{} needs global statistics, which sharded mode does not compute yet; \
-                     use gather mode for it",
-                    rule.name()
-                )));
-            }
+        }
+        if self.agreement == Agreement::Enforce {
+            return Err(SimError::Unsupported(
+                "Agreement::Enforce is not built yet (the runtime refuses it too)".into(),
+            ));
         }
         let params = engine::Params {
             network: &self.network,
@@ -397,23 +405,37 @@ impl Scenario {
             timeout: self.timeout,
             seed: mix(self.seed, algorithm.seed_salt()),
         };
-        let common = Common::new(n, d, rule, plane);
-        let (ends, stats, common) = match algorithm {
-            Algorithm::Gather => {
-                let mut prog = Gather { common };
+        // Timing mode without a rule: the mean's precondition (none) decides nothing.
+        let any = byzcoll_aggregators::by_name("mean", 0).map_err(SimError::Precondition)?;
+        let common = Common::new(n, d, plane);
+        let robust = |common, shape| {
+            let spec = |me| Spec {
+                me,
+                n,
+                d,
+                elem: std::mem::size_of::<f32>(),
+                shape,
+                agreement: self.agreement,
+                // The simulator's deadlines are in units of its own timeout.
+                timeout: std::time::Duration::from_secs(1),
+            };
+            Robust::new(common, rule.unwrap_or(any.as_ref()), &self.adversary, spec)
+        };
+        let (ends, stats, common, reports) = match algorithm {
+            Algorithm::Gather | Algorithm::Sharded { .. } => {
+                let shape = match algorithm {
+                    Algorithm::Sharded { replicas } => Shape::Sharded(Replicas::Exactly(replicas)),
+                    _ => Shape::Gather,
+                };
+                let mut prog = robust(common, shape);
                 let (ends, stats) = engine::run(&mut prog, n, params)?;
-                (ends, stats, prog.common)
-            }
-            Algorithm::Sharded { replicas } => {
-                let mut prog = Sharded::new(common, replicas, &self.adversary);
-                let (ends, stats) = engine::run(&mut prog, n, params)?;
-                (ends, stats, prog.common)
+                (ends, stats, prog.common, prog.reports)
             }
             Algorithm::RingSum => {
                 let mut prog = Ring::new(common);
                 let (ends, stats) = engine::run(&mut prog, n, params)?;
                 prog.finish();
-                (ends, stats, prog.common)
+                (ends, stats, prog.common, (0..n).map(|_| None).collect())
             }
         };
         let lying =
@@ -434,8 +456,10 @@ impl Scenario {
             .into_iter()
             .zip(faults.into_iter().zip(warnings))
             .zip(outputs)
+            .zip(reports)
             .enumerate()
-            .map(|(r, ((end, (faults, warnings)), output))| RankOutcome {
+            .map(|(r, (((end, (faults, warnings)), output), report))| RankOutcome {
+                agreement: report.and_then(|r: byzcoll_runtime::RoundReport| r.agreement),
                 role: self.role(r),
                 finish: end.at,
                 result: match end.end {
@@ -465,6 +489,46 @@ impl Scenario {
             stats,
             clean,
         })
+    }
+}
+
+impl Run {
+    /// Honest ranks that ended with different results and said nothing: `None` when every
+    /// honest rank that completed holds bitwise the same result, or when each of them names a
+    /// difference in its cross-check ([`RankOutcome::agreement`]); otherwise what was seen.
+    /// Under [`Agreement::Detect`] with `n > 3f` it is always `None` (ranks out of step fail
+    /// with [`Error::Disagreement`]); under [`Agreement::Off`] a split is silent by design.
+    pub fn silent_split(&self) -> Option<String> {
+        let done: Vec<(Rank, &RankOutcome, Vec<u32>)> = self
+            .ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.role == Role::Honest)
+            .filter_map(|(r, o)| match &o.result {
+                RankResult::Done(Some(v)) => Some((r, o, v.iter().map(|x| x.to_bits()).collect())),
+                _ => None,
+            })
+            .collect();
+        let mut distinct: Vec<&Vec<u32>> = done.iter().map(|(_, _, v)| v).collect();
+        distinct.sort();
+        distinct.dedup();
+        if distinct.len() <= 1 {
+            return None;
+        }
+        let quiet = done.iter().find(|(_, o, _)| {
+            o.agreement.as_ref().is_none_or(|a| {
+                a.disagreeing.is_empty()
+                    && a.differing_inputs.is_empty()
+                    && a.differing_versions.is_empty()
+            })
+        })?;
+        Some(format!(
+            "{}: honest ranks completed with {} different results and rank {} reported no \
+             difference",
+            self.algorithm,
+            distinct.len(),
+            quiet.0
+        ))
     }
 }
 

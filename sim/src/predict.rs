@@ -29,7 +29,9 @@ pub fn sweep_sizes() -> Vec<u64> {
 }
 
 /// Predicts gather, sharded `r = 1`, sharded `r = 2f + 1` (when different) and ring SUM for
-/// `n` ranks contributing `bytes` of float32 each, without faults or deadlines.
+/// `n` ranks contributing `bytes` of float32 each, without faults or deadlines, the robust
+/// rounds with the cross-check `agreement` (its extra all-to-all step of `O(n)`-byte
+/// messages is what [`Agreement::Detect`](byzcoll_runtime::Agreement) costs).
 ///
 /// # Errors
 /// [`SimError::InvalidConfig`] when `bytes` is not a positive multiple of 4 or `2f + 1 > n`,
@@ -42,6 +44,7 @@ pub fn predict(
     bytes: u64,
     f: usize,
     rule: Option<&dyn Aggregator>,
+    agreement: byzcoll_runtime::Agreement,
 ) -> Result<Vec<Prediction>, SimError> {
     if bytes == 0 || !bytes.is_multiple_of(4) {
         return Err(SimError::InvalidConfig(format!(
@@ -66,6 +69,7 @@ pub fn predict(
     let mut scenario = Scenario::new(n, *network);
     scenario.compute = *compute;
     scenario.timeout = f64::INFINITY;
+    scenario.agreement = agreement;
     let mut algorithms = vec![Algorithm::Gather, Algorithm::Sharded { replicas: 1 }];
     if f > 0 {
         algorithms.push(Algorithm::tolerant(n, f));

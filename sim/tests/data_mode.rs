@@ -4,7 +4,7 @@
 use byzcoll_aggregators::attacks::Attack;
 use byzcoll_aggregators::{by_name, Aggregator};
 use byzcoll_runtime::schedule::{chunk_range, sharded};
-use byzcoll_runtime::Error;
+use byzcoll_runtime::{Agreement, Error};
 use byzcoll_sim::{
     Adversary, Algorithm, Crash, DataSet, Lie, Network, Preset, RankResult, Role, Run, Scenario,
     SimError, Stall, Verdict,
@@ -138,6 +138,14 @@ fn lying_owners_are_outvoted_with_2f_plus_1_replicas_only() {
                 assert_eq!(bits(&got), bits(&want), "{lie} n={n} f={f} k={k}");
             }
 
+            // With one owner per shard nothing outvotes a liar: under Detect an equivocating
+            // owner's split is never silent ...
+            let detected = s
+                .run_data(Algorithm::Sharded { replicas: 1 }, &data, rule.as_ref())
+                .unwrap();
+            assert_eq!(detected.silent_split(), None, "{lie} n={n}");
+            // ... and without the cross-check, the shards it lied about are wrong.
+            s.agreement = Agreement::Off;
             let trusting = s
                 .run_data(Algorithm::Sharded { replicas: 1 }, &data, rule.as_ref())
                 .unwrap();
@@ -178,6 +186,7 @@ fn attacks_stay_in_the_honest_range() {
             attack: attack.clone(),
             lying_owners: 1,
             lie: Lie::Equivocate,
+            equivocate_inputs: false,
         };
         let data = DataSet::generate(&s, 40).unwrap();
         for name in ["median", "trimmed-mean"] {
@@ -221,6 +230,27 @@ fn loss_and_crashes_within_f_stay_in_the_honest_range() {
     let rule = by_name("median", f).unwrap();
     let reference = data.reference(rule.as_ref());
     for alg in [Algorithm::Gather, Algorithm::tolerant(n, f)] {
+        // The stalled rank starts after everyone's deadline, finds every message waiting and
+        // would aggregate another input set: under Detect it is told, never silently apart.
+        let run = s.run_data(alg, &data, rule.as_ref()).unwrap();
+        assert_eq!(run.silent_split(), None, "{alg}");
+        match (&run.ranks[2].result, &run.ranks[0].result) {
+            // Gather: it aggregated every input, the others went without its own.
+            (RankResult::Failed(Error::Disagreement { agreeing, .. }), _) => {
+                assert_eq!(agreeing, &[2], "{alg}")
+            }
+            // Sharded with 2f + 1 owners: its own shards' versions are outvoted, so it ends
+            // with the others' result, bitwise.
+            (RankResult::Done(Some(v)), RankResult::Done(Some(w)))
+                if alg != Algorithm::Gather =>
+            {
+                assert_eq!(bits(v), bits(w), "{alg}")
+            }
+            (other, _) => panic!("{alg}: the stalled rank got {other:?}"),
+        }
+    }
+    s.agreement = Agreement::Off;
+    for alg in [Algorithm::Gather, Algorithm::tolerant(n, f)] {
         let run = s.run_data(alg, &data, rule.as_ref()).unwrap();
         assert!(!run.clean);
         assert!(run.stats.erasures > 0);
@@ -243,6 +273,7 @@ fn loss_and_crashes_within_f_stay_in_the_honest_range() {
 
     // Random loss in a larger world.
     let mut s = scenario(64);
+    s.agreement = Agreement::Off;
     s.faults.loss = 0.002;
     s.seed = 5;
     let data = DataSet::generate(&s, 200).unwrap();
@@ -305,7 +336,10 @@ fn a_thousand_ranks_complete() {
     // 1024 --d 4096 --f 3` is the release-mode version.
     let n = 1024;
     let f = 1;
-    let s = scenario(n);
+    let mut s = scenario(n);
+    // The cross-check is an all-to-all of O(n·r)-digest messages, O(n³·r) bytes for one
+    // process to simulate: this test is about the schedules at scale.
+    s.agreement = Agreement::Off;
     let data = DataSet::generate(&s, 256).unwrap();
     let rule: Box<dyn Aggregator> = by_name("median", f).unwrap();
     let reference = data.reference(rule.as_ref());
@@ -354,4 +388,88 @@ fn same_seed_same_run() {
     };
     assert_eq!(run(42), run(42));
     assert_ne!(run(42), run(43));
+}
+
+#[test]
+fn input_equivocation_is_named_by_every_honest_rank_that_completes() {
+    // The last f ranks forge their inputs and send every destination another vector.
+    let (n, f) = (7, 2);
+    let mut s = scenario(n);
+    s.adversary = Adversary {
+        byzantine_inputs: f,
+        equivocate_inputs: true,
+        ..Adversary::default()
+    };
+    let data = DataSet::generate(&s, 3 * n + 1).unwrap();
+    let rule = by_name("median", f).unwrap();
+    for alg in [Algorithm::Gather, Algorithm::tolerant(n, f)] {
+        let run = s.run_data(alg, &data, rule.as_ref()).unwrap();
+        assert_eq!(run.silent_split(), None, "{alg}");
+        let mut completed = 0;
+        for o in run.ranks.iter().filter(|o| o.role == Role::Honest) {
+            match &o.result {
+                RankResult::Done(_) => {
+                    completed += 1;
+                    let found = o.agreement.as_ref().expect("Detect is the default");
+                    for liar in n - f..n {
+                        assert!(found.differing_inputs.contains(&liar), "{alg}: {found:?}");
+                    }
+                }
+                // Out of step: in gather mode every honest rank saw other liars' vectors, so
+                // none holds a result n - f ranks share, and each is told who differed.
+                RankResult::Failed(Error::Disagreement {
+                    differing_inputs, ..
+                }) => {
+                    for liar in n - f..n {
+                        assert!(differing_inputs.contains(&liar), "{alg}: {differing_inputs:?}");
+                    }
+                }
+                other => panic!("{alg}: {other:?}"),
+            }
+        }
+        if alg != Algorithm::Gather {
+            // Sharded with 2f + 1 owners: an equivocated piece changes one owner's version
+            // only, which the others outvote.
+            assert!(completed > 0, "{alg}");
+        }
+    }
+    // Without the cross-check the honest ranks' gather results differ, silently.
+    s.agreement = Agreement::Off;
+    let run = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
+    assert!(run.silent_split().is_some());
+}
+
+#[test]
+fn every_rule_runs_in_every_mode_the_runtime_supports() {
+    // The simulator runs the runtime's round, so sharded mode takes the Krum family, the
+    // iterative rules and mixing as the runtime does, with the gather result for
+    // coordinate-wise and selection rules.
+    let (n, f) = (7, 1);
+    let s = scenario(n);
+    let data = DataSet::generate(&s, 4 * n + 3).unwrap();
+    for name in ["median", "trimmed-mean", "krum", "multi-krum", "geometric-median", "nnm+median"] {
+        let rule = by_name(name, f).unwrap();
+        let gather = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
+        let want = results(&gather);
+        let run = s
+            .run_data(Algorithm::tolerant(n, f), &data, rule.as_ref())
+            .unwrap();
+        let got = results(&run);
+        for o in &run.ranks {
+            assert!(o.agreement.as_ref().is_some_and(|a| a == &Default::default()), "{name}");
+        }
+        if name.contains("krum") || name == "median" || name == "trimmed-mean" {
+            assert_eq!(
+                got.iter().map(|v| bits(v)).collect::<Vec<_>>(),
+                want.iter().map(|v| bits(v)).collect::<Vec<_>>(),
+                "{name}"
+            );
+        } else {
+            // Every rank holds bitwise the same result, close to gather's.
+            assert!(got.windows(2).all(|w| bits(&w[0]) == bits(&w[1])), "{name}");
+            for (a, b) in got[0].iter().zip(&want[0]) {
+                assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "{name}: {a} vs {b}");
+            }
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! Timing mode: the α–β model's closed forms, scaling in n, deadlines and determinism.
 
 use byzcoll_aggregators::by_name;
+use byzcoll_runtime::Agreement;
 use byzcoll_sim::{
     predict, Algorithm, Compute, Crash, Network, Preset, RankResult, Scenario, Stall,
 };
@@ -211,6 +212,7 @@ fn predictions_compare_with_the_ring() {
         1 << 20,
         3,
         None,
+        Agreement::Detect,
     )
     .unwrap();
     let names: Vec<String> = rows.iter().map(|p| p.algorithm.to_string()).collect();
@@ -224,7 +226,8 @@ fn predictions_compare_with_the_ring() {
         4,
         1 << 20,
         3,
-        None
+        None,
+        Agreement::Off,
     )
     .is_err());
 }

@@ -12,7 +12,8 @@ use crate::{AgreementReport, Error, Rank};
 /// BLAKE3 digests), and XXH3 hashes them several times faster.
 pub type Digest = [u8; 32];
 
-pub(crate) fn input_digest<T: bytemuck::Pod>(v: &[T]) -> Digest {
+/// The digest of an input as the cross-check carries it (XXH3-128 of its bytes).
+pub fn input_digest<T: bytemuck::Pod>(v: &[T]) -> Digest {
     let mut d = [0u8; 32];
     d[..16].copy_from_slice(&xxhash_rust::xxh3::xxh3_128(bytemuck::cast_slice(v)).to_le_bytes());
     d
@@ -117,21 +118,27 @@ impl Check {
 }
 
 
-/// Reads the others' checks against this rank's (`theirs[p]`: rank `p`'s, `None` when it did
-/// not come or was not a check): the differences, or [`Error::Disagreement`] when fewer than
-/// `n − f` ranks (this one included) hold this rank's result.
+/// Reads the others' checks against this rank's (`same[p]`: rank `p` sent bytewise this
+/// rank's check; otherwise `theirs[p]` is its check, `None` when it did not come or was not
+/// one): the differences, or [`Error::Disagreement`] when fewer than `n − f` ranks (this one
+/// included) hold this rank's result.
 pub(crate) fn evaluate(
     me: Rank,
     n: usize,
     f: usize,
     mine: &Check,
     theirs: &[Option<Check>],
+    same: &[bool],
 ) -> Result<AgreementReport, Error> {
     use crate::schedule::{direct_peers, sharded};
     let r = mine.seen.r;
     let mut found = AgreementReport::default();
     let mut agreeing = vec![me];
     for p in direct_peers(me, n) {
+        if same[p] {
+            agreeing.push(p);
+            continue;
+        }
         match theirs[p].as_ref().and_then(|c| c.result) {
             None => found.unconfirmed.push(p),
             Some(res) if Some(res) != mine.result => found.disagreeing.push(p),
@@ -140,14 +147,18 @@ pub(crate) fn evaluate(
     }
     let differ =
         |a: Option<Digest>, b: Option<Digest>| matches!((a, b), (Some(a), Some(b)) if a != b);
-    let mut differing_inputs: Vec<Rank> = (0..n)
-        .filter(|&j| {
-            theirs
-                .iter()
-                .flatten()
-                .any(|c| differ(c.seen.inputs[j], mine.seen.inputs[j]))
-        })
-        .collect();
+    let mut differing_inputs: Vec<Rank> = Vec::new();
+    for c in theirs.iter().flatten() {
+        for j in 0..n {
+            if differ(c.seen.inputs[j], mine.seen.inputs[j]) {
+                differing_inputs.push(j);
+            }
+        }
+    }
+    if r == 0 {
+        differing_inputs.sort_unstable();
+        differing_inputs.dedup();
+    }
     if r > 0 {
         // Co-owners compare the pieces each sender gave them of the shards both own, and
         // every rank compares the versions each owner sent it with those others got.
@@ -199,6 +210,11 @@ pub(crate) fn evaluate(
         );
     }
     Ok(found)
+}
+
+/// The digest of a result as the cross-check compares it (BLAKE3 of its bytes).
+pub fn result_digest<T: bytemuck::Pod>(v: &[T]) -> Digest {
+    blake3::hash(bytemuck::cast_slice(v)).into()
 }
 
 #[cfg(test)]

@@ -165,7 +165,7 @@ fn refs<'b, T: Clone>(views: &'b [Cow<'_, [T]>]) -> Vec<&'b [T]> {
 impl<T: Element> Plane for HostPlane<'_, T> {
     type Buf = Payload;
 
-    fn host<'b>(&self, buf: &'b Payload) -> Cow<'b, [u8]> {
+    fn host<'b>(&'b self, buf: &'b Payload) -> Cow<'b, [u8]> {
         Cow::Borrowed(host_bytes(buf))
     }
 
@@ -350,6 +350,6 @@ impl<T: Element> Plane for HostPlane<'_, T> {
             Target::All(buf) => buf,
             Target::OwnShard { output, .. } => output,
         };
-        blake3::hash(bytemuck::cast_slice(out)).into()
+        check::result_digest(out)
     }
 }

@@ -36,7 +36,7 @@ use byzcoll_aggregators::{
 use crate::schedule::{self, chunk_range, sharded};
 use crate::{Agreement, Error, Fault, PeerFault, Rank, RecvOp, RoundReport, Tag};
 
-pub use check::Digest;
+pub use check::{input_digest, result_digest, Digest};
 use check::{Check, Seen};
 
 /// What a step's message carries, named so that each driver makes the bytes where its data
@@ -132,7 +132,7 @@ pub trait Plane {
     type Buf;
 
     /// A received message's bytes on the host (statistics and cross-checks: small).
-    fn host<'b>(&self, buf: &'b Self::Buf) -> Cow<'b, [u8]>;
+    fn host<'b>(&'b self, buf: &'b Self::Buf) -> Cow<'b, [u8]>;
 
     /// The digest of an input as this rank used it (XXH3-128, [`check::input_digest`]).
     fn digest(&mut self, src: Src<'_, Self::Buf>) -> Digest;
@@ -305,6 +305,8 @@ pub struct Round<'r, B> {
     received_bytes: usize,
     /// This rank's own statistics of the statistic round in flight.
     own_statistics: Vec<(usize, Bytes)>,
+    /// Warnings since the last [`Round::take_warnings`].
+    warnings: Vec<String>,
     /// This rank's cross-check message, once posted.
     check: Option<Check>,
     /// Bytes of input the rules read since the last [`Round::take_work`].
@@ -347,6 +349,7 @@ impl<'r, B> Round<'r, B> {
             received_bytes: 0,
             own_statistics: Vec::new(),
             check: None,
+            warnings: Vec::new(),
             work: std::cell::Cell::new(0),
         };
         let start = match spec.shape {
@@ -393,6 +396,17 @@ impl<'r, B> Round<'r, B> {
     /// compute time).
     pub fn take_work(&mut self) -> u64 {
         self.work.take()
+    }
+
+    /// The peers this rank has counted as erasures so far.
+    pub fn faults(&self) -> &[PeerFault] {
+        &self.report.faults
+    }
+
+    /// What the round has logged as warnings since the last call (an owned shard this rank
+    /// could not aggregate), for drivers that collect them (the simulator).
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
     }
 
     /// Whether the round has failed (the cross-check may still run).
@@ -716,6 +730,8 @@ impl<'r, B> Round<'r, B> {
                 %why,
                 "no result for an owned shard; sending an empty one"
             );
+            self.warnings
+                .push(format!("cannot aggregate owned shard {s}: {why}"));
             self.no_result[i] = true;
         }
     }
@@ -1088,13 +1104,21 @@ impl<'r, B> Round<'r, B> {
             return;
         }
         let (me, n) = (self.spec.me, self.spec.n);
+        let encoded = mine.encode();
         let mut theirs: Vec<Option<Check>> = vec![None; n];
+        let mut same = vec![false; n];
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             if let Arrival::Received(b) = a {
-                theirs[op.peer] = Check::decode(&plane.host(&b), n, mine.seen.r);
+                let bytes = plane.host(&b);
+                // The common case, a rank that saw what this one saw, costs one comparison.
+                if bytes[..] == encoded[..] {
+                    same[op.peer] = true;
+                } else {
+                    theirs[op.peer] = Check::decode(&bytes, n, mine.seen.r);
+                }
             }
         }
-        match check::evaluate(me, n, self.rule.byzantine(), &mine, &theirs) {
+        match check::evaluate(me, n, self.rule.byzantine(), &mine, &theirs, &same) {
             Ok(found) => self.report.agreement = Some(found),
             Err(e) => self.failed = Some(e),
         }

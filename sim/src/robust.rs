@@ -1,0 +1,581 @@
+//! The robust collectives in the simulator: every rank runs the runtime's own sans-IO round
+//! ([`byzcoll_runtime::round::Round`]), the same state machine the `Communicator` drives over
+//! a transport, here under virtual time on the simulator's shared store.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use bytes::Bytes;
+use byzcoll_aggregators::{
+    aggregate_into, AggError, AggReport, Aggregator, DistanceMixing, DistanceSelection, Median,
+};
+use byzcoll_runtime::round::{Arrival, Dest, Digest, Msg, Plane as RoundPlane, Round, Spec, Src};
+use byzcoll_runtime::schedule::chunk_range;
+use byzcoll_runtime::{Error, Rank, RoundReport, Tag};
+
+use crate::data::{ChunkId, Plane, ABSENT, EMPTY, NO_DATA};
+use crate::engine::{Out, Posted, Program, Work};
+use crate::faults::Adversary;
+use crate::programs::Common;
+
+/// A simulated message: a chunk of the store (or a blob the round made: statistics, the
+/// cross-check) and its size on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SimMsg {
+    id: u32,
+    bytes: u64,
+}
+
+/// Ids at and above this are blobs (`id - BLOB` indexes [`Robust::blobs`]).
+const BLOB: u32 = 1 << 31;
+
+const F32: usize = std::mem::size_of::<f32>();
+
+/// Every rank's robust round as an engine program.
+pub(crate) struct Robust<'a> {
+    pub common: Common,
+    adversary: &'a Adversary,
+    rounds: Vec<Option<Round<'a, SimMsg>>>,
+    /// Per rank, the posted step's receives sorted by `(from, tag)`, with their slot.
+    slots: Vec<Vec<(u32, Tag, u32)>>,
+    /// Per rank, the posted step's expected lengths, by slot.
+    lens: Vec<Vec<u64>>,
+    /// Per rank: its results by owned shard, estimates, combined shards in shard order.
+    ranks: Vec<RankData>,
+    blobs: Vec<Bytes>,
+    interned: HashMap<Bytes, usize>,
+    /// The last blob made, by address (valid while the step that sent it is being posted).
+    last_blob: Option<(usize, usize, SimMsg)>,
+    digests: HashMap<u32, Digest>,
+    finite: HashMap<u32, bool>,
+    /// Same-to-everyone lies, made once per (owner, shard).
+    lies: HashMap<(Rank, usize), ChunkId>,
+    /// Per rank, the reports of rounds that ended well.
+    pub reports: Vec<Option<RoundReport>>,
+}
+
+#[derive(Debug, Default)]
+struct RankData {
+    /// Id of the first of the rank's `n` shard views (data mode; shard `s` is `+ s`).
+    pieces: ChunkId,
+    results: Vec<ChunkId>,
+    estimates: Vec<Vec<f64>>,
+    combined: Vec<ChunkId>,
+    output: Option<ChunkId>,
+}
+
+impl std::fmt::Debug for Robust<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Robust")
+            .field("n", &self.common.n)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Robust<'a> {
+    /// Every rank's round of `rule` as `spec(rank)` says.
+    pub(crate) fn new(
+        common: Common,
+        rule: &'a dyn Aggregator,
+        adversary: &'a Adversary,
+        spec: impl Fn(Rank) -> Spec,
+    ) -> Self {
+        let n = common.n;
+        Robust {
+            rounds: (0..n).map(|r| Some(Round::new(spec(r), rule))).collect(),
+            slots: vec![Vec::new(); n],
+            lens: vec![Vec::new(); n],
+            ranks: (0..n).map(|_| RankData::default()).collect(),
+            blobs: Vec::new(),
+            interned: HashMap::new(),
+            last_blob: None,
+            digests: HashMap::new(),
+            finite: HashMap::new(),
+            lies: HashMap::new(),
+            reports: (0..n).map(|_| None).collect(),
+            common,
+            adversary,
+        }
+    }
+
+    /// A blob for `b`, interned by content: a round's statistics and cross-checks go to
+    /// every peer, and ranks that agree send the same bytes.
+    fn blob(&mut self, b: &Bytes) -> SimMsg {
+        // A step sends one `Bytes` to every peer: hash it once.
+        if let Some((ptr, len, msg)) = self.last_blob {
+            if ptr == b.as_ptr() as usize && len == b.len() {
+                return msg;
+            }
+        }
+        let next = self.blobs.len();
+        let i = *self.interned.entry(b.clone()).or_insert(next);
+        if i == next {
+            self.blobs.push(b.clone());
+        }
+        let msg = SimMsg {
+            id: BLOB + i as u32,
+            bytes: b.len() as u64,
+        };
+        self.last_blob = Some((b.as_ptr() as usize, b.len(), msg));
+        msg
+    }
+
+    /// What `rank` sends as `msg` to `dest`, forged where the adversary says so.
+    fn message(&mut self, rank: Rank, msg: &Msg, dest: Rank) -> SimMsg {
+        let (n, d) = (self.common.n, self.common.d);
+        let chunk = |id: ChunkId, len: usize| SimMsg {
+            id,
+            bytes: (len * F32) as u64,
+        };
+        match msg {
+            Msg::Input | Msg::Piece(_) => {
+                let range = match msg {
+                    Msg::Piece(s) => chunk_range(d, n, *s),
+                    _ => 0..d,
+                };
+                let len = range.len();
+                let Some(plane) = self.common.plane.as_mut() else {
+                    return chunk(NO_DATA, len);
+                };
+                if self.adversary.equivocates_inputs(rank, n) {
+                    // A different vector to every destination.
+                    let honest = plane.store.get(plane.inputs[rank])[range].to_vec();
+                    let forged = crate::Lie::Equivocate.forge(&honest, dest);
+                    return chunk(plane.store.insert(forged.into()), len);
+                }
+                let id = match msg {
+                    Msg::Piece(s) => self.ranks[rank].pieces + *s as ChunkId,
+                    _ => plane.inputs[rank],
+                };
+                chunk(id, len)
+            }
+            Msg::Result(s) => {
+                let len = chunk_range(d, n, *s).len();
+                let i = (rank + n - s) % n;
+                let honest = self.ranks[rank].results.get(i).copied().unwrap_or(EMPTY);
+                let Some(plane) = self.common.plane.as_mut() else {
+                    return chunk(NO_DATA, len);
+                };
+                if !self.adversary.lies_as_owner(rank, n) {
+                    return chunk(honest, len);
+                }
+                let lie = self.adversary.lie;
+                let equivocates = lie == crate::Lie::Equivocate;
+                if !equivocates {
+                    if let Some(&id) = self.lies.get(&(rank, *s)) {
+                        return chunk(id, len);
+                    }
+                }
+                let base = if honest == EMPTY {
+                    vec![0.0; len]
+                } else {
+                    plane.store.get(honest).to_vec()
+                };
+                let id = plane.store.insert(lie.forge(&base, dest).into());
+                if !equivocates {
+                    self.lies.insert((rank, *s), id);
+                }
+                chunk(id, len)
+            }
+            Msg::Empty => SimMsg { id: EMPTY, bytes: 0 },
+            Msg::Bytes(b) => {
+                let b = b.clone();
+                self.blob(&b)
+            }
+            _ => SimMsg { id: EMPTY, bytes: 0 },
+        }
+    }
+}
+
+impl Program for Robust<'_> {
+    type Msg = SimMsg;
+    const ABSENT: SimMsg = SimMsg {
+        id: ABSENT,
+        bytes: 0,
+    };
+
+    fn finished(&self, rank: Rank, _step: usize) -> bool {
+        self.rounds[rank].as_ref().is_none_or(|r| r.step().is_none())
+    }
+
+    fn post(&mut self, rank: Rank, step: usize, sends: &mut Vec<Out<SimMsg>>) -> Posted {
+        let (n, d) = (self.common.n, self.common.d);
+        if step == 0 {
+            if let Some(plane) = &mut self.common.plane {
+                let input = plane.inputs[rank];
+                let first = plane.store.view(input, chunk_range(d, n, 0));
+                for s in 1..n {
+                    plane.store.view(input, chunk_range(d, n, s));
+                }
+                self.ranks[rank].pieces = first;
+            }
+        }
+        let plan = self.rounds[rank]
+            .as_ref()
+            .and_then(|r| r.step())
+            .cloned()
+            .expect("the engine posts only unfinished ranks");
+        self.last_blob = None;
+        for send in &plan.sends {
+            let msg = self.message(rank, &send.msg, send.peer);
+            sends.push(Out::new(send.peer, send.tag, msg));
+        }
+        // `plan` (and the bytes the cache points at) is dropped after this.
+        self.last_blob = None;
+        let mut slots: Vec<(u32, Tag, u32)> = plan
+            .recvs
+            .iter()
+            .enumerate()
+            .map(|(i, op)| (op.peer as u32, op.tag, i as u32))
+            .collect();
+        slots.sort_unstable();
+        self.slots[rank] = slots;
+        self.lens[rank] = plan.recvs.iter().map(|op| op.len as u64).collect();
+        let mut posted = Posted::new(plan.recvs.len(), plan.recvs.len());
+        posted.timeouts = plan.timeout.as_secs_f64();
+        posted
+    }
+
+    fn bytes(&self, _from: Rank, _step: usize, _tag: Tag, msg: SimMsg) -> u64 {
+        msg.bytes
+    }
+
+    fn slot(&self, rank: Rank, _step: usize, from: Rank, tag: Tag) -> Option<usize> {
+        let slots = &self.slots[rank];
+        let key = (from as u32, tag);
+        slots
+            .binary_search_by(|&(f, t, _)| (f, t).cmp(&key))
+            .ok()
+            .map(|i| slots[i].2 as usize)
+    }
+
+    fn ignores(&self, rank: Rank, _step: usize, from: Rank, _tag: Tag) -> bool {
+        from != rank && from < self.common.n
+    }
+
+    fn complete(&mut self, rank: Rank, _step: usize, got: &[SimMsg]) -> Result<Work, Error> {
+        let arrivals: Vec<Arrival<SimMsg>> = got
+            .iter()
+            .zip(&self.lens[rank])
+            .map(|(&m, &len)| match m {
+                m if m.id == ABSENT => Arrival::Missing,
+                m if m.bytes != len => Arrival::Malformed(format!(
+                    "{} bytes where {len} were expected",
+                    m.bytes
+                )),
+                m => Arrival::Received(m),
+            })
+            .collect();
+        let mut round = self.rounds[rank].take().expect("a running rank has a round");
+        let input = self.common.input(rank);
+        let mut plane = SimPlane {
+            data: self.common.plane.as_mut(),
+            input,
+            rank: &mut self.ranks[rank],
+            blobs: &self.blobs,
+            digests: &mut self.digests,
+            finite: &mut self.finite,
+            n: self.common.n,
+            d: self.common.d,
+        };
+        round.handle(&mut plane, arrivals);
+        let work = Work {
+            rule_bytes: round.take_work() as f64,
+            ..Work::default()
+        };
+        for fault in round.faults() {
+            self.common.add_fault(rank, fault.clone());
+        }
+        self.common.warnings[rank].extend(round.take_warnings());
+        if round.step().is_some() {
+            self.rounds[rank] = Some(round);
+            return Ok(work);
+        }
+        let report = round.finish()?;
+        let data = &mut self.ranks[rank];
+        if let (None, Some(plane)) = (data.output, self.common.plane.as_mut()) {
+            // Sharded: the combined shards, in shard order.
+            data.output = Some(plane.concat(&std::mem::take(&mut data.combined)));
+        }
+        self.common.outputs[rank] = data.output;
+        self.reports[rank] = Some(report);
+        Ok(work)
+    }
+}
+
+/// One rank's view of the store, for one call of [`Round::handle`].
+struct SimPlane<'p> {
+    /// `None` in timing mode: nothing is computed.
+    data: Option<&'p mut Plane>,
+    rank: &'p mut RankData,
+    /// This rank's input chunk.
+    input: ChunkId,
+    blobs: &'p [Bytes],
+    digests: &'p mut HashMap<u32, Digest>,
+    finite: &'p mut HashMap<u32, bool>,
+    n: usize,
+    d: usize,
+}
+
+impl SimPlane<'_> {
+    /// The chunk `src` names.
+    fn id(&self, src: &Src<'_, SimMsg>) -> ChunkId {
+        match src {
+            Src::Got(m) => m.id,
+            Src::Owned(i) => self.rank.results[*i],
+            Src::Mine(range) => self.mine(range.clone()),
+        }
+    }
+
+    /// The chunk of this rank's input `range`: all of it, or the view of the shard it is.
+    fn mine(&self, range: Range<usize>) -> ChunkId {
+        if self.data.is_none() {
+            return NO_DATA;
+        }
+        if range == (0..self.d) {
+            return self.input;
+        }
+        let s = (0..self.n)
+            .find(|&s| chunk_range(self.d, self.n, s) == range)
+            .expect("a shard's range");
+        self.rank.pieces + s as ChunkId
+    }
+
+    fn slices<'s>(&'s self, ids: &[ChunkId]) -> Vec<&'s [f32]> {
+        let plane = self.data.as_deref().expect("data mode");
+        ids.iter().map(|&i| plane.store.get(i)).collect()
+    }
+
+    fn insert(&mut self, v: Vec<f32>) -> ChunkId {
+        self.data.as_deref_mut().expect("data mode").store.insert(v.into())
+    }
+
+    fn set_result(&mut self, i: usize, id: ChunkId) {
+        if self.rank.results.len() <= i {
+            self.rank.results.resize(i + 1, EMPTY);
+        }
+        self.rank.results[i] = id;
+    }
+
+    /// A shard's inputs by rank with the first present one standing in for erased ones.
+    fn placeholder_ids(&self, inputs: &[Option<Src<'_, SimMsg>>]) -> Vec<ChunkId> {
+        let stand_in = inputs.iter().flatten().next().map(|s| self.id(s));
+        inputs
+            .iter()
+            .map(|x| x.as_ref().map(|s| self.id(s)).or(stand_in).unwrap_or(EMPTY))
+            .collect()
+    }
+}
+
+impl RoundPlane for SimPlane<'_> {
+    type Buf = SimMsg;
+
+    fn host<'b>(&'b self, buf: &'b SimMsg) -> std::borrow::Cow<'b, [u8]> {
+        match buf.id.checked_sub(BLOB) {
+            Some(i) if buf.id != ABSENT && buf.id != EMPTY && buf.id != NO_DATA => {
+                std::borrow::Cow::Borrowed(&self.blobs[i as usize])
+            }
+            _ => std::borrow::Cow::Borrowed(&[]),
+        }
+    }
+
+    fn digest(&mut self, src: Src<'_, SimMsg>) -> Digest {
+        let id = self.id(&src);
+        if self.data.is_none() {
+            return [0; 32];
+        }
+        if let Some(d) = self.digests.get(&id) {
+            return *d;
+        }
+        let d = byzcoll_runtime::round::input_digest(self.slices(&[id])[0]);
+        self.digests.insert(id, d);
+        d
+    }
+
+    fn finite(&mut self, src: Src<'_, SimMsg>) -> bool {
+        if self.data.is_none() {
+            return true;
+        }
+        let id = self.id(&src);
+        if let Some(&f) = self.finite.get(&id) {
+            return f;
+        }
+        let f = self.slices(&[id])[0].iter().all(|v| v.is_finite());
+        self.finite.insert(id, f);
+        f
+    }
+
+    fn aggregate(
+        &mut self,
+        rule: &dyn Aggregator,
+        inputs: &[Src<'_, SimMsg>],
+        to: Dest,
+    ) -> Result<AggReport, AggError> {
+        let ids: Vec<ChunkId> = inputs.iter().map(|s| self.id(s)).collect();
+        let Some(plane) = self.data.as_deref_mut() else {
+            return Ok(AggReport::default());
+        };
+        let len = plane.store.get(ids[0]).len();
+        let id = plane.aggregate(rule, &ids, len)?;
+        match to {
+            Dest::Output => self.rank.output = Some(id),
+            Dest::Owned(i) => self.set_result(i, id),
+        }
+        // The store's memo keeps results, not reports: selections are not simulated.
+        Ok(AggReport::default())
+    }
+
+    fn combine(
+        &mut self,
+        _s: usize,
+        range: Range<usize>,
+        versions: &[Src<'_, SimMsg>],
+    ) -> Result<(), AggError> {
+        let ids: Vec<ChunkId> = versions.iter().map(|s| self.id(s)).collect();
+        let Some(plane) = self.data.as_deref_mut() else {
+            return Ok(());
+        };
+        let median = Median::new((ids.len() - 1) / 2);
+        let id = plane.combine(&median, &ids, range.len())?;
+        self.rank.combined.push(id);
+        Ok(())
+    }
+
+    fn distance_table(&mut self, inputs: &[Option<Src<'_, SimMsg>>]) -> Vec<f64> {
+        let n = inputs.len();
+        if self.data.is_none() {
+            return vec![0.0; n * n];
+        }
+        let present: Vec<bool> = inputs.iter().map(Option::is_some).collect();
+        let ids = self.placeholder_ids(inputs);
+        byzcoll_aggregators::distance::distance_table_of_present(&self.slices(&ids), &present)
+    }
+
+    fn finish_selected(
+        &mut self,
+        selection: &dyn DistanceSelection,
+        inputs: &[Option<Src<'_, SimMsg>>],
+        selected: &[usize],
+        i: usize,
+    ) -> Result<(), AggError> {
+        if self.data.is_none() {
+            return Ok(());
+        }
+        let ids = self.placeholder_ids(inputs);
+        let views = self.slices(&ids);
+        let mut out = vec![0.0f32; views[0].len()];
+        selection.finish(
+            byzcoll_aggregators::Inputs::F32(&views),
+            selected,
+            byzcoll_aggregators::Output::F32(&mut out),
+        )?;
+        let id = self.insert(out);
+        self.set_result(i, id);
+        Ok(())
+    }
+
+    fn estimate_start(
+        &mut self,
+        i: usize,
+        inputs: &[Option<Src<'_, SimMsg>>],
+    ) -> Result<(), AggError> {
+        if self.rank.estimates.len() <= i {
+            self.rank.estimates.resize_with(i + 1, Vec::new);
+        }
+        if self.data.is_none() {
+            return Ok(());
+        }
+        let ids: Vec<ChunkId> = inputs.iter().flatten().map(|s| self.id(s)).collect();
+        let views = self.slices(&ids);
+        let mut m = vec![0.0f32; views[0].len()];
+        aggregate_into(&Median::new((views.len() - 1) / 2), &views, &mut m)?;
+        self.rank.estimates[i] = m.iter().map(|&v| f64::from(v)).collect();
+        Ok(())
+    }
+
+    fn estimate_distances(
+        &mut self,
+        i: usize,
+        inputs: &[Option<Src<'_, SimMsg>>],
+    ) -> Vec<f64> {
+        if self.data.is_none() {
+            return vec![0.0; inputs.len()];
+        }
+        let ids = self.placeholder_ids(inputs);
+        let finite: Vec<bool> = inputs
+            .iter()
+            .zip(&ids)
+            .map(|(x, &id)| x.is_some() && self.slices(&[id])[0].iter().all(|v| v.is_finite()))
+            .collect();
+        byzcoll_aggregators::iteration::sq_distances_to(
+            &self.slices(&ids),
+            &finite,
+            &self.rank.estimates[i],
+        )
+    }
+
+    fn estimate_step(
+        &mut self,
+        i: usize,
+        inputs: &[Option<Src<'_, SimMsg>>],
+        a: f64,
+        w: &[f64],
+    ) -> (f64, f64) {
+        if self.data.is_none() {
+            return (0.0, 0.0);
+        }
+        let ids = self.placeholder_ids(inputs);
+        let z = &self.rank.estimates[i];
+        let mut next = vec![0.0f64; z.len()];
+        byzcoll_aggregators::iteration::step_into(&self.slices(&ids), a, w, z, &mut next);
+        let change: f64 = next.iter().zip(z).map(|(p, q)| (p - q) * (p - q)).sum();
+        let size: f64 = z.iter().map(|q| q * q).sum();
+        self.rank.estimates[i] = next;
+        (change, size)
+    }
+
+    fn estimate_finish(&mut self, i: usize) -> Result<(), String> {
+        if self.data.is_none() {
+            return Ok(());
+        }
+        let out: Vec<f32> = self.rank.estimates[i].iter().map(|&v| v as f32).collect();
+        if !out.iter().all(|v| v.is_finite()) {
+            return Err("the estimate is not finite".into());
+        }
+        let id = self.insert(out);
+        self.set_result(i, id);
+        Ok(())
+    }
+
+    fn mix(
+        &mut self,
+        mixing: &dyn DistanceMixing,
+        inputs: &[Src<'_, SimMsg>],
+        neighbours: &[Option<Vec<usize>>],
+        i: usize,
+    ) -> Result<(), AggError> {
+        if self.data.is_none() {
+            return Ok(());
+        }
+        let ids: Vec<ChunkId> = inputs.iter().map(|s| self.id(s)).collect();
+        let mixed = byzcoll_aggregators::mix(&self.slices(&ids), neighbours);
+        let refs: Vec<&[f32]> = mixed.iter().map(Vec::as_slice).collect();
+        let mut out = vec![0.0f32; refs[0].len()];
+        aggregate_into(mixing.inner(), &refs, &mut out)?;
+        let id = self.insert(out);
+        self.set_result(i, id);
+        Ok(())
+    }
+
+    fn result_digest(&mut self) -> Digest {
+        let Some(plane) = self.data.as_deref_mut() else {
+            return [0; 32];
+        };
+        if self.rank.output.is_none() {
+            let combined = std::mem::take(&mut self.rank.combined);
+            self.rank.output = Some(plane.concat(&combined));
+        }
+        let id = self.rank.output.expect("set above");
+        byzcoll_runtime::round::result_digest(plane.store.get(id))
+    }
+}
