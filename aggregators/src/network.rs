@@ -124,10 +124,7 @@ pub(crate) fn sort_block<T: Element>(
             let bits: Vec<&[u32]> = inputs.iter().map(|x| bytemuck::cast_slice(x)).collect();
             if let Ok(keys) = bytemuck::try_cast_slice_mut::<T::Key, i32>(rows) {
                 // SAFETY: the CPU supports AVX2, checked just above.
-                unsafe { avx2_f32::sort_block(&bits, base, width, keys) };
-                if n > 16 {
-                    apply(keys, width, &plan.merge);
-                }
+                unsafe { avx2_f32::sort_block(&bits, base, width, keys, &plan.merge) };
                 return;
             }
         }
@@ -249,10 +246,16 @@ mod avx2_f32 {
     /// `i32::MAX`, the largest key, which sorts after every real key (ties are
     /// indistinguishable), so rows `0..n` end up exactly the sorted column. With more than 16
     /// inputs the others are sorted the same way into rows `16..32` (padded to 16 rows with
-    /// the largest key), which the caller merges. `rows`: `n` rows of `width` keys, or 32
-    /// rows when `n > 16`.
+    /// the largest key) and the halves merged by `merge` (comparators on 32 wires). `rows`:
+    /// `n` rows of `width` keys, or 32 rows when `n > 16`.
     #[target_feature(enable = "avx2")]
-    pub(super) fn sort_block(inputs: &[&[u32]], base: usize, width: usize, rows: &mut [i32]) {
+    pub(super) fn sort_block(
+        inputs: &[&[u32]],
+        base: usize,
+        width: usize,
+        rows: &mut [i32],
+        merge: &[(usize, usize)],
+    ) {
         let (low, high) = inputs.split_at(inputs.len().min(16));
         sort_block_16(low, base, width, rows);
         if !high.is_empty() {
@@ -260,6 +263,7 @@ mod avx2_f32 {
             // Pad the second half to 16 rows with the largest key.
             let filled = 16 * width + high.len() * width;
             rows[filled..32 * width].fill(i32::MAX);
+            super::apply(rows, width, merge);
         }
     }
 
