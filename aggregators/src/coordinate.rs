@@ -3,7 +3,8 @@
 //! Each coordinate is reduced independently, on total-order keys (so NaN and infinities are
 //! ordered extremes). For `n` up to [`network::MAX_INPUTS`] a block of coordinates is sorted by a
 //! sorting network applied row-wise ([`crate::network`]): SIMD min/max across 8 or 16
-//! coordinates at a time. Larger `n` transposes blocks into columns and uses selection. rayon
+//! coordinates at a time, in registers for `f32` up to 16 inputs (and two register-sorted halves
+//! merged in memory up to 32). Larger `n` transposes blocks into columns and uses selection. rayon
 //! splits the blocks.
 
 use rayon::prelude::*;

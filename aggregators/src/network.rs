@@ -6,6 +6,14 @@
 //! steps: `(lo, hi) = (min(lo, hi), max(lo, hi))` element by element, which the compiler turns
 //! into SIMD min/max. Comparators that cannot affect the rows a rule reads (the middle one or two
 //! for a median, the untrimmed band for a trimmed mean) are pruned.
+//!
+//! That network in memory is bound by its two stores per comparator. `f32` inputs on a CPU with
+//! AVX2 therefore take another path for `n <= 32`: 8 columns at a time, up to 16 inputs are
+//! sorted completely by `merge_exchange(16)` in registers (columns padded with the largest key,
+//! which sorts after every real key); 17 to 32 inputs are sorted as two such halves whose rows
+//! are then merged in memory by Batcher's odd-even merge, pruned like the others. Every path
+//! leaves the same keys in the rows a rule reads (ties are indistinguishable), so results are
+//! bitwise the same on every CPU.
 
 use crate::Element;
 
