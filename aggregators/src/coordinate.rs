@@ -3,7 +3,8 @@
 //! Each coordinate is reduced independently, on total-order keys (so NaN and infinities are
 //! ordered extremes). For `n` up to [`network::MAX_INPUTS`] a block of coordinates is sorted by a
 //! sorting network applied row-wise ([`crate::network`]): SIMD min/max across 8 or 16
-//! coordinates at a time. Larger `n` transposes blocks into columns and uses selection. rayon
+//! coordinates at a time, in registers for `f32` up to 16 inputs (and two register-sorted halves
+//! merged in memory up to 32). Larger `n` transposes blocks into columns and uses selection. rayon
 //! splits the blocks.
 
 use rayon::prelude::*;
@@ -61,13 +62,13 @@ pub(crate) fn network_blocks<T: Element>(
     needed: std::ops::Range<usize>,
     finish: impl Fn(&[T::Key], usize, &mut [T]) -> Result<(), usize> + Sync,
 ) -> Result<(), usize> {
-    let comparators = network::pruned(inputs.len(), needed);
+    let plan = network::Plan::new(inputs.len(), needed);
     out.par_chunks_mut(NETWORK_BLOCK)
         .enumerate()
         .try_for_each_init(Vec::new, |rows: &mut Vec<T::Key>, (b, chunk)| {
             let base = b * NETWORK_BLOCK;
             let width = chunk.len();
-            network::sort_block(inputs, base, width, rows, &comparators);
+            network::sort_block(inputs, base, width, rows, &plan);
             finish(rows, width, chunk).map_err(|c| base + c)
         })
 }
@@ -402,6 +403,79 @@ mod tests {
                 let want = reference(&inputs, f, false);
                 for (a, b) in out.iter().zip(&want) {
                     assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "trimmed n={n}");
+                }
+            }
+        }
+    }
+
+    /// Every path (registers for n <= 16, register halves and a merge up to 32, the memory
+    /// network above) against a sort of each column, bitwise, on `f32` inputs with NaN,
+    /// infinities and signed zeros sprinkled in, at widths that end mid-group and mid-block.
+    #[test]
+    fn f32_rules_match_a_column_sort_with_non_finite_values_at_block_edges() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+        ];
+        for n in 1..=34usize {
+            for d in [1usize, 7, 8, 9, 513, 1029] {
+                let rows: Vec<Vec<f32>> = (0..n)
+                    .map(|_| {
+                        (0..d)
+                            .map(|_| {
+                                if rng.gen_bool(0.05) {
+                                    specials[rng.gen_range(0..specials.len())]
+                                } else {
+                                    rng.gen_range(-4i32..4) as f32 * 0.75
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let inputs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+                let columns: Vec<Vec<f32>> = (0..d)
+                    .map(|c| {
+                        let mut col: Vec<f32> = rows.iter().map(|r| r[c]).collect();
+                        col.sort_by(f32::total_cmp);
+                        col
+                    })
+                    .collect();
+                let check = |rule: &dyn Aggregator, want: &dyn Fn(&[f32]) -> f32| {
+                    let want: Vec<f32> = columns.iter().map(|c| want(c)).collect();
+                    let mut out = vec![0.0f32; d];
+                    let got = aggregate_into(rule, &inputs, &mut out);
+                    match want.iter().position(|v| !v.is_finite()) {
+                        Some(c) => assert!(
+                            matches!(got, Err(AggError::NonFiniteResult { coordinate, .. }) if coordinate == c),
+                            "{} n={n} d={d}: {got:?}, want coordinate {c}",
+                            rule.name()
+                        ),
+                        None => {
+                            assert!(got.is_ok(), "{} n={n} d={d}: {got:?}", rule.name());
+                            let bits =
+                                |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(bits(&out), bits(&want), "{} n={n} d={d}", rule.name());
+                        }
+                    }
+                };
+                let mid = n / 2;
+                check(&Median::new((n - 1) / 2), &|c: &[f32]| {
+                    if n % 2 == 1 {
+                        c[mid]
+                    } else {
+                        (c[mid - 1] as f64 * 0.5 + c[mid] as f64 * 0.5) as f32
+                    }
+                });
+                for f in [0, (n - 1) / 4, (n - 1) / 2] {
+                    check(&TrimmedMean::new(f), &|c: &[f32]| {
+                        let sum = c[f..n - f].iter().fold(0.0f64, |a, &v| a + v as f64);
+                        (sum * (1.0 / (n - 2 * f) as f64)) as f32
+                    });
                 }
             }
         }

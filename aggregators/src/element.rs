@@ -39,7 +39,7 @@ pub trait Element:
     const DTYPE: DType;
     /// A key whose integer order is IEEE-754 `totalOrder` on `Self`:
     /// `-NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN`.
-    type Key: Ord + Copy + Send + Sync + Default;
+    type Key: Ord + Copy + Send + Sync + Default + bytemuck::Pod;
 
     /// Maps a value to its total-order key.
     fn key(self) -> Self::Key;

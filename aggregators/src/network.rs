@@ -6,6 +6,14 @@
 //! steps: `(lo, hi) = (min(lo, hi), max(lo, hi))` element by element, which the compiler turns
 //! into SIMD min/max. Comparators that cannot affect the rows a rule reads (the middle one or two
 //! for a median, the untrimmed band for a trimmed mean) are pruned.
+//!
+//! That network in memory is bound by its two stores per comparator. `f32` inputs on a CPU with
+//! AVX2 therefore take another path for `n <= 32`: 8 columns at a time, up to 16 inputs are
+//! sorted completely by `merge_exchange(16)` in registers (columns padded with the largest key,
+//! which sorts after every real key); 17 to 32 inputs are sorted as two such halves whose rows
+//! are then merged in memory by Batcher's odd-even merge, pruned like the others. Every path
+//! leaves the same keys in the rows a rule reads (ties are indistinguishable), so results are
+//! bitwise the same on every CPU.
 
 use crate::Element;
 
@@ -43,7 +51,11 @@ fn merge_exchange(n: usize) -> Vec<(usize, usize)> {
 /// The comparators of the `n`-wire network that can influence wires `needed` (a range of
 /// output positions).
 pub(crate) fn pruned(n: usize, needed: std::ops::Range<usize>) -> Vec<(usize, usize)> {
-    let all = merge_exchange(n);
+    prune(&merge_exchange(n), n, needed)
+}
+
+/// The comparators of `all` (on `n` wires) that can influence wires `needed`.
+fn prune(all: &[(usize, usize)], n: usize, needed: std::ops::Range<usize>) -> Vec<(usize, usize)> {
     let mut live = vec![false; n];
     live[needed].iter_mut().for_each(|l| *l = true);
     let mut kept: Vec<(usize, usize)> = Vec::with_capacity(all.len());
@@ -58,6 +70,47 @@ pub(crate) fn pruned(n: usize, needed: std::ops::Range<usize>) -> Vec<(usize, us
     kept
 }
 
+/// Batcher's odd-even merge of the sorted halves `0..n/2` and `n/2..n` (`n` a power of two).
+fn odd_even_merge(n: usize) -> Vec<(usize, usize)> {
+    fn merge(lo: usize, hi: usize, r: usize, out: &mut Vec<(usize, usize)>) {
+        let step = r * 2;
+        if step < hi - lo {
+            merge(lo, hi, step, out);
+            merge(lo + r, hi, step, out);
+            out.extend((lo + r..hi - r).step_by(step).map(|i| (i, i + r)));
+        } else {
+            out.push((lo, lo + r));
+        }
+    }
+    let mut out = Vec::new();
+    if n >= 2 {
+        merge(0, n - 1, 1, &mut out);
+    }
+    out
+}
+
+/// How a block of `n` inputs gets sorted for the rows `needed`: the comparators of the
+/// `n`-wire network in memory, and, for the register path of `f32` inputs with
+/// `16 < n <= 32`, those of the merge of the two register-sorted halves of 32 padded wires.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    comparators: Vec<(usize, usize)>,
+    merge: Vec<(usize, usize)>,
+}
+
+impl Plan {
+    pub(crate) fn new(n: usize, needed: std::ops::Range<usize>) -> Self {
+        Plan {
+            comparators: pruned(n, needed.clone()),
+            merge: if (17..=32).contains(&n) {
+                prune(&odd_even_merge(32), 32, needed)
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
 /// Fills `rows` with the total-order keys of `inputs[i][base..base + width]` (row `i` per input)
 /// and sorts every column with `comparators`. Uses AVX2 min/max when the CPU has it.
 pub(crate) fn sort_block<T: Element>(
@@ -65,15 +118,222 @@ pub(crate) fn sort_block<T: Element>(
     base: usize,
     width: usize,
     rows: &mut Vec<T::Key>,
-    comparators: &[(usize, usize)],
+    plan: &Plan,
 ) {
+    let comparators = &plan.comparators[..];
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
+        let n = inputs.len();
+        if n <= avx2_f32::INPUTS && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+            // More than 16 inputs: two halves of 16 (the second padded) sorted in registers,
+            // then merged in memory.
+            let wires = if n <= 16 { n } else { 32 };
+            rows.resize(wires * width, T::Key::default());
+            let bits: Vec<&[u32]> = inputs.iter().map(|x| bytemuck::cast_slice(x)).collect();
+            if let Ok(keys) = bytemuck::try_cast_slice_mut::<T::Key, i32>(rows) {
+                // SAFETY: the CPU supports AVX2, checked just above.
+                unsafe { avx2_f32::sort_block(&bits, base, width, keys, &plan.merge) };
+                return;
+            }
+        }
         // SAFETY: the CPU supports AVX2, checked just above.
         unsafe { sort_block_avx2(inputs, base, width, rows, comparators) };
         return;
     }
     sort_block_portable(inputs, base, width, rows, comparators);
+}
+
+/// `merge_exchange(16)` as `$cs!(a, b)` statements, spelled out so that the compiler sees
+/// every index and keeps the 16 rows in registers (a test checks it against
+/// [`merge_exchange`]).
+macro_rules! merge_exchange_16 {
+    ($cs:ident) => {
+        $cs!(0, 8);
+        $cs!(1, 9);
+        $cs!(2, 10);
+        $cs!(3, 11);
+        $cs!(4, 12);
+        $cs!(5, 13);
+        $cs!(6, 14);
+        $cs!(7, 15);
+        $cs!(0, 4);
+        $cs!(1, 5);
+        $cs!(2, 6);
+        $cs!(3, 7);
+        $cs!(8, 12);
+        $cs!(9, 13);
+        $cs!(10, 14);
+        $cs!(11, 15);
+        $cs!(4, 8);
+        $cs!(5, 9);
+        $cs!(6, 10);
+        $cs!(7, 11);
+        $cs!(0, 2);
+        $cs!(1, 3);
+        $cs!(4, 6);
+        $cs!(5, 7);
+        $cs!(8, 10);
+        $cs!(9, 11);
+        $cs!(12, 14);
+        $cs!(13, 15);
+        $cs!(2, 8);
+        $cs!(3, 9);
+        $cs!(6, 12);
+        $cs!(7, 13);
+        $cs!(2, 4);
+        $cs!(3, 5);
+        $cs!(6, 8);
+        $cs!(7, 9);
+        $cs!(10, 12);
+        $cs!(11, 13);
+        $cs!(0, 1);
+        $cs!(2, 3);
+        $cs!(4, 5);
+        $cs!(6, 7);
+        $cs!(8, 9);
+        $cs!(10, 11);
+        $cs!(12, 13);
+        $cs!(14, 15);
+        $cs!(1, 8);
+        $cs!(3, 10);
+        $cs!(5, 12);
+        $cs!(7, 14);
+        $cs!(1, 4);
+        $cs!(3, 6);
+        $cs!(5, 8);
+        $cs!(7, 10);
+        $cs!(9, 12);
+        $cs!(11, 14);
+        $cs!(1, 2);
+        $cs!(3, 4);
+        $cs!(5, 6);
+        $cs!(7, 8);
+        $cs!(9, 10);
+        $cs!(11, 12);
+        $cs!(13, 14);
+    };
+}
+
+/// `$m!(i)` for `i` in `0..16`, with literal indices.
+macro_rules! each_of_16 {
+    ($m:ident) => {
+        $m!(0);
+        $m!(1);
+        $m!(2);
+        $m!(3);
+        $m!(4);
+        $m!(5);
+        $m!(6);
+        $m!(7);
+        $m!(8);
+        $m!(9);
+        $m!(10);
+        $m!(11);
+        $m!(12);
+        $m!(13);
+        $m!(14);
+        $m!(15);
+    };
+}
+
+/// `f32` blocks of at most 16 inputs, sorted in AVX2 registers: the memory network's two
+/// stores per comparator, not its min/max, bound its speed.
+#[cfg(target_arch = "x86_64")]
+mod avx2_f32 {
+    use std::arch::x86_64::{
+        __m256i, _mm256_max_epi32, _mm256_min_epi32, _mm256_set1_epi32, _mm256_srai_epi32,
+        _mm256_srli_epi32, _mm256_xor_si256,
+    };
+
+    /// Largest `n` taken.
+    pub(super) const INPUTS: usize = 32;
+
+    /// Sorts every column of the first 16 inputs completely (so whatever rows a rule reads
+    /// are in place) with the 16-wire network in registers, 8 columns at a time: each column's
+    /// keys (`f32` total-order keys, as [`crate::Element::key`] makes them) are padded with
+    /// `i32::MAX`, the largest key, which sorts after every real key (ties are
+    /// indistinguishable), so rows `0..n` end up exactly the sorted column. With more than 16
+    /// inputs the others are sorted the same way into rows `16..32` (padded to 16 rows with
+    /// the largest key) and the halves merged by `merge` (comparators on 32 wires). `rows`:
+    /// `n` rows of `width` keys, or 32 rows when `n > 16`.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn sort_block(
+        inputs: &[&[u32]],
+        base: usize,
+        width: usize,
+        rows: &mut [i32],
+        merge: &[(usize, usize)],
+    ) {
+        let (low, high) = inputs.split_at(inputs.len().min(16));
+        sort_block_16(low, base, width, rows);
+        if !high.is_empty() {
+            sort_block_16(high, base, width, &mut rows[16 * width..]);
+            // Pad the second half to 16 rows with the largest key.
+            let filled = 16 * width + high.len() * width;
+            rows[filled..32 * width].fill(i32::MAX);
+            super::apply(rows, width, merge);
+        }
+    }
+
+    macro_rules! sort_block_with {
+        ($name:ident, $wires:literal, $network:ident, $each:ident) => {
+            #[target_feature(enable = "avx2")]
+            fn $name(inputs: &[&[u32]], base: usize, width: usize, rows: &mut [i32]) {
+                let n = inputs.len();
+                let top = _mm256_set1_epi32(i32::MAX);
+                let mut start = 0;
+                while start < width {
+                    let lanes = (width - start).min(8);
+                    let load = |i: usize| -> __m256i {
+                        let mut bits = [0u32; 8];
+                        let src = &inputs[i][base + start..base + start + lanes];
+                        match <&[u32; 8]>::try_from(src) {
+                            Ok(full) => bits = *full,
+                            Err(_) => bits[..lanes].copy_from_slice(src),
+                        }
+                        let b: __m256i = bytemuck::cast(bits);
+                        // The key of `crate::Element::key` for `f32`: flip the magnitude bits
+                        // of negative values.
+                        _mm256_xor_si256(b, _mm256_srli_epi32::<1>(_mm256_srai_epi32::<31>(b)))
+                    };
+                    let mut v = [top; $wires];
+                    macro_rules! load {
+                        ($i:literal) => {
+                            if $i < n {
+                                v[$i] = load($i);
+                            }
+                        };
+                    }
+                    $each!(load);
+                    macro_rules! cs {
+                        ($a:literal, $b:literal) => {
+                            let (x, y) = (v[$a], v[$b]);
+                            v[$a] = _mm256_min_epi32(x, y);
+                            v[$b] = _mm256_max_epi32(x, y);
+                        };
+                    }
+                    $network!(cs);
+                    macro_rules! store {
+                        ($i:literal) => {
+                            if $i < n {
+                                let keys: [i32; 8] = bytemuck::cast(v[$i]);
+                                let at = $i * width + start;
+                                let dst = &mut rows[at..at + lanes];
+                                match <&mut [i32; 8]>::try_from(&mut *dst) {
+                                    Ok(full) => *full = keys,
+                                    Err(_) => dst.copy_from_slice(&keys[..lanes]),
+                                }
+                            }
+                        };
+                    }
+                    $each!(store);
+                    start += lanes;
+                }
+            }
+        };
+    }
+
+    sort_block_with!(sort_block_16, 16, merge_exchange_16, each_of_16);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -134,6 +394,37 @@ mod tests {
                 let mut v: Vec<u8> = (0..n).map(|i| ((bits >> i) & 1) as u8).collect();
                 apply(&mut v, 1, &net);
                 assert!(v.windows(2).all(|w| w[0] <= w[1]), "n={n} bits={bits:b}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_spelled_out_network_is_merge_exchange_16() {
+        let mut spelled = Vec::new();
+        macro_rules! cs {
+            ($a:literal, $b:literal) => {
+                spelled.push(($a, $b));
+            };
+        }
+        merge_exchange_16!(cs);
+        assert_eq!(spelled, merge_exchange(16));
+    }
+
+    #[test]
+    fn odd_even_merge_merges_every_zero_one_pair_of_sorted_halves() {
+        // The 0-1 principle restricted to sorted halves: a halves' content is its count of 0s.
+        let net = odd_even_merge(32);
+        for zeros_low in 0..=16 {
+            for zeros_high in 0..=16 {
+                let mut v: Vec<u8> = (0..16)
+                    .map(|i| u8::from(i >= zeros_low))
+                    .chain((0..16).map(|i| u8::from(i >= zeros_high)))
+                    .collect();
+                apply(&mut v, 1, &net);
+                assert!(
+                    v.windows(2).all(|w| w[0] <= w[1]),
+                    "{zeros_low} {zeros_high}"
+                );
             }
         }
     }
