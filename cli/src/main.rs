@@ -608,9 +608,9 @@ const MAX_PREDICT_TRAFFIC: u64 = 1 << 62;
 
 fn parse_agreement(s: &str) -> Result<byzcoll::Agreement, String> {
     match byzcoll::Agreement::parse(s)? {
-        byzcoll::Agreement::Enforce => Err(
-            "enforce is not built yet (the runtime refuses it too); use detect or off".into(),
-        ),
+        byzcoll::Agreement::Enforce => {
+            Err("enforce is not built yet (the runtime refuses it too); use detect or off".into())
+        }
         a => Ok(a),
     }
 }
@@ -781,19 +781,11 @@ fn predict(
             ));
         }
     }
-    let compute = args.compute();
+    let mut base = Scenario::new(1, *network);
+    base.compute = args.compute();
+    base.agreement = args.agreement;
     let predict_one = |&(n, bytes): &(usize, u64)| {
-        byzcoll_sim::predict(
-            label,
-            network,
-            &compute,
-            n,
-            bytes,
-            args.f,
-            rule,
-            args.agreement,
-        )
-            .map_err(|e| e.to_string())
+        byzcoll_sim::predict(label, &base, n, bytes, args.f, rule).map_err(|e| e.to_string())
     };
     // Each prediction is an independent, deterministic simulation: run them on all cores
     // (rayon keeps the results in the jobs' order).

@@ -120,4 +120,3 @@ pub(crate) fn cast_payload<T: bytemuck::Pod>(payload: &Payload) -> std::borrow::
         Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
     }
 }
-

@@ -458,23 +458,25 @@ impl Scenario {
             .zip(outputs)
             .zip(reports)
             .enumerate()
-            .map(|(r, (((end, (faults, warnings)), output), report))| RankOutcome {
-                agreement: report.and_then(|r: byzcoll_runtime::RoundReport| r.agreement),
-                role: self.role(r),
-                finish: end.at,
-                result: match end.end {
-                    engine::End::Done => RankResult::Done(
-                        plane
-                            .as_ref()
-                            .zip(output)
-                            .and_then(|(p, id)| p.store.arc(id)),
-                    ),
-                    engine::End::Failed(e) => RankResult::Failed(e),
-                    engine::End::Crashed => RankResult::Crashed,
+            .map(
+                |(r, (((end, (faults, warnings)), output), report))| RankOutcome {
+                    agreement: report.and_then(|r: byzcoll_runtime::RoundReport| r.agreement),
+                    role: self.role(r),
+                    finish: end.at,
+                    result: match end.end {
+                        engine::End::Done => RankResult::Done(
+                            plane
+                                .as_ref()
+                                .zip(output)
+                                .and_then(|(p, id)| p.store.arc(id)),
+                        ),
+                        engine::End::Failed(e) => RankResult::Failed(e),
+                        engine::End::Crashed => RankResult::Crashed,
+                    },
+                    faults,
+                    warnings,
                 },
-                faults,
-                warnings,
-            })
+            )
             .collect();
         let honest = ranks.iter().filter(|o| o.role == Role::Honest);
         let time = honest

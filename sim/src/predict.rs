@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use byzcoll_aggregators::Aggregator;
 
-use crate::{Algorithm, Compute, Network, Scenario, SimError};
+use crate::{Algorithm, Scenario, SimError};
 
 /// One predicted completion time.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,22 +29,21 @@ pub fn sweep_sizes() -> Vec<u64> {
 }
 
 /// Predicts gather, sharded `r = 1`, sharded `r = 2f + 1` (when different) and ring SUM for
-/// `n` ranks contributing `bytes` of float32 each, without faults or deadlines, the robust
-/// rounds with the cross-check `agreement` (its extra all-to-all step of `O(n)`-byte
-/// messages is what [`Agreement::Detect`](byzcoll_runtime::Agreement) costs).
+/// `n` ranks contributing `bytes` of float32 each on `base`'s network and computation,
+/// without faults or deadlines, the robust rounds with `base`'s cross-check (its extra
+/// all-to-all step of `O(n)`-byte messages is what
+/// [`Agreement::Detect`](byzcoll_runtime::Agreement) costs).
 ///
 /// # Errors
 /// [`SimError::InvalidConfig`] when `bytes` is not a positive multiple of 4 or `2f + 1 > n`,
 /// and the errors of [`Scenario::run_timing`].
 pub fn predict(
     label: &str,
-    network: &Network,
-    compute: &Compute,
+    base: &Scenario,
     n: usize,
     bytes: u64,
     f: usize,
     rule: Option<&dyn Aggregator>,
-    agreement: byzcoll_runtime::Agreement,
 ) -> Result<Vec<Prediction>, SimError> {
     if bytes == 0 || !bytes.is_multiple_of(4) {
         return Err(SimError::InvalidConfig(format!(
@@ -66,10 +65,10 @@ pub fn predict(
     }
     let d = usize::try_from(bytes / 4)
         .map_err(|_| SimError::InvalidConfig(format!("{bytes} bytes is too large")))?;
-    let mut scenario = Scenario::new(n, *network);
-    scenario.compute = *compute;
+    let mut scenario = Scenario::new(n, base.network);
+    scenario.compute = base.compute;
     scenario.timeout = f64::INFINITY;
-    scenario.agreement = agreement;
+    scenario.agreement = base.agreement;
     let mut algorithms = vec![Algorithm::Gather, Algorithm::Sharded { replicas: 1 }];
     if f > 0 {
         algorithms.push(Algorithm::tolerant(n, f));

@@ -28,11 +28,7 @@ pub(crate) struct Common {
 }
 
 impl Common {
-    pub(crate) fn new(
-        n: usize,
-        d: usize,
-        plane: Option<Plane>,
-    ) -> Self {
+    pub(crate) fn new(n: usize, d: usize, plane: Option<Plane>) -> Self {
         Common {
             n,
             d,

@@ -177,12 +177,18 @@ impl<'a> Robust<'a> {
                 }
                 chunk(id, len)
             }
-            Msg::Empty => SimMsg { id: EMPTY, bytes: 0 },
+            Msg::Empty => SimMsg {
+                id: EMPTY,
+                bytes: 0,
+            },
             Msg::Bytes(b) => {
                 let b = b.clone();
                 self.blob(&b)
             }
-            _ => SimMsg { id: EMPTY, bytes: 0 },
+            _ => SimMsg {
+                id: EMPTY,
+                bytes: 0,
+            },
         }
     }
 }
@@ -195,7 +201,9 @@ impl Program for Robust<'_> {
     };
 
     fn finished(&self, rank: Rank, _step: usize) -> bool {
-        self.rounds[rank].as_ref().is_none_or(|r| r.step().is_none())
+        self.rounds[rank]
+            .as_ref()
+            .is_none_or(|r| r.step().is_none())
     }
 
     fn post(&mut self, rank: Rank, step: usize, sends: &mut Vec<Out<SimMsg>>) -> Posted {
@@ -259,14 +267,15 @@ impl Program for Robust<'_> {
             .zip(&self.lens[rank])
             .map(|(&m, &len)| match m {
                 m if m.id == ABSENT => Arrival::Missing,
-                m if m.bytes != len => Arrival::Malformed(format!(
-                    "{} bytes where {len} were expected",
-                    m.bytes
-                )),
+                m if m.bytes != len => {
+                    Arrival::Malformed(format!("{} bytes where {len} were expected", m.bytes))
+                }
                 m => Arrival::Received(m),
             })
             .collect();
-        let mut round = self.rounds[rank].take().expect("a running rank has a round");
+        let mut round = self.rounds[rank]
+            .take()
+            .expect("a running rank has a round");
         let input = self.common.input(rank);
         let mut plane = SimPlane {
             data: self.common.plane.as_mut(),
@@ -347,7 +356,11 @@ impl SimPlane<'_> {
     }
 
     fn insert(&mut self, v: Vec<f32>) -> ChunkId {
-        self.data.as_deref_mut().expect("data mode").store.insert(v.into())
+        self.data
+            .as_deref_mut()
+            .expect("data mode")
+            .store
+            .insert(v.into())
     }
 
     fn set_result(&mut self, i: usize, id: ChunkId) {
@@ -493,11 +506,7 @@ impl RoundPlane for SimPlane<'_> {
         Ok(())
     }
 
-    fn estimate_distances(
-        &mut self,
-        i: usize,
-        inputs: &[Option<Src<'_, SimMsg>>],
-    ) -> Vec<f64> {
+    fn estimate_distances(&mut self, i: usize, inputs: &[Option<Src<'_, SimMsg>>]) -> Vec<f64> {
         if self.data.is_none() {
             return vec![0.0; inputs.len()];
         }

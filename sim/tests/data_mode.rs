@@ -241,9 +241,7 @@ fn loss_and_crashes_within_f_stay_in_the_honest_range() {
             }
             // Sharded with 2f + 1 owners: its own shards' versions are outvoted, so it ends
             // with the others' result, bitwise.
-            (RankResult::Done(Some(v)), RankResult::Done(Some(w)))
-                if alg != Algorithm::Gather =>
-            {
+            (RankResult::Done(Some(v)), RankResult::Done(Some(w))) if alg != Algorithm::Gather => {
                 assert_eq!(bits(v), bits(w), "{alg}")
             }
             (other, _) => panic!("{alg}: the stalled rank got {other:?}"),
@@ -421,7 +419,10 @@ fn input_equivocation_is_named_by_every_honest_rank_that_completes() {
                     differing_inputs, ..
                 }) => {
                     for liar in n - f..n {
-                        assert!(differing_inputs.contains(&liar), "{alg}: {differing_inputs:?}");
+                        assert!(
+                            differing_inputs.contains(&liar),
+                            "{alg}: {differing_inputs:?}"
+                        );
                     }
                 }
                 other => panic!("{alg}: {other:?}"),
@@ -447,7 +448,14 @@ fn every_rule_runs_in_every_mode_the_runtime_supports() {
     let (n, f) = (7, 1);
     let s = scenario(n);
     let data = DataSet::generate(&s, 4 * n + 3).unwrap();
-    for name in ["median", "trimmed-mean", "krum", "multi-krum", "geometric-median", "nnm+median"] {
+    for name in [
+        "median",
+        "trimmed-mean",
+        "krum",
+        "multi-krum",
+        "geometric-median",
+        "nnm+median",
+    ] {
         let rule = by_name(name, f).unwrap();
         let gather = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
         let want = results(&gather);
@@ -456,7 +464,12 @@ fn every_rule_runs_in_every_mode_the_runtime_supports() {
             .unwrap();
         let got = results(&run);
         for o in &run.ranks {
-            assert!(o.agreement.as_ref().is_some_and(|a| a == &Default::default()), "{name}");
+            assert!(
+                o.agreement
+                    .as_ref()
+                    .is_some_and(|a| a == &Default::default()),
+                "{name}"
+            );
         }
         if name.contains("krum") || name == "median" || name == "trimmed-mean" {
             assert_eq!(
@@ -468,7 +481,10 @@ fn every_rule_runs_in_every_mode_the_runtime_supports() {
             // Every rank holds bitwise the same result, close to gather's.
             assert!(got.windows(2).all(|w| bits(&w[0]) == bits(&w[1])), "{name}");
             for (a, b) in got[0].iter().zip(&want[0]) {
-                assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "{name}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
+                    "{name}: {a} vs {b}"
+                );
             }
         }
     }

@@ -204,30 +204,12 @@ fn same_seed_same_timeline() {
 
 #[test]
 fn predictions_compare_with_the_ring() {
-    let rows = predict(
-        "infiniband",
-        &Network::preset(Preset::Infiniband),
-        &Compute::default(),
-        64,
-        1 << 20,
-        3,
-        None,
-        Agreement::Detect,
-    )
-    .unwrap();
+    let base = Scenario::new(1, Network::preset(Preset::Infiniband));
+    assert_eq!(base.agreement, Agreement::Detect);
+    let rows = predict("infiniband", &base, 64, 1 << 20, 3, None).unwrap();
     let names: Vec<String> = rows.iter().map(|p| p.algorithm.to_string()).collect();
     assert_eq!(names, ["gather", "sharded r=1", "sharded r=7", "ring SUM"]);
     assert_eq!(rows[3].vs_ring, 1.0);
     assert!(rows[0].vs_ring > 1.0 && rows[1].vs_ring < 1.0);
-    assert!(predict(
-        "x",
-        &Network::preset(Preset::Infiniband),
-        &Compute::default(),
-        4,
-        1 << 20,
-        3,
-        None,
-        Agreement::Off,
-    )
-    .is_err());
+    assert!(predict("x", &base, 4, 1 << 20, 3, None).is_err());
 }

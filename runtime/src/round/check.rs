@@ -117,7 +117,6 @@ impl Check {
     }
 }
 
-
 /// Reads the others' checks against this rank's (`same[p]`: rank `p` sent bytewise this
 /// rank's check; otherwise `theirs[p]` is its check, `None` when it did not come or was not
 /// one): the differences, or [`Error::Disagreement`] when fewer than `n − f` ranks (this one

@@ -284,11 +284,7 @@ impl<T: Element> Plane for HostPlane<'_, T> {
         Ok(())
     }
 
-    fn estimate_distances(
-        &mut self,
-        i: usize,
-        inputs: &[Option<Src<'_, Payload>>],
-    ) -> Vec<f64> {
+    fn estimate_distances(&mut self, i: usize, inputs: &[Option<Src<'_, Payload>>]) -> Vec<f64> {
         let finite: Vec<bool> = inputs
             .iter()
             .map(|x| {

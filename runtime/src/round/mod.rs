@@ -30,7 +30,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use byzcoll_aggregators::{
-    AggError, AggReport, Aggregator, DistanceIteration, DistanceMixing, DistanceSelection, Structure,
+    AggError, AggReport, Aggregator, DistanceIteration, DistanceMixing, DistanceSelection,
+    Structure,
 };
 
 use crate::schedule::{self, chunk_range, sharded};
@@ -193,8 +194,7 @@ pub trait Plane {
 
     /// The squared distances (`n`, rank order; erased or non-finite inputs: `+inf`) from each
     /// input of owned shard `i` to its estimate.
-    fn estimate_distances(&mut self, i: usize, inputs: &[Option<Src<'_, Self::Buf>>])
-        -> Vec<f64>;
+    fn estimate_distances(&mut self, i: usize, inputs: &[Option<Src<'_, Self::Buf>>]) -> Vec<f64>;
 
     /// One step of the estimate of owned shard `i` with coefficients `a`, `w`; returns the
     /// squared change and the squared size of the previous estimate.
@@ -275,7 +275,9 @@ enum Phase {
     Gather,
     Scatter,
     /// A statistic round; `k` counts iterations of an iterative rule.
-    Statistic { k: usize },
+    Statistic {
+        k: usize,
+    },
     Versions,
     Check,
     Done,
@@ -701,8 +703,9 @@ impl<'r, B> Round<'r, B> {
                     .enumerate()
                     .map(|(i, &s)| {
                         let inputs = self.shard_inputs(i, s);
-                        self.charge(inputs.iter().flatten().count()
-                            * self.bytes(self.shard(s).len()));
+                        self.charge(
+                            inputs.iter().flatten().count() * self.bytes(self.shard(s).len()),
+                        );
                         (s, f64_bytes(&plane.distance_table(&inputs)))
                     })
                     .collect();
@@ -879,8 +882,9 @@ impl<'r, B> Round<'r, B> {
                     .enumerate()
                     .map(|(i, &s)| {
                         let inputs = self.shard_inputs(i, s);
-                        self.charge(inputs.iter().flatten().count()
-                            * self.bytes(self.shard(s).len()));
+                        self.charge(
+                            inputs.iter().flatten().count() * self.bytes(self.shard(s).len()),
+                        );
                         plane.estimate_step(i, &inputs, a, &w)
                     })
                     .collect();
