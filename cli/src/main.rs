@@ -798,8 +798,13 @@ fn predict(
         rows.extend(r?);
     }
     println!(
-        "predicted completion times: {}, no faults, no deadline, computation {}",
+        "predicted completion times: {}, no faults, no deadline, robust rounds' cross-check \
+         {}, computation {}",
         describe_network(label, network),
+        match args.agreement {
+            byzcoll::Agreement::Off => "off",
+            _ => "detect",
+        },
         match (args.agg_throughput, args.sum_throughput) {
             (None, None) => "free".to_string(),
             (a, s) => {

@@ -331,7 +331,7 @@ impl SimPlane<'_> {
     fn id(&self, src: &Src<'_, SimMsg>) -> ChunkId {
         match src {
             Src::Got(m) => m.id,
-            Src::Owned(i) => self.rank.results[*i],
+            Src::Owned(i) => self.rank.results.get(*i).copied().unwrap_or(NO_DATA),
             Src::Mine(range) => self.mine(range.clone()),
         }
     }
