@@ -110,6 +110,9 @@ fn lying_owners_beat_one_replica_but_not_2f_plus_1() {
         "2",
         "--lie",
         "equivocate",
+        // What replication alone does; the cross-check's part is the next test's.
+        "--agreement",
+        "off",
         "--check",
     ]);
     let (stdout, stderr) = text(&out);
@@ -121,13 +124,50 @@ fn lying_owners_beat_one_replica_but_not_2f_plus_1() {
             .unwrap_or_else(|| panic!("no {name} line in\n{stdout}"))
             .to_string()
     };
-    assert!(line("sharded r=1").ends_with("FAILED"), "{stdout}");
+    // Equivocating owners give each rank other garbage: the honest ranks end apart, which
+    // --check reports before the range.
+    assert!(line("sharded r=1").ends_with("SPLIT"), "{stdout}");
     assert!(line("sharded r=5").ends_with("exact"), "{stdout}");
     assert!(
-        stderr.contains("FAIL: sharded r=1: rank") && stderr.contains("outside the honest range"),
+        stderr.contains("FAIL: sharded r=1: honest ranks completed with"),
         "{stderr}"
     );
     assert!(!stdout.contains("OK:"), "{stdout}");
+}
+
+#[test]
+fn check_reports_a_silent_split_and_detect_prevents_it() {
+    // Two Byzantine ranks send every peer another vector: gather-mode results differ.
+    let args = |agreement: &'static str| {
+        [
+            "--ranks",
+            "7",
+            "--d",
+            "50",
+            "--rule",
+            "median",
+            "--f",
+            "2",
+            "--mode",
+            "gather",
+            "--byzantine",
+            "2",
+            "--equivocate",
+            "--agreement",
+            agreement,
+            "--check",
+        ]
+    };
+    let out = simulate(&args("off"));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("SPLIT"), "{stdout}");
+    assert!(stderr.contains("reported no difference"), "{stderr}");
+    // Under detect every honest rank is told (here: all out of step, none silently apart).
+    let out = simulate(&args("detect"));
+    let (stdout, stderr) = text(&out);
+    assert!(!stdout.contains("SPLIT"), "{stdout}");
+    assert!(stderr.contains("disagrees"), "{stderr}");
 }
 
 #[test]

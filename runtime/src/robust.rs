@@ -226,6 +226,10 @@ impl Communicator {
             agreement,
             timeout: self.config().step_timeout,
         };
+        if let Shape::Sharded(replicas) | Shape::ReduceScatter(replicas) = shape {
+            // Warns when the owners are trusted (r < 2f + 1); a bad count is the round's error.
+            let _ = replicas.count(rule.byzantine(), spec.n);
+        }
         let mut round = Round::new(spec, rule);
         let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone());
         let mut seq = self.begin("robust");
@@ -252,9 +256,39 @@ impl Communicator {
                 })
                 .collect();
             round.handle(&mut plane, arrivals);
+            for why in round.take_warnings() {
+                tracing::warn!(
+                    rank = spec.me,
+                    collective = seq.collective,
+                    "{why}; sending an empty result"
+                );
+            }
         }
+        let collective = seq.collective;
         drop(seq);
+        if !round.faults().is_empty() {
+            tracing::warn!(
+                rank = spec.me,
+                collective,
+                faults = %crate::Faults(round.faults()),
+                "robust round: peers treated as erasures"
+            );
+        }
         let mut report = round.finish()?;
+        if let Some(found) = report.agreement.as_ref().filter(|a| {
+            !a.disagreeing.is_empty()
+                || !a.differing_inputs.is_empty()
+                || !a.differing_versions.is_empty()
+        }) {
+            tracing::warn!(
+                rank = spec.me,
+                collective,
+                disagreeing = ?found.disagreeing,
+                differing_inputs = ?found.differing_inputs,
+                differing_versions = ?found.differing_versions,
+                "robust round: ranks ended the round with other results"
+            );
+        }
         report.unauthenticated = !self.is_authenticated();
         report.stats = self.take_stats();
         Ok(report)

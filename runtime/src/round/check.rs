@@ -196,18 +196,6 @@ pub(crate) fn evaluate(
             differing_inputs: found.differing_inputs,
         });
     }
-    if !found.disagreeing.is_empty()
-        || !found.differing_inputs.is_empty()
-        || !found.differing_versions.is_empty()
-    {
-        tracing::warn!(
-            rank = me,
-            disagreeing = ?found.disagreeing,
-            differing_inputs = ?found.differing_inputs,
-            differing_versions = ?found.differing_versions,
-            "robust round: ranks ended the round with other results"
-        );
-    }
     Ok(found)
 }
 

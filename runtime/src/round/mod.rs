@@ -368,7 +368,12 @@ impl<'r, B> Round<'r, B> {
                     .and_then(|()| statistics_of(rule))
                     .and_then(|s| {
                         round.statistics = s;
-                        replicas.count(f, n)
+                        replicas_checked(replicas, f, n).ok_or_else(|| {
+                            Error::InvalidUsage(format!(
+                                "sharded mode with {replicas:?} replicas in a world of {n}: \
+                                 need 1 <= r <= n"
+                            ))
+                        })
                     })
                     .map(|r| {
                         round.r = r;
@@ -405,8 +410,8 @@ impl<'r, B> Round<'r, B> {
         &self.report.faults
     }
 
-    /// What the round has logged as warnings since the last call (an owned shard this rank
-    /// could not aggregate), for drivers that collect them (the simulator).
+    /// What the round would warn about since the last call (an owned shard this rank could
+    /// not aggregate): the core logs nothing, its drivers do (or collect it, the simulator).
     pub fn take_warnings(&mut self) -> Vec<String> {
         std::mem::take(&mut self.warnings)
     }
@@ -497,16 +502,6 @@ impl<'r, B> Round<'r, B> {
         }
     }
 
-    fn warn_faults(&self, what: &'static str) {
-        if !self.report.faults.is_empty() {
-            tracing::warn!(
-                rank = self.spec.me,
-                faults = %crate::Faults(&self.report.faults),
-                "{what}: peers treated as erasures"
-            );
-        }
-    }
-
     /// Counts `bytes` of input read by a rule.
     fn charge(&self, bytes: usize) {
         self.work.set(self.work.get() + bytes as u64);
@@ -568,7 +563,6 @@ impl<'r, B> Round<'r, B> {
                 self.report.non_finite.push(p);
             }
         }
-        self.warn_faults("robust_all_reduce");
         if let Err(source) = self.rule.check(ranks.len()) {
             let faults = self.report.faults.clone();
             return self.fail(Error::TooManyFaults { source, faults });
@@ -724,15 +718,10 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// An owner's result for its `i`-th shard `s`: on failure it sends an empty one, which
-    /// receivers count as an erasure of its version (the reason is logged here).
+    /// receivers count as an erasure of its version (the reason is a warning, for the driver
+    /// to log).
     fn owner_outcome(&mut self, i: usize, s: usize, done: Result<(), impl std::fmt::Display>) {
         if let Err(why) = done {
-            tracing::warn!(
-                rank = self.spec.me,
-                shard = s,
-                %why,
-                "no result for an owned shard; sending an empty one"
-            );
             self.warnings
                 .push(format!("cannot aggregate owned shard {s}: {why}"));
             self.no_result[i] = true;
@@ -1029,7 +1018,6 @@ impl<'r, B> Round<'r, B> {
         if let Err(e) = combined {
             return self.fail(e);
         }
-        self.warn_faults("sharded robust_all_reduce");
         let digest = match self.spec.shape {
             _ if !self.detect() => None,
             Shape::ReduceScatter(_) => Some(self.seen.erased_inputs_digest(n)),
