@@ -8,6 +8,14 @@ use byzcoll_sim::{
 
 const BETA: f64 = 25e9;
 
+/// A world timing the schedules' own steps: the cross-check step of `Agreement::Detect` is
+/// timed by `the_cross_check_is_one_more_all_to_all_step`.
+fn model(n: usize, network: Network) -> Scenario {
+    let mut s = Scenario::new(n, network);
+    s.agreement = Agreement::Off;
+    s
+}
+
 fn network(alpha: f64) -> Network {
     Network {
         alpha,
@@ -25,17 +33,17 @@ fn one_message_costs_alpha_plus_b_over_beta() {
     // Two ranks in gather mode: one message each way, full duplex.
     for d in [1usize, 1000, 1 << 20] {
         let bytes = (4 * d) as f64;
-        let s = Scenario::new(2, network(0.0));
+        let s = model(2, network(0.0));
         let run = s.run_timing(Algorithm::Gather, d, None).unwrap();
         assert_eq!(run.time, bytes / BETA, "d={d}");
         assert_eq!(run.stats.messages, 2);
         assert_eq!(run.stats.bytes, 2 * 4 * d as u64);
-        let s = Scenario::new(2, network(2e-6));
+        let s = model(2, network(2e-6));
         let run = s.run_timing(Algorithm::Gather, d, None).unwrap();
         assert_eq!(run.time, 2e-6 + bytes / BETA, "d={d}");
     }
     // A slower link than NIC bounds one message too.
-    let mut s = Scenario::new(2, network(0.0));
+    let mut s = model(2, network(0.0));
     s.network.link_bandwidth = BETA / 2.0;
     let run = s.run_timing(Algorithm::Gather, 1000, None).unwrap();
     assert_eq!(run.time, 4000.0 / (BETA / 2.0));
@@ -48,7 +56,7 @@ fn gather_is_bound_by_the_receivers_nic() {
     for n in [3usize, 8, 33] {
         let d = 1 << 16;
         let b = (4 * d) as f64;
-        let run = Scenario::new(n, network(alpha))
+        let run = model(n, network(alpha))
             .run_timing(Algorithm::Gather, d, None)
             .unwrap();
         let want = (n - 1) as f64 * b / BETA + alpha;
@@ -64,7 +72,7 @@ fn gather_is_bound_by_the_receivers_nic() {
 fn gather_grows_linearly_in_n_and_sharded_stays_flat() {
     let d = 1 << 20;
     let time = |n: usize, alg: Algorithm| {
-        Scenario::new(n, Network::preset(Preset::Infiniband))
+        model(n, Network::preset(Preset::Infiniband))
             .run_timing(alg, d, None)
             .unwrap()
             .time
@@ -86,7 +94,7 @@ fn ring_sum_matches_the_closed_form() {
     let alpha = 2e-6;
     for n in [2usize, 4, 16, 64, 100] {
         let d = 1000 * n; // n equal chunks
-        let run = Scenario::new(n, network(alpha))
+        let run = model(n, network(alpha))
             .run_timing(Algorithm::RingSum, d, None)
             .unwrap();
         let steps = 2.0 * (n - 1) as f64;
@@ -100,7 +108,7 @@ fn ring_sum_matches_the_closed_form() {
 fn aggregation_throughput_is_charged() {
     let (n, d, alpha, rate) = (8usize, 1 << 16, 2e-6, 4.5e9);
     let b = (4 * d) as f64;
-    let mut s = Scenario::new(n, network(alpha));
+    let mut s = model(n, network(alpha));
     s.compute = Compute {
         rule_throughput: Some(rate),
         sum_throughput: None,
@@ -116,7 +124,7 @@ fn computation_delays_the_next_steps_sends() {
     // result back. The result leaves only after the aggregation.
     let (d, alpha, rate) = (1 << 16, 2e-6, 1e9);
     let b = (4 * d) as f64;
-    let mut s = Scenario::new(2, network(alpha));
+    let mut s = model(2, network(alpha));
     s.compute.rule_throughput = Some(rate);
     let run = s
         .run_timing(Algorithm::Sharded { replicas: 1 }, d, None)
@@ -127,7 +135,7 @@ fn computation_delays_the_next_steps_sends() {
 
 #[test]
 fn lost_messages_are_missing_at_the_deadline() {
-    let mut s = Scenario::new(3, network(1e-6));
+    let mut s = model(3, network(1e-6));
     s.faults.loss = 1.0;
     s.timeout = 0.5e-3;
     let run = s.run_timing(Algorithm::Gather, 100, None).unwrap();
@@ -151,7 +159,7 @@ fn stalls_and_crashes_shape_the_timeline() {
     let d = 1000;
     let b = 4000.0;
     // A rank that starts 100 us late holds everyone up (no deadline passes).
-    let mut s = Scenario::new(4, network(alpha));
+    let mut s = model(4, network(alpha));
     s.faults.stalls = vec![Stall {
         rank: 1,
         delay: 100e-6,
@@ -160,7 +168,7 @@ fn stalls_and_crashes_shape_the_timeline() {
     assert!(run.time > 100e-6 + alpha + b / BETA - 1e-12, "{}", run.time);
     assert_eq!(run.stats.erasures, 0);
     // A crashed rank costs the others a deadline.
-    let mut s = Scenario::new(4, network(alpha));
+    let mut s = model(4, network(alpha));
     s.timeout = 1e-3;
     s.faults.crashes = vec![Crash {
         rank: 3,
@@ -182,7 +190,7 @@ fn stalls_and_crashes_shape_the_timeline() {
 #[test]
 fn same_seed_same_timeline() {
     let run = |seed: u64| {
-        let mut s = Scenario::new(32, Network::preset(Preset::Slingshot));
+        let mut s = model(32, Network::preset(Preset::Slingshot));
         s.seed = seed;
         s.faults.loss = 0.01;
         s.faults.max_delay = 4e-6;
@@ -212,4 +220,23 @@ fn predictions_compare_with_the_ring() {
     assert_eq!(rows[3].vs_ring, 1.0);
     assert!(rows[0].vs_ring > 1.0 && rows[1].vs_ring < 1.0);
     assert!(predict("x", &base, 4, 1 << 20, 3, None).is_err());
+}
+
+#[test]
+fn the_cross_check_is_one_more_all_to_all_step() {
+    let n = 8;
+    let off = model(n, Network::preset(Preset::Infiniband));
+    let detect = Scenario::new(n, Network::preset(Preset::Infiniband));
+    for alg in [Algorithm::Gather, Algorithm::Sharded { replicas: 3 }] {
+        let a = off.run_timing(alg, 1 << 20, None).unwrap();
+        let b = detect.run_timing(alg, 1 << 20, None).unwrap();
+        assert_eq!(
+            b.stats.messages,
+            a.stats.messages + (n * (n - 1)) as u64,
+            "{alg}"
+        );
+        // One more latency at least, and small next to moving 4 MiB vectors.
+        assert!(b.time > a.time + 2e-6, "{alg}: {} vs {}", b.time, a.time);
+        assert!(b.time < a.time * 1.05, "{alg}: {} vs {}", b.time, a.time);
+    }
 }
