@@ -295,7 +295,7 @@ impl Communicator {
     }
 
     /// Byzantine-robust reduce-scatter: `input` is cut into `n` shards
-    /// ([`schedule::chunk_range`]`(input.len(), n, s)` for shard `s`), and rank `s`'s `output`
+    /// ([`schedule::chunk_range`](crate::schedule::chunk_range)`(input.len(), n, s)` for shard `s`), and rank `s`'s `output`
     /// becomes `rule` applied to every rank's shard `s`. It is the sharded schedule of
     /// [`Communicator::robust_all_reduce`] (each shard aggregated by `replicas` owners) whose
     /// owners send each shard's result only to the rank that takes it, which combines the
