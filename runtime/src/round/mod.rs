@@ -636,7 +636,7 @@ impl<'r, B> Round<'r, B> {
         plan: &StepPlan,
         outcomes: Vec<Arrival<B>>,
     ) {
-        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let (me, n) = (self.spec.me, self.spec.n);
         let owned = self.owned();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             self.arrival_fault(op.peer, &a);
@@ -668,7 +668,6 @@ impl<'r, B> Round<'r, B> {
         non_finite.sort_unstable();
         self.report.non_finite = non_finite;
         self.report.inputs = inputs;
-        let _ = r;
         match self.statistics {
             Statistics::None => {
                 for (i, &s) in owned.iter().enumerate() {
@@ -778,7 +777,7 @@ impl<'r, B> Round<'r, B> {
         outcomes: Vec<Arrival<B>>,
         k: usize,
     ) {
-        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let (n, r) = (self.spec.n, self.r);
         let mut versions: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n];
         for (s, t) in std::mem::take(&mut self.own_statistics) {
             versions[s].push(f64_vec(&t));
@@ -881,7 +880,6 @@ impl<'r, B> Round<'r, B> {
             }
             Statistics::None => unreachable!("coordinate-wise rules have no statistic round"),
         }
-        let _ = me;
     }
 
     /// Phase 3: every owner sends its results to every rank that takes the shard.
