@@ -1077,9 +1077,10 @@ impl<'r, B> Round<'r, B> {
             .collect();
         self.check = Some(mine);
         // An honest rank can reach this step up to a timeout per step of the round later than
-        // this one (a silent Byzantine owner makes only the ranks that wait for it wait), so
-        // the cross-check waits that long before counting it unconfirmed.
-        self.post_stretched(Phase::Check, "cross_check", sends, recvs, steps);
+        // this one (a silent Byzantine owner makes only the ranks that wait for it wait), and
+        // its check then needs the time of a step to arrive: the cross-check waits that long
+        // before counting it unconfirmed.
+        self.post_stretched(Phase::Check, "cross_check", sends, recvs, steps + 1);
     }
 
     fn checked<P: Plane<Buf = B>>(
