@@ -2,6 +2,7 @@
 variables (so that a test's job is described only by what the test sets)."""
 
 import os
+import random
 import socket
 
 LAUNCHER_PREFIXES = ("OMPI_", "PMI", "SLURM_", "BYZCOLL_", "MASTER_")
@@ -13,6 +14,24 @@ def is_launcher_var(name):
 
 
 def free_port():
+    """A port on 127.0.0.1 that was free a moment ago, drawn below the kernel's ephemeral
+    range: a launcher (torchrun, mpirun) started between the pick and the bind opens its own
+    sockets on ephemeral ports and could take the store's port."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_start = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_start = 32768
+    lowest = 10_000
+    if ephemeral_start > lowest + 1_000:
+        for _ in range(200):
+            port = random.randrange(lowest, ephemeral_start)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

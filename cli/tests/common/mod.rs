@@ -61,8 +61,27 @@ pub(crate) fn text(out: &Output) -> (String, String) {
     )
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port on 127.0.0.1 that was free a moment ago, drawn below the kernel's ephemeral range
+/// (`ip_local_port_range`): a launcher started between the pick and the bind (`srun`, `mpirun`)
+/// opens its own sockets on ephemeral ports, and one of them once took the store's port, so
+/// the ranks spoke to `srun` instead of rank 0.
 pub(crate) fn free_port() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LOWEST: u16 = 10_000;
+    if ephemeral_start > LOWEST + 1_000 {
+        let span = u64::from(ephemeral_start - LOWEST);
+        let random = RandomState::new();
+        for attempt in 0..200u64 {
+            let port = LOWEST + (random.hash_one(attempt) % span) as u16;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind")
