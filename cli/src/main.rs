@@ -558,9 +558,12 @@ struct SimulateArgs {
     /// every owner of a shard in sharded mode) gets a different forged vector.
     #[arg(long, requires = "byzantine")]
     equivocate: bool,
-    /// The robust rounds' cross-check, as the runtime's `BYZCOLL_AGREEMENT`: detect (the
-    /// default: one more step; a rank out of step fails, the others name the difference) or
-    /// off (explicit: splits between honest ranks go unreported).
+    /// The robust rounds' agreement, as the runtime's `BYZCOLL_AGREEMENT`: detect (the
+    /// default: one more step; a rank out of step fails, the others name the difference),
+    /// enforce (gather mode, n > 3f: the inputs' digests are echoed for f steps so that
+    /// honest ranks aggregate the same inputs; --check then requires every honest rank to
+    /// end with bitwise the same result) or off (explicit: splits between honest ranks go
+    /// unreported).
     #[arg(long, default_value = "detect", value_parser = parse_agreement)]
     agreement: byzcoll::Agreement,
     /// Seed of the inputs, losses and delays (any u64).
@@ -607,12 +610,7 @@ const MAX_PREDICT_BYTES: u64 = 1 << 40;
 const MAX_PREDICT_TRAFFIC: u64 = 1 << 62;
 
 fn parse_agreement(s: &str) -> Result<byzcoll::Agreement, String> {
-    match byzcoll::Agreement::parse(s)? {
-        byzcoll::Agreement::Enforce => {
-            Err("enforce is not built yet (the runtime refuses it too); use detect or off".into())
-        }
-        a => Ok(a),
-    }
+    byzcoll::Agreement::parse(s)
 }
 
 fn parse_number(s: &str) -> Result<f64, String> {
@@ -803,6 +801,7 @@ fn predict(
         describe_network(label, network),
         match args.agreement {
             byzcoll::Agreement::Off => "off",
+            byzcoll::Agreement::Enforce => "enforce (gather mode only)",
             _ => "detect",
         },
         match (args.agg_throughput, args.sum_throughput) {
@@ -865,7 +864,16 @@ fn simulate_data(
     if matches!(args.mode, SimMode::All | SimMode::Gather) {
         algorithms.push(Algorithm::Gather);
     }
-    if matches!(args.mode, SimMode::All | SimMode::Sharded) {
+    let enforce = args.agreement == byzcoll::Agreement::Enforce;
+    if enforce && args.mode == SimMode::Sharded {
+        return Err(
+            "--agreement enforce runs in gather mode only (sharded rounds run detect)".into(),
+        );
+    }
+    if enforce && args.mode == SimMode::All {
+        println!("sharded: not run (--agreement enforce runs in gather mode only)");
+    }
+    if !enforce && matches!(args.mode, SimMode::All | SimMode::Sharded) {
         let mut replicas: Vec<usize> = if args.replicas.is_empty() {
             vec![1, args.f.saturating_mul(2).saturating_add(1).min(n)]
         } else {
@@ -912,9 +920,14 @@ fn simulate_data(
             .map_err(|e| format!("{alg}: {e}"))?;
         let verdict = if args.check {
             // Honest ranks that completed must not hold different results silently (with
-            // the cross-check off, that is what --check reports), and must match the
+            // the cross-check off, that is what --check reports; under enforce every honest
+            // rank must complete with bitwise the same result), and must match the
             // reference.
-            match (run.silent_split(), reference.check(&run)) {
+            let split = match args.agreement {
+                byzcoll::Agreement::Enforce => run.divergence(),
+                _ => run.silent_split(),
+            };
+            match (split, reference.check(&run)) {
                 (Some(split), _) => {
                     ok = false;
                     problems.push(split);

@@ -3,7 +3,7 @@
 use byzcoll_aggregators::{Aggregator, Element};
 
 use crate::round::host::{HostPlane, Target};
-use crate::round::{Arrival, Round, Shape, Spec};
+use crate::round::{check_agreement, Arrival, Msg, Round, Shape, Spec};
 use crate::schedule::chunk_range;
 use crate::{Communicator, Error, PeerFault, Rank, RecvOutcome, Result, SendOp};
 
@@ -74,8 +74,16 @@ pub enum Agreement {
     /// bitwise the same result.
     #[default]
     Detect,
-    /// Inputs echoed before aggregating, so that honest ranks exclude equivocating senders
-    /// alike. Not built yet: asking for it is an [`Error::Unsupported`].
+    /// Gather mode only, with `n > 3f`: before aggregating, the ranks echo the BLAKE3 digests
+    /// of the inputs they received for `f` steps (Byzantine broadcast of every rank's digest
+    /// by exponential information gathering), decide alike which input each sender
+    /// contributed (or that it contributed none, when it equivocated without a majority),
+    /// pass the agreed inputs on to the ranks that went without, and end with the
+    /// cross-check of `Detect`. Under synchrony (every honest message arrives within its
+    /// step's wait), honest ranks aggregate the same inputs and return bitwise the same
+    /// result; when that fails, the cross-check still names it. Refused up front
+    /// ([`round::check_agreement`](crate::round::check_agreement)) in sharded mode, for
+    /// `n <= 3f` and past the echo tree's bound (its messages grow as `n^f`).
     Enforce,
 }
 
@@ -193,16 +201,12 @@ impl Communicator {
         self.run_round(Target::All(buf), d, rule, shape).await
     }
 
-    /// The agreement policy for a robust round, refused up front where it is not built.
-    fn round_agreement(&self) -> Result<Agreement> {
-        match self.agreement() {
-            Agreement::Enforce => Err(Error::Unsupported(
-                "Agreement::Enforce is not built yet; Agreement::Detect (the default) names \
-                 every disagreement"
-                    .into(),
-            )),
-            agreement => Ok(agreement),
-        }
+    /// The agreement policy for a robust round of `shape`, refused up front where it cannot
+    /// run ([`check_agreement`]).
+    fn round_agreement(&self, shape: Shape, rule: &dyn Aggregator) -> Result<Agreement> {
+        let agreement = self.agreement();
+        check_agreement(agreement, shape, self.size(), rule.byzantine())?;
+        Ok(agreement)
     }
 
     /// Runs one robust round ([`crate::round`]) over this communicator's transport on the
@@ -215,7 +219,7 @@ impl Communicator {
         rule: &dyn Aggregator,
         shape: Shape,
     ) -> Result<RoundReport> {
-        let agreement = self.round_agreement()?;
+        let agreement = self.round_agreement(shape, rule)?;
         self.take_stats();
         let spec = Spec {
             me: self.rank(),
@@ -240,7 +244,13 @@ impl Communicator {
                 .map(|s| SendOp {
                     peer: s.peer,
                     tag: s.tag,
-                    payload: plane.payload(&s.msg, s.peer),
+                    payload: match s.msg {
+                        Msg::Forward(j) => round
+                            .held(j)
+                            .cloned()
+                            .expect("the round holds what it forwards"),
+                        ref msg => plane.payload(msg, s.peer),
+                    },
                 })
                 .collect();
             let outcomes = seq
@@ -260,7 +270,7 @@ impl Communicator {
                 tracing::warn!(
                     rank = spec.me,
                     collective = seq.collective,
-                    "{why}; sending an empty result"
+                    "robust round: {why}"
                 );
             }
         }
@@ -323,7 +333,7 @@ impl Communicator {
         replicas: Replicas,
     ) -> Result<RoundReport> {
         let (me, n) = (self.rank(), self.size());
-        self.round_agreement()?;
+        self.round_agreement(Shape::ReduceScatter(replicas), rule)?;
         let own = chunk_range(input.len(), n, me).len();
         if output.len() != own {
             return Err(Error::InvalidUsage(format!(

@@ -393,11 +393,6 @@ impl Scenario {
                 )));
             }
         }
-        if self.agreement == Agreement::Enforce {
-            return Err(SimError::Unsupported(
-                "Agreement::Enforce is not built yet (the runtime refuses it too)".into(),
-            ));
-        }
         let params = engine::Params {
             network: &self.network,
             compute: &self.compute,
@@ -427,6 +422,9 @@ impl Scenario {
                     Algorithm::Sharded { replicas } => Shape::Sharded(Replicas::Exactly(replicas)),
                     _ => Shape::Gather,
                 };
+                let f = rule.unwrap_or(any.as_ref()).byzantine();
+                byzcoll_runtime::round::check_agreement(self.agreement, shape, n, f)
+                    .map_err(|e| SimError::Unsupported(format!("{algorithm}: {e}")))?;
                 let mut prog = robust(common, shape);
                 let (ends, stats) = engine::run(&mut prog, n, params)?;
                 (ends, stats, prog.common, prog.reports)
@@ -531,6 +529,44 @@ impl Run {
             distinct.len(),
             quiet.0
         ))
+    }
+}
+
+impl Run {
+    /// Honest ranks that did not end alike, whether they said so or not: `None` when every
+    /// honest rank completed with bitwise the same result (what [`Agreement::Enforce`]
+    /// promises under synchrony), otherwise what differed.
+    pub fn divergence(&self) -> Option<String> {
+        let honest: Vec<(Rank, &RankOutcome)> = self
+            .ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.role == Role::Honest)
+            .collect();
+        let mut first: Option<(Rank, Vec<u32>)> = None;
+        for (r, o) in honest {
+            match &o.result {
+                RankResult::Done(Some(v)) => {
+                    let bits: Vec<u32> = v.iter().map(|x| x.to_bits()).collect();
+                    match &first {
+                        None => first = Some((r, bits)),
+                        Some((q, w)) if *w != bits => {
+                            return Some(format!(
+                                "{}: honest ranks {q} and {r} completed with different results",
+                                self.algorithm
+                            ))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                RankResult::Done(None) => {}
+                RankResult::Failed(e) => {
+                    return Some(format!("{}: honest rank {r} failed: {e}", self.algorithm))
+                }
+                RankResult::Crashed => {}
+            }
+        }
+        None
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use byzcoll_aggregators::Aggregator;
 
-use crate::{Algorithm, Scenario, SimError};
+use crate::{Agreement, Algorithm, Scenario, SimError};
 
 /// One predicted completion time.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,9 +69,22 @@ pub fn predict(
     scenario.compute = base.compute;
     scenario.timeout = f64::INFINITY;
     scenario.agreement = base.agreement;
-    let mut algorithms = vec![Algorithm::Gather, Algorithm::Sharded { replicas: 1 }];
-    if f > 0 {
-        algorithms.push(Algorithm::tolerant(n, f));
+    let enforce = base.agreement == Agreement::Enforce;
+    // Enforce's echo runs f relay steps: without a rule, time a median of this f.
+    let median = match (rule, enforce) {
+        (None, true) => {
+            Some(byzcoll_aggregators::by_name("median", f).map_err(SimError::Precondition)?)
+        }
+        _ => None,
+    };
+    let rule = rule.or(median.as_deref());
+    // Enforce runs in gather mode only (sharded rounds are refused).
+    let mut algorithms = vec![Algorithm::Gather];
+    if !enforce {
+        algorithms.push(Algorithm::Sharded { replicas: 1 });
+        if f > 0 {
+            algorithms.push(Algorithm::tolerant(n, f));
+        }
     }
     algorithms.push(Algorithm::RingSum);
     let times = algorithms

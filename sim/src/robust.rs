@@ -225,7 +225,13 @@ impl Program for Robust<'_> {
             .expect("the engine posts only unfinished ranks");
         self.last_blob = None;
         for send in &plan.sends {
-            let msg = self.message(rank, &send.msg, send.peer);
+            let msg = match send.msg {
+                Msg::Forward(j) => *self.rounds[rank]
+                    .as_ref()
+                    .and_then(|r| r.held(j))
+                    .expect("the round holds what it forwards"),
+                ref msg => self.message(rank, msg, send.peer),
+            };
             sends.push(Out::new(send.peer, send.tag, msg));
         }
         // `plan` (and the bytes the cache points at) is dropped after this.
@@ -403,6 +409,11 @@ impl RoundPlane for SimPlane<'_> {
         let d = byzcoll_runtime::round::input_digest(self.slices(&[id])[0]);
         self.digests.insert(id, d);
         d
+    }
+
+    /// The simulated adversary forges whole vectors, never collisions: the digest serves.
+    fn commitment(&mut self, src: Src<'_, SimMsg>) -> Digest {
+        self.digest(src)
     }
 
     fn finite(&mut self, src: Src<'_, SimMsg>) -> bool {

@@ -19,6 +19,19 @@ pub fn input_digest<T: bytemuck::Pod>(v: &[T]) -> Digest {
     d
 }
 
+/// The commitment to an input under [`Agreement::Enforce`](crate::Agreement): BLAKE3 of its
+/// bytes (hashed across threads past 1 MiB).
+pub fn commitment<T: bytemuck::Pod>(v: &[T]) -> Digest {
+    let bytes: &[u8] = bytemuck::cast_slice(v);
+    let mut hasher = blake3::Hasher::new();
+    if bytes.len() > 1 << 20 {
+        hasher.update_rayon(bytes);
+    } else {
+        hasher.update(bytes);
+    }
+    hasher.finalize().into()
+}
+
 /// What a rank aggregated, as digests (XXH3-128, [`input_digest`]): each rank's vector in
 /// gather mode; in sharded mode with `r` owners per shard, each sender's piece of each shard
 /// this rank owns (`r · n`, in the order of [`sharded::owned`](crate::schedule::sharded::owned)) and each owner's version of

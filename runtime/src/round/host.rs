@@ -119,6 +119,9 @@ impl<'a, T: Element> HostPlane<'a, T> {
             }
             Msg::Empty => Payload::Host(Bytes::new()),
             Msg::Bytes(b) => Payload::Host(b.clone()),
+            Msg::Forward(j) => unreachable!(
+                "rank {j}'s input is the round's to forward (Round::held), not the plane's"
+            ),
         }
     }
 
@@ -173,6 +176,13 @@ impl<T: Element> Plane for HostPlane<'_, T> {
         match src {
             Src::Got(p) => check::input_digest::<u8>(host_bytes(p)),
             other => check::input_digest(&self.view(&other)),
+        }
+    }
+
+    fn commitment(&mut self, src: Src<'_, Payload>) -> Digest {
+        match src {
+            Src::Got(p) => check::commitment::<u8>(host_bytes(p)),
+            other => check::commitment(&self.view(&other)),
         }
     }
 

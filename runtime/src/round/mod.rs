@@ -22,6 +22,7 @@
 //! cross-check. Drivers only move bytes and run the plane.
 
 mod check;
+mod eig;
 pub mod host;
 
 use std::borrow::Cow;
@@ -37,7 +38,7 @@ use byzcoll_aggregators::{
 use crate::schedule::{self, chunk_range, sharded};
 use crate::{Agreement, Error, Fault, PeerFault, Rank, RecvOp, RoundReport, Tag};
 
-pub use check::{input_digest, result_digest, Digest};
+pub use check::{commitment, input_digest, result_digest, Digest};
 use check::{Check, Seen};
 
 /// What a step's message carries, named so that each driver makes the bytes where its data
@@ -54,8 +55,12 @@ pub enum Msg {
     /// An empty message: an owner's result for a shard it could not aggregate (receivers count
     /// it as an erasure of that owner's version).
     Empty,
-    /// Bytes the round made itself: statistics, the cross-check.
+    /// Bytes the round made itself: statistics, the echo, the cross-check.
     Bytes(Bytes),
+    /// The input this rank received from rank `j` in the gather step ([`Round::held`]),
+    /// passed on to a rank that went without the input the ranks agreed on
+    /// ([`Agreement::Enforce`]'s recovery step; the tag is `j`).
+    Forward(Rank),
 }
 
 /// One send of a step.
@@ -137,6 +142,11 @@ pub trait Plane {
 
     /// The digest of an input as this rank used it (XXH3-128, [`check::input_digest`]).
     fn digest(&mut self, src: Src<'_, Self::Buf>) -> Digest;
+
+    /// A collision-resistant digest of a whole input (BLAKE3 of its bytes): what the ranks
+    /// agree on under [`Agreement::Enforce`], where a sender could otherwise craft two vectors
+    /// with one [`Plane::digest`].
+    fn commitment(&mut self, src: Src<'_, Self::Buf>) -> Digest;
 
     /// Whether every element of `src` is finite.
     fn finite(&mut self, src: Src<'_, Self::Buf>) -> bool;
@@ -254,7 +264,7 @@ pub struct Spec {
     pub elem: usize,
     /// What the round computes.
     pub shape: Shape,
-    /// The cross-check policy ([`Agreement::Enforce`] is refused by the driver up front).
+    /// The agreement policy ([`check_agreement`] says where [`Agreement::Enforce`] runs).
     pub agreement: Agreement,
     /// The step timeout of the communicator.
     pub timeout: Duration,
@@ -279,6 +289,10 @@ enum Phase {
         k: usize,
     },
     Versions,
+    /// A relay step of [`Agreement::Enforce`]'s echo.
+    Echo,
+    /// [`Agreement::Enforce`]'s recovery step.
+    Recover,
     Check,
     Done,
 }
@@ -313,6 +327,14 @@ pub struct Round<'r, B> {
     check: Option<Check>,
     /// Bytes of input the rules read since the last [`Round::take_work`].
     work: std::cell::Cell<u64>,
+    /// [`Agreement::Enforce`]: the inputs received in the gather step (by sender; the agreed
+    /// ones after the recovery step), the echo tree, and its decisions.
+    held: Vec<Option<B>>,
+    echo: Option<eig::Eig>,
+    agreed: Vec<Option<Digest>>,
+    /// Senders of which the echo carried two different inputs (named in the report's
+    /// `differing_inputs`).
+    echo_differs: Vec<Rank>,
 }
 
 impl<B> std::fmt::Debug for Round<'_, B> {
@@ -353,18 +375,24 @@ impl<'r, B> Round<'r, B> {
             check: None,
             warnings: Vec::new(),
             work: std::cell::Cell::new(0),
+            held: Vec::new(),
+            echo: None,
+            agreed: Vec::new(),
+            echo_differs: Vec::new(),
         };
         let start = match spec.shape {
-            Shape::Gather => rule.check(n).map_err(Error::Aggregation).map(|()| {
-                round.post_gather();
-            }),
+            Shape::Gather => rule
+                .check(n)
+                .map_err(Error::Aggregation)
+                .and_then(|()| check_agreement(spec.agreement, spec.shape, n, f))
+                .map(|()| round.post_gather()),
             Shape::Sharded(replicas) | Shape::ReduceScatter(replicas) => {
                 // The digest layout follows the count even when the rule is refused, so that
                 // every rank's cross-check has the same length.
                 round.r = replicas_checked(replicas, f, n).unwrap_or(0);
                 round.seen = Seen::new(n, round.r);
-                rule.check(n)
-                    .map_err(Error::Aggregation)
+                check_agreement(spec.agreement, spec.shape, n, f)
+                    .and_then(|()| rule.check(n).map_err(Error::Aggregation))
                     .and_then(|()| statistics_of(rule))
                     .and_then(|s| {
                         round.statistics = s;
@@ -416,6 +444,12 @@ impl<'r, B> Round<'r, B> {
         std::mem::take(&mut self.warnings)
     }
 
+    /// The input this rank received from rank `j` in the gather step, while the round holds
+    /// it ([`Agreement::Enforce`]; what [`Msg::Forward`] sends).
+    pub fn held(&self, j: Rank) -> Option<&B> {
+        self.held.get(j)?.as_ref()
+    }
+
     /// Whether the round has failed (the cross-check may still run).
     pub fn has_failed(&self) -> bool {
         self.failed.is_some()
@@ -433,6 +467,8 @@ impl<'r, B> Round<'r, B> {
             Phase::Scatter => self.scattered(plane, &plan, outcomes),
             Phase::Statistic { k } => self.statistic_done(plane, &plan, outcomes, k),
             Phase::Versions => self.versions_done(plane, &plan, outcomes),
+            Phase::Echo => self.echoed(plane, &plan, outcomes),
+            Phase::Recover => self.recovered(plane, &plan, outcomes),
             Phase::Check => self.checked(plane, &plan, outcomes),
             Phase::Done => unreachable!("no step is posted when done"),
         }
@@ -547,14 +583,38 @@ impl<'r, B> Round<'r, B> {
                 got[op.peer] = Some(b);
             }
         }
+        if self.spec.agreement == Agreement::Enforce {
+            let direct = (0..n)
+                .map(|p| match &got[p] {
+                    Some(b) => Some(plane.commitment(Src::Got(b))),
+                    None if p == me => Some(plane.commitment(Src::Mine(0..d))),
+                    None => None,
+                })
+                .collect();
+            self.held = got;
+            self.echo = Some(eig::Eig::new(n, self.rule.byzantine(), me, direct));
+            return self.post_echo();
+        }
         let ranks: Vec<Rank> = (0..n).filter(|&p| p == me || got[p].is_some()).collect();
+        self.aggregate_inputs(plane, &got, ranks);
+    }
+
+    /// Aggregates the inputs of `ranks` (in rank order): `got[p]`, or this rank's own.
+    fn aggregate_inputs<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        got: &[Option<B>],
+        ranks: Vec<Rank>,
+    ) {
+        let (me, d) = (self.spec.me, self.spec.d);
         let src = |p: Rank| match &got[p] {
-            Some(b) => Src::Got(b),
-            None => Src::Mine(0..d),
+            Some(b) if p != me => Src::Got(b),
+            _ => Src::Mine(0..d),
         };
+        let others = ranks.iter().filter(|&&p| p != me).count();
         self.report.inputs = ranks.len();
-        self.received_bytes = (ranks.len() - 1) * self.bytes(d);
-        self.report.peak_bytes = (ranks.len() + 1) * self.bytes(d);
+        self.received_bytes = others * self.bytes(d);
+        self.report.peak_bytes = (others + 2) * self.bytes(d);
         for &p in &ranks {
             if self.detect() {
                 self.seen.inputs[p] = Some(plane.digest(src(p)));
@@ -580,6 +640,178 @@ impl<'r, B> Round<'r, B> {
             }
             Err(e) => self.fail(rank_error(e, &ranks)),
         }
+    }
+
+    // ---- Agreement::Enforce: the echo and the recovery -----------------------------------
+
+    /// The next relay step of the echo ([`eig`]), or the recovery step once none is left.
+    /// Ranks this rank has already counted at fault are not waited for (their relays count as
+    /// "none"). Each step waits a step timeout more than the one before: an honest rank can
+    /// be a timeout later per step (a Byzantine sender silent towards some ranks only).
+    fn post_echo(&mut self) {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let echo = self.echo.as_ref().expect("the echo runs");
+        if echo.relays_left() == 0 {
+            return self.post_recovery();
+        }
+        let (bytes, len) = (echo.relay(), echo.relay_len());
+        let sends = schedule::direct_peers(me, n)
+            .map(|peer| Send {
+                peer,
+                tag: 0,
+                msg: Msg::Bytes(bytes.clone()),
+            })
+            .collect();
+        let recvs = schedule::direct_peers(me, n)
+            .filter(|&p| !self.report.faults.iter().any(|f| f.rank == p))
+            .map(|peer| RecvOp { peer, tag: 0, len })
+            .collect();
+        let stretch = self.steps + 1;
+        self.post_stretched(Phase::Echo, "enforce_echo", sends, recvs, stretch);
+    }
+
+    fn echoed<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let n = self.spec.n;
+        let mut kept: Vec<(Rank, B)> = Vec::new();
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            self.arrival_fault(op.peer, &a);
+            if let Arrival::Received(b) = a {
+                kept.push((op.peer, b));
+            }
+        }
+        let echo = self.echo.as_mut().expect("the echo runs");
+        let hosts: Vec<(Rank, Cow<'_, [u8]>)> =
+            kept.iter().map(|(p, b)| (*p, plane.host(b))).collect();
+        let mut relays: Vec<Option<&[u8]>> = vec![None; n];
+        let mut malformed = Vec::new();
+        for (p, bytes) in &hosts {
+            if echo.valid(bytes) {
+                relays[*p] = Some(bytes);
+            } else {
+                malformed.push(*p);
+            }
+        }
+        echo.receive(&relays);
+        drop(hosts);
+        for p in malformed {
+            self.add_fault(p, Fault::Malformed("not a relay of the echo".into()));
+        }
+        self.post_echo()
+    }
+
+    /// Every rank's input is now decided alike ([`eig::Eig::decide`]). A rank that holds the
+    /// decided input of sender `j` passes it on to each rank that said it got something else
+    /// (tag `j`); a rank without it waits for it from every rank that said it has it.
+    fn post_recovery(&mut self) {
+        let (me, n, len) = (self.spec.me, self.spec.n, self.bytes(self.spec.d));
+        let echo = self.echo.as_ref().expect("the echo runs");
+        let agreed = echo.decide();
+        let relayed = self.rule.byzantine() > 0;
+        let holds = |j: Rank| agreed[j].is_some() && echo.direct(j) == agreed[j];
+        let mut sends = Vec::new();
+        let mut recvs = Vec::new();
+        for peer in schedule::direct_peers(me, n) {
+            for j in (0..n).filter(|&j| j != peer && relayed) {
+                if holds(j) && echo.reported(peer, j) != agreed[j] {
+                    let msg = if j == me { Msg::Input } else { Msg::Forward(j) };
+                    sends.push(Send {
+                        peer,
+                        tag: j as Tag,
+                        msg,
+                    });
+                }
+            }
+        }
+        for j in (0..n).filter(|&j| agreed[j].is_some() && !holds(j) && j != me) {
+            for peer in schedule::direct_peers(me, n) {
+                if peer == j || echo.reported(peer, j) == agreed[j] {
+                    recvs.push(RecvOp {
+                        peer,
+                        tag: j as Tag,
+                        len,
+                    });
+                }
+            }
+        }
+        self.echo_differs = (0..n)
+            .filter(|&j| {
+                let mut told = std::iter::once(echo.direct(j))
+                    .chain(
+                        (0..n)
+                            .filter(|&k| k != j && k != me)
+                            .map(|k| echo.reported(k, j)),
+                    )
+                    .flatten();
+                told.next()
+                    .is_some_and(|first| told.any(|other| other != first))
+            })
+            .collect();
+        self.agreed = agreed;
+        let stretch = self.steps + 1;
+        self.post_stretched(Phase::Recover, "enforce_recover", sends, recvs, stretch);
+    }
+
+    fn recovered<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let echo = self.echo.take().expect("the echo ran");
+        let agreed = std::mem::take(&mut self.agreed);
+        let mut held = std::mem::take(&mut self.held);
+        for j in 0..n {
+            if echo.direct(j) != agreed[j] {
+                held[j] = None;
+                if agreed[j].is_some() && j != me {
+                    self.warnings.push(format!(
+                        "rank {j} sent this rank another input than the ranks agreed on; \
+                         recovering the agreed one"
+                    ));
+                }
+            }
+        }
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            let j = op.tag as Rank;
+            if held[j].is_some() {
+                continue;
+            }
+            if let Arrival::Received(b) = a {
+                if Some(plane.commitment(Src::Got(&b))) == agreed[j] {
+                    held[j] = Some(b);
+                } else {
+                    self.add_fault(
+                        op.peer,
+                        Fault::Malformed(format!("forwarded another input as rank {j}'s")),
+                    );
+                }
+            }
+        }
+        let mut ranks = Vec::new();
+        for j in 0..n {
+            let usable = agreed[j].is_some()
+                && (held[j].is_some() || (j == me && echo.direct(me) == agreed[me]));
+            if usable {
+                ranks.push(j);
+            } else if j != me {
+                let why = match agreed[j] {
+                    None => "the ranks' echo agreed on no input of it (silent or equivocating)",
+                    Some(_) => "its agreed input could not be recovered",
+                };
+                self.add_fault(j, Fault::Malformed(why.into()));
+            } else {
+                self.warnings.push(
+                    "the ranks did not agree on this rank's own input; it is left out".into(),
+                );
+            }
+        }
+        self.aggregate_inputs(plane, &held, ranks);
     }
 
     // ---- sharded -----------------------------------------------------------------------
@@ -721,8 +953,9 @@ impl<'r, B> Round<'r, B> {
     /// to log).
     fn owner_outcome(&mut self, i: usize, s: usize, done: Result<(), impl std::fmt::Display>) {
         if let Err(why) = done {
-            self.warnings
-                .push(format!("cannot aggregate owned shard {s}: {why}"));
+            self.warnings.push(format!(
+                "cannot aggregate owned shard {s}: {why}; sending an empty result"
+            ));
             self.no_result[i] = true;
         }
     }
@@ -1110,7 +1343,12 @@ impl<'r, B> Round<'r, B> {
             }
         }
         match check::evaluate(me, n, self.rule.byzantine(), &mine, &theirs, &same) {
-            Ok(found) => self.report.agreement = Some(found),
+            Ok(mut found) => {
+                found.differing_inputs.extend(self.echo_differs.drain(..));
+                found.differing_inputs.sort_unstable();
+                found.differing_inputs.dedup();
+                self.report.agreement = Some(found);
+            }
             Err(e) => self.failed = Some(e),
         }
     }
@@ -1121,6 +1359,50 @@ impl<'r, B> Round<'r, B> {
 fn owned_index(rank: Rank, s: usize, n: usize) -> Option<usize> {
     Some((rank + n - s) % n)
 }
+
+/// Whether `agreement` can run a round of `shape` over `n` ranks with `f` Byzantine ones:
+/// [`Agreement::Enforce`] runs in gather mode, with `n > 3f` and an echo tree of at most
+/// [`MAX_ECHO_NODES`] nodes (`f + 1` levels over `n` ranks). The drivers call it before any
+/// data moves; a [`Round`] fails with it too.
+///
+/// # Errors
+/// [`Error::Unsupported`] for `Enforce` in sharded mode or past the tree's bound,
+/// [`Error::InvalidUsage`] for `n <= 3f`.
+pub fn check_agreement(
+    agreement: Agreement,
+    shape: Shape,
+    n: usize,
+    f: usize,
+) -> Result<(), Error> {
+    if agreement != Agreement::Enforce {
+        return Ok(());
+    }
+    if shape != Shape::Gather {
+        return Err(Error::Unsupported(
+            "Agreement::Enforce runs in gather mode (Policy::Gather) only; sharded rounds and \
+             reduce-scatter run Agreement::Detect"
+                .into(),
+        ));
+    }
+    if n <= 3 * f {
+        return Err(Error::InvalidUsage(format!(
+            "Agreement::Enforce needs n > 3f: {n} ranks cannot agree despite {f} Byzantine ones"
+        )));
+    }
+    match eig::nodes(n, f + 1) {
+        Some(nodes) if nodes <= MAX_ECHO_NODES => Ok(()),
+        _ => Err(Error::Unsupported(format!(
+            "Agreement::Enforce's echo for {n} ranks and f = {f} needs f + 1 = {} relay levels \
+             of up to n^{} digests, past the bound of {MAX_ECHO_NODES} nodes; use \
+             Agreement::Detect or a smaller f",
+            f + 1,
+            f + 1
+        ))),
+    }
+}
+
+/// The most nodes of [`Agreement::Enforce`]'s echo tree ([`check_agreement`]).
+pub const MAX_ECHO_NODES: usize = eig::MAX_NODES;
 
 /// The replica count without the warning of [`crate::Replicas::count`].
 fn replicas_checked(replicas: crate::Replicas, f: usize, n: usize) -> Option<usize> {

@@ -51,6 +51,8 @@ macro_rules! conformance_suite {
             sharded_iterative_rules_match_gather,
             an_equivocating_sender_never_splits_honest_ranks_silently,
             a_stalled_rank_that_resumes_never_returns_another_result_as_success,
+            an_equivocating_sender_is_agreed_on_under_enforce,
+            a_stalled_rank_that_resumes_under_enforce_is_never_split,
             robust_reduce_scatter_gives_each_rank_its_shard_of_the_all_reduce,
             an_equivocating_sender_is_named_in_a_reduce_scatter,
             a_stalled_rank_that_resumes_is_told_in_a_reduce_scatter,
@@ -1282,6 +1284,93 @@ where
                 assert_eq!(found.differing_inputs, [n - 1], "rank {me}");
             }
             (_, Err(e)) => panic!("rank {me}: {e}"),
+        }
+    }
+}
+
+/// The bits of a result, for bitwise comparisons.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Issue #14's equivocation under `Agreement::Enforce` (n = 7, f = 2): the last rank sends
+/// rank 0 a vector of 1000 and the others one of -1000, then stays silent. The echo decides
+/// -1000 (what most ranks got) for it on every honest rank, rank 0 recovers that vector from
+/// the others, and every honest rank returns `Ok` with bitwise the same result (median 3) and
+/// names the liar in `differing_inputs`. When every rank gets another vector there is no
+/// majority: every honest rank leaves the liar out alike (median of 1..=6: 3.5).
+pub async fn an_equivocating_sender_is_agreed_on_under_enforce<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f) = (7, 2);
+    for (split, expected, inputs) in [
+        (
+            (|dest| if dest == 0 { 1000.0 } else { -1000.0 }) as fn(usize) -> f32,
+            3.0,
+            n,
+        ),
+        (|dest| 100.0 * (dest + 1) as f32, 3.5, n - 1),
+    ] {
+        let results =
+            with_an_equivocator(&factory, (n, f), Round::Gather, Agreement::Enforce, split).await;
+        let first = bits(&results[0].as_ref().expect("rank 0 completes").1);
+        for (me, result) in results.iter().enumerate() {
+            let (report, v) = result.as_ref().unwrap_or_else(|e| panic!("rank {me}: {e}"));
+            assert_eq!(bits(v), first, "rank {me}: honest ranks agree bitwise");
+            assert_eq!(v[0], expected, "rank {me}");
+            assert_eq!(report.inputs, inputs, "rank {me}");
+            let found = report
+                .agreement
+                .as_ref()
+                .expect("Enforce ends with the cross-check");
+            assert!(found.disagreeing.is_empty(), "rank {me}: {found:?}");
+            assert_eq!(found.differing_inputs, [n - 1], "rank {me}");
+            assert!(report.faults.iter().any(|p| p.rank == n - 1), "rank {me}");
+        }
+    }
+}
+
+/// Issue #14's stall under `Agreement::Enforce`: rank 2 of 4 starts after the others'
+/// deadline. They leave it out alike and return 2. Where the transport kept their messages,
+/// the echo tells rank 2 that nobody had its input in time: it leaves itself out too and
+/// returns bitwise the others' result; otherwise it gets an error. Never another value as
+/// success.
+pub async fn a_stalled_rank_that_resumes_under_enforce_is_never_split<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let timeout = Duration::from_millis(400);
+    let keeps_late_messages = factory(1).await[0].name() == "tcp";
+    let results = run_ranks(comms(factory(4).await, timeout), move |mut c| async move {
+        c.set_agreement(Agreement::Enforce);
+        if c.rank() == 2 {
+            tokio::time::sleep(timeout * 3).await;
+        }
+        let mut v = vec![(c.rank() + 1) as f32; 8];
+        let result = c
+            .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+            .await
+            .map(|report| (report, v));
+        if c.rank() != 2 {
+            tokio::time::sleep(timeout * 5).await;
+        }
+        result
+    })
+    .await;
+    let others = bits(&results[0].as_ref().expect("rank 0").1);
+    for (me, result) in results.iter().enumerate() {
+        match result {
+            Ok((report, v)) => {
+                assert_eq!(bits(v), others, "rank {me}");
+                assert_eq!(v[0], 2.0, "rank {me}");
+                assert_eq!(report.inputs, 3, "rank {me}");
+            }
+            Err(Error::Disagreement { .. } | Error::TooManyFaults { .. })
+                if me == 2 && !keeps_late_messages => {}
+            Err(e) => panic!("rank {me}: {e}"),
         }
     }
 }
