@@ -221,10 +221,12 @@ fn the_agreement_policy_is_chosen_by_the_environment_and_bad_values_are_refused(
         assert!(ok, "{value}: {stdout}\n{stderr}");
         assert!(stdout.contains("[0] OK: 3 ranks over tcp"), "{stdout}");
     }
+    // The example tolerates f = 1 among 3 ranks: Enforce's precondition (n > 3f) refuses it
+    // up front, on every rank, before any data moves.
     let (ok, _, stderr) = run("enforce");
     assert!(!ok);
     assert!(
-        stderr.contains("Agreement::Enforce is not built yet"),
+        stderr.contains("Agreement::Enforce needs n > 3f: 3 ranks"),
         "{stderr}"
     );
     let (ok, _, stderr) = run("sometimes");

@@ -168,6 +168,53 @@ fn check_reports_a_silent_split_and_detect_prevents_it() {
     let (stdout, stderr) = text(&out);
     assert!(!stdout.contains("SPLIT"), "{stdout}");
     assert!(stderr.contains("disagrees"), "{stderr}");
+    // Under enforce every honest rank completes with bitwise the same result, which --check
+    // requires, inside the honest range.
+    let out = simulate(&args("enforce"));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("OK: results match"), "{stdout}");
+    let gather = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("gather"))
+        .unwrap_or_else(|| panic!("no gather line in\n{stdout}"));
+    assert!(gather.ends_with("in honest range"), "{stdout}");
+}
+
+#[test]
+fn enforce_is_refused_where_it_cannot_run() {
+    // Sharded mode: refused by name.
+    let out = simulate(&[
+        "--ranks",
+        "7",
+        "--f",
+        "2",
+        "--mode",
+        "sharded",
+        "--rule",
+        "median",
+        "--agreement",
+        "enforce",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{stdout}");
+    assert!(stderr.contains("gather mode only"), "{stderr}");
+    // n <= 3f: the precondition, up front.
+    let out = simulate(&[
+        "--ranks",
+        "6",
+        "--f",
+        "2",
+        "--mode",
+        "gather",
+        "--rule",
+        "median",
+        "--agreement",
+        "enforce",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{stdout}");
+    assert!(stderr.contains("n > 3f"), "{stderr}");
 }
 
 #[test]

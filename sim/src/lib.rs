@@ -423,8 +423,12 @@ impl Scenario {
                     _ => Shape::Gather,
                 };
                 let f = rule.unwrap_or(any.as_ref()).byzantine();
-                byzcoll_runtime::round::check_agreement(self.agreement, shape, n, f)
-                    .map_err(|e| SimError::Unsupported(format!("{algorithm}: {e}")))?;
+                byzcoll_runtime::round::check_agreement(self.agreement, shape, n, f).map_err(
+                    |e| match e {
+                        Error::InvalidUsage(why) => SimError::InvalidConfig(why),
+                        other => SimError::Unsupported(format!("{algorithm}: {other}")),
+                    },
+                )?;
                 let mut prog = robust(common, shape);
                 let (ends, stats) = engine::run(&mut prog, n, params)?;
                 (ends, stats, prog.common, prog.reports)

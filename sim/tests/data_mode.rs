@@ -441,6 +441,60 @@ fn input_equivocation_is_named_by_every_honest_rank_that_completes() {
 }
 
 #[test]
+fn under_enforce_every_honest_rank_ends_with_bitwise_the_same_result() {
+    // The last f ranks forge their inputs and send every destination another vector; under
+    // Detect the gather round fails on some honest ranks, under Enforce none: every honest
+    // rank leaves the liars out alike and the results are identical, inside the honest range.
+    for (n, f) in [(4, 1), (7, 2), (10, 3)] {
+        let mut s = scenario(n);
+        s.adversary = Adversary {
+            byzantine_inputs: f,
+            equivocate_inputs: true,
+            ..Adversary::default()
+        };
+        s.agreement = Agreement::Enforce;
+        let data = DataSet::generate(&s, 2 * n + 1).unwrap();
+        for name in ["median", "trimmed-mean"] {
+            let rule = by_name(name, f).unwrap();
+            let run = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
+            assert_eq!(run.divergence(), None, "n = {n}, {name}");
+            assert!(
+                data.reference(rule.as_ref()).check(&run).is_ok(),
+                "n = {n}, {name}"
+            );
+            for o in run.ranks.iter().filter(|o| o.role == Role::Honest) {
+                let found = o
+                    .agreement
+                    .as_ref()
+                    .expect("Enforce ends with the cross-check");
+                assert!(found.disagreeing.is_empty(), "n = {n}: {found:?}");
+                assert_eq!(
+                    found.differing_inputs,
+                    (n - f..n).collect::<Vec<_>>(),
+                    "n = {n}, {name}"
+                );
+            }
+        }
+        // Enforce runs in gather mode only, and needs n > 3f: refused up front.
+        let rule = by_name("median", f).unwrap();
+        let refused = s.run_data(Algorithm::tolerant(n, f), &data, rule.as_ref());
+        assert!(
+            matches!(refused, Err(SimError::Unsupported(_))),
+            "{refused:?}"
+        );
+    }
+    let mut s = scenario(6);
+    s.agreement = Agreement::Enforce;
+    let data = DataSet::generate(&s, 8).unwrap();
+    let rule = by_name("median", 2).unwrap();
+    let refused = s.run_data(Algorithm::Gather, &data, rule.as_ref());
+    let Err(SimError::InvalidConfig(why)) = refused else {
+        panic!("{refused:?}")
+    };
+    assert!(why.contains("n > 3f"), "{why}");
+}
+
+#[test]
 fn every_rule_runs_in_every_mode_the_runtime_supports() {
     // The simulator runs the runtime's round, so sharded mode takes the Krum family, the
     // iterative rules and mixing as the runtime does, with the gather result for

@@ -234,17 +234,18 @@ mod tests {
             .collect();
         while trees[0].relays_left() > 0 {
             let sent: Vec<Bytes> = trees.iter().map(Eig::relay).collect();
-            for me in 0..n {
-                let mut msgs: Vec<Option<Vec<u8>>> = vec![None; n];
-                for k in (0..n).filter(|&k| k != me) {
-                    let mut m = sent[k].to_vec();
-                    if let Some(l) = liar(k) {
-                        (l.relay)(me, &mut m);
-                    }
-                    msgs[k] = Some(m).filter(|m| trees[me].valid(m));
-                }
+            for (me, tree) in trees.iter_mut().enumerate() {
+                let msgs: Vec<Option<Vec<u8>>> = (0..n)
+                    .map(|k| {
+                        let mut m = sent[k].to_vec();
+                        if let Some(l) = liar(k) {
+                            (l.relay)(me, &mut m);
+                        }
+                        Some(m).filter(|m| k != me && tree.valid(m))
+                    })
+                    .collect();
                 let refs: Vec<Option<&[u8]>> = msgs.iter().map(|m| m.as_deref()).collect();
-                trees[me].receive(&refs);
+                tree.receive(&refs);
             }
         }
         (0..n)
@@ -276,6 +277,28 @@ mod tests {
         let tree = Eig::new(7, 2, 3, vec![None; 7]);
         assert_eq!(tree.relay_len(), 6 * 33);
         assert_eq!(tree.relay().len(), tree.relay_len());
+    }
+
+    #[test]
+    fn enforce_is_checked_before_any_data_moves() {
+        use crate::round::{check_agreement, Shape};
+        use crate::{Agreement, Error, Replicas};
+        let enforce = |shape, n, f| check_agreement(Agreement::Enforce, shape, n, f);
+        assert!(enforce(Shape::Gather, 4, 1).is_ok());
+        assert!(enforce(Shape::Gather, 1024, 1).is_ok());
+        assert!(matches!(
+            enforce(Shape::Gather, 3, 1),
+            Err(Error::InvalidUsage(_))
+        ));
+        assert!(matches!(
+            enforce(Shape::Gather, 64, 4),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(
+            enforce(Shape::Sharded(Replicas::Tolerant), 7, 2),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(check_agreement(Agreement::Detect, Shape::Gather, 3, 1).is_ok());
     }
 
     #[test]
@@ -380,10 +403,10 @@ mod tests {
             })
             .collect();
         let sent: Vec<Bytes> = trees.iter().map(Eig::relay).collect();
-        for me in 0..4 {
+        for (me, tree) in trees.iter_mut().enumerate() {
             let msgs: Vec<Option<&[u8]>> =
                 (0..4).map(|k| (k != me).then(|| &sent[k][..])).collect();
-            trees[me].receive(&msgs);
+            tree.receive(&msgs);
         }
         for k in 1..4 {
             for j in (0..4).filter(|&j| j != k) {

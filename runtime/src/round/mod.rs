@@ -1344,7 +1344,7 @@ impl<'r, B> Round<'r, B> {
         }
         match check::evaluate(me, n, self.rule.byzantine(), &mine, &theirs, &same) {
             Ok(mut found) => {
-                found.differing_inputs.extend(self.echo_differs.drain(..));
+                found.differing_inputs.append(&mut self.echo_differs);
                 found.differing_inputs.sort_unstable();
                 found.differing_inputs.dedup();
                 self.report.agreement = Some(found);
