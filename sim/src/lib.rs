@@ -429,6 +429,19 @@ impl Scenario {
                         other => SimError::Unsupported(format!("{algorithm}: {other}")),
                     },
                 )?;
+                if self.agreement == Agreement::Enforce {
+                    // Every simulated rank holds its own echo tree (33 bytes a node).
+                    let all = byzcoll_runtime::round::echo_nodes(n, f)
+                        .and_then(|t| t.checked_mul(n))
+                        .unwrap_or(usize::MAX);
+                    if all > MAX_SIM_ECHO_NODES {
+                        return Err(SimError::InvalidConfig(format!(
+                            "Agreement::Enforce over {n} ranks with f = {f}: the simulator \
+                             would hold {all} echo-tree nodes for all ranks, more than \
+                             {MAX_SIM_ECHO_NODES}; simulate fewer ranks"
+                        )));
+                    }
+                }
                 let mut prog = robust(common, shape);
                 let (ends, stats) = engine::run(&mut prog, n, params)?;
                 (ends, stats, prog.common, prog.reports)
@@ -573,6 +586,10 @@ impl Run {
         None
     }
 }
+
+/// The most echo-tree nodes ([`Agreement::Enforce`]) a simulation holds for all its ranks
+/// together: 2^25, about 1.1 GB.
+const MAX_SIM_ECHO_NODES: usize = 1 << 25;
 
 /// SplitMix64 finalizer of `seed + salt`: independent streams per algorithm.
 fn mix(seed: u64, salt: u64) -> u64 {

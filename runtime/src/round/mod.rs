@@ -1389,7 +1389,7 @@ pub fn check_agreement(
             "Agreement::Enforce needs n > 3f: {n} ranks cannot agree despite {f} Byzantine ones"
         )));
     }
-    match eig::nodes(n, f + 1) {
+    match echo_nodes(n, f) {
         Some(nodes) if nodes <= MAX_ECHO_NODES => Ok(()),
         _ => Err(Error::Unsupported(format!(
             "Agreement::Enforce's echo for {n} ranks and f = {f} needs f + 1 = {} relay levels \
@@ -1403,6 +1403,13 @@ pub fn check_agreement(
 
 /// The most nodes of [`Agreement::Enforce`]'s echo tree ([`check_agreement`]).
 pub const MAX_ECHO_NODES: usize = eig::MAX_NODES;
+
+/// The nodes of one rank's echo tree for `n` ranks and `f` Byzantine ones (`f + 1` levels),
+/// `None` past `usize`: what [`check_agreement`] bounds, and what a simulator holding every
+/// rank's tree multiplies by `n`.
+pub fn echo_nodes(n: usize, f: usize) -> Option<usize> {
+    eig::nodes(n, f + 1)
+}
 
 /// The replica count without the warning of [`crate::Replicas::count`].
 fn replicas_checked(replicas: crate::Replicas, f: usize, n: usize) -> Option<usize> {
