@@ -7,6 +7,7 @@
 //! cargo bench --bench collectives -- --ranks 4 --min-exp 16 --max-exp 24 --no-anchor
 //! cargo bench --features ucx,libfabric --bench collectives -- --transports tcp,ucx,libfabric
 //! cargo bench --bench collectives -- --transports tcp,tcp+mac,tcp+off   # frame MACs, agreement off
+//! cargo bench --bench collectives -- --transports tcp+off,tcp,tcp+enforce  # agreement cost
 //! UCX_TLS=sm,self FI_PROVIDER=shm cargo bench --features ucx,libfabric --bench collectives -- --mpi-btl vader
 //! ```
 //!
@@ -65,8 +66,9 @@ fn default_transports() -> Vec<&'static str> {
 
 /// Parses `--transports a,b,c`: each name must be a transport this build has; one it lacks is
 /// an error that says which feature to build with. A name may carry variants: `+mac` (TCP
-/// frame MACs, `BYZCOLL_FRAME_MAC=1`) and `+off` (`BYZCOLL_AGREEMENT=off`), e.g.
-/// `tcp,tcp+mac,tcp+off` compares them in one run.
+/// frame MACs, `BYZCOLL_FRAME_MAC=1`), `+off` and `+enforce` (`BYZCOLL_AGREEMENT`), e.g.
+/// `tcp,tcp+mac,tcp+off` compares them in one run. Under `+enforce` the robust rows are gather
+/// mode only, with `f = (n − 1)/3` (Enforce needs `n > 3f`).
 fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
     let mut chosen: Vec<&'static str> = Vec::new();
     for spec in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -85,10 +87,11 @@ fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
         for variant in parts {
             match variant {
                 "mac" if name == "tcp" => {}
-                "off" => {}
+                "off" | "enforce" => {}
                 _ => {
                     return Err(format!(
-                        "--transports {spec}: unknown variant {variant:?} (tcp+mac, NAME+off)"
+                        "--transports {spec}: unknown variant {variant:?} (tcp+mac, NAME+off, \
+                         NAME+enforce)"
                     ))
                 }
             }
@@ -127,6 +130,7 @@ fn transport_env(spec: &str) -> Vec<(String, String)> {
         match variant {
             "mac" => env.push(("BYZCOLL_FRAME_MAC".into(), "1".into())),
             "off" => env.push(("BYZCOLL_AGREEMENT".into(), "off".into())),
+            "enforce" => env.push(("BYZCOLL_AGREEMENT".into(), "enforce".into())),
             _ => {}
         }
     }
@@ -300,7 +304,8 @@ async fn worker(args: &Args) -> Result<(), String> {
     let mut comm = byzcoll::init().await.map_err(|e| e.to_string())?;
     let (me, n) = (comm.rank(), comm.size());
     let nf = n as f64;
-    let f = (n - 1) / 2;
+    let enforce = comm.agreement() == byzcoll::Agreement::Enforce;
+    let f = if enforce { (n - 1) / 3 } else { (n - 1) / 2 };
     let median = Median::new(f);
     let label = std::env::var("BYZCOLL_BENCH_LABEL").ok();
     let transport: &str = match &label {
@@ -384,6 +389,9 @@ async fn worker(args: &Args) -> Result<(), String> {
                 2.0 * (2 * f + 1) as f64 * (nf - 1.0) / nf,
             ),
         ] {
+            if enforce && policy != Policy::Gather {
+                continue;
+            }
             let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
                 v.copy_from_slice(&input);
                 c.robust_all_reduce(&mut v, &median, policy)

@@ -45,6 +45,12 @@
 // `BYZCOLL_DISAGREEMENT`, the others the names in their report.
 #define BYZCOLL_AGREEMENT_DETECT 2
 
+// Gather mode only, with n > 3f: the ranks echo the inputs' digests before aggregating, so
+// that honest ranks aggregate the same inputs and return bitwise the same result (then the
+// cross-check of detect). Refused up front (`BYZCOLL_UNSUPPORTED`, `BYZCOLL_INVALID_ARGUMENT`)
+// where it cannot run.
+#define BYZCOLL_AGREEMENT_ENFORCE 3
+
 // Element-wise sum (`byzcoll_all_reduce`).
 #define BYZCOLL_SUM 0
 

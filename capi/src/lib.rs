@@ -50,6 +50,11 @@ pub const BYZCOLL_AGREEMENT_OFF: i32 = 1;
 /// Every round ends with a cross-check of result digests; a rank out of step gets
 /// `BYZCOLL_DISAGREEMENT`, the others the names in their report.
 pub const BYZCOLL_AGREEMENT_DETECT: i32 = 2;
+/// Gather mode only, with n > 3f: the ranks echo the inputs' digests before aggregating, so
+/// that honest ranks aggregate the same inputs and return bitwise the same result (then the
+/// cross-check of detect). Refused up front (`BYZCOLL_UNSUPPORTED`, `BYZCOLL_INVALID_ARGUMENT`)
+/// where it cannot run.
+pub const BYZCOLL_AGREEMENT_ENFORCE: i32 = 3;
 
 /// Element-wise sum (`byzcoll_all_reduce`).
 pub const BYZCOLL_SUM: i32 = 0;
@@ -259,9 +264,11 @@ unsafe fn read_config(
         BYZCOLL_AGREEMENT_FROM_ENV => None,
         BYZCOLL_AGREEMENT_OFF => Some(Agreement::Off),
         BYZCOLL_AGREEMENT_DETECT => Some(Agreement::Detect),
+        BYZCOLL_AGREEMENT_ENFORCE => Some(Agreement::Enforce),
         other => {
             return Err(Failure::invalid(format!(
-                "config->agreement is {other}: expected BYZCOLL_AGREEMENT_FROM_ENV, _OFF or _DETECT"
+                "config->agreement is {other}: expected BYZCOLL_AGREEMENT_FROM_ENV, _OFF, \
+                 _DETECT or _ENFORCE"
             )))
         }
     };
