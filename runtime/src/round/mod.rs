@@ -616,7 +616,9 @@ impl<'r, B> Round<'r, B> {
         self.received_bytes = others * self.bytes(d);
         self.report.peak_bytes = (others + 2) * self.bytes(d);
         for &p in &ranks {
-            if self.detect() {
+            // Under Enforce the agreed commitments are already there (BLAKE3 serves the
+            // cross-check as well as XXH3 and saves a pass over every input).
+            if self.detect() && self.seen.inputs[p].is_none() {
                 self.seen.inputs[p] = Some(plane.digest(src(p)));
             }
             if !plane.finite(src(p)) {
@@ -798,6 +800,7 @@ impl<'r, B> Round<'r, B> {
             let usable = agreed[j].is_some()
                 && (held[j].is_some() || (j == me && echo.direct(me) == agreed[me]));
             if usable {
+                self.seen.inputs[j] = agreed[j];
                 ranks.push(j);
             } else if j != me {
                 let why = match agreed[j] {

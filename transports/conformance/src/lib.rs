@@ -1342,24 +1342,8 @@ where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
-    let timeout = Duration::from_millis(400);
     let keeps_late_messages = factory(1).await[0].name() == "tcp";
-    let results = run_ranks(comms(factory(4).await, timeout), move |mut c| async move {
-        c.set_agreement(Agreement::Enforce);
-        if c.rank() == 2 {
-            tokio::time::sleep(timeout * 3).await;
-        }
-        let mut v = vec![(c.rank() + 1) as f32; 8];
-        let result = c
-            .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
-            .await
-            .map(|report| (report, v));
-        if c.rank() != 2 {
-            tokio::time::sleep(timeout * 5).await;
-        }
-        result
-    })
-    .await;
+    let results = with_a_stalled_rank(Agreement::Enforce, factory(4).await).await;
     let others = bits(&results[0].as_ref().expect("rank 0").1);
     for (me, result) in results.iter().enumerate() {
         match result {
@@ -1375,6 +1359,32 @@ where
     }
 }
 
+/// One gather round of `Median::new(1)` over 4 ranks (rank `r` contributes `r + 1`, step
+/// timeout 400 ms) in which rank 2 starts three timeouts late.
+async fn with_a_stalled_rank(
+    agreement: Agreement,
+    transports: Vec<Box<dyn Transport>>,
+) -> Vec<Result<(RoundReport, Vec<f32>), Error>> {
+    let timeout = Duration::from_millis(400);
+    run_ranks(comms(transports, timeout), move |mut c| async move {
+        c.set_agreement(agreement);
+        if c.rank() == 2 {
+            tokio::time::sleep(timeout * 3).await;
+        }
+        let mut v = vec![(c.rank() + 1) as f32; 8];
+        let result = c
+            .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+            .await
+            .map(|report| (report, v));
+        // The others stay up (as processes would) while rank 2 catches up.
+        if c.rank() != 2 {
+            tokio::time::sleep(timeout * 5).await;
+        }
+        result
+    })
+    .await
+}
+
 /// Issue #14's stall: rank 2 of 4 (f = 1, rank `r` contributes `r + 1`) starts its round
 /// after the others' deadline. They erase it and return 2; where the transport kept their
 /// messages it then finds all four inputs and would return 2.5. Under `Off` it does, with
@@ -1385,25 +1395,7 @@ where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
-    let timeout = Duration::from_millis(400);
-    let run = |agreement: Agreement, transports: Vec<Box<dyn Transport>>| {
-        run_ranks(comms(transports, timeout), move |mut c| async move {
-            c.set_agreement(agreement);
-            if c.rank() == 2 {
-                tokio::time::sleep(timeout * 3).await;
-            }
-            let mut v = vec![(c.rank() + 1) as f32; 8];
-            let result = c
-                .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
-                .await
-                .map(|report| (report, v));
-            // The others stay up (as processes would) while rank 2 catches up.
-            if c.rank() != 2 {
-                tokio::time::sleep(timeout * 5).await;
-            }
-            result
-        })
-    };
+    let run = with_a_stalled_rank;
     let keeps_late_messages = factory(1).await[0].name() == "tcp";
     // Transports that keep messages for a late receiver (TCP, UCX, libfabric) give rank 2
     // all four inputs; the in-process one drops sends at the sender's deadline, and rank 2
