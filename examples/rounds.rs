@@ -61,8 +61,13 @@ async fn main() -> ExitCode {
             Ok(report) => {
                 let erased: Vec<usize> = report.faults.iter().map(|f| f.rank).collect();
                 let unconfirmed = report.agreement.map(|a| a.unconfirmed).unwrap_or_default();
+                let own = if report.erased_self {
+                    " (own input left out)"
+                } else {
+                    ""
+                };
                 format!(
-                    "round {k}: ok {} erased {erased:?} unconfirmed {unconfirmed:?}",
+                    "round {k}: ok {} erased {erased:?} unconfirmed {unconfirmed:?}{own}",
                     v[0]
                 )
             }

@@ -124,6 +124,37 @@ fn a_rank_stopped_past_the_deadline_never_returns_another_result_as_success() {
     );
 }
 
+#[test]
+fn under_enforce_a_rank_stopped_past_the_deadline_returns_the_others_result_or_an_error() {
+    let (outcomes, logs) = run_job("enforce");
+    let splits = silent_splits(&outcomes);
+    assert!(
+        splits.is_empty(),
+        "rounds {splits:?} split:\n{}",
+        logs.join("\n---\n")
+    );
+    let erased: Vec<usize> = logs[0]
+        .lines()
+        .filter(|l| l.contains("erased [2]"))
+        .filter_map(|l| l.strip_prefix("round ")?.split_once(':')?.0.parse().ok())
+        .collect();
+    assert!(!erased.is_empty(), "the stop hit no round:\n{}", logs[0]);
+    // The echo told rank 2 that nobody had its input in time: in the rounds the others
+    // closed without it, rank 2 (finding their messages waiting) leaves itself out too and
+    // returns their result, 2, where it completes at all.
+    for k in &erased {
+        if let Some(Some(v)) = outcomes[2].get(k) {
+            assert_eq!(*v, 2.0, "round {k}:\n{}", logs[2]);
+            let line = format!("round {k}: ok 2 ");
+            let said = logs[2]
+                .lines()
+                .find(|l| l.starts_with(&line))
+                .unwrap_or_default();
+            assert!(said.ends_with("(own input left out)"), "{said}");
+        }
+    }
+}
+
 /// Rounds in which rank 0 erased rank 2 and rank 2 still returned `Ok`: in a reduce-scatter
 /// every rank holds another shard, so a late rank's split shows as shards computed from
 /// different input sets, each presented as success.

@@ -135,6 +135,10 @@ struct Report {
     /// The job runs without authentication.
     #[pyo3(get)]
     unauthenticated: bool,
+    /// This rank's own input is not in the result: under agreement "enforce" the ranks agreed
+    /// it did not reach them in time, and this rank left it out as they did.
+    #[pyo3(get)]
+    erased_self: bool,
     /// The agreement cross-check's findings (None when agreement is off): a dict of rank lists
     /// `disagreeing`, `unconfirmed`, `differing_inputs`, `differing_versions`.
     agreement: Option<[Vec<usize>; 4]>,
@@ -198,6 +202,7 @@ impl From<RoundReport> for Report {
             selected: r.selected,
             replicas: r.replicas,
             unauthenticated: r.unauthenticated,
+            erased_self: r.erased_self,
             agreement: r.agreement.map(|a| {
                 [
                     a.disagreeing,

@@ -139,6 +139,10 @@ pub struct RoundReport {
     pub inputs: usize,
     /// Peers that were missing or malformed in some step and were treated as erasures.
     pub faults: Vec<PeerFault>,
+    /// This rank's own input is not in the result: under [`Agreement::Enforce`] the ranks
+    /// agreed that it did not reach them in time (this rank stalled past a deadline, say), and
+    /// this rank left it out as they did, so that its result is theirs.
+    pub erased_self: bool,
     /// Ranks whose contribution seen by this rank held NaN or infinities (it still entered the
     /// aggregation, where the rule's non-finite policy applies).
     pub non_finite: Vec<Rank>,

@@ -26,6 +26,7 @@ class Report:
     selected: Optional[list[int]]
     replicas: Optional[int]
     unauthenticated: bool
+    erased_self: bool
     agreement: Optional[dict[str, list[int]]]
     peak_bytes: int
     bytes_sent: int

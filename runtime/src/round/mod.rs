@@ -809,8 +809,11 @@ impl<'r, B> Round<'r, B> {
                 };
                 self.add_fault(j, Fault::Malformed(why.into()));
             } else {
+                self.report.erased_self = true;
                 self.warnings.push(
-                    "the ranks did not agree on this rank's own input; it is left out".into(),
+                    "the ranks agreed that this rank's own input did not reach them in time; \
+                     it is left out, as they left it out"
+                        .into(),
                 );
             }
         }

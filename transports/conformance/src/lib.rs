@@ -1351,6 +1351,7 @@ where
                 assert_eq!(bits(v), others, "rank {me}");
                 assert_eq!(v[0], 2.0, "rank {me}");
                 assert_eq!(report.inputs, 3, "rank {me}");
+                assert_eq!(report.erased_self, me == 2, "rank {me}");
             }
             Err(Error::Disagreement { .. } | Error::TooManyFaults { .. })
                 if me == 2 && !keeps_late_messages => {}
