@@ -70,36 +70,110 @@ impl Seen {
     }
 }
 
-/// One rank's cross-check message. Wire: `status u8` (1: a result), the result's BLAKE3
-/// digest (32 bytes), then every digest of [`Seen`] as `present u8` and 16 bytes.
+/// One rank's cross-check. Each peer gets the part it can compare (`PROTOCOL.md`, "Agreement"),
+/// so that a rank sends `O(r² n)` bytes in all rather than `O(r n²)`. Wire, from `a` to `b`:
+/// `status u8` (1: a result), the result's BLAKE3 digest (32 bytes), then, each digest as
+/// `present u8` and 16 bytes:
+/// - gather mode (`r = 0`): every rank's input as `a` used it (`n`);
+/// - for each shard both own, in ascending order: each sender's piece of it (`n` each);
+/// - when `a` and `b` are neighbours on the ring (`b = a ± 1 mod n`): every owner's version of
+///   every shard as `a` received it (`n · r`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Check {
     pub(crate) result: Option<Digest>,
     pub(crate) seen: Seen,
 }
 
-impl Check {
-    pub(crate) fn len(n: usize, r: usize) -> usize {
-        33 + 17 * (n + 2 * r * n)
+/// What rank `a`'s check to rank `b` carries besides the result (and what `b`'s to `a` does).
+struct Parts {
+    inputs: bool,
+    /// Shards both own, ascending.
+    shared: Vec<usize>,
+    versions: bool,
+}
+
+impl Parts {
+    fn between(a: Rank, b: Rank, n: usize, r: usize) -> Self {
+        use crate::schedule::sharded::owned;
+        let mut shared: Vec<usize> = owned(a, n, r)
+            .filter(|s| owned(b, n, r).any(|t| t == *s))
+            .collect();
+        shared.sort_unstable();
+        Parts {
+            inputs: r == 0,
+            shared,
+            versions: r > 0 && (b == (a + 1) % n || a == (b + 1) % n),
+        }
     }
 
-    pub(crate) fn encode(&self) -> Bytes {
+    fn digests(&self, n: usize, r: usize) -> usize {
+        usize::from(self.inputs) * n + self.shared.len() * n + usize::from(self.versions) * n * r
+    }
+}
+
+/// Position of shard `s` among the shards `rank` owns ([`sharded::owned`](crate::schedule::sharded::owned) order).
+fn owned_position(rank: Rank, s: usize, n: usize) -> usize {
+    (rank + n - s) % n
+}
+
+impl Check {
+    /// The length of rank `a`'s check to rank `b` (the same as `b`'s to `a`).
+    pub(crate) fn len_between(a: Rank, b: Rank, n: usize, r: usize) -> usize {
+        33 + 17 * Parts::between(a, b, n, r).digests(n, r)
+    }
+
+    /// This check (of rank `me`) as rank `to` gets it.
+    pub(crate) fn encode_for(&self, me: Rank, to: Rank) -> Bytes {
         let seen = &self.seen;
-        let n = seen.inputs.len();
-        let mut out = Vec::with_capacity(Self::len(n, seen.r));
+        let (n, r) = (seen.inputs.len(), seen.r);
+        let parts = Parts::between(me, to, n, r);
+        let mut out = Vec::with_capacity(33 + 17 * parts.digests(n, r));
         out.push(u8::from(self.result.is_some()));
         out.extend_from_slice(&self.result.unwrap_or([0; 32]));
-        for d in seen.inputs.iter().chain(&seen.pieces).chain(&seen.versions) {
+        let mut put = |d: &Option<Digest>| {
             out.push(u8::from(d.is_some()));
             out.extend_from_slice(&d.unwrap_or([0; 32])[..16]);
+        };
+        if parts.inputs {
+            seen.inputs.iter().for_each(&mut put);
+        }
+        for &s in &parts.shared {
+            let i = owned_position(me, s, n);
+            seen.pieces[i * n..(i + 1) * n].iter().for_each(&mut put);
+        }
+        if parts.versions {
+            seen.versions.iter().for_each(&mut put);
         }
         out.into()
     }
 
-    /// `None` for a message that is not a cross-check of a world of `n` with `r` owners per
-    /// shard (counted unconfirmed).
-    pub(crate) fn decode(b: &[u8], n: usize, r: usize) -> Option<Self> {
-        if b.len() != Self::len(n, r) || b[0] > 1 {
+    /// This check (of rank `me`) as every rank gets it, by rank (empty at `me`). Ranks that
+    /// get only the common part (every rank in gather mode) share one buffer.
+    pub(crate) fn encode_for_all(&self, me: Rank) -> Vec<Bytes> {
+        let (n, r) = (self.seen.inputs.len(), self.seen.r);
+        let mut common: Option<Bytes> = None;
+        (0..n)
+            .map(|to| {
+                if to == me {
+                    return Bytes::new();
+                }
+                let parts = Parts::between(me, to, n, r);
+                if parts.shared.is_empty() && !parts.versions {
+                    common
+                        .get_or_insert_with(|| self.encode_for(me, to))
+                        .clone()
+                } else {
+                    self.encode_for(me, to)
+                }
+            })
+            .collect()
+    }
+
+    /// Rank `from`'s check as rank `me` got it, with what it did not carry as `None`; `None`
+    /// for a message that is not such a check (counted unconfirmed).
+    pub(crate) fn decode_from(b: &[u8], from: Rank, me: Rank, n: usize, r: usize) -> Option<Self> {
+        let parts = Parts::between(from, me, n, r);
+        if b.len() != 33 + 17 * parts.digests(n, r) || b[0] > 1 {
             return None;
         }
         let digest = |bytes: &[u8]| {
@@ -107,7 +181,7 @@ impl Check {
             d[..bytes.len()].copy_from_slice(bytes);
             d
         };
-        let mut all = Vec::with_capacity(n + 2 * r * n);
+        let mut all = Vec::with_capacity(parts.digests(n, r));
         for chunk in b[33..].chunks_exact(17) {
             all.push(match chunk[0] {
                 0 => None,
@@ -115,17 +189,26 @@ impl Check {
                 _ => return None,
             });
         }
-        let versions = all.split_off(n + r * n);
-        let pieces = all.split_off(n);
+        let mut seen = Seen::new(n, r);
+        let mut next = all.into_iter();
+        if parts.inputs {
+            seen.inputs = next.by_ref().take(n).collect();
+        }
+        for &s in &parts.shared {
+            let k = owned_position(from, s, n);
+            for (slot, d) in seen.pieces[k * n..(k + 1) * n]
+                .iter_mut()
+                .zip(next.by_ref())
+            {
+                *slot = d;
+            }
+        }
+        if parts.versions {
+            seen.versions = next.collect();
+        }
         Some(Check {
             result: (b[0] == 1).then(|| digest(&b[1..33])),
-            seen: Seen {
-                r,
-                steps: 1,
-                inputs: all,
-                pieces,
-                versions,
-            },
+            seen,
         })
     }
 }
@@ -221,32 +304,81 @@ pub fn result_digest<T: bytemuck::Pod>(v: &[T]) -> Digest {
 mod cross_check_tests {
     use super::*;
 
+    fn digest(x: u8) -> Option<Digest> {
+        Some(input_digest(&[x]))
+    }
+
     #[test]
-    fn checks_round_trip_and_malformed_ones_are_unconfirmed() {
-        let (n, r) = (5, 3);
+    fn each_peer_gets_what_it_can_compare_and_malformed_checks_are_unconfirmed() {
+        let (n, r) = (7, 3);
         let mut seen = Seen::new(n, r);
-        seen.inputs[1] = Some(input_digest(&[1.0f32, 2.0]));
-        seen.pieces[4] = Some(input_digest(&[3u8]));
-        seen.versions[n * r - 1] = Some(input_digest(&[4u8]));
+        for (i, d) in seen.pieces.iter_mut().enumerate() {
+            *d = digest(i as u8);
+        }
+        for (i, d) in seen.versions.iter_mut().enumerate() {
+            *d = digest(100 + i as u8);
+        }
         let check = Check {
             result: Some([9; 32]),
-            seen,
+            seen: seen.clone(),
         };
-        let bytes = check.encode();
-        assert_eq!(bytes.len(), Check::len(n, r));
-        assert_eq!(Check::decode(&bytes, n, r), Some(check.clone()));
-        // Another world or replication, a bad status or flag: not a cross-check.
-        assert_eq!(Check::decode(&bytes, n, r - 1), None);
-        let mut bad = bytes.to_vec();
+        // Rank 2 owns shards 2, 1, 0 and rank 3 owns 3, 2, 1: they share 1 and 2, and are
+        // neighbours on the ring.
+        let to3 = check.encode_for(2, 3);
+        assert_eq!(to3.len(), Check::len_between(2, 3, n, r));
+        assert_eq!(to3.len(), 33 + 17 * (2 * n + n * r));
+        let got = Check::decode_from(&to3, 2, 3, n, r).unwrap();
+        assert_eq!(got.result, Some([9; 32]));
+        assert_eq!(got.seen.versions, seen.versions);
+        for (k, s) in crate::schedule::sharded::owned(2, n, r).enumerate() {
+            let shared = s == 1 || s == 2;
+            for j in 0..n {
+                let expected = if shared { seen.pieces[k * n + j] } else { None };
+                assert_eq!(
+                    got.seen.pieces[k * n + j],
+                    expected,
+                    "shard {s}, sender {j}"
+                );
+            }
+        }
+        // Rank 5 (shards 5, 4, 3) shares nothing with rank 2 and is not its neighbour.
+        let to5 = check.encode_for(2, 5);
+        assert_eq!(to5.len(), 33);
+        let got = Check::decode_from(&to5, 2, 5, n, r).unwrap();
+        assert_eq!(got.seen, Seen::new(n, r));
+        // Lengths are symmetric, so each side knows what to wait for.
+        for a in 0..n {
+            for b in 0..n {
+                assert_eq!(
+                    Check::len_between(a, b, n, r),
+                    Check::len_between(b, a, n, r)
+                );
+            }
+        }
+        // A bad status or flag, another length: not a cross-check.
+        let mut bad = to3.to_vec();
         bad[0] = 2;
-        assert_eq!(Check::decode(&bad, n, r), None);
-        let mut bad = bytes.to_vec();
+        assert_eq!(Check::decode_from(&bad, 2, 3, n, r), None);
+        let mut bad = to3.to_vec();
         bad[33] = 7;
-        assert_eq!(Check::decode(&bad, n, r), None);
-        let none = Check {
-            result: None,
-            seen: Seen::new(n, 0),
-        };
-        assert_eq!(Check::decode(&none.encode(), n, 0), Some(none));
+        assert_eq!(Check::decode_from(&bad, 2, 3, n, r), None);
+        assert_eq!(Check::decode_from(&to3, 2, 5, n, r), None);
+        // Gather mode: every rank's input digest to every peer.
+        let mut seen = Seen::new(n, 0);
+        seen.inputs[1] = digest(1);
+        let gather = Check { result: None, seen };
+        let bytes = gather.encode_for(0, 4);
+        assert_eq!(bytes.len(), 33 + 17 * n);
+        assert_eq!(Check::decode_from(&bytes, 0, 4, n, 0), Some(gather));
+    }
+
+    #[test]
+    fn a_rank_sends_linear_bytes_in_the_world_size() {
+        // n = 1024, r = 3: about 240 KiB per rank in all (it was 120 MiB with every digest
+        // to every peer).
+        let (n, r) = (1024, 3);
+        let total: usize = (1..n).map(|p| Check::len_between(0, p, n, r)).sum();
+        assert_eq!(total, 33 * (n - 1) + 17 * n * (r * (r - 1) + 2 * r));
+        assert!(total < 256 << 10, "{total}");
     }
 }

@@ -323,8 +323,8 @@ pub struct Round<'r, B> {
     own_statistics: Vec<(usize, Bytes)>,
     /// Warnings since the last [`Round::take_warnings`].
     warnings: Vec<String>,
-    /// This rank's cross-check message, once posted.
-    check: Option<Check>,
+    /// This rank's cross-check, once posted, and its encoding for each rank.
+    check: Option<(Check, Vec<Bytes>)>,
     /// Bytes of input the rules read since the last [`Round::take_work`].
     work: std::cell::Cell<u64>,
     /// [`Agreement::Enforce`]: the inputs received in the gather step (by sender; the agreed
@@ -1298,12 +1298,12 @@ impl<'r, B> Round<'r, B> {
         } else {
             Vec::new()
         };
-        let bytes = mine.encode();
+        let encoded = mine.encode_for_all(me);
         let sends = schedule::direct_peers(me, n)
             .map(|peer| Send {
                 peer,
                 tag: 0,
-                msg: Msg::Bytes(bytes.clone()),
+                msg: Msg::Bytes(encoded[peer].clone()),
             })
             .collect();
         let recvs = schedule::direct_peers(me, n)
@@ -1311,10 +1311,10 @@ impl<'r, B> Round<'r, B> {
             .map(|peer| RecvOp {
                 peer,
                 tag: 0,
-                len: Check::len(n, r),
+                len: Check::len_between(me, peer, n, r),
             })
             .collect();
-        self.check = Some(mine);
+        self.check = Some((mine, encoded));
         // An honest rank can reach this step up to a timeout per step of the round later than
         // this one (a silent Byzantine owner makes only the ranks that wait for it wait), and
         // its check then needs the time of a step to arrive: the cross-check waits that long
@@ -1329,22 +1329,21 @@ impl<'r, B> Round<'r, B> {
         outcomes: Vec<Arrival<B>>,
     ) {
         self.phase = Phase::Done;
-        let mine = self.check.take().expect("the check was posted");
+        let (mine, encoded) = self.check.take().expect("the check was posted");
         if self.failed.is_some() {
             return;
         }
         let (me, n) = (self.spec.me, self.spec.n);
-        let encoded = mine.encode();
         let mut theirs: Vec<Option<Check>> = vec![None; n];
         let mut same = vec![false; n];
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             if let Arrival::Received(b) = a {
                 let bytes = plane.host(&b);
                 // The common case, a rank that saw what this one saw, costs one comparison.
-                if bytes[..] == encoded[..] {
+                if bytes[..] == encoded[op.peer][..] {
                     same[op.peer] = true;
                 } else {
-                    theirs[op.peer] = Check::decode(&bytes, n, mine.seen.r);
+                    theirs[op.peer] = Check::decode_from(&bytes, op.peer, me, n, mine.seen.r);
                 }
             }
         }
