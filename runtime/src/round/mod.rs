@@ -706,32 +706,51 @@ impl<'r, B> Round<'r, B> {
         self.post_echo()
     }
 
-    /// Every rank's input is now decided alike ([`eig::Eig::decide`]). A rank that holds the
-    /// decided input of sender `j` passes it on to each rank that said it got something else
-    /// (tag `j`); a rank without it waits for it from every rank that said it has it.
+    /// Every rank's input is now decided alike ([`eig::Eig::decide`]). A rank that went
+    /// without the decided input of sender `j` waits for it (tag `j`) from the first `f + 1`
+    /// ranks that said, in the first relay, that they got it (its *claimants*); at least one
+    /// of them is honest and holds it. A holder passes it on to each rank that said it got
+    /// something else when it is among the first `2f + 1` claimants as it sees them: the
+    /// honest ones among a receiver's first `f + 1` always are (their views differ only in
+    /// what the `f` Byzantine ranks claimed), so no receiver holds more than `f + 1` copies.
     fn post_recovery(&mut self) {
         let (me, n, len) = (self.spec.me, self.spec.n, self.bytes(self.spec.d));
+        let f = self.rule.byzantine();
         let echo = self.echo.as_ref().expect("the echo runs");
         let agreed = echo.decide();
-        let relayed = self.rule.byzantine() > 0;
         let holds = |j: Rank| agreed[j].is_some() && echo.direct(j) == agreed[j];
+        // The ranks other than `j` that got `j`'s decided input, as this rank sees them.
+        let claimants = |j: Rank| -> Vec<Rank> {
+            (0..n)
+                .filter(|&i| i != j)
+                .filter(|&i| {
+                    if i == me {
+                        holds(j)
+                    } else {
+                        echo.reported(i, j) == agreed[j]
+                    }
+                })
+                .collect()
+        };
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
-        for peer in schedule::direct_peers(me, n) {
-            for j in (0..n).filter(|&j| j != peer && relayed) {
-                if holds(j) && echo.reported(peer, j) != agreed[j] {
-                    let msg = if j == me { Msg::Input } else { Msg::Forward(j) };
-                    sends.push(Send {
-                        peer,
-                        tag: j as Tag,
-                        msg,
-                    });
+        if f > 0 {
+            for j in (0..n).filter(|&j| j != me && holds(j)) {
+                if !claimants(j).iter().take(2 * f + 1).any(|&i| i == me) {
+                    continue;
+                }
+                for peer in schedule::direct_peers(me, n).filter(|&k| k != j) {
+                    if echo.reported(peer, j) != agreed[j] {
+                        sends.push(Send {
+                            peer,
+                            tag: j as Tag,
+                            msg: Msg::Forward(j),
+                        });
+                    }
                 }
             }
-        }
-        for j in (0..n).filter(|&j| agreed[j].is_some() && !holds(j) && j != me) {
-            for peer in schedule::direct_peers(me, n) {
-                if peer == j || echo.reported(peer, j) == agreed[j] {
+            for j in (0..n).filter(|&j| j != me && agreed[j].is_some() && !holds(j)) {
+                for peer in claimants(j).into_iter().take(f + 1) {
                     recvs.push(RecvOp {
                         peer,
                         tag: j as Tag,
