@@ -558,6 +558,10 @@ struct SimulateArgs {
     /// every owner of a shard in sharded mode) gets a different forged vector.
     #[arg(long, requires = "byzantine")]
     equivocate: bool,
+    /// With --equivocate: only this rank gets another vector, every other destination the
+    /// same one (detect leaves the victim out of step; enforce has it recover the majority's).
+    #[arg(long, value_name = "RANK", requires = "equivocate")]
+    equivocate_toward: Option<u64>,
     /// The robust rounds' agreement, as the runtime's `BYZCOLL_AGREEMENT`: detect (the
     /// default: one more step; a rank out of step fails, the others name the difference),
     /// enforce (gather mode, n > 3f: the inputs' digests are echoed for f steps so that
@@ -849,6 +853,9 @@ fn simulate_data(
             lying_owners: args.lying_owners,
             lie,
             equivocate_inputs: args.equivocate,
+            equivocation_victim: args
+                .equivocate_toward
+                .map(|r| usize::try_from(r).unwrap_or(usize::MAX)),
         },
         timeout: args.timeout_ms * 1e-3,
         seed: args.seed,

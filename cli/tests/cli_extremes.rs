@@ -180,6 +180,26 @@ fn no_numeric_flag_of_any_subcommand_panics() {
         runs += sweep(&data, flag, &[]);
     }
     runs += sweep(
+        &[
+            "simulate",
+            "--ranks",
+            "4",
+            "--d",
+            "8",
+            "--rule",
+            "median",
+            "--f",
+            "1",
+            "--byzantine",
+            "1",
+            "--equivocate",
+            "--agreement",
+            "enforce",
+        ],
+        "--equivocate-toward",
+        &[],
+    );
+    runs += sweep(
         &["simulate", "--d", "8", "--rule", "median"],
         "--ranks",
         &[],

@@ -182,6 +182,43 @@ fn check_reports_a_silent_split_and_detect_prevents_it() {
 }
 
 #[test]
+fn equivocation_toward_one_rank_is_recovered_under_enforce() {
+    let args = |toward: &'static str| {
+        [
+            "--ranks",
+            "7",
+            "--d",
+            "50",
+            "--rule",
+            "median",
+            "--f",
+            "2",
+            "--mode",
+            "gather",
+            "--byzantine",
+            "2",
+            "--equivocate",
+            "--equivocate-toward",
+            toward,
+            "--agreement",
+            "enforce",
+            "--check",
+        ]
+    };
+    let out = simulate(&args("0"));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("OK: results match"), "{stdout}");
+    let out = simulate(&args("7"));
+    let (stdout, stderr) = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stderr.contains("equivocation victim rank 7 does not exist"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn enforce_is_refused_where_it_cannot_run() {
     // Sharded mode: refused by name.
     let out = simulate(&[

@@ -213,6 +213,10 @@ pub struct Adversary {
     /// Whether the ranks that forge inputs also equivocate: each destination (each peer in
     /// gather mode, each owner of a shard in sharded mode) gets a different vector.
     pub equivocate_inputs: bool,
+    /// With `equivocate_inputs`: only this rank gets another vector, every other destination
+    /// the same one (a split that a majority decides under `Agreement::Enforce`, and that
+    /// leaves the victim out of step under `Detect`). `None`: each destination another.
+    pub equivocation_victim: Option<Rank>,
 }
 
 impl Default for Adversary {
@@ -223,6 +227,7 @@ impl Default for Adversary {
             lying_owners: 0,
             lie: Lie::SignFlip,
             equivocate_inputs: false,
+            equivocation_victim: None,
         }
     }
 }
@@ -236,6 +241,15 @@ impl Adversary {
     /// Whether `rank` sends different inputs to different ranks in a world of `n`.
     pub fn equivocates_inputs(&self, rank: Rank, n: usize) -> bool {
         self.equivocate_inputs && self.forges_input(rank, n)
+    }
+
+    /// Which of the equivocators' vectors rank `dest` gets: its own, or one of two around
+    /// [`Adversary::equivocation_victim`].
+    pub(crate) fn equivocation_key(&self, dest: Rank) -> Rank {
+        match self.equivocation_victim {
+            Some(victim) => usize::from(dest == victim),
+            None => dest,
+        }
     }
 
     /// Whether `rank` lies as a shard owner in a world of `n`.
@@ -260,6 +274,14 @@ impl Adversary {
                 "{} lying owners in a world of {n}",
                 self.lying_owners
             )));
+        }
+        if let Some(victim) = self.equivocation_victim {
+            check_rank("equivocation victim", victim, n)?;
+            if !self.equivocate_inputs {
+                return Err(SimError::InvalidConfig(
+                    "an equivocation victim without equivocating ranks".into(),
+                ));
+            }
         }
         Ok(())
     }

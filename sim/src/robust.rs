@@ -138,9 +138,10 @@ impl<'a> Robust<'a> {
                     return chunk(NO_DATA, len);
                 };
                 if self.adversary.equivocates_inputs(rank, n) {
-                    // A different vector to every destination.
+                    // A different vector to every destination (or to the victim only).
                     let honest = plane.store.get(plane.inputs[rank])[range].to_vec();
-                    let forged = crate::Lie::Equivocate.forge(&honest, dest);
+                    let key = self.adversary.equivocation_key(dest);
+                    let forged = crate::Lie::Equivocate.forge(&honest, key);
                     return chunk(plane.store.insert(forged.into()), len);
                 }
                 let id = match msg {

@@ -186,7 +186,7 @@ fn attacks_stay_in_the_honest_range() {
             attack: attack.clone(),
             lying_owners: 1,
             lie: Lie::Equivocate,
-            equivocate_inputs: false,
+            ..Adversary::default()
         };
         let data = DataSet::generate(&s, 40).unwrap();
         for name in ["median", "trimmed-mean"] {
@@ -505,6 +505,65 @@ fn under_enforce_every_honest_rank_ends_with_bitwise_the_same_result() {
         panic!("{refused:?}")
     };
     assert!(why.contains("n > 3f"), "{why}");
+}
+
+#[test]
+fn equivocation_toward_one_rank_is_recovered_under_enforce_and_detected_under_detect() {
+    // The last two ranks send rank 0 one forged vector and every other rank another.
+    let (n, f) = (7, 2);
+    let mut s = scenario(n);
+    s.adversary = Adversary {
+        byzantine_inputs: f,
+        equivocate_inputs: true,
+        equivocation_victim: Some(0),
+        ..Adversary::default()
+    };
+    let data = DataSet::generate(&s, 2 * n + 1).unwrap();
+    let rule = by_name("median", f).unwrap();
+    // Detect: rank 0 is out of step and told so. The other four honest ranks agree, but
+    // with the two liars (whose own results differ) that is fewer than n - f = 5: they are
+    // told too. Nobody is apart silently.
+    let run = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
+    assert_eq!(run.silent_split(), None);
+    for (r, o) in run.ranks.iter().enumerate().take(n - f) {
+        match (r, &o.result) {
+            (_, RankResult::Failed(Error::Disagreement { agreeing, .. })) => {
+                let expected: Vec<usize> = if r == 0 { vec![0] } else { vec![1, 2, 3, 4] };
+                assert_eq!(agreeing, &expected, "rank {r}");
+            }
+            (_, other) => panic!("rank {r} must be told: {other:?}"),
+        }
+    }
+    // Enforce: the echo decides what most ranks got, rank 0 recovers it from the others, and
+    // every honest rank ends with the same bits, inside the honest range.
+    s.agreement = Agreement::Enforce;
+    let run = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
+    assert_eq!(run.divergence(), None);
+    assert!(data.reference(rule.as_ref()).check(&run).is_ok());
+    let victim = &run.ranks[0];
+    assert!(
+        victim
+            .warnings
+            .iter()
+            .any(|w| w.contains("recovering the agreed one")),
+        "{:?}",
+        victim.warnings
+    );
+    for o in run.ranks.iter().filter(|o| o.role == Role::Honest) {
+        let found = o
+            .agreement
+            .as_ref()
+            .expect("Enforce ends with the cross-check");
+        assert_eq!(found.differing_inputs, (n - f..n).collect::<Vec<_>>());
+        assert!(o.faults.is_empty(), "{:?}", o.faults);
+    }
+    // A victim outside the world is refused.
+    s.adversary.equivocation_victim = Some(n);
+    let refused = s.run_data(Algorithm::Gather, &data, rule.as_ref());
+    assert!(
+        matches!(refused, Err(SimError::InvalidConfig(_))),
+        "{refused:?}"
+    );
 }
 
 #[test]
