@@ -159,7 +159,8 @@ typedef struct byzcoll_report_t {
   uint32_t *non_finite_ranks;
   // Selection rules (Krum family): the ranks whose vectors were selected.
   uint32_t *selected_ranks;
-  // A NUL-terminated summary with every fault's reason (truncated to `text_capacity`).
+  // A NUL-terminated summary: every fault's reason, the agreement findings, and whether this
+  // rank's own input was left out (`Enforce`) (truncated to `text_capacity`).
   char *text;
   // Bytes `text` can hold, NUL included.
   size_t text_capacity;

@@ -32,7 +32,8 @@ pub struct byzcoll_report_t {
     pub non_finite_ranks: *mut u32,
     /// Selection rules (Krum family): the ranks whose vectors were selected.
     pub selected_ranks: *mut u32,
-    /// A NUL-terminated summary with every fault's reason (truncated to `text_capacity`).
+    /// A NUL-terminated summary: every fault's reason, the agreement findings, and whether this
+    /// rank's own input was left out (`Enforce`) (truncated to `text_capacity`).
     pub text: *mut c_char,
     /// Bytes `text` can hold, NUL included.
     pub text_capacity: usize,
@@ -150,6 +151,12 @@ impl Out {
                     a.disagreeing, a.unconfirmed, a.differing_inputs, a.differing_versions
                 ));
             }
+        }
+        if round.erased_self {
+            text.push_str(
+                "own input left out: the ranks agreed it did not reach them in time \
+                 (agreement enforce); ",
+            );
         }
         if round.unauthenticated {
             text.push_str("UNAUTHENTICATED job; ");
