@@ -351,7 +351,18 @@ impl SimPlane<'_> {
         if range == (0..self.d) {
             return self.input;
         }
-        let s = (0..self.n)
+        // Shards' starts are non-decreasing in the shard index: find the first shard that
+        // starts here, then the one that is exactly this range (empty shards share a start).
+        let (mut first, mut end) = (0, self.n);
+        while first < end {
+            let mid = first + (end - first) / 2;
+            if chunk_range(self.d, self.n, mid).start < range.start {
+                first = mid + 1;
+            } else {
+                end = mid;
+            }
+        }
+        let s = (first..self.n)
             .find(|&s| chunk_range(self.d, self.n, s) == range)
             .expect("a shard's range");
         self.rank.pieces + s as ChunkId
