@@ -18,8 +18,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "worker.py")
 
 
-def run_job(n, scenario, dtype="float32"):
-    """Starts n ranks of worker.py as byzcoll launch would, returns their JSON lines by rank."""
+def run_job(n, scenario, dtype="float32", **env):
+    """Starts n ranks of worker.py as byzcoll launch would (with `env` on top), returns their
+    JSON lines by rank."""
     store, secret = f"127.0.0.1:{free_port()}", secrets.token_hex(32)
     procs = [
         subprocess.Popen(
@@ -30,6 +31,7 @@ def run_job(n, scenario, dtype="float32"):
                 BYZCOLL_STORE=store,
                 BYZCOLL_SECRET=secret,
                 BYZCOLL_TIMEOUT_MS="20000",
+                **env,
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -84,6 +86,15 @@ def test_a_byzantine_rank_does_not_move_the_median():
     for o in outs[:3]:
         assert o["median"] == 2.5, o  # median of {1, 2, 3, 1e9}
         assert o["sum"] > 1e8, "the plain sum is dragged away by the one liar"
+
+
+def test_enforce_gives_every_rank_the_same_median_and_refuses_sharded_mode():
+    outs = run_job(4, "enforce", BYZCOLL_AGREEMENT="enforce")
+    for o in outs:
+        assert o["median"] == 2.5 and o["uniform"], o  # median of {1, 2, 3, 1e9}, the liar's too
+        assert o["inputs"] == 4 and o["faults"] == [] and not o["erased_self"], o
+        assert o["steps"] == 4, o  # gather, one relay (f = 1), recovery, cross-check
+        assert "gather mode" in o["sharded"], o
 
 
 def test_bad_inputs_are_clear_exceptions(world_of_one):

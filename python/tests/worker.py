@@ -28,6 +28,25 @@ def main():
         comm.close()
         print(json.dumps(out), flush=True)
         return
+    if scenario == "enforce":
+        # Run under BYZCOLL_AGREEMENT=enforce: gather mode with the echo (the last rank sends
+        # 1e9); sharded mode is refused up front.
+        x = np.full(1000, 1e9 if r == n - 1 else r + 1, dtype=dtype)
+        report = comm.robust_all_reduce(x, "median", 1)
+        out["median"] = float(x[0])
+        out["uniform"] = bool((x == x[0]).all())
+        out["inputs"] = report.inputs
+        out["faults"] = report.faults
+        out["erased_self"] = report.erased_self
+        out["steps"] = len(report.step_times_us)
+        try:
+            comm.robust_all_reduce(np.ones(8, dtype=dtype), "median", 1, policy="sharded")
+            out["sharded"] = "ran"
+        except byzcoll.UnsupportedError as e:
+            out["sharded"] = str(e)
+        comm.close()
+        print(json.dumps(out), flush=True)
+        return
     x = np.full(1000, r + 1, dtype=dtype)
     liar = scenario == "byzantine" and r == n - 1
     if liar:
