@@ -1298,12 +1298,43 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// -1000 (what most ranks got) for it on every honest rank, rank 0 recovers that vector from
 /// the others, and every honest rank returns `Ok` with bitwise the same result (median 3) and
 /// names the liar in `differing_inputs`. When every rank gets another vector there is no
-/// majority: every honest rank leaves the liar out alike (median of 1..=6: 3.5).
+/// majority: every honest rank leaves the liar out alike (median of 1..=6: 3.5). Before that,
+/// honest worlds of every size give bitwise the `Detect` result.
 pub async fn an_equivocating_sender_is_agreed_on_under_enforce<F, Fut>(factory: F)
 where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
+    // Honest worlds of every size, empty and short vectors, f = (n - 1)/3: Enforce gives
+    // bitwise the Detect result (the same inputs in the same order).
+    for n in WORLD_SIZES {
+        for d in [0usize, 5] {
+            let results = run_ranks(
+                comms(factory(n).await, Duration::from_secs(20)),
+                move |mut c| async move {
+                    let rule = Median::new((n - 1) / 3);
+                    let mut detect = vector(c.rank(), d);
+                    c.robust_all_reduce(&mut detect, &rule, Policy::Gather)
+                        .await
+                        .unwrap();
+                    c.set_agreement(Agreement::Enforce);
+                    let mut enforce = vector(c.rank(), d);
+                    let report = c
+                        .robust_all_reduce(&mut enforce, &rule, Policy::Gather)
+                        .await
+                        .unwrap();
+                    assert_eq!(bits(&enforce), bits(&detect), "n = {n}, d = {d}");
+                    assert_eq!(report.inputs, n, "n = {n}, d = {d}");
+                    assert!(report.faults.is_empty() && !report.erased_self);
+                    enforce
+                },
+            )
+            .await;
+            for r in &results {
+                assert_eq!(bits(r), bits(&results[0]), "n = {n}, d = {d}");
+            }
+        }
+    }
     let (n, f) = (7, 2);
     for (split, expected, inputs) in [
         (
