@@ -1,7 +1,8 @@
 //! The robust round as a sans-IO state machine: one implementation of gather, sharded (with
-//! the statistic rounds of global rules), reduce-scatter and the cross-check of
-//! [`Agreement::Detect`], executed by the async host driver (`Communicator`), the simulator
-//! (virtual time) and the device path (CUDA), each with its own data plane.
+//! the statistic rounds of global rules), reduce-scatter, the cross-check of
+//! [`Agreement::Detect`] and the echo and recovery of [`Agreement::Enforce`], executed by the
+//! async host driver (`Communicator`) and the simulator (virtual time), each with its own data
+//! plane (the device path over NCCL does not run it yet).
 //!
 //! A [`Round`] never reads a clock, never awaits and never touches a socket. Its driver loops:
 //!
