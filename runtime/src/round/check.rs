@@ -116,11 +116,6 @@ impl Parts {
     }
 }
 
-/// Position of shard `s` among the shards `rank` owns ([`sharded::owned`](crate::schedule::sharded::owned) order).
-fn owned_position(rank: Rank, s: usize, n: usize) -> usize {
-    (rank + n - s) % n
-}
-
 impl Check {
     /// The length of rank `a`'s check to rank `b` (the same as `b`'s to `a`).
     pub(crate) fn len_between(a: Rank, b: Rank, n: usize, r: usize) -> usize {
@@ -128,10 +123,16 @@ impl Check {
     }
 
     /// This check (of rank `me`) as rank `to` gets it.
+    #[cfg(test)]
     pub(crate) fn encode_for(&self, me: Rank, to: Rank) -> Bytes {
+        let (n, r) = (self.seen.inputs.len(), self.seen.r);
+        self.encode_parts(me, &Parts::between(me, to, n, r))
+    }
+
+    /// This check (of rank `me`) with `parts`.
+    fn encode_parts(&self, me: Rank, parts: &Parts) -> Bytes {
         let seen = &self.seen;
         let (n, r) = (seen.inputs.len(), seen.r);
-        let parts = Parts::between(me, to, n, r);
         let mut out = Vec::with_capacity(33 + 17 * parts.digests(n, r));
         out.push(u8::from(self.result.is_some()));
         out.extend_from_slice(&self.result.unwrap_or([0; 32]));
@@ -143,7 +144,7 @@ impl Check {
             seen.inputs.iter().for_each(&mut put);
         }
         for &s in &parts.shared {
-            let i = owned_position(me, s, n);
+            let i = super::owned_index(me, s, n);
             seen.pieces[i * n..(i + 1) * n].iter().for_each(&mut put);
         }
         if parts.versions {
@@ -165,10 +166,10 @@ impl Check {
                 let parts = Parts::between(me, to, n, r);
                 if parts.shared.is_empty() && !parts.versions {
                     common
-                        .get_or_insert_with(|| self.encode_for(me, to))
+                        .get_or_insert_with(|| self.encode_parts(me, &parts))
                         .clone()
                 } else {
-                    self.encode_for(me, to)
+                    self.encode_parts(me, &parts)
                 }
             })
             .collect()
@@ -200,7 +201,7 @@ impl Check {
             seen.inputs = next.by_ref().take(n).collect();
         }
         for &s in &parts.shared {
-            let k = owned_position(from, s, n);
+            let k = super::owned_index(from, s, n);
             for (slot, d) in seen.pieces[k * n..(k + 1) * n]
                 .iter_mut()
                 .zip(next.by_ref())

@@ -900,7 +900,7 @@ impl<'r, B> Round<'r, B> {
             self.arrival_fault(op.peer, &a);
             if let Arrival::Received(b) = a {
                 self.received_bytes += op.len;
-                let i = owned_index(me, op.tag as usize, n).expect("scatter receives are owned");
+                let i = owned_index(me, op.tag as usize, n);
                 self.arrived[i][op.peer] = Some(b);
             }
         }
@@ -1150,7 +1150,7 @@ impl<'r, B> Round<'r, B> {
             .into_iter()
             .filter(|&(q, s)| self.takes(q, s))
             .map(|(peer, s)| {
-                let i = owned_index(me, s, n).expect("result sends are owned");
+                let i = owned_index(me, s, n);
                 Send {
                     peer,
                     tag: s as Tag,
@@ -1381,8 +1381,8 @@ impl<'r, B> Round<'r, B> {
 
 /// Position of shard `s` among the shards `rank` owns ([`sharded::owned`] lists
 /// `rank, rank-1, ...`), which is also `rank`'s position among the owners of `s`.
-fn owned_index(rank: Rank, s: usize, n: usize) -> Option<usize> {
-    Some((rank + n - s) % n)
+pub(crate) fn owned_index(rank: Rank, s: usize, n: usize) -> usize {
+    (rank + n - s) % n
 }
 
 /// Whether `agreement` can run a round of `shape` over `n` ranks with `f` Byzantine ones:
