@@ -19,8 +19,8 @@
 //! round. Exits non-zero on any mismatch. Each rank uses GPU `local rank mod visible GPUs`;
 //! NCCL allows one rank per GPU, so on a one-GPU machine run it over NCCL with `-n 1`. Both
 //! paths are the one call `robust_all_reduce_device(&mut comm, ...)` on the communicator
-//! `byzcoll::init` returns; over NCCL, whose rounds have no cross-check yet, the example sets
-//! `Agreement::Off` explicitly.
+//! `byzcoll::init` returns, under the communicator's agreement policy (`Detect` unless
+//! `BYZCOLL_AGREEMENT` says otherwise) on every transport.
 
 #![allow(clippy::print_stdout)]
 
@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use byzcoll::aggregators::{Aggregator as _, Params};
 use byzcoll::cuda::{robust_all_reduce_device, CudaRule, Gpu, GpuElement};
-use byzcoll::{Agreement, Communicator, Policy, Replicas};
+use byzcoll::{Communicator, Policy, Replicas};
 
 mod common;
 use common::{honest, in_honest_range};
@@ -62,17 +62,9 @@ impl Value for half::bf16 {
     }
 }
 
-/// Joins the job; over NCCL, with the agreement cross-check off (said, not silent: NCCL's
-/// device rounds have none yet).
+/// Joins the job.
 async fn join() -> Result<Communicator, String> {
-    let mut comm = byzcoll::init().await.map_err(|e| e.to_string())?;
-    if comm.transport().name() == "nccl" {
-        comm.set_agreement(Agreement::Off);
-        if comm.rank() == 0 {
-            println!("over NCCL: agreement cross-check off (not built for device rounds)");
-        }
-    }
-    Ok(comm)
+    byzcoll::init().await.map_err(|e| e.to_string())
 }
 
 /// This rank's GPU: NCCL's, or the local rank's.

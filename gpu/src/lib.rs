@@ -26,8 +26,10 @@
 //! buffer, so it plugs into `Communicator::robust_all_reduce` in gather and sharded modes;
 //! [`robust_all_reduce_device`] does the same for a vector that lives on the device. With the
 //! feature `nccl`, `robust_all_reduce_nccl` runs gather and sharded rounds on device vectors
-//! over NCCL (or any `DeviceExchange`), aggregating where NCCL left them, with no host copy of
-//! any vector; [`sharded::ShardLayout`] is its (pure, host-tested) map of the sharded schedule.
+//! over NCCL (or any `DeviceExchange`), aggregating where NCCL left them: it drives the
+//! runtime's round core (`byzcoll_runtime::round`, the one implementation of the robust round
+//! that the host communicator and the simulator run too) on a device plane, so the schedules,
+//! erasures, statistic rounds and the cross-check of `Agreement::Detect` are the host's.
 //!
 //! Kernels are one CUDA source (`kernels/robust.cu`) compiled by NVRTC at run time for the
 //! device's architecture, once per variant per process ([`kernels::compiled`]), and loaded
@@ -44,8 +46,9 @@ pub mod kernels;
 #[cfg(feature = "nccl")]
 mod nccl;
 pub mod plan;
+#[cfg(feature = "nccl")]
+mod plane;
 mod rules;
-pub mod sharded;
 
 /// The cudarc this crate is built with: device vectors are its `CudaSlice`s.
 pub use cudarc;

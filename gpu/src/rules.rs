@@ -6,8 +6,6 @@ use std::sync::{Arc, Mutex};
 use byzcoll_aggregators::{
     build, AggError, AggReport, Aggregator, DistanceSelection, Inputs, Output, Params, Structure,
 };
-#[cfg(feature = "nccl")]
-use byzcoll_runtime::Agreement;
 use byzcoll_runtime::{Communicator, Error, Policy, RoundReport};
 use cudarc::driver::{
     sys::CUdeviceptr, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, LaunchConfig,
@@ -113,6 +111,11 @@ impl CudaRule {
     /// The device the rule runs on.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
+    }
+
+    /// The CPU rule it implements (name, precondition, selection).
+    pub(crate) fn reference(&self) -> &dyn Aggregator {
+        &*self.reference
     }
 
     pub(crate) fn backend(&self, e: impl Into<GpuError>) -> AggError {
@@ -596,11 +599,10 @@ fn nccl_transport(comm: &Communicator) -> Option<&byzcoll_transport_nccl::NcclTr
 /// and [`RoundReport`].
 ///
 /// - Over NCCL (a communicator whose transport is NCCL's), the vectors travel device to device
-///   and are aggregated where NCCL left them, with no host copy (`robust_all_reduce_nccl`, in
-///   gather and sharded modes, for every [`GpuElement`]). NCCL's rounds have no cross-check,
-///   so the communicator's agreement must be [`Agreement::Off`](byzcoll_runtime::Agreement::Off), set explicitly: under
-///   `Detect` the call refuses rather than skip the check silently. A peer that does not take
-///   part aborts the NCCL communicator at the deadline, so the report names no faults.
+///   and are aggregated where NCCL left them (`robust_all_reduce_nccl`, in gather and sharded
+///   modes, for every [`GpuElement`]), under the communicator's agreement policy: the same
+///   round core and cross-check as over host transports. A peer that does not take part
+///   aborts the NCCL communicator at the deadline, so the report names no faults.
 /// - Over a host transport (TCP, UCX, libfabric), an `f32` vector is copied to the host for the
 ///   transport, aggregated with `rule` on the GPU, and the result copied back; other element
 ///   types are refused (they travel over NCCL).
@@ -609,8 +611,8 @@ fn nccl_transport(comm: &Communicator) -> Option<&byzcoll_transport_nccl::NcclTr
 ///
 /// # Errors
 /// As `robust_all_reduce`; CUDA copy failures as [`AggError::Backend`];
-/// [`Error::Unsupported`] for `Agreement::Detect` over NCCL, a communicator split from an NCCL
-/// one, or a non-`f32` vector over a host transport.
+/// [`Error::Unsupported`] for a communicator split from an NCCL one or a non-`f32` vector over
+/// a host transport.
 pub async fn robust_all_reduce_device<E: GpuElement>(
     comm: &mut Communicator,
     buf: &mut CudaSlice<E>,
@@ -619,32 +621,17 @@ pub async fn robust_all_reduce_device<E: GpuElement>(
 ) -> byzcoll_runtime::Result<RoundReport> {
     #[cfg(feature = "nccl")]
     if nccl_transport(comm).is_some() {
-        if comm.agreement() != Agreement::Off {
-            return Err(Error::Unsupported(format!(
-                "Agreement::{:?} for device vectors over NCCL: its rounds have no cross-check \
-                 yet; set Agreement::Off explicitly (BYZCOLL_AGREEMENT=off)",
-                comm.agreement()
-            )));
-        }
-        let (n, timeout) = (comm.size(), comm.config().step_timeout);
-        let replicas = match policy {
-            Policy::Sharded(r) => Some(r.count(rule.byzantine(), n)?),
-            _ => None,
-        };
+        let (agreement, timeout) = (comm.agreement(), comm.config().step_timeout);
         // Numbered in the communicator's sequence like any other call.
         let collective = comm.reserve_collective();
         let nccl = nccl_transport(comm)
             .ok_or_else(|| Error::Unsupported("the NCCL transport went away".into()))?;
-        let report =
-            crate::nccl::robust_all_reduce_nccl(nccl, collective, buf, rule, policy, timeout)
-                .await?;
-        return Ok(RoundReport {
-            inputs: n,
-            selected: report.selected,
-            replicas,
-            unauthenticated: !comm.is_authenticated(),
-            ..RoundReport::default()
-        });
+        let mut report = crate::nccl::robust_all_reduce_nccl(
+            nccl, collective, buf, rule, policy, agreement, timeout,
+        )
+        .await?;
+        report.unauthenticated = !comm.is_authenticated();
+        return Ok(report);
     }
     if comm.transport().name() == "nccl" {
         return Err(Error::Unsupported(

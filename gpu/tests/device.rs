@@ -233,6 +233,7 @@ async fn robust_all_reduce_with_the_gpu_rule_matches_the_cpu_rule() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nccl_device_all_reduce_at_world_size_one() {
     use byzcoll_cuda::robust_all_reduce_nccl;
+    use byzcoll_runtime::Agreement;
     use byzcoll_transport_nccl::{NcclOptions, NcclTransport};
     use std::io::Write as _;
     let Some(gpu) = gpu() else { return };
@@ -254,24 +255,43 @@ async fn nccl_device_all_reduce_at_world_size_one() {
     for policy in [Policy::Gather, Policy::Sharded(Replicas::Tolerant)] {
         collective += 1;
         let mut buf = stream.clone_htod(&x).expect("upload");
-        let call = robust_all_reduce_nccl(&nccl, collective, &mut buf, &rule, policy, timeout);
+        let call = robust_all_reduce_nccl(
+            &nccl,
+            collective,
+            &mut buf,
+            &rule,
+            policy,
+            Agreement::Detect,
+            timeout,
+        );
         assert_send(&call);
-        call.await.expect("f32 over NCCL");
+        let report = call.await.expect("f32 over NCCL");
+        assert_eq!(report.inputs, 1, "{policy:?}");
+        assert!(report.agreement.is_some(), "{policy:?}: cross-checked");
         assert_eq!(stream.clone_dtoh(&buf).expect("download"), x, "{policy:?}");
 
         collective += 1;
         let mut buf = stream.clone_htod(&xb).expect("upload");
-        robust_all_reduce_nccl(&nccl, collective, &mut buf, &rule, policy, timeout)
-            .await
-            .expect("bf16 over NCCL");
+        robust_all_reduce_nccl(
+            &nccl,
+            collective,
+            &mut buf,
+            &rule,
+            policy,
+            Agreement::Off,
+            timeout,
+        )
+        .await
+        .expect("bf16 over NCCL");
         assert_eq!(stream.clone_dtoh(&buf).expect("download"), xb, "{policy:?}");
     }
 }
 
 /// The one device-vector entry point: on a communicator over NCCL (world size 1) it takes
 /// the device path for f32 and bf16, numbered in the communicator's sequence (a host
-/// collective before and after still meets itself), refuses `Agreement::Detect` rather than
-/// skip the cross-check; over a host transport it refuses bf16, which only NCCL carries.
+/// collective before and after still meets itself), under the communicator's agreement
+/// (`Detect` by default, cross-checked; `Off` when set); over a host transport it refuses
+/// bf16, which only NCCL carries.
 #[cfg(feature = "nccl")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_device_entry_point_over_nccl_and_host_transports() {
@@ -292,20 +312,24 @@ async fn one_device_entry_point_over_nccl_and_host_transports() {
     let xb: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
     let stream = gpu.stream().clone();
     let rule = median(&gpu, 0);
-    let mut buf = stream.clone_htod(&x).expect("upload");
-    let refused = robust_all_reduce_device(&mut comm, &mut buf, &rule, Policy::Gather).await;
-    assert!(
-        matches!(&refused, Err(Error::Unsupported(m)) if m.contains("Agreement")),
-        "{refused:?}"
-    );
-    comm.set_agreement(Agreement::Off);
-    for policy in [Policy::Gather, Policy::Sharded(Replicas::Tolerant)] {
+    for (policy, agreement) in [
+        (Policy::Gather, Agreement::Detect),
+        (Policy::Sharded(Replicas::Tolerant), Agreement::Detect),
+        (Policy::Gather, Agreement::Off),
+        (Policy::Sharded(Replicas::Tolerant), Agreement::Off),
+    ] {
+        comm.set_agreement(agreement);
         comm.barrier().await.expect("host collective before");
         let mut buf = stream.clone_htod(&x).expect("upload");
         let report = robust_all_reduce_device(&mut comm, &mut buf, &rule, policy)
             .await
             .expect("f32 over NCCL");
         assert_eq!(report.inputs, 1);
+        assert_eq!(
+            report.agreement.is_some(),
+            agreement == Agreement::Detect,
+            "{policy:?} {agreement:?}"
+        );
         assert_eq!(stream.clone_dtoh(&buf).expect("download"), x, "{policy:?}");
         let mut buf = stream.clone_htod(&xb).expect("upload");
         robust_all_reduce_device(&mut comm, &mut buf, &rule, policy)

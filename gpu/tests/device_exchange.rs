@@ -17,10 +17,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use byzcoll_aggregators::{AggError, AggReport, Params};
+use byzcoll_aggregators::{AggError, Params};
 use byzcoll_cuda::{robust_all_reduce_nccl, CudaRule, Gpu};
 use byzcoll_runtime::{
-    Communicator, Config, Error, Policy, Rank, RecvOp, Replicas, Tag, TransportError,
+    Agreement, Communicator, Config, Error, Policy, Rank, RecvOp, Replicas, RoundReport, Tag,
+    TransportError,
 };
 use byzcoll_transport_local::LocalTransport;
 use byzcoll_transport_nccl::{DeviceExchange, DeviceReceived, DeviceSend};
@@ -199,16 +200,18 @@ async fn on_the_host(
     rule: &str,
     params: &Params,
     policy: Policy,
-) -> Vec<Result<(Vec<f32>, Option<Vec<Rank>>), String>> {
+    agreement: Agreement,
+) -> Vec<Outcome> {
     let mut tasks = Vec::new();
     for (r, t) in LocalTransport::world(x.len()).into_iter().enumerate() {
         let (mut mine, params) = (x[r].clone(), params.clone());
         let reference = byzcoll_aggregators::build(rule, &params).expect("rule");
         tasks.push(tokio::spawn(async move {
             let mut comm = Communicator::new(Box::new(t), Config::default());
+            comm.set_agreement(agreement);
             comm.robust_all_reduce(&mut mine, &*reference, policy)
                 .await
-                .map(|report| (mine, report.selected))
+                .map(|report| seen(mine, &report))
                 .map_err(|e| describe(&e))
         }));
     }
@@ -226,7 +229,8 @@ async fn on_the_device(
     rule: &str,
     params: &Params,
     policy: Policy,
-) -> Vec<Result<(Vec<f32>, Option<Vec<Rank>>), String>> {
+    agreement: Agreement,
+) -> Vec<Outcome> {
     let stream = gpu.stream().clone();
     let mut tasks = Vec::new();
     for (r, net) in SharedGpuExchange::world(x.len(), &stream)
@@ -237,11 +241,18 @@ async fn on_the_device(
         let mut buf = stream.clone_htod(&x[r]).expect("upload");
         let stream = stream.clone();
         tasks.push(tokio::spawn(async move {
-            let done =
-                robust_all_reduce_nccl(&net, 1, &mut buf, &cuda, policy, Duration::from_secs(20))
-                    .await;
+            let done = robust_all_reduce_nccl(
+                &net,
+                1,
+                &mut buf,
+                &cuda,
+                policy,
+                agreement,
+                Duration::from_secs(20),
+            )
+            .await;
             let got = stream.clone_dtoh(&buf).expect("download");
-            done.map(|report: AggReport| (got, report.selected))
+            done.map(|report: RoundReport| seen(got, &report))
                 .map_err(|e| describe(&e))
         }));
     }
@@ -250,6 +261,18 @@ async fn on_the_device(
         out.push(task.await.expect("device rank"));
     }
     out
+}
+
+/// What a rank's round gave, as compared between host and device: its result, the selection
+/// and, under a cross-check, the ranks it found disagreeing (none in these honest worlds).
+type Outcome = Result<(Vec<f32>, Option<Vec<Rank>>, Option<Vec<Rank>>), String>;
+
+fn seen(
+    result: Vec<f32>,
+    report: &RoundReport,
+) -> (Vec<f32>, Option<Vec<Rank>>, Option<Vec<Rank>>) {
+    let disagreeing = report.agreement.as_ref().map(|a| a.disagreeing.clone());
+    (result, report.selected.clone(), disagreeing)
 }
 
 /// An error as compared between host and device: the non-finite coordinate, or its kind.
@@ -263,15 +286,18 @@ fn describe(e: &Error) -> String {
     }
 }
 
+const AGREEMENTS: [Agreement; 3] = [Agreement::Off, Agreement::Detect, Agreement::Enforce];
+
 const POLICIES: [Policy; 3] = [
     Policy::Gather,
     Policy::Sharded(Replicas::Tolerant),
     Policy::Sharded(Replicas::Exactly(1)),
 ];
 
-/// Seven ranks on one GPU: every rule and policy gives every rank bitwise the host schedule's
-/// result with the CPU rule (and the same selection), for d a few thousand and for d < n
-/// (empty shards), with one rank sending NaN and infinities.
+/// Seven ranks on one GPU: every rule, policy and agreement gives every rank bitwise the host
+/// round's result with the CPU rule (the same selection, and the same cross-check: agreeing
+/// with everyone), for d a few thousand and for d < n (empty shards), with one rank sending
+/// NaN and infinities. The device path runs the host's round core, so this checks its plane.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_rounds_match_the_host_schedule_with_the_cpu_rule() {
     let Some(gpu) = gpu() else { return };
@@ -289,11 +315,17 @@ async fn device_rounds_match_the_host_schedule_with_the_cpu_rule() {
                 ..Params::default()
             };
             for policy in POLICIES {
-                let want = on_the_host(&x, rule, &params, policy).await;
-                let got = on_the_device(&gpu, &x, rule, &params, policy).await;
-                for (r, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(w.is_ok(), "{rule} {policy:?} d = {d}: host rank {r}: {w:?}");
-                    assert_eq!(g, w, "{rule} {policy:?} d = {d} rank {r}");
+                for agreement in AGREEMENTS {
+                    if agreement == Agreement::Enforce && policy != Policy::Gather {
+                        continue;
+                    }
+                    let want = on_the_host(&x, rule, &params, policy, agreement).await;
+                    let got = on_the_device(&gpu, &x, rule, &params, policy, agreement).await;
+                    let what = format!("{rule} {policy:?} {agreement:?} d = {d}");
+                    for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!(w.is_ok(), "{what}: host rank {r}: {w:?}");
+                        assert_eq!(g, w, "{what} rank {r}");
+                    }
                 }
             }
         }
@@ -301,10 +333,11 @@ async fn device_rounds_match_the_host_schedule_with_the_cpu_rule() {
 }
 
 /// More non-finite values at one coordinate than the rule tolerates (4 NaN of 7 with f = 2, so
-/// the median itself would be NaN): every owner of that shard sends its result NaN there, and
-/// every rank reports that coordinate, as gather mode does, instead of returning NaN or waiting
-/// for a result that never comes. (The host's sharded schedule erases such owners instead and
-/// reports the shard lost.)
+/// the median itself would be NaN): every rank fails instead of returning NaN or waiting for a
+/// result that never comes. Gather mode names the coordinate; in sharded mode every owner of
+/// its shard (300..400) fails and sends the shard as NaN (the device's empty result, which
+/// NCCL's fixed lengths make whole), so every rank names the shard's first coordinate. (Over
+/// host transports the owners' empty results are erasures and the shard is reported lost.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinate_no_rule_can_save_fails_on_every_rank_without_hanging() {
     let Some(gpu) = gpu() else { return };
@@ -321,11 +354,15 @@ async fn a_coordinate_no_rule_can_save_fails_on_every_rank_without_hanging() {
         ..Params::default()
     };
     for policy in POLICIES {
-        let got = on_the_device(&gpu, &x, "median", &params, policy).await;
+        let got = on_the_device(&gpu, &x, "median", &params, policy, Agreement::Detect).await;
+        let at = match policy {
+            Policy::Gather => bad,
+            _ => 300,
+        };
         for (r, g) in got.iter().enumerate() {
             assert_eq!(
                 g,
-                &Err(format!("non-finite result at coordinate {bad}")),
+                &Err(format!("non-finite result at coordinate {at}")),
                 "{policy:?} rank {r}"
             );
         }

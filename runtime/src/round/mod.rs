@@ -1,8 +1,8 @@
 //! The robust round as a sans-IO state machine: one implementation of gather, sharded (with
 //! the statistic rounds of global rules), reduce-scatter, the cross-check of
 //! [`Agreement::Detect`] and the echo and recovery of [`Agreement::Enforce`], executed by the
-//! async host driver (`Communicator`) and the simulator (virtual time), each with its own data
-//! plane (the device path over NCCL does not run it yet).
+//! async host driver (`Communicator`), the simulator (virtual time) and the device path over
+//! NCCL (`byzcoll_cuda::robust_all_reduce_nccl`), each with its own data plane.
 //!
 //! A [`Round`] never reads a clock, never awaits and never touches a socket. Its driver loops:
 //!
@@ -1381,7 +1381,7 @@ impl<'r, B> Round<'r, B> {
 
 /// Position of shard `s` among the shards `rank` owns ([`sharded::owned`] lists
 /// `rank, rank-1, ...`), which is also `rank`'s position among the owners of `s`.
-pub(crate) fn owned_index(rank: Rank, s: usize, n: usize) -> usize {
+pub fn owned_index(rank: Rank, s: usize, n: usize) -> usize {
     (rank + n - s) % n
 }
 
