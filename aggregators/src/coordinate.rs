@@ -121,6 +121,9 @@ impl Median {
             f: self.f,
             coordinate,
         };
+        if let Some(done) = network::fused(inputs, out, network::Finish::Median) {
+            return done.map_err(non_finite);
+        }
         if n <= network::MAX_INPUTS {
             let needed = if even { mid - 1..mid + 1 } else { mid..mid + 1 };
             return network_blocks(inputs, out, needed, |rows, w, chunk| {
@@ -205,6 +208,9 @@ impl TrimmedMean {
             f,
             coordinate,
         };
+        if let Some(done) = network::fused(inputs, out, network::Finish::Trimmed { f }) {
+            return done.map_err(non_finite);
+        }
         if n <= network::MAX_INPUTS {
             let scale = 1.0 / keep as f64;
             return network_blocks(inputs, out, f..n - f, |rows, w, chunk| {

@@ -14,6 +14,12 @@
 //! are then merged in memory by Batcher's odd-even merge, pruned like the others. Every path
 //! leaves the same keys in the rows a rule reads (ties are indistinguishable), so results are
 //! bitwise the same on every CPU.
+//!
+//! The median and the trimmed mean of up to 16 `f32` inputs skip the rows altogether
+//! ([`fused`]): a network specialised for `n` sorts 8 (AVX2) or 16 (AVX-512) coordinates in
+//! registers and the rule's finish runs there too, so only the result is stored, and each
+//! input's next line is prefetched. One core, `d = 2^22`: the median of 16 inputs went from
+//! 35 ms to 11-13 ms, under numpy's `mean` of the same data (15 ms).
 
 use crate::Element;
 
@@ -143,6 +149,91 @@ pub(crate) fn sort_block<T: Element>(
     sort_block_portable(inputs, base, width, rows, comparators);
 }
 
+/// What a fused block ([`fused`]) makes of each sorted column of `n` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// The middle value (odd `n`), or the mean of the two middle values taken in `f64` as
+    /// `lo * 0.5 + hi * 0.5` (even `n`).
+    Median,
+    /// The mean of the values ranked `f..n - f`, summed in `f64` in ascending order and
+    /// multiplied by `1 / (n - 2f)`.
+    Trimmed {
+        /// Values dropped at each end.
+        f: usize,
+    },
+}
+
+/// Coordinates per rayon task of the fused path (no scratch: only the rayon granularity).
+const FUSED_BLOCK: usize = 8192;
+
+/// How far ahead (elements) the fused path prefetches each input's next line: the hardware
+/// prefetcher alone keeps up to 16 interleaved streams poorly fed. Measured: 256 (1 KiB) beat
+/// 128 and 512 by a third at `n = 16`, `d = 2^22` on one core.
+const AHEAD: usize = 256;
+
+/// `finish` of every coordinate's sorted column straight into `out`, for `f32` inputs, at most
+/// 16 of them, on a CPU with AVX2: each group of 8 coordinates is loaded, sorted in registers
+/// by a network specialised for `n` (padding wires are constants, so every comparator that
+/// touches one folds away, and so does every comparator no finished row depends on) and
+/// finished there, so no sorted row is stored. Bitwise what sorting the column and finishing
+/// it in scalar code gives. `None` where the path does not apply (other types, more inputs,
+/// no AVX2): the caller sorts blocks in memory. `Some(Err(c))`: coordinate `c`, the first,
+/// has a non-finite result.
+pub(crate) fn fused<T: Element>(
+    inputs: &[&[T]],
+    out: &mut [T],
+    finish: Finish,
+) -> Option<Result<(), usize>> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n = inputs.len();
+        if !(1..=16).contains(&n)
+            || std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>()
+            || !std::arch::is_x86_feature_detected!("avx2")
+        {
+            return None;
+        }
+        if let Finish::Trimmed { f } = finish {
+            if 2 * f >= n {
+                return None;
+            }
+        }
+        let bits: Vec<&[u32]> = inputs.iter().map(|x| bytemuck::cast_slice(x)).collect();
+        let out: &mut [f32] = bytemuck::try_cast_slice_mut(out).ok()?;
+        let wide = std::arch::is_x86_feature_detected!("avx512f");
+        Some(fused_on(&bits, out, finish, wide))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (inputs, out, finish);
+        None
+    }
+}
+
+/// [`fused`] on `f32` bits with AVX-512 (`wide`) or AVX2, which the CPU must have.
+#[cfg(target_arch = "x86_64")]
+fn fused_on(bits: &[&[u32]], out: &mut [f32], finish: Finish, wide: bool) -> Result<(), usize> {
+    {
+        use rayon::prelude::*;
+        let first_bad = out
+            .par_chunks_mut(FUSED_BLOCK)
+            .enumerate()
+            .filter_map(|(b, chunk)| {
+                let at = b * FUSED_BLOCK;
+                // SAFETY: the CPU supports the path's instructions, checked above.
+                let done = unsafe {
+                    match wide {
+                        true => avx512_f32::fused(bits, at, chunk, finish),
+                        false => avx2_f32::fused(bits, at, chunk, finish),
+                    }
+                };
+                done.err().map(|c| at + c)
+            })
+            .min();
+        first_bad.map_or(Ok(()), Err)
+    }
+}
+
 /// `merge_exchange(16)` as `$cs!(a, b)` statements, spelled out so that the compiler sees
 /// every index and keeps the 16 rows in registers (a test checks it against
 /// [`merge_exchange`]).
@@ -241,8 +332,12 @@ macro_rules! each_of_16 {
 #[cfg(target_arch = "x86_64")]
 mod avx2_f32 {
     use std::arch::x86_64::{
-        __m256i, _mm256_max_epi32, _mm256_min_epi32, _mm256_set1_epi32, _mm256_srai_epi32,
-        _mm256_srli_epi32, _mm256_xor_si256,
+        __m256, __m256i, _mm256_add_pd, _mm256_and_si256, _mm256_castps256_ps128,
+        _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32, _mm256_cvtpd_ps,
+        _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_max_epi32, _mm256_min_epi32,
+        _mm256_movemask_ps, _mm256_mul_pd, _mm256_set1_epi32, _mm256_set1_pd, _mm256_set_m128,
+        _mm256_setzero_pd, _mm256_srai_epi32, _mm256_srli_epi32, _mm256_xor_si256, _mm_prefetch,
+        _MM_HINT_T0,
     };
 
     /// Largest `n` taken.
@@ -334,6 +429,321 @@ mod avx2_f32 {
     }
 
     sort_block_with!(sort_block_16, 16, merge_exchange_16, each_of_16);
+
+    /// [`super::fused`] on `out.len()` coordinates from `base`, `n = inputs.len()` in `1..=16`
+    /// (and `2f < n`): returns the offset in `out` of the first non-finite result.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn fused(
+        inputs: &[&[u32]],
+        base: usize,
+        out: &mut [f32],
+        finish: super::Finish,
+    ) -> Result<(), usize> {
+        macro_rules! by_n {
+            ($($n:literal)*) => {
+                match inputs.len() {
+                    $($n => fused_n::<$n>(inputs, base, out, finish),)*
+                    other => unreachable!("the fused path takes 1..=16 inputs, not {other}"),
+                }
+            };
+        }
+        by_n!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+    }
+
+    /// The `f32` bits of total-order keys (the key map is its own inverse).
+    macro_rules! bits_of {
+        ($k:expr) => {{
+            let k = $k;
+            _mm256_castsi256_ps(_mm256_xor_si256(
+                k,
+                _mm256_srli_epi32::<1>(_mm256_srai_epi32::<31>(k)),
+            ))
+        }};
+    }
+
+    /// The two `f64` halves of 8 `f32` lanes (lanes 0..4, 4..8).
+    macro_rules! widen {
+        ($x:expr) => {{
+            let x: __m256 = $x;
+            (
+                _mm256_cvtps_pd(_mm256_castps256_ps128(x)),
+                _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(x)),
+            )
+        }};
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn fused_n<const N: usize>(
+        inputs: &[&[u32]],
+        base: usize,
+        out: &mut [f32],
+        finish: super::Finish,
+    ) -> Result<(), usize> {
+        let width = out.len();
+        let top = _mm256_set1_epi32(i32::MAX);
+        let exponent = _mm256_set1_epi32(0x7f80_0000);
+        let half = _mm256_set1_pd(0.5);
+        let (lo_rank, hi_rank, scale) = match finish {
+            super::Finish::Median => (0, 0, 0.0),
+            super::Finish::Trimmed { f } => (f, N - f, 1.0 / (N - 2 * f) as f64),
+        };
+        let scale = _mm256_set1_pd(scale);
+        let mut start = 0;
+        while start < width {
+            let lanes = (width - start).min(8);
+            if (base + start).is_multiple_of(16) {
+                // Each input's line `AHEAD` elements on, once per line: the hardware
+                // prefetcher alone keeps 16 interleaved streams poorly fed.
+                for row in inputs {
+                    let ahead = base + start + super::AHEAD;
+                    if ahead < row.len() {
+                        // SAFETY: in bounds (checked); a prefetch never faults anyway.
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(ahead).cast()) };
+                    }
+                }
+            }
+            let load = |i: usize| -> __m256i {
+                let mut bits = [0u32; 8];
+                let src = &inputs[i][base + start..base + start + lanes];
+                match <&[u32; 8]>::try_from(src) {
+                    Ok(full) => bits = *full,
+                    Err(_) => bits[..lanes].copy_from_slice(src),
+                }
+                let b: __m256i = bytemuck::cast(bits);
+                _mm256_xor_si256(b, _mm256_srli_epi32::<1>(_mm256_srai_epi32::<31>(b)))
+            };
+            let mut v = [top; 16];
+            macro_rules! load {
+                ($i:literal) => {
+                    if $i < N {
+                        v[$i] = load($i);
+                    }
+                };
+            }
+            each_of_16!(load);
+            macro_rules! cs {
+                ($a:literal, $b:literal) => {
+                    let (x, y) = (v[$a], v[$b]);
+                    v[$a] = _mm256_min_epi32(x, y);
+                    v[$b] = _mm256_max_epi32(x, y);
+                };
+            }
+            merge_exchange_16!(cs);
+            let result = match finish {
+                super::Finish::Median if N % 2 == 1 => bits_of!(v[N / 2]),
+                super::Finish::Median => {
+                    let (l0, l1) = widen!(bits_of!(v[N / 2 - 1]));
+                    let (h0, h1) = widen!(bits_of!(v[N / 2]));
+                    // Rounded to nearest as `as f32` does.
+                    _mm256_set_m128(
+                        _mm256_cvtpd_ps(_mm256_add_pd(
+                            _mm256_mul_pd(l1, half),
+                            _mm256_mul_pd(h1, half),
+                        )),
+                        _mm256_cvtpd_ps(_mm256_add_pd(
+                            _mm256_mul_pd(l0, half),
+                            _mm256_mul_pd(h0, half),
+                        )),
+                    )
+                }
+                super::Finish::Trimmed { .. } => {
+                    let (mut a0, mut a1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+                    macro_rules! add {
+                        ($i:literal) => {
+                            if $i < N && $i >= lo_rank && $i < hi_rank {
+                                let (x0, x1) = widen!(bits_of!(v[$i]));
+                                a0 = _mm256_add_pd(a0, x0);
+                                a1 = _mm256_add_pd(a1, x1);
+                            }
+                        };
+                    }
+                    each_of_16!(add);
+                    _mm256_set_m128(
+                        _mm256_cvtpd_ps(_mm256_mul_pd(a1, scale)),
+                        _mm256_cvtpd_ps(_mm256_mul_pd(a0, scale)),
+                    )
+                }
+            };
+            let as_bits = _mm256_castps_si256(result);
+            let bad = _mm256_cmpeq_epi32(_mm256_and_si256(as_bits, exponent), exponent);
+            let bad = (_mm256_movemask_ps(_mm256_castsi256_ps(bad)) as u32) & ((1u32 << lanes) - 1);
+            let values: [f32; 8] = bytemuck::cast(result);
+            let dst = &mut out[start..start + lanes];
+            match <&mut [f32; 8]>::try_from(&mut *dst) {
+                Ok(full) => *full = values,
+                Err(_) => dst.copy_from_slice(&values[..lanes]),
+            }
+            if bad != 0 {
+                return Err(start + bad.trailing_zeros() as usize);
+            }
+            start += lanes;
+        }
+        Ok(())
+    }
+}
+
+/// The fused path with AVX-512: 16 coordinates at a time, so each input's group is one whole
+/// cache line, read once (with 8 lanes, the 16 inputs' lines at one offset compete for the
+/// same L1 set and a line is often evicted before its second half is read), and the 16 wires
+/// stay in the 32 registers.
+#[cfg(target_arch = "x86_64")]
+mod avx512_f32 {
+    use std::arch::x86_64::{
+        __m512, __m512i, _mm256_castpd_ps, _mm256_castps_pd, _mm512_add_pd, _mm512_and_si512,
+        _mm512_castpd256_pd512, _mm512_castpd_ps, _mm512_castps512_ps256, _mm512_castps_pd,
+        _mm512_castps_si512, _mm512_castsi512_ps, _mm512_cmpeq_epi32_mask, _mm512_cvtpd_ps,
+        _mm512_cvtps_pd, _mm512_extractf64x4_pd, _mm512_insertf64x4, _mm512_mask_storeu_ps,
+        _mm512_maskz_loadu_epi32, _mm512_max_epi32, _mm512_min_epi32, _mm512_mul_pd,
+        _mm512_set1_epi32, _mm512_set1_pd, _mm512_setzero_pd, _mm512_srai_epi32, _mm512_srli_epi32,
+        _mm512_xor_si512, _mm_prefetch, _MM_HINT_T0,
+    };
+
+    use super::AHEAD;
+
+    /// [`super::fused`] on `out.len()` coordinates from `base` (`n = inputs.len()` in
+    /// `1..=16`, `2f < n`): the offset in `out` of the first non-finite result.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn fused(
+        inputs: &[&[u32]],
+        base: usize,
+        out: &mut [f32],
+        finish: super::Finish,
+    ) -> Result<(), usize> {
+        macro_rules! by_n {
+            ($($n:literal)*) => {
+                match inputs.len() {
+                    $($n => fused_n::<$n>(inputs, base, out, finish),)*
+                    other => unreachable!("the fused path takes 1..=16 inputs, not {other}"),
+                }
+            };
+        }
+        by_n!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+    }
+
+    /// Keys from `f32` bits and back (the map is its own inverse).
+    macro_rules! flip {
+        ($k:expr) => {{
+            let k: __m512i = $k;
+            _mm512_xor_si512(k, _mm512_srli_epi32::<1>(_mm512_srai_epi32::<31>(k)))
+        }};
+    }
+
+    /// The two `f64` halves (lanes 0..8, 8..16) of 16 `f32` lanes given as keys.
+    macro_rules! widen {
+        ($k:expr) => {{
+            let x: __m512 = _mm512_castsi512_ps(flip!($k));
+            (
+                _mm512_cvtps_pd(_mm512_castps512_ps256(x)),
+                _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                    _mm512_castps_pd(x),
+                ))),
+            )
+        }};
+    }
+
+    /// 16 `f32` lanes from two `f64` halves, each rounded to nearest as `as f32` does.
+    macro_rules! narrow {
+        ($lo:expr, $hi:expr) => {{
+            let lo = _mm512_cvtpd_ps($lo);
+            let hi = _mm512_cvtpd_ps($hi);
+            _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+                _mm256_castps_pd(hi),
+            ))
+        }};
+    }
+
+    #[target_feature(enable = "avx512f")]
+    fn fused_n<const N: usize>(
+        inputs: &[&[u32]],
+        base: usize,
+        out: &mut [f32],
+        finish: super::Finish,
+    ) -> Result<(), usize> {
+        let width = out.len();
+        let top = _mm512_set1_epi32(i32::MAX);
+        let exponent = _mm512_set1_epi32(0x7f80_0000);
+        let half = _mm512_set1_pd(0.5);
+        let (lo_rank, hi_rank, scale) = match finish {
+            super::Finish::Median => (0, 0, 0.0),
+            super::Finish::Trimmed { f } => (f, N - f, 1.0 / (N - 2 * f) as f64),
+        };
+        let scale = _mm512_set1_pd(scale);
+        let mut start = 0;
+        while start < width {
+            let lanes = (width - start).min(16);
+            let mask: u16 = if lanes == 16 {
+                u16::MAX
+            } else {
+                (1u16 << lanes) - 1
+            };
+            let at = base + start;
+            let mut v = [top; 16];
+            macro_rules! load {
+                ($i:literal) => {
+                    if $i < N {
+                        let row = inputs[$i];
+                        if at + AHEAD < row.len() {
+                            // SAFETY: in bounds (checked); a prefetch never faults anyway.
+                            unsafe {
+                                _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + AHEAD).cast())
+                            };
+                        }
+                        let src = &row[at..at + lanes];
+                        // SAFETY: the mask covers `lanes` elements of `src`, all in bounds.
+                        let bits = unsafe { _mm512_maskz_loadu_epi32(mask, src.as_ptr().cast()) };
+                        v[$i] = flip!(bits);
+                    }
+                };
+            }
+            each_of_16!(load);
+            macro_rules! cs {
+                ($a:literal, $b:literal) => {
+                    let (x, y) = (v[$a], v[$b]);
+                    v[$a] = _mm512_min_epi32(x, y);
+                    v[$b] = _mm512_max_epi32(x, y);
+                };
+            }
+            merge_exchange_16!(cs);
+            let result: __m512 = match finish {
+                super::Finish::Median if N % 2 == 1 => _mm512_castsi512_ps(flip!(v[N / 2])),
+                super::Finish::Median => {
+                    let (l0, l1) = widen!(v[N / 2 - 1]);
+                    let (h0, h1) = widen!(v[N / 2]);
+                    narrow!(
+                        _mm512_add_pd(_mm512_mul_pd(l0, half), _mm512_mul_pd(h0, half)),
+                        _mm512_add_pd(_mm512_mul_pd(l1, half), _mm512_mul_pd(h1, half))
+                    )
+                }
+                super::Finish::Trimmed { .. } => {
+                    let (mut a0, mut a1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+                    macro_rules! add {
+                        ($i:literal) => {
+                            if $i < N && $i >= lo_rank && $i < hi_rank {
+                                let (x0, x1) = widen!(v[$i]);
+                                a0 = _mm512_add_pd(a0, x0);
+                                a1 = _mm512_add_pd(a1, x1);
+                            }
+                        };
+                    }
+                    each_of_16!(add);
+                    narrow!(_mm512_mul_pd(a0, scale), _mm512_mul_pd(a1, scale))
+                }
+            };
+            let bad = _mm512_cmpeq_epi32_mask(
+                _mm512_and_si512(_mm512_castps_si512(result), exponent),
+                exponent,
+            ) & mask;
+            let dst = &mut out[start..start + lanes];
+            // SAFETY: the mask covers `lanes` elements of `dst`, all in bounds.
+            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, result) };
+            if bad != 0 {
+                return Err(start + bad.trailing_zeros() as usize);
+            }
+            start += lanes;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -394,6 +804,112 @@ mod tests {
                 let mut v: Vec<u8> = (0..n).map(|i| ((bits >> i) & 1) as u8).collect();
                 apply(&mut v, 1, &net);
                 assert!(v.windows(2).all(|w| w[0] <= w[1]), "n={n} bits={bits:b}");
+            }
+        }
+    }
+
+    /// Both fused paths (AVX2 and AVX-512, where the CPU has them) against sorting each
+    /// column and finishing it in scalar code: bitwise the same results, and the same first
+    /// non-finite coordinate, for every `n` they take, tails of every length and several
+    /// rayon blocks, with NaN, infinities, signed zeros and huge values in the data.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fused_paths_give_bitwise_the_sorted_column_finish() {
+        let paths: Vec<bool> = [false, true]
+            .into_iter()
+            .filter(|&wide| match wide {
+                true => std::arch::is_x86_feature_detected!("avx512f"),
+                false => std::arch::is_x86_feature_detected!("avx2"),
+            })
+            .collect();
+        if paths.is_empty() {
+            eprintln!("SKIPPED: this CPU has neither AVX2 nor AVX-512");
+            return;
+        }
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            3e38,
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for n in 1..=16usize {
+            for d in [
+                1,
+                5,
+                8,
+                15,
+                16,
+                17,
+                33,
+                FUSED_BLOCK + 3,
+                2 * FUSED_BLOCK + 21,
+            ] {
+                for special_rate in [0, 40] {
+                    let rows: Vec<Vec<f32>> = (0..n)
+                        .map(|_| {
+                            (0..d)
+                                .map(|_| match next() % 1000 < special_rate {
+                                    true => specials[(next() % 6) as usize],
+                                    false => (next() % 2001) as f32 * 0.37 - 370.0,
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    let bits: Vec<&[u32]> = rows.iter().map(|r| bytemuck::cast_slice(r)).collect();
+                    let columns: Vec<Vec<f32>> = (0..d)
+                        .map(|c| {
+                            let mut col: Vec<f32> = rows.iter().map(|r| r[c]).collect();
+                            col.sort_by(f32::total_cmp);
+                            col
+                        })
+                        .collect();
+                    let mut finishes = vec![Finish::Median];
+                    for f in [0, (n - 1) / 4, (n - 1) / 2] {
+                        finishes.push(Finish::Trimmed { f });
+                    }
+                    for finish in finishes {
+                        let want: Vec<f32> = columns
+                            .iter()
+                            .map(|col| match finish {
+                                Finish::Median if n % 2 == 1 => col[n / 2],
+                                Finish::Median => {
+                                    (col[n / 2 - 1] as f64 * 0.5 + col[n / 2] as f64 * 0.5) as f32
+                                }
+                                Finish::Trimmed { f } => {
+                                    let sum =
+                                        col[f..n - f].iter().fold(0.0f64, |a, &v| a + v as f64);
+                                    (sum * (1.0 / (n - 2 * f) as f64)) as f32
+                                }
+                            })
+                            .collect();
+                        let first_bad = want.iter().position(|v| !v.is_finite());
+                        for &wide in &paths {
+                            let mut out = vec![0.0f32; d];
+                            let got = fused_on(&bits, &mut out, finish, wide);
+                            let what =
+                                format!("wide {wide} n {n} d {d} {finish:?} rate {special_rate}");
+                            match first_bad {
+                                Some(c) => assert_eq!(got, Err(c), "{what}"),
+                                None => {
+                                    assert_eq!(got, Ok(()), "{what}");
+                                    let as_bits = |v: &[f32]| {
+                                        v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                                    };
+                                    assert_eq!(as_bits(&out), as_bits(&want), "{what}");
+                                }
+                            }
+                        }
+                    }
+                }
             }
         }
     }
