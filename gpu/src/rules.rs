@@ -114,6 +114,7 @@ impl CudaRule {
     }
 
     /// The CPU rule it implements (name, precondition, selection).
+    #[cfg(feature = "nccl")]
     pub(crate) fn reference(&self) -> &dyn Aggregator {
         &*self.reference
     }
