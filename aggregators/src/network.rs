@@ -187,7 +187,9 @@ pub(crate) fn fused<T: Element>(
     #[cfg(target_arch = "x86_64")]
     {
         let n = inputs.len();
-        if !(1..=16).contains(&n)
+        let wide = std::arch::is_x86_feature_detected!("avx512f");
+        let most = if wide { 32 } else { 16 };
+        if !(1..=most).contains(&n)
             || std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>()
             || !std::arch::is_x86_feature_detected!("avx2")
         {
@@ -200,7 +202,6 @@ pub(crate) fn fused<T: Element>(
         }
         let bits: Vec<&[u32]> = inputs.iter().map(|x| bytemuck::cast_slice(x)).collect();
         let out: &mut [f32] = bytemuck::try_cast_slice_mut(out).ok()?;
-        let wide = std::arch::is_x86_feature_detected!("avx512f");
         Some(fused_on(&bits, out, finish, wide))
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -324,6 +325,101 @@ macro_rules! each_of_16 {
         $m!(13);
         $m!(14);
         $m!(15);
+    };
+}
+
+/// Batcher's odd-even merge of two sorted halves of 32 wires ([`odd_even_merge`]`(32)`) as
+/// `$cs!(a, b)` statements (a test checks it against [`odd_even_merge`]).
+macro_rules! odd_even_merge_32 {
+    ($cs:ident) => {
+        $cs!(0, 16);
+        $cs!(8, 24);
+        $cs!(8, 16);
+        $cs!(4, 20);
+        $cs!(12, 28);
+        $cs!(12, 20);
+        $cs!(4, 8);
+        $cs!(12, 16);
+        $cs!(20, 24);
+        $cs!(2, 18);
+        $cs!(10, 26);
+        $cs!(10, 18);
+        $cs!(6, 22);
+        $cs!(14, 30);
+        $cs!(14, 22);
+        $cs!(6, 10);
+        $cs!(14, 18);
+        $cs!(22, 26);
+        $cs!(2, 4);
+        $cs!(6, 8);
+        $cs!(10, 12);
+        $cs!(14, 16);
+        $cs!(18, 20);
+        $cs!(22, 24);
+        $cs!(26, 28);
+        $cs!(1, 17);
+        $cs!(9, 25);
+        $cs!(9, 17);
+        $cs!(5, 21);
+        $cs!(13, 29);
+        $cs!(13, 21);
+        $cs!(5, 9);
+        $cs!(13, 17);
+        $cs!(21, 25);
+        $cs!(3, 19);
+        $cs!(11, 27);
+        $cs!(11, 19);
+        $cs!(7, 23);
+        $cs!(15, 31);
+        $cs!(15, 23);
+        $cs!(7, 11);
+        $cs!(15, 19);
+        $cs!(23, 27);
+        $cs!(3, 5);
+        $cs!(7, 9);
+        $cs!(11, 13);
+        $cs!(15, 17);
+        $cs!(19, 21);
+        $cs!(23, 25);
+        $cs!(27, 29);
+        $cs!(1, 2);
+        $cs!(3, 4);
+        $cs!(5, 6);
+        $cs!(7, 8);
+        $cs!(9, 10);
+        $cs!(11, 12);
+        $cs!(13, 14);
+        $cs!(15, 16);
+        $cs!(17, 18);
+        $cs!(19, 20);
+        $cs!(21, 22);
+        $cs!(23, 24);
+        $cs!(25, 26);
+        $cs!(27, 28);
+        $cs!(29, 30);
+    };
+}
+
+/// `$m!(i)` for `i` in `0..32`, with literal indices.
+macro_rules! each_of_32 {
+    ($m:ident) => {
+        each_of_16!($m);
+        $m!(16);
+        $m!(17);
+        $m!(18);
+        $m!(19);
+        $m!(20);
+        $m!(21);
+        $m!(22);
+        $m!(23);
+        $m!(24);
+        $m!(25);
+        $m!(26);
+        $m!(27);
+        $m!(28);
+        $m!(29);
+        $m!(30);
+        $m!(31);
     };
 }
 
@@ -610,14 +706,31 @@ mod avx512_f32 {
         finish: super::Finish,
     ) -> Result<(), usize> {
         macro_rules! by_n {
-            ($($n:literal)*) => {
+            ($($n:literal)* ; $($m:literal)*) => {
                 match inputs.len() {
                     $($n => fused_n::<$n>(inputs, base, out, finish),)*
-                    other => unreachable!("the fused path takes 1..=16 inputs, not {other}"),
+                    $($m => fused_n32::<$m>(inputs, base, out, finish),)*
+                    other => unreachable!("the fused path takes 1..=32 inputs, not {other}"),
                 }
             };
         }
-        by_n!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+        by_n!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16;
+              17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32)
+    }
+
+    /// The 32 wires sorted: each half of 16 by `merge_exchange(16)`, then the halves merged
+    /// by Batcher's odd-even merge (`$cs!(a, b)` on literal indices throughout).
+    macro_rules! two_halves_merged {
+        ($cs:ident) => {
+            merge_exchange_16!($cs);
+            macro_rules! cs_high {
+                ($a:literal, $b:literal) => {
+                    $cs!($a + 16, $b + 16);
+                };
+            }
+            merge_exchange_16!(cs_high);
+            odd_even_merge_32!($cs);
+        };
     }
 
     /// Keys from `f32` bits and back (the map is its own inverse).
@@ -653,97 +766,109 @@ mod avx512_f32 {
         }};
     }
 
-    #[target_feature(enable = "avx512f")]
-    fn fused_n<const N: usize>(
-        inputs: &[&[u32]],
-        base: usize,
-        out: &mut [f32],
-        finish: super::Finish,
-    ) -> Result<(), usize> {
-        let width = out.len();
-        let top = _mm512_set1_epi32(i32::MAX);
-        let exponent = _mm512_set1_epi32(0x7f80_0000);
-        let half = _mm512_set1_pd(0.5);
-        let (lo_rank, hi_rank, scale) = match finish {
-            super::Finish::Median => (0, 0, 0.0),
-            super::Finish::Trimmed { f } => (f, N - f, 1.0 / (N - 2 * f) as f64),
-        };
-        let scale = _mm512_set1_pd(scale);
-        let mut start = 0;
-        while start < width {
-            let lanes = (width - start).min(16);
-            let mask: u16 = if lanes == 16 {
-                u16::MAX
-            } else {
-                (1u16 << lanes) - 1
-            };
-            let at = base + start;
-            let mut v = [top; 16];
-            macro_rules! load {
-                ($i:literal) => {
-                    if $i < N {
-                        let row = inputs[$i];
-                        if at + AHEAD < row.len() {
-                            // SAFETY: in bounds (checked); a prefetch never faults anyway.
-                            unsafe {
-                                _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + AHEAD).cast())
-                            };
-                        }
-                        let src = &row[at..at + lanes];
-                        // SAFETY: the mask covers `lanes` elements of `src`, all in bounds.
-                        let bits = unsafe { _mm512_maskz_loadu_epi32(mask, src.as_ptr().cast()) };
-                        v[$i] = flip!(bits);
-                    }
+    /// `fused_n::<N>` for `N` up to `$wires` (16: the network in registers; 32: two halves of
+    /// 16 sorted so, then Batcher's odd-even merge, also in registers).
+    macro_rules! fused_with {
+        ($name:ident, $wires:literal, $each:ident, $sort:ident) => {
+            #[target_feature(enable = "avx512f")]
+            fn $name<const N: usize>(
+                inputs: &[&[u32]],
+                base: usize,
+                out: &mut [f32],
+                finish: super::Finish,
+            ) -> Result<(), usize> {
+                let width = out.len();
+                let top = _mm512_set1_epi32(i32::MAX);
+                let exponent = _mm512_set1_epi32(0x7f80_0000);
+                let half = _mm512_set1_pd(0.5);
+                let (lo_rank, hi_rank, scale) = match finish {
+                    super::Finish::Median => (0, 0, 0.0),
+                    super::Finish::Trimmed { f } => (f, N - f, 1.0 / (N - 2 * f) as f64),
                 };
-            }
-            each_of_16!(load);
-            macro_rules! cs {
-                ($a:literal, $b:literal) => {
-                    let (x, y) = (v[$a], v[$b]);
-                    v[$a] = _mm512_min_epi32(x, y);
-                    v[$b] = _mm512_max_epi32(x, y);
-                };
-            }
-            merge_exchange_16!(cs);
-            let result: __m512 = match finish {
-                super::Finish::Median if N % 2 == 1 => _mm512_castsi512_ps(flip!(v[N / 2])),
-                super::Finish::Median => {
-                    let (l0, l1) = widen!(v[N / 2 - 1]);
-                    let (h0, h1) = widen!(v[N / 2]);
-                    narrow!(
-                        _mm512_add_pd(_mm512_mul_pd(l0, half), _mm512_mul_pd(h0, half)),
-                        _mm512_add_pd(_mm512_mul_pd(l1, half), _mm512_mul_pd(h1, half))
-                    )
-                }
-                super::Finish::Trimmed { .. } => {
-                    let (mut a0, mut a1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-                    macro_rules! add {
+                let scale = _mm512_set1_pd(scale);
+                let mut start = 0;
+                while start < width {
+                    let lanes = (width - start).min(16);
+                    let mask: u16 = if lanes == 16 {
+                        u16::MAX
+                    } else {
+                        (1u16 << lanes) - 1
+                    };
+                    let at = base + start;
+                    let mut v = [top; $wires];
+                    macro_rules! load {
                         ($i:literal) => {
-                            if $i < N && $i >= lo_rank && $i < hi_rank {
-                                let (x0, x1) = widen!(v[$i]);
-                                a0 = _mm512_add_pd(a0, x0);
-                                a1 = _mm512_add_pd(a1, x1);
+                            if $i < N {
+                                let row = inputs[$i];
+                                if at + AHEAD < row.len() {
+                                    // SAFETY: in bounds (checked); a prefetch never faults anyway.
+                                    unsafe {
+                                        _mm_prefetch::<_MM_HINT_T0>(
+                                            row.as_ptr().add(at + AHEAD).cast(),
+                                        )
+                                    };
+                                }
+                                let src = &row[at..at + lanes];
+                                // SAFETY: the mask covers `lanes` elements of `src`, all in bounds.
+                                let bits =
+                                    unsafe { _mm512_maskz_loadu_epi32(mask, src.as_ptr().cast()) };
+                                v[$i] = flip!(bits);
                             }
                         };
                     }
-                    each_of_16!(add);
-                    narrow!(_mm512_mul_pd(a0, scale), _mm512_mul_pd(a1, scale))
+                    $each!(load);
+                    macro_rules! cs {
+                        ($a:expr, $b:expr) => {
+                            let (x, y) = (v[$a], v[$b]);
+                            v[$a] = _mm512_min_epi32(x, y);
+                            v[$b] = _mm512_max_epi32(x, y);
+                        };
+                    }
+                    $sort!(cs);
+                    let result: __m512 = match finish {
+                        super::Finish::Median if N % 2 == 1 => _mm512_castsi512_ps(flip!(v[N / 2])),
+                        super::Finish::Median => {
+                            let (l0, l1) = widen!(v[N / 2 - 1]);
+                            let (h0, h1) = widen!(v[N / 2]);
+                            narrow!(
+                                _mm512_add_pd(_mm512_mul_pd(l0, half), _mm512_mul_pd(h0, half)),
+                                _mm512_add_pd(_mm512_mul_pd(l1, half), _mm512_mul_pd(h1, half))
+                            )
+                        }
+                        super::Finish::Trimmed { .. } => {
+                            let (mut a0, mut a1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+                            macro_rules! add {
+                                ($i:literal) => {
+                                    if $i < N && $i >= lo_rank && $i < hi_rank {
+                                        let (x0, x1) = widen!(v[$i]);
+                                        a0 = _mm512_add_pd(a0, x0);
+                                        a1 = _mm512_add_pd(a1, x1);
+                                    }
+                                };
+                            }
+                            $each!(add);
+                            narrow!(_mm512_mul_pd(a0, scale), _mm512_mul_pd(a1, scale))
+                        }
+                    };
+                    let bad = _mm512_cmpeq_epi32_mask(
+                        _mm512_and_si512(_mm512_castps_si512(result), exponent),
+                        exponent,
+                    ) & mask;
+                    let dst = &mut out[start..start + lanes];
+                    // SAFETY: the mask covers `lanes` elements of `dst`, all in bounds.
+                    unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, result) };
+                    if bad != 0 {
+                        return Err(start + bad.trailing_zeros() as usize);
+                    }
+                    start += lanes;
                 }
-            };
-            let bad = _mm512_cmpeq_epi32_mask(
-                _mm512_and_si512(_mm512_castps_si512(result), exponent),
-                exponent,
-            ) & mask;
-            let dst = &mut out[start..start + lanes];
-            // SAFETY: the mask covers `lanes` elements of `dst`, all in bounds.
-            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, result) };
-            if bad != 0 {
-                return Err(start + bad.trailing_zeros() as usize);
+                Ok(())
             }
-            start += lanes;
-        }
-        Ok(())
+        };
     }
+
+    fused_with!(fused_n, 16, each_of_16, merge_exchange_16);
+    fused_with!(fused_n32, 32, each_of_32, two_halves_merged);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -841,7 +966,7 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        for n in 1..=16usize {
+        for n in 1..=32usize {
             for d in [
                 1,
                 5,
@@ -892,7 +1017,8 @@ mod tests {
                             })
                             .collect();
                         let first_bad = want.iter().position(|v| !v.is_finite());
-                        for &wide in &paths {
+                        // AVX2 takes at most 16 inputs.
+                        for &wide in paths.iter().filter(|&&wide| wide || n <= 16) {
                             let mut out = vec![0.0f32; d];
                             let got = fused_on(&bits, &mut out, finish, wide);
                             let what =
@@ -912,6 +1038,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_spelled_out_merge_is_odd_even_merge_32() {
+        let mut spelled = Vec::new();
+        macro_rules! cs {
+            ($a:literal, $b:literal) => {
+                spelled.push(($a, $b));
+            };
+        }
+        odd_even_merge_32!(cs);
+        assert_eq!(spelled, odd_even_merge(32));
     }
 
     #[test]
