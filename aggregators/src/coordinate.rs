@@ -286,27 +286,10 @@ impl Mean {
     fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<(), AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let scale = 1.0 / inputs.len() as f64;
-        let block = 4096;
-        // One pass: a non-finite input makes its coordinates non-finite, which is checked on
-        // the output; only then are the inputs scanned to name the culprits.
-        let summed = out.par_chunks_mut(block).enumerate().try_for_each_init(
-            Vec::new,
-            |acc: &mut Vec<f64>, (b, chunk)| {
-                let base = b * block;
-                acc.clear();
-                acc.resize(chunk.len(), 0.0);
-                for x in inputs {
-                    for (a, v) in acc.iter_mut().zip(&x[base..base + chunk.len()]) {
-                        *a += v.to_f64();
-                    }
-                }
-                for (o, a) in chunk.iter_mut().zip(acc.iter()) {
-                    *o = T::from_f64(a * scale);
-                }
-                first_non_finite(chunk).map_err(|c| base + c)
-            },
-        );
+        let summed = match network::mean_in_order(inputs, out) {
+            Some(done) => done,
+            None => Self::sum_blocks(inputs, out),
+        };
         let Err(coordinate) = summed else {
             return Ok(());
         };
@@ -328,6 +311,33 @@ impl Mean {
                 inputs: bad,
             }
         })
+    }
+
+    /// The portable mean: blocks of coordinates summed in `f64`, input by input; the offset
+    /// of the first non-finite result in the block that found one.
+    fn sum_blocks<T: Element>(inputs: &[&[T]], out: &mut [T]) -> Result<(), usize> {
+        let scale = 1.0 / inputs.len() as f64;
+        let block = 4096;
+        // One pass: a non-finite input makes its coordinates non-finite, which is checked on
+        // the output; only then are the inputs scanned to name the culprits.
+        let summed = out.par_chunks_mut(block).enumerate().try_for_each_init(
+            Vec::new,
+            |acc: &mut Vec<f64>, (b, chunk)| {
+                let base = b * block;
+                acc.clear();
+                acc.resize(chunk.len(), 0.0);
+                for x in inputs {
+                    for (a, v) in acc.iter_mut().zip(&x[base..base + chunk.len()]) {
+                        *a += v.to_f64();
+                    }
+                }
+                for (o, a) in chunk.iter_mut().zip(acc.iter()) {
+                    *o = T::from_f64(a * scale);
+                }
+                first_non_finite(chunk).map_err(|c| base + c)
+            },
+        );
+        summed
     }
 }
 

@@ -85,8 +85,13 @@ fn krum_precondition(rule: &str, n: usize, f: usize) -> Result<(), AggError> {
     }
 }
 
-/// Averages the selected inputs coordinate-wise (in `f64`) into `out`.
+/// Averages the selected inputs coordinate-wise (in `f64`, in `selected` order) into `out`.
 fn average_of<T: Element>(inputs: &[&[T]], selected: &[usize], out: &mut [T]) {
+    let chosen: Vec<&[T]> = selected.iter().map(|&i| inputs[i]).collect();
+    // The selection took finite inputs only; a mean that overflows is written as it is.
+    if crate::network::mean_in_order(&chosen, out).is_some() {
+        return;
+    }
     let scale = 1.0 / selected.len() as f64;
     out.par_chunks_mut(4096).enumerate().for_each(|(b, chunk)| {
         let base = b * 4096;

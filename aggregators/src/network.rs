@@ -211,6 +211,57 @@ pub(crate) fn fused<T: Element>(
     }
 }
 
+/// The mean of `inputs` in their order, `f32` inputs on a CPU with AVX2: each coordinate's
+/// values summed in `f64` in input order and multiplied by `1 / n`, in registers, 16 (AVX-512)
+/// or 8 (AVX2) coordinates at a time, each input's next line prefetched; bitwise the scalar
+/// `acc += x as f64` loop. `None` where the path does not apply; `Some(Err(c))`: coordinate
+/// `c`, the first, is not finite.
+pub(crate) fn mean_in_order<T: Element>(
+    inputs: &[&[T]],
+    out: &mut [T],
+) -> Option<Result<(), usize>> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if inputs.is_empty()
+            || std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>()
+            || !std::arch::is_x86_feature_detected!("avx2")
+        {
+            return None;
+        }
+        let wide = std::arch::is_x86_feature_detected!("avx512f");
+        let bits: Vec<&[u32]> = inputs.iter().map(|x| bytemuck::cast_slice(x)).collect();
+        let out: &mut [f32] = bytemuck::try_cast_slice_mut(out).ok()?;
+        Some(mean_on(&bits, out, wide))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (inputs, out);
+        None
+    }
+}
+
+/// [`mean_in_order`] on `f32` bits with AVX-512 (`wide`) or AVX2, which the CPU must have.
+#[cfg(target_arch = "x86_64")]
+fn mean_on(bits: &[&[u32]], out: &mut [f32], wide: bool) -> Result<(), usize> {
+    use rayon::prelude::*;
+    let first_bad = out
+        .par_chunks_mut(FUSED_BLOCK)
+        .enumerate()
+        .filter_map(|(b, chunk)| {
+            let at = b * FUSED_BLOCK;
+            // SAFETY: the CPU supports the path's instructions (the caller's guarantee).
+            let done = unsafe {
+                match wide {
+                    true => avx512_f32::mean_in_order(bits, at, chunk),
+                    false => avx2_f32::mean_in_order(bits, at, chunk),
+                }
+            };
+            done.err().map(|c| at + c)
+        })
+        .min();
+    first_bad.map_or(Ok(()), Err)
+}
+
 /// [`fused`] on `f32` bits with AVX-512 (`wide`) or AVX2, which the CPU must have.
 #[cfg(target_arch = "x86_64")]
 fn fused_on(bits: &[&[u32]], out: &mut [f32], finish: Finish, wide: bool) -> Result<(), usize> {
@@ -568,6 +619,62 @@ mod avx2_f32 {
         }};
     }
 
+    /// [`super::mean_in_order`] on `out.len()` coordinates from `base`: the offset in `out`
+    /// of the first non-finite result.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn mean_in_order(
+        inputs: &[&[u32]],
+        base: usize,
+        out: &mut [f32],
+    ) -> Result<(), usize> {
+        let width = out.len();
+        let exponent = _mm256_set1_epi32(0x7f80_0000);
+        let scale = _mm256_set1_pd(1.0 / inputs.len() as f64);
+        // Every coordinate is written, the first non-finite one remembered.
+        let mut first_bad = None;
+        let mut start = 0;
+        while start < width {
+            let lanes = (width - start).min(8);
+            let at = base + start;
+            let (mut a0, mut a1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+            for row in inputs {
+                if at.is_multiple_of(16) && at + super::AHEAD < row.len() {
+                    // SAFETY: in bounds (checked); a prefetch never faults anyway.
+                    unsafe {
+                        _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + super::AHEAD).cast())
+                    };
+                }
+                let mut bits = [0u32; 8];
+                let src = &row[at..at + lanes];
+                match <&[u32; 8]>::try_from(src) {
+                    Ok(full) => bits = *full,
+                    Err(_) => bits[..lanes].copy_from_slice(src),
+                }
+                let (x0, x1) = widen!(_mm256_castsi256_ps(bytemuck::cast::<_, __m256i>(bits)));
+                a0 = _mm256_add_pd(a0, x0);
+                a1 = _mm256_add_pd(a1, x1);
+            }
+            let result = _mm256_set_m128(
+                _mm256_cvtpd_ps(_mm256_mul_pd(a1, scale)),
+                _mm256_cvtpd_ps(_mm256_mul_pd(a0, scale)),
+            );
+            let as_bits = _mm256_castps_si256(result);
+            let bad = _mm256_cmpeq_epi32(_mm256_and_si256(as_bits, exponent), exponent);
+            let bad = (_mm256_movemask_ps(_mm256_castsi256_ps(bad)) as u32) & ((1u32 << lanes) - 1);
+            let values: [f32; 8] = bytemuck::cast(result);
+            let dst = &mut out[start..start + lanes];
+            match <&mut [f32; 8]>::try_from(&mut *dst) {
+                Ok(full) => *full = values,
+                Err(_) => dst.copy_from_slice(&values[..lanes]),
+            }
+            if bad != 0 && first_bad.is_none() {
+                first_bad = Some(start + bad.trailing_zeros() as usize);
+            }
+            start += lanes;
+        }
+        first_bad.map_or(Ok(()), Err)
+    }
+
     #[target_feature(enable = "avx2")]
     fn fused_n<const N: usize>(
         inputs: &[&[u32]],
@@ -584,6 +691,8 @@ mod avx2_f32 {
             super::Finish::Trimmed { f } => (f, N - f, 1.0 / (N - 2 * f) as f64),
         };
         let scale = _mm256_set1_pd(scale);
+        // Every coordinate is written, the first non-finite one remembered.
+        let mut first_bad = None;
         let mut start = 0;
         while start < width {
             let lanes = (width - start).min(8);
@@ -669,12 +778,12 @@ mod avx2_f32 {
                 Ok(full) => *full = values,
                 Err(_) => dst.copy_from_slice(&values[..lanes]),
             }
-            if bad != 0 {
-                return Err(start + bad.trailing_zeros() as usize);
+            if bad != 0 && first_bad.is_none() {
+                first_bad = Some(start + bad.trailing_zeros() as usize);
             }
             start += lanes;
         }
-        Ok(())
+        first_bad.map_or(Ok(()), Err)
     }
 }
 
@@ -766,6 +875,62 @@ mod avx512_f32 {
         }};
     }
 
+    /// [`super::mean_in_order`] on `out.len()` coordinates from `base`: the offset in `out`
+    /// of the first non-finite result.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn mean_in_order(
+        inputs: &[&[u32]],
+        base: usize,
+        out: &mut [f32],
+    ) -> Result<(), usize> {
+        let width = out.len();
+        let exponent = _mm512_set1_epi32(0x7f80_0000);
+        let scale = _mm512_set1_pd(1.0 / inputs.len() as f64);
+        // Every coordinate is written, the first non-finite one remembered.
+        let mut first_bad = None;
+        let mut start = 0;
+        while start < width {
+            let lanes = (width - start).min(16);
+            let mask: u16 = if lanes == 16 {
+                u16::MAX
+            } else {
+                (1u16 << lanes) - 1
+            };
+            let at = base + start;
+            let (mut a0, mut a1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+            for row in inputs {
+                if at + AHEAD < row.len() {
+                    // SAFETY: in bounds (checked); a prefetch never faults anyway.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + AHEAD).cast()) };
+                }
+                let src = &row[at..at + lanes];
+                // SAFETY: the mask covers `lanes` elements of `src`, all in bounds.
+                let x = unsafe { _mm512_maskz_loadu_epi32(mask, src.as_ptr().cast()) };
+                let x: __m512 = _mm512_castsi512_ps(x);
+                a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+                a1 = _mm512_add_pd(
+                    a1,
+                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                        _mm512_castps_pd(x),
+                    ))),
+                );
+            }
+            let result = narrow!(_mm512_mul_pd(a0, scale), _mm512_mul_pd(a1, scale));
+            let bad = _mm512_cmpeq_epi32_mask(
+                _mm512_and_si512(_mm512_castps_si512(result), exponent),
+                exponent,
+            ) & mask;
+            let dst = &mut out[start..start + lanes];
+            // SAFETY: the mask covers `lanes` elements of `dst`, all in bounds.
+            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, result) };
+            if bad != 0 && first_bad.is_none() {
+                first_bad = Some(start + bad.trailing_zeros() as usize);
+            }
+            start += lanes;
+        }
+        first_bad.map_or(Ok(()), Err)
+    }
+
     /// `fused_n::<N>` for `N` up to `$wires` (16: the network in registers; 32: two halves of
     /// 16 sorted so, then Batcher's odd-even merge, also in registers).
     macro_rules! fused_with {
@@ -786,6 +951,8 @@ mod avx512_f32 {
                     super::Finish::Trimmed { f } => (f, N - f, 1.0 / (N - 2 * f) as f64),
                 };
                 let scale = _mm512_set1_pd(scale);
+                // Every coordinate is written, the first non-finite one remembered.
+                let mut first_bad = None;
                 let mut start = 0;
                 while start < width {
                     let lanes = (width - start).min(16);
@@ -857,12 +1024,12 @@ mod avx512_f32 {
                     let dst = &mut out[start..start + lanes];
                     // SAFETY: the mask covers `lanes` elements of `dst`, all in bounds.
                     unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, result) };
-                    if bad != 0 {
-                        return Err(start + bad.trailing_zeros() as usize);
+                    if bad != 0 && first_bad.is_none() {
+                        first_bad = Some(start + bad.trailing_zeros() as usize);
                     }
                     start += lanes;
                 }
-                Ok(())
+                first_bad.map_or(Ok(()), Err)
             }
         };
     }
@@ -1034,6 +1201,64 @@ mod tests {
                                 }
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Both in-order mean paths against the scalar `acc += x as f64` loop: bitwise, every
+    /// coordinate written, and the first non-finite coordinate named, for counts past the
+    /// sorting paths' 32, tails of every length and several rayon blocks.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn mean_paths_give_bitwise_the_scalar_sum() {
+        let paths: Vec<bool> = [false, true]
+            .into_iter()
+            .filter(|&wide| match wide {
+                true => std::arch::is_x86_feature_detected!("avx512f"),
+                false => std::arch::is_x86_feature_detected!("avx2"),
+            })
+            .collect();
+        if paths.is_empty() {
+            eprintln!("SKIPPED: this CPU has neither AVX2 nor AVX-512");
+            return;
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for n in [1usize, 2, 3, 10, 16, 33, 47] {
+            for d in [1, 7, 16, 17, 31, FUSED_BLOCK + 9, 2 * FUSED_BLOCK + 30] {
+                for poisoned in [false, true] {
+                    let rows: Vec<Vec<f32>> = (0..n)
+                        .map(|_| {
+                            (0..d)
+                                .map(|_| match poisoned && next() % 500 == 0 {
+                                    true => f32::INFINITY,
+                                    false => (next() % 100_001) as f32 * 1.3e-3 - 65.0,
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    let bits: Vec<&[u32]> = rows.iter().map(|r| bytemuck::cast_slice(r)).collect();
+                    let want: Vec<f32> = (0..d)
+                        .map(|c| {
+                            let sum = rows.iter().fold(0.0f64, |a, r| a + r[c] as f64);
+                            (sum * (1.0 / n as f64)) as f32
+                        })
+                        .collect();
+                    let first_bad = want.iter().position(|v| !v.is_finite());
+                    for &wide in &paths {
+                        let mut out = vec![0.0f32; d];
+                        let got = mean_on(&bits, &mut out, wide);
+                        let what = format!("wide {wide} n {n} d {d} poisoned {poisoned}");
+                        assert_eq!(got, first_bad.map_or(Ok(()), Err), "{what}");
+                        let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(as_bits(&out), as_bits(&want), "{what}");
                     }
                 }
             }
