@@ -211,6 +211,20 @@ pub(crate) fn fused<T: Element>(
     }
 }
 
+/// Asks for `row`'s line [`AHEAD`] elements past `at` (nothing past the end).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_ahead(row: &[u32], at: usize) {
+    if let Some(line) = row.get(at + AHEAD) {
+        // SAFETY: a prefetch of an address inside `row` (it never faults anyway).
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                std::ptr::from_ref(line).cast(),
+            )
+        };
+    }
+}
+
 /// The mean of `inputs` in their order, `f32` inputs on a CPU with AVX2: each coordinate's
 /// values summed in `f64` in input order and multiplied by `1 / n`, in registers, 16 (AVX-512)
 /// or 8 (AVX2) coordinates at a time, each input's next line prefetched; bitwise the scalar
@@ -483,8 +497,7 @@ mod avx2_f32 {
         _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32, _mm256_cvtpd_ps,
         _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_max_epi32, _mm256_min_epi32,
         _mm256_movemask_ps, _mm256_mul_pd, _mm256_set1_epi32, _mm256_set1_pd, _mm256_set_m128,
-        _mm256_setzero_pd, _mm256_srai_epi32, _mm256_srli_epi32, _mm256_xor_si256, _mm_prefetch,
-        _MM_HINT_T0,
+        _mm256_setzero_pd, _mm256_srai_epi32, _mm256_srli_epi32, _mm256_xor_si256,
     };
 
     /// Largest `n` taken.
@@ -619,6 +632,38 @@ mod avx2_f32 {
         }};
     }
 
+    /// `lanes` (at most 8) elements of `row` from `at` as the bits of 8 lanes (the rest 0).
+    macro_rules! load8 {
+        ($row:expr, $at:expr, $lanes:expr) => {{
+            let mut bits = [0u32; 8];
+            let src = &$row[$at..$at + $lanes];
+            match <&[u32; 8]>::try_from(src) {
+                Ok(full) => bits = *full,
+                Err(_) => bits[..$lanes].copy_from_slice(src),
+            }
+            bytemuck::cast::<_, __m256i>(bits)
+        }};
+    }
+
+    /// Stores the first `lanes` lanes of `result` at `out[start..]`; the offset in `out` of
+    /// the first of them that is not finite.
+    macro_rules! store8 {
+        ($result:expr, $out:expr, $start:expr, $lanes:expr) => {{
+            let (result, start, lanes) = ($result, $start, $lanes);
+            let exponent = _mm256_set1_epi32(0x7f80_0000);
+            let as_bits = _mm256_castps_si256(result);
+            let bad = _mm256_cmpeq_epi32(_mm256_and_si256(as_bits, exponent), exponent);
+            let bad = (_mm256_movemask_ps(_mm256_castsi256_ps(bad)) as u32) & ((1u32 << lanes) - 1);
+            let values: [f32; 8] = bytemuck::cast(result);
+            let dst = &mut $out[start..start + lanes];
+            match <&mut [f32; 8]>::try_from(&mut *dst) {
+                Ok(full) => *full = values,
+                Err(_) => dst.copy_from_slice(&values[..lanes]),
+            }
+            (bad != 0).then(|| start + bad.trailing_zeros() as usize)
+        }};
+    }
+
     /// [`super::mean_in_order`] on `out.len()` coordinates from `base`: the offset in `out`
     /// of the first non-finite result.
     #[target_feature(enable = "avx2")]
@@ -628,7 +673,6 @@ mod avx2_f32 {
         out: &mut [f32],
     ) -> Result<(), usize> {
         let width = out.len();
-        let exponent = _mm256_set1_epi32(0x7f80_0000);
         let scale = _mm256_set1_pd(1.0 / inputs.len() as f64);
         // Every coordinate is written, the first non-finite one remembered.
         let mut first_bad = None;
@@ -638,19 +682,10 @@ mod avx2_f32 {
             let at = base + start;
             let (mut a0, mut a1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
             for row in inputs {
-                if at.is_multiple_of(16) && at + super::AHEAD < row.len() {
-                    // SAFETY: in bounds (checked); a prefetch never faults anyway.
-                    unsafe {
-                        _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + super::AHEAD).cast())
-                    };
+                if at.is_multiple_of(16) {
+                    super::prefetch_ahead(row, at);
                 }
-                let mut bits = [0u32; 8];
-                let src = &row[at..at + lanes];
-                match <&[u32; 8]>::try_from(src) {
-                    Ok(full) => bits = *full,
-                    Err(_) => bits[..lanes].copy_from_slice(src),
-                }
-                let (x0, x1) = widen!(_mm256_castsi256_ps(bytemuck::cast::<_, __m256i>(bits)));
+                let (x0, x1) = widen!(_mm256_castsi256_ps(load8!(row, at, lanes)));
                 a0 = _mm256_add_pd(a0, x0);
                 a1 = _mm256_add_pd(a1, x1);
             }
@@ -658,18 +693,8 @@ mod avx2_f32 {
                 _mm256_cvtpd_ps(_mm256_mul_pd(a1, scale)),
                 _mm256_cvtpd_ps(_mm256_mul_pd(a0, scale)),
             );
-            let as_bits = _mm256_castps_si256(result);
-            let bad = _mm256_cmpeq_epi32(_mm256_and_si256(as_bits, exponent), exponent);
-            let bad = (_mm256_movemask_ps(_mm256_castsi256_ps(bad)) as u32) & ((1u32 << lanes) - 1);
-            let values: [f32; 8] = bytemuck::cast(result);
-            let dst = &mut out[start..start + lanes];
-            match <&mut [f32; 8]>::try_from(&mut *dst) {
-                Ok(full) => *full = values,
-                Err(_) => dst.copy_from_slice(&values[..lanes]),
-            }
-            if bad != 0 && first_bad.is_none() {
-                first_bad = Some(start + bad.trailing_zeros() as usize);
-            }
+            let bad = store8!(result, out, start, lanes);
+            first_bad = first_bad.or(bad);
             start += lanes;
         }
         first_bad.map_or(Ok(()), Err)
@@ -684,7 +709,6 @@ mod avx2_f32 {
     ) -> Result<(), usize> {
         let width = out.len();
         let top = _mm256_set1_epi32(i32::MAX);
-        let exponent = _mm256_set1_epi32(0x7f80_0000);
         let half = _mm256_set1_pd(0.5);
         let (lo_rank, hi_rank, scale) = match finish {
             super::Finish::Median => (0, 0, 0.0),
@@ -697,24 +721,13 @@ mod avx2_f32 {
         while start < width {
             let lanes = (width - start).min(8);
             if (base + start).is_multiple_of(16) {
-                // Each input's line `AHEAD` elements on, once per line: the hardware
-                // prefetcher alone keeps 16 interleaved streams poorly fed.
-                for row in inputs {
-                    let ahead = base + start + super::AHEAD;
-                    if ahead < row.len() {
-                        // SAFETY: in bounds (checked); a prefetch never faults anyway.
-                        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(ahead).cast()) };
-                    }
-                }
+                // Once per line.
+                inputs
+                    .iter()
+                    .for_each(|row| super::prefetch_ahead(row, base + start));
             }
             let load = |i: usize| -> __m256i {
-                let mut bits = [0u32; 8];
-                let src = &inputs[i][base + start..base + start + lanes];
-                match <&[u32; 8]>::try_from(src) {
-                    Ok(full) => bits = *full,
-                    Err(_) => bits[..lanes].copy_from_slice(src),
-                }
-                let b: __m256i = bytemuck::cast(bits);
+                let b = load8!(inputs[i], base + start, lanes);
                 _mm256_xor_si256(b, _mm256_srli_epi32::<1>(_mm256_srai_epi32::<31>(b)))
             };
             let mut v = [top; 16];
@@ -769,18 +782,8 @@ mod avx2_f32 {
                     )
                 }
             };
-            let as_bits = _mm256_castps_si256(result);
-            let bad = _mm256_cmpeq_epi32(_mm256_and_si256(as_bits, exponent), exponent);
-            let bad = (_mm256_movemask_ps(_mm256_castsi256_ps(bad)) as u32) & ((1u32 << lanes) - 1);
-            let values: [f32; 8] = bytemuck::cast(result);
-            let dst = &mut out[start..start + lanes];
-            match <&mut [f32; 8]>::try_from(&mut *dst) {
-                Ok(full) => *full = values,
-                Err(_) => dst.copy_from_slice(&values[..lanes]),
-            }
-            if bad != 0 && first_bad.is_none() {
-                first_bad = Some(start + bad.trailing_zeros() as usize);
-            }
+            let bad = store8!(result, out, start, lanes);
+            first_bad = first_bad.or(bad);
             start += lanes;
         }
         first_bad.map_or(Ok(()), Err)
@@ -800,10 +803,8 @@ mod avx512_f32 {
         _mm512_cvtps_pd, _mm512_extractf64x4_pd, _mm512_insertf64x4, _mm512_mask_storeu_ps,
         _mm512_maskz_loadu_epi32, _mm512_max_epi32, _mm512_min_epi32, _mm512_mul_pd,
         _mm512_set1_epi32, _mm512_set1_pd, _mm512_setzero_pd, _mm512_srai_epi32, _mm512_srli_epi32,
-        _mm512_xor_si512, _mm_prefetch, _MM_HINT_T0,
+        _mm512_xor_si512,
     };
-
-    use super::AHEAD;
 
     /// [`super::fused`] on `out.len()` coordinates from `base` (`n = inputs.len()` in
     /// `1..=16`, `2f < n`): the offset in `out` of the first non-finite result.
@@ -875,6 +876,42 @@ mod avx512_f32 {
         }};
     }
 
+    /// The mask of the first `lanes` (at most 16) lanes.
+    fn lanes_mask(lanes: usize) -> u16 {
+        if lanes == 16 {
+            u16::MAX
+        } else {
+            (1u16 << lanes) - 1
+        }
+    }
+
+    /// `lanes` (at most 16, `mask` their mask) elements of `row` from `at`, as bits; the
+    /// masked-off lanes are 0.
+    macro_rules! load16 {
+        ($row:expr, $at:expr, $mask:expr, $lanes:expr) => {{
+            let src = &$row[$at..$at + $lanes];
+            // SAFETY: the mask covers exactly the elements of `src`.
+            unsafe { _mm512_maskz_loadu_epi32($mask, src.as_ptr().cast()) }
+        }};
+    }
+
+    /// Stores the `lanes` masked lanes of `result` at `out[start..]`; the offset in `out` of
+    /// the first of them that is not finite.
+    macro_rules! store16 {
+        ($result:expr, $out:expr, $start:expr, $mask:expr, $lanes:expr) => {{
+            let (result, start, mask) = ($result, $start, $mask);
+            let exponent = _mm512_set1_epi32(0x7f80_0000);
+            let bad = _mm512_cmpeq_epi32_mask(
+                _mm512_and_si512(_mm512_castps_si512(result), exponent),
+                exponent,
+            ) & mask;
+            let dst = &mut $out[start..start + $lanes];
+            // SAFETY: the mask covers exactly the elements of `dst`.
+            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, result) };
+            (bad != 0).then(|| start + bad.trailing_zeros() as usize)
+        }};
+    }
+
     /// [`super::mean_in_order`] on `out.len()` coordinates from `base`: the offset in `out`
     /// of the first non-finite result.
     #[target_feature(enable = "avx512f")]
@@ -884,29 +921,18 @@ mod avx512_f32 {
         out: &mut [f32],
     ) -> Result<(), usize> {
         let width = out.len();
-        let exponent = _mm512_set1_epi32(0x7f80_0000);
         let scale = _mm512_set1_pd(1.0 / inputs.len() as f64);
         // Every coordinate is written, the first non-finite one remembered.
         let mut first_bad = None;
         let mut start = 0;
         while start < width {
             let lanes = (width - start).min(16);
-            let mask: u16 = if lanes == 16 {
-                u16::MAX
-            } else {
-                (1u16 << lanes) - 1
-            };
+            let mask = lanes_mask(lanes);
             let at = base + start;
             let (mut a0, mut a1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
             for row in inputs {
-                if at + AHEAD < row.len() {
-                    // SAFETY: in bounds (checked); a prefetch never faults anyway.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + AHEAD).cast()) };
-                }
-                let src = &row[at..at + lanes];
-                // SAFETY: the mask covers `lanes` elements of `src`, all in bounds.
-                let x = unsafe { _mm512_maskz_loadu_epi32(mask, src.as_ptr().cast()) };
-                let x: __m512 = _mm512_castsi512_ps(x);
+                super::prefetch_ahead(row, at);
+                let x: __m512 = _mm512_castsi512_ps(load16!(row, at, mask, lanes));
                 a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
                 a1 = _mm512_add_pd(
                     a1,
@@ -916,16 +942,7 @@ mod avx512_f32 {
                 );
             }
             let result = narrow!(_mm512_mul_pd(a0, scale), _mm512_mul_pd(a1, scale));
-            let bad = _mm512_cmpeq_epi32_mask(
-                _mm512_and_si512(_mm512_castps_si512(result), exponent),
-                exponent,
-            ) & mask;
-            let dst = &mut out[start..start + lanes];
-            // SAFETY: the mask covers `lanes` elements of `dst`, all in bounds.
-            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, result) };
-            if bad != 0 && first_bad.is_none() {
-                first_bad = Some(start + bad.trailing_zeros() as usize);
-            }
+            first_bad = first_bad.or(store16!(result, out, start, mask, lanes));
             start += lanes;
         }
         first_bad.map_or(Ok(()), Err)
@@ -944,7 +961,6 @@ mod avx512_f32 {
             ) -> Result<(), usize> {
                 let width = out.len();
                 let top = _mm512_set1_epi32(i32::MAX);
-                let exponent = _mm512_set1_epi32(0x7f80_0000);
                 let half = _mm512_set1_pd(0.5);
                 let (lo_rank, hi_rank, scale) = match finish {
                     super::Finish::Median => (0, 0, 0.0),
@@ -956,30 +972,14 @@ mod avx512_f32 {
                 let mut start = 0;
                 while start < width {
                     let lanes = (width - start).min(16);
-                    let mask: u16 = if lanes == 16 {
-                        u16::MAX
-                    } else {
-                        (1u16 << lanes) - 1
-                    };
+                    let mask = lanes_mask(lanes);
                     let at = base + start;
                     let mut v = [top; $wires];
                     macro_rules! load {
                         ($i:literal) => {
                             if $i < N {
-                                let row = inputs[$i];
-                                if at + AHEAD < row.len() {
-                                    // SAFETY: in bounds (checked); a prefetch never faults anyway.
-                                    unsafe {
-                                        _mm_prefetch::<_MM_HINT_T0>(
-                                            row.as_ptr().add(at + AHEAD).cast(),
-                                        )
-                                    };
-                                }
-                                let src = &row[at..at + lanes];
-                                // SAFETY: the mask covers `lanes` elements of `src`, all in bounds.
-                                let bits =
-                                    unsafe { _mm512_maskz_loadu_epi32(mask, src.as_ptr().cast()) };
-                                v[$i] = flip!(bits);
+                                super::prefetch_ahead(inputs[$i], at);
+                                v[$i] = flip!(load16!(inputs[$i], at, mask, lanes));
                             }
                         };
                     }
@@ -1017,16 +1017,7 @@ mod avx512_f32 {
                             narrow!(_mm512_mul_pd(a0, scale), _mm512_mul_pd(a1, scale))
                         }
                     };
-                    let bad = _mm512_cmpeq_epi32_mask(
-                        _mm512_and_si512(_mm512_castps_si512(result), exponent),
-                        exponent,
-                    ) & mask;
-                    let dst = &mut out[start..start + lanes];
-                    // SAFETY: the mask covers `lanes` elements of `dst`, all in bounds.
-                    unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, result) };
-                    if bad != 0 && first_bad.is_none() {
-                        first_bad = Some(start + bad.trailing_zeros() as usize);
-                    }
+                    first_bad = first_bad.or(store16!(result, out, start, mask, lanes));
                     start += lanes;
                 }
                 first_bad.map_or(Ok(()), Err)
