@@ -294,8 +294,19 @@ mod tests {
             enforce(Shape::Gather, 64, 4),
             Err(Error::Unsupported(_))
         ));
+        // Sharded: one tree per owned shard (r = 2f + 1 of them), so the bound comes sooner.
+        assert!(enforce(Shape::Sharded(Replicas::Tolerant), 7, 2).is_ok());
+        assert!(enforce(Shape::Gather, 128, 2).is_ok());
         assert!(matches!(
-            enforce(Shape::Sharded(Replicas::Tolerant), 7, 2),
+            enforce(Shape::Sharded(Replicas::Tolerant), 128, 2),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(
+            enforce(Shape::Sharded(Replicas::Exactly(1)), 3, 1),
+            Err(Error::InvalidUsage(_))
+        ));
+        assert!(matches!(
+            enforce(Shape::ReduceScatter(Replicas::Tolerant), 7, 2),
             Err(Error::Unsupported(_))
         ));
         assert!(check_agreement(Agreement::Detect, Shape::Gather, 3, 1).is_ok());

@@ -328,10 +328,12 @@ pub struct Round<'r, B> {
     check: Option<(Check, Vec<Bytes>)>,
     /// Bytes of input the rules read since the last [`Round::take_work`].
     work: std::cell::Cell<u64>,
-    /// [`Agreement::Enforce`]: the inputs received in the gather step (by sender; the agreed
-    /// ones after the recovery step), the echo tree, and its decisions.
+    /// [`Agreement::Enforce`]: what the ranks agree on, by *slot* `k·n + j`: in gather mode
+    /// (`k = 0`) rank `j`'s input, in sharded mode owner `j`'s result for its `k`-th owned
+    /// shard. The messages received (the agreed ones after the recovery step), one echo tree
+    /// per `k`, and the decisions.
     held: Vec<Option<B>>,
-    echo: Option<eig::Eig>,
+    echo: Vec<eig::Eig>,
     agreed: Vec<Option<Digest>>,
     /// Senders of which the echo carried two different inputs (named in the report's
     /// `differing_inputs`).
@@ -377,7 +379,7 @@ impl<'r, B> Round<'r, B> {
             warnings: Vec::new(),
             work: std::cell::Cell::new(0),
             held: Vec::new(),
-            echo: None,
+            echo: Vec::new(),
             agreed: Vec::new(),
             echo_differs: Vec::new(),
         };
@@ -445,9 +447,10 @@ impl<'r, B> Round<'r, B> {
         std::mem::take(&mut self.warnings)
     }
 
-    /// The input this rank received from rank `j` in the gather step, while the round holds
-    /// it ([`Agreement::Enforce`]; what [`Msg::Forward`] sends).
-    pub fn held(&self, j: Rank) -> Option<&B> {
+    /// The message this rank received for slot `j` while the round holds it
+    /// ([`Agreement::Enforce`]; what [`Msg::Forward`] sends): rank `j`'s input in gather mode;
+    /// in sharded mode, for `j = k·n + o`, owner `o`'s result for its `k`-th owned shard.
+    pub fn held(&self, j: usize) -> Option<&B> {
         self.held.get(j)?.as_ref()
     }
 
@@ -593,7 +596,7 @@ impl<'r, B> Round<'r, B> {
                 })
                 .collect();
             self.held = got;
-            self.echo = Some(eig::Eig::new(n, self.rule.byzantine(), me, direct));
+            self.echo = vec![eig::Eig::new(n, self.rule.byzantine(), me, direct)];
             return self.post_echo();
         }
         let ranks: Vec<Rank> = (0..n).filter(|&p| p == me || got[p].is_some()).collect();
@@ -653,11 +656,19 @@ impl<'r, B> Round<'r, B> {
     /// be a timeout later per step (a Byzantine sender silent towards some ranks only).
     fn post_echo(&mut self) {
         let (me, n) = (self.spec.me, self.spec.n);
-        let echo = self.echo.as_ref().expect("the echo runs");
-        if echo.relays_left() == 0 {
+        let echo = &self.echo;
+        if echo.first().is_none_or(|e| e.relays_left() == 0) {
             return self.post_recovery();
         }
-        let (bytes, len) = (echo.relay(), echo.relay_len());
+        // One relay per tree, back to back (each tree's relays have a fixed length).
+        let (bytes, len) = match &echo[..] {
+            [one] => (one.relay(), one.relay_len()),
+            trees => {
+                let all: Vec<u8> = trees.iter().flat_map(|t| t.relay().to_vec()).collect();
+                let len = all.len();
+                (Bytes::from(all), len)
+            }
+        };
         let sends = schedule::direct_peers(me, n)
             .map(|peer| Send {
                 peer,
@@ -687,19 +698,36 @@ impl<'r, B> Round<'r, B> {
                 kept.push((op.peer, b));
             }
         }
-        let echo = self.echo.as_mut().expect("the echo runs");
         let hosts: Vec<(Rank, Cow<'_, [u8]>)> =
             kept.iter().map(|(p, b)| (*p, plane.host(b))).collect();
-        let mut relays: Vec<Option<&[u8]>> = vec![None; n];
+        let lens: Vec<usize> = self.echo.iter().map(eig::Eig::relay_len).collect();
+        // relays[t][p]: rank p's relay for tree t.
+        let mut relays: Vec<Vec<Option<&[u8]>>> = vec![vec![None; n]; self.echo.len()];
         let mut malformed = Vec::new();
         for (p, bytes) in &hosts {
-            if echo.valid(bytes) {
-                relays[*p] = Some(bytes);
+            let mut parts = Vec::with_capacity(lens.len());
+            let mut rest: &[u8] = bytes;
+            for &len in &lens {
+                if rest.len() < len {
+                    break;
+                }
+                let (part, tail) = rest.split_at(len);
+                parts.push(part);
+                rest = tail;
+            }
+            let whole = parts.len() == lens.len() && rest.is_empty();
+            if whole && self.echo.iter().zip(&parts).all(|(t, part)| t.valid(part)) {
+                for (t, part) in parts.into_iter().enumerate() {
+                    relays[t][*p] = Some(part);
+                }
             } else {
                 malformed.push(*p);
             }
         }
-        echo.receive(&relays);
+        for (tree, relays) in self.echo.iter_mut().zip(&relays) {
+            tree.receive(relays);
+        }
+        drop(relays);
         drop(hosts);
         for p in malformed {
             self.add_fault(p, Fault::Malformed("not a relay of the echo".into()));
@@ -707,75 +735,91 @@ impl<'r, B> Round<'r, B> {
         self.post_echo()
     }
 
-    /// Every rank's input is now decided alike ([`eig::Eig::decide`]). A rank that went
-    /// without the decided input of sender `j` waits for it (tag `j`) from the first `f + 1`
-    /// ranks that said, in the first relay, that they got it (its *claimants*); at least one
-    /// of them is honest and holds it. A holder passes it on to each rank that said it got
-    /// something else when it is among the first `2f + 1` claimants as it sees them: the
-    /// honest ones among a receiver's first `f + 1` always are (their views differ only in
-    /// what the `f` Byzantine ranks claimed), so no receiver holds more than `f + 1` copies.
+    /// Every slot is now decided alike ([`eig::Eig::decide`]): in gather mode every rank's
+    /// input, in sharded mode every owner's result for each of its shards. A rank that went
+    /// without the decided message of slot `k·n + j` (sender `j`) waits for it (the slot is
+    /// the tag) from the first `f + 1` ranks that said, in the first relay, that they got it
+    /// (its *claimants*); at least one of them is honest and holds it. A holder passes it on
+    /// to each rank that said it got something else when it is among the first `2f + 1`
+    /// claimants as it sees them: the honest ones among a receiver's first `f + 1` always are
+    /// (their views differ only in what the `f` Byzantine ranks claimed), so no receiver holds
+    /// more than `f + 1` copies.
     fn post_recovery(&mut self) {
-        let (me, n, len) = (self.spec.me, self.spec.n, self.bytes(self.spec.d));
+        let (me, n) = (self.spec.me, self.spec.n);
         let f = self.rule.byzantine();
-        let echo = self.echo.as_ref().expect("the echo runs");
-        let agreed = echo.decide();
-        let holds = |j: Rank| agreed[j].is_some() && echo.direct(j) == agreed[j];
-        // The ranks other than `j` that got `j`'s decided input, as this rank sees them.
-        let claimants = |j: Rank| -> Vec<Rank> {
-            (0..n)
-                .filter(|&i| i != j)
-                .filter(|&i| {
-                    if i == me {
-                        holds(j)
-                    } else {
-                        echo.reported(i, j) == agreed[j]
-                    }
-                })
-                .collect()
-        };
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
-        if f > 0 {
-            for j in (0..n).filter(|&j| j != me && holds(j)) {
-                if !claimants(j).iter().take(2 * f + 1).any(|&i| i == me) {
-                    continue;
+        let mut agreed_all = Vec::with_capacity(self.echo.len() * n);
+        let mut differs = vec![false; n];
+        for (k, echo) in self.echo.iter().enumerate() {
+            let agreed = echo.decide();
+            let holds = |j: Rank| agreed[j].is_some() && echo.direct(j) == agreed[j];
+            // The ranks other than `j` that got `j`'s decided message, as this rank sees them.
+            let claimants = |j: Rank| -> Vec<Rank> {
+                (0..n)
+                    .filter(|&i| i != j)
+                    .filter(|&i| {
+                        if i == me {
+                            holds(j)
+                        } else {
+                            echo.reported(i, j) == agreed[j]
+                        }
+                    })
+                    .collect()
+            };
+            if f > 0 {
+                for j in (0..n).filter(|&j| j != me && holds(j)) {
+                    if !claimants(j).iter().take(2 * f + 1).any(|&i| i == me) {
+                        continue;
+                    }
+                    for peer in schedule::direct_peers(me, n).filter(|&p| p != j) {
+                        if echo.reported(peer, j) != agreed[j] {
+                            sends.push(Send {
+                                peer,
+                                tag: (k * n + j) as Tag,
+                                msg: Msg::Forward(k * n + j),
+                            });
+                        }
+                    }
                 }
-                for peer in schedule::direct_peers(me, n).filter(|&k| k != j) {
-                    if echo.reported(peer, j) != agreed[j] {
-                        sends.push(Send {
+                for j in (0..n).filter(|&j| j != me && agreed[j].is_some() && !holds(j)) {
+                    let len = self.slot_len(k, j);
+                    for peer in claimants(j).into_iter().take(f + 1) {
+                        recvs.push(RecvOp {
                             peer,
-                            tag: j as Tag,
-                            msg: Msg::Forward(j),
+                            tag: (k * n + j) as Tag,
+                            len,
                         });
                     }
                 }
             }
-            for j in (0..n).filter(|&j| j != me && agreed[j].is_some() && !holds(j)) {
-                for peer in claimants(j).into_iter().take(f + 1) {
-                    recvs.push(RecvOp {
-                        peer,
-                        tag: j as Tag,
-                        len,
-                    });
-                }
-            }
-        }
-        self.echo_differs = (0..n)
-            .filter(|&j| {
+            for (j, differs) in differs.iter_mut().enumerate() {
                 let mut told = std::iter::once(echo.direct(j))
                     .chain(
                         (0..n)
-                            .filter(|&k| k != j && k != me)
-                            .map(|k| echo.reported(k, j)),
+                            .filter(|&p| p != j && p != me)
+                            .map(|p| echo.reported(p, j)),
                     )
                     .flatten();
-                told.next()
-                    .is_some_and(|first| told.any(|other| other != first))
-            })
-            .collect();
-        self.agreed = agreed;
+                *differs |= told
+                    .next()
+                    .is_some_and(|first| told.any(|other| other != first));
+            }
+            agreed_all.extend(agreed);
+        }
+        self.echo_differs = (0..n).filter(|&j| differs[j]).collect();
+        self.agreed = agreed_all;
         let stretch = self.steps + 1;
         self.post_stretched(Phase::Recover, "enforce_recover", sends, recvs, stretch);
+    }
+
+    /// The length of slot `k·n + j`'s message: a whole input (gather), or owner `j`'s `k`-th
+    /// owned shard.
+    fn slot_len(&self, k: usize, j: Rank) -> usize {
+        match self.spec.shape {
+            Shape::Gather => self.bytes(self.spec.d),
+            _ => self.bytes(self.shard((j + self.spec.n - k) % self.spec.n).len()),
+        }
     }
 
     fn recovered<P: Plane<Buf = B>>(
@@ -785,36 +829,48 @@ impl<'r, B> Round<'r, B> {
         outcomes: Vec<Arrival<B>>,
     ) {
         let (me, n) = (self.spec.me, self.spec.n);
-        let echo = self.echo.take().expect("the echo ran");
+        let echo = std::mem::take(&mut self.echo);
         let agreed = std::mem::take(&mut self.agreed);
         let mut held = std::mem::take(&mut self.held);
-        for j in 0..n {
-            if echo.direct(j) != agreed[j] {
-                held[j] = None;
-                if agreed[j].is_some() && j != me {
+        let what = match self.spec.shape {
+            Shape::Gather => "input",
+            _ => "result",
+        };
+        for (slot, agreed) in agreed.iter().enumerate() {
+            let (k, j) = (slot / n, slot % n);
+            if echo[k].direct(j) != *agreed {
+                held[slot] = None;
+                if agreed.is_some() && j != me {
                     self.warnings.push(format!(
-                        "rank {j} sent this rank another input than the ranks agreed on; \
+                        "rank {j} sent this rank another {what} than the ranks agreed on; \
                          recovering the agreed one"
                     ));
                 }
             }
         }
         for (op, a) in plan.recvs.iter().zip(outcomes) {
-            let j = op.tag as Rank;
-            if held[j].is_some() {
+            let slot = op.tag as usize;
+            if held[slot].is_some() {
                 continue;
             }
             if let Arrival::Received(b) = a {
-                if Some(plane.commitment(Src::Got(&b))) == agreed[j] {
-                    held[j] = Some(b);
+                if Some(plane.commitment(Src::Got(&b))) == agreed[slot] {
+                    held[slot] = Some(b);
                 } else {
                     self.add_fault(
                         op.peer,
-                        Fault::Malformed(format!("forwarded another input as rank {j}'s")),
+                        Fault::Malformed(format!(
+                            "forwarded another {what} as rank {}'s",
+                            slot % n
+                        )),
                     );
                 }
             }
         }
+        if self.spec.shape != Shape::Gather {
+            return self.combine_agreed(plane, &echo, &agreed, held);
+        }
+        let echo = &echo[0];
         let mut ranks = Vec::new();
         for j in 0..n {
             let usable = agreed[j].is_some()
@@ -1183,6 +1239,9 @@ impl<'r, B> Round<'r, B> {
         plan: &StepPlan,
         outcomes: Vec<Arrival<B>>,
     ) {
+        if self.spec.agreement == Agreement::Enforce {
+            return self.versions_to_echo(plane, plan, outcomes);
+        }
         let (me, n, r) = (self.spec.me, self.spec.n, self.r);
         let owned = self.owned();
         let mut versions: Vec<Vec<(Rank, Src<'_, B>)>> = (0..n).map(|_| Vec::new()).collect();
@@ -1222,23 +1281,47 @@ impl<'r, B> Round<'r, B> {
                 }
             }
         }
+        let (lost, combined) = self.combine_versions(plane, &mut versions);
+        drop(versions);
+        drop(outcomes);
+        for (rank, fault) in faults {
+            self.add_fault(rank, fault);
+        }
+        for (at, d) in digests {
+            self.seen.versions[at] = Some(d);
+        }
+        self.report.peak_bytes = peak;
+        self.end_versions(plane, lost, combined);
+    }
+
+    /// The median of each taken shard's `versions` (owner order) into the output: the first
+    /// shard without any version, or the first failure.
+    fn combine_versions<P: Plane<Buf = B>>(
+        &self,
+        plane: &mut P,
+        versions: &mut [Vec<(Rank, Src<'_, B>)>],
+    ) -> (Option<usize>, Result<(), Error>) {
+        let me = self.spec.me;
         let taken = |s: usize| !self.shard(s).is_empty() && self.takes(me, s);
-        let lost = (0..n).find(|&s| taken(s) && versions[s].is_empty());
-        let mut combined = Ok(());
-        if lost.is_none() {
-            for (s, vs) in versions.iter_mut().enumerate() {
-                if !taken(s) {
-                    continue;
-                }
-                vs.sort_by_key(|(o, _)| *o);
-                let range = self.shard(s);
-                let srcs: Vec<Src<'_, B>> = vs.iter().map(|(_, src)| src.clone()).collect();
-                if srcs.len() > 1 {
-                    self.charge(srcs.len() * self.bytes(range.len()));
-                }
-                let start = range.start;
-                if let Err(e) = plane.combine(s, range, &srcs) {
-                    combined = Err(match e {
+        let lost = (0..versions.len()).find(|&s| taken(s) && versions[s].is_empty());
+        if lost.is_some() {
+            return (lost, Ok(()));
+        }
+        for (s, vs) in versions.iter_mut().enumerate() {
+            if !taken(s) {
+                continue;
+            }
+            vs.sort_by_key(|(o, _)| *o);
+            let range = self.shard(s);
+            let srcs: Vec<Src<'_, B>> = vs.iter().map(|(_, src)| src.clone()).collect();
+            if srcs.len() > 1 {
+                self.charge(srcs.len() * self.bytes(range.len()));
+            }
+            let start = range.start;
+            if let Err(e) = plane.combine(s, range, &srcs) {
+                return (
+                    None,
+                    Err(match e {
                         AggError::NonFiniteResult { f, coordinate, .. } => {
                             Error::Aggregation(AggError::NonFiniteResult {
                                 rule: format!(
@@ -1250,20 +1333,22 @@ impl<'r, B> Round<'r, B> {
                             })
                         }
                         other => Error::Aggregation(other),
-                    });
-                    break;
-                }
+                    }),
+                );
             }
         }
-        drop(versions);
-        drop(outcomes);
-        for (rank, fault) in faults {
-            self.add_fault(rank, fault);
-        }
-        for (at, d) in digests {
-            self.seen.versions[at] = Some(d);
-        }
-        self.report.peak_bytes = peak;
+        (None, Ok(()))
+    }
+
+    /// The end of the versions (a lost shard or a failed median fails the round), then the
+    /// cross-check.
+    fn end_versions<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        lost: Option<usize>,
+        combined: Result<(), Error>,
+    ) {
+        let (n, r) = (self.spec.n, self.r);
         if let Some(s) = lost {
             let faults = self.report.faults.clone();
             return self.fail(Error::ShardLost {
@@ -1281,6 +1366,121 @@ impl<'r, B> Round<'r, B> {
             _ => Some(plane.result_digest()),
         };
         self.post_check(digest);
+    }
+
+    /// [`Agreement::Enforce`] in sharded mode: the owners' results are held, one echo tree per
+    /// owned-shard position `k` decides every owner's `k`-th result alike (slot `k·n + o`),
+    /// and the recovery step brings each rank the agreed ones it lacks
+    /// ([`Round::combine_agreed`] then takes the median of exactly those).
+    fn versions_to_echo<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let f = self.rule.byzantine();
+        let mut held: Vec<Option<B>> = (0..r * n).map(|_| None).collect();
+        let mut version_bytes = 0;
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            self.arrival_fault(op.peer, &a);
+            if let Arrival::Received(b) = a {
+                version_bytes += op.len;
+                held[owned_index(op.peer, op.tag as usize, n) * n + op.peer] = Some(b);
+            }
+        }
+        let results_bytes: usize = self
+            .owned()
+            .iter()
+            .map(|&s| self.bytes(self.shard(s).len()))
+            .sum();
+        let phase1 = self.bytes(self.spec.d) + self.received_bytes + results_bytes;
+        self.report.peak_bytes = phase1.max(results_bytes + version_bytes);
+        let echo = (0..r)
+            .map(|k| {
+                let direct = (0..n)
+                    .map(|o| match o == me {
+                        true => (!self.no_result[k]).then(|| plane.commitment(Src::Owned(k))),
+                        false => held[k * n + o]
+                            .as_ref()
+                            .map(|b| plane.commitment(Src::Got(b))),
+                    })
+                    .collect();
+                eig::Eig::new(n, f, me, direct)
+            })
+            .collect();
+        self.held = held;
+        self.echo = echo;
+        self.post_echo();
+    }
+
+    /// [`Agreement::Enforce`] in sharded mode, after the recovery: each shard's median over
+    /// the agreed versions only, the same on every honest rank. An owner whose result the
+    /// ranks agreed on no value of, or whose agreed result could not be recovered, is at
+    /// fault and left out of that shard everywhere; so is this rank's own result when the
+    /// others agreed it did not reach them ([`RoundReport::erased_self`]).
+    fn combine_agreed<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        echo: &[eig::Eig],
+        agreed: &[Option<Digest>],
+        held: Vec<Option<B>>,
+    ) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let mut versions: Vec<Vec<(Rank, Src<'_, B>)>> = (0..n).map(|_| Vec::new()).collect();
+        let mut digests = Vec::new();
+        let mut erased: Vec<(Rank, String)> = Vec::new();
+        for (s, vs) in versions.iter_mut().enumerate() {
+            for (pos, o) in sharded::owners(s, n, r).enumerate() {
+                let k = owned_index(o, s, n);
+                let slot = k * n + o;
+                let src = match (&held[slot], agreed[slot]) {
+                    (Some(b), Some(_)) => Some(Src::Got(b)),
+                    (None, Some(_)) if o == me && echo[k].direct(me) == agreed[slot] => {
+                        Some(Src::Owned(k))
+                    }
+                    _ => None,
+                };
+                match src {
+                    Some(src) => {
+                        vs.push((o, src));
+                        if self.detect() {
+                            digests.push((s * r + pos, agreed[slot]));
+                        }
+                    }
+                    None if o != me => erased.push((
+                        o,
+                        match agreed[slot] {
+                            None => format!(
+                                "the ranks' echo agreed on no result of it for shard {s} \
+                                 (silent or equivocating)"
+                            ),
+                            Some(_) => {
+                                format!("its agreed result for shard {s} could not be recovered")
+                            }
+                        },
+                    )),
+                    None if echo[k].direct(me).is_some() => {
+                        self.report.erased_self = true;
+                        self.warnings.push(format!(
+                            "the ranks agreed that this rank's own result for shard {s} did \
+                             not reach them in time; it is left out, as they left it out"
+                        ));
+                    }
+                    None => {}
+                }
+            }
+        }
+        let (lost, combined) = self.combine_versions(plane, &mut versions);
+        drop(versions);
+        drop(held);
+        for (rank, why) in erased {
+            self.add_fault(rank, Fault::Malformed(why));
+        }
+        for (at, d) in digests {
+            self.seen.versions[at] = d;
+        }
+        self.end_versions(plane, lost, combined);
     }
 
     // ---- the cross-check ---------------------------------------------------------------
@@ -1402,24 +1602,31 @@ pub fn check_agreement(
     if agreement != Agreement::Enforce {
         return Ok(());
     }
-    if shape != Shape::Gather {
-        return Err(Error::Unsupported(
-            "Agreement::Enforce runs in gather mode (Policy::Gather) only; sharded rounds and \
-             reduce-scatter run Agreement::Detect"
-                .into(),
-        ));
-    }
+    // One echo tree per value each rank contributes: its input, or its result for each of
+    // its `r` owned shards (a bad count is the round's own error, reported there).
+    let trees = match shape {
+        Shape::Gather => 1,
+        Shape::Sharded(replicas) => replicas_checked(replicas, f, n).unwrap_or(1),
+        Shape::ReduceScatter(_) => {
+            return Err(Error::Unsupported(
+                "Agreement::Enforce in a reduce-scatter: each rank takes a shard of its own, \
+                 so there is no common result to agree on; reduce-scatter runs \
+                 Agreement::Detect"
+                    .into(),
+            ))
+        }
+    };
     if n <= 3 * f {
         return Err(Error::InvalidUsage(format!(
             "Agreement::Enforce needs n > 3f: {n} ranks cannot agree despite {f} Byzantine ones"
         )));
     }
-    match echo_nodes(n, f) {
-        Some(nodes) if nodes <= MAX_ECHO_NODES => Ok(()),
+    match echo_nodes(n, f).and_then(|t| t.checked_mul(trees)) {
+        Some(nodes) if nodes <= MAX_ECHO_NODES && trees * n <= Tag::MAX as usize => Ok(()),
         _ => Err(Error::Unsupported(format!(
-            "Agreement::Enforce's echo for {n} ranks and f = {f} needs f + 1 = {} relay levels \
-             of up to n^{} digests, past the bound of {MAX_ECHO_NODES} nodes; use \
-             Agreement::Detect or a smaller f",
+            "Agreement::Enforce's echo for {n} ranks and f = {f} needs {trees} tree(s) of \
+             f + 1 = {} relay levels of up to n^{} digests, past the bound of \
+             {MAX_ECHO_NODES} nodes; use Agreement::Detect or a smaller f",
             f + 1,
             f + 1
         ))),

@@ -53,6 +53,7 @@ macro_rules! conformance_suite {
             a_stalled_rank_that_resumes_never_returns_another_result_as_success,
             an_equivocating_sender_is_agreed_on_under_enforce,
             a_stalled_rank_that_resumes_under_enforce_is_never_split,
+            byzantine_owners_and_senders_are_agreed_on_under_enforce_in_sharded_mode,
             robust_reduce_scatter_gives_each_rank_its_shard_of_the_all_reduce,
             an_equivocating_sender_is_named_in_a_reduce_scatter,
             a_stalled_rank_that_resumes_is_told_in_a_reduce_scatter,
@@ -1156,6 +1157,8 @@ enum Round {
     /// A reduce-scatter with `2f + 1` owners per shard: the liar sends each owner of each
     /// shard its piece.
     ReduceScatter,
+    /// A sharded all-reduce with `2f + 1` owners per shard: as [`Round::ReduceScatter`].
+    Sharded,
 }
 
 /// One round of `Median::new(f)` on every rank but the last, which is a raw transport that
@@ -1195,7 +1198,7 @@ where
                     payload: piece(dest, d),
                 })
                 .collect(),
-            Round::ReduceScatter => {
+            Round::ReduceScatter | Round::Sharded => {
                 byzcoll_runtime::schedule::sharded::scatter_sends(n - 1, n, 2 * f + 1)
                     .into_iter()
                     .map(|(owner, s)| SendOp {
@@ -1224,6 +1227,10 @@ where
         match round {
             Round::Gather => c
                 .robust_all_reduce(&mut v, &Median::new(f), Policy::Gather)
+                .await
+                .map(|report| (report, v)),
+            Round::Sharded => c
+                .robust_all_reduce(&mut v, &Median::new(f), Policy::Sharded(Replicas::Tolerant))
                 .await
                 .map(|report| (report, v)),
             Round::ReduceScatter => {
@@ -1360,6 +1367,128 @@ where
             assert_eq!(found.differing_inputs, [n - 1], "rank {me}");
             assert!(report.faults.iter().any(|p| p.rank == n - 1), "rank {me}");
         }
+    }
+}
+
+/// `Agreement::Enforce` in sharded mode (n = 7, f = 2).
+///
+/// 1. Honest worlds with `r = 2f + 1` owners per shard give bitwise the `Detect` result.
+/// 2. Result equivocation with `r = 3` owners per shard: rank 5 sends every rank 1000 for
+///    its shards, and rank 6 sends even ranks 1000 and odd ranks -1000, so shard 5 (owners
+///    5, 6, 0) has the median 1000 on even ranks and rank 0's value on odd ones: under
+///    `Detect` the honest ranks split (and are told so). Under `Enforce` the echo decides
+///    every owner's results alike: every honest rank returns `Ok` with bitwise the same
+///    result.
+/// 3. Input equivocation with `r = 2f + 1`: the last rank (a raw transport) gives every owner
+///    of its shards another piece, then stays silent. Every honest rank returns `Ok` with
+///    bitwise the same result and counts the liar at fault.
+pub async fn byzantine_owners_and_senders_are_agreed_on_under_enforce_in_sharded_mode<F, Fut>(
+    factory: F,
+) where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f, d) = (7usize, 2usize, 701usize);
+    let comms_ = comms(factory(n).await, Duration::from_secs(20));
+    let results = run_ranks(comms_, move |mut c| async move {
+        let me = c.rank();
+        let tolerant = Policy::Sharded(Replicas::Tolerant);
+        let mut detect = vector(me, d);
+        c.robust_all_reduce(&mut detect, &Median::new(f), tolerant)
+            .await
+            .unwrap();
+        c.set_agreement(Agreement::Enforce);
+        let mut enforce = vector(me, d);
+        let report = c
+            .robust_all_reduce(&mut enforce, &Median::new(f), tolerant)
+            .await
+            .unwrap();
+        assert_eq!(bits(&enforce), bits(&detect), "rank {me}: honest world");
+        assert!(report.faults.is_empty() && !report.erased_self, "rank {me}");
+        let tamper: Option<OwnerTamper> = match me {
+            5 | 6 => Some(std::sync::Arc::new(
+                move |_s: usize, dest: usize, honest: &[u8]| {
+                    let x: f32 = if me == 6 && dest % 2 == 1 {
+                        -1000.0
+                    } else {
+                        1000.0
+                    };
+                    std::iter::repeat_n(x.to_le_bytes(), honest.len() / 4)
+                        .flatten()
+                        .collect::<Vec<u8>>()
+                        .into()
+                },
+            )),
+            _ => None,
+        };
+        c.inject_owner_fault(tamper);
+        let three = Policy::Sharded(Replicas::Exactly(3));
+        let mut outcomes = Vec::new();
+        for agreement in [Agreement::Detect, Agreement::Enforce] {
+            c.set_agreement(agreement);
+            let mut v = vector(me, d);
+            let done = c.robust_all_reduce(&mut v, &Median::new(f), three).await;
+            outcomes.push(done.map(|report| (report, v)));
+        }
+        (me, outcomes)
+    })
+    .await;
+    let honest: Vec<&(usize, Vec<_>)> = results.iter().filter(|(me, _)| *me < 5).collect();
+    // Detect: the split is real, and no honest rank is left unaware of it.
+    let detect: Vec<&Result<(RoundReport, Vec<f32>), Error>> =
+        honest.iter().map(|(_, o)| &o[0]).collect();
+    let values: Vec<Vec<u32>> = detect
+        .iter()
+        .filter_map(|r| r.as_ref().ok().map(|(_, v)| bits(v)))
+        .collect();
+    assert!(
+        values.len() < honest.len() || values.iter().any(|v| v != &values[0]),
+        "the owners' equivocation must split the honest ranks under Detect"
+    );
+    for (me, outcome) in detect.iter().enumerate() {
+        if let Ok((report, _)) = outcome {
+            let found = report.agreement.as_ref().expect("Detect reports");
+            assert!(
+                !found.disagreeing.is_empty(),
+                "rank {me}: the split is reported"
+            );
+        }
+    }
+    // Enforce: every honest rank the same bits, as success.
+    let enforce: Vec<&(RoundReport, Vec<f32>)> = honest
+        .iter()
+        .map(|(me, o)| o[1].as_ref().unwrap_or_else(|e| panic!("rank {me}: {e}")))
+        .collect();
+    for (me, (report, v)) in enforce.iter().enumerate() {
+        assert_eq!(
+            bits(v),
+            bits(&enforce[0].1),
+            "rank {me}: honest ranks agree bitwise"
+        );
+        let found = report
+            .agreement
+            .as_ref()
+            .expect("Enforce ends with the cross-check");
+        // Only the liars may be out of step (rank 5 combines its own honest results).
+        assert!(
+            found.disagreeing.iter().all(|&r| r >= 5),
+            "rank {me}: {found:?}"
+        );
+    }
+
+    let split = |dest: usize| 100.0 * (dest + 1) as f32;
+    let results =
+        with_an_equivocator(&factory, (n, f), Round::Sharded, Agreement::Enforce, split).await;
+    let first = bits(&results[0].as_ref().expect("rank 0 completes").1);
+    for (me, result) in results.iter().enumerate() {
+        let (report, v) = result.as_ref().unwrap_or_else(|e| panic!("rank {me}: {e}"));
+        assert_eq!(bits(v), first, "rank {me}: honest ranks agree bitwise");
+        let found = report
+            .agreement
+            .as_ref()
+            .expect("Enforce ends with the cross-check");
+        assert!(found.disagreeing.is_empty(), "rank {me}: {found:?}");
+        assert!(report.faults.iter().any(|p| p.rank == n - 1), "rank {me}");
     }
 }
 
