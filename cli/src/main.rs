@@ -564,10 +564,10 @@ struct SimulateArgs {
     equivocate_toward: Option<u64>,
     /// The robust rounds' agreement, as the runtime's `BYZCOLL_AGREEMENT`: detect (the
     /// default: one more step; a rank out of step fails, the others name the difference),
-    /// enforce (gather mode, n > 3f: the inputs' digests are echoed for f steps so that
-    /// honest ranks aggregate the same inputs; --check then requires every honest rank to
-    /// end with bitwise the same result) or off (explicit: splits between honest ranks go
-    /// unreported).
+    /// enforce (n > 3f: the digests of the inputs (gather) or of the owners' results
+    /// (sharded) are echoed for f steps so that honest ranks aggregate the same ones; --check
+    /// then requires every honest rank to end with bitwise the same result) or off
+    /// (explicit: splits between honest ranks go unreported).
     #[arg(long, default_value = "detect", value_parser = parse_agreement)]
     agreement: byzcoll::Agreement,
     /// Seed of the inputs, losses and delays (any u64).
@@ -805,7 +805,7 @@ fn predict(
         describe_network(label, network),
         match args.agreement {
             byzcoll::Agreement::Off => "off",
-            byzcoll::Agreement::Enforce => "enforce (gather mode only)",
+            byzcoll::Agreement::Enforce => "enforce",
             _ => "detect",
         },
         match (args.agg_throughput, args.sum_throughput) {
@@ -871,16 +871,7 @@ fn simulate_data(
     if matches!(args.mode, SimMode::All | SimMode::Gather) {
         algorithms.push(Algorithm::Gather);
     }
-    let enforce = args.agreement == byzcoll::Agreement::Enforce;
-    if enforce && args.mode == SimMode::Sharded {
-        return Err(
-            "--agreement enforce runs in gather mode only (sharded rounds run detect)".into(),
-        );
-    }
-    if enforce && args.mode == SimMode::All {
-        println!("sharded: not run (--agreement enforce runs in gather mode only)");
-    }
-    if !enforce && matches!(args.mode, SimMode::All | SimMode::Sharded) {
+    if matches!(args.mode, SimMode::All | SimMode::Sharded) {
         let mut replicas: Vec<usize> = if args.replicas.is_empty() {
             vec![1, args.f.saturating_mul(2).saturating_add(1).min(n)]
         } else {

@@ -219,23 +219,30 @@ fn equivocation_toward_one_rank_is_recovered_under_enforce() {
 }
 
 #[test]
-fn enforce_is_refused_where_it_cannot_run() {
-    // Sharded mode: refused by name.
+fn enforce_runs_in_sharded_mode_and_is_refused_where_it_cannot_run() {
+    // Sharded mode with equivocating liars: --check requires every honest rank's bits alike.
     let out = simulate(&[
         "--ranks",
         "7",
+        "--d",
+        "50",
         "--f",
         "2",
         "--mode",
         "sharded",
         "--rule",
         "median",
+        "--byzantine",
+        "2",
+        "--equivocate",
         "--agreement",
         "enforce",
+        "--check",
     ]);
     let (stdout, stderr) = text(&out);
-    assert_ne!(out.status.code(), Some(0), "{stdout}");
-    assert!(stderr.contains("gather mode only"), "{stderr}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("OK: results match"), "{stdout}");
+    assert!(stdout.contains("sharded"), "{stdout}");
     // n <= 3f: the precondition, up front.
     let out = simulate(&[
         "--ranks",

@@ -34,8 +34,8 @@ use crate::rules::{CudaRule, GpuElement};
 /// of their results and of the inputs they used, as on the host; the digests are computed on
 /// the host from a transient copy of each vector read back one at a time (there is no digest
 /// kernel), about one extra read of the round's inputs over the host link.
-/// [`Agreement::Off`] moves nothing of a vector to the host. [`Agreement::Enforce`] runs in
-/// gather mode, as everywhere.
+/// [`Agreement::Off`] moves nothing of a vector to the host. [`Agreement::Enforce`] runs as
+/// everywhere.
 ///
 /// An owner that cannot aggregate a shard sends the shard as NaN instead of an empty
 /// message (NCCL pairs a send with a receive of the same length); the median of the versions
@@ -55,8 +55,8 @@ use crate::rules::{CudaRule, GpuElement};
 /// As `Communicator::robust_all_reduce`: [`Error::Aggregation`] for the rule (precondition,
 /// non-finite result, CUDA failure), [`Error::Transport`] for NCCL, [`Error::Disagreement`]
 /// from the cross-check, [`Error::InvalidUsage`] when the rule's GPU is not the exchange's or
-/// for a replica count outside `1..=n`, [`Error::Unsupported`] for other policies and for
-/// `Enforce` outside gather mode. On error `buf` is unchanged.
+/// for a replica count outside `1..=n`, [`Error::Unsupported`] for other policies. On error
+/// `buf` is unchanged.
 pub async fn robust_all_reduce_nccl<E: GpuElement, N: DeviceExchange>(
     net: &N,
     collective: u64,
@@ -120,7 +120,7 @@ pub async fn robust_all_reduce_nccl<E: GpuElement, N: DeviceExchange>(
                 byzcoll_runtime::round::Msg::Forward(j) => {
                     let row = round.held(j).ok_or_else(|| {
                         Error::InvalidUsage(format!(
-                            "the round forwards rank {j}'s input but holds none"
+                            "the round forwards slot {j} but holds no message for it"
                         ))
                     })?;
                     (row.ptr(), row.bytes())

@@ -228,7 +228,7 @@ impl<'a, E: GpuElement> DevicePlane<'a, E> {
             }
             Msg::Forward(j) => {
                 return Err(self.fail(format!(
-                    "rank {j}'s input is the round's to forward (Round::held), not the plane's"
+                    "slot {j}'s message is the round's to forward (Round::held), not the plane's"
                 )))
             }
             other => {

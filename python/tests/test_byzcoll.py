@@ -88,13 +88,16 @@ def test_a_byzantine_rank_does_not_move_the_median():
         assert o["sum"] > 1e8, "the plain sum is dragged away by the one liar"
 
 
-def test_enforce_gives_every_rank_the_same_median_and_refuses_sharded_mode():
+def test_enforce_gives_every_rank_the_same_median_in_both_modes_and_refuses_reduce_scatter():
     outs = run_job(4, "enforce", BYZCOLL_AGREEMENT="enforce")
     for o in outs:
         assert o["median"] == 2.5 and o["uniform"], o  # median of {1, 2, 3, 1e9}, the liar's too
         assert o["inputs"] == 4 and o["faults"] == [] and not o["erased_self"], o
         assert o["steps"] == 4, o  # gather, one relay (f = 1), recovery, cross-check
-        assert "gather mode" in o["sharded"], o
+        # Sharded (3 owners a shard): scatter, versions, one relay, recovery, cross-check.
+        assert o["sharded"] == 2.5 and o["sharded_uniform"], o
+        assert o["sharded_steps"] == 5, o
+        assert "reduce-scatter" in o["reduce_scatter"], o
 
 
 def test_bad_inputs_are_clear_exceptions(world_of_one):

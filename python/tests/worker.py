@@ -29,8 +29,8 @@ def main():
         print(json.dumps(out), flush=True)
         return
     if scenario == "enforce":
-        # Run under BYZCOLL_AGREEMENT=enforce: gather mode with the echo (the last rank sends
-        # 1e9); sharded mode is refused up front.
+        # Run under BYZCOLL_AGREEMENT=enforce: gather and sharded mode with the echo (the last
+        # rank sends 1e9); reduce-scatter is refused up front.
         x = np.full(1000, 1e9 if r == n - 1 else r + 1, dtype=dtype)
         report = comm.robust_all_reduce(x, "median", 1)
         out["median"] = float(x[0])
@@ -39,11 +39,18 @@ def main():
         out["faults"] = report.faults
         out["erased_self"] = report.erased_self
         out["steps"] = len(report.step_times_us)
+        y = np.full(1000, 1e9 if r == n - 1 else r + 1, dtype=dtype)
+        sharded = comm.robust_all_reduce(y, "median", 1, policy="sharded")
+        out["sharded"] = float(y[0])
+        out["sharded_uniform"] = bool((y == y[0]).all())
+        out["sharded_steps"] = len(sharded.step_times_us)
         try:
-            comm.robust_all_reduce(np.ones(8, dtype=dtype), "median", 1, policy="sharded")
-            out["sharded"] = "ran"
+            comm.robust_reduce_scatter(
+                np.ones(8, dtype=dtype), np.empty(2, dtype=dtype), "median", 1
+            )
+            out["reduce_scatter"] = "ran"
         except byzcoll.UnsupportedError as e:
-            out["sharded"] = str(e)
+            out["reduce_scatter"] = str(e)
         comm.close()
         print(json.dumps(out), flush=True)
         return

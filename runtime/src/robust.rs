@@ -74,16 +74,17 @@ pub enum Agreement {
     /// bitwise the same result.
     #[default]
     Detect,
-    /// Gather mode only, with `n > 3f`: before aggregating, the ranks echo the BLAKE3 digests
-    /// of the inputs they received for `f` steps (Byzantine broadcast of every rank's digest
-    /// by exponential information gathering), decide alike which input each sender
+    /// With `n > 3f`: before aggregating (gather mode) or combining the owners' versions
+    /// (sharded mode), the ranks echo the BLAKE3 digests of the inputs, or of the owners'
+    /// results, they received for `f` steps (Byzantine broadcast of every digest by
+    /// exponential information gathering), decide alike which one each sender or owner
     /// contributed (or that it contributed none, when it equivocated without a majority),
-    /// pass the agreed inputs on to the ranks that went without, and end with the
-    /// cross-check of `Detect`. Under synchrony (every honest message arrives within its
-    /// step's wait), honest ranks aggregate the same inputs and return bitwise the same
-    /// result; when that fails, the cross-check still names it. Refused up front
-    /// ([`round::check_agreement`](crate::round::check_agreement)) in sharded mode, for
-    /// `n <= 3f` and past the echo tree's bound (its messages grow as `n^f`).
+    /// pass the agreed ones on to the ranks that went without, and end with the cross-check
+    /// of `Detect`. Under synchrony (every honest message arrives within its step's wait),
+    /// honest ranks aggregate the same inputs (combine the same versions) and return bitwise
+    /// the same result; when that fails, the cross-check still names it. Refused up front
+    /// ([`round::check_agreement`](crate::round::check_agreement)) in a reduce-scatter (no
+    /// common result), for `n <= 3f` and past the echo trees' bound (messages grow as `n^f`).
     Enforce,
 }
 
@@ -139,9 +140,10 @@ pub struct RoundReport {
     pub inputs: usize,
     /// Peers that were missing or malformed in some step and were treated as erasures.
     pub faults: Vec<PeerFault>,
-    /// This rank's own input is not in the result: under [`Agreement::Enforce`] the ranks
-    /// agreed that it did not reach them in time (this rank stalled past a deadline, say), and
-    /// this rank left it out as they did, so that its result is theirs.
+    /// This rank's own input (gather mode), or its own result for some owned shard (sharded
+    /// mode), is not in the result: under [`Agreement::Enforce`] the ranks agreed that it did
+    /// not reach them in time (this rank stalled past a deadline, say), and this rank left it
+    /// out as they did, so that its result is theirs.
     pub erased_self: bool,
     /// Ranks whose contribution seen by this rank held NaN or infinities (it still entered the
     /// aggregation, where the rule's non-finite policy applies).

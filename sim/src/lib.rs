@@ -430,9 +430,15 @@ impl Scenario {
                     },
                 )?;
                 if self.agreement == Agreement::Enforce {
-                    // Every simulated rank holds its own echo tree (33 bytes a node).
+                    // Every simulated rank holds its own echo trees (33 bytes a node): one,
+                    // or one per owned shard.
+                    let trees = match algorithm {
+                        Algorithm::Sharded { replicas } => replicas,
+                        _ => 1,
+                    };
                     let all = byzcoll_runtime::round::echo_nodes(n, f)
                         .and_then(|t| t.checked_mul(n))
+                        .and_then(|t| t.checked_mul(trees))
                         .unwrap_or(usize::MAX);
                     if all > MAX_SIM_ECHO_NODES {
                         return Err(SimError::InvalidConfig(format!(

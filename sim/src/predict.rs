@@ -78,13 +78,9 @@ pub fn predict(
         _ => None,
     };
     let rule = rule.or(median.as_deref());
-    // Enforce runs in gather mode only (sharded rounds are refused).
-    let mut algorithms = vec![Algorithm::Gather];
-    if !enforce {
-        algorithms.push(Algorithm::Sharded { replicas: 1 });
-        if f > 0 {
-            algorithms.push(Algorithm::tolerant(n, f));
-        }
+    let mut algorithms = vec![Algorithm::Gather, Algorithm::Sharded { replicas: 1 }];
+    if f > 0 {
+        algorithms.push(Algorithm::tolerant(n, f));
     }
     algorithms.push(Algorithm::RingSum);
     let times = algorithms

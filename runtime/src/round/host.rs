@@ -120,7 +120,7 @@ impl<'a, T: Element> HostPlane<'a, T> {
             Msg::Empty => Payload::Host(Bytes::new()),
             Msg::Bytes(b) => Payload::Host(b.clone()),
             Msg::Forward(j) => unreachable!(
-                "rank {j}'s input is the round's to forward (Round::held), not the plane's"
+                "slot {j}'s message is the round's to forward (Round::held), not the plane's"
             ),
         }
     }

@@ -58,10 +58,11 @@ pub enum Msg {
     Empty,
     /// Bytes the round made itself: statistics, the echo, the cross-check.
     Bytes(Bytes),
-    /// The input this rank received from rank `j` in the gather step ([`Round::held`]),
-    /// passed on to a rank that went without the input the ranks agreed on
-    /// ([`Agreement::Enforce`]'s recovery step; the tag is `j`).
-    Forward(Rank),
+    /// The message this rank received for slot `j` ([`Round::held`]: a rank's input in
+    /// gather mode, an owner's result for one of its shards in sharded mode), passed on to a
+    /// rank that went without the one the ranks agreed on ([`Agreement::Enforce`]'s recovery
+    /// step; the tag is `j`).
+    Forward(usize),
 }
 
 /// One send of a step.
@@ -1586,12 +1587,13 @@ pub fn owned_index(rank: Rank, s: usize, n: usize) -> usize {
 }
 
 /// Whether `agreement` can run a round of `shape` over `n` ranks with `f` Byzantine ones:
-/// [`Agreement::Enforce`] runs in gather mode, with `n > 3f` and an echo tree of at most
-/// [`MAX_ECHO_NODES`] nodes (`f + 1` levels over `n` ranks). The drivers call it before any
-/// data moves; a [`Round`] fails with it too.
+/// [`Agreement::Enforce`] runs in gather mode and sharded all-reduce, with `n > 3f` and echo
+/// trees (one, or one per owned shard) of at most [`MAX_ECHO_NODES`] nodes in all (`f + 1`
+/// levels over `n` ranks each). The drivers call it before any data moves; a [`Round`] fails
+/// with it too.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for `Enforce` in sharded mode or past the tree's bound,
+/// [`Error::Unsupported`] for `Enforce` in a reduce-scatter or past the trees' bound,
 /// [`Error::InvalidUsage`] for `n <= 3f`.
 pub fn check_agreement(
     agreement: Agreement,
