@@ -1492,38 +1492,46 @@ pub async fn byzantine_owners_and_senders_are_agreed_on_under_enforce_in_sharded
     }
 }
 
-/// Issue #14's stall under `Agreement::Enforce`: rank 2 of 4 starts after the others'
-/// deadline. They leave it out alike and return 2. Where the transport kept their messages,
-/// the echo tells rank 2 that nobody had its input in time: it leaves itself out too and
-/// returns bitwise the others' result; otherwise it gets an error. Never another value as
-/// success.
+/// Issue #14's stall under `Agreement::Enforce`, in gather and sharded mode (`r = 3`): rank 2
+/// of 4 starts after the others' deadline. They leave it out alike and return 2. Where the
+/// transport kept their messages, the echo tells rank 2 that nobody had its input (gather) or
+/// its results (sharded) in time: it leaves them out too and returns bitwise the others'
+/// result, with `erased_self`; otherwise it gets an error. Never another value as success.
 pub async fn a_stalled_rank_that_resumes_under_enforce_is_never_split<F, Fut>(factory: F)
 where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
     let keeps_late_messages = factory(1).await[0].name() == "tcp";
-    let results = with_a_stalled_rank(Agreement::Enforce, factory(4).await).await;
-    let others = bits(&results[0].as_ref().expect("rank 0").1);
-    for (me, result) in results.iter().enumerate() {
-        match result {
-            Ok((report, v)) => {
-                assert_eq!(bits(v), others, "rank {me}");
-                assert_eq!(v[0], 2.0, "rank {me}");
-                assert_eq!(report.inputs, 3, "rank {me}");
-                assert_eq!(report.erased_self, me == 2, "rank {me}");
+    for policy in [Policy::Gather, Policy::Sharded(Replicas::Tolerant)] {
+        let results = with_a_stalled_rank(Agreement::Enforce, policy, factory(4).await).await;
+        let others = bits(&results[0].as_ref().expect("rank 0").1);
+        for (me, result) in results.iter().enumerate() {
+            match result {
+                Ok((report, v)) => {
+                    assert_eq!(bits(v), others, "{policy:?} rank {me}");
+                    assert_eq!(v[0], 2.0, "{policy:?} rank {me}");
+                    if policy == Policy::Gather || me != 2 {
+                        assert_eq!(report.inputs, 3, "{policy:?} rank {me}");
+                    }
+                    assert_eq!(report.erased_self, me == 2, "{policy:?} rank {me}");
+                }
+                Err(
+                    Error::Disagreement { .. }
+                    | Error::TooManyFaults { .. }
+                    | Error::ShardLost { .. },
+                ) if me == 2 && !keeps_late_messages => {}
+                Err(e) => panic!("{policy:?} rank {me}: {e}"),
             }
-            Err(Error::Disagreement { .. } | Error::TooManyFaults { .. })
-                if me == 2 && !keeps_late_messages => {}
-            Err(e) => panic!("rank {me}: {e}"),
         }
     }
 }
 
-/// One gather round of `Median::new(1)` over 4 ranks (rank `r` contributes `r + 1`, step
-/// timeout 400 ms) in which rank 2 starts three timeouts late.
+/// One round of `Median::new(1)` over 4 ranks (rank `r` contributes `r + 1`, step timeout
+/// 400 ms) in which rank 2 starts three timeouts late.
 async fn with_a_stalled_rank(
     agreement: Agreement,
+    policy: Policy,
     transports: Vec<Box<dyn Transport>>,
 ) -> Vec<Result<(RoundReport, Vec<f32>), Error>> {
     let timeout = Duration::from_millis(400);
@@ -1534,7 +1542,7 @@ async fn with_a_stalled_rank(
         }
         let mut v = vec![(c.rank() + 1) as f32; 8];
         let result = c
-            .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+            .robust_all_reduce(&mut v, &Median::new(1), policy)
             .await
             .map(|report| (report, v));
         // The others stay up (as processes would) while rank 2 catches up.
@@ -1556,7 +1564,7 @@ where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
-    let run = with_a_stalled_rank;
+    let run = |agreement, transports| with_a_stalled_rank(agreement, Policy::Gather, transports);
     let keeps_late_messages = factory(1).await[0].name() == "tcp";
     // Transports that keep messages for a late receiver (TCP, UCX, libfabric) give rank 2
     // all four inputs; the in-process one drops sends at the sender's deadline, and rank 2
