@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo build --release --features cuda,nccl --examples --bins
-//! # Over NCCL, one rank per GPU, no host copy of any vector:
+//! # Over NCCL, one rank per GPU, vectors device to device (the cross-check reads each back once):
 //! sbatch examples/slurm_gpu_nccl.sbatch
 //! BYZCOLL_TRANSPORT=nccl target/release/byzcoll launch -n 5 -- target/release/examples/gpu_allreduce
 //! # Over TCP (or UCX, libfabric), ranks may share a GPU, f32 vectors staged through the host:
