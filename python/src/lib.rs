@@ -135,8 +135,9 @@ struct Report {
     /// The job runs without authentication.
     #[pyo3(get)]
     unauthenticated: bool,
-    /// This rank's own input is not in the result: under agreement "enforce" the ranks agreed
-    /// it did not reach them in time, and this rank left it out as they did.
+    /// This rank's own input (gather), or its own result for an owned shard (sharded), is not
+    /// in the result: under agreement "enforce" the ranks agreed it did not reach them in
+    /// time, and this rank left it out as they did.
     #[pyo3(get)]
     erased_self: bool,
     /// The agreement cross-check's findings (None when agreement is off): a dict of rank lists
