@@ -172,13 +172,13 @@ const FUSED_BLOCK: usize = 8192;
 const AHEAD: usize = 256;
 
 /// `finish` of every coordinate's sorted column straight into `out`, for `f32` inputs, at most
-/// 16 of them, on a CPU with AVX2: each group of 8 coordinates is loaded, sorted in registers
-/// by a network specialised for `n` (padding wires are constants, so every comparator that
-/// touches one folds away, and so does every comparator no finished row depends on) and
-/// finished there, so no sorted row is stored. Bitwise what sorting the column and finishing
-/// it in scalar code gives. `None` where the path does not apply (other types, more inputs,
-/// no AVX2): the caller sorts blocks in memory. `Some(Err(c))`: coordinate `c`, the first,
-/// has a non-finite result.
+/// 16 of them with AVX2 or 32 with AVX-512: each group of 8 (16) coordinates is loaded, sorted
+/// in registers by a network specialised for `n` (padding wires are constants, so every
+/// comparator that touches one folds away, and so does every comparator no finished row
+/// depends on) and finished there, so no sorted row is stored. Bitwise what sorting the column
+/// and finishing it in scalar code gives. `None` where the path does not apply (other types,
+/// more inputs, no AVX2): the caller sorts blocks in memory. `Some(Err(c))`: coordinate `c`,
+/// the first, has a non-finite result.
 pub(crate) fn fused<T: Element>(
     inputs: &[&[T]],
     out: &mut [T],
@@ -186,29 +186,57 @@ pub(crate) fn fused<T: Element>(
 ) -> Option<Result<(), usize>> {
     #[cfg(target_arch = "x86_64")]
     {
-        let n = inputs.len();
-        let wide = std::arch::is_x86_feature_detected!("avx512f");
-        let most = if wide { 32 } else { 16 };
-        if !(1..=most).contains(&n)
-            || std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>()
-            || !std::arch::is_x86_feature_detected!("avx2")
-        {
-            return None;
-        }
-        if let Finish::Trimmed { f } = finish {
-            if 2 * f >= n {
-                return None;
-            }
-        }
-        let bits: Vec<&[u32]> = inputs.iter().map(|x| bytemuck::cast_slice(x)).collect();
-        let out: &mut [f32] = bytemuck::try_cast_slice_mut(out).ok()?;
-        Some(fused_on(&bits, out, finish, wide))
+        let (bits, out, wide) = f32_rows(inputs, out)?;
+        let n = bits.len();
+        let trimmed_ok = match finish {
+            Finish::Trimmed { f } => 2 * f < n,
+            Finish::Median => true,
+        };
+        (n >= 1 && n <= if wide { 32 } else { 16 } && trimmed_ok)
+            .then(|| fused_on(&bits, out, finish, wide))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (inputs, out, finish);
         None
     }
+}
+
+/// `inputs` and `out` as `f32` bits and values, and whether AVX-512 is there, when they are
+/// `f32` and the CPU has AVX2 (what the register paths need); `None` otherwise.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::type_complexity)]
+fn f32_rows<'a, T: Element>(
+    inputs: &[&'a [T]],
+    out: &'a mut [T],
+) -> Option<(Vec<&'a [u32]>, &'a mut [f32], bool)> {
+    if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>()
+        || !std::arch::is_x86_feature_detected!("avx2")
+    {
+        return None;
+    }
+    let bits = inputs.iter().map(|x| bytemuck::cast_slice(x)).collect();
+    let out = bytemuck::try_cast_slice_mut(out).ok()?;
+    Some((bits, out, std::arch::is_x86_feature_detected!("avx512f")))
+}
+
+/// Runs `block(at, chunk)` on the rayon blocks of `out` (each starting at coordinate `at`);
+/// the first non-finite coordinate any of them names, over all blocks.
+#[cfg(target_arch = "x86_64")]
+fn first_bad_in_blocks(
+    out: &mut [f32],
+    block: impl Fn(usize, &mut [f32]) -> Result<(), usize> + Sync,
+) -> Result<(), usize> {
+    use rayon::prelude::*;
+    let first_bad = out
+        .par_chunks_mut(FUSED_BLOCK)
+        .enumerate()
+        .filter_map(|(b, chunk)| {
+            let at = b * FUSED_BLOCK;
+            block(at, chunk).err().map(|c| at + c)
+        })
+        .min();
+    first_bad.map_or(Ok(()), Err)
 }
 
 /// Asks for `row`'s line [`AHEAD`] elements past `at` (nothing past the end).
@@ -236,16 +264,8 @@ pub(crate) fn mean_in_order<T: Element>(
 ) -> Option<Result<(), usize>> {
     #[cfg(target_arch = "x86_64")]
     {
-        if inputs.is_empty()
-            || std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>()
-            || !std::arch::is_x86_feature_detected!("avx2")
-        {
-            return None;
-        }
-        let wide = std::arch::is_x86_feature_detected!("avx512f");
-        let bits: Vec<&[u32]> = inputs.iter().map(|x| bytemuck::cast_slice(x)).collect();
-        let out: &mut [f32] = bytemuck::try_cast_slice_mut(out).ok()?;
-        Some(mean_on(&bits, out, wide))
+        let (bits, out, wide) = f32_rows(inputs, out)?;
+        (!bits.is_empty()).then(|| mean_on(&bits, out, wide))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -257,47 +277,29 @@ pub(crate) fn mean_in_order<T: Element>(
 /// [`mean_in_order`] on `f32` bits with AVX-512 (`wide`) or AVX2, which the CPU must have.
 #[cfg(target_arch = "x86_64")]
 fn mean_on(bits: &[&[u32]], out: &mut [f32], wide: bool) -> Result<(), usize> {
-    use rayon::prelude::*;
-    let first_bad = out
-        .par_chunks_mut(FUSED_BLOCK)
-        .enumerate()
-        .filter_map(|(b, chunk)| {
-            let at = b * FUSED_BLOCK;
-            // SAFETY: the CPU supports the path's instructions (the caller's guarantee).
-            let done = unsafe {
-                match wide {
-                    true => avx512_f32::mean_in_order(bits, at, chunk),
-                    false => avx2_f32::mean_in_order(bits, at, chunk),
-                }
-            };
-            done.err().map(|c| at + c)
-        })
-        .min();
-    first_bad.map_or(Ok(()), Err)
+    first_bad_in_blocks(out, |at, chunk| {
+        // SAFETY: the CPU supports the path's instructions (the caller's guarantee).
+        unsafe {
+            match wide {
+                true => avx512_f32::mean_in_order(bits, at, chunk),
+                false => avx2_f32::mean_in_order(bits, at, chunk),
+            }
+        }
+    })
 }
 
 /// [`fused`] on `f32` bits with AVX-512 (`wide`) or AVX2, which the CPU must have.
 #[cfg(target_arch = "x86_64")]
 fn fused_on(bits: &[&[u32]], out: &mut [f32], finish: Finish, wide: bool) -> Result<(), usize> {
-    {
-        use rayon::prelude::*;
-        let first_bad = out
-            .par_chunks_mut(FUSED_BLOCK)
-            .enumerate()
-            .filter_map(|(b, chunk)| {
-                let at = b * FUSED_BLOCK;
-                // SAFETY: the CPU supports the path's instructions, checked above.
-                let done = unsafe {
-                    match wide {
-                        true => avx512_f32::fused(bits, at, chunk, finish),
-                        false => avx2_f32::fused(bits, at, chunk, finish),
-                    }
-                };
-                done.err().map(|c| at + c)
-            })
-            .min();
-        first_bad.map_or(Ok(()), Err)
-    }
+    first_bad_in_blocks(out, |at, chunk| {
+        // SAFETY: the CPU supports the path's instructions (the caller's guarantee).
+        unsafe {
+            match wide {
+                true => avx512_f32::fused(bits, at, chunk, finish),
+                false => avx2_f32::fused(bits, at, chunk, finish),
+            }
+        }
+    })
 }
 
 /// `merge_exchange(16)` as `$cs!(a, b)` statements, spelled out so that the compiler sees

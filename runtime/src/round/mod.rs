@@ -1269,9 +1269,7 @@ impl<'r, B> Round<'r, B> {
                 versions[s].push((me, Src::Owned(i)));
             }
         }
-        let results_bytes: usize = owned.iter().map(|&s| self.bytes(self.shard(s).len())).sum();
-        let phase1 = self.bytes(self.spec.d) + self.received_bytes + results_bytes;
-        let peak = phase1.max(results_bytes + version_bytes);
+        let peak = self.versions_peak(version_bytes);
         let mut digests = Vec::new();
         if self.detect() {
             for (s, vs) in versions.iter().enumerate() {
@@ -1293,6 +1291,18 @@ impl<'r, B> Round<'r, B> {
         }
         self.report.peak_bytes = peak;
         self.end_versions(plane, lost, combined);
+    }
+
+    /// The round's peak of data bytes held at once, given the versions received: the input,
+    /// the pieces and the owned results (phase 1), or the results and the versions.
+    fn versions_peak(&self, version_bytes: usize) -> usize {
+        let results_bytes: usize = self
+            .owned()
+            .iter()
+            .map(|&s| self.bytes(self.shard(s).len()))
+            .sum();
+        let phase1 = self.bytes(self.spec.d) + self.received_bytes + results_bytes;
+        phase1.max(results_bytes + version_bytes)
     }
 
     /// The median of each taken shard's `versions` (owner order) into the output: the first
@@ -1390,13 +1400,7 @@ impl<'r, B> Round<'r, B> {
                 held[owned_index(op.peer, op.tag as usize, n) * n + op.peer] = Some(b);
             }
         }
-        let results_bytes: usize = self
-            .owned()
-            .iter()
-            .map(|&s| self.bytes(self.shard(s).len()))
-            .sum();
-        let phase1 = self.bytes(self.spec.d) + self.received_bytes + results_bytes;
-        self.report.peak_bytes = phase1.max(results_bytes + version_bytes);
+        self.report.peak_bytes = self.versions_peak(version_bytes);
         let echo = (0..r)
             .map(|k| {
                 let direct = (0..n)

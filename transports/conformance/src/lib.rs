@@ -868,10 +868,7 @@ where
                     } else {
                         1e30
                     };
-                    std::iter::repeat_n(x.to_le_bytes(), honest.len() / 4)
-                        .flatten()
-                        .collect::<Vec<u8>>()
-                        .into()
+                    filled(x, honest.len() / 4).into()
                 },
             )),
             _ => None,
@@ -1182,14 +1179,7 @@ where
     let timeout = Duration::from_millis(800);
     let honest = comms(ranks, timeout);
     let byzantine = tokio::spawn(async move {
-        let piece = |dest: usize, len: usize| {
-            Payload::Host(
-                std::iter::repeat_n(bytes_for(dest).to_le_bytes(), len)
-                    .flatten()
-                    .collect::<Vec<u8>>()
-                    .into(),
-            )
-        };
+        let piece = |dest: usize, len: usize| Payload::Host(filled(bytes_for(dest), len).into());
         let sends = match round {
             Round::Gather => (0..n - 1)
                 .map(|dest| SendOp {
@@ -1293,6 +1283,13 @@ where
             (_, Err(e)) => panic!("rank {me}: {e}"),
         }
     }
+}
+
+/// The bytes of `elements` copies of `x`.
+fn filled(x: f32, elements: usize) -> Vec<u8> {
+    std::iter::repeat_n(x.to_le_bytes(), elements)
+        .flatten()
+        .collect()
 }
 
 /// The bits of a result, for bitwise comparisons.
@@ -1413,10 +1410,7 @@ pub async fn byzantine_owners_and_senders_are_agreed_on_under_enforce_in_sharded
                     } else {
                         1000.0
                     };
-                    std::iter::repeat_n(x.to_le_bytes(), honest.len() / 4)
-                        .flatten()
-                        .collect::<Vec<u8>>()
-                        .into()
+                    filled(x, honest.len() / 4).into()
                 },
             )),
             _ => None,
