@@ -2,9 +2,12 @@
 //! `|a|² + |b|² - 2<a,b>` shortcut, which cancels catastrophically on nearly equal vectors)
 //! and accumulated in `f64`.
 //!
-//! For `f32` inputs the differences are squared and summed in 16 `f32` lanes over runs of at
-//! most 16 terms per lane and in `f64` lanes across runs (relative error about 1e-6, all terms
-//! positive, so nothing cancels); a pair that overflows `f32` is recomputed in `f64`. `f64`
+//! For `f32` inputs each difference is squared and added in one fused multiply-add (one
+//! rounding, not two) into 16 `f32` lanes over runs of at most 16 terms per lane, and the runs
+//! are added in `f64` lanes (relative error about 1e-6, all terms positive, so nothing
+//! cancels); a pair that overflows `f32` is recomputed in `f64`. The fused operation is exact
+//! IEEE arithmetic, the same on every path: the AVX-512 and AVX2 kernels run on FMA hardware,
+//! and the portable path (a CPU without FMA) gets the same bits from software, slowly. `f64`
 //! inputs use `f64`. `f32` pairs are register-blocked, two rows against four with AVX-512 (two
 //! against two otherwise), so each loaded chunk of a row serves several pairs
 //! ([`Element::add_pair_distances`]); the blocking never changes a bit of the result.
@@ -32,8 +35,9 @@ fn chunk_table<T: Element>(
     table: &mut [f64],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU supports AVX-512F, checked just above.
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU supports AVX-512F and FMA, checked just above.
         unsafe { chunk_table_avx512(inputs, finite, range, table) };
         return;
     }
@@ -48,7 +52,7 @@ fn chunk_table<T: Element>(
 
 /// 32 vector registers of 16 `f32`: two rows against four.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,fma")]
 fn chunk_table_avx512<T: Element>(
     inputs: &[&[T]],
     finite: &[bool],
@@ -203,6 +207,44 @@ mod tests {
         assert_eq!(
             two.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             four.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn squares_are_added_with_one_rounding_on_every_path() {
+        // Coordinates 0 and 16 share a lane: the lane holds round(x²), then adds y² fused.
+        let (x, y) = (1..2000u32)
+            .map(|k| (1.0f32 + k as f32 * 1.7e-4, 3.0f32 + k as f32 * 2.3e-4))
+            .find(|&(x, y)| y.mul_add(y, x * x) != x * x + y * y)
+            .expect("values where one rounding and two differ");
+        let mut a = vec![0.0f32; 17];
+        (a[0], a[16]) = (x, y);
+        let zero = vec![0.0f32; 17];
+        let want = y.mul_add(y, x * x) as f64;
+        // One chunk (`distance_table` would cut 17 coordinates into chunks of one): the
+        // dispatched kernel (FMA hardware here) and the portable path agree bitwise.
+        let mut table = vec![0.0; 4];
+        chunk_table(&[&a[..], &zero[..]], &[true, true], 0..17, &mut table);
+        assert_eq!(table[1].to_bits(), want.to_bits());
+        let mut table = vec![0.0; 4];
+        chunk_table_portable::<f32, 2>(&[&a[..], &zero[..]], &[true, true], 0..17, &mut table);
+        assert_eq!(table[1].to_bits(), want.to_bits());
+        // Several blocks and tails: the dispatched table is the portable one, bit for bit.
+        let rows: Vec<Vec<f32>> = (0..9u32)
+            .map(|i| {
+                (0..4111u32)
+                    .map(|j| ((i * 37 + j * 11) % 101) as f32 * 0.731 - 30.0)
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<&[f32]> = rows.iter().map(|v| &v[..]).collect();
+        let mut portable = vec![0.0; 81];
+        chunk_table_portable::<f32, 2>(&inputs, &[true; 9], 0..4111, &mut portable);
+        let mut dispatched = vec![0.0; 81];
+        chunk_table(&inputs, &[true; 9], 0..4111, &mut dispatched);
+        assert_eq!(
+            dispatched.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         );
     }
 

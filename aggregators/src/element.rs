@@ -229,7 +229,7 @@ fn block_f32<const RA: usize, const RB: usize>(
                 for (accpq, yq) in accp.iter_mut().zip(&y) {
                     for k in 0..LANES {
                         let d = xp[k] - yq[k];
-                        accpq[k] += d * d;
+                        accpq[k] = d.mul_add(d, accpq[k]);
                     }
                 }
             }
@@ -239,7 +239,7 @@ fn block_f32<const RA: usize, const RB: usize>(
             for (accp, ap) in acc.iter_mut().zip(&a) {
                 for (accpq, bq) in accp.iter_mut().zip(&b) {
                     let d = ap[c] - bq[c];
-                    accpq[0] += d * d;
+                    accpq[0] = d.mul_add(d, accpq[0]);
                 }
             }
         }
@@ -272,7 +272,8 @@ fn block_f32<const RA: usize, const RB: usize>(
     total
 }
 
-/// `Σ (a_j - b_j)²` with the arithmetic of [`block_f32`]: squares summed in 16 `f32` lanes
+/// `Σ (a_j - b_j)²` with the arithmetic of [`block_f32`]: squares added by fused
+/// multiply-adds in 16 `f32` lanes
 /// over runs of at most 16 terms per lane (at most ~1e-6 relative error on positive terms),
 /// runs added in `f64` lanes, a pair that overflows `f32` redone in `f64`.
 #[inline(always)]
