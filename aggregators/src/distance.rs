@@ -217,9 +217,9 @@ mod tests {
             .map(|k| (1.0f32 + k as f32 * 1.7e-4, 3.0f32 + k as f32 * 2.3e-4))
             .find(|&(x, y)| y.mul_add(y, x * x) != x * x + y * y)
             .expect("values where one rounding and two differ");
-        let mut a = vec![0.0f32; 17];
+        let mut a = [0.0f32; 17];
         (a[0], a[16]) = (x, y);
-        let zero = vec![0.0f32; 17];
+        let zero = [0.0f32; 17];
         let want = y.mul_add(y, x * x) as f64;
         // One chunk (`distance_table` would cut 17 coordinates into chunks of one): the
         // dispatched kernel (FMA hardware here) and the portable path agree bitwise.
