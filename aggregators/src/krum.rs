@@ -303,6 +303,9 @@ impl Bulyan {
             f: self.f,
             coordinate,
         };
+        if let Some(done) = network::fused(&chosen, out, network::Finish::Nearest { beta }) {
+            return done.map_err(non_finite);
+        }
         if m <= network::MAX_INPUTS {
             // Columns sorted by the sorting network, a tile of coordinates at a time (rows of
             // keys): the same values, in the same order, as sorting each column.
@@ -324,7 +327,7 @@ impl Bulyan {
 /// `i`-th smallest): a contiguous run of the sorted values, found by shrinking from whichever
 /// end is farther from the median.
 #[inline(always)]
-fn nearest_mean(m: usize, beta: usize, v: impl Fn(usize) -> f64) -> f64 {
+pub(crate) fn nearest_mean(m: usize, beta: usize, v: impl Fn(usize) -> f64) -> f64 {
     let median = if m % 2 == 1 {
         v(m / 2)
     } else {
@@ -343,7 +346,7 @@ fn nearest_mean(m: usize, beta: usize, v: impl Fn(usize) -> f64) -> f64 {
 }
 
 /// Columns [`nearest_mean_columns`] takes at once.
-const LANES: usize = 16;
+const LANES: usize = network::LANES;
 
 /// [`nearest_mean_columns`] over a block of `m` sorted rows of `width` keys, into `out`
 /// (`width` values). Uses AVX2 when the CPU has it (the same operations, so the same bits).
@@ -388,17 +391,9 @@ fn nearest_mean_block_portable<T: Element>(
     Ok(())
 }
 
-/// [`nearest_mean`] for columns `first .. first + out.len()` (at most [`LANES`]) of `m` sorted
-/// rows of `width` keys (row-major; row `i` holds the `i`-th smallest keys), bitwise the same,
-/// written into `out`; returns the offset in `out` of a result that is not finite.
-///
-/// Branch-free across the columns: the shrinking loop of `nearest_mean` takes `k = m - beta`
-/// steps and removes the low end exactly when `median - v(lo) > v(m - 1 - r) - median`, `r`
-/// being the number of high ends removed so far. Both sides only shrink as their index moves
-/// inwards (`v` is sorted and rounding is monotone), so the steps are a merge of two
-/// non-increasing sequences that prefers the high side on ties, and the number of low ends
-/// removed is the number of `i < k` with `median - v(i) > v(m - k + i) - median`. The
-/// window's values are then added in ascending order from `-0.0`, as `Sum` for `f64` does.
+/// [`network::nearest_mean_lanes`] for columns `first .. first + out.len()` (at most
+/// [`LANES`]) of `m` sorted rows of `width` keys, written into `out` as `T`; every column is
+/// written, and the offset in `out` of the first result that is not finite is returned.
 #[inline(always)]
 fn nearest_mean_columns<T: Element>(
     rows: &[T::Key],
@@ -408,47 +403,15 @@ fn nearest_mean_columns<T: Element>(
     beta: usize,
     out: &mut [T],
 ) -> Result<(), usize> {
-    let k = m - beta;
-    let cols = out.len();
-    // Row `i`'s values in these columns, in f64 (unused lanes hold 0).
-    let v = |i: usize| -> [f64; LANES] {
-        let mut x = [0.0f64; LANES];
-        let row = &rows[i * width + first..i * width + first + cols];
-        for (x, &key) in x.iter_mut().zip(row) {
-            *x = T::from_key(key).to_f64();
-        }
-        x
-    };
-    let median: [f64; LANES] = if m % 2 == 1 {
-        v(m / 2)
-    } else {
-        let (a, b) = (v(m / 2 - 1), v(m / 2));
-        std::array::from_fn(|c| a[c] * 0.5 + b[c] * 0.5)
-    };
-    let mut lo = [0u64; LANES];
-    for i in 0..k {
-        let (low, high) = (v(i), v(m - k + i));
-        for c in 0..LANES {
-            lo[c] += u64::from(median[c] - low[c] > high[c] - median[c]);
+    let means = network::nearest_mean_lanes::<T>(rows, m, width, first, out.len(), beta);
+    let mut first_bad = None;
+    for (c, (o, mean)) in out.iter_mut().zip(means).enumerate() {
+        *o = T::from_f64(mean);
+        if !o.is_finite() {
+            first_bad = first_bad.or(Some(c));
         }
     }
-    let mut sum = [-0.0f64; LANES];
-    for i in 0..m {
-        let vi = v(i);
-        let i = i as u64;
-        for c in 0..LANES {
-            let inside = lo[c] <= i && i < lo[c] + beta as u64;
-            sum[c] = if inside { sum[c] + vi[c] } else { sum[c] };
-        }
-    }
-    for (c, (o, s)) in out.iter_mut().zip(sum).enumerate() {
-        let r = T::from_f64(s / beta as f64);
-        if !r.is_finite() {
-            return Err(c);
-        }
-        *o = r;
-    }
-    Ok(())
+    first_bad.map_or(Ok(()), Err)
 }
 
 impl DistanceSelection for Bulyan {

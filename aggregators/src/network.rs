@@ -161,6 +161,72 @@ pub(crate) enum Finish {
         /// Values dropped at each end.
         f: usize,
     },
+    /// Bulyan's coordinate finish on finite values: the mean of the `beta` values nearest the
+    /// median ([`nearest_mean_lanes`]), from the sorted keys spilled to an L1-resident block.
+    Nearest {
+        /// Values averaged, `1..=n`.
+        beta: usize,
+    },
+}
+
+/// Columns [`nearest_mean_lanes`] takes at once.
+pub(crate) const LANES: usize = 16;
+
+/// The mean of the `beta` values nearest the median, for columns `first .. first + cols` (at
+/// most [`LANES`]; the other lanes hold nothing meaningful) of `m` sorted rows of `width` keys
+/// (row-major; row `i` holds the `i`-th smallest keys): bitwise what
+/// [`crate::krum::nearest_mean`]'s shrinking loop gives on each column of finite values, in
+/// `f64` (with NaN the count below may differ from the loop; Bulyan finishes finite inputs).
+///
+/// Branch-free across the columns: the shrinking loop takes `k = m - beta` steps and removes
+/// the low end exactly when `median - v(lo) > v(m - 1 - r) - median`, `r` being the number of
+/// high ends removed so far. Both sides only shrink as their index moves inwards (`v` is
+/// sorted and rounding is monotone), so the steps are a merge of two non-increasing sequences
+/// that prefers the high side on ties, and the number of low ends removed is the number of
+/// `i < k` with `median - v(i) > v(m - k + i) - median`. The window's values are then added in
+/// ascending order from `-0.0`, as `Sum` for `f64` does, and divided by `beta`.
+#[inline(always)]
+pub(crate) fn nearest_mean_lanes<T: Element>(
+    rows: &[T::Key],
+    m: usize,
+    width: usize,
+    first: usize,
+    cols: usize,
+    beta: usize,
+) -> [f64; LANES] {
+    let k = m - beta;
+    // Row `i`'s values in these columns, in f64 (unused lanes hold 0).
+    let v = |i: usize| -> [f64; LANES] {
+        let mut x = [0.0f64; LANES];
+        let row = &rows[i * width + first..i * width + first + cols];
+        for (x, &key) in x.iter_mut().zip(row) {
+            *x = T::from_key(key).to_f64();
+        }
+        x
+    };
+    let median: [f64; LANES] = if m % 2 == 1 {
+        v(m / 2)
+    } else {
+        let (a, b) = (v(m / 2 - 1), v(m / 2));
+        std::array::from_fn(|c| a[c] * 0.5 + b[c] * 0.5)
+    };
+    let mut lo = [0u64; LANES];
+    for i in 0..k {
+        let (low, high) = (v(i), v(m - k + i));
+        for c in 0..LANES {
+            lo[c] += u64::from(median[c] - low[c] > high[c] - median[c]);
+        }
+    }
+    let mut sum = [-0.0f64; LANES];
+    for i in 0..m {
+        let vi = v(i);
+        let i = i as u64;
+        for c in 0..LANES {
+            let inside = lo[c] <= i && i < lo[c] + beta as u64;
+            sum[c] = if inside { sum[c] + vi[c] } else { sum[c] };
+        }
+    }
+    sum.map(|s| s / beta as f64)
 }
 
 /// Coordinates per rayon task of the fused path (no scratch: only the rayon granularity).
@@ -188,11 +254,12 @@ pub(crate) fn fused<T: Element>(
     {
         let (bits, out, wide) = f32_rows(inputs, out)?;
         let n = bits.len();
-        let trimmed_ok = match finish {
+        let finish_ok = match finish {
             Finish::Trimmed { f } => 2 * f < n,
+            Finish::Nearest { beta } => (1..=n).contains(&beta),
             Finish::Median => true,
         };
-        (n >= 1 && n <= if wide { 32 } else { 16 } && trimmed_ok)
+        (n >= 1 && n <= if wide { 32 } else { 16 } && finish_ok)
             .then(|| fused_on(&bits, out, finish, wide))
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -713,7 +780,7 @@ mod avx2_f32 {
         let top = _mm256_set1_epi32(i32::MAX);
         let half = _mm256_set1_pd(0.5);
         let (lo_rank, hi_rank, scale) = match finish {
-            super::Finish::Median => (0, 0, 0.0),
+            super::Finish::Median | super::Finish::Nearest { .. } => (0, 0, 0.0),
             super::Finish::Trimmed { f } => (f, N - f, 1.0 / (N - 2 * f) as f64),
         };
         let scale = _mm256_set1_pd(scale);
@@ -783,6 +850,20 @@ mod avx2_f32 {
                         _mm256_cvtpd_ps(_mm256_mul_pd(a0, scale)),
                     )
                 }
+                super::Finish::Nearest { beta } => {
+                    let mut rows = [0i32; 8 * 16];
+                    macro_rules! spill {
+                        ($i:literal) => {
+                            if $i < N {
+                                rows[$i * 8..$i * 8 + 8]
+                                    .copy_from_slice(&bytemuck::cast::<__m256i, [i32; 8]>(v[$i]));
+                            }
+                        };
+                    }
+                    each_of_16!(spill);
+                    let means = super::nearest_mean_lanes::<f32>(&rows, N, 8, 0, 8, beta);
+                    bytemuck::cast::<[f32; 8], __m256>(std::array::from_fn(|c| means[c] as f32))
+                }
             };
             let bad = store8!(result, out, start, lanes);
             first_bad = first_bad.or(bad);
@@ -802,10 +883,10 @@ mod avx512_f32 {
         __m512, __m512i, _mm256_castpd_ps, _mm256_castps_pd, _mm512_add_pd, _mm512_and_si512,
         _mm512_castpd256_pd512, _mm512_castpd_ps, _mm512_castps512_ps256, _mm512_castps_pd,
         _mm512_castps_si512, _mm512_castsi512_ps, _mm512_cmpeq_epi32_mask, _mm512_cvtpd_ps,
-        _mm512_cvtps_pd, _mm512_extractf64x4_pd, _mm512_insertf64x4, _mm512_mask_storeu_ps,
-        _mm512_maskz_loadu_epi32, _mm512_max_epi32, _mm512_min_epi32, _mm512_mul_pd,
-        _mm512_set1_epi32, _mm512_set1_pd, _mm512_setzero_pd, _mm512_srai_epi32, _mm512_srli_epi32,
-        _mm512_xor_si512,
+        _mm512_cvtps_pd, _mm512_extractf64x4_pd, _mm512_insertf64x4, _mm512_loadu_ps,
+        _mm512_mask_storeu_ps, _mm512_maskz_loadu_epi32, _mm512_max_epi32, _mm512_min_epi32,
+        _mm512_mul_pd, _mm512_set1_epi32, _mm512_set1_pd, _mm512_setzero_pd, _mm512_srai_epi32,
+        _mm512_srli_epi32, _mm512_storeu_si512, _mm512_xor_si512,
     };
 
     /// [`super::fused`] on `out.len()` coordinates from `base` (`n = inputs.len()` in
@@ -965,7 +1046,7 @@ mod avx512_f32 {
                 let top = _mm512_set1_epi32(i32::MAX);
                 let half = _mm512_set1_pd(0.5);
                 let (lo_rank, hi_rank, scale) = match finish {
-                    super::Finish::Median => (0, 0, 0.0),
+                    super::Finish::Median | super::Finish::Nearest { .. } => (0, 0, 0.0),
                     super::Finish::Trimmed { f } => (f, N - f, 1.0 / (N - 2 * f) as f64),
                 };
                 let scale = _mm512_set1_pd(scale);
@@ -1017,6 +1098,25 @@ mod avx512_f32 {
                             }
                             $each!(add);
                             narrow!(_mm512_mul_pd(a0, scale), _mm512_mul_pd(a1, scale))
+                        }
+                        super::Finish::Nearest { beta } => {
+                            let mut rows = [0i32; 16 * $wires];
+                            macro_rules! spill {
+                                ($i:literal) => {
+                                    if $i < N {
+                                        let dst = &mut rows[$i * 16..$i * 16 + 16];
+                                        // SAFETY: `dst` holds exactly 16 `i32`.
+                                        unsafe {
+                                            _mm512_storeu_si512(dst.as_mut_ptr().cast(), v[$i])
+                                        };
+                                    }
+                                };
+                            }
+                            $each!(spill);
+                            let means = super::nearest_mean_lanes::<f32>(&rows, N, 16, 0, 16, beta);
+                            let means: [f32; 16] = std::array::from_fn(|c| means[c] as f32);
+                            // SAFETY: `means` holds exactly 16 `f32`.
+                            unsafe { _mm512_loadu_ps(means.as_ptr()) }
                         }
                     };
                     first_bad = first_bad.or(store16!(result, out, start, mask, lanes));
@@ -1174,6 +1274,7 @@ mod tests {
                                         col[f..n - f].iter().fold(0.0f64, |a, &v| a + v as f64);
                                     (sum * (1.0 / (n - 2 * f) as f64)) as f32
                                 }
+                                Finish::Nearest { .. } => unreachable!("tested on its own"),
                             })
                             .collect();
                         let first_bad = want.iter().position(|v| !v.is_finite());
@@ -1195,6 +1296,65 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Bulyan's finish on both register paths against the shrinking loop, bitwise: every `n`
+    /// and `beta`, data full of ties, signed zeros, huge values whose differences round and
+    /// subnormals (Bulyan only ever finishes finite inputs), tails and several rayon blocks.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fused_nearest_mean_is_the_shrinking_loop() {
+        let paths: Vec<bool> = [false, true]
+            .into_iter()
+            .filter(|&wide| match wide {
+                true => std::arch::is_x86_feature_detected!("avx512f"),
+                false => std::arch::is_x86_feature_detected!("avx2"),
+            })
+            .collect();
+        if paths.is_empty() {
+            eprintln!("SKIPPED: this CPU has neither AVX2 nor AVX-512");
+            return;
+        }
+        let palette = [-0.0f32, 0.0, 1.0, -1.0, 2.5, 3.0e38, -3.0e38, 1.0e-40, 7.0];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for n in 1..=32usize {
+            for beta in 1..=n {
+                let d = [1usize, 15, 17, 33, FUSED_BLOCK + 9][(n + beta) % 5];
+                let rows: Vec<Vec<f32>> = (0..n)
+                    .map(|_| {
+                        (0..d)
+                            .map(|_| match next() % 4 {
+                                0 => (next() % 1000) as f32 * 0.37 - 100.0,
+                                _ => palette[(next() % palette.len() as u64) as usize],
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let bits: Vec<&[u32]> = rows.iter().map(|r| bytemuck::cast_slice(r)).collect();
+                let want: Vec<f32> = (0..d)
+                    .map(|c| {
+                        let mut col: Vec<f32> = rows.iter().map(|r| r[c]).collect();
+                        col.sort_by(f32::total_cmp);
+                        crate::krum::nearest_mean(n, beta, |i| col[i] as f64) as f32
+                    })
+                    .collect();
+                let first_bad = want.iter().position(|v| !v.is_finite());
+                for &wide in paths.iter().filter(|&&wide| wide || n <= 16) {
+                    let mut out = vec![0.0f32; d];
+                    let got = fused_on(&bits, &mut out, Finish::Nearest { beta }, wide);
+                    let what = format!("wide {wide} n {n} beta {beta} d {d}");
+                    assert_eq!(got, first_bad.map_or(Ok(()), Err), "{what}");
+                    let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(as_bits(&out), as_bits(&want), "{what}");
                 }
             }
         }
