@@ -45,6 +45,8 @@ mod rows;
 
 struct Args {
     ranks: usize,
+    /// The byzcoll collectives to run (all when empty).
+    collectives: Vec<Collective>,
     min_exp: u32,
     max_exp: u32,
     anchor: bool,
@@ -155,6 +157,18 @@ fn transport_settings(name: &str) -> String {
         .collect()
 }
 
+/// The byzcoll collectives the bench can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Collective {
+    #[value(name = "all_reduce")]
+    AllReduce,
+    #[value(name = "all_gather")]
+    AllGather,
+    Gather,
+    Sharded1,
+    Sharded,
+}
+
 /// The command line (the launcher's ranks get the same one).
 #[derive(clap::Parser)]
 struct Cli {
@@ -175,6 +189,12 @@ struct Cli {
     /// Open MPI's byte transfer layer for the anchor.
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "vader"])]
     mpi_btl: String,
+    /// byzcoll collectives to run, comma-separated (default: all): `all_reduce`,
+    /// `all_gather`, `gather` (robust, gather mode), `sharded1` (r = 1), `sharded`
+    /// (r = 2f+1). Running one alone measures its peak RSS without the receive buffers that
+    /// the others left idle in the transport's pool.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    collectives: Vec<Collective>,
     /// Skip the Open MPI anchor.
     #[arg(long = "no-anchor", action = clap::ArgAction::SetFalse)]
     anchor: bool,
@@ -193,6 +213,7 @@ fn parse_args() -> Result<Args, String> {
     }
     Ok(Args {
         ranks: cli.ranks,
+        collectives: cli.collectives,
         min_exp: cli.min_exp,
         max_exp: cli.max_exp,
         anchor: cli.anchor,
@@ -333,63 +354,70 @@ async fn worker(args: &Args) -> Result<(), String> {
         // than timing a fresh allocation and its page faults.
         let mut v = input.clone();
 
-        let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
-            v.copy_from_slice(&input);
-            c.all_reduce(&mut v, ReduceOp::Sum)
-                .await
-                .expect("all_reduce");
-        })
-        .await;
-        if me == 0 {
-            row(
-                bytes,
-                d,
-                "sum",
-                t,
-                2.0 * (nf - 1.0) / nf,
-                transport,
-                "all_reduce",
-            );
+        let runs = |c: Collective| args.collectives.is_empty() || args.collectives.contains(&c);
+        if runs(Collective::AllReduce) {
+            let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
+                v.copy_from_slice(&input);
+                c.all_reduce(&mut v, ReduceOp::Sum)
+                    .await
+                    .expect("all_reduce");
+            })
+            .await;
+            if me == 0 {
+                row(
+                    bytes,
+                    d,
+                    "sum",
+                    t,
+                    2.0 * (nf - 1.0) / nf,
+                    transport,
+                    "all_reduce",
+                );
+            }
         }
 
-        let mut gathered = vec![0.0f32; n * d];
-        let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
-            c.all_gather_into(&input, &mut gathered)
-                .await
-                .expect("all_gather");
-        })
-        .await;
-        if me == 0 {
-            row(
-                bytes * n,
-                d * n,
-                "none",
-                t,
-                (nf - 1.0) / nf,
-                transport,
-                "all_gather",
-            );
+        if runs(Collective::AllGather) {
+            let mut gathered = vec![0.0f32; n * d];
+            let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
+                c.all_gather_into(&input, &mut gathered)
+                    .await
+                    .expect("all_gather");
+            })
+            .await;
+            if me == 0 {
+                row(
+                    bytes * n,
+                    d * n,
+                    "none",
+                    t,
+                    (nf - 1.0) / nf,
+                    transport,
+                    "all_gather",
+                );
+            }
         }
-        drop(gathered);
 
-        for (policy, label, received) in [
+        for (collective, policy, label, received) in [
             (
+                Collective::Gather,
                 Policy::Gather,
                 "robust_all_reduce gather".to_string(),
                 nf - 1.0,
             ),
             (
+                Collective::Sharded1,
                 Policy::Sharded(Replicas::Exactly(1)),
                 "robust_all_reduce sharded r=1".to_string(),
                 2.0 * (nf - 1.0) / nf,
             ),
             (
+                Collective::Sharded,
                 Policy::Sharded(Replicas::Tolerant),
                 format!("robust_all_reduce sharded r={}", 2 * f + 1),
                 2.0 * (2 * f + 1) as f64 * (nf - 1.0) / nf,
             ),
         ] {
-            if enforce && policy != Policy::Gather {
+            if !runs(collective) || (enforce && policy != Policy::Gather) {
                 continue;
             }
             let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
