@@ -75,7 +75,7 @@ pub(crate) fn network_blocks<T: Element>(
 
 /// Offset of the first non-finite value, if any.
 fn first_non_finite<T: Element>(out: &[T]) -> Result<(), usize> {
-    match out.iter().position(|v| !v.is_finite()) {
+    match crate::first_non_finite(out) {
         Some(c) => Err(c),
         None => Ok(()),
     }
@@ -296,7 +296,7 @@ impl Mean {
         let bad: Vec<usize> = inputs
             .par_iter()
             .enumerate()
-            .filter(|(_, x)| !x.iter().all(|v| v.is_finite()))
+            .filter(|(_, x)| !crate::all_finite(x))
             .map(|(i, _)| i)
             .collect();
         Err(if bad.is_empty() {

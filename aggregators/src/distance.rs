@@ -92,10 +92,7 @@ fn chunk_table_portable<T: Element, const B: usize>(
 
 /// Whether every value of each input is finite.
 pub fn finite_inputs<T: Element>(inputs: &[&[T]]) -> Vec<bool> {
-    inputs
-        .par_iter()
-        .map(|x| x.iter().all(|v| v.is_finite()))
-        .collect()
+    inputs.par_iter().map(|x| crate::all_finite(x)).collect()
 }
 
 /// The `n × n` table of squared distances (row-major); `finite[i]` says whether input `i` holds
@@ -132,7 +129,7 @@ pub fn distance_table_of_present<T: Element>(inputs: &[&[T]], present: &[bool]) 
             // Without another present input there is no distance to go by: scan it.
             let suspect = others.clone().next().is_none()
                 || others.into_iter().any(|j| !upper(i, j).is_finite());
-            present[i] && (!suspect || inputs[i].iter().all(|v| v.is_finite()))
+            present[i] && (!suspect || crate::all_finite(inputs[i]))
         })
         .collect();
     apply_non_finite(&mut table, &finite);

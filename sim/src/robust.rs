@@ -436,7 +436,7 @@ impl RoundPlane for SimPlane<'_> {
         if let Some(&f) = self.finite.get(&id) {
             return f;
         }
-        let f = self.slices(&[id])[0].iter().all(|v| v.is_finite());
+        let f = byzcoll_aggregators::all_finite(self.slices(&[id])[0]);
         self.finite.insert(id, f);
         f
     }
@@ -537,7 +537,7 @@ impl RoundPlane for SimPlane<'_> {
         let finite: Vec<bool> = inputs
             .iter()
             .zip(&ids)
-            .map(|(x, &id)| x.is_some() && self.slices(&[id])[0].iter().all(|v| v.is_finite()))
+            .map(|(x, &id)| x.is_some() && byzcoll_aggregators::all_finite(self.slices(&[id])[0]))
             .collect();
         byzcoll_aggregators::iteration::sq_distances_to(
             &self.slices(&ids),
@@ -571,7 +571,7 @@ impl RoundPlane for SimPlane<'_> {
             return Ok(());
         }
         let out: Vec<f32> = self.rank.estimates[i].iter().map(|&v| v as f32).collect();
-        if !out.iter().all(|v| v.is_finite()) {
+        if !byzcoll_aggregators::all_finite(&out) {
             return Err("the estimate is not finite".into());
         }
         let id = self.insert(out);

@@ -187,7 +187,7 @@ impl<T: Element> Plane for HostPlane<'_, T> {
     }
 
     fn finite(&mut self, src: Src<'_, Payload>) -> bool {
-        self.view(&src).iter().all(|x| x.is_finite())
+        byzcoll_aggregators::all_finite(&self.view(&src))
     }
 
     fn aggregate(
@@ -236,9 +236,18 @@ impl<T: Element> Plane for HostPlane<'_, T> {
         let median = Median::new(views.len().saturating_sub(1) / 2);
         if let [only] = &views[..] {
             // The median of one version is that version: copied, refused where it is not
-            // finite, as the median would.
-            out.copy_from_slice(only);
-            return match out.iter().position(|v| !v.is_finite()) {
+            // finite, as the median would. Each run is checked right after its copy, while it
+            // is still in cache (one pass over memory, not two).
+            const RUN: usize = 16 << 10;
+            let bad = out
+                .chunks_mut(RUN)
+                .zip(only.chunks(RUN))
+                .enumerate()
+                .find_map(|(k, (dst, src))| {
+                    dst.copy_from_slice(src);
+                    byzcoll_aggregators::first_non_finite(dst).map(|c| k * RUN + c)
+                });
+            return match bad {
                 Some(coordinate) => Err(AggError::NonFiniteResult {
                     rule: median.name().to_string(),
                     f: 0,
@@ -299,7 +308,7 @@ impl<T: Element> Plane for HostPlane<'_, T> {
             .iter()
             .map(|x| {
                 x.as_ref()
-                    .is_some_and(|s| self.view(s).iter().all(|e| e.is_finite()))
+                    .is_some_and(|s| byzcoll_aggregators::all_finite(&self.view(s)))
             })
             .collect();
         let views = self.placeholder_views(inputs);
@@ -326,7 +335,7 @@ impl<T: Element> Plane for HostPlane<'_, T> {
 
     fn estimate_finish(&mut self, i: usize) -> Result<(), String> {
         let out: Vec<T> = self.estimates[i].iter().map(|&v| T::from_f64(v)).collect();
-        if !out.iter().all(|v| v.is_finite()) {
+        if !byzcoll_aggregators::all_finite(&out) {
             return Err("the estimate is not finite".into());
         }
         self.set_result(i, out);
