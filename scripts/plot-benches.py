@@ -176,7 +176,8 @@ def main():
     os.makedirs(args.dst, exist_ok=True)
     index = ["# Benchmarks", "", "Drawn by `scripts/plot-benches.py` from the JSON rows the benches write to",
              "`target/bench/`; figures from one 2-core VM over loopback (compare within a plot, not",
-             "across machines).", ""]
+             "across machines). [PROFILE.md](PROFILE.md): where the collectives' time goes, next to Open MPI.",
+             ""]
     for name, draw in [("collectives", collectives), ("aggregators", aggregators),
                        ("aggregate_e2e", aggregate_e2e), ("python_overhead", python_overhead)]:
         doc = load(args.src, name)
