@@ -17,7 +17,8 @@
 //! `process_vm_readv`, libfabric's shm) pin and walk every page of both buffers: on huge
 //! pages a 1-4 MiB message moved at 11-14 GB/s instead of 8-10 in the p2p bench over UCX
 //! shared memory, when sender and receiver both used them (only the receiver: no gain).
-//! [`payload_from`] puts outgoing data in such a buffer (not pooled).
+//! [`payload_from`] puts outgoing data in such a buffer, from a small process-wide send pool
+//! ([`SEND_POOL_BYTES`] idle at most).
 //!
 //! Every buffer is initialised memory (zeroed when new), so readers may fill it as a slice.
 
@@ -225,20 +226,28 @@ impl BufferPool {
     }
 }
 
-/// `data` copied into a new buffer, on huge pages from [`HUGE_MIN`] bytes (a plain copy below),
-/// freed when the payload's last clone is dropped. What the collectives send is made this way.
-/// Outgoing buffers are not pooled: a pool would keep idle memory for the process's lifetime,
-/// and in the collectives bench it bought no time over TCP while peak memory rose by 80 MiB
-/// per rank (the sharded mode exists to save memory).
+/// Idle bytes the process-wide send pool of [`payload_from`] keeps at most. A fresh mapping per
+/// send was zeroed by the kernel on first touch and unmapped after the send: 28-31 % of the
+/// ring all-reduce's CPU time in the profile (`docs/bench/PROFILE.md`). The limit is small
+/// because an idle buffer stays resident: enough for a ring's chunks and a sharded round's
+/// pieces at tens of MiB per rank (an unbounded pool once raised the bench's peak memory by
+/// 80 MiB per rank).
+pub const SEND_POOL_BYTES: usize = 64 << 20;
+
+/// The pool [`payload_from`] takes its buffers from.
+fn send_pool() -> &'static BufferPool {
+    static POOL: std::sync::OnceLock<BufferPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| BufferPool::new(SEND_POOL_BYTES))
+}
+
+/// `data` copied into a buffer on huge pages from [`HUGE_MIN`] bytes (a plain copy below), from
+/// the process-wide send pool, to which it returns when the payload's last clone is dropped.
+/// What the collectives send is made this way.
 pub fn payload_from(data: &[u8]) -> Bytes {
     if data.len() < HUGE_MIN {
         return Bytes::copy_from_slice(data);
     }
-    let mut buf = PoolBuf {
-        mem: Memory::new(data.len()),
-        len: 0,
-        pool: None,
-    };
+    let mut buf = send_pool().take(data.len());
     buf.as_mut_slice()[..data.len()].copy_from_slice(data);
     buf.set_len(data.len());
     buf.freeze()
@@ -446,5 +455,11 @@ mod tests {
         let p = payload_from(&large);
         assert_eq!(&p[..], &large[..]);
         assert_eq!(p.as_ptr() as usize % HUGE_PAGE, 0);
+        // Sent and dropped, its buffer serves a later payload of a similar size (other tests
+        // share the process-wide pool, so which buffer is not checked here; the contents are).
+        drop(p);
+        let other: Vec<u8> = (0..3 << 20).map(|i: usize| (i % 13) as u8).collect();
+        assert_eq!(&payload_from(&other)[..], &other[..]);
+        assert!(send_pool().idle_bytes() <= SEND_POOL_BYTES);
     }
 }
