@@ -517,27 +517,11 @@ mod tests {
     /// round, and widths that leave partial column groups and partial blocks.
     #[test]
     fn bulyan_columns_finish_is_the_shrinking_loop_on_ties() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        let palette = [-0.0f32, 0.0, 1.0, -1.0, 2.5, 3.0e38, -3.0e38, 1.0e-40, 7.0];
+        let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1du64);
         for m in 1..=40usize {
             for f in 0..=(m - 1) / 2 {
                 let d = [1usize, 15, 17, 533][(m + f) % 4];
-                let rows: Vec<Vec<f32>> = (0..m)
-                    .map(|_| {
-                        (0..d)
-                            .map(|_| match next() % 4 {
-                                0 => (next() % 1000) as f32 * 0.37 - 100.0,
-                                _ => palette[(next() % palette.len() as u64) as usize],
-                            })
-                            .collect()
-                    })
-                    .collect();
+                let rows = crate::testing::tie_rows(&mut next, m, d);
                 let inputs: Vec<&[f32]> = rows.iter().map(|v| &v[..]).collect();
                 let selected: Vec<usize> = (0..m).collect();
                 let beta = m - 2 * f;

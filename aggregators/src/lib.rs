@@ -64,6 +64,56 @@ pub mod iteration {
 pub use krum::{Bulyan, Krum, MultiKrum};
 pub use nnm::Nnm;
 
+/// Helpers the unit tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    /// A xorshift64 generator from `seed` (non-zero): reproducible test data without a crate.
+    pub(crate) fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
+    /// `m` rows of `d` values, three in four of them from a small palette: ties, signed zeros,
+    /// huge values whose differences round, a subnormal.
+    pub(crate) fn tie_rows(next: &mut impl FnMut() -> u64, m: usize, d: usize) -> Vec<Vec<f32>> {
+        let palette = [-0.0f32, 0.0, 1.0, -1.0, 2.5, 3.0e38, -3.0e38, 1.0e-40, 7.0];
+        (0..m)
+            .map(|_| {
+                (0..d)
+                    .map(|_| match next() % 4 {
+                        0 => (next() % 1000) as f32 * 0.37 - 100.0,
+                        _ => palette[(next() % palette.len() as u64) as usize],
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The register paths this CPU has (`false`: AVX2, `true`: AVX-512); `None`, after a
+    /// visible SKIPPED line, where it has neither.
+    pub(crate) fn register_paths() -> Option<Vec<bool>> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let paths: Vec<bool> = [false, true]
+                .into_iter()
+                .filter(|&wide| match wide {
+                    true => std::arch::is_x86_feature_detected!("avx512f"),
+                    false => std::arch::is_x86_feature_detected!("avx2"),
+                })
+                .collect();
+            if !paths.is_empty() {
+                return Some(paths);
+            }
+        }
+        eprintln!("SKIPPED: this CPU has neither AVX2 nor AVX-512");
+        None
+    }
+}
+
 /// Values [`first_non_finite`] checks at once, without stopping between them.
 const FINITE_RUN: usize = 1024;
 

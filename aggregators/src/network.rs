@@ -1200,17 +1200,9 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn fused_paths_give_bitwise_the_sorted_column_finish() {
-        let paths: Vec<bool> = [false, true]
-            .into_iter()
-            .filter(|&wide| match wide {
-                true => std::arch::is_x86_feature_detected!("avx512f"),
-                false => std::arch::is_x86_feature_detected!("avx2"),
-            })
-            .collect();
-        if paths.is_empty() {
-            eprintln!("SKIPPED: this CPU has neither AVX2 nor AVX-512");
+        let Some(paths) = crate::testing::register_paths() else {
             return;
-        }
+        };
         let specials = [
             f32::NAN,
             -f32::NAN,
@@ -1219,13 +1211,7 @@ mod tests {
             -0.0,
             3e38,
         ];
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15u64);
         for n in 1..=32usize {
             for d in [
                 1,
@@ -1307,38 +1293,14 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn fused_nearest_mean_is_the_shrinking_loop() {
-        let paths: Vec<bool> = [false, true]
-            .into_iter()
-            .filter(|&wide| match wide {
-                true => std::arch::is_x86_feature_detected!("avx512f"),
-                false => std::arch::is_x86_feature_detected!("avx2"),
-            })
-            .collect();
-        if paths.is_empty() {
-            eprintln!("SKIPPED: this CPU has neither AVX2 nor AVX-512");
+        let Some(paths) = crate::testing::register_paths() else {
             return;
-        }
-        let palette = [-0.0f32, 0.0, 1.0, -1.0, 2.5, 3.0e38, -3.0e38, 1.0e-40, 7.0];
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
         };
+        let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1du64);
         for n in 1..=32usize {
             for beta in 1..=n {
                 let d = [1usize, 15, 17, 33, FUSED_BLOCK + 9][(n + beta) % 5];
-                let rows: Vec<Vec<f32>> = (0..n)
-                    .map(|_| {
-                        (0..d)
-                            .map(|_| match next() % 4 {
-                                0 => (next() % 1000) as f32 * 0.37 - 100.0,
-                                _ => palette[(next() % palette.len() as u64) as usize],
-                            })
-                            .collect()
-                    })
-                    .collect();
+                let rows = crate::testing::tie_rows(&mut next, n, d);
                 let bits: Vec<&[u32]> = rows.iter().map(|r| bytemuck::cast_slice(r)).collect();
                 let want: Vec<f32> = (0..d)
                     .map(|c| {
@@ -1366,31 +1328,17 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn mean_paths_give_bitwise_the_scalar_sum() {
-        let paths: Vec<bool> = [false, true]
-            .into_iter()
-            .filter(|&wide| match wide {
-                true => std::arch::is_x86_feature_detected!("avx512f"),
-                false => std::arch::is_x86_feature_detected!("avx2"),
-            })
-            .collect();
-        if paths.is_empty() {
-            eprintln!("SKIPPED: this CPU has neither AVX2 nor AVX-512");
+        let Some(paths) = crate::testing::register_paths() else {
             return;
-        }
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
         };
+        let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1du64);
         for n in [1usize, 2, 3, 10, 16, 33, 47] {
             for d in [1, 7, 16, 17, 31, FUSED_BLOCK + 9, 2 * FUSED_BLOCK + 30] {
                 for poisoned in [false, true] {
                     let rows: Vec<Vec<f32>> = (0..n)
                         .map(|_| {
                             (0..d)
-                                .map(|_| match poisoned && next() % 500 == 0 {
+                                .map(|_| match poisoned && next().is_multiple_of(500) {
                                     true => f32::INFINITY,
                                     false => (next() % 100_001) as f32 * 1.3e-3 - 65.0,
                                 })
