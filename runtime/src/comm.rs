@@ -9,7 +9,7 @@ use byzcoll_aggregators::Element;
 use tokio::time::Instant;
 
 use crate::schedule::{self, chunk_range};
-use crate::types::{cast_payload, host_bytes, to_bytes};
+use crate::types::{cast_payload, fill_bytes, host_bytes, to_bytes};
 use crate::{
     Config, Error, Fault, MsgKey, Payload, PeerFault, Rank, RecvOp, RecvOutcome, Result, SendOp,
     Step, Transport,
@@ -387,6 +387,10 @@ impl Communicator {
     /// MPI use); every rank ends with bitwise the same result. This is the baseline that robust
     /// rules are compared with: one faulty rank corrupts every result, silently.
     ///
+    /// Each partial sum is computed straight into the buffer that carries it to the next rank,
+    /// and each chunk of the all-gather is passed on in the buffer it arrived in: a chunk is
+    /// copied only into `buf`, once, where it ends.
+    ///
     /// # Errors
     /// [`Error::PeerFaults`] when a neighbour's chunk is missing or malformed.
     ///
@@ -397,9 +401,17 @@ impl Communicator {
         let mut seq = self.begin("all_reduce");
         let d = buf.len();
         let chunk = |c: usize| chunk_range(d, n, c);
+        if n == 1 {
+            return Ok(());
+        }
+        // The reduce-scatter: the chunk received at step s, combined with this rank's, is the
+        // one sent at step s + 1. The last one is this rank's reduced chunk: it goes to `buf`
+        // and is the all-gather's first send.
+        let mut out = Payload::Host(to_bytes(
+            &buf[chunk(schedule::ring_reduce_scatter_step(me, n, 0).send_chunk)],
+        ));
         for s in 0..n - 1 {
             let st = schedule::ring_reduce_scatter_step(me, n, s);
-            let out = Payload::Host(to_bytes(&buf[chunk(st.send_chunk)]));
             let dst = chunk(st.recv_chunk);
             let got = seq
                 .run_strict(
@@ -409,20 +421,27 @@ impl Communicator {
                 )
                 .await?;
             let theirs = cast_payload::<T>(&got[0]);
-            combine(op, &mut buf[dst], &theirs);
+            let mine = &buf[dst.clone()];
+            out = Payload::Host(fill_bytes(dst.len(), |o: &mut [T]| {
+                combine_into(op, mine, &theirs, o)
+            }));
+            if s == n - 2 {
+                copy_payload(&out, &mut buf[dst]);
+            }
         }
+        // The all-gather: what arrives at step s is sent on, as it is, at step s + 1.
         for s in 0..n - 1 {
             let st = schedule::ring_all_gather_step(me, n, s);
-            let out = Payload::Host(to_bytes(&buf[chunk(st.send_chunk)]));
             let dst = chunk(st.recv_chunk);
-            let got = seq
+            let mut got = seq
                 .run_strict(
                     "all_reduce",
                     vec![send(st.send_to, out)],
                     vec![recv(st.recv_from, dst.len() * size_of::<T>())],
                 )
                 .await?;
-            copy_payload(&got[0], &mut buf[dst]);
+            out = got.swap_remove(0);
+            copy_payload(&out, &mut buf[dst]);
         }
         Ok(())
     }
@@ -646,17 +665,19 @@ fn copy_payload<T: Pod>(payload: &Payload, dst: &mut [T]) {
     bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(host_bytes(payload));
 }
 
-fn combine<T: Element>(op: ReduceOp, acc: &mut [T], other: &[T]) {
+/// `out[i] = op(a[i], b[i])`.
+fn combine_into<T: Element>(op: ReduceOp, a: &[T], b: &[T], out: &mut [T]) {
     // One loop per operation, so that each compiles to a plain vector loop. Summing through
     // f64 and rounding once is the correctly rounded sum: the native one for f32 and f64.
-    fn each<T: Element>(acc: &mut [T], other: &[T], f: impl Fn(f64, f64) -> f64) {
-        for (a, &b) in acc.iter_mut().zip(other) {
-            *a = T::from_f64(f(a.to_f64(), b.to_f64()));
+    fn each<T: Element>(a: &[T], b: &[T], out: &mut [T], f: impl Fn(f64, f64) -> f64) {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = T::from_f64(f(x.to_f64(), y.to_f64()));
         }
     }
+    debug_assert!(a.len() == out.len() && b.len() == out.len());
     match op {
-        ReduceOp::Sum => each(acc, other, |x, y| x + y),
-        ReduceOp::Min => each(acc, other, f64::min),
-        ReduceOp::Max => each(acc, other, f64::max),
+        ReduceOp::Sum => each(a, b, out, |x, y| x + y),
+        ReduceOp::Min => each(a, b, out, f64::min),
+        ReduceOp::Max => each(a, b, out, f64::max),
     }
 }

@@ -244,12 +244,23 @@ fn send_pool() -> &'static BufferPool {
 /// the process-wide send pool, to which it returns when the payload's last clone is dropped.
 /// What the collectives send is made this way.
 pub fn payload_from(data: &[u8]) -> Bytes {
-    if data.len() < HUGE_MIN {
-        return Bytes::copy_from_slice(data);
+    payload_with(data.len(), |buf| buf.copy_from_slice(data))
+}
+
+/// A payload of `len` bytes that `fill` writes, in the same memory as [`payload_from`]'s: so a
+/// sender can compute straight into the wire buffer instead of computing, then copying. `fill`
+/// gets exactly `len` initialised bytes (zeroes or older contents) and must write all of them.
+/// From [`HUGE_MIN`] bytes the buffer starts on a 2 MiB boundary, so it can be viewed as any
+/// element type (unless the kernel refused the mapping: see [`PoolBuf::as_mut_slice`]).
+pub fn payload_with(len: usize, fill: impl FnOnce(&mut [u8])) -> Bytes {
+    if len < HUGE_MIN {
+        let mut v = vec![0u8; len];
+        fill(&mut v);
+        return Bytes::from(v);
     }
-    let mut buf = send_pool().take(data.len());
-    buf.as_mut_slice()[..data.len()].copy_from_slice(data);
-    buf.set_len(data.len());
+    let mut buf = send_pool().take(len);
+    fill(&mut buf.as_mut_slice()[..len]);
+    buf.set_len(len);
     buf.freeze()
 }
 

@@ -105,6 +105,27 @@ pub(crate) fn to_bytes<T: bytemuck::Pod>(buf: &[T]) -> bytes::Bytes {
     crate::pool::payload_from(bytemuck::cast_slice(buf))
 }
 
+/// A payload of `len` elements that `fill` computes in place (in pooled, huge-page-backed
+/// memory from 1 MiB, as [`to_bytes`]): `fill` must write every element.
+pub(crate) fn fill_bytes<T: bytemuck::Pod>(
+    len: usize,
+    fill: impl FnOnce(&mut [T]),
+) -> bytes::Bytes {
+    let bytes = len * std::mem::size_of::<T>();
+    crate::pool::payload_with(bytes, |buf| {
+        match bytemuck::try_cast_slice_mut::<u8, T>(buf) {
+            Ok(elements) => fill(elements),
+            // Only where a buffer is not aligned for `T` (a plain allocation below the huge-page
+            // size, or a refused mapping): computed aside, then copied.
+            Err(_) => {
+                let mut aside = vec![T::zeroed(); len];
+                fill(&mut aside);
+                buf.copy_from_slice(bytemuck::cast_slice(&aside));
+            }
+        }
+    })
+}
+
 /// A host payload's bytes.
 pub(crate) fn host_bytes(payload: &Payload) -> &[u8] {
     match payload {
