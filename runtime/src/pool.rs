@@ -479,13 +479,17 @@ mod tests {
         for len in [0, 100, HUGE_MIN - 1, HUGE_MIN, 3 << 20] {
             let p = payload_with(len, |b| {
                 assert_eq!(b.len(), len);
-                b.iter_mut().enumerate().for_each(|(i, x)| *x = (i % 241) as u8);
+                b.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, x)| *x = (i % 241) as u8);
             });
             assert_eq!(p.len(), len);
             assert!(p.iter().enumerate().all(|(i, &x)| x == (i % 241) as u8));
         }
         let typed = crate::types::fill_bytes::<f64>(300_000, |v| {
-            v.iter_mut().enumerate().for_each(|(i, x)| *x = i as f64 * 0.5);
+            v.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = i as f64 * 0.5);
         });
         let back: &[f64] = bytemuck::cast_slice(&typed);
         assert!(back.iter().enumerate().all(|(i, &x)| x == i as f64 * 0.5));

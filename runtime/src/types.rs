@@ -135,7 +135,11 @@ pub(crate) fn host_bytes(payload: &Payload) -> &[u8] {
 
 /// Views a received payload as elements, copying only if the buffer is misaligned.
 pub(crate) fn cast_payload<T: bytemuck::Pod>(payload: &Payload) -> std::borrow::Cow<'_, [T]> {
-    let bytes = host_bytes(payload);
+    cast_bytes(host_bytes(payload))
+}
+
+/// Views bytes as elements, copying only if they are misaligned.
+pub(crate) fn cast_bytes<T: bytemuck::Pod>(bytes: &[u8]) -> std::borrow::Cow<'_, [T]> {
     match bytemuck::try_cast_slice(bytes) {
         Ok(v) => std::borrow::Cow::Borrowed(v),
         Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),

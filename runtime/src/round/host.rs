@@ -14,7 +14,7 @@ use byzcoll_aggregators::{
 
 use super::{check, Dest, Digest, Msg, Plane, Src};
 use crate::schedule::chunk_range;
-use crate::types::{cast_payload, host_bytes, to_bytes};
+use crate::types::{cast_bytes, cast_payload, fill_bytes, host_bytes, to_bytes};
 use crate::{Payload, Rank};
 
 /// Rewrites the result a Byzantine shard owner sends for `shard` to `dest` (a test double's
@@ -40,10 +40,9 @@ pub struct HostPlane<'a, T> {
     target: Target<'a, T>,
     me: Rank,
     n: usize,
-    /// The owned shards' results, by position among the owned shards.
-    results: Vec<Vec<T>>,
-    /// Their wire form, made once however many ranks receive them.
-    result_payloads: Vec<Option<Payload>>,
+    /// The owned shards' results, by position among the owned shards, computed straight into
+    /// their wire form (sent to every rank that takes them, without a copy).
+    results: Vec<Bytes>,
     /// The iterative rules' estimates, by owned shard.
     estimates: Vec<Vec<f64>>,
     /// The whole input's wire form (gather mode), made once.
@@ -71,7 +70,6 @@ impl<'a, T: Element> HostPlane<'a, T> {
             me,
             n,
             results: Vec::new(),
-            result_payloads: Vec::new(),
             estimates: Vec::new(),
             input_payload: None,
             pieces: vec![None; n],
@@ -104,17 +102,10 @@ impl<'a, T: Element> HostPlane<'a, T> {
             }
             Msg::Result(s) => {
                 let i = (self.me + self.n - s) % self.n;
-                if self.result_payloads.len() <= i {
-                    self.result_payloads.resize(i + 1, None);
-                }
-                let honest = self.result_payloads[i]
-                    .get_or_insert_with(|| {
-                        Payload::Host(to_bytes(self.results.get(i).map_or(&[][..], |v| v)))
-                    })
-                    .clone();
+                let honest = self.results.get(i).cloned().unwrap_or_default();
                 match &self.tamper {
-                    Some(t) => Payload::Host(t(*s, dest, host_bytes(&honest))),
-                    None => honest,
+                    Some(t) => Payload::Host(t(*s, dest, &honest)),
+                    None => Payload::Host(honest),
                 }
             }
             Msg::Empty => Payload::Host(Bytes::new()),
@@ -136,7 +127,7 @@ impl<'a, T: Element> HostPlane<'a, T> {
         match src {
             Src::Mine(range) => Cow::Borrowed(&self.input()[range.clone()]),
             Src::Got(p) => cast_payload::<T>(p),
-            Src::Owned(i) => Cow::Borrowed(&self.results[*i]),
+            Src::Owned(i) => cast_bytes(&self.results[*i]),
         }
     }
 
@@ -153,12 +144,25 @@ impl<'a, T: Element> HostPlane<'a, T> {
             .collect()
     }
 
-    fn set_result(&mut self, i: usize, out: Vec<T>) {
+    fn set_result(&mut self, i: usize, out: Bytes) {
         if self.results.len() <= i {
-            self.results.resize_with(i + 1, Vec::new);
+            self.results.resize_with(i + 1, Bytes::new);
         }
         self.results[i] = out;
     }
+}
+
+/// `len` elements that `compute` writes, straight into a wire buffer (`compute`'s error
+/// leaves no buffer behind).
+fn computed<T: Element, R, E>(
+    len: usize,
+    compute: impl FnOnce(&mut [T]) -> Result<R, E>,
+) -> Result<(Bytes, R), E> {
+    let mut outcome = None;
+    let bytes = fill_bytes(len, |out: &mut [T]| outcome = Some(compute(out)));
+    outcome
+        .expect("fill_bytes calls its fill once")
+        .map(|r| (bytes, r))
 }
 
 fn refs<'b, T: Clone>(views: &'b [Cow<'_, [T]>]) -> Vec<&'b [T]> {
@@ -198,18 +202,25 @@ impl<T: Element> Plane for HostPlane<'_, T> {
     ) -> Result<AggReport, AggError> {
         let views: Vec<Cow<'_, [T]>> = inputs.iter().map(|s| self.view(s)).collect();
         let len = views.first().map_or(0, |v| v.len());
-        let mut out = vec![T::zeroed(); len];
-        let report = aggregate_into(rule, &refs(&views), &mut out)?;
-        drop(views);
         match to {
             // Written only on success: on error the caller's vector is unchanged.
-            Dest::Output => match &mut self.target {
-                Target::All(buf) => buf.copy_from_slice(&out),
-                Target::OwnShard { output, .. } => output.copy_from_slice(&out),
-            },
-            Dest::Owned(i) => self.set_result(i, out),
+            Dest::Output => {
+                let mut out = vec![T::zeroed(); len];
+                let report = aggregate_into(rule, &refs(&views), &mut out)?;
+                drop(views);
+                match &mut self.target {
+                    Target::All(buf) => buf.copy_from_slice(&out),
+                    Target::OwnShard { output, .. } => output.copy_from_slice(&out),
+                }
+                Ok(report)
+            }
+            Dest::Owned(i) => {
+                let (out, report) = computed(len, |out| aggregate_into(rule, &refs(&views), out))?;
+                drop(views);
+                self.set_result(i, out);
+                Ok(report)
+            }
         }
-        Ok(report)
     }
 
     fn combine(
@@ -225,7 +236,7 @@ impl<T: Element> Plane for HostPlane<'_, T> {
             .iter()
             .map(|src| match src {
                 Src::Got(p) => cast_payload::<T>(p),
-                Src::Owned(i) => Cow::Borrowed(&results[*i][..]),
+                Src::Owned(i) => cast_bytes(&results[*i]),
                 Src::Mine(_) => unreachable!("versions never come from the input"),
             })
             .collect();
@@ -274,9 +285,10 @@ impl<T: Element> Plane for HostPlane<'_, T> {
     ) -> Result<(), AggError> {
         let views = self.placeholder_views(inputs);
         let len = views.first().map_or(0, |v| v.len());
-        let mut out = vec![T::zeroed(); len];
         let r = refs(&views);
-        selection.finish(T::inputs(&r), selected, T::output(&mut out))?;
+        let (out, ()) = computed(len, |out| {
+            selection.finish(T::inputs(&r), selected, T::output(out))
+        })?;
         drop(views);
         self.set_result(i, out);
         Ok(())
@@ -334,10 +346,16 @@ impl<T: Element> Plane for HostPlane<'_, T> {
     }
 
     fn estimate_finish(&mut self, i: usize) -> Result<(), String> {
-        let out: Vec<T> = self.estimates[i].iter().map(|&v| T::from_f64(v)).collect();
-        if !byzcoll_aggregators::all_finite(&out) {
-            return Err("the estimate is not finite".into());
-        }
+        let estimate = &self.estimates[i];
+        let (out, ()) = computed(estimate.len(), |out: &mut [T]| {
+            for (o, &v) in out.iter_mut().zip(estimate) {
+                *o = T::from_f64(v);
+            }
+            match byzcoll_aggregators::all_finite(out) {
+                true => Ok(()),
+                false => Err("the estimate is not finite".to_string()),
+            }
+        })?;
         self.set_result(i, out);
         Ok(())
     }
@@ -354,8 +372,7 @@ impl<T: Element> Plane for HostPlane<'_, T> {
         drop(views);
         let refs: Vec<&[T]> = mixed.iter().map(Vec::as_slice).collect();
         let len = refs.first().map_or(0, |v| v.len());
-        let mut out = vec![T::zeroed(); len];
-        aggregate_into(mixing.inner(), &refs, &mut out)?;
+        let (out, _) = computed(len, |out| aggregate_into(mixing.inner(), &refs, out))?;
         self.set_result(i, out);
         Ok(())
     }
