@@ -186,9 +186,10 @@ mod tests {
 
     #[test]
     fn register_blocking_never_changes_a_bit() {
-        // 10 and 11 rows: blocks of 4 leave 1, 2 or 3 rows to a narrower block.
+        // 9 to 12 rows: groups of 4 leave 0 to 3 rows to narrower blocks, and a last group
+        // of 1 to 4 rows (of 1 or 2 with blocks of 2).
         let d = 3000;
-        for m in [10u32, 11] {
+        for m in [9u32, 10, 11, 12] {
             let rows: Vec<Vec<f32>> = (0..m)
                 .map(|i| {
                     (0..d as u32)
