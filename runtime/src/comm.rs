@@ -51,6 +51,8 @@ pub struct Communicator {
     pub(crate) owner_tamper: Option<crate::round::host::Tamper>,
     unauthenticated: bool,
     agreement: crate::Agreement,
+    /// See [`Communicator::set_sub_round_bytes`].
+    pub(crate) sub_round_bytes: usize,
     /// What the steps since the last [`Communicator::take_stats`] moved and took.
     stats: RoundStats,
 }
@@ -91,6 +93,7 @@ impl Communicator {
             owner_tamper: None,
             unauthenticated: false,
             agreement: crate::Agreement::default(),
+            sub_round_bytes: crate::SUB_ROUND_BYTES,
             stats: RoundStats::default(),
         }
     }
@@ -99,6 +102,14 @@ impl Communicator {
     /// by default). Every rank of the job must choose alike.
     pub fn set_agreement(&mut self, agreement: crate::Agreement) {
         self.agreement = agreement;
+    }
+
+    /// The most bytes of the vector one sub-round of a sharded all-reduce of a coordinate-wise
+    /// rule covers ([`SUB_ROUND_BYTES`](crate::SUB_ROUND_BYTES) by default; at least one
+    /// element is taken whatever the value). Smaller parts hold less memory and take more
+    /// steps. Every rank of the job must choose alike: it sets how many steps a round takes.
+    pub fn set_sub_round_bytes(&mut self, bytes: usize) {
+        self.sub_round_bytes = bytes;
     }
 
     /// The agreement policy of robust rounds.
@@ -249,6 +260,7 @@ impl Communicator {
             owner_tamper: None,
             unauthenticated: self.unauthenticated,
             agreement: self.agreement,
+            sub_round_bytes: self.sub_round_bytes,
             stats: RoundStats::default(),
         }))
     }

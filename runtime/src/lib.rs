@@ -29,7 +29,7 @@ pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, Transpo
 pub use handle::{CommHandle, Pending, QUEUED};
 #[cfg(feature = "fault-injection")]
 pub use robust::OwnerTamper;
-pub use robust::{Agreement, AgreementReport, Policy, Replicas, RoundReport};
+pub use robust::{Agreement, AgreementReport, Policy, Replicas, RoundReport, SUB_ROUND_BYTES};
 pub use round::sum_of_shard_medians;
 pub use transport::{Capabilities, RecvOp, RecvOutcome, SendOp, Step, Transport};
 pub use types::{MemoryKind, MsgKey, Payload, Rank, Tag, STREAM_BITS};

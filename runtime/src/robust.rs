@@ -1,6 +1,6 @@
 //! Byzantine-robust all-reduce in two schedules: gather and sharded (see [`Policy`]).
 
-use byzcoll_aggregators::{Aggregator, Element};
+use byzcoll_aggregators::{Aggregator, Element, Structure};
 
 use crate::round::host::{HostPlane, Target};
 use crate::round::{check_agreement, Arrival, Msg, Round, Shape, Spec};
@@ -165,6 +165,45 @@ pub struct RoundReport {
     pub stats: crate::RoundStats,
 }
 
+/// The most bytes of the vector one sub-round of a sharded all-reduce of a coordinate-wise rule
+/// covers: a longer vector runs as consecutive sub-rounds over parts of at most this size
+/// ([`Communicator::robust_all_reduce`]), so that the round's own buffers (pieces, results,
+/// versions) stay about this size instead of growing with the vector. The default of
+/// [`Communicator::set_sub_round_bytes`]; every rank must use the same value (`PROTOCOL.md`).
+pub const SUB_ROUND_BYTES: usize = 4 << 20;
+
+/// Folds a later sub-round's report into the reports merged so far.
+fn merge_reports(merged: &mut RoundReport, next: RoundReport) {
+    fn union<T: Ord>(into: &mut Vec<T>, more: Vec<T>) {
+        into.extend(more);
+        into.sort_unstable();
+        into.dedup();
+    }
+    merged.inputs = merged.inputs.min(next.inputs);
+    for f in next.faults {
+        if !merged.faults.iter().any(|g| g.rank == f.rank) {
+            merged.faults.push(f);
+        }
+    }
+    merged.erased_self |= next.erased_self;
+    union(&mut merged.non_finite, next.non_finite);
+    merged.peak_bytes = merged.peak_bytes.max(next.peak_bytes);
+    merged.unauthenticated |= next.unauthenticated;
+    match (&mut merged.agreement, next.agreement) {
+        (Some(a), Some(b)) => {
+            union(&mut a.disagreeing, b.disagreeing);
+            union(&mut a.unconfirmed, b.unconfirmed);
+            union(&mut a.differing_inputs, b.differing_inputs);
+            union(&mut a.differing_versions, b.differing_versions);
+        }
+        (a @ None, b) => *a = b,
+        (Some(_), None) => {}
+    }
+    merged.stats.bytes_sent += next.stats.bytes_sent;
+    merged.stats.bytes_received += next.stats.bytes_received;
+    merged.stats.step_times.extend(next.stats.step_times);
+}
+
 /// Fault injection for tests (feature `fault-injection`, for test doubles only): lets a rank
 /// act as a Byzantine shard owner by rewriting the result it sends for `shard` to `dest`
 /// (equivocation included).
@@ -204,7 +243,57 @@ impl Communicator {
             Policy::Sharded(replicas) => Shape::Sharded(replicas),
         };
         let d = buf.len();
-        self.run_round(Target::All(buf), d, rule, shape).await
+        if matches!(shape, Shape::Sharded(_))
+            && rule.structure() == Structure::CoordinateWise
+            && self.agreement() != Agreement::Enforce
+            && std::mem::size_of_val(buf) > self.sub_round_bytes.max(size_of::<T>())
+        {
+            return self.sub_rounds(buf, rule, shape).await;
+        }
+        self.run_round(Target::All(buf), d, rule, shape, &[]).await
+    }
+
+    /// A sharded all-reduce of a coordinate-wise rule as consecutive sub-rounds, one per part
+    /// of at most [`Communicator::set_sub_round_bytes`] of `buf` ([`chunk_range`] over the parts): each
+    /// coordinate's result depends on that coordinate's inputs only, so the result is bitwise
+    /// that of one round, while the round holds the pieces and versions of one part at a time
+    /// rather than of the whole vector (`docs/bench/PROFILE.md`: peak memory). Every sub-round
+    /// runs on every rank whatever the earlier ones gave, so that the ranks' steps stay alike;
+    /// the peers one erased are erasures in the later ones too (a dead peer costs one
+    /// timeout), and the call returns the first error, or the reports merged.
+    async fn sub_rounds<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        rule: &dyn Aggregator,
+        shape: Shape,
+    ) -> Result<RoundReport> {
+        self.round_agreement(shape, rule)?;
+        let parts = std::mem::size_of_val(buf).div_ceil(self.sub_round_bytes.max(size_of::<T>()));
+        let d = buf.len();
+        let mut merged: Option<RoundReport> = None;
+        let mut first_error = None;
+        for k in 0..parts {
+            let range = chunk_range(d, parts, k);
+            let erased = merged.as_ref().map_or(&[][..], |m| &m.faults[..]).to_vec();
+            let part = &mut buf[range.clone()];
+            match self
+                .run_round(Target::All(part), range.len(), rule, shape, &erased)
+                .await
+            {
+                Ok(report) => match &mut merged {
+                    None => merged = Some(report),
+                    Some(m) => merge_reports(m, report),
+                },
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match (first_error, merged) {
+            (Some(e), _) => Err(e),
+            (None, Some(m)) => Ok(m),
+            (None, None) => unreachable!("a vector longer than a part has parts"),
+        }
     }
 
     /// The agreement policy for a robust round of `shape`, refused up front where it cannot
@@ -224,6 +313,7 @@ impl Communicator {
         d: usize,
         rule: &dyn Aggregator,
         shape: Shape,
+        erased: &[PeerFault],
     ) -> Result<RoundReport> {
         let agreement = self.round_agreement(shape, rule)?;
         self.take_stats();
@@ -240,7 +330,7 @@ impl Communicator {
             // Warns when the owners are trusted (r < 2f + 1); a bad count is the round's error.
             let _ = replicas.count(rule.byzantine(), spec.n);
         }
-        let mut round = Round::new(spec, rule);
+        let mut round = Round::erasing(spec, rule, erased);
         let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone());
         let mut seq = self.begin("robust");
         while let Some(plan) = round.step() {
@@ -355,6 +445,7 @@ impl Communicator {
             d,
             rule,
             Shape::ReduceScatter(replicas),
+            &[],
         )
         .await
     }

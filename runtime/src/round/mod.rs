@@ -339,6 +339,8 @@ pub struct Round<'r, B> {
     /// Senders of which the echo carried two different inputs (named in the report's
     /// `differing_inputs`).
     echo_differs: Vec<Rank>,
+    /// Peers an earlier sub-round of the same call erased ([`Round::erasing`]).
+    carried: Vec<Rank>,
 }
 
 impl<B> std::fmt::Debug for Round<'_, B> {
@@ -358,6 +360,14 @@ impl<'r, B> Round<'r, B> {
     /// size) become the round's error; under [`Agreement::Detect`] the cross-check step still
     /// runs, so that every rank takes part in the same steps.
     pub fn new(spec: Spec, rule: &'r dyn Aggregator) -> Self {
+        Self::erasing(spec, rule, &[])
+    }
+
+    /// [`Round::new`] for a round that already counts `erased` as erasures: a sharded round
+    /// sends them nothing, waits for none of their pieces nor for their cross-check, and
+    /// reports them among its faults. The sub-rounds of one call carry the peers an earlier one erased this way, so
+    /// that a dead peer costs one timeout per call, not one per sub-round.
+    pub fn erasing(spec: Spec, rule: &'r dyn Aggregator, erased: &[PeerFault]) -> Self {
         let n = spec.n;
         let f = rule.byzantine();
         let mut round = Round {
@@ -383,7 +393,9 @@ impl<'r, B> Round<'r, B> {
             echo: Vec::new(),
             agreed: Vec::new(),
             echo_differs: Vec::new(),
+            carried: erased.iter().map(|f| f.rank).collect(),
         };
+        round.report.faults = erased.to_vec();
         let start = match spec.shape {
             Shape::Gather => rule
                 .check(n)
@@ -510,6 +522,11 @@ impl<'r, B> Round<'r, B> {
         recvs: Vec<RecvOp>,
         stretch: u32,
     ) {
+        // Peers an earlier sub-round erased get nothing more in this call: a send to a dead
+        // peer can hold a step until its deadline (a rendezvous transport), and a peer that
+        // was only late is out of step for the rest of the call anyway.
+        let mut sends = sends;
+        sends.retain(|s| !self.carried.contains(&s.peer));
         self.phase = phase;
         self.plan = Some(StepPlan {
             op,
@@ -921,8 +938,10 @@ impl<'r, B> Round<'r, B> {
                 msg: Msg::Piece(s),
             })
             .collect();
+        let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
         let recvs = sharded::scatter_recvs(me, n, r)
             .into_iter()
+            .filter(|(peer, _)| !erased.contains(peer))
             .map(|(peer, s)| RecvOp {
                 peer,
                 tag: s as Tag,
@@ -1521,7 +1540,7 @@ impl<'r, B> Round<'r, B> {
         let erased: Vec<Rank> = if self.failed.is_none() {
             self.report.faults.iter().map(|f| f.rank).collect()
         } else {
-            Vec::new()
+            self.carried.clone()
         };
         let encoded = mine.encode_for_all(me);
         let sends = schedule::direct_peers(me, n)

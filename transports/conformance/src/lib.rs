@@ -46,6 +46,7 @@ macro_rules! conformance_suite {
             early_messages_are_checked_like_any_other,
             invalid_steps_are_rejected,
             sharded_matches_gather_bitwise,
+            sharded_sub_rounds_match_one_round_and_erase_a_dead_peer_once,
             sharded_survives_byzantine_owners_only_with_replication,
             sharded_krum_family_matches_gather,
             sharded_iterative_rules_match_gather,
@@ -757,6 +758,102 @@ where
             "{err}"
         );
     }
+}
+
+/// A sharded all-reduce of a coordinate-wise rule longer than a sub-round runs as sub-rounds
+/// (here three, of 1000 elements): bitwise the result of one round and of gather mode, with a
+/// Byzantine sender's NaN in the last part named by the rank that owns it there; then, with a
+/// rank dead, the others finish in about the time one round takes (the sub-rounds after the
+/// first neither wait for it nor send to it) and name it once.
+pub async fn sharded_sub_rounds_match_one_round_and_erase_a_dead_peer_once<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, d, part) = (4usize, 3000usize, 4000usize);
+    let timeout = Duration::from_millis(500);
+    let comms = comms(factory(n).await, timeout);
+    let results = run_ranks(comms, move |mut c| async move {
+        let me = c.rank();
+        let input = |me: usize| -> Vec<f32> {
+            let mut v = vector(me, d);
+            if me == 3 {
+                v.iter_mut().for_each(|x| *x *= -1e6);
+                v[2500] = f32::NAN;
+            }
+            v
+        };
+        let rule = Median::new(1);
+        let mut whole = input(me);
+        let one = c
+            .robust_all_reduce(&mut whole, &rule, Policy::Sharded(Replicas::Exactly(1)))
+            .await
+            .unwrap();
+        c.set_sub_round_bytes(part);
+        let mut parts = input(me);
+        let three = c
+            .robust_all_reduce(&mut parts, &rule, Policy::Sharded(Replicas::Exactly(1)))
+            .await
+            .unwrap();
+        let mut gathered = input(me);
+        c.robust_all_reduce(&mut gathered, &rule, Policy::Gather)
+            .await
+            .unwrap();
+        // Rank 3 dies before the next call.
+        if me == 3 {
+            return (me, one, three, whole, parts, gathered, None);
+        }
+        let mut v = vector(me, d);
+        let started = std::time::Instant::now();
+        let without = c
+            .robust_all_reduce(&mut v, &rule, Policy::Sharded(Replicas::Tolerant))
+            .await
+            .map(|report| (report, v, started.elapsed()));
+        (me, one, three, whole, parts, gathered, Some(without))
+    })
+    .await;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut honest_results = Vec::new();
+    for (me, one, three, whole, parts, gathered, without) in results {
+        assert_eq!(
+            bits(&parts),
+            bits(&whole),
+            "rank {me}: sub-rounds differ from one round"
+        );
+        assert_eq!(
+            bits(&parts),
+            bits(&gathered),
+            "rank {me}: sub-rounds differ from gather"
+        );
+        // Each rank names the senders of the non-finite pieces it owns: rank 3's NaN is in
+        // shard 3 of one round (owned by rank 3) and in shard 2 of the last sub-round.
+        let want = |owner: usize| if me == owner { vec![3] } else { vec![] };
+        assert_eq!(one.non_finite, want(3), "rank {me}, one round");
+        assert_eq!(three.non_finite, want(2), "rank {me}, sub-rounds");
+        assert!(three.faults.is_empty(), "rank {me}: {:?}", three.faults);
+        assert_eq!(
+            three.stats.step_times.len(),
+            3 * one.stats.step_times.len(),
+            "rank {me}: three sub-rounds of the one round's steps"
+        );
+        let Some(without) = without else { continue };
+        let (report, v, took) = without.unwrap();
+        assert_eq!(report.faults.len(), 1, "rank {me}: {:?}", report.faults);
+        assert_eq!(report.faults[0].rank, 3);
+        assert_eq!(report.faults[0].fault, Fault::Missing);
+        assert_eq!(report.inputs, n - 1, "rank {me}");
+        // The dead rank costs the first sub-round what it costs one round (up to a timeout
+        // for its piece, one for the versions step and three for the cross-check where a send
+        // to it waits for its receive, as over the in-process transport) and the later
+        // sub-rounds nothing: 15 timeouts if each sub-round waited for it again.
+        assert!(
+            took < timeout * 7,
+            "rank {me}: {took:?} for three sub-rounds with a dead peer"
+        );
+        honest_results.push(bits(&v));
+    }
+    assert_eq!(honest_results.len(), 3);
+    assert!(honest_results.windows(2).all(|w| w[0] == w[1]));
 }
 
 /// Sharded mode gives bitwise the gather-mode result for coordinate-wise rules with honest
