@@ -227,8 +227,16 @@ impl Communicator {
     /// too many peers failed the round; [`Error::Unsupported`] for a rule that sharded mode
     /// cannot run; [`Error::InvalidUsage`] for a replica count outside `1..=n`.
     ///
+    /// In sharded mode a coordinate-wise rule (median, trimmed mean, mean) over a vector of
+    /// more than [`Communicator::set_sub_round_bytes`] ([`SUB_ROUND_BYTES`] by default) runs
+    /// as consecutive sub-rounds over parts of at most that size, outside
+    /// [`Agreement::Enforce`]: bitwise the same result, with the round's own buffers bounded
+    /// by the part rather than the vector. A peer erased in one sub-round is an erasure in the
+    /// later ones (neither waited for nor sent to), and the report merges the sub-rounds'.
+    ///
     /// On error, gather mode leaves `buf` unchanged; sharded mode may have overwritten the
-    /// shards combined before the failing one.
+    /// shards combined before the failing one (with sub-rounds, every part but the failing
+    /// one's).
     ///
     /// # Cancel safety
     /// Not cancel safe: the other ranks count this rank missing.
