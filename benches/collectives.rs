@@ -54,6 +54,7 @@ struct Args {
     /// Open MPI's byte transfer layer for the anchor: `tcp` (loopback) or `vader` (shared
     /// memory, the fair comparison for UCX_TLS=sm / FI_PROVIDER=shm).
     mpi_btl: &'static str,
+    sub_round_bytes: Option<usize>,
 }
 
 /// The transports run when `--transports` is not given: every one this build has across
@@ -198,6 +199,10 @@ struct Cli {
     /// Skip the Open MPI anchor.
     #[arg(long = "no-anchor", action = clap::ArgAction::SetFalse)]
     anchor: bool,
+    /// Bytes per sub-round of the sharded median (`Communicator::set_sub_round_bytes`;
+    /// default: the library's `SUB_ROUND_BYTES`).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    sub_round_bytes: Option<usize>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -226,6 +231,7 @@ fn parse_args() -> Result<Args, String> {
         } else {
             "tcp"
         },
+        sub_round_bytes: cli.sub_round_bytes,
     })
 }
 
@@ -323,6 +329,9 @@ fn ranks() -> usize {
 
 async fn worker(args: &Args) -> Result<(), String> {
     let mut comm = byzcoll::init().await.map_err(|e| e.to_string())?;
+    if let Some(bytes) = args.sub_round_bytes {
+        comm.set_sub_round_bytes(bytes);
+    }
     let (me, n) = (comm.rank(), comm.size());
     let nf = n as f64;
     let enforce = comm.agreement() == byzcoll::Agreement::Enforce;
