@@ -267,8 +267,9 @@ impl Communicator {
     /// that of one round, while the round holds the pieces and versions of one part at a time
     /// rather than of the whole vector (`docs/bench/PROFILE.md`: peak memory). Every sub-round
     /// runs on every rank whatever the earlier ones gave, so that the ranks' steps stay alike;
-    /// the peers one erased are erasures in the later ones too (a dead peer costs one
-    /// timeout), and the call returns the first error, or the reports merged.
+    /// the peers one erased (succeeding or failing) are erasures in the later ones too (a dead
+    /// peer costs the timeouts of one round), and the call returns the first error, or the
+    /// reports merged.
     async fn sub_rounds<T: Element>(
         &mut self,
         buf: &mut [T],
@@ -280,14 +281,27 @@ impl Communicator {
         let d = buf.len();
         let mut merged: Option<RoundReport> = None;
         let mut first_error = None;
+        // The peers erased so far, by a sub-round that succeeded or failed.
+        let mut erased: Vec<PeerFault> = Vec::new();
         for k in 0..parts {
             let range = chunk_range(d, parts, k);
-            let erased = merged.as_ref().map_or(&[][..], |m| &m.faults[..]).to_vec();
             let part = &mut buf[range.clone()];
-            match self
+            let outcome = self
                 .run_round(Target::All(part), range.len(), rule, shape, &erased)
-                .await
-            {
+                .await;
+            let faults = match &outcome {
+                Ok(report) => &report.faults[..],
+                Err(Error::TooManyFaults { faults, .. } | Error::ShardLost { faults, .. }) => {
+                    &faults[..]
+                }
+                Err(_) => &[],
+            };
+            for f in faults {
+                if !erased.iter().any(|g| g.rank == f.rank) {
+                    erased.push(f.clone());
+                }
+            }
+            match outcome {
                 Ok(report) => match &mut merged {
                     None => merged = Some(report),
                     Some(m) => merge_reports(m, report),

@@ -764,7 +764,8 @@ where
 /// (here three, of 1000 elements): bitwise the result of one round and of gather mode, with a
 /// Byzantine sender's NaN in the last part named by the rank that owns it there; then, with a
 /// rank dead, the others finish in about the time one round takes (the sub-rounds after the
-/// first neither wait for it nor send to it) and name it once.
+/// first neither wait for it nor send to it) and name it once; and with two dead, the call
+/// fails, in about the time of one round too.
 pub async fn sharded_sub_rounds_match_one_round_and_erase_a_dead_peer_once<F, Fut>(factory: F)
 where
     F: Fn(usize) -> Fut,
@@ -809,7 +810,35 @@ where
             .robust_all_reduce(&mut v, &rule, Policy::Sharded(Replicas::Tolerant))
             .await
             .map(|report| (report, v, started.elapsed()));
-        (me, one, three, whole, parts, gathered, Some(without))
+        // Rank 2 dies too: a median of the two left fails (f = 1 needs three), and the
+        // sub-rounds after the first, failed, one still wait for neither dead rank.
+        if me == 2 {
+            return (
+                me,
+                one,
+                three,
+                whole,
+                parts,
+                gathered,
+                Some((without, None)),
+            );
+        }
+        let mut v = vector(me, d);
+        let started = std::time::Instant::now();
+        let failed = c
+            .robust_all_reduce(&mut v, &rule, Policy::Sharded(Replicas::Exactly(1)))
+            .await
+            .map(|_| ())
+            .map_err(|e| (e, started.elapsed()));
+        (
+            me,
+            one,
+            three,
+            whole,
+            parts,
+            gathered,
+            Some((without, Some(failed))),
+        )
     })
     .await;
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -836,7 +865,9 @@ where
             3 * one.stats.step_times.len(),
             "rank {me}: three sub-rounds of the one round's steps"
         );
-        let Some(without) = without else { continue };
+        let Some((without, failed)) = without else {
+            continue;
+        };
         let (report, v, took) = without.unwrap();
         assert_eq!(report.faults.len(), 1, "rank {me}: {:?}", report.faults);
         assert_eq!(report.faults[0].rank, 3);
@@ -851,6 +882,16 @@ where
             "rank {me}: {took:?} for three sub-rounds with a dead peer"
         );
         honest_results.push(bits(&v));
+        let Some(failed) = failed else { continue };
+        let (e, took) = failed.expect_err("a median of two inputs with f = 1");
+        assert!(
+            matches!(e, Error::TooManyFaults { .. } | Error::ShardLost { .. }),
+            "rank {me}: {e}"
+        );
+        assert!(
+            took < timeout * 7,
+            "rank {me}: {took:?} for three failing sub-rounds with two dead peers"
+        );
     }
     assert_eq!(honest_results.len(), 3);
     assert!(honest_results.windows(2).all(|w| w[0] == w[1]));
