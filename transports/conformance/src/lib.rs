@@ -876,9 +876,10 @@ where
         // The dead rank costs the first sub-round what it costs one round (up to a timeout
         // for its piece, one for the versions step and three for the cross-check where a send
         // to it waits for its receive, as over the in-process transport) and the later
-        // sub-rounds nothing: 15 timeouts if each sub-round waited for it again.
+        // sub-rounds nothing: 15 timeouts if each sub-round waited for it again (the bound
+        // leaves room for a loaded machine).
         assert!(
-            took < timeout * 7,
+            took < timeout * 10,
             "rank {me}: {took:?} for three sub-rounds with a dead peer"
         );
         honest_results.push(bits(&v));
@@ -889,7 +890,7 @@ where
             "rank {me}: {e}"
         );
         assert!(
-            took < timeout * 7,
+            took < timeout * 10,
             "rank {me}: {took:?} for three failing sub-rounds with two dead peers"
         );
     }
