@@ -3,7 +3,7 @@
 use byzcoll_aggregators::{Aggregator, Element, Structure};
 
 use crate::round::host::{HostPlane, Target};
-use crate::round::{check_agreement, Arrival, Msg, Round, Shape, Spec};
+use crate::round::{check_agreement, Arrival, Carry, Msg, Round, Shape, Spec};
 use crate::schedule::chunk_range;
 use crate::{Communicator, Error, PeerFault, Rank, RecvOutcome, Result, SendOp};
 
@@ -258,7 +258,8 @@ impl Communicator {
         {
             return self.sub_rounds(buf, rule, shape).await;
         }
-        self.run_round(Target::All(buf), d, rule, shape, &[]).await
+        self.run_round(Target::All(buf), d, rule, shape, &mut Carry::default())
+            .await
     }
 
     /// A sharded all-reduce of a coordinate-wise rule as consecutive sub-rounds, one per part
@@ -268,8 +269,9 @@ impl Communicator {
     /// rather than of the whole vector (`docs/bench/PROFILE.md`: peak memory). Every sub-round
     /// runs on every rank whatever the earlier ones gave, so that the ranks' steps stay alike;
     /// the peers one erased (succeeding or failing) are erasures in the later ones too (a dead
-    /// peer costs the timeouts of one round), and the call returns the first error, or the
-    /// reports merged.
+    /// peer costs the timeouts of one round); a sub-round after one in which a peer was found
+    /// missing waits the lag that may have left between honest ranks ([`Round::lag`]). The
+    /// call returns the first error, or the reports merged.
     async fn sub_rounds<T: Element>(
         &mut self,
         buf: &mut [T],
@@ -281,13 +283,14 @@ impl Communicator {
         let d = buf.len();
         let mut merged: Option<RoundReport> = None;
         let mut first_error = None;
-        // The peers erased so far, by a sub-round that succeeded or failed.
-        let mut erased: Vec<PeerFault> = Vec::new();
+        // The peers erased so far, by a sub-round that succeeded or failed, and the lag the
+        // last one left.
+        let mut carry = Carry::default();
         for k in 0..parts {
             let range = chunk_range(d, parts, k);
             let part = &mut buf[range.clone()];
             let outcome = self
-                .run_round(Target::All(part), range.len(), rule, shape, &erased)
+                .run_round(Target::All(part), range.len(), rule, shape, &mut carry)
                 .await;
             let faults = match &outcome {
                 Ok(report) => &report.faults[..],
@@ -297,8 +300,8 @@ impl Communicator {
                 Err(_) => &[],
             };
             for f in faults {
-                if !erased.iter().any(|g| g.rank == f.rank) {
-                    erased.push(f.clone());
+                if !carry.erased.iter().any(|g| g.rank == f.rank) {
+                    carry.erased.push(f.clone());
                 }
             }
             match outcome {
@@ -335,7 +338,7 @@ impl Communicator {
         d: usize,
         rule: &dyn Aggregator,
         shape: Shape,
-        erased: &[PeerFault],
+        carry: &mut Carry,
     ) -> Result<RoundReport> {
         let agreement = self.round_agreement(shape, rule)?;
         self.take_stats();
@@ -352,7 +355,7 @@ impl Communicator {
             // Warns when the owners are trusted (r < 2f + 1); a bad count is the round's error.
             let _ = replicas.count(rule.byzantine(), spec.n);
         }
-        let mut round = Round::erasing(spec, rule, erased);
+        let mut round = Round::resuming(spec, rule, carry);
         let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone());
         let mut seq = self.begin("robust");
         while let Some(plan) = round.step() {
@@ -402,6 +405,7 @@ impl Communicator {
                 "robust round: peers treated as erasures"
             );
         }
+        carry.lag = round.lag();
         let mut report = round.finish()?;
         if let Some(found) = report.agreement.as_ref().filter(|a| {
             !a.disagreeing.is_empty()
@@ -467,7 +471,7 @@ impl Communicator {
             d,
             rule,
             Shape::ReduceScatter(replicas),
-            &[],
+            &mut Carry::default(),
         )
         .await
     }

@@ -10,7 +10,8 @@
 //!    each driver builds the bytes where its data lives), what it receives
 //!    ([`RecvOp`]: peer, tag, exact length) and how long it may take ([`StepPlan::timeout`],
 //!    counted from when the driver posts it: the round's deadlines, emitted, never read off a
-//!    clock);
+//!    clock; each step waits one step timeout more than the step before, because a rank that
+//!    waited out a deadline for a silent peer is that much behind the ranks that did not);
 //! 2. the driver runs the step on its transport and hands the outcomes, one per receive, to
 //!    [`Round::handle`] with its [`Plane`] (aggregation, digests and statistics on the data
 //!    wherever it lives);
@@ -339,8 +340,25 @@ pub struct Round<'r, B> {
     /// Senders of which the echo carried two different inputs (named in the report's
     /// `differing_inputs`).
     echo_differs: Vec<Rank>,
-    /// Peers an earlier sub-round of the same call erased ([`Round::erasing`]).
+    /// Peers an earlier sub-round of the same call erased ([`Carry::erased`]).
     carried: Vec<Rank>,
+    /// The step timeouts an honest rank may start this round later than this one
+    /// ([`Carry::lag`]).
+    lag_in: u32,
+    /// The stretch of the last step in which a receive came back missing ([`Round::lag`]).
+    lag_out: u32,
+}
+
+/// What one sub-round of a call hands the next ([`Round::resuming`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Carry {
+    /// The peers erased so far in the call: the next sub-round sends them nothing, waits for
+    /// none of their pieces nor for their cross-check, and reports them among its faults, so
+    /// that a dead peer costs one timeout per call, not one per sub-round.
+    pub erased: Vec<PeerFault>,
+    /// How many step timeouts later than this rank an honest rank may start the next
+    /// sub-round ([`Round::lag`] of the one before): each of its steps waits that many more.
+    pub lag: u32,
 }
 
 impl<B> std::fmt::Debug for Round<'_, B> {
@@ -360,14 +378,13 @@ impl<'r, B> Round<'r, B> {
     /// size) become the round's error; under [`Agreement::Detect`] the cross-check step still
     /// runs, so that every rank takes part in the same steps.
     pub fn new(spec: Spec, rule: &'r dyn Aggregator) -> Self {
-        Self::erasing(spec, rule, &[])
+        Self::resuming(spec, rule, &Carry::default())
     }
 
-    /// [`Round::new`] for a round that already counts `erased` as erasures: a sharded round
-    /// sends them nothing, waits for none of their pieces nor for their cross-check, and
-    /// reports them among its faults. The sub-rounds of one call carry the peers an earlier one erased this way, so
-    /// that a dead peer costs one timeout per call, not one per sub-round.
-    pub fn erasing(spec: Spec, rule: &'r dyn Aggregator, erased: &[PeerFault]) -> Self {
+    /// [`Round::new`] for a sub-round that follows another of the same call: it counts the
+    /// peers `carry` erased as erasures, and waits `carry.lag` step timeouts more in each step.
+    pub fn resuming(spec: Spec, rule: &'r dyn Aggregator, carry: &Carry) -> Self {
+        let erased = &carry.erased;
         let n = spec.n;
         let f = rule.byzantine();
         let mut round = Round {
@@ -394,6 +411,8 @@ impl<'r, B> Round<'r, B> {
             agreed: Vec::new(),
             echo_differs: Vec::new(),
             carried: erased.iter().map(|f| f.rank).collect(),
+            lag_in: carry.lag,
+            lag_out: 0,
         };
         round.report.faults = erased.to_vec();
         let start = match spec.shape {
@@ -443,6 +462,15 @@ impl<'r, B> Round<'r, B> {
         self.steps
     }
 
+    /// How many step timeouts later than this rank an honest rank may end this round (what
+    /// the next sub-round of the call waits more, [`Carry::lag`]): the stretch of the last
+    /// step in which a receive came back missing, 0 when none did. A peer that dies is seen
+    /// at once by the ranks whose connection to it breaks, and only at the deadline by the
+    /// others, which are then up to that step's timeout behind.
+    pub fn lag(&self) -> u32 {
+        self.lag_out
+    }
+
     /// Bytes of input the rules read since the last call (the simulator charges them as
     /// compute time).
     pub fn take_work(&mut self) -> u64 {
@@ -479,6 +507,9 @@ impl<'r, B> Round<'r, B> {
     pub fn handle<P: Plane<Buf = B>>(&mut self, plane: &mut P, outcomes: Vec<Arrival<B>>) {
         let plan = self.plan.take().expect("a step is posted");
         assert_eq!(plan.recvs.len(), outcomes.len(), "one outcome per receive");
+        if outcomes.iter().any(|a| matches!(a, Arrival::Missing)) {
+            self.lag_out = self.stretch_of(plan.index);
+        }
         match self.phase {
             Phase::Gather => self.gathered(plane, &plan, outcomes),
             Phase::Scatter => self.scattered(plane, &plan, outcomes),
@@ -510,18 +541,16 @@ impl<'r, B> Round<'r, B> {
         self.spec.agreement != Agreement::Off
     }
 
-    fn post(&mut self, phase: Phase, op: &'static str, sends: Vec<Send>, recvs: Vec<RecvOp>) {
-        self.post_stretched(phase, op, sends, recvs, 1);
+    /// How many step timeouts step `index` waits: one more than the step before, and the lag
+    /// an earlier sub-round left. A rank that waited out a step's deadline for a silent peer
+    /// (a dead one that others saw die at once, a Byzantine sender silent towards some ranks
+    /// only) starts the next step up to that deadline later than the ranks that did not:
+    /// each step allows that, so that an honest rank is never counted missing for it.
+    fn stretch_of(&self, index: u32) -> u32 {
+        self.lag_in.saturating_add(index).saturating_add(1)
     }
 
-    fn post_stretched(
-        &mut self,
-        phase: Phase,
-        op: &'static str,
-        sends: Vec<Send>,
-        recvs: Vec<RecvOp>,
-        stretch: u32,
-    ) {
+    fn post(&mut self, phase: Phase, op: &'static str, sends: Vec<Send>, recvs: Vec<RecvOp>) {
         // Peers an earlier sub-round erased get nothing more in this call: a send to a dead
         // peer can hold a step until its deadline (a rendezvous transport), and a peer that
         // was only late is out of step for the rest of the call anyway.
@@ -533,7 +562,10 @@ impl<'r, B> Round<'r, B> {
             index: self.steps,
             sends,
             recvs,
-            timeout: self.spec.timeout.saturating_mul(stretch.max(1)),
+            timeout: self
+                .spec
+                .timeout
+                .saturating_mul(self.stretch_of(self.steps)),
         });
         self.steps += 1;
     }
@@ -670,8 +702,7 @@ impl<'r, B> Round<'r, B> {
 
     /// The next relay step of the echo ([`eig`]), or the recovery step once none is left.
     /// Ranks this rank has already counted at fault are not waited for (their relays count as
-    /// "none"). Each step waits a step timeout more than the one before: an honest rank can
-    /// be a timeout later per step (a Byzantine sender silent towards some ranks only).
+    /// "none").
     fn post_echo(&mut self) {
         let (me, n) = (self.spec.me, self.spec.n);
         let echo = &self.echo;
@@ -698,8 +729,7 @@ impl<'r, B> Round<'r, B> {
             .filter(|&p| !self.report.faults.iter().any(|f| f.rank == p))
             .map(|peer| RecvOp { peer, tag: 0, len })
             .collect();
-        let stretch = self.steps + 1;
-        self.post_stretched(Phase::Echo, "enforce_echo", sends, recvs, stretch);
+        self.post(Phase::Echo, "enforce_echo", sends, recvs);
     }
 
     fn echoed<P: Plane<Buf = B>>(
@@ -827,8 +857,7 @@ impl<'r, B> Round<'r, B> {
         }
         self.echo_differs = (0..n).filter(|&j| differs[j]).collect();
         self.agreed = agreed_all;
-        let stretch = self.steps + 1;
-        self.post_stretched(Phase::Recover, "enforce_recover", sends, recvs, stretch);
+        self.post(Phase::Recover, "enforce_recover", sends, recvs);
     }
 
     /// The length of slot `k·n + j`'s message: a whole input (gather), or owner `j`'s `k`-th
@@ -1559,11 +1588,7 @@ impl<'r, B> Round<'r, B> {
             })
             .collect();
         self.check = Some((mine, encoded));
-        // An honest rank can reach this step up to a timeout per step of the round later than
-        // this one (a silent Byzantine owner makes only the ranks that wait for it wait), and
-        // its check then needs the time of a step to arrive: the cross-check waits that long
-        // before counting it unconfirmed.
-        self.post_stretched(Phase::Check, "cross_check", sends, recvs, steps + 1);
+        self.post(Phase::Check, "cross_check", sends, recvs);
     }
 
     fn checked<P: Plane<Buf = B>>(
@@ -1770,5 +1795,70 @@ fn combine_versions(versions: &[&[f64]], out: &mut [f64]) {
         } else {
             col[m / 2 - 1] * 0.5 + col[m / 2] * 0.5
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host::{HostPlane, Target};
+    use super::*;
+    use crate::{Payload, Replicas};
+    use byzcoll_aggregators::Median;
+
+    /// Rank 0 of 4's sharded median over `r` owners per shard with rank 3 silent from the
+    /// first step on, after a sub-round that left `lag`: the stretch of each step it posts
+    /// (in step timeouts), the lag it leaves, and whether its shard was lost. (The other
+    /// peers send zeros, which the cross-check does not take for checks: only the steps'
+    /// timeouts matter here.)
+    fn silent_peer(r: usize, lag: u32) -> (Vec<u32>, u32, bool) {
+        let t = Duration::from_millis(100);
+        let spec = Spec {
+            me: 0,
+            n: 4,
+            d: 8,
+            elem: 4,
+            shape: Shape::Sharded(Replicas::Exactly(r)),
+            agreement: Agreement::Detect,
+            timeout: t,
+        };
+        let rule = Median::new(1);
+        let mut v = vec![1.0f32; 8];
+        let mut plane = HostPlane::new(Target::All(&mut v), 0, 4, None);
+        let carry = Carry {
+            erased: Vec::new(),
+            lag,
+        };
+        let mut round = Round::resuming(spec, &rule, &carry);
+        let mut stretches = Vec::new();
+        while let Some(plan) = round.step() {
+            stretches.push((plan.timeout.as_millis() / t.as_millis()) as u32);
+            let outcomes = plan
+                .recvs
+                .iter()
+                .map(|r| match r.peer {
+                    3 => Arrival::Missing,
+                    _ => Arrival::Received(Payload::Host(Bytes::from(vec![0u8; r.len]))),
+                })
+                .collect();
+            round.handle(&mut plane, outcomes);
+        }
+        let lag = round.lag();
+        let lost = matches!(round.finish(), Err(Error::ShardLost { .. }));
+        (stretches, lag, lost)
+    }
+
+    /// Each step waits a step timeout more than the one before (a rank that waited out a
+    /// deadline is that much behind those that did not), plus the lag an earlier sub-round
+    /// left; a round in which a peer went missing leaves the stretch of the last step that
+    /// found it missing.
+    #[test]
+    fn each_step_waits_longer_and_a_missing_peer_leaves_its_lag() {
+        // Two owners per shard: rank 3 is an erasure after the scatter, and only the scatter
+        // waits for it.
+        assert_eq!(silent_peer(2, 0), (vec![1, 2, 3], 1, false));
+        assert_eq!(silent_peer(2, 4), (vec![5, 6, 7], 5, false));
+        // One owner: rank 3's shard is lost, and the failed round's cross-check waits for
+        // every peer, rank 3 too.
+        assert_eq!(silent_peer(1, 0), (vec![1, 2, 3], 3, true));
     }
 }
