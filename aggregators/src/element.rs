@@ -57,7 +57,7 @@ pub trait Element:
     /// inputs `rows[x]` and `rows[y]` into `table[rows[x] * n + rows[y]]` (`n = inputs.len()`).
     /// `B` is how many rows the `f32` kernel takes at once against two (4 where the CPU has
     /// registers for it, AVX-512); it changes the speed, never a bit of the result.
-    fn add_pair_distances<const B: usize>(
+    fn add_pair_distances<const RA: usize, const RB: usize>(
         inputs: &[&[Self]],
         rows: &[usize],
         range: std::ops::Range<usize>,
@@ -116,13 +116,13 @@ macro_rules! float_element {
             }
 
             #[inline(always)]
-            fn add_pair_distances<const B: usize>(
+            fn add_pair_distances<const RA: usize, const RB: usize>(
                 inputs: &[&[Self]],
                 rows: &[usize],
                 range: std::ops::Range<usize>,
                 table: &mut [f64],
             ) {
-                $pairs::<B>(inputs, rows, range, table)
+                $pairs::<RA, RB>(inputs, rows, range, table)
             }
 
             fn inputs<'a>(inputs: &'a [&'a [Self]]) -> Inputs<'a> {
@@ -141,7 +141,7 @@ float_element!(f64, u64, i64, F64, sq_dist_f64, pair_distances_f64);
 
 /// Pair by pair, with [`Element::sq_dist`].
 #[inline(always)]
-fn pair_distances_f64<const B: usize>(
+fn pair_distances_f64<const RA: usize, const RB: usize>(
     inputs: &[&[f64]],
     rows: &[usize],
     range: std::ops::Range<usize>,
@@ -162,12 +162,13 @@ fn pair_distances_f64<const B: usize>(
 const LANES: usize = 16;
 const BLOCK_RUN: usize = 16 * LANES;
 
-/// Register blocking for `f32`: two rows against `B` at a time, so each loaded chunk of a row
-/// serves several pairs (with `B = 4`, 6 loads for 8 pairs instead of 16). Rows that do not
-/// fill a block go as one narrower block, and each block's own pair alone, with the same
+/// Register blocking for `f32`: `RA` rows against `RB` at a time, so each loaded chunk of a
+/// row serves several pairs (with 4 against 4, 8 loads for 16 pairs instead of 32). The rows go
+/// in groups of `RA`; a group's own pairs go as one row against the rest of the group, and the
+/// rows after the group in blocks of `RB`, the ones left over as one narrower block; the same
 /// arithmetic for every pair.
 #[inline(always)]
-fn pair_distances_f32<const B: usize>(
+fn pair_distances_f32<const RA: usize, const RB: usize>(
     inputs: &[&[f32]],
     rows: &[usize],
     range: std::ops::Range<usize>,
@@ -176,46 +177,51 @@ fn pair_distances_f32<const B: usize>(
     let n = inputs.len();
     let m = rows.len();
     let slice = |r: usize| &inputs[rows[r]][range.clone()];
-    let mut x = 0;
-    while x + 1 < m {
-        let (i0, i1) = (rows[x], rows[x + 1]);
-        table[i0 * n + i1] += sq_dist_f32(slice(x), slice(x + 1));
-        let mut y = x + 2;
-        while y + B <= m {
-            let d = block_f32::<2, B>(
-                [slice(x), slice(x + 1)],
+    // `block_f32::<A, B>` of rows `x..x + A` against rows `y..y + B`, into the table.
+    macro_rules! block {
+        ($a:expr, $b:expr, $x:expr, $y:expr) => {{
+            let (x, y) = ($x, $y);
+            let d = block_f32::<$a, $b>(
+                std::array::from_fn(|p| slice(x + p)),
                 std::array::from_fn(|q| slice(y + q)),
             );
-            for (p, i) in [i0, i1].into_iter().enumerate() {
-                for (q, dq) in d[p].iter().enumerate() {
-                    table[i * n + rows[y + q]] += dq;
+            for (p, dp) in d.iter().enumerate() {
+                for (q, dq) in dp.iter().enumerate() {
+                    table[rows[x + p] * n + rows[y + q]] += dq;
                 }
             }
-            y += B;
+        }};
+    }
+    let mut x = 0;
+    while x < m {
+        let group = RA.min(m - x);
+        // The group's own pairs: each row against the group's rows after it.
+        for i in x..x + group - 1 {
+            match x + group - 1 - i {
+                1 => block!(1, 1, i, i + 1),
+                2 => block!(1, 2, i, i + 1),
+                3 => block!(1, 3, i, i + 1),
+                more => unreachable!("{more} rows after a row of a group of at most 4"),
+            }
         }
-        // The rows left over (fewer than `B`) as one narrower block: a pair-by-pair loop
+        if group < RA {
+            break;
+        }
+        let mut y = x + RA;
+        while y + RB <= m {
+            block!(RA, RB, x, y);
+            y += RB;
+        }
+        // The rows left over (fewer than `RB`) as one narrower block: a pair-by-pair loop
         // loads both rows for every pair (a quarter of the kernel's time at `n = 16`).
-        macro_rules! rest {
-            ($r:literal) => {{
-                let d = block_f32::<2, $r>(
-                    [slice(x), slice(x + 1)],
-                    std::array::from_fn(|q| slice(y + q)),
-                );
-                for (p, i) in [i0, i1].into_iter().enumerate() {
-                    for (q, dq) in d[p].iter().enumerate() {
-                        table[i * n + rows[y + q]] += dq;
-                    }
-                }
-            }};
-        }
         match m - y {
             0 => {}
-            1 => rest!(1),
-            2 => rest!(2),
-            3 => rest!(3),
-            more => unreachable!("{more} rows left over from blocks of {B}"),
+            1 => block!(RA, 1, x, y),
+            2 => block!(RA, 2, x, y),
+            3 => block!(RA, 3, x, y),
+            more => unreachable!("{more} rows left over from blocks of {RB}"),
         }
-        x += 2;
+        x += RA;
     }
 }
 
@@ -229,6 +235,21 @@ fn block_f32<const RA: usize, const RB: usize>(
     a: [&[f32]; RA],
     b: [&[f32]; RB],
 ) -> [[f64; RB]; RA] {
+    #[cfg(target_arch = "x86_64")]
+    if RA <= 4 && RB <= 4 && avx512::available() {
+        // SAFETY: the CPU supports AVX-512F and FMA, checked just above.
+        let wide = unsafe { avx512::lanes(a, b) };
+        return finish_block(wide, a, b);
+    }
+    finish_block(portable_lanes(a, b), a, b)
+}
+
+/// The `f64` lanes of [`block_f32`], in portable code.
+#[inline(always)]
+fn portable_lanes<const RA: usize, const RB: usize>(
+    a: [&[f32]; RA],
+    b: [&[f32]; RB],
+) -> [[[f64; LANES]; RB]; RA] {
     let len = a[0].len();
     let mut wide = [[[0.0f64; LANES]; RB]; RA];
     let mut start = 0;
@@ -271,6 +292,17 @@ fn block_f32<const RA: usize, const RB: usize>(
         }
         start = stop;
     }
+    wide
+}
+
+/// Each pair's `f64` lanes summed in lane order, or, for a pair whose sum is not finite (a run
+/// overflowed `f32`), the pair redone in `f64`.
+#[inline(always)]
+fn finish_block<const RA: usize, const RB: usize>(
+    wide: [[[f64; LANES]; RB]; RA],
+    a: [&[f32]; RA],
+    b: [&[f32]; RB],
+) -> [[f64; RB]; RA] {
     let mut total = [[0.0f64; RB]; RA];
     for p in 0..RA {
         for q in 0..RB {
@@ -291,6 +323,85 @@ fn block_f32<const RA: usize, const RB: usize>(
     total
 }
 
+/// [`block_f32`]'s blocks of up to four rows against four written with AVX-512 intrinsics: the same
+/// operations on the same lanes in the same order (so the same bits), but the accumulators
+/// stay in registers and each fused multiply-add adds into its accumulator (the portable code,
+/// vectorised by the compiler, copied every accumulator once per step).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{BLOCK_RUN, LANES};
+    use std::arch::x86_64::*;
+
+    /// Whether the CPU runs [`lanes`] (detected once, then a cached load).
+    #[inline(always)]
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
+    }
+
+    /// The `f64` lanes of [`super::block_f32`] for `RA` rows against `RB`, each at most 4 (16
+    /// accumulators, 4 rows of the other side, a row and a difference in 32 registers).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and FMA ([`available`]).
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn lanes<const RA: usize, const RB: usize>(
+        a: [&[f32]; RA],
+        b: [&[f32]; RB],
+    ) -> [[[f64; LANES]; RB]; RA] {
+        let len = a[0].len();
+        assert!(
+            a.iter().chain(&b).all(|r| r.len() == len),
+            "rows of one length"
+        );
+        let mut wide = [[[0.0f64; LANES]; RB]; RA];
+        let mut start = 0;
+        while start < len {
+            let stop = (start + BLOCK_RUN).min(len);
+            let full = start + (stop - start) / LANES * LANES;
+            let mut acc = [[_mm512_setzero_ps(); RB]; RA];
+            let mut c = start;
+            while c < full {
+                // SAFETY: c + LANES <= full <= len, the length of every row.
+                let y = b.map(|row| unsafe { _mm512_loadu_ps(row.as_ptr().add(c)) });
+                for p in 0..RA {
+                    // SAFETY: as above.
+                    let x = unsafe { _mm512_loadu_ps(a[p].as_ptr().add(c)) };
+                    for q in 0..RB {
+                        let d = _mm512_sub_ps(x, y[q]);
+                        acc[p][q] = _mm512_fmadd_ps(d, d, acc[p][q]);
+                    }
+                }
+                c += LANES;
+            }
+            for p in 0..RA {
+                for q in 0..RB {
+                    let mut lanes = [0.0f32; LANES];
+                    // SAFETY: `lanes` holds 16 `f32`.
+                    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[p][q]) };
+                    // The run's last terms, in lane 0, one by one as the portable code.
+                    for c in full..stop {
+                        let d = a[p][c] - b[q][c];
+                        lanes[0] = d.mul_add(d, lanes[0]);
+                    }
+                    // Lane by lane into the `f64` lanes, as the portable code.
+                    let sums = wide[p][q].as_mut_ptr();
+                    for half in 0..2 {
+                        // SAFETY: 8 `f32` of `lanes` and 8 `f64` of `wide[p][q]` from 8·half.
+                        unsafe {
+                            let run =
+                                _mm512_cvtps_pd(_mm256_loadu_ps(lanes.as_ptr().add(8 * half)));
+                            let sum = _mm512_loadu_pd(sums.add(8 * half));
+                            _mm512_storeu_pd(sums.add(8 * half), _mm512_add_pd(sum, run));
+                        }
+                    }
+                }
+            }
+            start = stop;
+        }
+        wide
+    }
+}
+
 /// `Σ (a_j - b_j)²` with the arithmetic of [`block_f32`]: squares added by fused
 /// multiply-adds in 16 `f32` lanes
 /// over runs of at most 16 terms per lane (at most ~1e-6 relative error on positive terms),
@@ -298,6 +409,12 @@ fn block_f32<const RA: usize, const RB: usize>(
 #[inline(always)]
 pub(crate) fn sq_dist_f32(a: &[f32], b: &[f32]) -> f64 {
     block_f32::<1, 1>([a], [b])[0][0]
+}
+
+/// [`sq_dist_f32`] in portable code on every CPU (the reference the kernels are tested with).
+#[cfg(test)]
+pub(crate) fn sq_dist_f32_portable(a: &[f32], b: &[f32]) -> f64 {
+    finish_block(portable_lanes([a], [b]), [a], [b])[0][0]
 }
 
 #[inline(always)]
