@@ -328,7 +328,8 @@ impl JobConfigBuilder {
         self
     }
 
-    /// How long one step waits for its peers (1 ms to one day); default 30 s.
+    /// How long one step waits for its peers (1 ms to one day); default 30 s. Step `i` of a
+    /// robust round waits `i + 1` times this (`PROTOCOL.md`, "Step deadlines").
     pub fn step_timeout(mut self, timeout: Duration) -> Self {
         self.step_timeout = timeout;
         self

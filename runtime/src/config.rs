@@ -8,7 +8,8 @@ use crate::BootstrapError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// How long one step of a collective waits for its peers. A peer whose message has not
-    /// arrived by then is `Missing` for that step. Default 30 s; `BYZCOLL_TIMEOUT_MS`.
+    /// arrived by then is `Missing` for that step. Step `i` of a robust round waits `i + 1`
+    /// times this (`PROTOCOL.md`, "Step deadlines"). Default 30 s; `BYZCOLL_TIMEOUT_MS`.
     pub step_timeout: Duration,
 }
 
