@@ -345,8 +345,8 @@ pub struct Round<'r, B> {
     /// The step timeouts an honest rank may start this round later than this one
     /// ([`Carry::lag`]).
     lag_in: u32,
-    /// The stretch of the last step in which a receive came back missing ([`Round::lag`]).
-    lag_out: u32,
+    /// Whether a receive came back missing ([`Round::lag`]).
+    saw_missing: bool,
 }
 
 /// What one sub-round of a call hands the next ([`Round::resuming`]).
@@ -412,7 +412,7 @@ impl<'r, B> Round<'r, B> {
             echo_differs: Vec::new(),
             carried: erased.iter().map(|f| f.rank).collect(),
             lag_in: carry.lag,
-            lag_out: 0,
+            saw_missing: false,
         };
         round.report.faults = erased.to_vec();
         let start = match spec.shape {
@@ -463,12 +463,22 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// How many step timeouts later than this rank an honest rank may end this round (what
-    /// the next sub-round of the call waits more, [`Carry::lag`]): the stretch of the last
-    /// step in which a receive came back missing, 0 when none did. A peer that dies is seen
-    /// at once by the ranks whose connection to it breaks, and only at the deadline by the
-    /// others, which are then up to that step's timeout behind.
+    /// the next sub-round of the call waits more, [`Carry::lag`]): the stretch of the round's
+    /// last step when a receive came back missing or the round found a peer at fault, 0
+    /// otherwise. A peer that dies is seen at once by the ranks whose connection to it breaks
+    /// and only at the deadline by the others; and a rank whose sends to a silent peer are not
+    /// taken (a rendezvous transport, a full socket buffer) waits out each later step's
+    /// deadline, up to the last, where a rank that saw the peer gone does not.
     pub fn lag(&self) -> u32 {
-        self.lag_out
+        let new_fault = self
+            .report
+            .faults
+            .iter()
+            .any(|f| !self.carried.contains(&f.rank));
+        match self.saw_missing || new_fault {
+            true => self.stretch_of(self.steps.saturating_sub(1)),
+            false => 0,
+        }
     }
 
     /// Bytes of input the rules read since the last call (the simulator charges them as
@@ -507,9 +517,7 @@ impl<'r, B> Round<'r, B> {
     pub fn handle<P: Plane<Buf = B>>(&mut self, plane: &mut P, outcomes: Vec<Arrival<B>>) {
         let plan = self.plan.take().expect("a step is posted");
         assert_eq!(plan.recvs.len(), outcomes.len(), "one outcome per receive");
-        if outcomes.iter().any(|a| matches!(a, Arrival::Missing)) {
-            self.lag_out = self.stretch_of(plan.index);
-        }
+        self.saw_missing |= outcomes.iter().any(|a| matches!(a, Arrival::Missing));
         match self.phase {
             Phase::Gather => self.gathered(plane, &plan, outcomes),
             Phase::Scatter => self.scattered(plane, &plan, outcomes),
@@ -1849,14 +1857,13 @@ mod tests {
 
     /// Each step waits a step timeout more than the one before (a rank that waited out a
     /// deadline is that much behind those that did not), plus the lag an earlier sub-round
-    /// left; a round in which a peer went missing leaves the stretch of the last step that
-    /// found it missing.
+    /// left; a round in which a peer went missing leaves the stretch of its last step.
     #[test]
     fn each_step_waits_longer_and_a_missing_peer_leaves_its_lag() {
         // Two owners per shard: rank 3 is an erasure after the scatter, and only the scatter
-        // waits for it.
-        assert_eq!(silent_peer(2, 0), (vec![1, 2, 3], 1, false));
-        assert_eq!(silent_peer(2, 4), (vec![5, 6, 7], 5, false));
+        // waits for it; a rank that still sends to it can wait out every later step.
+        assert_eq!(silent_peer(2, 0), (vec![1, 2, 3], 3, false));
+        assert_eq!(silent_peer(2, 4), (vec![5, 6, 7], 7, false));
         // One owner: rank 3's shard is lost, and the failed round's cross-check waits for
         // every peer, rank 3 too.
         assert_eq!(silent_peer(1, 0), (vec![1, 2, 3], 3, true));

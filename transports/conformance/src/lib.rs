@@ -47,6 +47,7 @@ macro_rules! conformance_suite {
             invalid_steps_are_rejected,
             sharded_matches_gather_bitwise,
             sharded_sub_rounds_match_one_round_and_erase_a_dead_peer_once,
+            a_peer_one_rank_sees_dead_at_once_costs_no_honest_rank,
             sharded_survives_byzantine_owners_only_with_replication,
             sharded_krum_family_matches_gather,
             sharded_iterative_rules_match_gather,
@@ -896,6 +897,118 @@ where
     }
     assert_eq!(honest_results.len(), 3);
     assert!(honest_results.windows(2).all(|w| w[0] == w[1]));
+}
+
+/// A transport that sees peer `dead` dead at once, the way a rank whose connection to a dead
+/// peer broke sees it: receives from it come back missing without waiting, and nothing is sent
+/// to it. The other ranks wait for that peer until the deadline.
+#[derive(Debug)]
+struct SeesDeadAtOnce {
+    inner: Box<dyn Transport>,
+    dead: usize,
+}
+
+impl Transport for SeesDeadAtOnce {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    fn capabilities(&self) -> byzcoll_runtime::Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn exchange(
+        &self,
+        mut step: Step,
+    ) -> futures::future::BoxFuture<'_, Result<Vec<RecvOutcome>, byzcoll_runtime::TransportError>>
+    {
+        Box::pin(async move {
+            let dead = self.dead;
+            let recvs = std::mem::take(&mut step.recvs);
+            step.recvs = recvs.iter().filter(|r| r.peer != dead).copied().collect();
+            step.sends.retain(|s| s.peer != dead);
+            let mut outcomes = self.inner.exchange(step).await?.into_iter();
+            Ok(recvs
+                .iter()
+                .map(|r| match r.peer == dead {
+                    true => RecvOutcome::Missing,
+                    false => outcomes.next().expect("one outcome per receive"),
+                })
+                .collect())
+        })
+    }
+}
+
+/// A silent peer that one rank sees dead at once and the others only at the deadline leaves
+/// that rank ahead of them: a step timeout after the scatter, and a step's deadline after each
+/// later step in which their sends to the silent peer are not taken. Every step waits a timeout
+/// more than the one before, and a sub-round after one that found a peer at fault waits the
+/// last step's deadline more, so the rank ahead never counts an honest rank missing. Three
+/// sub-rounds, then one round, of a sharded median with 2f + 1 owners: each honest rank names
+/// the silent one, and only it.
+pub async fn a_peer_one_rank_sees_dead_at_once_costs_no_honest_rank<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, d, part, silent, ahead) = (4usize, 3000usize, 4000usize, 3usize, 1usize);
+    let timeout = Duration::from_millis(300);
+    let mut transports = factory(n).await;
+    let inner = transports.remove(ahead);
+    transports.insert(
+        ahead,
+        Box::new(SeesDeadAtOnce {
+            inner,
+            dead: silent,
+        }),
+    );
+    let comms = comms(transports, timeout);
+    let results = run_ranks(comms, move |mut c| async move {
+        let me = c.rank();
+        if me == silent {
+            // Alive but silent: it keeps its transport open past every deadline of both calls.
+            tokio::time::sleep(timeout * 20).await;
+            return (me, Vec::new());
+        }
+        let rule = Median::new(1);
+        let mut outcomes = Vec::new();
+        // Sub-rounds first: a call leaves the ranks as far apart as its last step's deadline
+        // when a rank's sends to the silent peer wait out each step (`PROTOCOL.md`, "Step
+        // deadlines"), and the next call does not wait for that.
+        for sub_round_bytes in [part, usize::MAX] {
+            c.set_sub_round_bytes(sub_round_bytes);
+            let mut v = vector(me, d);
+            let report = c
+                .robust_all_reduce(&mut v, &rule, Policy::Sharded(Replicas::Tolerant))
+                .await;
+            outcomes.push(report.map(|r| (r.faults, v)));
+        }
+        (me, outcomes)
+    })
+    .await;
+    let mut honest = Vec::new();
+    for (me, outcomes) in results {
+        for (call, outcome) in outcomes.into_iter().enumerate() {
+            let (faults, v) = outcome.unwrap_or_else(|e| panic!("rank {me}, call {call}: {e}"));
+            let named: Vec<usize> = faults.iter().map(|f| f.rank).collect();
+            assert_eq!(named, [silent], "rank {me}, call {call}: {faults:?}");
+            assert_eq!(faults[0].fault, Fault::Missing);
+            honest.push((call, v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()));
+        }
+    }
+    assert_eq!(honest.len(), 2 * (n - 1));
+    for call in 0..2 {
+        let bits: Vec<_> = honest.iter().filter(|(c, _)| *c == call).collect();
+        assert!(bits.windows(2).all(|w| w[0].1 == w[1].1), "call {call}");
+    }
 }
 
 /// Sharded mode gives bitwise the gather-mode result for coordinate-wise rules with honest
