@@ -157,24 +157,19 @@ fn under_enforce_a_rank_stopped_past_the_deadline_returns_the_others_result_or_a
     }
 }
 
-/// Rounds in which rank 0 erased rank 2 and rank 2 still returned `Ok`: in a reduce-scatter
-/// every rank holds another shard, so a late rank's split shows as shards computed from
-/// different input sets, each presented as success.
-fn inconsistent_input_sets(outcomes: &Outcomes, logs: &[String]) -> Vec<usize> {
-    let mut rounds: Vec<usize> = logs[0]
-        .lines()
-        .filter(|l| l.contains("erased [2]"))
-        .filter_map(|l| l.strip_prefix("round ")?.split_once(':')?.0.parse().ok())
-        .filter(|k| outcomes[2].get(k).copied().flatten().is_some())
-        .collect();
-    rounds.sort_unstable();
-    rounds
+/// Rounds in which rank 2 returned `Ok` with a shard of another input set than a rank that
+/// also returned `Ok`. Every rank's input is a constant vector, so every coordinate of every
+/// shard tells the input set: 2.5 with rank 2's input, 2 without it. (A rank that erased rank 2
+/// only after its piece had arrived, in the versions step or the cross-check, computed with
+/// it: that is no split.)
+fn inconsistent_input_sets(outcomes: &Outcomes) -> Vec<usize> {
+    silent_splits(outcomes)
 }
 
 #[test]
 fn a_rank_stopped_in_a_reduce_scatter_is_told_not_handed_a_shard_of_another_input_set() {
     let (outcomes, logs) = run_op("detect", "reduce-scatter");
-    let split = inconsistent_input_sets(&outcomes, &logs);
+    let split = inconsistent_input_sets(&outcomes);
     assert!(
         split.is_empty(),
         "rounds {split:?}: rank 2 returned a shard of another input set as success:\n{}",
@@ -195,10 +190,8 @@ fn a_rank_stopped_in_a_reduce_scatter_is_told_not_handed_a_shard_of_another_inpu
         );
     }
 
-    let (outcomes, logs) = run_op("off", "reduce-scatter");
-    assert!(
-        !inconsistent_input_sets(&outcomes, &logs).is_empty(),
-        "expected rank 2 to return a shard of another input set under off:\n{}",
-        logs.join("\n---\n")
-    );
+    // No run without the cross-check here: with 2f + 1 owners per shard, the median of the
+    // versions outvotes a late rank's own, so it returns the others' value even under `off`.
+    // The split detector is `silent_splits`, which the all-reduce test above sees split
+    // under `off`.
 }
