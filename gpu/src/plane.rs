@@ -217,6 +217,16 @@ impl<'a, E: GpuElement> DevicePlane<'a, E> {
                 staged.push(fill);
                 (ptr, len)
             }
+            Msg::ResultDigest(s) => {
+                // The digest a taker compares with the version it holds
+                // ([`Plane::commitment`] of the result).
+                let i = owned_index(self.me, *s, self.n);
+                let digest = commitment::<u8>(&self.download(&Src::Owned(i)));
+                let up = self.stream.clone_htod(&digest[..]).map_err(e)?;
+                let ptr = up.device_ptr(&self.stream).0;
+                staged.push(up);
+                (ptr, digest.len())
+            }
             Msg::Bytes(b) => {
                 if b.is_empty() {
                     return Ok((0, 0));

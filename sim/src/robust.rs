@@ -107,17 +107,23 @@ impl<'a> Robust<'a> {
                 return msg;
             }
         }
+        let msg = self.intern(b);
+        self.last_blob = Some((b.as_ptr() as usize, b.len(), msg));
+        msg
+    }
+
+    /// A blob for `b`, interned by content (no cache by address: for bytes made here and
+    /// dropped, whose address the next ones may take).
+    fn intern(&mut self, b: &Bytes) -> SimMsg {
         let next = self.blobs.len();
         let i = *self.interned.entry(b.clone()).or_insert(next);
         if i == next {
             self.blobs.push(b.clone());
         }
-        let msg = SimMsg {
+        SimMsg {
             id: BLOB + i as u32,
             bytes: b.len() as u64,
-        };
-        self.last_blob = Some((b.as_ptr() as usize, b.len(), msg));
-        msg
+        }
     }
 
     /// What `rank` sends as `msg` to `dest`, forged where the adversary says so.
@@ -185,6 +191,18 @@ impl<'a> Robust<'a> {
             Msg::Bytes(b) => {
                 let b = b.clone();
                 self.blob(&b)
+            }
+            Msg::ResultDigest(s) => {
+                // The digest of the version this owner would send `dest` (a liar's included),
+                // as the receiver's plane makes it ([`SimPlane::commitment`]).
+                let version = self.message(rank, &Msg::Result(*s), dest);
+                let digest = match self.common.plane.as_ref() {
+                    Some(plane) if version.id != EMPTY && version.id != NO_DATA => {
+                        byzcoll_runtime::round::input_digest(plane.store.get(version.id))
+                    }
+                    _ => [0; 32],
+                };
+                self.intern(&Bytes::copy_from_slice(&digest))
             }
             _ => SimMsg {
                 id: EMPTY,

@@ -83,10 +83,12 @@ fn gather_grows_linearly_in_n_and_sharded_stays_flat() {
     let s16 = time(16, Algorithm::Sharded { replicas: 1 });
     let s256 = time(256, Algorithm::Sharded { replicas: 1 });
     assert!((0.9..1.2).contains(&(s256 / s16)), "{s16} {s256}");
-    // r owners per shard move r times the bytes.
+    // r owners per shard take r times the pieces; the versions go by digest, so a taker
+    // receives one version and r - 1 digests: (r + 1) / 2 times the bytes of r = 1 (it was r
+    // times when every owner sent its version).
     let s7 = time(64, Algorithm::Sharded { replicas: 7 });
     let s1 = time(64, Algorithm::Sharded { replicas: 1 });
-    assert!((6.0..7.5).contains(&(s7 / s1)), "{}", s7 / s1);
+    assert!((3.5..4.6).contains(&(s7 / s1)), "{}", s7 / s1);
 }
 
 #[test]

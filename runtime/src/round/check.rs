@@ -246,8 +246,9 @@ pub(crate) fn evaluate(
             Some(_) => agreeing.push(p),
         }
     }
-    let differ =
-        |a: Option<Digest>, b: Option<Digest>| matches!((a, b), (Some(a), Some(b)) if a != b);
+    // The check carries 16 bytes of each digest (the first: XXH3-128's whole, BLAKE3's
+    // start), so a digest is compared on those.
+    let differ = |a: Option<Digest>, b: Option<Digest>| matches!((a, b), (Some(a), Some(b)) if a[..16] != b[..16]);
     let mut differing_inputs: Vec<Rank> = Vec::new();
     for c in theirs.iter().flatten() {
         for j in 0..n {

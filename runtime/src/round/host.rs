@@ -43,6 +43,9 @@ pub struct HostPlane<'a, T> {
     /// The owned shards' results, by position among the owned shards, computed straight into
     /// their wire form (sent to every rank that takes them, without a copy).
     results: Vec<Bytes>,
+    /// Their BLAKE3 digests, made once: sent to the takers of versions by digest, and
+    /// compared with the co-owners'.
+    result_digests: Vec<Option<Digest>>,
     /// The iterative rules' estimates, by owned shard.
     estimates: Vec<Vec<f64>>,
     /// The whole input's wire form (gather mode), made once.
@@ -70,6 +73,7 @@ impl<'a, T: Element> HostPlane<'a, T> {
             me,
             n,
             results: Vec::new(),
+            result_digests: Vec::new(),
             estimates: Vec::new(),
             input_payload: None,
             pieces: vec![None; n],
@@ -107,6 +111,17 @@ impl<'a, T: Element> HostPlane<'a, T> {
                     Some(t) => Payload::Host(t(*s, dest, &honest)),
                     None => Payload::Host(honest),
                 }
+            }
+            Msg::ResultDigest(s) => {
+                let i = (self.me + self.n - s) % self.n;
+                let digest = match &self.tamper {
+                    Some(t) => {
+                        let honest = self.results.get(i).cloned().unwrap_or_default();
+                        check::commitment::<u8>(&t(*s, dest, &honest))
+                    }
+                    None => self.result_commitment(i),
+                };
+                Payload::Host(Bytes::copy_from_slice(&digest))
             }
             Msg::Empty => Payload::Host(Bytes::new()),
             Msg::Bytes(b) => Payload::Host(b.clone()),
@@ -147,8 +162,21 @@ impl<'a, T: Element> HostPlane<'a, T> {
     fn set_result(&mut self, i: usize, out: Bytes) {
         if self.results.len() <= i {
             self.results.resize_with(i + 1, Bytes::new);
+            self.result_digests.resize(i + 1, None);
         }
         self.results[i] = out;
+        self.result_digests[i] = None;
+    }
+
+    /// The BLAKE3 digest of owned result `i` ([`check::commitment`] of its bytes), made once.
+    fn result_commitment(&mut self, i: usize) -> Digest {
+        if self.result_digests.len() <= i {
+            self.result_digests.resize(i + 1, None);
+        }
+        let results = &self.results;
+        *self.result_digests[i].get_or_insert_with(|| {
+            check::commitment::<u8>(results.get(i).map_or(&[][..], |b| &b[..]))
+        })
     }
 }
 
@@ -186,6 +214,7 @@ impl<T: Element> Plane for HostPlane<'_, T> {
     fn commitment(&mut self, src: Src<'_, Payload>) -> Digest {
         match src {
             Src::Got(p) => check::commitment::<u8>(host_bytes(p)),
+            Src::Owned(i) => self.result_commitment(i),
             other => check::commitment(&self.view(&other)),
         }
     }

@@ -57,8 +57,12 @@ pub enum Msg {
     /// An empty message: an owner's result for a shard it could not aggregate (receivers count
     /// it as an erasure of that owner's version).
     Empty,
-    /// Bytes the round made itself: statistics, the echo, the cross-check.
+    /// Bytes the round made itself: statistics, the echo, the cross-check, version requests.
     Bytes(Bytes),
+    /// The BLAKE3 digest ([`Plane::commitment`]) of what [`Msg::Result`] for shard `s` would
+    /// carry to this receiver: what an owner sends a taker in place of its version when
+    /// versions go by digest ([`Round::full_owner`]).
+    ResultDigest(usize),
     /// The message this rank received for slot `j` ([`Round::held`]: a rank's input in
     /// gather mode, an owner's result for one of its shards in sharded mode), passed on to a
     /// rank that went without the one the ranks agreed on ([`Agreement::Enforce`]'s recovery
@@ -292,6 +296,11 @@ enum Phase {
         k: usize,
     },
     Versions,
+    /// Versions by digest: each taker asks for the versions whose digest differs from the
+    /// one it holds.
+    Request,
+    /// Versions by digest: the owners send the versions asked for.
+    Resend,
     /// A relay step of [`Agreement::Enforce`]'s echo.
     Echo,
     /// [`Agreement::Enforce`]'s recovery step.
@@ -347,6 +356,27 @@ pub struct Round<'r, B> {
     lag_in: u32,
     /// Whether a receive came back missing ([`Round::lag`]).
     saw_missing: bool,
+    /// Versions by digest: what the versions step left for the request and resend steps.
+    pending: Option<Pending<B>>,
+}
+
+/// The digest an owner sends in place of a version it does not have (an owner that could not
+/// aggregate its shard); BLAKE3 gives it with probability 2^-256.
+const NO_VERSION: Digest = [0xff; 32];
+
+/// Versions by digest ([`Round::full_owner`]): what a taker holds between the versions step
+/// and the end of the resend step, by shard.
+struct Pending<B> {
+    /// The version its designated owner sent (none where this rank owns the shard).
+    full: Vec<Option<(Rank, B)>>,
+    /// The digest of the version held, the designated owner's or this rank's own.
+    held: Vec<Option<Digest>>,
+    /// The digest each owner (in [`sharded::owners`] order) sent, or that of the version it
+    /// sent; `None` where nothing usable came.
+    announced: Vec<Vec<Option<Digest>>>,
+    /// `(owner, shard)`: the versions asked for, whose digest differs from the one held (all
+    /// of them where none is held).
+    wanted: Vec<(Rank, usize)>,
 }
 
 /// What one sub-round of a call hands the next ([`Round::resuming`]).
@@ -413,6 +443,7 @@ impl<'r, B> Round<'r, B> {
             carried: erased.iter().map(|f| f.rank).collect(),
             lag_in: carry.lag,
             saw_missing: false,
+            pending: None,
         };
         round.report.faults = erased.to_vec();
         let start = match spec.shape {
@@ -523,6 +554,8 @@ impl<'r, B> Round<'r, B> {
             Phase::Scatter => self.scattered(plane, &plan, outcomes),
             Phase::Statistic { k } => self.statistic_done(plane, &plan, outcomes, k),
             Phase::Versions => self.versions_done(plane, &plan, outcomes),
+            Phase::Request => self.requests_arrived(plane, &plan, outcomes),
+            Phase::Resend => self.resent(plane, &plan, outcomes),
             Phase::Echo => self.echoed(plane, &plan, outcomes),
             Phase::Recover => self.recovered(plane, &plan, outcomes),
             Phase::Check => self.checked(plane, &plan, outcomes),
@@ -963,6 +996,27 @@ impl<'r, B> Round<'r, B> {
         !matches!(self.spec.shape, Shape::ReduceScatter(_)) || q == s
     }
 
+    /// Whether the versions go by digest: with `r > 1` owners per shard outside
+    /// [`Agreement::Enforce`], a taker gets one owner's version ([`Round::full_owner`]) and
+    /// the BLAKE3 digest of every other owner's, then asks for the versions whose digest
+    /// differs from the one it holds (two more steps, `PROTOCOL.md`: "Versions by digest").
+    /// Honest owners of a shard hold the same version, so in a round without faults the
+    /// versions cost the bytes of `r = 1`, and the median of equal versions is that version.
+    fn by_digest(&self) -> bool {
+        self.r > 1 && self.spec.agreement != Agreement::Enforce
+    }
+
+    /// The owner of shard `s` that sends taker `t` its whole version when versions go by
+    /// digest: none where `t` owns `s` (it holds its own); otherwise the owners take the
+    /// takers in turn, so that each sends about `n / r` of them a version.
+    fn full_owner(&self, t: Rank, s: usize) -> Option<Rank> {
+        let (n, r) = (self.spec.n, self.r);
+        if sharded::owns(t, s, n, r) {
+            return None;
+        }
+        sharded::owners(s, n, r).nth((t + n - s) % n % r)
+    }
+
     fn post_scatter(&mut self) {
         let (me, n, r) = (self.spec.me, self.spec.n, self.r);
         self.arrived = (0..r).map(|_| (0..n).map(|_| None).collect()).collect();
@@ -1254,9 +1308,11 @@ impl<'r, B> Round<'r, B> {
         }
     }
 
-    /// Phase 3: every owner sends its results to every rank that takes the shard.
+    /// Phase 3: every owner sends its results to every rank that takes the shard (or, when
+    /// versions go by digest, their digest to the takers another owner sends its version).
     fn post_versions(&mut self) {
         let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let by_digest = self.by_digest();
         // The pieces are not needed any more.
         self.arrived.clear();
         let sends = sharded::result_sends(me, n, r)
@@ -1264,13 +1320,15 @@ impl<'r, B> Round<'r, B> {
             .filter(|&(q, s)| self.takes(q, s))
             .map(|(peer, s)| {
                 let i = owned_index(me, s, n);
+                let digest = by_digest && self.full_owner(peer, s) != Some(me);
                 Send {
                     peer,
                     tag: s as Tag,
-                    msg: if self.no_result[i] {
-                        Msg::Empty
-                    } else {
-                        Msg::Result(s)
+                    msg: match (self.no_result[i], digest) {
+                        (true, false) => Msg::Empty,
+                        (false, false) => Msg::Result(s),
+                        (true, true) => Msg::Bytes(Bytes::from_static(&NO_VERSION)),
+                        (false, true) => Msg::ResultDigest(s),
                     },
                 }
             })
@@ -1284,7 +1342,10 @@ impl<'r, B> Round<'r, B> {
             .map(|(peer, s)| RecvOp {
                 peer,
                 tag: s as Tag,
-                len: self.bytes(self.shard(s).len()),
+                len: match by_digest && self.full_owner(me, s) != Some(peer) {
+                    true => NO_VERSION.len(),
+                    false => self.bytes(self.shard(s).len()),
+                },
             })
             .collect();
         self.post(Phase::Versions, "robust_sharded", sends, recvs);
@@ -1298,6 +1359,9 @@ impl<'r, B> Round<'r, B> {
     ) {
         if self.spec.agreement == Agreement::Enforce {
             return self.versions_to_echo(plane, plan, outcomes);
+        }
+        if self.by_digest() {
+            return self.digests_arrived(plane, plan, outcomes);
         }
         let (me, n, r) = (self.spec.me, self.spec.n, self.r);
         let owned = self.owned();
@@ -1345,6 +1409,245 @@ impl<'r, B> Round<'r, B> {
         for (at, d) in digests {
             self.seen.versions[at] = Some(d);
         }
+        self.report.peak_bytes = peak;
+        self.end_versions(plane, lost, combined);
+    }
+
+    /// Versions by digest, after the versions step: the version held for each taken shard
+    /// (the designated owner's, or this rank's own), each owner's digest, and the versions to
+    /// ask for: those whose digest differs from the one held, or all where none is held.
+    fn digests_arrived<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let mut full: Vec<Option<(Rank, B)>> = (0..n).map(|_| None).collect();
+        let mut announced = vec![vec![None; r]; n];
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            let (o, s) = (op.peer, op.tag as usize);
+            match a {
+                Arrival::Received(b) if self.full_owner(me, s) == Some(o) => full[s] = Some((o, b)),
+                Arrival::Received(b) => match <Digest>::try_from(&plane.host(&b)[..]) {
+                    Ok(d) if d != NO_VERSION => announced[s][(o + n - s) % n] = Some(d),
+                    Ok(_) => self.add_fault(
+                        o,
+                        Fault::Malformed(format!("it has no version of shard {s}")),
+                    ),
+                    Err(_) => self.add_fault(
+                        o,
+                        Fault::Malformed(format!("a digest of shard {s} that is not 32 bytes")),
+                    ),
+                },
+                other => self.arrival_fault(o, &other),
+            }
+        }
+        let owned = self.owned();
+        let mut held = vec![None; n];
+        let mut wanted = Vec::new();
+        for s in (0..n).filter(|&s| self.takes(me, s)) {
+            let mine = owned.iter().position(|&t| t == s);
+            let (holder, digest) = match (&full[s], mine) {
+                (Some((o, b)), _) => (*o, Some(plane.commitment(Src::Got(b)))),
+                (None, Some(i)) if !self.no_result[i] => {
+                    (me, Some(plane.commitment(Src::Owned(i))))
+                }
+                _ => (me, None),
+            };
+            if digest.is_some() {
+                announced[s][(holder + n - s) % n] = digest;
+            }
+            for (k, o) in sharded::owners(s, n, r).enumerate() {
+                if announced[s][k].is_some() && announced[s][k] != digest {
+                    wanted.push((o, s));
+                }
+            }
+            held[s] = digest;
+        }
+        if self.detect() {
+            for (s, digests) in announced.iter().enumerate() {
+                self.seen.versions[s * r..(s + 1) * r].copy_from_slice(digests);
+            }
+        }
+        self.pending = Some(Pending {
+            full,
+            held,
+            announced,
+            wanted,
+        });
+        self.post_requests();
+    }
+
+    /// Versions by digest: every taker tells every other owner of a shard it takes which of
+    /// that owner's versions it wants (one byte per shard the owner owns, in
+    /// [`sharded::owned`] order: 1 wanted, 0 not), even when it wants none, so that no owner
+    /// waits out a deadline for a request. Owners already at fault here are not asked (a send
+    /// to a dead peer can hold a step until its deadline): one that is alive, was late and
+    /// did not erase this rank waits for its request, then counts it missing, as a late rank
+    /// counts the others.
+    fn post_requests(&mut self) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let wanted = &self
+            .pending
+            .as_ref()
+            .expect("posted after the versions")
+            .wanted;
+        let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
+        let sends = (0..n)
+            .filter(|&o| o != me && !erased.contains(&o))
+            .filter(|&o| sharded::owned(o, n, r).any(|s| self.takes(me, s)))
+            .map(|o| Send {
+                peer: o,
+                tag: 0,
+                msg: Msg::Bytes(
+                    sharded::owned(o, n, r)
+                        .map(|s| u8::from(wanted.contains(&(o, s))))
+                        .collect::<Vec<u8>>()
+                        .into(),
+                ),
+            })
+            .collect();
+        let owned = self.owned();
+        let recvs = (0..n)
+            .filter(|&t| t != me && !erased.contains(&t))
+            .filter(|&t| owned.iter().any(|&s| self.takes(t, s)))
+            .map(|t| RecvOp {
+                peer: t,
+                tag: 0,
+                len: r,
+            })
+            .collect();
+        self.post(Phase::Request, "robust_sharded_requests", sends, recvs);
+    }
+
+    /// Versions by digest: the requests are in; this rank sends the versions asked of it and
+    /// receives those it asked for.
+    fn requests_arrived<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let owned = self.owned();
+        let mut sends = Vec::new();
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            let t = op.peer;
+            let Arrival::Received(b) = a else {
+                self.arrival_fault(t, &a);
+                continue;
+            };
+            let flags = plane.host(&b);
+            if flags.len() != owned.len() || flags.iter().any(|&f| f > 1) {
+                self.add_fault(
+                    t,
+                    Fault::Malformed(format!(
+                        "a version request that is not {} flags of 0 or 1",
+                        owned.len()
+                    )),
+                );
+                continue;
+            }
+            for (i, &s) in owned.iter().enumerate() {
+                if flags[i] == 1 && self.takes(t, s) {
+                    sends.push(Send {
+                        peer: t,
+                        tag: s as Tag,
+                        msg: match self.no_result[i] {
+                            true => Msg::Empty,
+                            false => Msg::Result(s),
+                        },
+                    });
+                }
+            }
+        }
+        let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
+        let wanted = &self
+            .pending
+            .as_ref()
+            .expect("posted after the versions")
+            .wanted;
+        let recvs = wanted
+            .iter()
+            .filter(|(o, _)| !erased.contains(o))
+            .map(|&(o, s)| RecvOp {
+                peer: o,
+                tag: s as Tag,
+                len: self.bytes(self.shard(s).len()),
+            })
+            .collect();
+        self.post(Phase::Resend, "robust_sharded_resend", sends, recvs);
+    }
+
+    /// Versions by digest, the end: each taken shard's versions are the one held, once for
+    /// every owner that sent its digest, and the versions asked for that match the digest
+    /// their owner sent (one that does not is malformed); their median goes into the output.
+    /// Where nothing was asked for, the one version held is the median.
+    fn resent<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let Pending {
+            full,
+            held,
+            announced,
+            ..
+        } = self.pending.take().expect("posted after the requests");
+        let mut fetched: Vec<(Rank, usize, B)> = Vec::new();
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            let (o, s) = (op.peer, op.tag as usize);
+            match a {
+                Arrival::Received(b) => {
+                    if Some(plane.commitment(Src::Got(&b))) == announced[s][(o + n - s) % n] {
+                        fetched.push((o, s, b));
+                    } else {
+                        self.add_fault(
+                            o,
+                            Fault::Malformed(format!(
+                                "its version of shard {s} does not match the digest it sent"
+                            )),
+                        );
+                    }
+                }
+                other => self.arrival_fault(o, &other),
+            }
+        }
+        let owned = self.owned();
+        let shard_bytes = |s: usize| self.bytes(self.shard(s).len());
+        let mut version_bytes = fetched.iter().map(|(_, s, _)| shard_bytes(*s)).sum();
+        let mut versions: Vec<Vec<(Rank, Src<'_, B>)>> = (0..n).map(|_| Vec::new()).collect();
+        for s in (0..n).filter(|&s| self.takes(me, s)) {
+            let held_src = match &full[s] {
+                Some((o, b)) => {
+                    version_bytes += shard_bytes(s);
+                    Some((*o, Src::Got(b)))
+                }
+                None => owned
+                    .iter()
+                    .position(|&t| t == s)
+                    .filter(|&i| !self.no_result[i])
+                    .map(|i| (me, Src::Owned(i))),
+            };
+            let others = fetched.iter().filter(|(_, t, _)| *t == s);
+            match held_src {
+                Some((o, src)) if others.clone().next().is_none() => versions[s].push((o, src)),
+                Some((_, src)) => {
+                    for (k, o) in sharded::owners(s, n, r).enumerate() {
+                        if announced[s][k].is_some() && announced[s][k] == held[s] {
+                            versions[s].push((o, src.clone()));
+                        }
+                    }
+                }
+                None => {}
+            }
+            versions[s].extend(others.map(|(o, _, b)| (*o, Src::Got(b))));
+        }
+        let peak = self.versions_peak(version_bytes);
+        let (lost, combined) = self.combine_versions(plane, &mut versions);
+        drop(versions);
         self.report.peak_bytes = peak;
         self.end_versions(plane, lost, combined);
     }
@@ -1861,9 +2164,10 @@ mod tests {
     #[test]
     fn each_step_waits_longer_and_a_missing_peer_leaves_its_lag() {
         // Two owners per shard: rank 3 is an erasure after the scatter, and only the scatter
-        // waits for it; a rank that still sends to it can wait out every later step.
-        assert_eq!(silent_peer(2, 0), (vec![1, 2, 3], 3, false));
-        assert_eq!(silent_peer(2, 4), (vec![5, 6, 7], 7, false));
+        // waits for it; a rank that still sends to it can wait out every later step (scatter,
+        // versions by digest, requests, resends, cross-check).
+        assert_eq!(silent_peer(2, 0), (vec![1, 2, 3, 4, 5], 5, false));
+        assert_eq!(silent_peer(2, 4), (vec![5, 6, 7, 8, 9], 9, false));
         // One owner: rank 3's shard is lost, and the failed round's cross-check waits for
         // every peer, rank 3 too.
         assert_eq!(silent_peer(1, 0), (vec![1, 2, 3], 3, true));

@@ -49,6 +49,7 @@ macro_rules! conformance_suite {
             sharded_sub_rounds_match_one_round_and_erase_a_dead_peer_once,
             a_peer_one_rank_sees_dead_at_once_costs_no_honest_rank,
             sharded_survives_byzantine_owners_only_with_replication,
+            replicated_owners_send_one_version_and_digests,
             sharded_krum_family_matches_gather,
             sharded_iterative_rules_match_gather,
             an_equivocating_sender_never_splits_honest_ranks_silently,
@@ -1213,6 +1214,90 @@ where
     }
 }
 
+/// With `r = 2f + 1` owners per shard the versions go by digest (`PROTOCOL.md`): a taker
+/// receives one owner's version and the other owners' digests, so that an honest round moves
+/// the pieces of `r` owners but the versions of one. Four ranks, `f = 1`, `r = 3`, shards of
+/// 1000 `f32`; then rank 3 lies as an owner, first consistently (its digests match its
+/// versions: the takers ask for its version and outvote it), then with versions that do not
+/// match the digests it sent (every honest rank asked it for one, and names it).
+pub async fn replicated_owners_send_one_version_and_digests<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f, d) = (4usize, 1usize, 4000usize);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, d)).collect();
+    let honest = reference(&Median::new(f), &inputs);
+    let comms = comms(factory(n).await, Duration::from_secs(20));
+    let results = run_ranks(comms, move |mut c| async move {
+        let me = c.rank();
+        let three = Policy::Sharded(Replicas::Exactly(3));
+        let mut outcomes = Vec::new();
+        for lie in 0..3 {
+            let tamper: Option<OwnerTamper> = match (me, lie) {
+                (3, 1) => Some(std::sync::Arc::new(
+                    |_s: usize, _d: usize, honest: &[u8]| filled(-1000.0, honest.len() / 4).into(),
+                )),
+                (3, 2) => {
+                    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+                    Some(std::sync::Arc::new(
+                        move |_s: usize, _d: usize, honest: &[u8]| {
+                            let k = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            filled(k as f32, honest.len() / 4).into()
+                        },
+                    ))
+                }
+                _ => None,
+            };
+            c.inject_owner_fault(tamper);
+            let mut v = vector(me, d);
+            let done = c.robust_all_reduce(&mut v, &Median::new(f), three).await;
+            outcomes.push(done.map(|report| (report, v)).map_err(|e| e.to_string()));
+        }
+        (me, outcomes)
+    })
+    .await;
+    let piece = d / n * 4;
+    // Three owned shards' pieces from three peers, and one version.
+    let floor = (3 * 3 * piece + piece) as u64;
+    for (me, outcomes) in results.into_iter().filter(|(me, _)| *me < 3) {
+        let reports: Vec<RoundReport> = outcomes
+            .into_iter()
+            .enumerate()
+            .map(|(lie, o)| {
+                let (report, v) = o.unwrap_or_else(|e| panic!("rank {me}, lie {lie}: {e}"));
+                assert_eq!(bits(&v), bits(&honest), "rank {me}, lie {lie}");
+                report
+            })
+            .collect();
+        // Honest: the pieces, one version, and under 2 KiB of digests, requests and checks
+        // (every owner's version would be 9 more pieces).
+        let got = reports[0].stats.bytes_received;
+        assert!(
+            (floor..floor + 2048).contains(&got),
+            "rank {me}: {got} bytes received, {floor} of pieces and one version"
+        );
+        assert!(
+            reports[0].faults.is_empty(),
+            "rank {me}: {:?}",
+            reports[0].faults
+        );
+        // A consistent liar: its versions were asked for and outvoted, nobody is at fault.
+        assert!(reports[1].stats.bytes_received > got, "rank {me}");
+        assert!(
+            reports[1].faults.is_empty(),
+            "rank {me}: {:?}",
+            reports[1].faults
+        );
+        // Versions that do not match their digests: the owner is named.
+        let named = reports[2].faults.iter().any(|pf| {
+            pf.rank == 3
+                && matches!(&pf.fault, Fault::Malformed(why) if why.contains("does not match"))
+        });
+        assert!(named, "rank {me}: {:?}", reports[2].faults);
+    }
+}
+
 /// The Krum family in sharded mode (distance tables computed on shards, exchanged with the
 /// same replication, combined by median and summed) selects the same ranks and gives bitwise
 /// the gather-mode result on honest inputs.
@@ -1902,10 +1987,13 @@ where
                         if krum {
                             assert!(report.selected.is_some(), "{what}");
                         }
-                        // Phase 1, the distance tables for Krum, phase 3, the cross-check.
+                        // Phase 1, the distance tables for Krum, phase 3 (with r > 1 owners
+                        // the versions go by digest: the requests and the resends follow),
+                        // the cross-check.
                         let stats = &report.stats;
-                        assert_eq!(stats.step_times.len(), 3 + usize::from(krum), "{what}");
                         let r = report.replicas.unwrap();
+                        let steps = 3 + usize::from(krum) + if r > 1 { 2 } else { 0 };
+                        assert_eq!(stats.step_times.len(), steps, "{what}");
                         let scattered: usize =
                             byzcoll_runtime::schedule::sharded::scatter_sends(me, n, r)
                                 .into_iter()
