@@ -1739,6 +1739,15 @@ pub async fn byzantine_owners_and_senders_are_agreed_on_under_enforce_in_sharded
             .unwrap();
         assert_eq!(bits(&enforce), bits(&detect), "rank {me}: honest world");
         assert!(report.faults.is_empty() && !report.erased_self, "rank {me}");
+        let found = report
+            .agreement
+            .as_ref()
+            .expect("Enforce ends with the cross-check");
+        assert_eq!(
+            found,
+            &byzcoll_runtime::AgreementReport::default(),
+            "rank {me}: an honest world differs nowhere"
+        );
         let tamper: Option<OwnerTamper> = match me {
             5 | 6 => Some(std::sync::Arc::new(
                 move |_s: usize, dest: usize, honest: &[u8]| {
