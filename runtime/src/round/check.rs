@@ -39,7 +39,8 @@ fn blake3_of(bytes: &[u8]) -> Digest {
 
 /// What a rank aggregated, as digests (XXH3-128, [`input_digest`]): each rank's vector in
 /// gather mode; in sharded mode with `r` owners per shard, each sender's piece of each shard
-/// this rank owns (`r · n`, in the order of [`sharded::owned`](crate::schedule::sharded::owned)) and each owner's version of
+/// this rank owns (`r · n`, in the order of [`sharded::owned`](crate::schedule::sharded::owned); with `r = 1`, where no
+/// co-owner compares them, a zero digest for each piece that arrived) and each owner's version of
 /// each shard (`n · r`, in the order of [`sharded::owners`](crate::schedule::sharded::owners)). `None`: not received.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Seen {
