@@ -61,7 +61,8 @@ pub enum Msg {
     Bytes(Bytes),
     /// The BLAKE3 digest ([`Plane::commitment`]) of what [`Msg::Result`] for shard `s` would
     /// carry to this receiver: what an owner sends a taker in place of its version when
-    /// versions go by digest ([`Round::full_owner`]).
+    /// versions go by digest (`r > 1` owners outside [`Agreement::Enforce`]: a taker gets one
+    /// owner's version and the others' digests, `PROTOCOL.md`, "Versions by digest").
     ResultDigest(usize),
     /// The message this rank received for slot `j` ([`Round::held`]: a rank's input in
     /// gather mode, an owner's result for one of its shards in sharded mode), passed on to a
