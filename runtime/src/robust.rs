@@ -15,8 +15,9 @@ pub enum Policy {
     /// memory `n·d` per rank, no relaying through third ranks, strongest guarantees.
     Gather,
     /// Shards of `d/n` coordinates are aggregated by replicated owners and every rank takes
-    /// the coordinate-wise median of the owners' results: about `2·r·d` memory and traffic per
-    /// rank. Needs a coordinate-wise rule.
+    /// the coordinate-wise median of the owners' results: about `(r + 1)·d` traffic per rank
+    /// without faults (with `r > 1` a taker gets one owner's result and the others' digests,
+    /// `PROTOCOL.md`, "Versions by digest"). Needs a coordinate-wise rule.
     Sharded(Replicas),
 }
 

@@ -76,8 +76,10 @@ pub fn ring_all_gather_step(rank: Rank, size: usize, s: usize) -> RingStep {
 /// straight to each owner of `s`. Phase 2: each owner aggregates the `n` versions of its shards.
 /// Phase 3: every owner sends its result for `s` to every rank, and every rank takes the
 /// coordinate-wise median of the `r` versions of each shard. Messages carry the shard index as
-/// their tag. Per rank, phase 1 receives `r` shards from each peer and phase 3 receives `r`
-/// versions of each shard: about `2·r·d` elements instead of the `n·d` of gather mode.
+/// their tag. Per rank, phase 1 receives `r` shards from each peer and phase 3 at most `r`
+/// versions of each shard: at most `2·r·d` elements instead of the `n·d` of gather mode (the
+/// round sends versions by digest when `r > 1`, so that a rank without faults receives one
+/// version of each shard: `(r + 1)·d`).
 pub mod sharded {
     use crate::Rank;
 
