@@ -1589,9 +1589,9 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// Versions by digest, the end: each taken shard's versions are the one held, once for
-    /// every owner that sent its digest, and the versions asked for that match the digest
-    /// their owner sent (one that does not is malformed); their median goes into the output.
-    /// Where nothing was asked for, the one version held is the median.
+    /// every owner whose digest matched it, and the versions asked for that hash to the
+    /// digest their owner sent (one that does not is malformed); their median goes into the
+    /// output. Where nothing was asked for, the one version held is the median.
     fn resent<P: Plane<Buf = B>>(
         &mut self,
         plane: &mut P,
