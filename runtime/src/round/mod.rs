@@ -1439,7 +1439,7 @@ impl<'r, B> Round<'r, B> {
             match a {
                 Arrival::Received(b) if self.full_owner(me, s) == Some(o) => full[s] = Some((o, b)),
                 Arrival::Received(b) => match <Digest>::try_from(&plane.host(&b)[..]) {
-                    Ok(d) if d != NO_VERSION => announced[s][(o + n - s) % n] = Some(d),
+                    Ok(d) if d != NO_VERSION => announced[s][owned_index(o, s, n)] = Some(d),
                     Ok(_) => self.add_fault(
                         o,
                         Fault::Malformed(format!("it has no version of shard {s}")),
@@ -1465,7 +1465,7 @@ impl<'r, B> Round<'r, B> {
                 _ => (me, None),
             };
             if digest.is_some() {
-                announced[s][(holder + n - s) % n] = digest;
+                announced[s][owned_index(holder, s, n)] = digest;
             }
             for (k, o) in sharded::owners(s, n, r).enumerate() {
                 if announced[s][k].is_some() && announced[s][k] != digest {
@@ -1610,7 +1610,7 @@ impl<'r, B> Round<'r, B> {
             let (o, s) = (op.peer, op.tag as usize);
             match a {
                 Arrival::Received(b) => {
-                    if Some(plane.commitment(Src::Got(&b))) == announced[s][(o + n - s) % n] {
+                    if Some(plane.commitment(Src::Got(&b))) == announced[s][owned_index(o, s, n)] {
                         fetched.push((o, s, b));
                     } else {
                         self.add_fault(
