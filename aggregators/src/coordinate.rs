@@ -110,7 +110,13 @@ impl Median {
         Median { f }
     }
 
-    pub(crate) fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<(), AggError> {
+    /// The median into `out`; the inputs holding NaN or infinities where the path found them
+    /// while reading (see [`AggReport::non_finite`]).
+    pub(crate) fn run<T: Element>(
+        &self,
+        inputs: &[&[T]],
+        out: &mut [T],
+    ) -> Result<Option<Vec<usize>>, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
         let n = inputs.len();
@@ -122,7 +128,10 @@ impl Median {
             coordinate,
         };
         if let Some(done) = network::fused(inputs, out, network::Finish::Median) {
-            return done.map_err(non_finite);
+            return done
+                .result
+                .map(|()| Some(done.non_finite))
+                .map_err(non_finite);
         }
         if n <= network::MAX_INPUTS {
             let needed = if even { mid - 1..mid + 1 } else { mid..mid + 1 };
@@ -142,6 +151,7 @@ impl Median {
                 }
                 first_non_finite(chunk)
             })
+            .map(|()| None)
             .map_err(non_finite);
         }
         reduce_columns(inputs, out, |col| {
@@ -158,6 +168,7 @@ impl Median {
             };
             v.is_finite().then_some(v)
         })
+        .map(|()| None)
         .map_err(non_finite)
     }
 }
@@ -180,7 +191,10 @@ impl Aggregator for Median {
     }
 
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
-        crate::dispatch!(self, inputs, out).map(|()| AggReport::default())
+        crate::dispatch!(self, inputs, out).map(|found| AggReport {
+            non_finite: found,
+            ..AggReport::default()
+        })
     }
 }
 
@@ -197,7 +211,12 @@ impl TrimmedMean {
         TrimmedMean { f }
     }
 
-    fn run<T: Element>(&self, inputs: &[&[T]], out: &mut [T]) -> Result<(), AggError> {
+    /// As [`Median::run`].
+    fn run<T: Element>(
+        &self,
+        inputs: &[&[T]],
+        out: &mut [T],
+    ) -> Result<Option<Vec<usize>>, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
         let f = self.f;
@@ -209,7 +228,10 @@ impl TrimmedMean {
             coordinate,
         };
         if let Some(done) = network::fused(inputs, out, network::Finish::Trimmed { f }) {
-            return done.map_err(non_finite);
+            return done
+                .result
+                .map(|()| Some(done.non_finite))
+                .map_err(non_finite);
         }
         if n <= network::MAX_INPUTS {
             let scale = 1.0 / keep as f64;
@@ -226,6 +248,7 @@ impl TrimmedMean {
                 }
                 first_non_finite(chunk)
             })
+            .map(|()| None)
             .map_err(non_finite);
         }
         reduce_columns(inputs, out, |col| {
@@ -246,6 +269,7 @@ impl TrimmedMean {
             let v = T::from_f64(sum / keep as f64);
             v.is_finite().then_some(v)
         })
+        .map(|()| None)
         .map_err(non_finite)
     }
 }
@@ -268,7 +292,10 @@ impl Aggregator for TrimmedMean {
     }
 
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
-        crate::dispatch!(self, inputs, out).map(|()| AggReport::default())
+        crate::dispatch!(self, inputs, out).map(|found| AggReport {
+            non_finite: found,
+            ..AggReport::default()
+        })
     }
 }
 
@@ -368,7 +395,8 @@ impl Aggregator for Mean {
     }
 
     fn aggregate(&self, inputs: Inputs<'_>, out: Output<'_>) -> Result<AggReport, AggError> {
-        crate::dispatch!(self, inputs, out).map(|()| AggReport::default())
+        // The mean refuses any non-finite input, so a result means there was none.
+        crate::dispatch!(self, inputs, out).map(|()| AggReport::non_finite(Vec::new()))
     }
 }
 

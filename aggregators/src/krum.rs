@@ -304,7 +304,7 @@ impl Bulyan {
             coordinate,
         };
         if let Some(done) = network::fused(&chosen, out, network::Finish::Nearest { beta }) {
-            return done.map_err(non_finite);
+            return done.result.map_err(non_finite);
         }
         if m <= network::MAX_INPUTS {
             // Columns sorted by the sorting network, a tile of coordinates at a time (rows of

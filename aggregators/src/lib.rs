@@ -198,6 +198,10 @@ pub struct AggReport {
     /// selected, so callers can see who was excluded. `None` for rules that select per
     /// coordinate.
     pub selected: Option<Vec<usize>>,
+    /// The inputs (ascending indices) that hold a NaN or an infinity, where the rule found them
+    /// while reading its inputs; `None` where it did not look. Callers that must name such
+    /// inputs use it to spare a pass of their own over every input.
+    pub non_finite: Option<Vec<usize>>,
 }
 
 impl AggReport {
@@ -205,6 +209,15 @@ impl AggReport {
     pub fn selected(indices: Vec<usize>) -> Self {
         AggReport {
             selected: Some(indices),
+            non_finite: None,
+        }
+    }
+
+    /// A report that names the inputs holding NaN or infinities (`indices` ascending).
+    pub fn non_finite(indices: Vec<usize>) -> Self {
+        AggReport {
+            selected: None,
+            non_finite: Some(indices),
         }
     }
 }

@@ -232,6 +232,17 @@ pub(crate) fn nearest_mean_lanes<T: Element>(
 /// Coordinates per rayon task of the fused path (no scratch: only the rayon granularity).
 const FUSED_BLOCK: usize = 8192;
 
+/// What [`fused`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Fused {
+    /// `Err(c)`: coordinate `c`, the first, has a non-finite result.
+    pub(crate) result: Result<(), usize>,
+    /// The inputs (ascending indices) holding a NaN or an infinity. The register kernels keep
+    /// the largest magnitude they load (two instructions per input row, on values already in
+    /// registers); only a block where it is not finite is read again to tell which inputs.
+    pub(crate) non_finite: Vec<usize>,
+}
+
 /// How far ahead (elements) the fused path prefetches each input's next line: the hardware
 /// prefetcher alone keeps up to 16 interleaved streams poorly fed. Measured: 256 (1 KiB) beat
 /// 128 and 512 by a third at `n = 16`, `d = 2^22` on one core.
@@ -243,13 +254,10 @@ const AHEAD: usize = 256;
 /// comparator that touches one folds away, and so does every comparator no finished row
 /// depends on) and finished there, so no sorted row is stored. Bitwise what sorting the column
 /// and finishing it in scalar code gives. `None` where the path does not apply (other types,
-/// more inputs, no AVX2): the caller sorts blocks in memory. `Some(Err(c))`: coordinate `c`,
-/// the first, has a non-finite result.
-pub(crate) fn fused<T: Element>(
-    inputs: &[&[T]],
-    out: &mut [T],
-    finish: Finish,
-) -> Option<Result<(), usize>> {
+/// more inputs, no AVX2): the caller sorts blocks in memory. While it reads the inputs it also
+/// finds those holding a NaN or infinity ([`Fused::non_finite`]), so that callers need no
+/// pass of their own over cold memory to name them.
+pub(crate) fn fused<T: Element>(inputs: &[&[T]], out: &mut [T], finish: Finish) -> Option<Fused> {
     #[cfg(target_arch = "x86_64")]
     {
         let (bits, out, wide) = f32_rows(inputs, out)?;
@@ -357,16 +365,46 @@ fn mean_on(bits: &[&[u32]], out: &mut [f32], wide: bool) -> Result<(), usize> {
 
 /// [`fused`] on `f32` bits with AVX-512 (`wide`) or AVX2, which the CPU must have.
 #[cfg(target_arch = "x86_64")]
-fn fused_on(bits: &[&[u32]], out: &mut [f32], finish: Finish, wide: bool) -> Result<(), usize> {
-    first_bad_in_blocks(out, |at, chunk| {
-        // SAFETY: the CPU supports the path's instructions (the caller's guarantee).
-        unsafe {
-            match wide {
-                true => avx512_f32::fused(bits, at, chunk, finish),
-                false => avx2_f32::fused(bits, at, chunk, finish),
-            }
-        }
-    })
+fn fused_on(bits: &[&[u32]], out: &mut [f32], finish: Finish, wide: bool) -> Fused {
+    use rayon::prelude::*;
+    // Per block: its first non-finite result, and whether some input value in it is not finite.
+    let blocks: Vec<(Option<usize>, bool)> = out
+        .par_chunks_mut(FUSED_BLOCK)
+        .enumerate()
+        .map(|(b, chunk)| {
+            let at = b * FUSED_BLOCK;
+            // SAFETY: the CPU supports the path's instructions (the caller's guarantee).
+            let (done, suspect) = unsafe {
+                match wide {
+                    true => avx512_f32::fused(bits, at, chunk, finish),
+                    false => avx2_f32::fused(bits, at, chunk, finish),
+                }
+            };
+            (done.err().map(|c| at + c), suspect)
+        })
+        .collect();
+    let result = blocks
+        .iter()
+        .filter_map(|&(bad, _)| bad)
+        .min()
+        .map_or(Ok(()), Err);
+    let suspects: Vec<std::ops::Range<usize>> = blocks
+        .iter()
+        .enumerate()
+        .filter(|&(_, &(_, suspect))| suspect)
+        .map(|(b, _)| b * FUSED_BLOCK..((b + 1) * FUSED_BLOCK).min(out.len()))
+        .collect();
+    let non_finite = match suspects.is_empty() {
+        true => Vec::new(),
+        false => (0..bits.len())
+            .into_par_iter()
+            .filter(|&i| {
+                let row: &[f32] = bytemuck::cast_slice(bits[i]);
+                suspects.iter().any(|r| !crate::all_finite(&row[r.clone()]))
+            })
+            .collect(),
+    };
+    Fused { result, non_finite }
 }
 
 /// `merge_exchange(16)` as `$cs!(a, b)` statements, spelled out so that the compiler sees
@@ -563,10 +601,11 @@ macro_rules! each_of_32 {
 mod avx2_f32 {
     use std::arch::x86_64::{
         __m256, __m256i, _mm256_add_pd, _mm256_and_si256, _mm256_castps256_ps128,
-        _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32, _mm256_cvtpd_ps,
-        _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_max_epi32, _mm256_min_epi32,
-        _mm256_movemask_ps, _mm256_mul_pd, _mm256_set1_epi32, _mm256_set1_pd, _mm256_set_m128,
-        _mm256_setzero_pd, _mm256_srai_epi32, _mm256_srli_epi32, _mm256_xor_si256,
+        _mm256_castps_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32, _mm256_cmpgt_epi32,
+        _mm256_cvtpd_ps, _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_max_epi32,
+        _mm256_min_epi32, _mm256_movemask_ps, _mm256_mul_pd, _mm256_set1_epi32, _mm256_set1_pd,
+        _mm256_set_m128, _mm256_setzero_pd, _mm256_setzero_si256, _mm256_srai_epi32,
+        _mm256_srli_epi32, _mm256_xor_si256,
     };
 
     /// Largest `n` taken.
@@ -660,14 +699,15 @@ mod avx2_f32 {
     sort_block_with!(sort_block_16, 16, merge_exchange_16, each_of_16);
 
     /// [`super::fused`] on `out.len()` coordinates from `base`, `n = inputs.len()` in `1..=16`
-    /// (and `2f < n`): returns the offset in `out` of the first non-finite result.
+    /// (and `2f < n`): the offset in `out` of the first non-finite result, and whether some
+    /// input value read is not finite.
     #[target_feature(enable = "avx2")]
     pub(super) fn fused(
         inputs: &[&[u32]],
         base: usize,
         out: &mut [f32],
         finish: super::Finish,
-    ) -> Result<(), usize> {
+    ) -> (Result<(), usize>, bool) {
         macro_rules! by_n {
             ($($n:literal)*) => {
                 match inputs.len() {
@@ -775,9 +815,12 @@ mod avx2_f32 {
         base: usize,
         out: &mut [f32],
         finish: super::Finish,
-    ) -> Result<(), usize> {
+    ) -> (Result<(), usize>, bool) {
         let width = out.len();
         let top = _mm256_set1_epi32(i32::MAX);
+        let magnitude = _mm256_set1_epi32(i32::MAX);
+        // The largest magnitude (bits without the sign) of every value loaded, per lane.
+        let mut largest = _mm256_setzero_si256();
         let half = _mm256_set1_pd(0.5);
         let (lo_rank, hi_rank, scale) = match finish {
             super::Finish::Median | super::Finish::Nearest { .. } => (0, 0, 0.0),
@@ -795,15 +838,14 @@ mod avx2_f32 {
                     .iter()
                     .for_each(|row| super::prefetch_ahead(row, base + start));
             }
-            let load = |i: usize| -> __m256i {
-                let b = load8!(inputs[i], base + start, lanes);
-                _mm256_xor_si256(b, _mm256_srli_epi32::<1>(_mm256_srai_epi32::<31>(b)))
-            };
             let mut v = [top; 16];
             macro_rules! load {
                 ($i:literal) => {
                     if $i < N {
-                        v[$i] = load($i);
+                        let b = load8!(inputs[$i], base + start, lanes);
+                        largest = _mm256_max_epi32(largest, _mm256_and_si256(b, magnitude));
+                        v[$i] =
+                            _mm256_xor_si256(b, _mm256_srli_epi32::<1>(_mm256_srai_epi32::<31>(b)));
                     }
                 };
             }
@@ -869,7 +911,10 @@ mod avx2_f32 {
             first_bad = first_bad.or(bad);
             start += lanes;
         }
-        first_bad.map_or(Ok(()), Err)
+        // Infinities and NaNs are the magnitudes above the largest finite one.
+        let above = _mm256_cmpgt_epi32(largest, _mm256_set1_epi32(0x7f7f_ffff));
+        let suspect = _mm256_movemask_ps(_mm256_castsi256_ps(above)) != 0;
+        (first_bad.map_or(Ok(()), Err), suspect)
     }
 }
 
@@ -882,22 +927,24 @@ mod avx512_f32 {
     use std::arch::x86_64::{
         __m512, __m512i, _mm256_castpd_ps, _mm256_castps_pd, _mm512_add_pd, _mm512_and_si512,
         _mm512_castpd256_pd512, _mm512_castpd_ps, _mm512_castps512_ps256, _mm512_castps_pd,
-        _mm512_castps_si512, _mm512_castsi512_ps, _mm512_cmpeq_epi32_mask, _mm512_cvtpd_ps,
-        _mm512_cvtps_pd, _mm512_extractf64x4_pd, _mm512_insertf64x4, _mm512_loadu_ps,
-        _mm512_mask_storeu_ps, _mm512_maskz_loadu_epi32, _mm512_max_epi32, _mm512_min_epi32,
-        _mm512_mul_pd, _mm512_set1_epi32, _mm512_set1_pd, _mm512_setzero_pd, _mm512_srai_epi32,
-        _mm512_srli_epi32, _mm512_storeu_si512, _mm512_xor_si512,
+        _mm512_castps_si512, _mm512_castsi512_ps, _mm512_cmpeq_epi32_mask, _mm512_cmpgt_epi32_mask,
+        _mm512_cvtpd_ps, _mm512_cvtps_pd, _mm512_extractf64x4_pd, _mm512_insertf64x4,
+        _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_epi32, _mm512_max_epi32,
+        _mm512_min_epi32, _mm512_mul_pd, _mm512_set1_epi32, _mm512_set1_pd, _mm512_setzero_pd,
+        _mm512_setzero_si512, _mm512_srai_epi32, _mm512_srli_epi32, _mm512_storeu_si512,
+        _mm512_xor_si512,
     };
 
     /// [`super::fused`] on `out.len()` coordinates from `base` (`n = inputs.len()` in
-    /// `1..=16`, `2f < n`): the offset in `out` of the first non-finite result.
+    /// `1..=32`, `2f < n`): the offset in `out` of the first non-finite result, and whether
+    /// some input value read is not finite.
     #[target_feature(enable = "avx512f")]
     pub(super) fn fused(
         inputs: &[&[u32]],
         base: usize,
         out: &mut [f32],
         finish: super::Finish,
-    ) -> Result<(), usize> {
+    ) -> (Result<(), usize>, bool) {
         macro_rules! by_n {
             ($($n:literal)* ; $($m:literal)*) => {
                 match inputs.len() {
@@ -1041,9 +1088,13 @@ mod avx512_f32 {
                 base: usize,
                 out: &mut [f32],
                 finish: super::Finish,
-            ) -> Result<(), usize> {
+            ) -> (Result<(), usize>, bool) {
                 let width = out.len();
                 let top = _mm512_set1_epi32(i32::MAX);
+                let magnitude = _mm512_set1_epi32(i32::MAX);
+                // The largest magnitude (bits without the sign) of every value loaded, per
+                // lane.
+                let mut largest = _mm512_setzero_si512();
                 let half = _mm512_set1_pd(0.5);
                 let (lo_rank, hi_rank, scale) = match finish {
                     super::Finish::Median | super::Finish::Nearest { .. } => (0, 0, 0.0),
@@ -1062,7 +1113,9 @@ mod avx512_f32 {
                         ($i:literal) => {
                             if $i < N {
                                 super::prefetch_ahead(inputs[$i], at);
-                                v[$i] = flip!(load16!(inputs[$i], at, mask, lanes));
+                                let b = load16!(inputs[$i], at, mask, lanes);
+                                largest = _mm512_max_epi32(largest, _mm512_and_si512(b, magnitude));
+                                v[$i] = flip!(b);
                             }
                         };
                     }
@@ -1122,7 +1175,9 @@ mod avx512_f32 {
                     first_bad = first_bad.or(store16!(result, out, start, mask, lanes));
                     start += lanes;
                 }
-                first_bad.map_or(Ok(()), Err)
+                // Infinities and NaNs are the magnitudes above the largest finite one.
+                let suspect = _mm512_cmpgt_epi32_mask(largest, _mm512_set1_epi32(0x7f7f_ffff)) != 0;
+                (first_bad.map_or(Ok(()), Err), suspect)
             }
         };
     }
@@ -1194,9 +1249,10 @@ mod tests {
     }
 
     /// Both fused paths (AVX2 and AVX-512, where the CPU has them) against sorting each
-    /// column and finishing it in scalar code: bitwise the same results, and the same first
-    /// non-finite coordinate, for every `n` they take, tails of every length and several
-    /// rayon blocks, with NaN, infinities, signed zeros and huge values in the data.
+    /// column and finishing it in scalar code: bitwise the same results, the same first
+    /// non-finite coordinate and exactly the inputs holding NaN or infinities, for every `n`
+    /// they take, tails of every length and several rayon blocks, with NaN, infinities, signed
+    /// zeros and the largest finite values in some of the inputs (and none in the others).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn fused_paths_give_bitwise_the_sorted_column_finish() {
@@ -1210,6 +1266,8 @@ mod tests {
             f32::NEG_INFINITY,
             -0.0,
             3e38,
+            f32::MAX,
+            -f32::MAX,
         ];
         let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15u64);
         for n in 1..=32usize {
@@ -1227,13 +1285,21 @@ mod tests {
                 for special_rate in [0, 40] {
                     let rows: Vec<Vec<f32>> = (0..n)
                         .map(|_| {
+                            // One input in three has no special values at all.
+                            let rate = match next() % 3 {
+                                0 => 0,
+                                _ => special_rate,
+                            };
                             (0..d)
-                                .map(|_| match next() % 1000 < special_rate {
-                                    true => specials[(next() % 6) as usize],
+                                .map(|_| match next() % 1000 < rate {
+                                    true => specials[(next() % 8) as usize],
                                     false => (next() % 2001) as f32 * 0.37 - 370.0,
                                 })
                                 .collect()
                         })
+                        .collect();
+                    let want_non_finite: Vec<usize> = (0..n)
+                        .filter(|&i| rows[i].iter().any(|v| !v.is_finite()))
                         .collect();
                     let bits: Vec<&[u32]> = rows.iter().map(|r| bytemuck::cast_slice(r)).collect();
                     let columns: Vec<Vec<f32>> = (0..d)
@@ -1270,6 +1336,8 @@ mod tests {
                             let got = fused_on(&bits, &mut out, finish, wide);
                             let what =
                                 format!("wide {wide} n {n} d {d} {finish:?} rate {special_rate}");
+                            assert_eq!(got.non_finite, want_non_finite, "{what}");
+                            let got = got.result;
                             match first_bad {
                                 Some(c) => assert_eq!(got, Err(c), "{what}"),
                                 None => {
@@ -1314,7 +1382,7 @@ mod tests {
                     let mut out = vec![0.0f32; d];
                     let got = fused_on(&bits, &mut out, Finish::Nearest { beta }, wide);
                     let what = format!("wide {wide} n {n} beta {beta} d {d}");
-                    assert_eq!(got, first_bad.map_or(Ok(()), Err), "{what}");
+                    assert_eq!(got.result, first_bad.map_or(Ok(()), Err), "{what}");
                     let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(as_bits(&out), as_bits(&want), "{what}");
                 }

@@ -717,17 +717,21 @@ impl<'r, B> Round<'r, B> {
             if self.detect() && self.seen.inputs[p].is_none() {
                 self.seen.inputs[p] = Some(plane.digest(src(p)));
             }
-            if !plane.finite(src(p)) {
-                self.report.non_finite.push(p);
-            }
         }
+        let inputs: Vec<Src<'_, B>> = ranks.iter().map(|&p| src(p)).collect();
         if let Err(source) = self.rule.check(ranks.len()) {
+            self.report.non_finite = non_finite_ranks(plane, None, &inputs, &ranks);
             let faults = self.report.faults.clone();
             return self.fail(Error::TooManyFaults { source, faults });
         }
-        let inputs: Vec<Src<'_, B>> = ranks.iter().map(|&p| src(p)).collect();
         self.charge(inputs.len() * self.bytes(d));
-        match plane.aggregate(self.rule, &inputs, Dest::Output) {
+        let aggregated = plane.aggregate(self.rule, &inputs, Dest::Output);
+        let found = aggregated
+            .as_ref()
+            .ok()
+            .and_then(|a| a.non_finite.as_deref());
+        self.report.non_finite = non_finite_ranks(plane, found, &inputs, &ranks);
+        match aggregated {
             Ok(agg) => {
                 self.report.selected = agg
                     .selected
@@ -1079,6 +1083,9 @@ impl<'r, B> Round<'r, B> {
         // and only which pieces arrived counts (a reduce-scatter's input set), so they are
         // not hashed.
         let compared = self.r > 1;
+        // A coordinate-wise rule names the inputs holding NaN or infinities as it reads them,
+        // where it can ([`AggReport::non_finite`]); the others' inputs are scanned here.
+        let scanned = !matches!(self.statistics, Statistics::None);
         for (i, &s) in owned.iter().enumerate() {
             let shard_inputs = self.shard_inputs(i, s);
             inputs = inputs.min(shard_inputs.iter().flatten().count());
@@ -1091,7 +1098,7 @@ impl<'r, B> Round<'r, B> {
                     };
                     digests.push((i * n + p, digest));
                 }
-                if !non_finite.contains(&p) && !plane.finite(src) {
+                if scanned && !non_finite.contains(&p) && !plane.finite(src) {
                     non_finite.push(p);
                 }
             }
@@ -1099,8 +1106,6 @@ impl<'r, B> Round<'r, B> {
         for (at, d) in digests {
             self.seen.pieces[at] = Some(d);
         }
-        non_finite.sort_unstable();
-        self.report.non_finite = non_finite;
         self.report.inputs = inputs;
         match self.statistics {
             Statistics::None => {
@@ -1108,23 +1113,34 @@ impl<'r, B> Round<'r, B> {
                     let ranks: Vec<Rank> = (0..n)
                         .filter(|&p| p == me || self.arrived[i][p].is_some())
                         .collect();
-                    let done = match self.rule.check(ranks.len()) {
-                        Err(e) => Err(Error::Aggregation(e)),
+                    let srcs: Vec<Src<'_, B>> =
+                        self.shard_inputs(i, s).into_iter().flatten().collect();
+                    let (done, found) = match self.rule.check(ranks.len()) {
+                        Err(e) => (Err(Error::Aggregation(e)), None),
                         Ok(()) => {
-                            let srcs: Vec<Src<'_, B>> =
-                                self.shard_inputs(i, s).into_iter().flatten().collect();
                             self.charge(srcs.len() * self.bytes(self.shard(s).len()));
-                            plane
-                                .aggregate(self.rule, &srcs, Dest::Owned(i))
-                                .map(|_| ())
-                                .map_err(|e| rank_error(e, &ranks))
+                            match plane.aggregate(self.rule, &srcs, Dest::Owned(i)) {
+                                Ok(agg) => (Ok(()), agg.non_finite),
+                                Err(e) => (Err(rank_error(e, &ranks)), None),
+                            }
                         }
                     };
+                    let shard_non_finite = non_finite_ranks(plane, found.as_deref(), &srcs, &ranks);
+                    drop(srcs);
+                    for p in shard_non_finite {
+                        if !non_finite.contains(&p) {
+                            non_finite.push(p);
+                        }
+                    }
                     self.owner_outcome(i, s, done);
                 }
+                non_finite.sort_unstable();
+                self.report.non_finite = non_finite;
                 self.post_versions();
             }
             Statistics::Select(_) | Statistics::Mix(_) => {
+                non_finite.sort_unstable();
+                self.report.non_finite = non_finite;
                 let tables: Vec<(usize, Bytes)> = owned
                     .iter()
                     .enumerate()
@@ -2049,6 +2065,26 @@ fn statistics_of(rule: &dyn Aggregator) -> Result<Statistics<'_>, Error> {
 }
 
 /// Maps input indices in an aggregator error to ranks.
+/// The ranks that sent a NaN or an infinity, ascending, among `ranks` (whose inputs are `srcs`,
+/// in order): those the rule named while it read them (`found`: positions in `srcs`), or, where
+/// it did not look, those a pass over each input finds.
+fn non_finite_ranks<P: Plane>(
+    plane: &mut P,
+    found: Option<&[usize]>,
+    srcs: &[Src<'_, P::Buf>],
+    ranks: &[Rank],
+) -> Vec<Rank> {
+    match found {
+        Some(found) => found.iter().map(|&k| ranks[k]).collect(),
+        None => srcs
+            .iter()
+            .zip(ranks)
+            .filter(|(src, _)| !plane.finite((*src).clone()))
+            .map(|(_, &p)| p)
+            .collect(),
+    }
+}
+
 pub(crate) fn rank_error(e: AggError, ranks: &[Rank]) -> Error {
     match e {
         AggError::NonFiniteInputs { rule, inputs } => {
