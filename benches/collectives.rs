@@ -29,6 +29,9 @@
 //! bytes each rank actually receives. `rss(MiB)` is the largest peak resident set of any rank
 //! while the collective ran (input buffers included). The ratio table has one column per
 //! transport: byzcoll's time over that transport divided by Open MPI's time in the same run.
+//! Its memory lines give the sharded r = 1 peak RSS over the vector's bytes twice: the whole
+//! process, and above the rank's resident set once it has connected and before it allocates
+//! any vector (the program, its libraries and the runtime's threads).
 
 #![allow(clippy::print_stdout)]
 
@@ -273,16 +276,24 @@ where
 
 /// This process's peak resident set (VmHWM) in MiB, or NaN where /proc is unavailable.
 fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM:")
+}
+
+/// The `/proc/self/status` field `field` (a size in KiB) in MiB, or NaN where it is missing.
+fn status_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kib| kib.parse::<f64>().ok())
         })
         .map_or(f64::NAN, |kib| kib / 1024.0)
 }
+
+/// The label of the results-file line that carries the idle rank's resident set.
+const IDLE: &str = "idle";
 
 /// Prints one table row, labelled with the transport; rank 0 also appends
 /// `elements-per-rank seconds rss label` to the results file the launcher named for this
@@ -297,13 +308,24 @@ fn row(
     label: &str,
 ) {
     let algbw = size as f64 / seconds / 1e9;
+    let per_rank = if label == "all_gather" {
+        size / 4 / ranks()
+    } else {
+        count
+    };
+    record(per_rank, seconds, rss, label);
+    println!(
+        "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3} {rss:>9.1}   {transport:<9} {label}",
+        "float",
+        seconds * 1e6,
+        algbw * bus_factor
+    );
+}
+
+/// Appends `elements-per-rank seconds rss label` to the results file the launcher named.
+fn record(per_rank: usize, seconds: f64, rss: f64, label: &str) {
     if let Some(path) = std::env::var_os("BYZCOLL_BENCH_RESULTS") {
         use std::io::Write;
-        let per_rank = if label == "all_gather" {
-            size / 4 / ranks()
-        } else {
-            count
-        };
         if let Ok(mut f) = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
@@ -312,12 +334,6 @@ fn row(
             let _ = writeln!(f, "{per_rank} {seconds} {rss} {label}");
         }
     }
-    println!(
-        "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3} {rss:>9.1}   {transport:<9} {label}",
-        "float",
-        seconds * 1e6,
-        algbw * bus_factor
-    );
 }
 
 fn ranks() -> usize {
@@ -333,6 +349,15 @@ async fn worker(args: &Args) -> Result<(), String> {
         comm.set_sub_round_bytes(bytes);
     }
     let (me, n) = (comm.rank(), comm.size());
+    // The largest resident set of a connected rank before any vector is allocated: what the
+    // second memory line of the ratio table leaves out.
+    let mut idle = [status_mib("VmRSS:")];
+    comm.all_reduce(&mut idle, ReduceOp::Max)
+        .await
+        .map_err(|e| e.to_string())?;
+    if me == 0 {
+        record(0, 0.0, idle[0], IDLE);
+    }
     let nf = n as f64;
     let enforce = comm.agreement() == byzcoll::Agreement::Enforce;
     let f = if enforce { (n - 1) / 3 } else { (n - 1) / 2 };
@@ -576,7 +601,7 @@ fn print_ratios(
             ),
         ),
     ];
-    let mut sizes: Vec<usize> = ours.iter().map(|r| r.1).collect();
+    let mut sizes: Vec<usize> = ours.iter().filter(|r| r.4 != IDLE).map(|r| r.1).collect();
     sizes.sort_unstable();
     sizes.dedup();
     println!();
@@ -612,22 +637,36 @@ fn print_ratios(
         // Memory against the vector: the goal is 3x (input, output, working shards). Only a
         // collective run alone (`--collectives sharded1`) is measured without the buffers the
         // others left idle.
-        print!(
-            "{:>12}   {:<40}",
-            d * 4,
-            "sharded r=1 peak RSS / vector bytes"
-        );
-        for t in transports {
-            let cell = ours
-                .iter()
-                .find(|(tr, e, _, _, l)| tr == t && *e == d && l == "robust_all_reduce sharded r=1")
-                .map_or("-".to_string(), |r| {
-                    format!("{:.2}", r.3 / (d * 4) as f64 * (1 << 20) as f64)
-                });
-            print!(" {cell:>10}");
+        for (what, above_idle) in [
+            ("sharded r=1 peak RSS / vector bytes", false),
+            ("  the same, above the idle rank", true),
+        ] {
+            print!("{:>12}   {what:<40}", d * 4);
+            for t in transports {
+                let idle = match above_idle {
+                    true => idle_mib(ours, t),
+                    false => 0.0,
+                };
+                let cell = ours
+                    .iter()
+                    .find(|(tr, e, _, _, l)| {
+                        tr == t && *e == d && l == "robust_all_reduce sharded r=1"
+                    })
+                    .map_or("-".to_string(), |r| {
+                        format!("{:.2}", (r.3 - idle) / (d * 4) as f64 * (1 << 20) as f64)
+                    });
+                print!(" {cell:>10}");
+            }
+            println!();
         }
-        println!();
     }
+}
+
+/// The resident set (MiB) of the largest idle rank over `transport` (NaN if not recorded).
+fn idle_mib(ours: &[Ours], transport: &str) -> f64 {
+    ours.iter()
+        .find(|(tr, _, _, _, l)| *tr == transport && l == IDLE)
+        .map_or(f64::NAN, |r| r.3)
 }
 
 /// Runs the byzcoll ranks over one transport and returns its rows, or the exit code of a
@@ -736,10 +775,11 @@ fn main() -> ExitCode {
         "collectives",
         json!({ "ranks": args.ranks, "dtype": "float32", "mpi_btl": args.mpi_btl }),
     );
-    for (transport, d, secs, rss, label) in &ours {
+    for (transport, d, secs, rss, label) in ours.iter().filter(|r| r.4 != IDLE) {
         table.push(
             json!({ "who": "byzcoll", "transport": transport, "collective": label,
-            "bytes_per_rank": d * 4, "seconds": secs, "peak_rss_mib": rss }),
+            "bytes_per_rank": d * 4, "seconds": secs, "peak_rss_mib": rss,
+            "idle_rss_mib": idle_mib(&ours, transport) }),
         );
     }
     for (d, secs, label) in &anchor {
