@@ -1415,12 +1415,15 @@ impl<'r, B> Round<'r, B> {
             }
         }
         let peak = self.versions_peak(version_bytes);
+        // With one owner per shard, a shard's result is its owner's version, so the BLAKE3
+        // digests of the versions serve both the ring neighbours' comparison and the result's
+        // digest ([`check::result_digest_of_shards`]): one pass over the vector, not two.
         let mut digests = Vec::new();
         if self.detect() {
             for (s, vs) in versions.iter().enumerate() {
                 for (k, o) in sharded::owners(s, n, r).enumerate() {
                     if let Some((_, src)) = vs.iter().find(|(from, _)| *from == o) {
-                        digests.push((s * r + k, plane.digest(src.clone())));
+                        digests.push((s * r + k, plane.commitment(src.clone())));
                     }
                 }
             }
@@ -1431,11 +1434,17 @@ impl<'r, B> Round<'r, B> {
         for (rank, fault) in faults {
             self.add_fault(rank, fault);
         }
+        let result = match self.spec.shape {
+            Shape::Sharded(_) if r == 1 && self.detect() => Some(check::result_digest_of_shards(
+                digests.iter().map(|(_, d)| d),
+            )),
+            _ => None,
+        };
         for (at, d) in digests {
             self.seen.versions[at] = Some(d);
         }
         self.report.peak_bytes = peak;
-        self.end_versions(plane, lost, combined);
+        self.end_versions(plane, lost, combined, result);
     }
 
     /// Versions by digest, after the versions step: the version held for each taken shard
@@ -1674,7 +1683,7 @@ impl<'r, B> Round<'r, B> {
         let (lost, combined) = self.combine_versions(plane, &mut versions);
         drop(versions);
         self.report.peak_bytes = peak;
-        self.end_versions(plane, lost, combined);
+        self.end_versions(plane, lost, combined, None);
     }
 
     /// The round's peak of data bytes held at once, given the versions received: the input,
@@ -1736,12 +1745,14 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// The end of the versions (a lost shard or a failed median fails the round), then the
-    /// cross-check.
+    /// cross-check; `result`: the result's digest where the caller made it from its shards'
+    /// (`None`: the plane hashes the output).
     fn end_versions<P: Plane<Buf = B>>(
         &mut self,
         plane: &mut P,
         lost: Option<usize>,
         combined: Result<(), Error>,
+        result: Option<Digest>,
     ) {
         let (n, r) = (self.spec.n, self.r);
         if let Some(s) = lost {
@@ -1758,7 +1769,7 @@ impl<'r, B> Round<'r, B> {
         let digest = match self.spec.shape {
             _ if !self.detect() => None,
             Shape::ReduceScatter(_) => Some(self.seen.erased_inputs_digest(n)),
-            _ => Some(plane.result_digest()),
+            _ => Some(result.unwrap_or_else(|| plane.result_digest())),
         };
         self.post_check(digest);
     }
@@ -1869,7 +1880,7 @@ impl<'r, B> Round<'r, B> {
         for (at, d) in digests {
             self.seen.versions[at] = d;
         }
-        self.end_versions(plane, lost, combined);
+        self.end_versions(plane, lost, combined, None);
     }
 
     // ---- the cross-check ---------------------------------------------------------------

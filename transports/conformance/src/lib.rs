@@ -50,6 +50,7 @@ macro_rules! conformance_suite {
             a_peer_one_rank_sees_dead_at_once_costs_no_honest_rank,
             sharded_survives_byzantine_owners_only_with_replication,
             replicated_owners_send_one_version_and_digests,
+            a_lone_owner_that_equivocates_never_splits_honest_ranks_silently,
             sharded_krum_family_matches_gather,
             sharded_iterative_rules_match_gather,
             an_equivocating_sender_never_splits_honest_ranks_silently,
@@ -1618,6 +1619,64 @@ where
                 assert_eq!(found.differing_inputs, [n - 1], "rank {me}");
             }
             (_, Err(e)) => panic!("rank {me}: {e}"),
+        }
+    }
+}
+
+/// Five ranks, median `f = 2`, one owner per shard under `Detect`: rank 4 sends the even
+/// ranks its honest version of its shard and the odd ranks another, finite one. Ranks 0 and 2
+/// (with the liar, whose own result is honest: 3 = n - f agree) return exactly the honest
+/// result; ranks 1 and 3 hold a corrupted shard and must be told so with
+/// `Error::Disagreement`, never return it as success. The result digest is what tells them
+/// (their versions of every other shard match), so this checks that it covers every shard.
+pub async fn a_lone_owner_that_equivocates_never_splits_honest_ranks_silently<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f, d) = (5usize, 2usize, 333usize);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, d)).collect();
+    let honest = reference(&Median::new(f), &inputs);
+    let comms = comms(factory(n).await, Duration::from_secs(20));
+    let results = run_ranks(comms, move |mut c| async move {
+        let me = c.rank();
+        if me == 4 {
+            let tamper: OwnerTamper =
+                std::sync::Arc::new(|_s, dest: usize, honest: &[u8]| match dest % 2 {
+                    0 => honest.to_vec().into(),
+                    _ => honest
+                        .chunks_exact(4)
+                        .flat_map(|b| {
+                            (f32::from_le_bytes([b[0], b[1], b[2], b[3]]) + 1.0).to_le_bytes()
+                        })
+                        .collect::<Vec<u8>>()
+                        .into(),
+                });
+            c.inject_owner_fault(Some(tamper));
+        }
+        let mut v = vector(me, d);
+        let outcome = c
+            .robust_all_reduce(
+                &mut v,
+                &Median::new(f),
+                Policy::Sharded(Replicas::Exactly(1)),
+            )
+            .await;
+        (me, outcome.map(|report| (report, v)))
+    })
+    .await;
+    for (me, outcome) in results {
+        match (me % 2, outcome) {
+            (_, _) if me == 4 => {}
+            (0, Ok((report, v))) => {
+                assert_eq!(bits(&v), bits(&honest), "rank {me}");
+                let found = report.agreement.expect("Detect reports");
+                assert_eq!(found.disagreeing, [1, 3], "rank {me}");
+            }
+            (1, Err(Error::Disagreement { agreeing, .. })) => {
+                assert_eq!(agreeing, [1, 3], "rank {me}")
+            }
+            (_, other) => panic!("rank {me}: {:?}", other.map(|(r, _)| r)),
         }
     }
 }
