@@ -244,10 +244,18 @@ fn reps_for(bytes: usize) -> usize {
 
 /// Times `op` over `reps` reps as the slowest rank's time, and measures the largest peak RSS
 /// of any rank while it ran (Linux: the high-water mark is reset through
-/// `/proc/self/clear_refs` first). Returns (median seconds, peak RSS in MiB).
-async fn time_op<F>(comm: &mut Communicator, reps: usize, mut op: F) -> (f64, f64)
+/// `/proc/self/clear_refs` first). Returns (median seconds, peak RSS in MiB). `refill` runs
+/// before each rep, untimed: an in-place collective needs its input back, and Open MPI's
+/// out-of-place calls it is compared with copy nothing.
+async fn time_op<S, F>(
+    comm: &mut Communicator,
+    reps: usize,
+    state: &mut S,
+    mut refill: impl FnMut(&mut S),
+    mut op: F,
+) -> (f64, f64)
 where
-    F: AsyncFnMut(&mut Communicator),
+    F: AsyncFnMut(&mut Communicator, &mut S),
 {
     // Hand freed heap back to the OS first, or the reset high-water mark would include what
     // earlier collectives left in the allocator.
@@ -256,12 +264,14 @@ where
         libc::malloc_trim(0);
     }
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-    op(comm).await; // warm-up
+    refill(state);
+    op(comm, state).await; // warm-up
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
+        refill(state);
         comm.barrier().await.expect("barrier");
         let t = Instant::now();
-        op(comm).await;
+        op(comm, state).await;
         let mut slowest = [t.elapsed().as_secs_f64()];
         comm.all_reduce(&mut slowest, ReduceOp::Max)
             .await
@@ -383,19 +393,23 @@ async fn worker(args: &Args) -> Result<(), String> {
         let bytes = d * 4;
         let reps = reps_for(bytes);
         let input: Vec<f32> = (0..d).map(|j| (me * 7 + j % 13) as f32).collect();
-        // The collectives work in place: each rep copies the input into one buffer allocated
-        // here (as Open MPI's out-of-place Allreduce writes into the caller's `out`), rather
-        // than timing a fresh allocation and its page faults.
+        // The collectives work in place: before each rep the input is copied, untimed, into
+        // one buffer allocated here (as Open MPI's out-of-place Allreduce writes into the
+        // caller's `out`), rather than timing a fresh allocation and its page faults.
         let mut v = input.clone();
+        let refill = |v: &mut Vec<f32>| v.copy_from_slice(&input);
 
         let runs = |c: Collective| args.collectives.is_empty() || args.collectives.contains(&c);
         if runs(Collective::AllReduce) {
-            let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
-                v.copy_from_slice(&input);
-                c.all_reduce(&mut v, ReduceOp::Sum)
-                    .await
-                    .expect("all_reduce");
-            })
+            let t = time_op(
+                &mut comm,
+                reps,
+                &mut v,
+                refill,
+                async |c: &mut Communicator, v: &mut Vec<f32>| {
+                    c.all_reduce(v, ReduceOp::Sum).await.expect("all_reduce");
+                },
+            )
             .await;
             if me == 0 {
                 row(
@@ -412,11 +426,17 @@ async fn worker(args: &Args) -> Result<(), String> {
 
         if runs(Collective::AllGather) {
             let mut gathered = vec![0.0f32; n * d];
-            let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
-                c.all_gather_into(&input, &mut gathered)
-                    .await
-                    .expect("all_gather");
-            })
+            let t = time_op(
+                &mut comm,
+                reps,
+                &mut gathered,
+                |_| {},
+                async |c: &mut Communicator, gathered: &mut Vec<f32>| {
+                    c.all_gather_into(&input, gathered)
+                        .await
+                        .expect("all_gather");
+                },
+            )
             .await;
             if me == 0 {
                 row(
@@ -454,12 +474,17 @@ async fn worker(args: &Args) -> Result<(), String> {
             if !runs(collective) || (enforce && policy != Policy::Gather) {
                 continue;
             }
-            let t = time_op(&mut comm, reps, async |c: &mut Communicator| {
-                v.copy_from_slice(&input);
-                c.robust_all_reduce(&mut v, &median, policy)
-                    .await
-                    .expect("robust_all_reduce");
-            })
+            let t = time_op(
+                &mut comm,
+                reps,
+                &mut v,
+                refill,
+                async |c: &mut Communicator, v: &mut Vec<f32>| {
+                    c.robust_all_reduce(v, &median, policy)
+                        .await
+                        .expect("robust_all_reduce");
+                },
+            )
             .await;
             if me == 0 {
                 row(bytes, d, "median", t, received, transport, &label);
