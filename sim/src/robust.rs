@@ -61,6 +61,8 @@ struct RankData {
     results: Vec<ChunkId>,
     estimates: Vec<Vec<f64>>,
     combined: Vec<ChunkId>,
+    /// The shard each of `combined` is.
+    combined_shards: Vec<usize>,
     output: Option<ChunkId>,
 }
 
@@ -330,6 +332,7 @@ impl Program for Robust<'_> {
         if let (None, Some(plane)) = (data.output, self.common.plane.as_mut()) {
             // Sharded: the combined shards, in shard order.
             data.output = Some(plane.concat(&std::mem::take(&mut data.combined)));
+            data.combined_shards.clear();
         }
         self.common.outputs[rank] = data.output;
         self.reports[rank] = Some(report);
@@ -481,7 +484,7 @@ impl RoundPlane for SimPlane<'_> {
 
     fn combine(
         &mut self,
-        _s: usize,
+        s: usize,
         range: Range<usize>,
         versions: &[Src<'_, SimMsg>],
     ) -> Result<(), AggError> {
@@ -492,6 +495,7 @@ impl RoundPlane for SimPlane<'_> {
         let median = Median::new((ids.len() - 1) / 2);
         let id = plane.combine(&median, &ids, range.len())?;
         self.rank.combined.push(id);
+        self.rank.combined_shards.push(s);
         Ok(())
     }
 
@@ -623,9 +627,21 @@ impl RoundPlane for SimPlane<'_> {
         };
         if self.rank.output.is_none() {
             let combined = std::mem::take(&mut self.rank.combined);
+            self.rank.combined_shards.clear();
             self.rank.output = Some(plane.concat(&combined));
         }
         let id = self.rank.output.expect("set above");
         byzcoll_runtime::round::result_digest(plane.store.get(id))
+    }
+
+    fn output_digest(&mut self, s: usize, _range: Range<usize>) -> Digest {
+        let Some(plane) = self.data.as_deref_mut() else {
+            return [0; 32];
+        };
+        let at = self.rank.combined_shards.iter().position(|&t| t == s);
+        match at {
+            Some(k) => byzcoll_runtime::round::commitment(plane.store.get(self.rank.combined[k])),
+            None => [0; 32],
+        }
     }
 }

@@ -308,12 +308,12 @@ pub fn result_digest<T: bytemuck::Pod>(v: &[T]) -> Digest {
     blake3_of(bytemuck::cast_slice(v))
 }
 
-/// The digest of a sharded all-reduce's result with one owner per shard, as the cross-check
+/// The digest of a sharded all-reduce's result (outside `Enforce`), as the cross-check
 /// compares it: BLAKE3 of the shards' digests (each BLAKE3 of the shard's bytes, shards
-/// ascending), so that ranks that hashed every version for the ring comparison need not hash
-/// the output again. Two results with one digest have the same shards unless BLAKE3 collides.
+/// ascending), so that ranks that hashed a shard's version to check it need not hash the
+/// output again. Two results with one digest have the same shards unless BLAKE3 collides.
 pub(crate) fn result_digest_of_shards<'d>(shards: impl Iterator<Item = &'d Digest>) -> Digest {
-    let mut hasher = blake3::Hasher::new_derive_key("byzcoll sharded result, r = 1, v1");
+    let mut hasher = blake3::Hasher::new_derive_key("byzcoll sharded result v1");
     for d in shards {
         hasher.update(d);
     }

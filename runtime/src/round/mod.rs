@@ -245,6 +245,10 @@ pub trait Plane {
 
     /// The BLAKE3 digest of the output (all-reduce), what the cross-check compares.
     fn result_digest(&mut self) -> Digest;
+
+    /// The BLAKE3 digest ([`check::commitment`] of its bytes) of shard `s` of the output
+    /// (its elements `range`) as [`Plane::combine`] wrote it.
+    fn output_digest(&mut self, s: usize, range: Range<usize>) -> Digest;
 }
 
 /// What a round computes.
@@ -1417,7 +1421,7 @@ impl<'r, B> Round<'r, B> {
         let peak = self.versions_peak(version_bytes);
         // With one owner per shard, a shard's result is its owner's version, so the BLAKE3
         // digests of the versions serve both the ring neighbours' comparison and the result's
-        // digest ([`check::result_digest_of_shards`]): one pass over the vector, not two.
+        // digest ([`Round::sharded_result_digest`]): one pass over the vector, not two.
         let mut digests = Vec::new();
         if self.detect() {
             for (s, vs) in versions.iter().enumerate() {
@@ -1434,17 +1438,17 @@ impl<'r, B> Round<'r, B> {
         for (rank, fault) in faults {
             self.add_fault(rank, fault);
         }
-        let result = match self.spec.shape {
-            Shape::Sharded(_) if r == 1 && self.detect() => Some(check::result_digest_of_shards(
-                digests.iter().map(|(_, d)| d),
-            )),
-            _ => None,
-        };
+        let mut shards = vec![None; n];
+        if r == 1 {
+            for &(s, d) in &digests {
+                shards[s] = Some(d);
+            }
+        }
         for (at, d) in digests {
             self.seen.versions[at] = Some(d);
         }
         self.report.peak_bytes = peak;
-        self.end_versions(plane, lost, combined, result);
+        self.end_versions(plane, lost, combined, Some(shards));
     }
 
     /// Versions by digest, after the versions step: the version held for each taken shard
@@ -1653,6 +1657,7 @@ impl<'r, B> Round<'r, B> {
         let shard_bytes = |s: usize| self.bytes(self.shard(s).len());
         let mut version_bytes = fetched.iter().map(|(_, s, _)| shard_bytes(*s)).sum();
         let mut versions: Vec<Vec<(Rank, Src<'_, B>)>> = (0..n).map(|_| Vec::new()).collect();
+        let mut shards = vec![None; n];
         for s in (0..n).filter(|&s| self.takes(me, s)) {
             let held_src = match &full[s] {
                 Some((o, b)) => {
@@ -1667,7 +1672,12 @@ impl<'r, B> Round<'r, B> {
             };
             let others = fetched.iter().filter(|(_, t, _)| *t == s);
             match held_src {
-                Some((o, src)) if others.clone().next().is_none() => versions[s].push((o, src)),
+                Some((o, src)) if others.clone().next().is_none() => {
+                    // The median of the held version alone is that version: its digest is the
+                    // shard's, and the output need not be hashed again.
+                    shards[s] = held[s];
+                    versions[s].push((o, src));
+                }
                 Some((_, src)) => {
                     for (k, o) in sharded::owners(s, n, r).enumerate() {
                         if announced[s][k].is_some() && announced[s][k] == held[s] {
@@ -1683,7 +1693,7 @@ impl<'r, B> Round<'r, B> {
         let (lost, combined) = self.combine_versions(plane, &mut versions);
         drop(versions);
         self.report.peak_bytes = peak;
-        self.end_versions(plane, lost, combined, None);
+        self.end_versions(plane, lost, combined, Some(shards));
     }
 
     /// The round's peak of data bytes held at once, given the versions received: the input,
@@ -1745,14 +1755,15 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// The end of the versions (a lost shard or a failed median fails the round), then the
-    /// cross-check; `result`: the result's digest where the caller made it from its shards'
-    /// (`None`: the plane hashes the output).
+    /// cross-check. `shards`: where the result digest is made from the shards' digests
+    /// ([`Round::sharded_result_digest`]), those already known (`None`: hash that shard);
+    /// `None`: the plane hashes the whole output.
     fn end_versions<P: Plane<Buf = B>>(
         &mut self,
         plane: &mut P,
         lost: Option<usize>,
         combined: Result<(), Error>,
-        result: Option<Digest>,
+        shards: Option<Vec<Option<Digest>>>,
     ) {
         let (n, r) = (self.spec.n, self.r);
         if let Some(s) = lost {
@@ -1769,9 +1780,29 @@ impl<'r, B> Round<'r, B> {
         let digest = match self.spec.shape {
             _ if !self.detect() => None,
             Shape::ReduceScatter(_) => Some(self.seen.erased_inputs_digest(n)),
-            _ => Some(result.unwrap_or_else(|| plane.result_digest())),
+            _ => Some(match shards {
+                Some(shards) => self.sharded_result_digest(plane, &shards),
+                None => plane.result_digest(),
+            }),
         };
         self.post_check(digest);
+    }
+
+    /// The digest of a sharded all-reduce's result outside `Enforce`, as the cross-check
+    /// compares it: [`check::result_digest_of_shards`] of the BLAKE3 digest of every shard
+    /// with elements, ascending. A shard's digest is `known[s]` where the round already has
+    /// it (the version that is the shard's result was hashed to check it), else the plane
+    /// hashes that shard of the output: each byte of the result is hashed once.
+    fn sharded_result_digest<P: Plane<Buf = B>>(
+        &self,
+        plane: &mut P,
+        known: &[Option<Digest>],
+    ) -> Digest {
+        let shards: Vec<Digest> = (0..self.spec.n)
+            .filter(|&s| !self.shard(s).is_empty())
+            .map(|s| known[s].unwrap_or_else(|| plane.output_digest(s, self.shard(s))))
+            .collect();
+        check::result_digest_of_shards(shards.iter())
     }
 
     /// [`Agreement::Enforce`] in sharded mode: the owners' results are held, one echo tree per
