@@ -41,7 +41,8 @@ fn blake3_of(bytes: &[u8]) -> Digest {
 /// gather mode; in sharded mode with `r` owners per shard, each sender's piece of each shard
 /// this rank owns (`r · n`, in the order of [`sharded::owned`](crate::schedule::sharded::owned); with `r = 1`, where no
 /// co-owner compares them, a zero digest for each piece that arrived) and each owner's version of
-/// each shard (`n · r`, in the order of [`sharded::owners`](crate::schedule::sharded::owners)). `None`: not received.
+/// each shard (`n · r`, in the order of [`sharded::owners`](crate::schedule::sharded::owners);
+/// BLAKE3, which the result digest reuses). `None`: not received.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Seen {
     pub(crate) r: usize,
