@@ -8,7 +8,7 @@
 //! - [`tagged`]: what the tag-matching transports share on top of [`progress`]: the tag
 //!   layout, the header → claim → payload state machine, the sends and their credit, and the
 //!   `Transport` shell ([`shell_transport!`]).
-//! - [`wire`]: sealed frames (keyed BLAKE3 per pair of ranks) for transports whose tag matching
+//! - [`wire`]: sealed frames (keyed BLAKE3 headers and GMAC payload tags per pair of ranks) for transports whose tag matching
 //!   cannot tell senders apart.
 //! - [`pool`]: receive buffers used again, on transparent huge pages from 1 MiB (the runtime's
 //!   own, re-exported: the collectives' outgoing payloads are made there too).

@@ -420,7 +420,7 @@ mod tests {
             // Well-formed frames on rank 0's tags, sealed with keys of another job; an
             // unsealed 32-byte header (what senders sent before sealing) and an oversized one.
             let strangers = FrameKeys::local_world(2).unwrap();
-            let sealed = strangers[0].seal(1, 0, &header(0), &forged);
+            let sealed = strangers[0].seal(1, 0, &header(0), &forged).unwrap();
             let _stranger = inject(
                 &names[1],
                 &[
@@ -439,7 +439,7 @@ mod tests {
             assert_eq!(zero_to_one(&ranks, 0).await, format!("ok {LEN}"));
             // A recording of rank 0's genuine frame of step 0 (sealing is deterministic),
             // replayed on the tags of its next message: refused.
-            let recorded = keys[0].seal(1, 0, &header(0), &raw(LEN, 0));
+            let recorded = keys[0].seal(1, 0, &header(0), &raw(LEN, 0)).unwrap();
             let _replayer = inject(
                 &names[1],
                 &[(TAGS.tag(0, Kind::Header, 1), recorded.to_vec())],
@@ -454,7 +454,7 @@ mod tests {
             let forged = raw(LEN, 0).iter().map(|b| !b).collect::<Vec<_>>();
             // Rank 2 knows the job secret and its own X25519 key, not rank 0's: its best
             // forgery of rank 0's frame to rank 1 is sealed with its own pair key.
-            let sealed = keys[2].seal(1, 0, &header(0), &forged);
+            let sealed = keys[2].seal(1, 0, &header(0), &forged).unwrap();
             let _insider = inject(
                 &names[1],
                 &[(TAGS.tag(0, Kind::Header, 0), sealed.to_vec())],

@@ -67,7 +67,7 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 /// fault per 4 KiB page, which limited `shm` to about 1.5 GB/s.
 ///
 /// # Messages
-/// Every message is a sealed frame header ([`SEALED_LEN`] bytes: header, payload digest,
+/// Every message is a sealed frame header ([`SEALED_LEN`] bytes: header, payload tag,
 /// MAC; see [`byzcoll_transport_kit::wire`]) (tag kind `Header`) followed by its payload in
 /// fragments of at most [`FRAGMENT`] bytes (kind `Payload`; none for an empty payload), all
 /// tagged messages on a reliable datagram endpoint carrying the same per-pair sequence number:
@@ -102,7 +102,7 @@ type Keeper = Arc<Mutex<Vec<Endpoint>>>;
 /// authenticated store, mixed with the job secret). A header whose MAC does not verify, or of
 /// the wrong length, cannot be attributed to the rank whose tags it used: it is dropped with a
 /// warning and the receive is posted again for the same sequence number (the genuine header
-/// still matches it); it never closes the peer. A payload whose bytes do not match the digest
+/// still matches it); it never closes the peer. A payload whose bytes do not match the tag
 /// sealed in its header is never delivered: a payload of one fragment is received again (at
 /// most [`PAYLOAD_RETRIES`] times, since a stranger's fragment on the same tag may have
 /// matched first), a longer one is `Malformed` (which of its fragments were genuine is not

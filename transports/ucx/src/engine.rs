@@ -3,7 +3,7 @@
 //!
 //! # Messages
 //! Every message is two UCX tag messages from the same sender: a sealed frame header
-//! ([`SEALED_LEN`] bytes: header, payload digest, MAC; see [`byzcoll_transport_kit::wire`]) (kind
+//! ([`SEALED_LEN`] bytes: header, payload tag, MAC; see [`byzcoll_transport_kit::wire`]) (kind
 //! `Header`) and the payload (kind `Payload`), both carrying the same per-pair sequence number
 //! in their tags ([`TagLayout`]):
 //!
@@ -19,7 +19,7 @@
 //! (or of the wrong length) cannot be attributed to the rank whose tags it used, so it is
 //! dropped with a warning and the receive is posted again for the same sequence number (the
 //! genuine header still matches it); it never closes the peer. A payload that does not match
-//! its header's sealed digest is not delivered: its receive is posted again (at most
+//! its header's sealed tag is not delivered: its receive is posted again (at most
 //! [`PAYLOAD_RETRIES`] times, since a stranger's payload with the same tag may have matched
 //! first), then the receive is `Malformed`. So a forged frame is never delivered; a stranger
 //! who keeps injecting can still make a receive `Malformed` or `Missing` (tag matching gives

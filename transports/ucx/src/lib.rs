@@ -253,7 +253,7 @@ mod tests {
             // Well-formed frames on rank 0's tags, sealed with keys of another job; an
             // unsealed 32-byte header (what senders sent before sealing) and an oversized one.
             let strangers = FrameKeys::local_world(2).unwrap();
-            let sealed = strangers[0].seal(1, 0, &forged_header(), &forged);
+            let sealed = strangers[0].seal(1, 0, &forged_header(), &forged).unwrap();
             inject(
                 &addresses[1],
                 &[
@@ -271,7 +271,7 @@ mod tests {
             assert_genuine(&zero_to_one(&ranks, 0).await, 0, &forged);
             // A recording of rank 0's genuine frame of step 0 (sealing is deterministic),
             // replayed on the tags of its next message: refused, step 1 gets its own.
-            let recorded = keys[0].seal(1, 0, &forged_header(), &genuine(0));
+            let recorded = keys[0].seal(1, 0, &forged_header(), &genuine(0)).unwrap();
             inject(
                 &addresses[1],
                 &[
@@ -288,7 +288,7 @@ mod tests {
             let forged = vec![0xEE; LEN];
             // Rank 2 knows the job secret and its own X25519 key, not rank 0's: its best
             // forgery of rank 0's frame to rank 1 is sealed with its own pair key.
-            let sealed = keys[2].seal(1, 0, &forged_header(), &forged);
+            let sealed = keys[2].seal(1, 0, &forged_header(), &forged).unwrap();
             inject(
                 &addresses[1],
                 &[

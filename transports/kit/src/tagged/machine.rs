@@ -246,11 +246,18 @@ impl<N: TaggedNet> Core<N> {
             return;
         }
         let seq = self.next_seq[peer];
+        let header = FrameHeader::new(key, self.config.me, payload.len());
+        // Sealed before `seq` is taken: a frame that cannot be sealed leaves no gap.
+        let header = match self.keys.seal(peer, seq, &header, &payload) {
+            Ok(sealed) => Box::new(sealed),
+            Err(why) => {
+                let _ = done.send(Err(why));
+                return;
+            }
+        };
         self.next_seq[peer] += 1;
         let id = self.next_send;
         self.next_send += 1;
-        let header = FrameHeader::new(key, self.config.me, payload.len());
-        let header = Box::new(self.keys.seal(peer, seq, &header, &payload));
         let len = payload.len();
         let frame = Frame {
             peer,
@@ -593,10 +600,11 @@ impl<N: TaggedNet> Core<N> {
                 }
                 PayloadPoll::Arrived => {
                     let len = p.len;
+                    let keys = &self.keys;
                     let matches = p
                         .buf
                         .as_mut()
-                        .is_some_and(|b| p.opened.payload_matches(&b.as_mut_slice()[..len]));
+                        .is_some_and(|b| keys.payload_matches(&p.opened, &b.as_mut_slice()[..len]));
                     if matches {
                         if let Some(Inbound {
                             delivery: Some(d),
@@ -611,7 +619,7 @@ impl<N: TaggedNet> Core<N> {
                         busy = true;
                         continue;
                     }
-                    "payload does not match the digest sealed in its header (forged or \
+                    "payload does not match the tag sealed in its header (forged or \
                      corrupted)"
                         .to_string()
                 }

@@ -4,7 +4,7 @@
 //!
 //! # Messages
 //! Every message is a sealed [`FrameHeader`](crate::wire::FrameHeader) ([`SEALED_LEN`] bytes:
-//! header, payload digest, MAC; see [`crate::wire`]) (tag kind [`Kind::Header`]) and its
+//! header, payload tag, MAC; see [`crate::wire`]) (tag kind [`Kind::Header`]) and its
 //! payload (kind [`Kind::Payload`]), on tags that carry the same per-pair sequence number
 //! ([`TagLayout`]).
 //!
@@ -17,7 +17,7 @@
 //! So no allocation is ever sized by a peer's number. A header that is not sealed by the peer
 //! (forged, replayed, corrupted, of another length) cannot be attributed to it: it is dropped
 //! with a warning and its receive is posted again (the genuine header still matches it). A
-//! payload that does not match its header's sealed digest is received again, at most
+//! payload that does not match its header's sealed tag is received again, at most
 //! [`PAYLOAD_RETRIES`] times (a stranger's payload with the same tag may have matched first),
 //! then the receive is `Malformed`.
 //!

@@ -170,7 +170,9 @@ fn rig() -> Rig {
 impl Rig {
     /// Rank 0's sealed header of message `seq` for step `step`, announcing `len` bytes.
     fn header(&self, seq: u64, step: u32, len: usize, payload: &[u8]) -> [u8; SEALED_LEN] {
-        self.keys[FROM].seal(ME, seq, &FrameHeader::new(key(step), FROM, len), payload)
+        self.keys[FROM]
+            .seal(ME, seq, &FrameHeader::new(key(step), FROM, len), payload)
+            .unwrap()
     }
 
     /// Rank 0's genuine message `seq` for step `step`.
@@ -243,7 +245,9 @@ fn a_forged_header_is_dropped_and_its_receive_posted_again() {
     // A header sealed under another job's keys, and one of another length, on rank 0's tags
     // ahead of its genuine one.
     let strangers = FrameKeys::local_world(2).unwrap();
-    let forged = strangers[FROM].seal(ME, 0, &FrameHeader::new(key(0), FROM, 4), b"evil");
+    let forged = strangers[FROM]
+        .seal(ME, 0, &FrameHeader::new(key(0), FROM, 4), b"evil")
+        .unwrap();
     r.net.arrive(Kind::Header, 0, &forged);
     r.net.arrive(Kind::Header, 0, &[7; 10]);
     r.genuine(0, 0, b"good");
@@ -258,7 +262,7 @@ fn a_forged_header_is_dropped_and_its_receive_posted_again() {
 }
 
 #[test]
-fn a_payload_that_does_not_match_its_digest_is_received_again_then_malformed() {
+fn a_payload_that_does_not_match_its_tag_is_received_again_then_malformed() {
     let mut r = rig();
     // One forged payload ahead of the genuine one: received again, delivered.
     let mut rx = r.post(0, 4);
@@ -279,7 +283,7 @@ fn a_payload_that_does_not_match_its_digest_is_received_again_then_malformed() {
     r.turn();
     r.turn();
     match received(&mut rx) {
-        Some(RecvOutcome::Malformed(why)) => assert!(why.contains("digest"), "{why}"),
+        Some(RecvOutcome::Malformed(why)) => assert!(why.contains("tag sealed"), "{why}"),
         other => panic!("{other:?}"),
     }
     let starts = r.net.payload_starts.iter().filter(|s| s.0 == 1).count();
