@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 HOW = {
     "collectives": "cargo bench --bench collectives",
+    "p2p": "cargo bench --features ucx,libfabric --bench p2p",
     "aggregators": "cargo bench --bench aggregators",
     "aggregate_e2e": "scripts/bench-aggregate.sh",
     "python_overhead": "python/bench/overhead.sh",
@@ -94,6 +95,65 @@ def collectives(doc, dst):
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return [("collectives.png", f"Collectives, {ranks} ranks: time and bandwidth against size, byzcoll per transport and Open MPI")]
+
+
+# Each byzcoll configuration of the p2p bench and the anchor that runs the same library with the
+# same settings (benches/p2p.rs): the anchor is drawn dashed in the configuration's colour.
+P2P_ANCHORS = {
+    "ucx-tcp": "perftest-tcp",
+    "ucx-sm": "perftest-sm",
+    "fi-tcp": "pingpong-tcp",
+    "fi-shm": "pingpong-shm",
+}
+
+
+def p2p(doc, dst):
+    """Point-to-point bandwidth against size per transport, each next to its anchor
+    (ucx_perftest, fi_pingpong), and the one-way latency of 8 bytes."""
+    bw = defaultdict(list)
+    lat = {}
+    for r in doc["rows"]:
+        if r["kind"] == "bw":
+            bw[r["config"]].append((r["bytes"], r["value"]))
+        elif r["kind"] == "lat":
+            lat[r["config"]] = r["value"]
+    ours = [c for c in ["tcp", "ucx-tcp", "ucx-sm", "fi-tcp", "fi-shm"] if c in bw or c in lat]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5), gridspec_kw={"width_ratios": [2, 1]})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, config in enumerate(ours):
+        colour = colours[i % len(colours)]
+        for label, dashed in [(config, False), (P2P_ANCHORS.get(config), True)]:
+            points = sorted(bw.get(label, [])) if label else []
+            if not points:
+                continue
+            name = f"{label} (anchor)" if dashed else f"{label} (byzcoll)"
+            left.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colour,
+                      linestyle="--" if dashed else "-", label=name)
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xlabel("message bytes")
+    left.set_ylabel("MiB/s")
+    left.set_title("bandwidth (byzcoll solid, the same library's own tool dashed)", fontsize=10)
+    left.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=7)
+    labels, values, bar_colours = [], [], []
+    for i, config in enumerate(ours):
+        for label in [config, P2P_ANCHORS.get(config)]:
+            if label in lat:
+                labels.append(label)
+                values.append(lat[label])
+                bar_colours.append(colours[i % len(colours)])
+    right.barh(labels, values, color=bar_colours)
+    right.invert_yaxis()
+    right.set_xscale("log")
+    right.set_xlabel("one-way latency of 8 bytes (us)")
+    right.set_title("latency", fontsize=10)
+    right.grid(True, axis="x", which="both", alpha=0.3)
+    fig.suptitle("point to point, two ranks on one host (loopback or shared memory), same run")
+    fig.tight_layout()
+    fig.savefig(os.path.join(dst, "p2p.png"), dpi=90)
+    plt.close(fig)
+    return [("p2p.png", "Point to point: byzcoll per transport against ucx_perftest and fi_pingpong")]
 
 
 def aggregators(doc, dst):
@@ -178,7 +238,7 @@ def main():
              "`target/bench/`; figures from one 2-core VM over loopback (compare within a plot, not",
              "across machines). [PROFILE.md](PROFILE.md): where the collectives' time goes, next to Open MPI.",
              ""]
-    for name, draw in [("collectives", collectives), ("aggregators", aggregators),
+    for name, draw in [("collectives", collectives), ("p2p", p2p), ("aggregators", aggregators),
                        ("aggregate_e2e", aggregate_e2e), ("python_overhead", python_overhead)]:
         doc = load(args.src, name)
         if doc is None:
