@@ -23,7 +23,7 @@
 //!   about 15 % slower). A drive that spins out while its step still waits
 //!   ([`Drive::hand_over`]) always wakes it: what the step waits for now moves only with the
 //!   thread's turns (left to [`DRIVE_LAPSE`], such steps stalled by up to 10 ms: a 256 KiB
-//!   all-reduce of 4 ranks over UCX TCP took 20 ms instead of 1 in two runs of three). After
+//!   all-reduce of 4 ranks over UCX TCP took 21 ms instead of 1 in 5 runs of 9). After
 //!   [`DRIVE_LAPSE`] without a turn it takes over anyway.
 //!
 //! Yielding matters on few cores: a thread that spun without yielding took the CPU from the
