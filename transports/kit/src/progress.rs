@@ -162,9 +162,7 @@ pub trait Drive {
     /// The task stops driving while it still waits for the network (its drive spun out): the
     /// progress thread takes over at once, since what the task waits for moves only with
     /// progress.
-    fn hand_over(&self) {
-        self.end();
-    }
+    fn hand_over(&self);
 }
 
 /// Awaits `fut` while driving `network` in turns from this task, until `fut` completes or
@@ -605,6 +603,9 @@ mod tests {
         }
         fn end(&self) {
             self.ends.fetch_add(1, Ordering::SeqCst);
+        }
+        fn hand_over(&self) {
+            self.end();
         }
     }
 

@@ -49,17 +49,17 @@ const FRAME_LABEL: &[u8] = b"byzcoll-v3 frame";
 
 /// The keys of one ordered pair of ranks: the MAC key of sealed headers and the payload key.
 struct PairKey {
-    mac: [u8; 32],
+    mac_key: [u8; 32],
     payload: LessSafeKey,
 }
 
 impl PairKey {
-    fn new(mac: [u8; 32]) -> Result<Self, String> {
-        let derived = blake3::derive_key(PAYLOAD_KEY_CONTEXT, &mac);
+    fn new(mac_key: [u8; 32]) -> Result<Self, String> {
+        let derived = blake3::derive_key(PAYLOAD_KEY_CONTEXT, &mac_key);
         let payload = UnboundKey::new(&AES_256_GCM, &derived)
             .map_err(|_| "the AES-256-GCM payload key was refused".to_string())?;
         Ok(PairKey {
-            mac,
+            mac_key,
             payload: LessSafeKey::new(payload),
         })
     }
@@ -90,7 +90,7 @@ impl PairKey {
     }
 
     fn mac(&self, seq: u64, header: &[u8], payload_tag: &[u8]) -> blake3::Hash {
-        let mut h = blake3::Hasher::new_keyed(&self.mac);
+        let mut h = blake3::Hasher::new_keyed(&self.mac_key);
         h.update(FRAME_LABEL);
         h.update(&seq.to_le_bytes());
         h.update(header);
