@@ -399,63 +399,199 @@ impl Communicator {
     /// MPI use); every rank ends with bitwise the same result. This is the baseline that robust
     /// rules are compared with: one faulty rank corrupts every result, silently.
     ///
-    /// Each partial sum is computed straight into the buffer that carries it to the next rank,
-    /// and each chunk of the all-gather is passed on in the buffer it arrived in: a chunk is
-    /// copied only into `buf`, once, where it ends.
+    /// Each ring step's chunk goes in parts of at least 1 MiB (up to four), each its own step, with up to [`Capabilities::steps_in_flight`] steps
+    /// in flight: while one part travels, the one before it is summed (and the steps in flight
+    /// are polled between pieces of that work), so a rank does not wait for a whole chunk
+    /// before it starts on it. Each partial sum is computed straight into the buffer that
+    /// carries it to the next rank, and each part of the all-gather is passed on in the buffer
+    /// it arrived in: a part is copied only into `buf`, once, where it ends.
+    ///
+    /// [`Capabilities::steps_in_flight`]: crate::Capabilities::steps_in_flight
     ///
     /// # Errors
-    /// [`Error::PeerFaults`] when a neighbour's chunk is missing or malformed.
+    /// [`Error::PeerFaults`] when a neighbour's part is missing or malformed.
     ///
     /// # Cancel safety
     /// Not cancel safe: `buf` holds partial sums when the call is dropped.
     pub async fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
+        let in_flight = self.transport.capabilities().steps_in_flight.max(1);
         let mut seq = self.begin("all_reduce");
-        let d = buf.len();
-        let chunk = |c: usize| chunk_range(d, n, c);
         if n == 1 {
             return Ok(());
         }
-        // The reduce-scatter: the chunk received at step s, combined with this rank's, is the
-        // one sent at step s + 1. The last one is this rank's reduced chunk: it goes to `buf`
-        // and is the all-gather's first send.
-        let mut out = Payload::Host(to_bytes(
-            &buf[chunk(schedule::ring_reduce_scatter_step(me, n, 0).send_chunk)],
-        ));
-        for s in 0..n - 1 {
-            let st = schedule::ring_reduce_scatter_step(me, n, s);
-            let dst = chunk(st.recv_chunk);
-            let got = seq
-                .run_strict(
-                    "all_reduce",
-                    vec![send(st.send_to, out)],
-                    vec![recv(st.recv_from, dst.len() * size_of::<T>())],
-                )
-                .await?;
-            let theirs = cast_payload::<T>(&got[0]);
-            let mine = &buf[dst.clone()];
-            out = Payload::Host(fill_bytes(dst.len(), |o: &mut [T]| {
-                combine_into(op, mine, &theirs, o)
-            }));
-            if s == n - 2 {
-                copy_payload(&out, &mut buf[dst]);
+        let d = buf.len();
+        let ring = Ring::new(me, n, d, size_of::<T>(), in_flight);
+        // The parts whose sends are ready, in the order of their items: the reduce-scatter's
+        // first parts are this rank's own; every other is made from the part received
+        // `ring.parts` items before it.
+        let mut ready: std::collections::VecDeque<Payload> = (0..ring.parts)
+            .map(|i| Payload::Host(to_bytes(&buf[ring.send_range(i)])))
+            .collect();
+        let mut flight = std::collections::VecDeque::with_capacity(ring.in_flight);
+        let mut posted = 0;
+        for i in 0..ring.items() {
+            while flight.len() < ring.in_flight {
+                let Some(out) = ready.pop_front() else { break };
+                let st = ring.step(posted);
+                let len = ring.recv_range(posted).len() * size_of::<T>();
+                let mut step = seq
+                    .post(vec![send(st.send_to, out)], vec![recv(st.recv_from, len)])
+                    .await;
+                // Its first poll posts its receive and queues its send, before the next
+                // step's: steps are posted in order.
+                std::future::poll_fn(|cx| {
+                    step.poll_step(cx);
+                    std::task::Poll::Ready(())
+                })
+                .await;
+                flight.push_back(step);
+                posted += 1;
+            }
+            std::future::poll_fn(|cx| match poll_all(&mut flight, cx) {
+                true => std::task::Poll::Ready(()),
+                false => std::task::Poll::Pending,
+            })
+            .await;
+            let done = flight.pop_front().expect("a step is in flight");
+            let got = seq.finish_strict("all_reduce", done)?.swap_remove(0);
+            let dst = ring.recv_range(i);
+            let forward = i + ring.parts < ring.items();
+            let next = std::future::poll_fn(|cx| {
+                let mut poll = || {
+                    poll_all(&mut flight, cx);
+                };
+                let next = if ring.reducing(i) {
+                    let theirs = cast_payload::<T>(&got);
+                    let mine = &buf[dst.clone()];
+                    let sum = Payload::Host(fill_bytes(dst.len(), |o: &mut [T]| {
+                        for p in pieces::<T>(o.len()) {
+                            combine_into(op, &mine[p.clone()], &theirs[p.clone()], &mut o[p]);
+                            poll();
+                        }
+                    }));
+                    if ring.reduced(i) {
+                        copy_payload_polling(&sum, &mut buf[dst.clone()], &mut poll);
+                    }
+                    sum
+                } else {
+                    copy_payload_polling(&got, &mut buf[dst.clone()], &mut poll);
+                    got.clone()
+                };
+                std::task::Poll::Ready(next)
+            })
+            .await;
+            if forward {
+                ready.push_back(next);
             }
         }
-        // The all-gather: what arrives at step s is sent on, as it is, at step s + 1.
-        for s in 0..n - 1 {
-            let st = schedule::ring_all_gather_step(me, n, s);
-            let dst = chunk(st.recv_chunk);
-            let mut got = seq
-                .run_strict(
-                    "all_reduce",
-                    vec![send(st.send_to, out)],
-                    vec![recv(st.recv_from, dst.len() * size_of::<T>())],
-                )
-                .await?;
-            out = got.swap_remove(0);
-            copy_payload(&out, &mut buf[dst]);
-        }
         Ok(())
+    }
+}
+
+/// The smallest part of a ring step's chunk sent as a step of its own
+/// ([`Communicator::all_reduce`]).
+pub(crate) const RING_PART_BYTES: usize = 1 << 20;
+
+/// The most parts a ring step's chunk is sent in ([`Communicator::all_reduce`]).
+pub(crate) const RING_PARTS: usize = 4;
+
+/// Bytes of work (summed or copied) between two polls of the steps in flight.
+const PIECE_BYTES: usize = 256 << 10;
+
+/// The items of a pipelined ring all-reduce: item `i` is part `i % parts` of ring step
+/// `i / parts`, the reduce-scatter's `n - 1` steps, then the all-gather's.
+struct Ring {
+    me: Rank,
+    n: usize,
+    d: usize,
+    parts: usize,
+    in_flight: usize,
+}
+
+impl Ring {
+    /// Every rank computes the same parts: they depend only on `n`, `d`, the element size and
+    /// the transport.
+    fn new(me: Rank, n: usize, d: usize, elem: usize, in_flight: usize) -> Ring {
+        let chunk_bytes = chunk_range(d, n, 0).len() * elem;
+        let parts = match in_flight {
+            1 => 1,
+            _ => (chunk_bytes / RING_PART_BYTES).clamp(1, RING_PARTS),
+        };
+        Ring {
+            me,
+            n,
+            d,
+            parts,
+            in_flight: in_flight.min(parts),
+        }
+    }
+
+    fn items(&self) -> usize {
+        2 * (self.n - 1) * self.parts
+    }
+
+    /// Whether item `i` belongs to the reduce-scatter.
+    fn reducing(&self, i: usize) -> bool {
+        i / self.parts < self.n - 1
+    }
+
+    /// Whether item `i` is a part of this rank's fully reduced chunk.
+    fn reduced(&self, i: usize) -> bool {
+        i / self.parts == self.n - 2
+    }
+
+    fn step(&self, i: usize) -> schedule::RingStep {
+        let s = i / self.parts;
+        match self.reducing(i) {
+            true => schedule::ring_reduce_scatter_step(self.me, self.n, s),
+            false => schedule::ring_all_gather_step(self.me, self.n, s - (self.n - 1)),
+        }
+    }
+
+    fn part(&self, chunk: usize, i: usize) -> std::ops::Range<usize> {
+        let c = chunk_range(self.d, self.n, chunk);
+        let p = chunk_range(c.len(), self.parts, i % self.parts);
+        c.start + p.start..c.start + p.end
+    }
+
+    fn send_range(&self, i: usize) -> std::ops::Range<usize> {
+        self.part(self.step(i).send_chunk, i)
+    }
+
+    fn recv_range(&self, i: usize) -> std::ops::Range<usize> {
+        self.part(self.step(i).recv_chunk, i)
+    }
+}
+
+/// Polls every step in flight; whether the first has completed.
+fn poll_all(
+    flight: &mut std::collections::VecDeque<Posted<'_>>,
+    cx: &mut std::task::Context<'_>,
+) -> bool {
+    let mut first = true;
+    let mut done = false;
+    for step in flight.iter_mut() {
+        let ready = step.poll_step(cx);
+        done |= first && ready;
+        first = false;
+    }
+    done
+}
+
+/// The ranges of `len` elements of `T` worked on between two polls ([`PIECE_BYTES`]).
+fn pieces<T>(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let step = (PIECE_BYTES / size_of::<T>().max(1)).max(1);
+    (0..len).step_by(step).map(move |s| s..(s + step).min(len))
+}
+
+/// [`copy_payload`] in pieces, calling `poll` after each.
+fn copy_payload_polling<T: Pod>(payload: &Payload, dst: &mut [T], poll: &mut impl FnMut()) {
+    let src = host_bytes(payload);
+    let dst = bytemuck::cast_slice_mut::<T, u8>(dst);
+    for p in pieces::<u8>(dst.len()) {
+        dst[p.clone()].copy_from_slice(&src[p]);
+        poll();
     }
 }
 
@@ -484,7 +620,7 @@ pub(crate) struct Sequence<'a> {
     stats: &'a mut RoundStats,
 }
 
-impl Sequence<'_> {
+impl<'a> Sequence<'a> {
     /// Runs a step named `op` that may take `timeout` (a robust round's steps: the round
     /// names them and says how long each may take).
     pub(crate) async fn run_as(
@@ -504,6 +640,14 @@ impl Sequence<'_> {
         sends: Vec<SendOp>,
         recvs: Vec<RecvOp>,
     ) -> Result<Vec<RecvOutcome>> {
+        let mut posted = self.post(sends, recvs).await;
+        let outcomes = (&mut posted.exchange).await;
+        self.finish(posted, outcomes)
+    }
+
+    /// Makes the next step without polling it: [`Posted::poll_step`] posts it. Takes the
+    /// transport's turn at the collective's first step.
+    async fn post(&mut self, sends: Vec<SendOp>, recvs: Vec<RecvOp>) -> Posted<'a> {
         use tracing::Instrument;
         if let Turn::Waiting(lock) = &self.turn {
             self.turn = Turn::Held(lock.clone().lock_owned().await);
@@ -518,12 +662,7 @@ impl Sequence<'_> {
             sends = sends.len(),
             recvs = recvs.len(),
         );
-        // The peers of the receives, for a debug event per peer (only when it is on).
-        let peers: Vec<Rank> = if tracing::enabled!(tracing::Level::DEBUG) {
-            recvs.iter().map(|r| r.peer).collect()
-        } else {
-            Vec::new()
-        };
+        let peers: Vec<Rank> = recvs.iter().map(|r| r.peer).collect();
         let started = Instant::now();
         let step = Step {
             collective: self.collective,
@@ -532,12 +671,27 @@ impl Sequence<'_> {
             recvs,
             deadline: started + self.timeout,
         };
+        let number = self.step;
         self.step += 1;
-        let outcomes = self
-            .transport
-            .exchange(step)
-            .instrument(span.clone())
-            .await?;
+        let exchange = Box::pin(self.transport.exchange(step).instrument(span.clone()));
+        Posted {
+            number,
+            peers,
+            sent,
+            started,
+            span,
+            exchange,
+            outcome: None,
+        }
+    }
+
+    /// Records a finished step's counters and events; its outcomes.
+    fn finish(
+        &mut self,
+        posted: Posted<'_>,
+        outcomes: std::result::Result<Vec<RecvOutcome>, crate::TransportError>,
+    ) -> Result<Vec<RecvOutcome>> {
+        let outcomes = outcomes?;
         let received: u64 = outcomes
             .iter()
             .map(|o| match o {
@@ -545,28 +699,46 @@ impl Sequence<'_> {
                 _ => 0,
             })
             .sum();
-        let took = started.elapsed();
-        span.in_scope(|| {
-            for (&peer, outcome) in peers.iter().zip(&outcomes) {
-                match outcome {
-                    RecvOutcome::Received(p) => {
-                        tracing::debug!(peer, bytes = p.len(), "received")
+        let took = posted.started.elapsed();
+        posted.span.in_scope(|| {
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                for (&peer, outcome) in posted.peers.iter().zip(&outcomes) {
+                    match outcome {
+                        RecvOutcome::Received(p) => {
+                            tracing::debug!(peer, bytes = p.len(), "received")
+                        }
+                        RecvOutcome::Missing => tracing::debug!(peer, "missing"),
+                        RecvOutcome::Malformed(why) => tracing::debug!(peer, why, "malformed"),
                     }
-                    RecvOutcome::Missing => tracing::debug!(peer, "missing"),
-                    RecvOutcome::Malformed(why) => tracing::debug!(peer, why, "malformed"),
                 }
             }
             tracing::debug!(
-                bytes_sent = sent,
+                bytes_sent = posted.sent,
                 bytes_received = received,
                 micros = took.as_micros() as u64,
                 "step done"
             );
         });
-        self.stats.bytes_sent += sent;
+        self.stats.bytes_sent += posted.sent;
         self.stats.bytes_received += received;
         self.stats.step_times.push(took);
         Ok(outcomes)
+    }
+
+    /// A finished step's payloads, one per receive, or the faults of the peers whose receive
+    /// failed.
+    fn finish_strict(
+        &mut self,
+        collective: &'static str,
+        mut posted: Posted<'_>,
+    ) -> Result<Vec<Payload>> {
+        let outcome = posted
+            .outcome
+            .take()
+            .expect("finish_strict of an unfinished step");
+        let (step, peers) = (posted.number, posted.peers.clone());
+        let outcomes = self.finish(posted, outcome)?;
+        strict(collective, step, peers, outcomes)
     }
 
     /// Runs a step whose every receive must succeed.
@@ -579,23 +751,62 @@ impl Sequence<'_> {
         let step = self.step;
         let peers: Vec<Rank> = recvs.iter().map(|r| r.peer).collect();
         let outcomes = self.run(sends, recvs).await?;
-        let mut faults = Vec::new();
-        let mut payloads = Vec::with_capacity(outcomes.len());
-        for (p, outcome) in peers.into_iter().zip(outcomes) {
-            match outcome {
-                RecvOutcome::Received(payload) => payloads.push(payload),
-                other => faults.push(fault(p, other)),
+        strict(collective, step, peers, outcomes)
+    }
+}
+
+/// The payloads of a step whose every receive must succeed, or the faults of the peers whose
+/// receive failed.
+fn strict(
+    collective: &'static str,
+    step: u32,
+    peers: Vec<Rank>,
+    outcomes: Vec<RecvOutcome>,
+) -> Result<Vec<Payload>> {
+    let mut faults = Vec::new();
+    let mut payloads = Vec::with_capacity(outcomes.len());
+    for (p, outcome) in peers.into_iter().zip(outcomes) {
+        match outcome {
+            RecvOutcome::Received(payload) => payloads.push(payload),
+            other => faults.push(fault(p, other)),
+        }
+    }
+    if faults.is_empty() {
+        Ok(payloads)
+    } else {
+        Err(Error::PeerFaults {
+            collective,
+            step,
+            faults,
+        })
+    }
+}
+
+/// A step made by [`Sequence::post`], in flight until its exchange completes.
+struct Posted<'a> {
+    number: u32,
+    /// The peers of its receives, in order.
+    peers: Vec<Rank>,
+    sent: u64,
+    started: Instant,
+    span: tracing::Span,
+    exchange: futures::future::BoxFuture<
+        'a,
+        std::result::Result<Vec<RecvOutcome>, crate::TransportError>,
+    >,
+    /// The exchange's result once it completed.
+    outcome: Option<std::result::Result<Vec<RecvOutcome>, crate::TransportError>>,
+}
+
+impl Posted<'_> {
+    /// Polls the exchange unless it completed; whether it has.
+    fn poll_step(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        if self.outcome.is_none() {
+            if let std::task::Poll::Ready(outcome) = self.exchange.as_mut().poll(cx) {
+                self.outcome = Some(outcome);
             }
         }
-        if faults.is_empty() {
-            Ok(payloads)
-        } else {
-            Err(Error::PeerFaults {
-                collective,
-                step,
-                faults,
-            })
-        }
+        self.outcome.is_some()
     }
 }
 

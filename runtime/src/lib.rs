@@ -31,5 +31,5 @@ pub use handle::{CommHandle, Pending, QUEUED};
 pub use robust::OwnerTamper;
 pub use robust::{Agreement, AgreementReport, Policy, Replicas, RoundReport, SUB_ROUND_BYTES};
 pub use round::sum_of_shard_medians;
-pub use transport::{Capabilities, RecvOp, RecvOutcome, SendOp, Step, Transport};
+pub use transport::{Capabilities, RecvOp, RecvOutcome, SendOp, Step, Transport, PIPELINED_STEPS};
 pub use types::{MemoryKind, MsgKey, Payload, Rank, Tag, STREAM_BITS};

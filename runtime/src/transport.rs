@@ -137,13 +137,24 @@ pub struct Capabilities {
     pub per_peer_timeout: bool,
     /// Largest message in bytes.
     pub max_message_bytes: u64,
+    /// How many steps of one collective may be in flight at once: posted in increasing order,
+    /// each completing on its own (1: one at a time). The ring all-reduce pipelines its parts
+    /// over up to this many (TCP, UCX, libfabric, local: [`PIPELINED_STEPS`]; NCCL: 1, its
+    /// steps are group calls on one stream).
+    pub steps_in_flight: usize,
 }
+
+/// The [`Capabilities::steps_in_flight`] of the transports whose receives are matched by key
+/// (the transport kit's mailbox): a step's transfer overlaps the work on the one before.
+pub const PIPELINED_STEPS: usize = 2;
 
 /// A transport under byzcoll's collectives.
 ///
-/// Implementations own their connections; the runtime owns schedules and deadlines. One step
-/// is in flight at a time per transport, and steps are posted in increasing
-/// ([`Step::collective`], [`Step::step`]) order on every rank.
+/// Implementations own their connections; the runtime owns schedules and deadlines. Steps are
+/// posted in increasing ([`Step::collective`], [`Step::step`]) order on every rank: a step's
+/// future is polled once (which must post its receives and queue its sends) before the next
+/// step's is created. One collective at a time holds the transport, and it has at most
+/// [`Capabilities::steps_in_flight`] steps in flight, all polled until each completes.
 pub trait Transport: Send + Sync + fmt::Debug {
     /// Short name (`tcp`, `local`, ...), as accepted by `BYZCOLL_TRANSPORT`.
     fn name(&self) -> &'static str;

@@ -37,6 +37,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@tests $factory;
             collectives_match_reference,
             all_reduce_of_megabyte_chunks_is_exact,
+            pipelined_ring_all_reduce_is_exact,
             robust_all_reduce_survives_byzantine_and_crashed_ranks,
             wrong_length_is_malformed_and_named,
             missing_peer_is_reported_within_the_deadline,
@@ -249,6 +250,57 @@ where
     for (me, out) in results {
         assert!(out[0] == sum && out[2] == sum, "sum at rank {me}");
         assert!(out[1] == max, "max at rank {me}");
+    }
+}
+
+/// `all_reduce` whose ring chunks are sent in parts, with steps in flight where the transport
+/// allows it: chunks of 4.4 MiB (four parts) and of 2.2 MiB split unevenly (two parts) give the
+/// exact sum (and max and min) on every rank, and each call runs one step per part and ring step.
+pub async fn pipelined_ring_all_reduce_is_exact<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let n = 3usize;
+    // (elements per rank, parts per ring step where steps may overlap)
+    let cases = [(3 * 1_150_000 + 2, 4usize), (3 * 575_000 + 1, 2)];
+    // Fewer calls on the larger vectors: the suite runs in debug builds on two cores.
+    let ops = move |d: usize| match d == cases[0].0 {
+        true => vec![ReduceOp::Sum],
+        false => vec![ReduceOp::Max, ReduceOp::Min],
+    };
+    let comms = comms(factory(n).await, Duration::from_secs(60));
+    let results = run_ranks(comms, move |mut c| async move {
+        let me = c.rank();
+        let overlaps = c.transport().capabilities().steps_in_flight > 1;
+        let mut out = Vec::new();
+        for (d, parts) in cases {
+            for op in ops(d) {
+                let mut v = vector(me, d);
+                c.all_reduce(&mut v, op).await.unwrap();
+                let steps = c.take_stats().step_times.len();
+                let want = 2 * (n - 1) * if overlaps { parts } else { 1 };
+                assert_eq!(steps, want, "steps of d={d} at rank {me}");
+                out.push(v);
+            }
+        }
+        (me, out)
+    })
+    .await;
+    for (me, out) in results {
+        let mut out = out.into_iter();
+        for (d, _) in cases {
+            let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, d)).collect();
+            let column = |j: usize| inputs.iter().map(move |x| x[j]);
+            for op in ops(d) {
+                let want: Vec<f32> = match op {
+                    ReduceOp::Sum => (0..d).map(|j| column(j).sum()).collect(),
+                    ReduceOp::Max => (0..d).map(|j| column(j).fold(f32::MIN, f32::max)).collect(),
+                    _ => (0..d).map(|j| column(j).fold(f32::MAX, f32::min)).collect(),
+                };
+                assert!(out.next().unwrap() == want, "{op:?} of d={d} at rank {me}");
+            }
+        }
     }
 }
 

@@ -838,6 +838,8 @@ impl Transport for NcclTransport {
             // its deadline aborts the whole communicator.
             per_peer_timeout: false,
             max_message_bytes: self.max_message_bytes,
+            // Its steps are group calls on one stream, run one at a time.
+            steps_in_flight: 1,
         }
     }
 

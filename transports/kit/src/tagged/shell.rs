@@ -104,6 +104,7 @@ impl<E: Engine> Shell<E> {
             memory: vec![MemoryKind::Host],
             per_peer_timeout: true,
             max_message_bytes: self.max_message_bytes,
+            steps_in_flight: byzcoll_runtime::PIPELINED_STEPS,
         }
     }
 
