@@ -53,6 +53,8 @@ pub struct Communicator {
     agreement: crate::Agreement,
     /// See [`Communicator::set_sub_round_bytes`].
     pub(crate) sub_round_bytes: usize,
+    /// See [`Communicator::set_ring_part_bytes`].
+    ring_part_bytes: usize,
     /// What the steps since the last [`Communicator::take_stats`] moved and took.
     stats: RoundStats,
 }
@@ -94,6 +96,7 @@ impl Communicator {
             unauthenticated: false,
             agreement: crate::Agreement::default(),
             sub_round_bytes: crate::SUB_ROUND_BYTES,
+            ring_part_bytes: RING_PART_BYTES,
             stats: RoundStats::default(),
         }
     }
@@ -110,6 +113,14 @@ impl Communicator {
     /// steps. Every rank of the job must choose alike: it sets how many steps a round takes.
     pub fn set_sub_round_bytes(&mut self, bytes: usize) {
         self.sub_round_bytes = bytes;
+    }
+
+    /// The smallest part of a ring step's chunk that [`Communicator::all_reduce`] sends as a
+    /// step of its own ([`RING_PART_BYTES`] by default; at least one element is taken whatever
+    /// the value), where the transport allows steps in flight: up to [`RING_PARTS`] parts per
+    /// chunk. Every rank of the job must choose alike: it sets how many steps a call takes.
+    pub fn set_ring_part_bytes(&mut self, bytes: usize) {
+        self.ring_part_bytes = bytes;
     }
 
     /// The agreement policy of robust rounds.
@@ -261,6 +272,7 @@ impl Communicator {
             unauthenticated: self.unauthenticated,
             agreement: self.agreement,
             sub_round_bytes: self.sub_round_bytes,
+            ring_part_bytes: self.ring_part_bytes,
             stats: RoundStats::default(),
         }))
     }
@@ -399,7 +411,8 @@ impl Communicator {
     /// MPI use); every rank ends with bitwise the same result. This is the baseline that robust
     /// rules are compared with: one faulty rank corrupts every result, silently.
     ///
-    /// Each ring step's chunk goes in parts of at least 1 MiB (up to four), each its own step, with up to [`Capabilities::steps_in_flight`] steps
+    /// Each ring step's chunk goes in parts of at least [`RING_PART_BYTES`] (up to
+    /// [`RING_PARTS`]; [`Communicator::set_ring_part_bytes`]), each its own step, with up to [`Capabilities::steps_in_flight`] steps
     /// in flight: while one part travels, the one before it is summed (and the steps in flight
     /// are polled between pieces of that work), so a rank does not wait for a whole chunk
     /// before it starts on it. Each partial sum is computed straight into the buffer that
@@ -416,12 +429,13 @@ impl Communicator {
     pub async fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
         let in_flight = self.transport.capabilities().steps_in_flight.max(1);
+        let part_bytes = self.ring_part_bytes;
         let mut seq = self.begin("all_reduce");
         if n == 1 {
             return Ok(());
         }
         let d = buf.len();
-        let ring = Ring::new(me, n, d, size_of::<T>(), in_flight);
+        let ring = Ring::new(me, n, d, size_of::<T>(), part_bytes, in_flight);
         // The parts whose sends are ready, in the order of their items: the reduce-scatter's
         // first parts are this rank's own; every other is made from the part received
         // `ring.parts` items before it.
@@ -489,12 +503,12 @@ impl Communicator {
     }
 }
 
-/// The smallest part of a ring step's chunk sent as a step of its own
-/// ([`Communicator::all_reduce`]).
-pub(crate) const RING_PART_BYTES: usize = 1 << 20;
+/// The smallest part of a ring step's chunk sent as a step of its own by default
+/// ([`Communicator::set_ring_part_bytes`]).
+pub const RING_PART_BYTES: usize = 1 << 20;
 
 /// The most parts a ring step's chunk is sent in ([`Communicator::all_reduce`]).
-pub(crate) const RING_PARTS: usize = 4;
+pub const RING_PARTS: usize = 4;
 
 /// Bytes of work (summed or copied) between two polls of the steps in flight.
 const PIECE_BYTES: usize = 256 << 10;
@@ -512,11 +526,11 @@ struct Ring {
 impl Ring {
     /// Every rank computes the same parts: they depend only on `n`, `d`, the element size and
     /// the transport.
-    fn new(me: Rank, n: usize, d: usize, elem: usize, in_flight: usize) -> Ring {
+    fn new(me: Rank, n: usize, d: usize, elem: usize, part_bytes: usize, in_flight: usize) -> Ring {
         let chunk_bytes = chunk_range(d, n, 0).len() * elem;
         let parts = match in_flight {
             1 => 1,
-            _ => (chunk_bytes / RING_PART_BYTES).clamp(1, RING_PARTS),
+            _ => (chunk_bytes / part_bytes.max(elem)).clamp(1, RING_PARTS),
         };
         Ring {
             me,

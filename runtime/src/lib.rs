@@ -23,7 +23,7 @@ pub mod schedule;
 mod transport;
 mod types;
 
-pub use comm::{Communicator, ReduceOp, RoundStats};
+pub use comm::{Communicator, ReduceOp, RoundStats, RING_PARTS, RING_PART_BYTES};
 pub use config::Config;
 pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, TransportError};
 pub use handle::{CommHandle, Pending, QUEUED};

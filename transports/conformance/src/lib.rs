@@ -23,7 +23,7 @@ use byzcoll_aggregators::{
 use byzcoll_runtime::schedule::chunk_range;
 use byzcoll_runtime::{
     Agreement, Communicator, Config, Error, Fault, OwnerTamper, Payload, Policy, RecvOp,
-    RecvOutcome, ReduceOp, Replicas, RoundReport, SendOp, Step, Transport,
+    RecvOutcome, ReduceOp, Replicas, RoundReport, SendOp, Step, Transport, RING_PART_BYTES,
 };
 
 /// World sizes that break naive schedules.
@@ -254,28 +254,40 @@ where
 }
 
 /// `all_reduce` whose ring chunks are sent in parts, with steps in flight where the transport
-/// allows it: chunks of 4.4 MiB (four parts) and of 2.2 MiB split unevenly (two parts) give the
-/// exact sum (and max and min) on every rank, and each call runs one step per part and ring step.
+/// allows it. At the default part size, chunks of 2.2 MiB split unevenly go in two parts;
+/// with 64 KiB parts ([`Communicator::set_ring_part_bytes`]), chunks of 300 KB in four, and
+/// chunks of 140 KB in two, one rank's chunk a part longer than the others'. Every rank gets
+/// the exact sum, max and min, and each call runs one step per part and ring step.
 pub async fn pipelined_ring_all_reduce_is_exact<F, Fut>(factory: F)
 where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
     let n = 3usize;
-    // (elements per rank, parts per ring step where steps may overlap)
-    let cases = [(3 * 1_150_000 + 2, 4usize), (3 * 575_000 + 1, 2)];
-    // Fewer calls on the larger vectors: the suite runs in debug builds on two cores.
-    let ops = move |d: usize| match d == cases[0].0 {
-        true => vec![ReduceOp::Sum],
-        false => vec![ReduceOp::Max, ReduceOp::Min],
-    };
+    // (elements per rank, bytes per part, parts per ring step where steps may overlap, ops)
+    let cases = [
+        (
+            3 * 575_000 + 1,
+            RING_PART_BYTES,
+            2usize,
+            &[ReduceOp::Sum][..],
+        ),
+        (
+            3 * 75_000 + 2,
+            64 << 10,
+            4,
+            &[ReduceOp::Sum, ReduceOp::Max][..],
+        ),
+        (3 * 35_000 + 1, 64 << 10, 2, &[ReduceOp::Min][..]),
+    ];
     let comms = comms(factory(n).await, Duration::from_secs(60));
     let results = run_ranks(comms, move |mut c| async move {
         let me = c.rank();
         let overlaps = c.transport().capabilities().steps_in_flight > 1;
         let mut out = Vec::new();
-        for (d, parts) in cases {
-            for op in ops(d) {
+        for (d, part_bytes, parts, ops) in cases {
+            c.set_ring_part_bytes(part_bytes);
+            for &op in ops {
                 let mut v = vector(me, d);
                 c.all_reduce(&mut v, op).await.unwrap();
                 let steps = c.take_stats().step_times.len();
@@ -289,10 +301,10 @@ where
     .await;
     for (me, out) in results {
         let mut out = out.into_iter();
-        for (d, _) in cases {
+        for (d, _, _, ops) in cases {
             let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, d)).collect();
             let column = |j: usize| inputs.iter().map(move |x| x[j]);
-            for op in ops(d) {
+            for &op in ops {
                 let want: Vec<f32> = match op {
                     ReduceOp::Sum => (0..d).map(|j| column(j).sum()).collect(),
                     ReduceOp::Max => (0..d).map(|j| column(j).fold(f32::MIN, f32::max)).collect(),
