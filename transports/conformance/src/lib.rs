@@ -422,7 +422,9 @@ where
 }
 
 /// A peer that never sends is `Missing` once the deadline passes, no sooner than the deadline
-/// and not much later; a non-robust collective fails with its rank named.
+/// and not much later; a non-robust collective fails with its rank named. Also with the ring's
+/// chunks in four parts and two steps in flight: a step still in flight when the one before it
+/// fails neither hangs the call nor delays it past the deadline.
 pub async fn missing_peer_is_reported_within_the_deadline<F, Fut>(factory: F)
 where
     F: Fn(usize) -> Fut,
@@ -430,33 +432,39 @@ where
 {
     let n = 3;
     let timeout = Duration::from_millis(400);
-    let comms = comms(factory(n).await, timeout);
-    let results = run_ranks(comms, move |mut c| async move {
-        let me = c.rank();
-        if me == 1 {
-            // Alive but silent: it keeps its transport open past the others' deadline.
-            tokio::time::sleep(timeout * 3).await;
-            return (me, None, Duration::ZERO);
-        }
-        let start = tokio::time::Instant::now();
-        let r = c.all_reduce(&mut [1.0f32; 8], ReduceOp::Sum).await;
-        (me, Some(r), start.elapsed())
-    })
-    .await;
-    for (me, r, elapsed) in results {
-        let Some(r) = r else { continue };
-        match r {
-            Err(Error::PeerFaults { faults, .. }) => {
-                // Rank 2 waits on rank 1 directly; rank 0 waits on rank 2, which gave up.
-                assert!(
-                    faults.iter().all(|f| f.fault == Fault::Missing),
-                    "{faults:?}"
-                );
+    // (elements per rank, bytes per ring part)
+    for (d, part_bytes) in [(8usize, RING_PART_BYTES), (3 * 70_000, 64 << 10)] {
+        let comms = comms(factory(n).await, timeout);
+        let results = run_ranks(comms, move |mut c| async move {
+            let me = c.rank();
+            if me == 1 {
+                // Alive but silent: it keeps its transport open past the others' deadline.
+                tokio::time::sleep(timeout * 3).await;
+                return (me, None, Duration::ZERO);
             }
-            other => panic!("rank {me}: expected a peer fault, got {other:?}"),
+            c.set_ring_part_bytes(part_bytes);
+            let start = tokio::time::Instant::now();
+            let r = c.all_reduce(&mut vec![1.0f32; d], ReduceOp::Sum).await;
+            (me, Some(r), start.elapsed())
+        })
+        .await;
+        for (me, r, elapsed) in results {
+            let Some(r) = r else { continue };
+            match r {
+                Err(Error::PeerFaults { faults, .. }) => {
+                    // Rank 2 waits on rank 1 directly; rank 0 waits on rank 2, which gave up.
+                    let named: Vec<usize> = faults.iter().map(|f| f.rank).collect();
+                    assert_eq!(named, [(me + n - 1) % n], "rank {me}, d={d}");
+                    assert!(
+                        faults.iter().all(|f| f.fault == Fault::Missing),
+                        "{faults:?}"
+                    );
+                }
+                other => panic!("rank {me}, d={d}: expected a peer fault, got {other:?}"),
+            }
+            assert!(elapsed >= timeout, "rank {me} gave up early: {elapsed:?}");
+            assert!(elapsed < timeout * 3, "rank {me}, d={d}, took {elapsed:?}");
         }
-        assert!(elapsed >= timeout, "rank {me} gave up early: {elapsed:?}");
-        assert!(elapsed < timeout * 3, "rank {me} took {elapsed:?}");
     }
 }
 
