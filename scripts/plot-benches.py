@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HOW = {
-    "collectives": "cargo bench --bench collectives",
+    "collectives": "cargo bench --features ucx,libfabric --bench collectives",
     "p2p": "cargo bench --features ucx,libfabric --bench p2p",
     "aggregators": "cargo bench --bench aggregators",
     "aggregate_e2e": "scripts/bench-aggregate.sh",
