@@ -36,8 +36,10 @@ pub enum ReduceOp {
 /// [`Communicator::split`] makes communicators of subsets of the ranks over the same
 /// transport, each with its own stream of collective numbers ([`crate::MsgKey::stream`]).
 /// The communicators over one transport take turns: a collective holds the transport from its
-/// first step to its last, so one step is in flight at a time. As with MPI, ranks that share
-/// two communicators must call their collectives on them in the same relative order.
+/// first step to its last, so only its own steps are in flight (one at a time, or a few in
+/// order where the transport allows: [`crate::Capabilities::steps_in_flight`]). As with MPI,
+/// ranks that share two communicators must call their collectives on them in the same
+/// relative order.
 pub struct Communicator {
     transport: Arc<dyn Transport>,
     config: Config,

@@ -6,7 +6,7 @@
 //!
 //! The caller can start several collectives (one per gradient bucket, say), go on computing,
 //! and await the results later. Collectives of one communicator never overlap each other (the
-//! transport runs one step at a time); communicators made by [`Communicator::split`] have
+//! transport runs one collective at a time); communicators made by [`Communicator::split`] have
 //! handles of their own.
 //!
 //! # Cancel safety
