@@ -764,10 +764,9 @@ impl<'a> Sequence<'a> {
         sends: Vec<SendOp>,
         recvs: Vec<RecvOp>,
     ) -> Result<Vec<Payload>> {
-        let step = self.step;
-        let peers: Vec<Rank> = recvs.iter().map(|r| r.peer).collect();
-        let outcomes = self.run(sends, recvs).await?;
-        strict(collective, step, peers, outcomes)
+        let mut posted = self.post(sends, recvs).await;
+        posted.outcome = Some((&mut posted.exchange).await);
+        self.finish_strict(collective, posted)
     }
 }
 
