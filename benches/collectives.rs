@@ -20,7 +20,8 @@
 //! where unset the ranks get `UCX_TLS=tcp,self UCX_NET_DEVICES=lo` and
 //! `FI_PROVIDER='tcp;ofi_rxm'` with `FI_TCP_IFACE`, `FI_NET_IFACE`, `FI_SOCKETS_IFACE` and
 //! `FI_UDP_IFACE` set to `lo`. Each rep is timed as the slowest rank's time (an all-reduce MAX
-//! of the per-rank times) after a barrier; the table shows the median of the reps.
+//! of the per-rank times) after a barrier, after three untimed calls; the table shows the
+//! median of at least seven reps.
 //!
 //! Columns: `size` is bytes per rank (`all_gather`: bytes gathered per rank, as nccl-tests
 //! prints it). `algbw = size / time`. `busbw` is nccl-tests' bus bandwidth: `algbw * 2(n-1)/n`
@@ -238,9 +239,17 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
+/// Timed reps for a size: at least 7 (a median that up to 3 slow reps cannot move), more for
+/// small sizes. The MPI anchor counts alike (`anchors/mpi_collectives.py`).
 fn reps_for(bytes: usize) -> usize {
-    (((64usize << 20) / bytes.max(1)).clamp(3, 20)) | 1
+    (((64usize << 20) / bytes.max(1)).clamp(7, 20)) | 1
 }
+
+/// Untimed calls before the timed reps, alike in the MPI anchor. The transports' buffer pools
+/// grow to what a collective of this size keeps in flight over the first calls; a fresh
+/// buffer costs its first touch, which on a VM can take tens of milliseconds
+/// (`docs/bench/PROFILE.md`, item 13).
+const WARM_UP: usize = 3;
 
 /// Times `op` over `reps` reps as the slowest rank's time, and measures the largest peak RSS
 /// of any rank while it ran (Linux: the high-water mark is reset through
@@ -264,8 +273,10 @@ where
         libc::malloc_trim(0);
     }
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-    refill(state);
-    op(comm, state).await; // warm-up
+    for _ in 0..WARM_UP {
+        refill(state);
+        op(comm, state).await;
+    }
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
         refill(state);

@@ -2,8 +2,8 @@
 
 Run by the benchmark under mpirun with the tcp btl on loopback; prints the same nccl-tests
 columns: MPI Allreduce(SUM), Allgather, and the usual robust workaround, Allgather followed by
-numpy.median(axis=0). Each rep is the slowest rank's time after a barrier; the median of the reps
-is printed.
+numpy.median(axis=0). Each rep is the slowest rank's time after a barrier, after three untimed
+calls; the median of at least seven reps is printed.
 """
 import argparse
 import resource
@@ -13,12 +13,17 @@ import numpy as np
 from mpi4py import MPI
 
 
+# As in benches/collectives.rs: untimed calls first, then at least 7 timed reps.
+WARM_UP = 3
+
+
 def reps_for(nbytes):
-    return max(3, min(20, (64 << 20) // max(nbytes, 1))) | 1
+    return max(7, min(20, (64 << 20) // max(nbytes, 1))) | 1
 
 
 def timed(comm, reps, op):
-    op()
+    for _ in range(WARM_UP):
+        op()
     times = []
     for _ in range(reps):
         comm.Barrier()
