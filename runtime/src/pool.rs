@@ -17,8 +17,9 @@
 //! `process_vm_readv`, libfabric's shm) pin and walk every page of both buffers: on huge
 //! pages a 1-4 MiB message moved at 11-14 GB/s instead of 8-10 in the p2p bench over UCX
 //! shared memory, when sender and receiver both used them (only the receiver: no gain).
-//! [`payload_from`] puts outgoing data in such a buffer, from a small process-wide send pool
-//! ([`SEND_POOL_BYTES`] idle at most).
+//! [`payload_from`] puts outgoing data of [`POOL_MIN`] bytes and more in a pooled buffer (such a
+//! huge-page one from [`HUGE_MIN`]), from a small process-wide send pool ([`SEND_POOL_BYTES`]
+//! idle at most).
 //!
 //! Every buffer is initialised memory (zeroed when new), so readers may fill it as a slice.
 
@@ -240,10 +241,13 @@ fn send_pool() -> &'static BufferPool {
     POOL.get_or_init(|| BufferPool::new(SEND_POOL_BYTES))
 }
 
-/// `data` copied into a buffer on huge pages from [`HUGE_MIN`] bytes (a plain copy below), from
-/// the process-wide send pool, to which it returns when the payload's last clone is dropped.
-/// What the collectives send is made this way.
+/// `data` copied into a buffer from the process-wide send pool from [`POOL_MIN`] bytes (on
+/// huge pages from [`HUGE_MIN`]), to which it returns when the payload's last clone is
+/// dropped; a plain copy below. What the collectives send is made this way.
 pub fn payload_from(data: &[u8]) -> Bytes {
+    if data.len() < POOL_MIN {
+        return Bytes::copy_from_slice(data);
+    }
     payload_with(data.len(), |buf| buf.copy_from_slice(data))
 }
 
@@ -252,8 +256,12 @@ pub fn payload_from(data: &[u8]) -> Bytes {
 /// gets exactly `len` initialised bytes (zeroes or older contents) and must write all of them.
 /// From [`HUGE_MIN`] bytes the buffer starts on a 2 MiB boundary, so it can be viewed as any
 /// element type (unless the kernel refused the mapping: see [`PoolBuf::as_mut_slice`]).
+///
+/// From [`POOL_MIN`] bytes the buffer comes from the send pool, so that a sender of pieces
+/// below a huge page (a sharded round's at 8 ranks and 16 MiB: 512 KiB) neither zeroes a
+/// fresh allocation nor faults its pages in on every send.
 pub fn payload_with(len: usize, fill: impl FnOnce(&mut [u8])) -> Bytes {
-    if len < HUGE_MIN {
+    if len < POOL_MIN {
         let mut v = vec![0u8; len];
         fill(&mut v);
         return Bytes::from(v);
@@ -462,6 +470,11 @@ mod tests {
     fn payloads_from_data_hold_the_data() {
         let small: Vec<u8> = (0..100u8).collect();
         assert_eq!(&payload_from(&small)[..], &small[..]);
+        // Pooled below a huge page: a reused buffer holds the new data, not the old.
+        for byte in [7u8, 8] {
+            let mid = vec![byte; POOL_MIN * 3 + 5];
+            assert_eq!(&payload_from(&mid)[..], &mid[..]);
+        }
         let large: Vec<u8> = (0..3 << 20).map(|i: usize| (i % 251) as u8).collect();
         let p = payload_from(&large);
         assert_eq!(&p[..], &large[..]);

@@ -100,13 +100,14 @@ impl From<Bytes> for Payload {
     }
 }
 
-/// A host slice's bytes as a payload (in pooled, huge-page-backed memory).
+/// A host slice's bytes as a payload (pooled from 64 KiB, on huge pages from 1 MiB:
+/// [`crate::pool::payload_from`]).
 pub(crate) fn to_bytes<T: bytemuck::Pod>(buf: &[T]) -> bytes::Bytes {
     crate::pool::payload_from(bytemuck::cast_slice(buf))
 }
 
-/// A payload of `len` elements that `fill` computes in place (in pooled, huge-page-backed
-/// memory from 1 MiB, as [`to_bytes`]): `fill` must write every element.
+/// A payload of `len` elements that `fill` computes in place (in the same memory as
+/// [`to_bytes`]): `fill` must write every element.
 pub(crate) fn fill_bytes<T: bytemuck::Pod>(
     len: usize,
     fill: impl FnOnce(&mut [T]),
