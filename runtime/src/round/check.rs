@@ -12,10 +12,12 @@ use crate::{AgreementReport, Error, Rank};
 /// BLAKE3 digests), and XXH3 hashes them several times faster.
 pub type Digest = [u8; 32];
 
-/// The digest of an input as the cross-check carries it (XXH3-128 of its bytes).
+/// The digest of an input as the cross-check carries it (XXH3-128 of its bytes, unseeded, in
+/// little-endian order).
 pub fn input_digest<T: bytemuck::Pod>(v: &[T]) -> Digest {
     let mut d = [0u8; 32];
-    d[..16].copy_from_slice(&xxhash_rust::xxh3::xxh3_128(bytemuck::cast_slice(v)).to_le_bytes());
+    d[..16]
+        .copy_from_slice(&twox_hash::XxHash3_128::oneshot(bytemuck::cast_slice(v)).to_le_bytes());
     d
 }
 
@@ -327,6 +329,29 @@ mod cross_check_tests {
 
     fn digest(x: u8) -> Option<Digest> {
         Some(input_digest(&[x]))
+    }
+
+    /// The wire carries XXH3-128 as the reference implementation computes it (the values are
+    /// the C library's, through Python's `xxhash.xxh3_128_intdigest`): ranks built with
+    /// different hash crates must still compare equal inputs as equal. The lengths reach the
+    /// short-input, mid-size and long (striped, SIMD) paths.
+    #[test]
+    fn input_digests_are_the_reference_xxh3_128() {
+        let le = |x: u128| {
+            let mut d = [0u8; 32];
+            d[..16].copy_from_slice(&x.to_le_bytes());
+            d
+        };
+        assert_eq!(
+            input_digest::<u8>(&[]),
+            le(0x99aa06d3014798d86001c324468d497f)
+        );
+        assert_eq!(
+            input_digest(&[1.0f32, -2.5, 3.25, 0.0]),
+            le(0x13558d844927ee9829f3b3319e63eaed)
+        );
+        let long: Vec<u8> = (0..10240).map(|i| (i % 256) as u8).collect();
+        assert_eq!(input_digest(&long), le(0x1cb22534d0d96975c03d2231ab9348f3));
     }
 
     #[test]
