@@ -258,8 +258,9 @@ const AHEAD: usize = 256;
 /// With more inputs than this, the lines prefetched [`AHEAD`] would fill L1 (32 inputs × 1 KiB
 /// is all of a 32 KiB L1, and rows `d` apart share its sets), evicting each other before they
 /// are read; those paths prefetch [`AHEAD_L2`] elements ahead into L2 instead. Measured on one
-/// core of an AMD EPYC (AVX-512), `n = 32`, `d = 2^22`, rows of one allocation: the mean
-/// 47-56 → 30-36 ms, the median 64-73 → 50-52 ms, bitwise the same results.
+/// core of an AMD EPYC (AVX-512), `n = 32`, `d = 2^22`, rows of one allocation, both versions
+/// timed alike in one process under load: the mean 47-70 → 30-36 ms, the median 64-88 →
+/// 50-80 ms, bitwise the same results.
 const L1_STREAMS: usize = 16;
 
 /// How far ahead (elements) the paths with more than [`L1_STREAMS`] inputs prefetch into L2.
@@ -331,12 +332,13 @@ fn first_bad_in_blocks(
     first_bad.map_or(Ok(()), Err)
 }
 
-/// Asks for `row`'s line [`AHEAD`] elements past `at` into L1, or with `to_l2` (more than
-/// [`L1_STREAMS`] inputs) [`AHEAD_L2`] elements past it into L2; nothing past the end.
+/// Asks for `row`'s line [`AHEAD`] elements past `at` into L1, or, where the path reads more
+/// than [`L1_STREAMS`] `inputs`, [`AHEAD_L2`] elements past it into L2; nothing past the end.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn prefetch_ahead(row: &[u32], at: usize, to_l2: bool) {
+fn prefetch_ahead(row: &[u32], at: usize, inputs: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+    let to_l2 = inputs > L1_STREAMS;
     let ahead = if to_l2 { AHEAD_L2 } else { AHEAD };
     if let Some(line) = row.get(at + ahead) {
         let line = std::ptr::from_ref(line).cast();
@@ -807,7 +809,6 @@ mod avx2_f32 {
     ) -> Result<(), usize> {
         let width = out.len();
         let scale = _mm256_set1_pd(1.0 / inputs.len() as f64);
-        let to_l2 = inputs.len() > super::L1_STREAMS;
         // Every coordinate is written, the first non-finite one remembered.
         let mut first_bad = None;
         let mut start = 0;
@@ -817,7 +818,7 @@ mod avx2_f32 {
             let (mut a0, mut a1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
             for row in inputs {
                 if at.is_multiple_of(16) {
-                    super::prefetch_ahead(row, at, to_l2);
+                    super::prefetch_ahead(row, at, inputs.len());
                 }
                 let (x0, x1) = widen!(_mm256_castsi256_ps(load8!(row, at, lanes)));
                 a0 = _mm256_add_pd(a0, x0);
@@ -858,9 +859,9 @@ mod avx2_f32 {
             let lanes = (width - start).min(8);
             if (base + start).is_multiple_of(16) {
                 // Once per line.
-                inputs.iter().for_each(|row| {
-                    super::prefetch_ahead(row, base + start, N > super::L1_STREAMS)
-                });
+                inputs
+                    .iter()
+                    .for_each(|row| super::prefetch_ahead(row, base + start, N));
             }
             let mut v = [top; 16];
             macro_rules! load {
@@ -1080,7 +1081,6 @@ mod avx512_f32 {
     ) -> Result<(), usize> {
         let width = out.len();
         let scale = _mm512_set1_pd(1.0 / inputs.len() as f64);
-        let to_l2 = inputs.len() > super::L1_STREAMS;
         // Every coordinate is written, the first non-finite one remembered.
         let mut first_bad = None;
         let mut start = 0;
@@ -1090,7 +1090,7 @@ mod avx512_f32 {
             let at = base + start;
             let (mut a0, mut a1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
             for row in inputs {
-                super::prefetch_ahead(row, at, to_l2);
+                super::prefetch_ahead(row, at, inputs.len());
                 let x: __m512 = _mm512_castsi512_ps(load16!(row, at, mask, lanes));
                 a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
                 a1 = _mm512_add_pd(
@@ -1139,7 +1139,7 @@ mod avx512_f32 {
                     macro_rules! load {
                         ($i:literal) => {
                             if $i < N {
-                                super::prefetch_ahead(inputs[$i], at, N > super::L1_STREAMS);
+                                super::prefetch_ahead(inputs[$i], at, N);
                                 v[$i] = flip!(load16!(inputs[$i], at, mask, lanes));
                             }
                         };
