@@ -27,7 +27,7 @@
 //! [`robust_all_reduce_device`] does the same for a vector that lives on the device. With the
 //! feature `nccl`, `robust_all_reduce_nccl` runs gather and sharded rounds on device vectors
 //! over NCCL (or any `DeviceExchange`), aggregating where NCCL left them: it drives the
-//! runtime's round core (`byzcoll_runtime::round`, the one implementation of the robust round
+//! protocol core (`byzcoll_proto::round`, the one implementation of the robust round
 //! that the host communicator and the simulator run too) on a device plane, so the schedules,
 //! erasures, statistic rounds and the cross-check of `Agreement::Detect` are the host's.
 //!

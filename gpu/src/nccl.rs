@@ -1,13 +1,13 @@
 //! Robust all-reduce of vectors that live on the device, over NCCL (or any
-//! [`DeviceExchange`]): the runtime's round core ([`byzcoll_runtime::round`]) driven step by
+//! [`DeviceExchange`]): the protocol core ([`byzcoll_proto::round`]) driven step by
 //! step over device-to-device exchanges, on the device plane ([`crate::plane`]).
 
 use std::time::Duration;
 
 use byzcoll_aggregators::Aggregator;
 
-use byzcoll_runtime::round::{check_agreement, Arrival, Round, Shape, Spec};
-use byzcoll_runtime::{Agreement, Error, Policy, RecvOp, Result, RoundReport};
+use byzcoll_proto::round::{check_agreement, Arrival, Round, Shape, Spec};
+use byzcoll_proto::{Agreement, Error, Policy, RecvOp, Result, RoundReport};
 use byzcoll_transport_nccl::{DeviceExchange, DeviceSend};
 use cudarc::driver::{CudaSlice, DevicePtr};
 use tokio::time::Instant;
@@ -67,15 +67,7 @@ pub async fn robust_all_reduce_nccl<E: GpuElement, N: DeviceExchange>(
     timeout: Duration,
 ) -> Result<RoundReport> {
     let ((me, n), d) = (net.world(), buf.len());
-    let shape = match policy {
-        Policy::Gather => Shape::Gather,
-        Policy::Sharded(replicas) => Shape::Sharded(replicas),
-        other => {
-            return Err(Error::Unsupported(format!(
-                "{other:?} for device vectors over NCCL"
-            )))
-        }
-    };
+    let shape = Shape::all_reduce(policy);
     let gpu = rule.gpu().clone();
     if gpu.context().ordinal() != net.device_ordinal() {
         return Err(Error::InvalidUsage(format!(
@@ -85,10 +77,6 @@ pub async fn robust_all_reduce_nccl<E: GpuElement, N: DeviceExchange>(
         )));
     }
     check_agreement(agreement, shape, n, rule.byzantine())?;
-    if let Shape::Sharded(replicas) = shape {
-        // Warns when the owners are trusted (r < 2f + 1); a bad count is the round's error.
-        let _ = replicas.count(rule.byzantine(), n);
-    }
     let stream = gpu.stream().clone();
     // Everything written to `buf` before this call is complete before it is read or sent: on
     // its own stream, and on others through the event `device_ptr` makes this stream wait for.
@@ -117,7 +105,7 @@ pub async fn robust_all_reduce_nccl<E: GpuElement, N: DeviceExchange>(
         let mut sends = Vec::with_capacity(plan.sends.len());
         for send in &plan.sends {
             let (ptr, len) = match send.msg {
-                byzcoll_runtime::round::Msg::Forward(j) => {
+                byzcoll_proto::round::Msg::Forward(j) => {
                     let row = round.held(j).ok_or_else(|| {
                         Error::InvalidUsage(format!(
                             "the round forwards slot {j} but holds no message for it"

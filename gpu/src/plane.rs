@@ -1,5 +1,5 @@
 //! The device plane: a round's vectors in GPU memory, aggregated by the CUDA kernels. The NCCL
-//! driver ([`crate::nccl`]) runs the runtime's round core ([`byzcoll_runtime::round`]) on it,
+//! driver ([`crate::nccl`]) runs the protocol core ([`byzcoll_proto::round`]) on it,
 //! as the host driver runs the core on host slices and the simulator on its store, so every
 //! decision of a round (erasures, preconditions, statistic rounds, the cross-check, the echo)
 //! is the core's, made once for all three.
@@ -19,11 +19,11 @@ use byzcoll_aggregators::{
     aggregate_into, distance::distance_table_of_present, AggError, AggReport, Aggregator,
     DistanceMixing, DistanceSelection, Params,
 };
-use byzcoll_runtime::round::{
+use byzcoll_proto::round::{
     self, commitment, input_digest, owned_index, result_digest, Dest, Digest, Msg, Plane, Src,
 };
-use byzcoll_runtime::schedule::chunk_range;
-use byzcoll_runtime::Rank;
+use byzcoll_proto::schedule::chunk_range;
+use byzcoll_proto::Rank;
 use byzcoll_transport_nccl::DeviceReceived;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DriverError};
@@ -240,9 +240,6 @@ impl<'a, E: GpuElement> DevicePlane<'a, E> {
                 return Err(self.fail(format!(
                     "slot {j}'s message is the round's to forward (Round::held), not the plane's"
                 )))
-            }
-            other => {
-                return Err(self.fail(format!("a message the device plane cannot make: {other:?}")))
             }
         })
     }

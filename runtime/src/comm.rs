@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use crate::schedule::{self, chunk_range};
 use crate::types::{cast_payload, fill_bytes, host_bytes, to_bytes};
 use crate::{
-    Config, Error, Fault, MsgKey, Payload, PeerFault, Rank, RecvOp, RecvOutcome, Result, SendOp,
-    Step, Transport,
+    Config, Error, Fault, MsgKey, Payload, PeerFault, Rank, RecvOp, RecvOutcome, Result,
+    RoundStats, SendOp, Step, Transport,
 };
 
 /// Element-wise reduction of the non-robust [`Communicator::all_reduce`].
@@ -609,17 +609,6 @@ fn copy_payload_polling<T: Pod>(payload: &Payload, dst: &mut [T], poll: &mut imp
         dst[p.clone()].copy_from_slice(&src[p]);
         poll();
     }
-}
-
-/// Counters of the steps of one or more collectives (see [`Communicator::take_stats`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RoundStats {
-    /// Payload bytes this rank handed to the transport (each destination counted).
-    pub bytes_sent: u64,
-    /// Payload bytes this rank received (delivered payloads only).
-    pub bytes_received: u64,
-    /// Each step's time from posting its operations to its last outcome, in order.
-    pub step_times: Vec<std::time::Duration>,
 }
 
 /// The steps of one collective call.

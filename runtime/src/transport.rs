@@ -9,7 +9,7 @@ use std::fmt;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use crate::{MemoryKind, MsgKey, Payload, Rank, Tag, TransportError};
+use crate::{MemoryKind, MsgKey, Payload, Rank, RecvOp, Tag, TransportError};
 
 /// A send in a step: `payload` goes to `peer` under `tag`.
 #[derive(Debug, Clone)]
@@ -20,17 +20,6 @@ pub struct SendOp {
     pub tag: Tag,
     /// The buffer; the transport keeps it alive until the bytes have left.
     pub payload: Payload,
-}
-
-/// A receive in a step: exactly `len` bytes are expected from `peer` under `tag`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecvOp {
-    /// Source rank (never the receiver itself).
-    pub peer: Rank,
-    /// Message tag.
-    pub tag: Tag,
-    /// Expected length in bytes; anything else is [`RecvOutcome::Malformed`].
-    pub len: usize,
 }
 
 /// One step of a collective: sends and receives posted together.

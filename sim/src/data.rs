@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use byzcoll_aggregators::{aggregate_into, AggError, Aggregator, Structure};
-use byzcoll_runtime::Rank;
+use byzcoll_proto::Rank;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -17,7 +17,7 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 
-use byzcoll_runtime::{Error, Rank, Tag};
+use byzcoll_proto::{Error, Rank, Tag};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -86,7 +86,7 @@ impl Posted {
 }
 
 /// A collective schedule as seen by the engine: what each rank sends and expects per step, and
-/// what it does with what arrived. Implementations call `byzcoll_runtime::schedule`.
+/// what it does with what arrived. Implementations call `byzcoll_proto::schedule`.
 pub(crate) trait Program {
     /// A message's payload handle (cheap to copy; the program owns the data).
     type Msg: Copy + PartialEq;

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use byzcoll_aggregators::attacks::Attack;
-use byzcoll_runtime::Rank;
+use byzcoll_proto::Rank;
 
 use crate::SimError;
 

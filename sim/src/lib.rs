@@ -1,7 +1,7 @@
 //! A deterministic cluster simulator for byzcoll's collective schedules: virtual time, discrete
 //! events, no threads, no sockets, no wall clock.
 //!
-//! It drives the schedules of `byzcoll_runtime::schedule` — gather-mode robust all-reduce
+//! It drives the schedules of `byzcoll_proto::schedule` — gather-mode robust all-reduce
 //! (every rank sends its vector to every other rank), sharded robust all-reduce with `r`
 //! owners per shard, and the ring SUM all-reduce — over a modelled network, at world sizes no
 //! laptop can host as processes. The per-rank logic mirrors the real driver: a step ends when
@@ -69,8 +69,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use byzcoll_aggregators::{AggError, Aggregator};
-use byzcoll_runtime::round::{Shape, Spec};
-use byzcoll_runtime::{Agreement, AgreementReport, Error, PeerFault, Rank, Replicas};
+use byzcoll_proto::round::{Shape, Spec};
+use byzcoll_proto::{Agreement, AgreementReport, Error, PeerFault, Rank, Replicas};
 
 pub use data::{DataSet, Mismatch, Reference, Verdict};
 pub use faults::{attack_by_name, Adversary, Crash, Faults, Lie, Stall, ATTACKS};
@@ -423,7 +423,7 @@ impl Scenario {
                     _ => Shape::Gather,
                 };
                 let f = rule.unwrap_or(any.as_ref()).byzantine();
-                byzcoll_runtime::round::check_agreement(self.agreement, shape, n, f).map_err(
+                byzcoll_proto::round::check_agreement(self.agreement, shape, n, f).map_err(
                     |e| match e {
                         Error::InvalidUsage(why) => SimError::InvalidConfig(why),
                         other => SimError::Unsupported(format!("{algorithm}: {other}")),
@@ -436,7 +436,7 @@ impl Scenario {
                         Algorithm::Sharded { replicas } => replicas,
                         _ => 1,
                     };
-                    let all = byzcoll_runtime::round::echo_nodes(n, f)
+                    let all = byzcoll_proto::round::echo_nodes(n, f)
                         .and_then(|t| t.checked_mul(n))
                         .and_then(|t| t.checked_mul(trees))
                         .unwrap_or(usize::MAX);
@@ -481,7 +481,7 @@ impl Scenario {
             .enumerate()
             .map(
                 |(r, (((end, (faults, warnings)), output), report))| RankOutcome {
-                    agreement: report.and_then(|r: byzcoll_runtime::RoundReport| r.agreement),
+                    agreement: report.and_then(|r: byzcoll_proto::RoundReport| r.agreement),
                     role: self.role(r),
                     finish: end.at,
                     result: match end.end {

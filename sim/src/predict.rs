@@ -32,7 +32,7 @@ pub fn sweep_sizes() -> Vec<u64> {
 /// `n` ranks contributing `bytes` of float32 each on `base`'s network and computation,
 /// without faults or deadlines, the robust rounds with `base`'s cross-check (its extra
 /// all-to-all step of `O(n)`-byte messages is what
-/// [`Agreement::Detect`](byzcoll_runtime::Agreement) costs).
+/// [`Agreement::Detect`](byzcoll_proto::Agreement) costs).
 ///
 /// # Errors
 /// [`SimError::InvalidConfig`] when `bytes` is not a positive multiple of 4 or `2f + 1 > n`,

@@ -1,10 +1,10 @@
 //! The collectives as engine programs. Who sends what to whom comes from
-//! `byzcoll_runtime::schedule`; what a rank does with what arrived follows
-//! `byzcoll_runtime`'s driver (robust.rs, comm.rs): erasures, rank-order aggregation, empty
+//! `byzcoll_proto::schedule`; what a rank does with what arrived follows
+//! the runtime's driver of the same collectives: erasures, rank-order aggregation, empty
 //! results of owners that cannot aggregate, the median of owner versions.
 
-use byzcoll_runtime::schedule::{self, chunk_range};
-use byzcoll_runtime::{Error, Fault, PeerFault, Rank, Tag};
+use byzcoll_proto::schedule::{self, chunk_range};
+use byzcoll_proto::{Error, Fault, PeerFault, Rank, Tag};
 
 use crate::data::{ChunkId, Plane, ABSENT, NO_DATA};
 use crate::engine::{Out, Posted, Program, Work};

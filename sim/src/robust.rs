@@ -1,5 +1,5 @@
 //! The robust collectives in the simulator: every rank runs the runtime's own sans-IO round
-//! ([`byzcoll_runtime::round::Round`]), the same state machine the `Communicator` drives over
+//! ([`byzcoll_proto::round::Round`]), the same state machine the `Communicator` drives over
 //! a transport, here under virtual time on the simulator's shared store.
 
 use std::collections::HashMap;
@@ -9,9 +9,9 @@ use bytes::Bytes;
 use byzcoll_aggregators::{
     aggregate_into, AggError, AggReport, Aggregator, DistanceMixing, DistanceSelection, Median,
 };
-use byzcoll_runtime::round::{Arrival, Dest, Digest, Msg, Plane as RoundPlane, Round, Spec, Src};
-use byzcoll_runtime::schedule::chunk_range;
-use byzcoll_runtime::{Error, Rank, RoundReport, Tag};
+use byzcoll_proto::round::{Arrival, Dest, Digest, Msg, Plane as RoundPlane, Round, Spec, Src};
+use byzcoll_proto::schedule::chunk_range;
+use byzcoll_proto::{Error, Rank, RoundReport, Tag};
 
 use crate::data::{ChunkId, Plane, ABSENT, EMPTY, NO_DATA};
 use crate::engine::{Out, Posted, Program, Work};
@@ -200,7 +200,7 @@ impl<'a> Robust<'a> {
                 let version = self.message(rank, &Msg::Result(*s), dest);
                 let digest = match self.common.plane.as_ref() {
                     Some(plane) if version.id != EMPTY && version.id != NO_DATA => {
-                        byzcoll_runtime::round::input_digest(plane.store.get(version.id))
+                        byzcoll_proto::round::input_digest(plane.store.get(version.id))
                     }
                     _ => [0; 32],
                 };
@@ -439,7 +439,7 @@ impl RoundPlane for SimPlane<'_> {
         if let Some(d) = self.digests.get(&id) {
             return *d;
         }
-        let d = byzcoll_runtime::round::input_digest(self.slices(&[id])[0]);
+        let d = byzcoll_proto::round::input_digest(self.slices(&[id])[0]);
         self.digests.insert(id, d);
         d
     }
@@ -631,7 +631,7 @@ impl RoundPlane for SimPlane<'_> {
             self.rank.output = Some(plane.concat(&combined));
         }
         let id = self.rank.output.expect("set above");
-        byzcoll_runtime::round::result_digest(plane.store.get(id))
+        byzcoll_proto::round::result_digest(plane.store.get(id))
     }
 
     fn output_digest(&mut self, s: usize, _range: Range<usize>) -> Digest {
@@ -640,7 +640,7 @@ impl RoundPlane for SimPlane<'_> {
         };
         let at = self.rank.combined_shards.iter().position(|&t| t == s);
         match at {
-            Some(k) => byzcoll_runtime::round::commitment(plane.store.get(self.rank.combined[k])),
+            Some(k) => byzcoll_proto::round::commitment(plane.store.get(self.rank.combined[k])),
             None => [0; 32],
         }
     }

@@ -3,8 +3,8 @@
 
 use byzcoll_aggregators::attacks::Attack;
 use byzcoll_aggregators::{by_name, Aggregator};
-use byzcoll_runtime::schedule::{chunk_range, sharded};
-use byzcoll_runtime::{Agreement, Error};
+use byzcoll_proto::schedule::{chunk_range, sharded};
+use byzcoll_proto::{Agreement, Error};
 use byzcoll_sim::{
     Adversary, Algorithm, Crash, DataSet, Lie, Network, Preset, RankResult, Role, Run, Scenario,
     SimError, Stall, Verdict,

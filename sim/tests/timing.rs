@@ -1,7 +1,7 @@
 //! Timing mode: the α–β model's closed forms, scaling in n, deadlines and determinism.
 
 use byzcoll_aggregators::by_name;
-use byzcoll_runtime::Agreement;
+use byzcoll_proto::Agreement;
 use byzcoll_sim::{
     predict, Algorithm, Compute, Crash, Network, Preset, RankResult, Scenario, Stall,
 };

@@ -12,7 +12,7 @@ use byzcoll_aggregators::{
     Median,
 };
 
-use super::{check, Dest, Digest, Msg, Plane, Src};
+use super::{commitment, input_digest, result_digest, Dest, Digest, Msg, Plane, Src};
 use crate::schedule::chunk_range;
 use crate::types::{cast_bytes, cast_payload, fill_bytes, host_bytes, to_bytes};
 use crate::{Payload, Rank};
@@ -117,7 +117,7 @@ impl<'a, T: Element> HostPlane<'a, T> {
                 let digest = match &self.tamper {
                     Some(t) => {
                         let honest = self.results.get(i).cloned().unwrap_or_default();
-                        check::commitment::<u8>(&t(*s, dest, &honest))
+                        commitment::<u8>(&t(*s, dest, &honest))
                     }
                     None => self.result_commitment(i),
                 };
@@ -168,15 +168,14 @@ impl<'a, T: Element> HostPlane<'a, T> {
         self.result_digests[i] = None;
     }
 
-    /// The BLAKE3 digest of owned result `i` ([`check::commitment`] of its bytes), made once.
+    /// The BLAKE3 digest of owned result `i` ([`commitment`] of its bytes), made once.
     fn result_commitment(&mut self, i: usize) -> Digest {
         if self.result_digests.len() <= i {
             self.result_digests.resize(i + 1, None);
         }
         let results = &self.results;
-        *self.result_digests[i].get_or_insert_with(|| {
-            check::commitment::<u8>(results.get(i).map_or(&[][..], |b| &b[..]))
-        })
+        *self.result_digests[i]
+            .get_or_insert_with(|| commitment::<u8>(results.get(i).map_or(&[][..], |b| &b[..])))
     }
 }
 
@@ -206,16 +205,16 @@ impl<T: Element> Plane for HostPlane<'_, T> {
 
     fn digest(&mut self, src: Src<'_, Payload>) -> Digest {
         match src {
-            Src::Got(p) => check::input_digest::<u8>(host_bytes(p)),
-            other => check::input_digest(&self.view(&other)),
+            Src::Got(p) => input_digest::<u8>(host_bytes(p)),
+            other => input_digest(&self.view(&other)),
         }
     }
 
     fn commitment(&mut self, src: Src<'_, Payload>) -> Digest {
         match src {
-            Src::Got(p) => check::commitment::<u8>(host_bytes(p)),
+            Src::Got(p) => commitment::<u8>(host_bytes(p)),
             Src::Owned(i) => self.result_commitment(i),
-            other => check::commitment(&self.view(&other)),
+            other => commitment(&self.view(&other)),
         }
     }
 
@@ -411,7 +410,7 @@ impl<T: Element> Plane for HostPlane<'_, T> {
             Target::All(buf) => buf,
             Target::OwnShard { output, .. } => output,
         };
-        check::result_digest(out)
+        result_digest(out)
     }
 
     fn output_digest(&mut self, _s: usize, range: Range<usize>) -> Digest {
@@ -420,6 +419,74 @@ impl<T: Element> Plane for HostPlane<'_, T> {
             Target::All(buf) => &buf[range],
             Target::OwnShard { output, .. } => output,
         };
-        check::commitment(out)
+        commitment(out)
+    }
+}
+
+#[cfg(test)]
+mod round_tests {
+    use std::time::Duration;
+
+    use byzcoll_aggregators::Median;
+    use byzcoll_proto::round::{Arrival, Carry, Round, Shape, Spec};
+    use byzcoll_proto::{Agreement, Error, Replicas};
+
+    use super::*;
+
+    /// Rank 0 of 4's sharded median over `r` owners per shard with rank 3 silent from the
+    /// first step on, after a sub-round that left `lag`: the stretch of each step it posts
+    /// (in step timeouts), the lag it leaves, and whether its shard was lost. (The other
+    /// peers send zeros, which the cross-check does not take for checks: only the steps'
+    /// timeouts matter here.)
+    fn silent_peer(r: usize, lag: u32) -> (Vec<u32>, u32, bool) {
+        let t = Duration::from_millis(100);
+        let spec = Spec {
+            me: 0,
+            n: 4,
+            d: 8,
+            elem: 4,
+            shape: Shape::Sharded(Replicas::Exactly(r)),
+            agreement: Agreement::Detect,
+            timeout: t,
+        };
+        let rule = Median::new(1);
+        let mut v = vec![1.0f32; 8];
+        let mut plane = HostPlane::new(Target::All(&mut v), 0, 4, None);
+        let carry = Carry {
+            erased: Vec::new(),
+            lag,
+        };
+        let mut round = Round::resuming(spec, &rule, &carry);
+        let mut stretches = Vec::new();
+        while let Some(plan) = round.step() {
+            stretches.push((plan.timeout.as_millis() / t.as_millis()) as u32);
+            let outcomes = plan
+                .recvs
+                .iter()
+                .map(|r| match r.peer {
+                    3 => Arrival::Missing,
+                    _ => Arrival::Received(Payload::Host(Bytes::from(vec![0u8; r.len]))),
+                })
+                .collect();
+            round.handle(&mut plane, outcomes);
+        }
+        let lag = round.lag();
+        let lost = matches!(round.finish(), Err(Error::ShardLost { .. }));
+        (stretches, lag, lost)
+    }
+
+    /// Each step waits a step timeout more than the one before (a rank that waited out a
+    /// deadline is that much behind those that did not), plus the lag an earlier sub-round
+    /// left; a round in which a peer went missing leaves the stretch of its last step.
+    #[test]
+    fn each_step_waits_longer_and_a_missing_peer_leaves_its_lag() {
+        // Two owners per shard: rank 3 is an erasure after the scatter, and only the scatter
+        // waits for it; a rank that still sends to it can wait out every later step (scatter,
+        // versions by digest, requests, resends, cross-check).
+        assert_eq!(silent_peer(2, 0), (vec![1, 2, 3, 4, 5], 5, false));
+        assert_eq!(silent_peer(2, 4), (vec![5, 6, 7, 8, 9], 9, false));
+        // One owner: rank 3's shard is lost, and the failed round's cross-check waits for
+        // every peer, rank 3 too.
+        assert_eq!(silent_peer(1, 0), (vec![1, 2, 3], 3, true));
     }
 }

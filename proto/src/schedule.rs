@@ -1,7 +1,7 @@
 //! Collective schedules as pure rank arithmetic: who sends which block to whom at each step.
 //!
 //! Nothing here does I/O or reads a clock, so schedules are tested by executing them on
-//! in-memory arrays for many world sizes, and the async driver in [`crate::Communicator`]
+//! in-memory arrays for many world sizes, and the async driver in `Communicator`
 //! only follows what these functions say.
 
 use std::ops::Range;

@@ -25,7 +25,6 @@
 
 mod check;
 mod eig;
-pub mod host;
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -38,7 +37,7 @@ use byzcoll_aggregators::{
 };
 
 use crate::schedule::{self, chunk_range, sharded};
-use crate::{Agreement, Error, Fault, PeerFault, Rank, RecvOp, RoundReport, Tag};
+use crate::{Agreement, Error, Fault, PeerFault, Policy, Rank, RecvOp, Replicas, RoundReport, Tag};
 
 pub use check::{commitment, input_digest, result_digest, Digest};
 use check::{Check, Seen};
@@ -46,7 +45,6 @@ use check::{Check, Seen};
 /// What a step's message carries, named so that each driver makes the bytes where its data
 /// lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Msg {
     /// This rank's whole input vector (gather mode).
     Input,
@@ -139,7 +137,7 @@ pub enum Dest {
 }
 
 /// The data side of a round: where the vectors live and what runs on them. The host driver's
-/// plane works on host slices ([`host::HostPlane`]), the simulator's on its shared store, the
+/// plane works on host slices (`HostPlane` in `byzcoll-runtime`), the simulator's on its shared store, the
 /// device path's on GPU memory. Every method is synchronous and deterministic.
 pub trait Plane {
     /// A received message.
@@ -256,11 +254,21 @@ pub trait Plane {
 pub enum Shape {
     /// Gather mode: every rank aggregates every rank's vector.
     Gather,
-    /// Sharded all-reduce with `r` owners per shard (the [`Replicas`](crate::Replicas), not
+    /// Sharded all-reduce with `r` owners per shard (the [`Replicas`], not
     /// yet checked).
-    Sharded(crate::Replicas),
+    Sharded(Replicas),
     /// Sharded reduce-scatter: each rank takes only its own shard.
-    ReduceScatter(crate::Replicas),
+    ReduceScatter(Replicas),
+}
+
+impl Shape {
+    /// The shape of an all-reduce that moves data as `policy` says.
+    pub fn all_reduce(policy: Policy) -> Shape {
+        match policy {
+            Policy::Gather => Shape::Gather,
+            Policy::Sharded(replicas) => Shape::Sharded(replicas),
+        }
+    }
 }
 
 /// What every rank of a round must agree on, plus who this rank is.
@@ -460,21 +468,23 @@ impl<'r, B> Round<'r, B> {
             Shape::Sharded(replicas) | Shape::ReduceScatter(replicas) => {
                 // The digest layout follows the count even when the rule is refused, so that
                 // every rank's cross-check has the same length.
-                round.r = replicas_checked(replicas, f, n).unwrap_or(0);
+                round.r = replicas.count(f, n).unwrap_or(0);
                 round.seen = Seen::new(n, round.r);
                 check_agreement(spec.agreement, spec.shape, n, f)
                     .and_then(|()| rule.check(n).map_err(Error::Aggregation))
                     .and_then(|()| statistics_of(rule))
                     .and_then(|s| {
                         round.statistics = s;
-                        replicas_checked(replicas, f, n).ok_or_else(|| {
-                            Error::InvalidUsage(format!(
-                                "sharded mode with {replicas:?} replicas in a world of {n}: \
-                                 need 1 <= r <= n"
-                            ))
-                        })
+                        replicas.count(f, n)
                     })
                     .map(|r| {
+                        if r < Replicas::tolerant(f) {
+                            round.warnings.push(format!(
+                                "sharded round with r = {r} < 2f + 1 = {} owners per shard: \
+                                 shard owners are trusted",
+                                Replicas::tolerant(f)
+                            ));
+                        }
                         round.r = r;
                         round.report.replicas = Some(r);
                         round.report.inputs = n;
@@ -2034,7 +2044,7 @@ pub fn check_agreement(
     // its `r` owned shards (a bad count is the round's own error, reported there).
     let trees = match shape {
         Shape::Gather => 1,
-        Shape::Sharded(replicas) => replicas_checked(replicas, f, n).unwrap_or(1),
+        Shape::Sharded(replicas) => replicas.count(f, n).unwrap_or(1),
         Shape::ReduceScatter(_) => {
             return Err(Error::Unsupported(
                 "Agreement::Enforce in a reduce-scatter: each rank takes a shard of its own, \
@@ -2071,15 +2081,6 @@ pub fn echo_nodes(n: usize, f: usize) -> Option<usize> {
     eig::nodes(n, f + 1)
 }
 
-/// The replica count without the warning of [`crate::Replicas::count`].
-fn replicas_checked(replicas: crate::Replicas, f: usize, n: usize) -> Option<usize> {
-    match replicas {
-        crate::Replicas::Tolerant => Some(f.saturating_mul(2).saturating_add(1).min(n)),
-        crate::Replicas::Exactly(r) if r == 0 || r > n => None,
-        crate::Replicas::Exactly(r) => Some(r),
-    }
-}
-
 /// What a rule needs exchanged in sharded mode, or why sharded mode cannot run it.
 fn statistics_of(rule: &dyn Aggregator) -> Result<Statistics<'_>, Error> {
     Ok(match rule.structure() {
@@ -2106,7 +2107,6 @@ fn statistics_of(rule: &dyn Aggregator) -> Result<Statistics<'_>, Error> {
     })
 }
 
-/// Maps input indices in an aggregator error to ranks.
 /// The ranks that sent a NaN or an infinity, ascending, among `ranks` (whose inputs are `srcs`,
 /// in order): those the rule named while it read them (`found`: positions in `srcs`), or, where
 /// it did not look, those a pass over each input finds.
@@ -2127,7 +2127,8 @@ fn non_finite_ranks<P: Plane>(
     }
 }
 
-pub(crate) fn rank_error(e: AggError, ranks: &[Rank]) -> Error {
+/// Maps input indices in an aggregator error to ranks.
+pub fn rank_error(e: AggError, ranks: &[Rank]) -> Error {
     match e {
         AggError::NonFiniteInputs { rule, inputs } => {
             Error::Aggregation(AggError::NonFiniteInputs {
@@ -2193,70 +2194,5 @@ fn combine_versions(versions: &[&[f64]], out: &mut [f64]) {
         } else {
             col[m / 2 - 1] * 0.5 + col[m / 2] * 0.5
         };
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::host::{HostPlane, Target};
-    use super::*;
-    use crate::{Payload, Replicas};
-    use byzcoll_aggregators::Median;
-
-    /// Rank 0 of 4's sharded median over `r` owners per shard with rank 3 silent from the
-    /// first step on, after a sub-round that left `lag`: the stretch of each step it posts
-    /// (in step timeouts), the lag it leaves, and whether its shard was lost. (The other
-    /// peers send zeros, which the cross-check does not take for checks: only the steps'
-    /// timeouts matter here.)
-    fn silent_peer(r: usize, lag: u32) -> (Vec<u32>, u32, bool) {
-        let t = Duration::from_millis(100);
-        let spec = Spec {
-            me: 0,
-            n: 4,
-            d: 8,
-            elem: 4,
-            shape: Shape::Sharded(Replicas::Exactly(r)),
-            agreement: Agreement::Detect,
-            timeout: t,
-        };
-        let rule = Median::new(1);
-        let mut v = vec![1.0f32; 8];
-        let mut plane = HostPlane::new(Target::All(&mut v), 0, 4, None);
-        let carry = Carry {
-            erased: Vec::new(),
-            lag,
-        };
-        let mut round = Round::resuming(spec, &rule, &carry);
-        let mut stretches = Vec::new();
-        while let Some(plan) = round.step() {
-            stretches.push((plan.timeout.as_millis() / t.as_millis()) as u32);
-            let outcomes = plan
-                .recvs
-                .iter()
-                .map(|r| match r.peer {
-                    3 => Arrival::Missing,
-                    _ => Arrival::Received(Payload::Host(Bytes::from(vec![0u8; r.len]))),
-                })
-                .collect();
-            round.handle(&mut plane, outcomes);
-        }
-        let lag = round.lag();
-        let lost = matches!(round.finish(), Err(Error::ShardLost { .. }));
-        (stretches, lag, lost)
-    }
-
-    /// Each step waits a step timeout more than the one before (a rank that waited out a
-    /// deadline is that much behind those that did not), plus the lag an earlier sub-round
-    /// left; a round in which a peer went missing leaves the stretch of its last step.
-    #[test]
-    fn each_step_waits_longer_and_a_missing_peer_leaves_its_lag() {
-        // Two owners per shard: rank 3 is an erasure after the scatter, and only the scatter
-        // waits for it; a rank that still sends to it can wait out every later step (scatter,
-        // versions by digest, requests, resends, cross-check).
-        assert_eq!(silent_peer(2, 0), (vec![1, 2, 3, 4, 5], 5, false));
-        assert_eq!(silent_peer(2, 4), (vec![5, 6, 7, 8, 9], 9, false));
-        // One owner: rank 3's shard is lost, and the failed round's cross-check waits for
-        // every peer, rank 3 too.
-        assert_eq!(silent_peer(1, 0), (vec![1, 2, 3], 3, true));
     }
 }

@@ -228,7 +228,7 @@ pub enum Error {
     /// says how to get it.
     #[error("unsupported: {0}")]
     Unsupported(String),
-    /// A collective started through a [`CommHandle`](crate::CommHandle) did not run: the
+    /// A collective started through a `CommHandle` did not run: the
     /// communicator's task ended first.
     #[error("background task: {0}")]
     Background(String),

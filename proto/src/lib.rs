@@ -1,0 +1,24 @@
+//! byzcoll's protocol core: what a robust collective *is*, with no I/O in it.
+//!
+//! - [`round`]: the sans-IO robust round ([`round::Round`]): messages and outcomes in; sends,
+//!   receives, step timeouts and aggregation requests out. It never reads a clock, never
+//!   awaits and never touches a socket, so the tokio driver (`byzcoll-runtime`), the
+//!   simulator (virtual time) and the device path (NCCL) execute the same state machine.
+//! - [`schedule`]: who sends what to whom, as pure functions of rank and world size.
+//! - The round's vocabulary ([`Policy`], [`Replicas`], [`Agreement`], [`RoundReport`]) and the
+//!   errors every layer returns ([`Error`], [`TransportError`], [`BootstrapError`]).
+//!
+//! The crate depends on no async runtime and no crypto stack (keys, MACs, signatures): those
+//! are the runtime's. Its only hashes are the protocol's digests (XXH3-128 and BLAKE3).
+
+mod error;
+mod ids;
+mod policy;
+pub mod round;
+pub mod schedule;
+
+pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, TransportError};
+pub use ids::{MsgKey, Rank, RecvOp, Tag, STREAM_BITS};
+pub use policy::{
+    Agreement, AgreementReport, Policy, Replicas, RoundReport, RoundStats, SUB_ROUND_BYTES,
+};

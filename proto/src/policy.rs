@@ -1,0 +1,165 @@
+//! The robust round's vocabulary: how data moves ([`Policy`], [`Replicas`]), how honest ranks
+//! make sure they agree ([`Agreement`]), and what a round reports ([`RoundReport`]).
+
+use crate::{Error, PeerFault, Rank};
+
+/// How a robust all-reduce moves data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Policy {
+    /// Every rank sends its vector directly to every other rank and aggregates all of them:
+    /// memory `n·d` per rank, no relaying through third ranks, strongest guarantees.
+    Gather,
+    /// Shards of `d/n` coordinates are aggregated by replicated owners and every rank takes
+    /// the coordinate-wise median of the owners' results: about `(r + 1)·d` traffic per rank
+    /// without faults (with `r > 1` a taker gets one owner's result and the others' digests,
+    /// `PROTOCOL.md`, "Versions by digest"). Needs a coordinate-wise rule.
+    Sharded(Replicas),
+}
+
+/// How many owners aggregate each shard in [`Policy::Sharded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replicas {
+    /// `2f + 1` owners: the median of their results is safe with up to `f` Byzantine owners.
+    Tolerant,
+    /// Exactly `r` owners, `1 <= r <= n`. Fewer than `2f + 1` trusts the owners (it protects
+    /// against faulty inputs, not against owners that lie about their result) and is logged
+    /// as a warning.
+    Exactly(usize),
+}
+
+impl Replicas {
+    /// The number of owners per shard for `f` Byzantine ranks in a world of `n`: `2f + 1`
+    /// (at most `n`) for [`Replicas::Tolerant`]. The one place the count is computed; a
+    /// [`Round`](crate::round::Round) with fewer than `2f + 1` owners says in its warnings
+    /// that the owners are trusted.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] for [`Replicas::Exactly`] outside `1..=n`.
+    pub fn count(self, f: usize, n: usize) -> Result<usize, Error> {
+        match self {
+            Replicas::Tolerant => Ok(Self::tolerant(f).min(n)),
+            Replicas::Exactly(r) if r == 0 || r > n => Err(Error::InvalidUsage(format!(
+                "sharded mode with {r} replicas in a world of {n}: need 1 <= r <= n"
+            ))),
+            Replicas::Exactly(r) => Ok(r),
+        }
+    }
+
+    /// `2f + 1`: the owners per shard whose median is safe with `f` Byzantine ones.
+    pub fn tolerant(f: usize) -> usize {
+        f.saturating_mul(2).saturating_add(1)
+    }
+}
+
+/// How a robust round makes sure that honest ranks do not end it with different results
+/// silently (`PROTOCOL.md`, "Agreement").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Agreement {
+    /// No cross-check: honest ranks can end a round with different results (a rank that
+    /// stalled past the deadline, an equivocating sender) and nothing says so. Explicit only.
+    Off,
+    /// Every round ends with one extra step in which each rank sends every other the digest
+    /// of its result and of each input it used. A rank whose result fewer than `n − f` ranks
+    /// share gets [`Error::Disagreement`]; the others get the differences named in
+    /// [`RoundReport::agreement`]. With `n > 3f`, two honest ranks that both return `Ok` hold
+    /// bitwise the same result.
+    #[default]
+    Detect,
+    /// With `n > 3f`: before aggregating (gather mode) or combining the owners' versions
+    /// (sharded mode), the ranks echo the BLAKE3 digests of the inputs, or of the owners'
+    /// results, they received for `f` steps (Byzantine broadcast of every digest by
+    /// exponential information gathering), decide alike which one each sender or owner
+    /// contributed (or that it contributed none, when it equivocated without a majority),
+    /// pass the agreed ones on to the ranks that went without, and end with the cross-check
+    /// of `Detect`. Under synchrony (every honest message arrives within its step's wait),
+    /// honest ranks aggregate the same inputs (combine the same versions) and return bitwise
+    /// the same result; when that fails, the cross-check still names it. Refused up front
+    /// ([`check_agreement`](crate::round::check_agreement)) in a reduce-scatter (no
+    /// common result), for `n <= 3f` and past the echo trees' bound (messages grow as `n^f`).
+    Enforce,
+}
+
+impl Agreement {
+    /// Parses `off`, `detect` or `enforce`.
+    ///
+    /// # Errors
+    /// The accepted values, for any other.
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        match s.trim() {
+            "off" => Ok(Agreement::Off),
+            "detect" => Ok(Agreement::Detect),
+            "enforce" => Ok(Agreement::Enforce),
+            other => Err(format!("{other:?}: expected off, detect or enforce")),
+        }
+    }
+}
+
+/// What the cross-check of [`Agreement::Detect`] found, where this rank's result is the one
+/// at least `n − f` ranks hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgreementReport {
+    /// Ranks that hold another result (Byzantine, or out of step: they get an error).
+    pub disagreeing: Vec<Rank>,
+    /// Ranks whose result is unknown: erased this round, failed, or silent in the cross-check.
+    pub unconfirmed: Vec<Rank>,
+    /// Senders whose vectors differed between the ranks that aggregated them: they sent
+    /// different ranks different vectors (gather mode), or different owners of one shard
+    /// different pieces (sharded mode).
+    pub differing_inputs: Vec<Rank>,
+    /// Shard owners whose result for a shard differed between the ranks that received it
+    /// (sharded mode): they sent different ranks different versions.
+    pub differing_versions: Vec<Rank>,
+}
+
+/// What happened in one robust round.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    /// Number of vectors that entered this rank's aggregation (its own included); in sharded
+    /// mode, the smallest count over the shards this rank owns.
+    pub inputs: usize,
+    /// Peers that were missing or malformed in some step and were treated as erasures.
+    pub faults: Vec<PeerFault>,
+    /// This rank's own input (gather mode), or its own result for some owned shard (sharded
+    /// mode), is not in the result: under [`Agreement::Enforce`] the ranks agreed that it did
+    /// not reach them in time (this rank stalled past a deadline, say), and this rank left it
+    /// out as they did, so that its result is theirs.
+    pub erased_self: bool,
+    /// Ranks whose contribution seen by this rank held NaN or infinities (it still entered the
+    /// aggregation, where the rule's non-finite policy applies).
+    pub non_finite: Vec<Rank>,
+    /// For selection rules (Krum family): the ranks whose vectors were selected.
+    pub selected: Option<Vec<Rank>>,
+    /// Owners per shard (`None` in gather mode).
+    pub replicas: Option<usize>,
+    /// Peak bytes of the buffers the collective itself held at once (payloads sent and
+    /// received, intermediate results; not the caller's buffer).
+    pub peak_bytes: usize,
+    /// The job runs without authentication (`BYZCOLL_ALLOW_UNAUTHENTICATED=1`): any process
+    /// that reached a rank's port during setup could have joined as a rank.
+    pub unauthenticated: bool,
+    /// The cross-check's findings under [`Agreement::Detect`] (`None` under
+    /// [`Agreement::Off`]).
+    pub agreement: Option<AgreementReport>,
+    /// Bytes moved and each step's time, the cross-check included.
+    pub stats: RoundStats,
+}
+
+/// The most bytes of the vector one sub-round of a sharded all-reduce of a coordinate-wise rule
+/// covers: a longer vector runs as consecutive sub-rounds over parts of at most this size
+/// (`Communicator::robust_all_reduce`), so that the round's own buffers (pieces, results,
+/// versions) stay about this size instead of growing with the vector. The default of
+/// `Communicator::set_sub_round_bytes`; every rank must use the same value (`PROTOCOL.md`).
+pub const SUB_ROUND_BYTES: usize = 4 << 20;
+
+/// Counters of the steps of one or more collectives (`Communicator::take_stats`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoundStats {
+    /// Payload bytes this rank handed to the transport (each destination counted).
+    pub bytes_sent: u64,
+    /// Payload bytes this rank received (delivered payloads only).
+    pub bytes_received: u64,
+    /// Each step's time from posting its operations to its last outcome, in order.
+    pub step_times: Vec<std::time::Duration>,
+}
