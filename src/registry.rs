@@ -189,9 +189,7 @@ mod ucx {
                 return Ok(Box::new(t) as Box<dyn Transport>);
             };
             let launch = config.launch();
-            let t =
-                UcxTransport::from_store(store, launch.rank, launch.size, UcxOptions::default())
-                    .await?;
+            let t = UcxTransport::from_store(store, launch.rank, launch.size, options).await?;
             Ok(Box::new(t) as Box<dyn Transport>)
         })
     }

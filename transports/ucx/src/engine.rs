@@ -151,6 +151,7 @@ impl UcxOptions {
 #[derive(Debug)]
 pub struct UcxTransport {
     shell: Shell<Engine>,
+    options: UcxOptions,
 }
 
 byzcoll_transport_kit::shell_transport!(UcxTransport);
@@ -182,6 +183,11 @@ unsafe extern "C" fn on_endpoint_error(
 }
 
 impl UcxTransport {
+    /// The options this transport was started with.
+    pub fn options(&self) -> &UcxOptions {
+        &self.options
+    }
+
     /// Creates a UCP context and worker (honouring `UCX_TLS`, `UCX_NET_DEVICES` and the other
     /// `UCX_` variables), publishes the worker address through `store`, connects endpoints to
     /// every other rank and starts the progress thread.
@@ -302,7 +308,7 @@ impl UcxTransport {
             },
         )?;
         tracing::debug!(rank, size, version = %safe::version(), "ucx transport started");
-        Ok(UcxTransport { shell })
+        Ok(UcxTransport { shell, options })
     }
 }
 

@@ -208,6 +208,10 @@ macro_rules! shell_transport {
             fn exchange(&self, step: $crate::__private::Step) -> $crate::tagged::Exchange<'_> {
                 self.shell.exchange(step)
             }
+
+            fn as_any(&self) -> Option<&dyn ::std::any::Any> {
+                Some(self)
+            }
         }
     };
 }

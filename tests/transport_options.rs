@@ -1,0 +1,75 @@
+//! Each transport option of the job's configuration reaches the transport in a job of more than
+//! one rank, not only in a world of one (the two take different branches of the registry).
+//! Feature `ucx`: UCX over TCP or shared memory on this machine (`UCX_NET_DEVICES=lo`).
+#![cfg(feature = "ucx")]
+
+use std::time::Duration;
+
+use byzcoll::bootstrap::JobAuth;
+use byzcoll::transports::ucx::UcxTransport;
+use byzcoll::{init_with, Communicator, JobConfig};
+
+/// A port on 127.0.0.1 that was free a moment ago.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+/// The two ranks of a UCX job built from `configure` in this process.
+async fn ucx_pair(configure: impl Fn(usize) -> JobConfig) -> Vec<Communicator> {
+    let joins: Vec<_> = (0..2)
+        .map(|rank| {
+            let config = configure(rank);
+            tokio::spawn(async move { init_with(&config).await })
+        })
+        .collect();
+    let mut comms = Vec::new();
+    for join in joins {
+        comms.push(join.await.expect("rank task").expect("init_with"));
+    }
+    comms
+}
+
+fn ucx_of(comm: &Communicator) -> &UcxTransport {
+    comm.transport()
+        .as_any()
+        .and_then(|t| t.downcast_ref::<UcxTransport>())
+        .expect("the job's transport is UCX")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ucx_peer_failure_reaches_a_multi_rank_job() {
+    let store = format!("127.0.0.1:{}", free_port());
+    let secret = byzcoll::bootstrap::JobSecret::generate().expect("secret");
+    for on in [false, true] {
+        // UCX refuses peer-failure handling over shared memory; `on` runs over TCP only.
+        if on && std::env::var("UCX_TLS").is_ok_and(|t| !t.contains("tcp")) {
+            eprintln!("UCX_TLS has no tcp: peer-failure handling on is not tried");
+            continue;
+        }
+        let store = if on {
+            format!("127.0.0.1:{}", free_port())
+        } else {
+            store.clone()
+        };
+        let comms = ucx_pair(|rank| {
+            JobConfig::builder(rank, 2)
+                .store(store.clone())
+                .auth(JobAuth::Secret(secret.clone()))
+                .transport("ucx")
+                .step_timeout(Duration::from_secs(10))
+                .ucx_peer_failure(on)
+                .build()
+                .expect("config")
+        })
+        .await;
+        for comm in &comms {
+            assert_eq!(
+                ucx_of(comm).options().peer_failure,
+                Some(on),
+                "rank {}: BYZCOLL_UCX_PEER_FAILURE={on} was not passed to UCX",
+                comm.rank()
+            );
+        }
+    }
+}
