@@ -77,8 +77,8 @@ fn gpu(comm: &Communicator) -> Result<Arc<Gpu>, String> {
     {
         return Gpu::new(nccl.device()).map_err(|e| e.to_string());
     }
-    let env = byzcoll::bootstrap::LaunchEnv::from_env().map_err(|e| e.to_string())?;
-    Gpu::for_rank(env.local_rank, comm.rank()).map_err(|e| e.to_string())
+    let job = byzcoll::JobConfig::from_env().map_err(|e| e.to_string())?;
+    Gpu::for_rank(job.launch().local_rank, comm.rank()).map_err(|e| e.to_string())
 }
 
 /// The command line.

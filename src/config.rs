@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use byzcoll_runtime::bootstrap::{JobAuth, LaunchEnv, Launcher, MAX_WORLD};
+pub use byzcoll_runtime::MAX_STEP_TIMEOUT;
 
 use crate::registry::{self, TransportInfo};
 use crate::{Agreement, BootstrapError, Config, Error, Rank, Result};
@@ -12,8 +13,22 @@ use crate::{Agreement, BootstrapError, Config, Error, Rank, Result};
 /// The transport a job uses when nothing names one.
 pub const DEFAULT_TRANSPORT: &str = "tcp";
 
-/// The longest step deadline accepted (one day), so that deadline arithmetic cannot overflow.
-pub const MAX_STEP_TIMEOUT: Duration = Duration::from_secs(86_400);
+/// The process environment: the one place the library reads it.
+fn process_env(var: &str) -> Option<String> {
+    std::env::var(var).ok()
+}
+
+/// How the ranks of a job find each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Bootstrap {
+    /// Through the rendezvous store (`BYZCOLL_STORE`, or the launcher's), authenticated by
+    /// the job's secret.
+    Store,
+    /// Through the caller's all-gather ([`crate::init_with_allgather`]): no store and no
+    /// secret to set; rank 0 draws the secret and the all-gather hands it out. TCP only.
+    AllGather,
+}
 
 /// How this rank joins a job and how its collectives behave: rank and world, the rendezvous
 /// store and the job's authentication, the transport (there is no fallback to another one),
@@ -41,6 +56,7 @@ pub const MAX_STEP_TIMEOUT: Duration = Duration::from_secs(86_400);
 #[derive(Debug, Clone)]
 pub struct JobConfig {
     launch: LaunchEnv,
+    bootstrap: Bootstrap,
     auth: Option<JobAuth>,
     settings: Settings,
 }
@@ -87,7 +103,77 @@ impl JobConfig {
     /// missing (a store address or a secret for a world larger than one);
     /// [`Error::Unsupported`] for a transport that is unknown or not in this build.
     pub fn from_env() -> Result<Self> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        Self::from_lookup(process_env)
+    }
+
+    /// Rank `rank` of a `size`-rank job joined through the caller's all-gather
+    /// ([`crate::init_with_allgather`]), with every setting that does not depend on who
+    /// this rank is read from the process environment as [`JobConfig::from_env`] reads it
+    /// (the launcher's variables and the secret are not: the caller says who, and rank 0
+    /// draws the secret).
+    ///
+    /// # Errors
+    /// As [`JobConfig::from_env`]; [`Error::Unsupported`] when `BYZCOLL_TRANSPORT` names a
+    /// transport other than TCP (this path connects over TCP only, and does not switch
+    /// silently).
+    pub fn for_allgather(rank: Rank, size: usize) -> Result<Self> {
+        Self::for_allgather_from_lookup(rank, size, process_env)
+    }
+
+    /// As [`JobConfig::for_allgather`], reading variables through `get`.
+    ///
+    /// # Errors
+    /// As [`JobConfig::for_allgather`].
+    pub fn for_allgather_from_lookup(
+        rank: Rank,
+        size: usize,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self> {
+        let config = JobConfig {
+            launch: LaunchEnv {
+                launcher: Launcher::Code,
+                rank,
+                size,
+                local_rank: None,
+                store: None,
+            },
+            bootstrap: Bootstrap::AllGather,
+            auth: None,
+            settings: Settings::from_lookup(&get)?,
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    /// This configuration with the step deadline `timeout` (1 ms to [`MAX_STEP_TIMEOUT`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] outside that range.
+    pub fn with_step_timeout(mut self, timeout: Duration) -> Result<Self> {
+        self.settings.comm.step_timeout = timeout;
+        self.check()?;
+        Ok(self)
+    }
+
+    /// This configuration with the agreement policy `agreement`.
+    pub fn with_agreement(mut self, agreement: Agreement) -> Self {
+        self.settings.agreement = agreement;
+        self
+    }
+
+    /// This configuration with TCP listening on `ip`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the transport is not TCP.
+    pub fn with_tcp_listen(mut self, ip: IpAddr) -> Result<Self> {
+        self.settings.tcp_listen = Some(ip);
+        self.check()?;
+        Ok(self)
+    }
+
+    /// How the ranks find each other.
+    pub fn bootstrap(&self) -> Bootstrap {
+        self.bootstrap
     }
 
     /// As [`JobConfig::from_env`], reading variables through `get` (for tests and embedders
@@ -105,6 +191,7 @@ impl JobConfig {
         };
         let config = JobConfig {
             launch,
+            bootstrap: Bootstrap::Store,
             auth,
             settings,
         };
@@ -156,7 +243,14 @@ impl JobConfig {
                 l.rank, l.size
             )));
         }
-        if l.size > 1 {
+        if self.bootstrap == Bootstrap::AllGather && self.settings.transport.name != "tcp" {
+            return Err(Error::Unsupported(format!(
+                "BYZCOLL_TRANSPORT={}: a world joined through the caller's all-gather connects \
+                 over TCP only; unset BYZCOLL_TRANSPORT, or join with byzcoll::init",
+                self.settings.transport.name
+            )));
+        }
+        if l.size > 1 && self.bootstrap == Bootstrap::Store {
             if l.store.is_none() {
                 return Err(Error::InvalidUsage(format!(
                     "a world of {} ranks needs a rendezvous store address (BYZCOLL_STORE, or \
@@ -402,6 +496,7 @@ impl JobConfigBuilder {
                 local_rank: self.local_rank,
                 store: self.store,
             },
+            bootstrap: Bootstrap::Store,
             auth: self.auth,
             settings: Settings {
                 transport,
@@ -418,6 +513,42 @@ impl JobConfigBuilder {
         };
         config.check()?;
         Ok(config)
+    }
+}
+
+/// What `byzcoll info` shows of the process environment, read here like everything else.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct EnvReport {
+    /// The launcher's variables, or why they cannot be used.
+    pub launch: std::result::Result<LaunchEnv, BootstrapError>,
+    /// `BYZCOLL_TRANSPORT`, when set.
+    pub transport_var: Option<String>,
+    /// The job's authentication, or why none is usable.
+    pub auth: std::result::Result<JobAuth, BootstrapError>,
+    /// The whole configuration, or its first error.
+    pub config: Result<JobConfig>,
+    /// The `UCX_` variables that are set, sorted (UCX reads them itself).
+    pub ucx_vars: Vec<(String, String)>,
+    /// `FI_PROVIDER`, when set (libfabric reads it itself).
+    pub fi_provider: Option<String>,
+}
+
+impl EnvReport {
+    /// Reads the process environment.
+    pub fn read() -> Self {
+        let mut ucx_vars: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("UCX_"))
+            .collect();
+        ucx_vars.sort();
+        EnvReport {
+            launch: LaunchEnv::from_lookup(process_env),
+            transport_var: process_env("BYZCOLL_TRANSPORT"),
+            auth: JobAuth::from_lookup(process_env),
+            config: JobConfig::from_env(),
+            ucx_vars,
+            fi_provider: process_env("FI_PROVIDER"),
+        }
     }
 }
 
@@ -625,6 +756,48 @@ mod tests {
         .unwrap();
         assert_eq!(c.launch().size, 1);
         assert!(c.auth().is_none());
+    }
+
+    #[test]
+    fn an_allgather_job_reads_the_settings_but_not_who_or_the_secret() {
+        // The launcher's variables and the secret are the caller's business on this path.
+        let c = JobConfig::for_allgather_from_lookup(
+            2,
+            4,
+            lookup(&[
+                ("BYZCOLL_RANK", "0"),
+                ("BYZCOLL_WORLD_SIZE", "9"),
+                ("BYZCOLL_TIMEOUT_MS", "250"),
+                ("BYZCOLL_AGREEMENT", "off"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((c.launch().rank, c.launch().size), (2, 4));
+        assert_eq!(c.bootstrap(), Bootstrap::AllGather);
+        assert!(c.auth().is_none());
+        assert_eq!(c.comm().step_timeout, Duration::from_millis(250));
+        assert_eq!(c.agreement(), Agreement::Off);
+        // Overrides are checked as the variables are.
+        let c = c.with_step_timeout(Duration::from_secs(2)).unwrap();
+        assert_eq!(c.comm().step_timeout, Duration::from_secs(2));
+        for bad in [Duration::ZERO, MAX_STEP_TIMEOUT + Duration::from_millis(1)] {
+            let e = c.clone().with_step_timeout(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+        }
+        for (rank, size) in [(4, 4), (0, 0), (0, MAX_WORLD + 1)] {
+            let e = JobConfig::for_allgather_from_lookup(rank, size, lookup(&[])).unwrap_err();
+            assert!(matches!(e, Error::InvalidUsage(_)), "{rank} of {size}: {e}");
+        }
+        // This path connects over TCP only, and says so rather than switching.
+        if registry::find("ucx").is_some_and(|t| t.available) {
+            let e =
+                JobConfig::for_allgather_from_lookup(0, 2, lookup(&[("BYZCOLL_TRANSPORT", "ucx")]))
+                    .unwrap_err();
+            assert!(
+                matches!(&e, Error::Unsupported(m) if m.contains("TCP only")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

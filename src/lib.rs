@@ -29,7 +29,9 @@ mod config;
 mod oob;
 mod registry;
 
-pub use config::{JobConfig, JobConfigBuilder, DEFAULT_TRANSPORT, MAX_STEP_TIMEOUT};
+pub use config::{
+    Bootstrap, EnvReport, JobConfig, JobConfigBuilder, DEFAULT_TRANSPORT, MAX_STEP_TIMEOUT,
+};
 #[cfg(feature = "tcp")]
 pub use oob::{init_with_allgather, AllGather, MAX_OOB_WORLD};
 pub use registry::{TransportInfo, TRANSPORTS};
@@ -41,10 +43,10 @@ pub use byzcoll_aggregators as aggregators;
 #[cfg(feature = "cuda")]
 pub use byzcoll_cuda as cuda;
 pub use byzcoll_runtime::{
-    bootstrap, schedule, Agreement, AgreementReport, BootstrapError, Capabilities, CommHandle,
-    Communicator, Config, Error, Fault, MemoryKind, Payload, PeerFault, Pending, Policy, Rank,
-    RecvOp, RecvOutcome, ReduceOp, Replicas, Result, RoundReport, RoundStats, SendOp, Step,
-    Transport, TransportError,
+    bootstrap, schedule, step_timeout_ms, Agreement, AgreementReport, BootstrapError, Capabilities,
+    CommHandle, Communicator, Config, Error, Fault, MemoryKind, Payload, PeerFault, Pending,
+    Policy, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas, Result, RoundReport, RoundStats, SendOp,
+    Step, Transport, TransportError,
 };
 
 /// The transports of this build, re-exported.

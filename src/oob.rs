@@ -20,8 +20,8 @@ use byzcoll_runtime::bootstrap::{Identity, JobAuth, JobSecret, Membership, Roste
 use byzcoll_transport_tcp::TcpTransport;
 use tokio::net::TcpListener;
 
-use crate::config::Settings;
-use crate::{BootstrapError, Communicator, Config, Error, Result, TransportError};
+use crate::config::{Bootstrap, JobConfig};
+use crate::{BootstrapError, Communicator, Error, Result, TransportError};
 
 const MAGIC: &[u8; 4] = b"BZO1";
 const VERSION: u32 = byzcoll_runtime::bootstrap::PROTOCOL_VERSION as u32;
@@ -36,49 +36,38 @@ pub type AllGather<'a> = dyn FnMut(&[u8]) -> std::result::Result<Vec<u8>, String
 /// Largest world [`init_with_allgather`] accepts.
 pub const MAX_OOB_WORLD: usize = byzcoll_runtime::bootstrap::MAX_WORLD;
 
-/// Creates rank `rank` of a `size`-rank world over TCP, bootstrapped through `allgather`,
-/// which must behave like `MPI_Allgather` on the caller's group: given this rank's record, it
-/// returns every rank's record of the same length, concatenated in rank order.
+/// Creates the rank `config` names ([`JobConfig::for_allgather`]) of a world over TCP,
+/// bootstrapped through `allgather`, which must behave like `MPI_Allgather` on the caller's
+/// group: given this rank's record, it returns every rank's record of the same length,
+/// concatenated in rank order.
 ///
-/// The listener binds to `listen` (an IP address; `None`: `BYZCOLL_TCP_ADDR`, else the
-/// address this host's name resolves to). `config` sets the step deadline. The connections
-/// are authenticated with a secret that rank 0 draws and the all-gather distributes, so the
-/// job needs no `BYZCOLL_SECRET`.
+/// The listener binds to the configuration's TCP address (`BYZCOLL_TCP_ADDR` or
+/// [`JobConfig::with_tcp_listen`]), else to the address this host's name resolves to. The
+/// connections are authenticated with a secret that rank 0 draws and the all-gather
+/// distributes, so the job needs no `BYZCOLL_SECRET`.
 ///
 /// # Errors
-/// [`Error::InvalidUsage`] for `rank >= size`, `size == 0` or a world above
-/// [`MAX_OOB_WORLD`]; [`Error::Bootstrap`] when the callback fails, returns records out of
-/// order or of another protocol version, or a rank publishes an unusable address;
-/// [`Error::Unsupported`] when `BYZCOLL_TRANSPORT` names another transport (this path connects
-/// over TCP only, and does not switch silently); [`Error::Transport`] when connecting fails.
+/// [`Error::InvalidUsage`] for a configuration made for another bootstrap than
+/// [`Bootstrap::AllGather`]; [`Error::Bootstrap`] when the callback fails, returns records out
+/// of order or of another protocol version, or a rank publishes an unusable address;
+/// [`Error::Transport`] when connecting fails.
 pub fn init_with_allgather(
-    rank: usize,
-    size: usize,
+    config: &JobConfig,
     allgather: &mut AllGather<'_>,
-    listen: Option<IpAddr>,
-    config: Config,
     runtime: &tokio::runtime::Handle,
 ) -> Result<Communicator> {
-    if size == 0 || rank >= size || size > MAX_OOB_WORLD {
-        return Err(Error::InvalidUsage(format!(
-            "rank {rank} of a world of {size}: need 0 <= rank < size <= {MAX_OOB_WORLD}"
-        )));
+    if config.bootstrap() != Bootstrap::AllGather {
+        return Err(Error::InvalidUsage(
+            "init_with_allgather takes a configuration made by JobConfig::for_allgather".into(),
+        ));
     }
-    let settings = Settings::from_lookup(&|k| std::env::var(k).ok())?;
-    if settings.transport.name != "tcp" {
-        return Err(Error::Unsupported(format!(
-            "BYZCOLL_TRANSPORT={}: a world joined through the caller's all-gather connects \
-             over TCP only; unset BYZCOLL_TRANSPORT, or join with byzcoll::init",
-            settings.transport.name
-        )));
-    }
-    let options = crate::registry::tcp::options(&settings, crate::registry::setup_timeout(&config));
-    let ip = match listen {
+    let (rank, size) = (config.launch().rank, config.launch().size);
+    let settings = config.settings();
+    let options =
+        crate::registry::tcp::options(settings, crate::registry::setup_timeout(config.comm()));
+    let ip = match settings.tcp_listen {
         Some(ip) => ip,
-        None => match settings.tcp_listen {
-            Some(ip) => ip,
-            None => host_address()?,
-        },
+        None => host_address()?,
     };
 
     let secret = JobSecret::generate()?;
@@ -185,7 +174,7 @@ pub fn init_with_allgather(
         &membership,
         options,
     ))?;
-    let mut comm = Communicator::new(Box::new(transport), config);
+    let mut comm = Communicator::new(Box::new(transport), config.comm().clone());
     comm.set_agreement(agreement);
     Ok(comm)
 }

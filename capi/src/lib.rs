@@ -23,7 +23,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use byzcoll_rs::aggregators::{self, Params};
-use byzcoll_rs::{Agreement, Communicator, Config, Policy, ReduceOp, Replicas};
+use byzcoll_rs::{Agreement, Communicator, JobConfig, Policy, ReduceOp, Replicas};
 
 use buffers::{Buffer, DType};
 pub use report::{byzcoll_report_t, BYZCOLL_FAULT_MALFORMED, BYZCOLL_FAULT_MISSING};
@@ -239,16 +239,37 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(|e| Failure::new(BYZCOLL_INTERNAL, format!("cannot start threads: {e}")))
 }
 
-/// The caller's config, or the defaults for NULL.
+/// What the caller's config overrides of the environment's settings (nothing for NULL).
+#[derive(Debug, Default)]
+struct Overrides {
+    step_timeout: Option<Duration>,
+    agreement: Option<Agreement>,
+    listen: Option<IpAddr>,
+}
+
+impl Overrides {
+    /// `job` with these overrides.
+    fn apply(self, mut job: JobConfig) -> Result<JobConfig, Failure> {
+        if let Some(t) = self.step_timeout {
+            job = job.with_step_timeout(t)?;
+        }
+        if let Some(a) = self.agreement {
+            job = job.with_agreement(a);
+        }
+        if let Some(ip) = self.listen {
+            job = job.with_tcp_listen(ip)?;
+        }
+        Ok(job)
+    }
+}
+
+/// The caller's config: what it overrides of the environment's settings.
 ///
 /// # Safety
 /// `config` is null or points to a readable `byzcoll_config_t` of the size it declares.
-unsafe fn read_config(
-    config: *const byzcoll_config_t,
-) -> Result<(Config, Option<Agreement>, Option<IpAddr>), Failure> {
-    let env = Config::from_env().map_err(|e| Failure::from(byzcoll_rs::Error::from(e)))?;
+unsafe fn read_config(config: *const byzcoll_config_t) -> Result<Overrides, Failure> {
     if config.is_null() {
-        return Ok((env, None, None));
+        return Ok(Overrides::default());
     }
     // SAFETY: non-null; the caller passes an initialised config.
     let c = unsafe {
@@ -272,16 +293,13 @@ unsafe fn read_config(
             )))
         }
     };
-    let mut out = env;
-    if c.step_timeout_ms > 0 {
-        if c.step_timeout_ms > 86_400_000 {
-            return Err(Failure::invalid(format!(
-                "config->step_timeout_ms is {}: at most one day (86400000)",
-                c.step_timeout_ms
-            )));
-        }
-        out.step_timeout = Duration::from_millis(c.step_timeout_ms);
-    }
+    let step_timeout = match c.step_timeout_ms {
+        0 => None,
+        ms => Some(
+            byzcoll_rs::step_timeout_ms(ms)
+                .map_err(|why| Failure::invalid(format!("config->step_timeout_ms is {why}")))?,
+        ),
+    };
     let listen = if c.listen_addr.is_null() {
         None
     } else {
@@ -291,7 +309,11 @@ unsafe fn read_config(
             Failure::invalid(format!("config->listen_addr {text:?} is not an IP address"))
         })?)
     };
-    Ok((out, agreement, listen))
+    Ok(Overrides {
+        step_timeout,
+        agreement,
+        listen,
+    })
 }
 
 /// # Safety
@@ -335,13 +357,14 @@ pub unsafe extern "C" fn byzcoll_init_from_env(
     // SAFETY: forwarded from the caller.
     unsafe {
         publish(comm, || {
-            let (config, agreement, _listen) = read_config(config)?;
+            // `listen_addr` is byzcoll_init_oob's alone (the header says so).
+            let overrides = Overrides {
+                listen: None,
+                ..read_config(config)?
+            };
+            let job = overrides.apply(JobConfig::from_env()?)?;
             let runtime = runtime()?;
-            let mut c = runtime.block_on(byzcoll_rs::init())?;
-            c.set_config(config);
-            if let Some(a) = agreement {
-                c.set_agreement(a);
-            }
+            let c = runtime.block_on(byzcoll_rs::init_with(&job))?;
             Ok(byzcoll_comm_t::new(runtime, c))
         })
     }
@@ -379,7 +402,7 @@ pub unsafe extern "C" fn byzcoll_init_oob(
                     "rank {rank} of size {size}: both must be non-negative"
                 )));
             };
-            let (config, agreement, listen) = read_config(config)?;
+            let job = read_config(config)?.apply(JobConfig::for_allgather(rank, size)?)?;
             let runtime = runtime()?;
             let mut gather = |record: &[u8]| -> Result<Vec<u8>, String> {
                 let mut all = vec![0u8; record.len() * size];
@@ -396,17 +419,7 @@ pub unsafe extern "C" fn byzcoll_init_oob(
                     Err(format!("the allgather callback returned {rc}"))
                 }
             };
-            let mut c = byzcoll_rs::init_with_allgather(
-                rank,
-                size,
-                &mut gather,
-                listen,
-                config,
-                runtime.handle(),
-            )?;
-            if let Some(a) = agreement {
-                c.set_agreement(a);
-            }
+            let c = byzcoll_rs::init_with_allgather(&job, &mut gather, runtime.handle())?;
             Ok(byzcoll_comm_t::new(runtime, c))
         })
     }

@@ -7,8 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use byzcoll::aggregators::{aggregate_into, AggError, AggReport, Aggregator, Element, Params};
-use byzcoll::bootstrap::LaunchEnv;
-use byzcoll::{JobConfig, DEFAULT_TRANSPORT, TRANSPORTS};
+use byzcoll::{DEFAULT_TRANSPORT, TRANSPORTS};
 use byzcoll_cli::launch::{launch, LaunchOptions};
 use byzcoll_cli::npy::{self, MappedData};
 use byzcoll_sim::{
@@ -317,7 +316,8 @@ fn info() {
     }
     println!();
     println!("environment:");
-    match LaunchEnv::from_env() {
+    let env = byzcoll::EnvReport::read();
+    match &env.launch {
         Ok(env) => {
             println!("  launcher     {}", env.launcher);
             println!("  rank         {} of {}", env.rank, env.size);
@@ -331,9 +331,11 @@ fn info() {
         }
         Err(e) => println!("  launcher     none usable: {e}"),
     }
-    let transport =
-        std::env::var("BYZCOLL_TRANSPORT").unwrap_or_else(|_| DEFAULT_TRANSPORT.to_string());
-    let how = if std::env::var_os("BYZCOLL_TRANSPORT").is_some() {
+    let transport = env
+        .transport_var
+        .clone()
+        .unwrap_or_else(|| DEFAULT_TRANSPORT.to_string());
+    let how = if env.transport_var.is_some() {
         "from BYZCOLL_TRANSPORT"
     } else {
         "default; set BYZCOLL_TRANSPORT to change"
@@ -344,7 +346,7 @@ fn info() {
         None => "unknown",
     };
     println!("  transport    {transport} ({how}; {usable})");
-    let auth = match byzcoll::bootstrap::JobAuth::from_env() {
+    let auth = match &env.auth {
         Ok(a) if a.is_authenticated() => {
             "authenticated: job secret set (BYZCOLL_SECRET or BYZCOLL_SECRET_FILE)".to_string()
         }
@@ -354,7 +356,7 @@ fn info() {
         Err(e) => format!("no usable job secret ({e}); `byzcoll launch` sets one"),
     };
     println!("  membership   {auth}");
-    match JobConfig::from_env() {
+    match &env.config {
         Ok(c) => println!(
             "  settings     valid: step timeout {:?}, agreement {:?}",
             c.comm().step_timeout,
@@ -362,8 +364,8 @@ fn info() {
         ),
         Err(e) => println!("  settings     INVALID: {e}"),
     }
-    ucx_info();
-    libfabric_info();
+    ucx_info(&env);
+    libfabric_info(&env);
     gpu_info();
     nccl_info();
 }
@@ -409,7 +411,7 @@ fn gpu_info() {
 
 #[cfg(feature = "libfabric")]
 #[allow(clippy::print_stdout)]
-fn libfabric_info() {
+fn libfabric_info(env: &byzcoll::EnvReport) {
     println!();
     let providers = byzcoll::transports::libfabric::providers();
     println!(
@@ -420,34 +422,30 @@ fn libfabric_info() {
             providers.join(", ")
         }
     );
-    match std::env::var("FI_PROVIDER") {
-        Ok(p) => println!("  FI_PROVIDER={p}"),
-        Err(_) => println!("  (FI_PROVIDER unset: libfabric picks the first provider that fits)"),
+    match &env.fi_provider {
+        Some(p) => println!("  FI_PROVIDER={p}"),
+        None => println!("  (FI_PROVIDER unset: libfabric picks the first provider that fits)"),
     }
 }
 
 #[cfg(not(feature = "libfabric"))]
-fn libfabric_info() {}
+fn libfabric_info(_: &byzcoll::EnvReport) {}
 
 #[cfg(feature = "ucx")]
 #[allow(clippy::print_stdout)]
-fn ucx_info() {
+fn ucx_info(env: &byzcoll::EnvReport) {
     println!();
     println!("ucx: libucp {}", byzcoll::transports::ucx::safe::version());
-    let mut vars: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("UCX_"))
-        .collect();
-    vars.sort();
-    if vars.is_empty() {
+    if env.ucx_vars.is_empty() {
         println!("  (no UCX_ variables set: UCX picks transports itself; set UCX_TLS and UCX_NET_DEVICES)");
     }
-    for (k, v) in vars {
+    for (k, v) in &env.ucx_vars {
         println!("  {k}={v}");
     }
 }
 
 #[cfg(not(feature = "ucx"))]
-fn ucx_info() {}
+fn ucx_info(_: &byzcoll::EnvReport) {}
 
 /// `byzcoll simulate`: data mode (real vectors, real rules, checked against the gather-mode
 /// reference) or `--predict` (timing table over vector sizes).

@@ -6,7 +6,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use byzcoll::aggregators::{self, Aggregator, Params};
-use byzcoll::{Communicator, Config, Fault, Policy, ReduceOp, Replicas, RoundReport};
+use byzcoll::{Communicator, Fault, JobConfig, Policy, ReduceOp, Replicas, RoundReport};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
@@ -574,20 +574,19 @@ fn init_with_allgather(
     timeout_ms: Option<u64>,
 ) -> PyResult<PyCommunicator> {
     let rt = runtime()?;
-    let listen = listen
-        .map(|s| {
-            s.parse()
-                .map_err(|_| InvalidUsage::new_err(format!("listen {s:?} is not an IP address")))
-        })
-        .transpose()?;
-    let mut config = Config::from_env().map_err(|e| to_py(py, e.into()))?;
+    let mut config = JobConfig::for_allgather(rank, size).map_err(|e| to_py(py, e))?;
+    if let Some(s) = listen {
+        let ip = s
+            .parse()
+            .map_err(|_| InvalidUsage::new_err(format!("listen {s:?} is not an IP address")))?;
+        config = config.with_tcp_listen(ip).map_err(|e| to_py(py, e))?;
+    }
     if let Some(ms) = timeout_ms {
-        if ms == 0 || ms > 86_400_000 {
-            return Err(InvalidUsage::new_err(
-                "timeout_ms: between 1 and 86400000 (one day)",
-            ));
-        }
-        config.step_timeout = std::time::Duration::from_millis(ms);
+        let timeout = byzcoll::step_timeout_ms(ms)
+            .map_err(|why| InvalidUsage::new_err(format!("timeout_ms: {why}")))?;
+        config = config
+            .with_step_timeout(timeout)
+            .map_err(|e| to_py(py, e))?;
     }
     let mut gather = |record: &[u8]| -> Result<Vec<u8>, String> {
         let out = allgather
@@ -598,7 +597,7 @@ fn init_with_allgather(
             .map_err(|e| format!("allgather returned something else than a list of bytes: {e}"))?;
         Ok(parts.concat())
     };
-    let comm = byzcoll::init_with_allgather(rank, size, &mut gather, listen, config, rt.handle())
+    let comm = byzcoll::init_with_allgather(&config, &mut gather, rt.handle())
         .map_err(|e| to_py(py, e))?;
     Ok(PyCommunicator::new(rt, comm))
 }

@@ -21,35 +21,45 @@ impl Default for Config {
     }
 }
 
+/// The longest step deadline accepted (one day), so that deadline arithmetic cannot overflow.
+pub const MAX_STEP_TIMEOUT: Duration = Duration::from_secs(86_400);
+
 impl Config {
-    /// The defaults, overridden by `BYZCOLL_TIMEOUT_MS` when it is set.
+    /// The defaults, with `BYZCOLL_TIMEOUT_MS` from `get` when it is set. The process
+    /// environment is read by `byzcoll::JobConfig` alone, which calls this.
     ///
     /// # Errors
     /// [`BootstrapError::InvalidVar`] when the variable is not a whole number of milliseconds
-    /// from 1 to one day (86 400 000).
-    pub fn from_env() -> Result<Self, BootstrapError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
-    }
-
-    /// As [`Config::from_env`], reading variables through `get`.
-    ///
-    /// # Errors
-    /// As [`Config::from_env`].
+    /// from 1 to one day.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, BootstrapError> {
         let mut config = Config::default();
         if let Some(v) = get("BYZCOLL_TIMEOUT_MS") {
-            let ms: u64 = v
+            config.step_timeout = v
                 .trim()
                 .parse()
-                .ok()
-                .filter(|ms| (1..=86_400_000).contains(ms))
-                .ok_or_else(|| BootstrapError::InvalidVar {
+                .map_err(|e| format!("{e}"))
+                .and_then(step_timeout_ms)
+                .map_err(|why| BootstrapError::InvalidVar {
                     var: "BYZCOLL_TIMEOUT_MS",
                     value: v.clone(),
-                    why: "expected milliseconds, an integer from 1 to 86400000 (one day)".into(),
+                    why,
                 })?;
-            config.step_timeout = Duration::from_millis(ms);
         }
         Ok(config)
     }
+}
+
+/// A step deadline of `ms` milliseconds, checked against the one bound (1 ms to
+/// [`MAX_STEP_TIMEOUT`]) that every way of setting it applies.
+///
+/// # Errors
+/// What is wrong, for a value outside the bound.
+pub fn step_timeout_ms(ms: u64) -> Result<Duration, String> {
+    let max = MAX_STEP_TIMEOUT.as_millis();
+    if ms == 0 || u128::from(ms) > max {
+        return Err(format!(
+            "{ms} ms: expected milliseconds, an integer from 1 to {max} (one day)"
+        ));
+    }
+    Ok(Duration::from_millis(ms))
 }

@@ -113,15 +113,8 @@ pub enum JobAuth {
 impl JobAuth {
     /// Reads `BYZCOLL_SECRET` (64 hex digits), `BYZCOLL_SECRET_FILE` (a file holding them, a
     /// regular file owned by this user with no group or other permissions) or
-    /// `BYZCOLL_ALLOW_UNAUTHENTICATED=1`.
-    ///
-    /// # Errors
-    /// See [`JobAuth::from_lookup`].
-    pub fn from_env() -> Result<Self, BootstrapError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
-    }
-
-    /// As [`JobAuth::from_env`], reading variables through `get`.
+    /// `BYZCOLL_ALLOW_UNAUTHENTICATED=1` through `get` (the process environment is read by
+    /// `byzcoll::JobConfig` alone, which calls this).
     ///
     /// # Errors
     /// [`BootstrapError::NoSecret`] when none of the variables is set;

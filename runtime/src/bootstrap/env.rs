@@ -113,15 +113,8 @@ pub struct LaunchEnv {
 }
 
 impl LaunchEnv {
-    /// Reads the process environment.
-    ///
-    /// # Errors
-    /// See [`LaunchEnv::from_lookup`].
-    pub fn from_env() -> Result<Self, BootstrapError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
-    }
-
-    /// Reads variables through `get` (for tests and embedding).
+    /// Reads the launcher's variables through `get` (the process environment is read by
+    /// `byzcoll::JobConfig` alone, which calls this).
     ///
     /// # Errors
     /// [`BootstrapError::NoLauncher`] when no launcher's variables are set;

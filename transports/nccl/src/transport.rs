@@ -254,12 +254,14 @@ impl NcclTransport {
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use byzcoll_runtime::bootstrap::{JobAuth, StoreClient};
+    /// use byzcoll_runtime::bootstrap::{JobAuth, JobSecret, StoreClient};
     /// use byzcoll_runtime::{Communicator, Config};
     /// use byzcoll_transport_nccl::{NcclOptions, NcclTransport};
     ///
     /// let (rank, size, local_rank) = (1, 4, 1); // from the launcher
-    /// let auth = JobAuth::from_env()?; // BYZCOLL_SECRET, shared by every rank of the job
+    /// # let secret_hex = "00".repeat(32);
+    /// // The job's secret (64 hex digits), shared by every rank of the job.
+    /// let auth = JobAuth::Secret(JobSecret::from_hex(&secret_hex)?);
     /// let store = StoreClient::new("node0:29500", rank, size, Duration::from_secs(60), auth);
     /// let options = NcclOptions { local_rank: Some(local_rank), ..NcclOptions::default() };
     /// let transport = NcclTransport::from_store(&store, rank, size, options).await?;

@@ -18,12 +18,14 @@ pub const AVAILABLE: bool = cfg!(feature = "ucx");
 #[cfg(feature = "ucx")]
 mod engine;
 #[cfg(feature = "ucx")]
+mod options;
+#[cfg(feature = "ucx")]
 pub mod safe;
 
 #[cfg(feature = "ucx")]
-pub use engine::{
-    UcxOptions, UcxTransport, HEADER_WINDOW, MAX_RANKS, PAYLOAD_RETRIES, SEND_CREDIT, SPIN,
-};
+pub use engine::{UcxTransport, HEADER_WINDOW, MAX_RANKS, PAYLOAD_RETRIES, SEND_CREDIT, SPIN};
+#[cfg(feature = "ucx")]
+pub use options::UcxOptions;
 
 #[cfg(all(test, feature = "ucx"))]
 mod tests {
@@ -134,7 +136,8 @@ mod tests {
         #![allow(clippy::unwrap_used)]
 
         use super::*;
-        use crate::engine::{context_settings, TAGS};
+        use crate::engine::TAGS;
+        use crate::options::context_settings;
         use crate::safe::{Context, Poll, Worker};
         use bytes::Bytes;
         use byzcoll_runtime::{MsgKey, Payload, RecvOp, RecvOutcome, SendOp, Step};
