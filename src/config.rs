@@ -34,6 +34,10 @@ pub enum Bootstrap {
 /// store and the job's authentication, the transport (there is no fallback to another one),
 /// the step deadline, the agreement policy and the TCP options.
 ///
+/// The job-wide parameters (marked below) decide which steps a collective takes: the ranks
+/// compare them at setup, and a rank that chose one differently fails to join, naming it
+/// ([`BootstrapError::JobMismatch`]).
+///
 /// A `JobConfig` is always valid: it is made only by [`JobConfig::from_env`] or
 /// [`JobConfigBuilder::build`], which check every value and say which one is wrong. Each
 /// `BYZCOLL_*` variable is read here and nowhere else (the launcher's own variables are read
@@ -47,7 +51,9 @@ pub enum Bootstrap {
 /// | `BYZCOLL_ALLOW_UNAUTHENTICATED=1` | run without a secret (insecure; every report says so) | off |
 /// | `BYZCOLL_TRANSPORT` | `tcp`, `ucx`, `libfabric`, `nccl` | `tcp` |
 /// | `BYZCOLL_TIMEOUT_MS` | step deadline, 1 ms to one day | 30 000 |
-/// | `BYZCOLL_AGREEMENT` | `off`, `detect`, `enforce` | `detect` |
+/// | `BYZCOLL_AGREEMENT` | `off`, `detect`, `enforce` (job-wide) | `detect` |
+/// | `BYZCOLL_SUB_ROUND_BYTES` | most bytes one sub-round of a sharded all-reduce covers, 1 B to 1 TiB (job-wide) | 4 MiB |
+/// | `BYZCOLL_RING_PART_BYTES` | smallest part of a ring step sent as a step of its own, 1 B to 1 TiB (job-wide) | the runtime's |
 /// | `BYZCOLL_TCP_ADDR` | IP address TCP listens on | the host name's address |
 /// | `BYZCOLL_TCP_SPIN_US` | how long a waiting TCP exchange polls before sleeping, at most 1 s | the transport's |
 /// | `BYZCOLL_FRAME_MAC` | `1`: TCP frames carry MACs; `0`: not (UCX and libfabric always seal theirs) | `0` |
@@ -67,7 +73,6 @@ pub struct JobConfig {
 pub(crate) struct Settings {
     pub(crate) transport: &'static TransportInfo,
     pub(crate) comm: Config,
-    pub(crate) agreement: Agreement,
     pub(crate) tcp_listen: Option<IpAddr>,
     pub(crate) tcp_spin: Option<Duration>,
     pub(crate) frame_mac: Option<bool>,
@@ -88,6 +93,8 @@ impl JobConfig {
             transport: DEFAULT_TRANSPORT.to_string(),
             step_timeout: Config::default().step_timeout,
             agreement: Agreement::default(),
+            sub_round_bytes: None,
+            ring_part_bytes: None,
             tcp_listen: None,
             tcp_spin: None,
             frame_mac: None,
@@ -157,7 +164,7 @@ impl JobConfig {
 
     /// This configuration with the agreement policy `agreement`.
     pub fn with_agreement(mut self, agreement: Agreement) -> Self {
-        self.settings.agreement = agreement;
+        self.settings.comm.agreement = agreement;
         self
     }
 
@@ -221,7 +228,7 @@ impl JobConfig {
 
     /// How robust rounds cross-check their results.
     pub fn agreement(&self) -> Agreement {
-        self.settings.agreement
+        self.settings.comm.agreement
     }
 
     /// Whether the launcher hosts the rendezvous store (so rank 0 does not).
@@ -276,10 +283,6 @@ impl Settings {
             ))
         })?;
         let comm = Config::from_lookup(get)?;
-        let agreement = match get("BYZCOLL_AGREEMENT") {
-            None => Agreement::default(),
-            Some(v) => Agreement::parse(&v).map_err(|why| invalid("BYZCOLL_AGREEMENT", &v, why))?,
-        };
         let tcp_listen = parse_var(get, "BYZCOLL_TCP_ADDR", "expected an IP address", |v| {
             v.parse::<IpAddr>().ok()
         })?;
@@ -320,7 +323,6 @@ impl Settings {
         let settings = Settings {
             transport,
             comm,
-            agreement,
             tcp_listen,
             tcp_spin,
             frame_mac,
@@ -344,6 +346,16 @@ impl Settings {
                 "step timeout {:?}: between 1 ms and one day",
                 self.comm.step_timeout
             )));
+        }
+        for (what, bytes) in [
+            ("sub-round bytes", self.comm.sub_round_bytes),
+            ("ring part bytes", self.comm.ring_part_bytes),
+        ] {
+            if bytes == 0 || bytes as u64 > 1 << 40 {
+                return Err(Error::InvalidUsage(format!(
+                    "{what} {bytes}: between 1 and 2^40 (1 TiB)"
+                )));
+            }
         }
         match (name, self.frame_mac) {
             (_, None) | ("tcp", _) | ("ucx" | "libfabric", Some(true)) => {}
@@ -389,6 +401,8 @@ pub struct JobConfigBuilder {
     transport: String,
     step_timeout: Duration,
     agreement: Agreement,
+    sub_round_bytes: Option<usize>,
+    ring_part_bytes: Option<usize>,
     tcp_listen: Option<IpAddr>,
     tcp_spin: Option<Duration>,
     frame_mac: Option<bool>,
@@ -432,6 +446,20 @@ impl JobConfigBuilder {
     /// How robust rounds cross-check their results; default [`Agreement::Detect`].
     pub fn agreement(mut self, agreement: Agreement) -> Self {
         self.agreement = agreement;
+        self
+    }
+
+    /// The most bytes one sub-round of a sharded all-reduce covers
+    /// ([`Config::sub_round_bytes`], a job-wide parameter the ranks compare at setup).
+    pub fn sub_round_bytes(mut self, bytes: usize) -> Self {
+        self.sub_round_bytes = Some(bytes);
+        self
+    }
+
+    /// The smallest part of a ring step's chunk sent as a step of its own
+    /// ([`Config::ring_part_bytes`], a job-wide parameter the ranks compare at setup).
+    pub fn ring_part_bytes(mut self, bytes: usize) -> Self {
+        self.ring_part_bytes = Some(bytes);
         self
     }
 
@@ -500,10 +528,18 @@ impl JobConfigBuilder {
             auth: self.auth,
             settings: Settings {
                 transport,
-                comm: Config {
-                    step_timeout: self.step_timeout,
+                comm: {
+                    let mut comm = Config::default();
+                    comm.step_timeout = self.step_timeout;
+                    comm.agreement = self.agreement;
+                    if let Some(b) = self.sub_round_bytes {
+                        comm.sub_round_bytes = b;
+                    }
+                    if let Some(b) = self.ring_part_bytes {
+                        comm.ring_part_bytes = b;
+                    }
+                    comm
                 },
-                agreement: self.agreement,
                 tcp_listen: self.tcp_listen,
                 tcp_spin: self.tcp_spin,
                 frame_mac: self.frame_mac,

@@ -92,8 +92,23 @@ pub async fn init_with(config: &JobConfig) -> Result<Communicator> {
     let connect = transport
         .connect
         .ok_or_else(|| Error::Unsupported(format!("{}: {}", transport.name, transport.about)))?;
+    if config.bootstrap() != Bootstrap::Store {
+        return Err(Error::InvalidUsage(
+            "init_with takes a configuration made by JobConfig::from_env or the builder; one \
+             made by JobConfig::for_allgather joins through init_with_allgather"
+                .into(),
+        ));
+    }
     let rendezvous = rendezvous(config, registry::setup_timeout(config.comm())).await?;
     let store = rendezvous.as_ref().map(|(client, _)| client);
+    if let Some(store) = store {
+        // Before any transport connects: a rank that chose a job-wide parameter differently
+        // fails here, naming it, rather than as peers found malformed later.
+        let records = store
+            .all_gather("byzcoll/job", &config.comm().job_record())
+            .await?;
+        config.comm().check_job(&records)?;
+    }
     let t = connect(config, store).await?;
     let mut comm = Communicator::new(t, config.comm().clone());
     if let Some((store, server)) = rendezvous {
@@ -104,7 +119,6 @@ pub async fn init_with(config: &JobConfig) -> Result<Communicator> {
             comm.keep_alive(server);
         }
     }
-    comm.set_agreement(config.agreement());
     Ok(comm)
 }
 

@@ -3,10 +3,11 @@
 //! never links MPI.
 //!
 //! Two all-gathers of fixed-size records, then the TCP mesh:
-//! 1. `BZO1 | protocol version | rank | world | 32 bytes`: every rank checks that the callback
-//!    gathered in rank order and that every rank runs this protocol; rank 0's 32 bytes, fresh
-//!    from the OS CSPRNG, become the job secret. The caller's channel is trusted with it, as a
-//!    launcher's environment is.
+//! 1. `BZO2 | protocol version | rank | world | 32 bytes | job-wide parameters`: every rank
+//!    checks that the callback gathered in rank order, that every rank runs this protocol and
+//!    that every rank chose the job-wide parameters alike (`Config::check_job`); rank 0's 32
+//!    bytes, fresh from the OS CSPRNG, become the job secret. The caller's channel is trusted
+//!    with it, as a launcher's environment is.
 //! 2. `rank | Ed25519 identity key | address length | address`: every rank's TCP listener
 //!    and identity, from which each rank builds the same roster (its digest is compared on
 //!    every connection, as with the store).
@@ -17,15 +18,18 @@
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
 use byzcoll_runtime::bootstrap::{Identity, JobAuth, JobSecret, Membership, Roster};
+use byzcoll_runtime::JOB_RECORD_LEN;
 use byzcoll_transport_tcp::TcpTransport;
 use tokio::net::TcpListener;
 
 use crate::config::{Bootstrap, JobConfig};
 use crate::{BootstrapError, Communicator, Error, Result, TransportError};
 
-const MAGIC: &[u8; 4] = b"BZO1";
+const MAGIC: &[u8; 4] = b"BZO2";
 const VERSION: u32 = byzcoll_runtime::bootstrap::PROTOCOL_VERSION as u32;
-const HELLO_LEN: usize = 4 + 4 + 4 + 4 + 32;
+const HELLO_LEN: usize = 4 + 4 + 4 + 4 + 32 + JOB_RECORD_LEN;
+/// Where a hello's secret starts (its job-wide parameters follow it).
+const SECRET_AT: usize = 16;
 const MAX_ADDR: usize = 94;
 const ENTRY_LEN: usize = 4 + 32 + 2 + MAX_ADDR;
 
@@ -77,6 +81,7 @@ pub fn init_with_allgather(
     hello.extend_from_slice(&(rank as u32).to_le_bytes());
     hello.extend_from_slice(&(size as u32).to_le_bytes());
     hello.extend_from_slice(&secret.to_bytes());
+    hello.extend_from_slice(&config.comm().job_record());
     let hellos = gather(allgather, &hello, size)?;
     for (r, h) in hellos.chunks_exact(HELLO_LEN).enumerate() {
         let version = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
@@ -102,8 +107,13 @@ pub fn init_with_allgather(
             "the all-gather did not return this rank's own record at position {rank}"
         )));
     }
+    let jobs: Vec<&[u8]> = hellos
+        .chunks_exact(HELLO_LEN)
+        .map(|h| &h[SECRET_AT + 32..])
+        .collect();
+    config.comm().check_job(&jobs)?;
     let mut key = [0u8; 32];
-    key.copy_from_slice(&hellos[HELLO_LEN - 32..HELLO_LEN]);
+    key.copy_from_slice(&hellos[SECRET_AT..SECRET_AT + 32]);
     let auth = JobAuth::Secret(JobSecret::from_bytes(key));
 
     let listener = runtime
@@ -165,7 +175,6 @@ pub fn init_with_allgather(
         identity,
         roster: Roster::new(&keys)?,
     };
-    let agreement = settings.agreement;
     let transport = runtime.block_on(TcpTransport::connect_mesh(
         rank,
         size,
@@ -174,9 +183,10 @@ pub fn init_with_allgather(
         &membership,
         options,
     ))?;
-    let mut comm = Communicator::new(Box::new(transport), config.comm().clone());
-    comm.set_agreement(agreement);
-    Ok(comm)
+    Ok(Communicator::new(
+        Box::new(transport),
+        config.comm().clone(),
+    ))
 }
 
 fn gather(allgather: &mut AllGather<'_>, record: &[u8], size: usize) -> Result<Vec<u8>> {

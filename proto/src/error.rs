@@ -147,6 +147,17 @@ pub enum BootstrapError {
     /// The rendezvous store failed or answered with an error.
     #[error("rendezvous store: {0}")]
     Store(String),
+    /// The ranks chose a job-wide parameter differently (it sets which steps a collective
+    /// takes, so they must agree): give every rank the same value.
+    #[error(
+        "the ranks chose the {parameter} differently: {choices}; every rank must choose alike"
+    )]
+    JobMismatch {
+        /// The parameter, with the variable that sets it.
+        parameter: &'static str,
+        /// Each value and the ranks that chose it.
+        choices: String,
+    },
     /// An I/O error talking to the store.
     #[error("rendezvous store I/O error: {0}")]
     Io(#[from] io::Error),

@@ -94,6 +94,31 @@ impl Agreement {
             other => Err(format!("{other:?}: expected off, detect or enforce")),
         }
     }
+
+    /// The name [`Agreement::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            Agreement::Off => "off",
+            Agreement::Detect => "detect",
+            Agreement::Enforce => "enforce",
+        }
+    }
+
+    /// A byte that names the policy in setup records (`Agreement::from_code` reads it).
+    pub fn code(self) -> u8 {
+        match self {
+            Agreement::Off => 0,
+            Agreement::Detect => 1,
+            Agreement::Enforce => 2,
+        }
+    }
+
+    /// The policy [`Agreement::code`] gave `code`, if any.
+    pub fn from_code(code: u8) -> Option<Self> {
+        [Agreement::Off, Agreement::Detect, Agreement::Enforce]
+            .into_iter()
+            .find(|a| a.code() == code)
+    }
 }
 
 /// What the cross-check of [`Agreement::Detect`] found, where this rank's result is the one

@@ -52,11 +52,6 @@ pub struct Communicator {
     shared: Arc<Shared>,
     pub(crate) owner_tamper: Option<crate::round::host::Tamper>,
     unauthenticated: bool,
-    agreement: crate::Agreement,
-    /// See [`Communicator::set_sub_round_bytes`].
-    pub(crate) sub_round_bytes: usize,
-    /// See [`Communicator::set_ring_part_bytes`].
-    ring_part_bytes: usize,
     /// What the steps since the last [`Communicator::take_stats`] moved and took.
     stats: RoundStats,
 }
@@ -96,38 +91,32 @@ impl Communicator {
             shared: Arc::default(),
             owner_tamper: None,
             unauthenticated: false,
-            agreement: crate::Agreement::default(),
-            sub_round_bytes: crate::SUB_ROUND_BYTES,
-            ring_part_bytes: RING_PART_BYTES,
             stats: RoundStats::default(),
         }
     }
 
-    /// How robust rounds cross-check their results ([`Agreement::Detect`](crate::Agreement)
-    /// by default). Every rank of the job must choose alike.
+    /// Sets [`Config::agreement`], a job-wide parameter: every rank must choose alike. For
+    /// worlds built by hand; a job joined through `byzcoll::init_with` takes it from its
+    /// configuration, where the ranks compare it at setup.
     pub fn set_agreement(&mut self, agreement: crate::Agreement) {
-        self.agreement = agreement;
+        self.config.agreement = agreement;
     }
 
-    /// The most bytes of the vector one sub-round of a sharded all-reduce of a coordinate-wise
-    /// rule covers ([`SUB_ROUND_BYTES`](crate::SUB_ROUND_BYTES) by default; at least one
-    /// element is taken whatever the value). Smaller parts hold less memory and take more
-    /// steps. Every rank of the job must choose alike: it sets how many steps a round takes.
+    /// Sets [`Config::sub_round_bytes`], a job-wide parameter (as
+    /// [`Communicator::set_agreement`] says).
     pub fn set_sub_round_bytes(&mut self, bytes: usize) {
-        self.sub_round_bytes = bytes;
+        self.config.sub_round_bytes = bytes;
     }
 
-    /// The smallest part of a ring step's chunk that [`Communicator::all_reduce`] sends as a
-    /// step of its own ([`RING_PART_BYTES`] by default; at least one element is taken whatever
-    /// the value), where the transport allows steps in flight: up to [`RING_PARTS`] parts per
-    /// chunk. Every rank of the job must choose alike: it sets how many steps a call takes.
+    /// Sets [`Config::ring_part_bytes`], a job-wide parameter (as
+    /// [`Communicator::set_agreement`] says): up to [`RING_PARTS`] parts per chunk.
     pub fn set_ring_part_bytes(&mut self, bytes: usize) {
-        self.ring_part_bytes = bytes;
+        self.config.ring_part_bytes = bytes;
     }
 
     /// The agreement policy of robust rounds.
     pub fn agreement(&self) -> crate::Agreement {
-        self.agreement
+        self.config.agreement
     }
 
     /// Marks this communicator's job as running without authentication (what
@@ -272,9 +261,6 @@ impl Communicator {
             shared: self.shared.clone(),
             owner_tamper: None,
             unauthenticated: self.unauthenticated,
-            agreement: self.agreement,
-            sub_round_bytes: self.sub_round_bytes,
-            ring_part_bytes: self.ring_part_bytes,
             stats: RoundStats::default(),
         }))
     }
@@ -431,7 +417,7 @@ impl Communicator {
     pub async fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
         let in_flight = self.transport.capabilities().steps_in_flight.max(1);
-        let part_bytes = self.ring_part_bytes;
+        let part_bytes = self.config.ring_part_bytes;
         let mut seq = self.begin("all_reduce");
         if n == 1 {
             return Ok(());

@@ -1,22 +1,46 @@
-//! Run-time configuration of a communicator.
+//! Run-time configuration of a communicator, and the check that every rank of a job chose the
+//! job-wide parts of it alike.
 
 use std::time::Duration;
 
-use crate::BootstrapError;
+use crate::{Agreement, BootstrapError, Rank, RING_PART_BYTES, SUB_ROUND_BYTES};
 
 /// Settings that apply to every collective of a communicator.
+///
+/// Every field but [`Config::step_timeout`] is *job-wide*: it sets how many steps a call takes
+/// or which steps run, so every rank must choose it alike. A job joined through
+/// `byzcoll::init_with` compares them at setup ([`Config::job_record`],
+/// [`Config::check_job`]): a rank that differs is a setup error naming the parameter and the
+/// ranks, never peers found `Malformed` or missing later.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Config {
     /// How long one step of a collective waits for its peers. A peer whose message has not
     /// arrived by then is `Missing` for that step. Step `i` of a robust round waits `i + 1`
     /// times this (`PROTOCOL.md`, "Step deadlines"). Default 30 s; `BYZCOLL_TIMEOUT_MS`.
     pub step_timeout: Duration,
+    /// How robust rounds cross-check their results ([`Agreement::Detect`] by default);
+    /// `BYZCOLL_AGREEMENT`. Job-wide.
+    pub agreement: Agreement,
+    /// The most bytes of the vector one sub-round of a sharded all-reduce of a coordinate-wise
+    /// rule covers ([`SUB_ROUND_BYTES`] by default; at least one element is taken whatever
+    /// the value); `BYZCOLL_SUB_ROUND_BYTES`. Smaller parts hold less memory and take more
+    /// steps. Job-wide.
+    pub sub_round_bytes: usize,
+    /// The smallest part of a ring step's chunk that `Communicator::all_reduce` sends as a
+    /// step of its own ([`RING_PART_BYTES`] by default; at least one element is taken whatever
+    /// the value), where the transport allows steps in flight; `BYZCOLL_RING_PART_BYTES`.
+    /// Job-wide.
+    pub ring_part_bytes: usize,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             step_timeout: Duration::from_secs(30),
+            agreement: Agreement::default(),
+            sub_round_bytes: SUB_ROUND_BYTES,
+            ring_part_bytes: RING_PART_BYTES,
         }
     }
 }
@@ -24,14 +48,38 @@ impl Default for Config {
 /// The longest step deadline accepted (one day), so that deadline arithmetic cannot overflow.
 pub const MAX_STEP_TIMEOUT: Duration = Duration::from_secs(86_400);
 
+/// The largest sub-round or ring part accepted (1 TiB): past any vector a rank can hold.
+const MAX_PART_BYTES: u64 = 1 << 40;
+
+/// Length of [`Config::job_record`].
+pub const JOB_RECORD_LEN: usize = 4 + 1 + 8 + 8;
+
+/// What [`Config::job_record`] starts with.
+const JOB_MAGIC: &[u8; 4] = b"BZJ1";
+
 impl Config {
-    /// The defaults, with `BYZCOLL_TIMEOUT_MS` from `get` when it is set. The process
-    /// environment is read by `byzcoll::JobConfig` alone, which calls this.
+    /// The defaults with the step deadline `step_timeout`.
+    pub fn with_step_timeout(step_timeout: Duration) -> Self {
+        Config {
+            step_timeout,
+            ..Config::default()
+        }
+    }
+
+    /// The defaults, with `BYZCOLL_TIMEOUT_MS`, `BYZCOLL_AGREEMENT`,
+    /// `BYZCOLL_SUB_ROUND_BYTES` and `BYZCOLL_RING_PART_BYTES` from `get` where set. The
+    /// process environment is read by `byzcoll::JobConfig` alone, which calls this.
     ///
     /// # Errors
-    /// [`BootstrapError::InvalidVar`] when the variable is not a whole number of milliseconds
-    /// from 1 to one day.
+    /// [`BootstrapError::InvalidVar`] naming the variable whose value is invalid: a step
+    /// timeout that is not a whole number of milliseconds from 1 to one day, an agreement
+    /// other than `off`, `detect` or `enforce`, or part sizes outside 1 byte to 1 TiB.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, BootstrapError> {
+        let invalid = |var: &'static str, value: &str, why: String| BootstrapError::InvalidVar {
+            var,
+            value: value.to_string(),
+            why,
+        };
         let mut config = Config::default();
         if let Some(v) = get("BYZCOLL_TIMEOUT_MS") {
             config.step_timeout = v
@@ -39,13 +87,105 @@ impl Config {
                 .parse()
                 .map_err(|e| format!("{e}"))
                 .and_then(step_timeout_ms)
-                .map_err(|why| BootstrapError::InvalidVar {
-                    var: "BYZCOLL_TIMEOUT_MS",
-                    value: v.clone(),
-                    why,
-                })?;
+                .map_err(|why| invalid("BYZCOLL_TIMEOUT_MS", &v, why))?;
+        }
+        if let Some(v) = get("BYZCOLL_AGREEMENT") {
+            config.agreement =
+                Agreement::parse(&v).map_err(|why| invalid("BYZCOLL_AGREEMENT", &v, why))?;
+        }
+        for (var, field) in [
+            ("BYZCOLL_SUB_ROUND_BYTES", &mut config.sub_round_bytes),
+            ("BYZCOLL_RING_PART_BYTES", &mut config.ring_part_bytes),
+        ] {
+            if let Some(v) = get(var) {
+                *field = v
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|b| (1..=MAX_PART_BYTES).contains(b))
+                    .and_then(|b| usize::try_from(b).ok())
+                    .ok_or_else(|| {
+                        invalid(
+                            var,
+                            &v,
+                            format!("expected bytes, an integer from 1 to {MAX_PART_BYTES}"),
+                        )
+                    })?;
+            }
         }
         Ok(config)
+    }
+
+    /// The job-wide parameters as a fixed-length record that every rank publishes at setup,
+    /// for [`Config::check_job`].
+    pub fn job_record(&self) -> [u8; JOB_RECORD_LEN] {
+        let mut r = [0u8; JOB_RECORD_LEN];
+        r[..4].copy_from_slice(JOB_MAGIC);
+        r[4] = self.agreement.code();
+        r[5..13].copy_from_slice(&(self.sub_round_bytes as u64).to_le_bytes());
+        r[13..21].copy_from_slice(&(self.ring_part_bytes as u64).to_le_bytes());
+        r
+    }
+
+    /// Checks every rank's [`Config::job_record`] (`records[r]` is rank `r`'s) against this
+    /// rank's.
+    ///
+    /// # Errors
+    /// [`BootstrapError::JobMismatch`] naming the first parameter the ranks chose differently,
+    /// with each value and the ranks that chose it; [`BootstrapError::Store`] for a record
+    /// that is not one (another byzcoll, or not a rank of this job).
+    pub fn check_job<B: AsRef<[u8]>>(&self, records: &[B]) -> Result<(), BootstrapError> {
+        if let Some(r) = records
+            .iter()
+            .position(|b| b.as_ref().len() != JOB_RECORD_LEN || &b.as_ref()[..4] != JOB_MAGIC)
+        {
+            return Err(BootstrapError::Store(format!(
+                "rank {r} published job parameters in another format: every rank must run the \
+                 same byzcoll"
+            )));
+        }
+        let fields: [(&'static str, std::ops::Range<usize>); 3] = [
+            ("agreement (BYZCOLL_AGREEMENT)", 4..5),
+            ("sub-round bytes (BYZCOLL_SUB_ROUND_BYTES)", 5..13),
+            ("ring part bytes (BYZCOLL_RING_PART_BYTES)", 13..21),
+        ];
+        for (name, at) in fields {
+            let value = |b: &[u8]| -> String {
+                let v = &b[at.clone()];
+                match (v.len(), v.first()) {
+                    (1, Some(&x)) => Agreement::from_code(x)
+                        .map_or_else(|| format!("unknown ({x})"), |a| a.name().to_string()),
+                    _ => {
+                        let mut le = [0u8; 8];
+                        le.copy_from_slice(v);
+                        u64::from_le_bytes(le).to_string()
+                    }
+                }
+            };
+            let mut groups: Vec<(String, Vec<Rank>)> = Vec::new();
+            for (rank, b) in records.iter().enumerate() {
+                let v = value(b.as_ref());
+                match groups.iter_mut().find(|(g, _)| *g == v) {
+                    Some((_, ranks)) => ranks.push(rank),
+                    None => groups.push((v, vec![rank])),
+                }
+            }
+            if groups.len() > 1 {
+                let mine = value(&self.job_record());
+                return Err(BootstrapError::JobMismatch {
+                    parameter: name,
+                    choices: groups
+                        .into_iter()
+                        .map(|(v, ranks)| {
+                            let marker = if v == mine { " (this rank's)" } else { "" };
+                            format!("{v}{marker} at ranks {ranks:?}")
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -62,4 +202,88 @@ pub fn step_timeout_ms(ms: u64) -> Result<Duration, String> {
         ));
     }
     Ok(Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn ranks_that_chose_a_job_wide_parameter_differently_are_named() {
+        let base = Config::default();
+        let records = |configs: &[&Config]| -> Vec<Vec<u8>> {
+            configs.iter().map(|c| c.job_record().to_vec()).collect()
+        };
+        base.check_job(&records(&[&base, &base, &base])).unwrap();
+        // The step timeout is the rank's own: it may differ.
+        let slower = Config {
+            step_timeout: Duration::from_secs(60),
+            ..base.clone()
+        };
+        base.check_job(&records(&[&base, &slower])).unwrap();
+        let enforce = Config {
+            agreement: Agreement::Enforce,
+            ..base.clone()
+        };
+        let e = base
+            .check_job(&records(&[&base, &enforce, &base, &enforce]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("BYZCOLL_AGREEMENT"), "{e}");
+        assert!(e.contains("detect (this rank's) at ranks [0, 2]"), "{e}");
+        assert!(e.contains("enforce at ranks [1, 3]"), "{e}");
+        let small = Config {
+            sub_round_bytes: 1 << 20,
+            ..base.clone()
+        };
+        let e = small
+            .check_job(&records(&[&base, &small]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("BYZCOLL_SUB_ROUND_BYTES"), "{e}");
+        assert!(e.contains("1048576 (this rank's) at ranks [1]"), "{e}");
+        let parts = Config {
+            ring_part_bytes: 4096,
+            ..base.clone()
+        };
+        let e = base
+            .check_job(&records(&[&parts, &base]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("BYZCOLL_RING_PART_BYTES"), "{e}");
+        // Something that is not a record is refused, not read.
+        let e = base.check_job(&[&b"junk"[..]]).unwrap_err().to_string();
+        assert!(e.contains("rank 0"), "{e}");
+    }
+
+    #[test]
+    fn job_wide_variables_are_read_and_checked() {
+        let get = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let c = Config::from_lookup(get(&[
+            ("BYZCOLL_AGREEMENT", "enforce"),
+            ("BYZCOLL_SUB_ROUND_BYTES", "65536"),
+            ("BYZCOLL_RING_PART_BYTES", " 1 "),
+        ]))
+        .unwrap();
+        assert_eq!(c.agreement, Agreement::Enforce);
+        assert_eq!((c.sub_round_bytes, c.ring_part_bytes), (65536, 1));
+        for (var, bad) in [
+            ("BYZCOLL_SUB_ROUND_BYTES", "0"),
+            ("BYZCOLL_SUB_ROUND_BYTES", "-1"),
+            ("BYZCOLL_RING_PART_BYTES", "1099511627777"),
+            ("BYZCOLL_RING_PART_BYTES", "18446744073709551616"),
+            ("BYZCOLL_AGREEMENT", "maybe"),
+        ] {
+            let e = Config::from_lookup(|k| (k == var).then(|| bad.to_string())).unwrap_err();
+            assert!(e.to_string().contains(var), "{var}={bad}: {e}");
+        }
+    }
 }

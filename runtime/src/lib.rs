@@ -29,7 +29,7 @@ pub use byzcoll_proto::{
     SUB_ROUND_BYTES,
 };
 pub use comm::{Communicator, ReduceOp, RING_PARTS, RING_PART_BYTES};
-pub use config::{step_timeout_ms, Config, MAX_STEP_TIMEOUT};
+pub use config::{step_timeout_ms, Config, JOB_RECORD_LEN, MAX_STEP_TIMEOUT};
 pub use handle::{CommHandle, Pending, QUEUED};
 #[cfg(feature = "fault-injection")]
 pub use robust::OwnerTamper;

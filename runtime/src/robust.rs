@@ -88,7 +88,7 @@ impl Communicator {
         if matches!(shape, Shape::Sharded(_))
             && rule.structure() == Structure::CoordinateWise
             && self.agreement() != Agreement::Enforce
-            && std::mem::size_of_val(buf) > self.sub_round_bytes.max(size_of::<T>())
+            && std::mem::size_of_val(buf) > self.config().sub_round_bytes.max(size_of::<T>())
         {
             return self.sub_rounds(buf, rule, shape).await;
         }
@@ -113,7 +113,8 @@ impl Communicator {
         shape: Shape,
     ) -> Result<RoundReport> {
         self.round_agreement(shape, rule)?;
-        let parts = std::mem::size_of_val(buf).div_ceil(self.sub_round_bytes.max(size_of::<T>()));
+        let parts =
+            std::mem::size_of_val(buf).div_ceil(self.config().sub_round_bytes.max(size_of::<T>()));
         let d = buf.len();
         let mut merged: Option<RoundReport> = None;
         let mut first_error = None;

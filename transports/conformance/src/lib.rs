@@ -99,14 +99,7 @@ pub fn vector(rank: usize, d: usize) -> Vec<f32> {
 fn comms(transports: Vec<Box<dyn Transport>>, timeout: Duration) -> Vec<Communicator> {
     transports
         .into_iter()
-        .map(|t| {
-            Communicator::new(
-                t,
-                Config {
-                    step_timeout: timeout,
-                },
-            )
-        })
+        .map(|t| Communicator::new(t, Config::with_step_timeout(timeout)))
         .collect()
 }
 

@@ -434,9 +434,7 @@ async fn robust_all_reduce_completes_when_one_peer_sends_garbage() {
                     .unwrap();
                 let mut comm = Communicator::new(
                     Box::new(t),
-                    Config {
-                        step_timeout: Duration::from_secs(5),
-                    },
+                    Config::with_step_timeout(Duration::from_secs(5)),
                 );
                 let mut v = vec![r as f32; 100];
                 let report = comm
@@ -480,9 +478,7 @@ async fn a_vector_of_more_than_one_gib_crosses() {
     let len = (1usize << 30) + 12;
     let mut ranks = world(2).await.into_iter();
     let (a, b) = (ranks.next().unwrap(), ranks.next().unwrap());
-    let config = Config {
-        step_timeout: Duration::from_secs(120),
-    };
+    let config = Config::with_step_timeout(Duration::from_secs(120));
     let template: Vec<u8> = (0..4093u32).map(|i| (i * 7 % 251) as u8).collect();
     let root = tokio::spawn(async move {
         let mut c = Communicator::new(a, config);
@@ -493,12 +489,7 @@ async fn a_vector_of_more_than_one_gib_crosses() {
         }
         c.broadcast_into(0, &mut buf).await.unwrap();
     });
-    let mut c = Communicator::new(
-        b,
-        Config {
-            step_timeout: Duration::from_secs(120),
-        },
-    );
+    let mut c = Communicator::new(b, Config::with_step_timeout(Duration::from_secs(120)));
     let mut buf = vec![0xffu8; len];
     c.broadcast_into(0, &mut buf).await.unwrap();
     root.await.unwrap();
