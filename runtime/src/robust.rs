@@ -65,7 +65,7 @@ impl Communicator {
     /// cannot run; [`Error::InvalidUsage`] for a replica count outside `1..=n`.
     ///
     /// In sharded mode a coordinate-wise rule (median, trimmed mean, mean) over a vector of
-    /// more than [`Communicator::set_sub_round_bytes`] ([`SUB_ROUND_BYTES`] by default) runs
+    /// more than [`Communicator::set_sub_round_bytes`] ([`SUB_ROUND_BYTES`](crate::SUB_ROUND_BYTES) by default) runs
     /// as consecutive sub-rounds over parts of at most that size, outside
     /// [`Agreement::Enforce`]: bitwise the same result, with the round's own buffers bounded
     /// by the part rather than the vector. A peer erased in one sub-round is an erasure in the
@@ -270,7 +270,7 @@ impl Communicator {
     /// co-owners compare the pieces each sender gave them: a rank whose input set fewer than
     /// `n − f` ranks share (it stalled past the deadline and resumed, say) gets
     /// [`Error::Disagreement`], and an equivocating sender is named in
-    /// [`AgreementReport::differing_inputs`].
+    /// [`AgreementReport::differing_inputs`](crate::AgreementReport::differing_inputs).
     ///
     /// # Errors
     /// As [`Communicator::robust_all_reduce`] in sharded mode, and [`Error::InvalidUsage`] when

@@ -1,0 +1,358 @@
+//! Sharded mode: the pieces to their owners, the owners' aggregation, and the statistic
+//! rounds of global rules.
+
+use super::*;
+
+impl<'r, B> Round<'r, B> {
+    pub(super) fn owned(&self) -> Vec<usize> {
+        sharded::owned(self.spec.me, self.spec.n, self.r).collect()
+    }
+
+    /// Whether rank `q` takes shard `s`'s result (everyone in an all-reduce, rank `s` in a
+    /// reduce-scatter).
+    pub(super) fn takes(&self, q: Rank, s: usize) -> bool {
+        !matches!(self.spec.shape, Shape::ReduceScatter(_)) || q == s
+    }
+
+    /// Whether the versions go by digest: with `r > 1` owners per shard outside
+    /// [`Agreement::Enforce`], a taker gets one owner's version ([`Round::full_owner`]) and
+    /// the BLAKE3 digest of every other owner's, then asks for the versions whose digest
+    /// differs from the one it holds (two more steps, `PROTOCOL.md`: "Versions by digest").
+    /// Honest owners of a shard hold the same version, so in a round without faults the
+    /// versions cost the bytes of `r = 1`, and the median of equal versions is that version.
+    pub(super) fn by_digest(&self) -> bool {
+        self.r > 1 && self.spec.agreement != Agreement::Enforce
+    }
+
+    /// The owner of shard `s` that sends taker `t` its whole version when versions go by
+    /// digest: none where `t` owns `s` (it holds its own); otherwise the owners take the
+    /// takers in turn, so that each sends about `n / r` of them a version.
+    pub(super) fn full_owner(&self, t: Rank, s: usize) -> Option<Rank> {
+        let (n, r) = (self.spec.n, self.r);
+        if sharded::owns(t, s, n, r) {
+            return None;
+        }
+        sharded::owners(s, n, r).nth((t + n - s) % n % r)
+    }
+
+    pub(super) fn post_scatter(&mut self) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        self.arrived = (0..r).map(|_| (0..n).map(|_| None).collect()).collect();
+        self.no_result = vec![false; r];
+        let sends = sharded::scatter_sends(me, n, r)
+            .into_iter()
+            .map(|(peer, s)| Send {
+                peer,
+                tag: s as Tag,
+                msg: Msg::Piece(s),
+            })
+            .collect();
+        let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
+        let recvs = sharded::scatter_recvs(me, n, r)
+            .into_iter()
+            .filter(|(peer, _)| !erased.contains(peer))
+            .map(|(peer, s)| RecvOp {
+                peer,
+                tag: s as Tag,
+                len: self.bytes(self.shard(s).len()),
+            })
+            .collect();
+        self.post(Phase::Scatter, "robust_sharded", sends, recvs);
+    }
+
+    /// The inputs of the `i`-th owned shard `s`, by rank (`None`: erased).
+    pub(super) fn shard_inputs(&self, i: usize, s: usize) -> Vec<Option<Src<'_, B>>> {
+        (0..self.spec.n)
+            .map(|p| {
+                if p == self.spec.me {
+                    Some(Src::Mine(self.shard(s)))
+                } else {
+                    self.arrived[i][p].as_ref().map(Src::Got)
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn scattered<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let owned = self.owned();
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            self.arrival_fault(op.peer, &a);
+            if let Arrival::Received(b) = a {
+                self.received_bytes += op.len;
+                let i = owned_index(me, op.tag as usize, n);
+                self.arrived[i][op.peer] = Some(b);
+            }
+        }
+        let mut digests = Vec::new();
+        let mut non_finite = Vec::new();
+        let mut inputs = n;
+        // Only co-owners compare pieces: with one owner per shard the cross-check carries none,
+        // and only which pieces arrived counts (a reduce-scatter's input set), so they are
+        // not hashed.
+        let compared = self.r > 1;
+        // A coordinate-wise rule names the inputs holding NaN or infinities as it reads them,
+        // where it can ([`AggReport::non_finite`]); the others' inputs are scanned here.
+        let scanned = !matches!(self.statistics, Statistics::None);
+        for (i, &s) in owned.iter().enumerate() {
+            let shard_inputs = self.shard_inputs(i, s);
+            inputs = inputs.min(shard_inputs.iter().flatten().count());
+            for (p, src) in shard_inputs.into_iter().enumerate() {
+                let Some(src) = src else { continue };
+                if self.detect() {
+                    let digest = match compared {
+                        true => plane.digest(src.clone()),
+                        false => [0; 32],
+                    };
+                    digests.push((i * n + p, digest));
+                }
+                if scanned && !non_finite.contains(&p) && !plane.finite(src) {
+                    non_finite.push(p);
+                }
+            }
+        }
+        for (at, d) in digests {
+            self.seen.pieces[at] = Some(d);
+        }
+        self.report.inputs = inputs;
+        match self.statistics {
+            Statistics::None => {
+                for (i, &s) in owned.iter().enumerate() {
+                    let ranks: Vec<Rank> = (0..n)
+                        .filter(|&p| p == me || self.arrived[i][p].is_some())
+                        .collect();
+                    let srcs: Vec<Src<'_, B>> =
+                        self.shard_inputs(i, s).into_iter().flatten().collect();
+                    let (done, found) = match self.rule.check(ranks.len()) {
+                        Err(e) => (Err(Error::Aggregation(e)), None),
+                        Ok(()) => {
+                            self.charge(srcs.len() * self.bytes(self.shard(s).len()));
+                            match plane.aggregate(self.rule, &srcs, Dest::Owned(i)) {
+                                Ok(agg) => (Ok(()), agg.non_finite),
+                                Err(e) => (Err(rank_error(e, &ranks)), None),
+                            }
+                        }
+                    };
+                    let shard_non_finite = non_finite_ranks(plane, found.as_deref(), &srcs, &ranks);
+                    drop(srcs);
+                    for p in shard_non_finite {
+                        if !non_finite.contains(&p) {
+                            non_finite.push(p);
+                        }
+                    }
+                    self.owner_outcome(i, s, done);
+                }
+                non_finite.sort_unstable();
+                self.report.non_finite = non_finite;
+                self.post_versions();
+            }
+            Statistics::Select(_) | Statistics::Mix(_) => {
+                non_finite.sort_unstable();
+                self.report.non_finite = non_finite;
+                let tables: Vec<(usize, Bytes)> = owned
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &s)| {
+                        let inputs = self.shard_inputs(i, s);
+                        self.charge(
+                            inputs.iter().flatten().count() * self.bytes(self.shard(s).len()),
+                        );
+                        (s, f64_bytes(&plane.distance_table(&inputs)))
+                    })
+                    .collect();
+                self.post_statistic(0, &tables, n * n);
+            }
+            Statistics::Iterate(_) => {
+                for (i, &s) in owned.iter().enumerate() {
+                    let inputs = self.shard_inputs(i, s);
+                    if let Err(e) = plane.estimate_start(i, &inputs) {
+                        return self.fail(Error::Aggregation(e));
+                    }
+                }
+                self.post_iteration(plane, 0, &vec![(0.0, 0.0); owned.len()]);
+            }
+        }
+    }
+
+    /// An owner's result for its `i`-th shard `s`: on failure it sends an empty one, which
+    /// receivers count as an erasure of its version (the reason is a warning, for the driver
+    /// to log).
+    pub(super) fn owner_outcome(
+        &mut self,
+        i: usize,
+        s: usize,
+        done: Result<(), impl std::fmt::Display>,
+    ) {
+        if let Err(why) = done {
+            self.warnings.push(format!(
+                "cannot aggregate owned shard {s}: {why}; sending an empty result"
+            ));
+            self.no_result[i] = true;
+        }
+    }
+
+    pub(super) fn post_iteration<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        k: usize,
+        moved: &[(f64, f64)],
+    ) {
+        let n = self.spec.n;
+        let partials: Vec<(usize, Bytes)> = self
+            .owned()
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let inputs = self.shard_inputs(i, s);
+                let mut stats = plane.estimate_distances(i, &inputs);
+                stats.extend([moved[i].0, moved[i].1]);
+                (s, f64_bytes(&stats))
+            })
+            .collect();
+        self.post_statistic(k, &partials, n + 2);
+    }
+
+    /// One statistic round: every owner sends, for each owned shard, `len` `f64` statistics
+    /// to every rank; every rank combines them ([`sum_of_shard_medians`]).
+    pub(super) fn post_statistic(&mut self, k: usize, parts: &[(usize, Bytes)], len: usize) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let sends = sharded::result_sends(me, n, r)
+            .into_iter()
+            .filter_map(|(peer, s)| {
+                let (_, t) = parts.iter().find(|(u, _)| *u == s)?;
+                Some(Send {
+                    peer,
+                    tag: s as Tag,
+                    msg: Msg::Bytes(t.clone()),
+                })
+            })
+            .collect();
+        let recvs = sharded::result_recvs(me, n, r)
+            .into_iter()
+            .map(|(peer, s)| RecvOp {
+                peer,
+                tag: s as Tag,
+                len: len * std::mem::size_of::<f64>(),
+            })
+            .collect();
+        self.own_statistics = parts.to_vec();
+        self.post(Phase::Statistic { k }, "robust_sharded", sends, recvs);
+    }
+
+    pub(super) fn statistic_done<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+        k: usize,
+    ) {
+        let (n, r) = (self.spec.n, self.r);
+        let mut versions: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n];
+        for (s, t) in std::mem::take(&mut self.own_statistics) {
+            versions[s].push(f64_vec(&t));
+        }
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            self.arrival_fault(op.peer, &a);
+            if let Arrival::Received(b) = a {
+                versions[op.tag as usize].push(f64_vec(&plane.host(&b)));
+            }
+        }
+        if let Some(s) = versions.iter().position(Vec::is_empty) {
+            let faults = std::mem::take(&mut self.report.faults);
+            let owners = sharded::owners(s, n, r).collect();
+            return self.fail(Error::ShardLost {
+                shard: s,
+                owners,
+                faults,
+            });
+        }
+        let len = versions[0][0].len();
+        let refs: Vec<Vec<&[f64]>> = versions
+            .iter()
+            .map(|vs| vs.iter().map(Vec::as_slice).collect())
+            .collect();
+        let total = sum_of_shard_medians(&refs, len);
+        let owned = self.owned();
+        match self.statistics {
+            Statistics::Select(selection) => {
+                let selected = match selection.select(&total, n) {
+                    Ok(s) => s,
+                    Err(e) => return self.fail(Error::Aggregation(e)),
+                };
+                self.report.selected = Some(selected.clone());
+                for (i, &s) in owned.iter().enumerate() {
+                    let inputs = self.shard_inputs(i, s);
+                    let done = if selected.iter().any(|&j| inputs[j].is_none()) {
+                        Err("a selected input is missing here".to_string())
+                    } else {
+                        self.charge(selected.len() * self.bytes(self.shard(s).len()));
+                        plane
+                            .finish_selected(selection, &inputs, &selected, i)
+                            .map_err(|e| e.to_string())
+                    };
+                    self.owner_outcome(i, s, done);
+                }
+                self.selected = Some(selected);
+                self.post_versions();
+            }
+            Statistics::Mix(mixing) => {
+                let neighbours = match mixing.neighbours(&total, n) {
+                    Ok(nb) => nb,
+                    Err(e) => return self.fail(Error::Aggregation(e)),
+                };
+                for (i, &s) in owned.iter().enumerate() {
+                    let inputs = self.shard_inputs(i, s);
+                    let needed = neighbours
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(j, near)| near.clone().unwrap_or_else(|| vec![j]));
+                    let done = if needed.into_iter().any(|j| inputs[j].is_none()) {
+                        Err("an input to mix is missing here".to_string())
+                    } else {
+                        let present: Vec<Src<'_, B>> = inputs.into_iter().flatten().collect();
+                        self.charge(present.len() * self.bytes(self.shard(s).len()));
+                        plane
+                            .mix(mixing, &present, &neighbours, i)
+                            .map_err(|e| e.to_string())
+                    };
+                    self.owner_outcome(i, s, done);
+                }
+                self.post_versions();
+            }
+            Statistics::Iterate(iteration) => {
+                let (change, size) = (total[n].sqrt(), total[n + 1].sqrt());
+                let converged = k > 0
+                    && iteration
+                        .tolerance()
+                        .is_some_and(|tol| change <= tol * size.max(f64::MIN_POSITIVE));
+                if converged || k == iteration.max_steps() {
+                    for (i, &s) in owned.iter().enumerate() {
+                        let done = plane.estimate_finish(i);
+                        self.owner_outcome(i, s, done);
+                    }
+                    return self.post_versions();
+                }
+                let distances: Vec<f64> = total[..n].iter().map(|d| d.sqrt()).collect();
+                let (a, w) = iteration.coefficients(&distances);
+                let moved: Vec<(f64, f64)> = owned
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &s)| {
+                        let inputs = self.shard_inputs(i, s);
+                        self.charge(
+                            inputs.iter().flatten().count() * self.bytes(self.shard(s).len()),
+                        );
+                        plane.estimate_step(i, &inputs, a, &w)
+                    })
+                    .collect();
+                self.post_iteration(plane, k + 1, &moved);
+            }
+            Statistics::None => unreachable!("coordinate-wise rules have no statistic round"),
+        }
+    }
+}
