@@ -28,7 +28,7 @@
 //! aggregation, statistic rounds), `versions` (owners' results to the takers, by digest where
 //! `r > 1`), `enforce` (the echo and the recovery of [`Agreement::Enforce`]) and
 //! `cross_check` (the last step of [`Agreement::Detect`]). What a phase's handler alone needs
-//! travels in its [`Phase`] variant.
+//! travels in its `Phase` variant.
 
 mod check;
 mod cross_check;
