@@ -553,8 +553,6 @@ struct Header {
     shape: Vec<usize>,
 }
 
-/// Reads a whole array. `total` is the stream's length when it is known (a file or a slice);
-/// every size is then checked against it before anything is allocated.
 /// What a `.npy` header says, checked against the file's length when it is known.
 struct Layout {
     shape: Vec<usize>,
@@ -569,6 +567,8 @@ struct Layout {
     known: bool,
 }
 
+/// Reads a whole array. `total` is the stream's length when it is known (a file or a slice);
+/// every size is then checked against it before anything is allocated.
 fn read_impl<R: Read + ?Sized>(r: &mut R, total: Option<u64>) -> Result<Array, NpyError> {
     let Layout {
         shape,
@@ -636,7 +636,7 @@ fn read_layout<R: Read + ?Sized>(r: &mut R, total: Option<u64>) -> Result<Layout
             available: got as u64,
         });
     }
-    let header = parse_header(&text)?;
+    let header = parse_header(&text, major < 3)?;
 
     let shape_err = || NpyError::TooLarge {
         shape: format_shape(&header.shape),
@@ -746,887 +746,268 @@ fn format_shape(shape: &[usize]) -> String {
     }
 }
 
-fn parse_header(bytes: &[u8]) -> Result<Header, NpyError> {
+/// Parses the header dictionary as NumPy writes it, `{'descr': '<f4', 'fortran_order': False,
+/// 'shape': (2, 3), }`, with what NumPy's own reader accepts of its variations: the keys in any
+/// order, any spacing, a trailing comma or none, strings in single or double quotes (with
+/// Python 2's `u` prefix) and, in format 1.0 and 2.0 headers (`long_ints`), Python 2's `L`
+/// suffix on integers. Nothing else of Python's literal syntax is accepted.
+fn parse_header(bytes: &[u8], long_ints: bool) -> Result<Header, NpyError> {
     let text = std::str::from_utf8(bytes)
         .map_err(|_| NpyError::Header("it is not ASCII/UTF-8 text".to_string()))?;
-    let shown = || {
-        let t = text.trim_end();
-        let t: String = t.chars().take(200).collect();
-        if text.trim_end().chars().count() > 200 {
-            format!("{t:?}...")
-        } else {
-            format!("{t:?}")
+    let [descr, fortran, shape] =
+        dict_entries(text).map_err(|e| NpyError::Header(format!("{e} in {}", shown(text))))?;
+    let kind = match as_str(descr) {
+        Some(s) if s == f32::DESCR => Kind::F32,
+        Some(s) if s == f64::DESCR => Kind::F64,
+        Some(s) => return Err(NpyError::DType {
+            dtype: format!("'{s}'"),
+            hint: match s {
+                ">f4" | ">f8" => {
+                    " (this one is big-endian: convert with a.astype(a.dtype.newbyteorder('<')))"
+                }
+                _ => "",
+            },
+        }),
+        None => {
+            return Err(NpyError::DType {
+                dtype: shown_value(descr),
+                hint: "",
+            })
         }
     };
-    let mut p = Parser {
-        s: text.as_bytes(),
-        pos: 0,
-        depth: 0,
-    };
-    let dict = p
-        .value()
-        .and_then(|v| {
-            p.skip_ws();
-            if p.pos < p.s.len() {
-                Err(format!(
-                    "unexpected text after the dictionary at byte {}",
-                    p.pos
-                ))
-            } else {
-                Ok(v)
-            }
-        })
-        .map_err(|e| NpyError::Header(format!("{e} in {}", shown())))?;
-    let Value::Dict(entries) = dict else {
-        return Err(NpyError::Header(format!(
-            "expected a dictionary, found {}",
-            shown()
-        )));
-    };
-    let (mut descr, mut fortran, mut shape) = (None, None, None);
-    for (key, value) in entries {
-        let slot = match key.as_str() {
-            "descr" => &mut descr,
-            "fortran_order" => &mut fortran,
-            "shape" => &mut shape,
-            other => {
-                return Err(NpyError::Header(format!(
-                    "unexpected key '{other}' (expected 'descr', 'fortran_order', 'shape')"
-                )))
-            }
-        };
-        if slot.replace(value).is_some() {
-            return Err(NpyError::Header(format!("key '{key}' appears twice")));
-        }
-    }
-    let missing = |k: &str| NpyError::Header(format!("key '{k}' is missing in {}", shown()));
-    let descr = descr.ok_or_else(|| missing("descr"))?;
-    let fortran = fortran.ok_or_else(|| missing("fortran_order"))?;
-    let shape = shape.ok_or_else(|| missing("shape"))?;
-
-    let kind =
-        match &descr {
-            Value::Str(s) if s == f32::DESCR => Kind::F32,
-            Value::Str(s) if s == f64::DESCR => Kind::F64,
-            Value::Str(s) if s == ">f4" || s == ">f8" => return Err(NpyError::DType {
-                dtype: descr.repr(),
-                hint: " (this one is big-endian: convert with a.astype(a.dtype.newbyteorder('<')))",
-            }),
-            _ => {
-                return Err(NpyError::DType {
-                    dtype: descr.repr(),
-                    hint: "",
-                })
-            }
-        };
     match fortran {
-        Value::Bool(false) => {}
-        Value::Bool(true) => return Err(NpyError::FortranOrder),
+        "False" => {}
+        "True" => return Err(NpyError::FortranOrder),
         other => {
             return Err(NpyError::Header(format!(
                 "'fortran_order' must be True or False, not {}",
-                other.repr()
+                shown_value(other)
             )))
         }
     }
-    let bad_shape = |v: &Value| {
+    Ok(Header {
+        kind,
+        shape: parse_shape(shape, long_ints)?,
+    })
+}
+
+/// The text of the values of 'descr', 'fortran_order' and 'shape' (in that order), each given
+/// exactly once in a dictionary with no other key.
+fn dict_entries(text: &str) -> Result<[&str; 3], String> {
+    const KEYS: [&str; 3] = ["descr", "fortran_order", "shape"];
+    let mut p = Scanner { s: text, pos: 0 };
+    match p.peek() {
+        Some(b'{') => p.pos += 1,
+        Some(_) => return Err("expected a dictionary".to_string()),
+        None => return Err("unexpected end of header".to_string()),
+    }
+    let mut values = [None; 3];
+    loop {
+        match p.peek() {
+            Some(b'}') => break,
+            None => return Err("expected '}' at the end".to_string()),
+            Some(_) => {}
+        }
+        let key = p.string()?;
+        let Some(slot) = KEYS.iter().position(|k| *k == key) else {
+            return Err(format!(
+                "unexpected key '{key}' (expected 'descr', 'fortran_order', 'shape')"
+            ));
+        };
+        if p.peek() != Some(b':') {
+            return Err(format!("expected ':' at byte {}", p.pos));
+        }
+        p.pos += 1;
+        if values[slot].replace(p.value()?).is_some() {
+            return Err(format!("key '{key}' appears twice"));
+        }
+        match p.peek() {
+            Some(b',') => p.pos += 1,
+            Some(b'}') => {}
+            Some(c) => {
+                return Err(format!(
+                    "expected ',' or '}}' at byte {}, found '{}'",
+                    p.pos,
+                    c.escape_ascii()
+                ))
+            }
+            None => return Err("expected '}' at the end".to_string()),
+        }
+    }
+    p.pos += 1;
+    p.skip_ws();
+    if p.pos < text.len() {
+        return Err(format!(
+            "unexpected text after the dictionary at byte {}",
+            p.pos
+        ));
+    }
+    let mut out = [""; 3];
+    for ((slot, value), key) in out.iter_mut().zip(values).zip(KEYS) {
+        *slot = value.ok_or_else(|| format!("key '{key}' is missing"))?;
+    }
+    Ok(out)
+}
+
+/// A shape as NumPy writes it: `()`, `(3,)`, `(2, 3)`. `(3)` is not a tuple in Python.
+fn parse_shape(text: &str, long_ints: bool) -> Result<Vec<usize>, NpyError> {
+    let bad = || {
         NpyError::Header(format!(
             "'shape' must be a tuple of non-negative integers, not {}",
-            v.repr()
+            shown_value(text)
         ))
     };
-    let Value::Tuple(dims) = &shape else {
-        return Err(bad_shape(&shape));
-    };
-    let mut out = Vec::with_capacity(dims.len());
-    for dim in dims {
-        match dim {
-            Value::Int(x) if *x >= 0 => out.push(usize::try_from(*x).map_err(|_| {
+    let inner = text
+        .strip_prefix('(')
+        .and_then(|t| t.strip_suffix(')'))
+        .ok_or_else(bad)?;
+    if inner.trim_matches(is_ws).is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut dims: Vec<&str> = inner.split(',').map(|d| d.trim_matches(is_ws)).collect();
+    let trailing_comma = dims.last() == Some(&"");
+    if trailing_comma {
+        dims.pop();
+    }
+    if dims.len() == 1 && !trailing_comma {
+        return Err(bad());
+    }
+    dims.into_iter()
+        .map(|dim| {
+            let digits = match dim.strip_suffix('L') {
+                Some(digits) if long_ints => digits,
+                _ => dim,
+            };
+            // Python refuses leading zeros (`010`), and NumPy never writes them.
+            let decimal = digits.bytes().all(|c| c.is_ascii_digit())
+                && (digits == "0" || !digits.starts_with('0'));
+            if digits.is_empty() || !decimal {
+                return Err(bad());
+            }
+            digits.parse().map_err(|_| {
                 NpyError::Header(format!(
-                    "dimension {x} in 'shape' {} is too large",
-                    shape.repr()
+                    "dimension {digits} in 'shape' {} is too large",
+                    shown_value(text)
                 ))
-            })?),
-            _ => return Err(bad_shape(&shape)),
-        }
-    }
-    Ok(Header { kind, shape: out })
+            })
+        })
+        .collect()
 }
 
-/// A Python literal, as far as `.npy` headers use them.
-#[derive(Debug, Clone, PartialEq)]
-enum Value {
-    Str(String),
-    Int(i128),
-    Bool(bool),
-    None,
-    Tuple(Vec<Value>),
-    List(Vec<Value>),
-    Dict(Vec<(String, Value)>),
+/// The contents of a string value (`'<f4'`, `"<f4"`, `u'<f4'`), or `None` for anything else.
+fn as_str(value: &str) -> Option<&str> {
+    let value = value.strip_prefix(['u', 'U']).unwrap_or(value);
+    let quote = value.chars().next().filter(|&q| q == '\'' || q == '"')?;
+    let inner = value[1..].strip_suffix(quote)?;
+    (!inner.contains(quote)).then_some(inner)
 }
 
-impl Value {
-    /// Python's `repr`, for error messages.
-    fn repr(&self) -> String {
-        fn seq(items: &[Value], open: char, close: char, one_comma: bool) -> String {
-            let mut s = String::new();
-            s.push(open);
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    s.push_str(", ");
-                }
-                s.push_str(&v.repr());
-            }
-            if one_comma && items.len() == 1 {
-                s.push(',');
-            }
-            s.push(close);
-            s
-        }
-        match self {
-            Value::Str(s) => format!("'{}'", s.escape_debug()),
-            Value::Int(x) => x.to_string(),
-            Value::Bool(true) => "True".to_string(),
-            Value::Bool(false) => "False".to_string(),
-            Value::None => "None".to_string(),
-            Value::Tuple(items) => seq(items, '(', ')', true),
-            Value::List(items) => seq(items, '[', ']', false),
-            Value::Dict(entries) => {
-                let mut s = String::from("{");
-                for (i, (k, v)) in entries.iter().enumerate() {
-                    if i > 0 {
-                        s.push_str(", ");
-                    }
-                    let _ = write!(s, "'{}': {}", k.escape_debug(), v.repr());
-                }
-                s.push('}');
-                s
-            }
-        }
+/// Whitespace between Python tokens.
+fn is_ws(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0c')
+}
+
+/// The header as a quoted one-line string for error messages, cut at 200 characters.
+fn shown(text: &str) -> String {
+    let t = text.trim_end();
+    let cut: String = t.chars().take(200).collect();
+    if cut.len() < t.len() {
+        format!("{cut:?}...")
+    } else {
+        format!("{cut:?}")
     }
 }
 
-/// Nesting limit, so that `((((...` cannot exhaust the stack.
-const MAX_DEPTH: usize = 32;
+/// A value's text for error messages: on one line, cut at 80 characters.
+fn shown_value(value: &str) -> String {
+    let one_line = value
+        .split(is_ws)
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    match one_line.char_indices().nth(80) {
+        Some((cut, _)) => format!("{}...", &one_line[..cut]),
+        None => one_line,
+    }
+}
 
-/// A recursive-descent parser for the Python literals found in `.npy` headers.
-struct Parser<'a> {
-    s: &'a [u8],
+/// A cursor over the header's text. Its errors are messages that [`parse_header`] completes.
+struct Scanner<'a> {
+    s: &'a str,
     pos: usize,
-    depth: usize,
 }
 
-impl Parser<'_> {
+impl<'a> Scanner<'a> {
     fn skip_ws(&mut self) {
-        while self
-            .s
-            .get(self.pos)
-            .is_some_and(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r' | b'\x0c'))
-        {
-            self.pos += 1;
-        }
+        let rest = &self.s[self.pos..];
+        self.pos += rest.len() - rest.trim_start_matches(is_ws).len();
     }
 
     fn peek(&mut self) -> Option<u8> {
         self.skip_ws();
-        self.s.get(self.pos).copied()
+        self.s.as_bytes().get(self.pos).copied()
     }
 
-    fn expect(&mut self, c: u8) -> Result<(), String> {
-        match self.peek() {
-            Some(x) if x == c => {
-                self.pos += 1;
-                Ok(())
-            }
-            Some(x) => Err(format!(
-                "expected '{}' at byte {}, found '{}'",
-                c as char,
-                self.pos,
-                x.escape_ascii()
-            )),
-            None => Err(format!("expected '{}' at the end", c as char)),
-        }
-    }
-
-    fn value(&mut self) -> Result<Value, String> {
-        self.depth += 1;
-        if self.depth > MAX_DEPTH {
-            return Err(format!("nesting deeper than {MAX_DEPTH} levels"));
-        }
-        let v = self.value_inner();
-        self.depth -= 1;
-        v
-    }
-
-    fn value_inner(&mut self) -> Result<Value, String> {
-        let Some(c) = self.peek() else {
-            return Err("unexpected end of header".to_string());
-        };
-        match c {
-            b'{' => {
-                self.pos += 1;
-                let mut entries = Vec::new();
-                loop {
-                    if self.peek() == Some(b'}') {
-                        self.pos += 1;
-                        return Ok(Value::Dict(entries));
-                    }
-                    let at = self.pos;
-                    let Value::Str(key) = self.value()? else {
-                        return Err(format!("dictionary key at byte {at} is not a string"));
-                    };
-                    self.expect(b':')?;
-                    entries.push((key, self.value()?));
-                    match self.peek() {
-                        Some(b',') => self.pos += 1,
-                        Some(b'}') => {}
-                        _ => self.expect(b'}')?,
-                    }
-                }
-            }
-            b'(' | b'[' => {
-                let close = if c == b'(' { b')' } else { b']' };
-                self.pos += 1;
-                let mut items = Vec::new();
-                let mut comma = false;
-                loop {
-                    if self.peek() == Some(close) {
-                        self.pos += 1;
-                        break;
-                    }
-                    items.push(self.value()?);
-                    match self.peek() {
-                        Some(b',') => {
-                            self.pos += 1;
-                            comma = true;
-                        }
-                        Some(x) if x == close => {}
-                        _ => self.expect(close)?,
-                    }
-                }
-                Ok(match (close, comma, items.len()) {
-                    // `(3)` is just 3 in Python; `(3,)` is a tuple.
-                    (b')', false, 1) => items.pop().unwrap_or(Value::None),
-                    (b')', _, _) => Value::Tuple(items),
-                    _ => Value::List(items),
-                })
-            }
-            b'\'' | b'"' => self.string(),
-            b'u' | b'b' | b'U' | b'B' if matches!(self.s.get(self.pos + 1), Some(b'\'' | b'"')) => {
-                self.pos += 1;
-                self.string()
-            }
-            b'0'..=b'9' | b'-' | b'+' => self.int(),
-            c if c.is_ascii_alphabetic() || c == b'_' => {
-                let start = self.pos;
-                while self
-                    .s
-                    .get(self.pos)
-                    .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_')
-                {
-                    self.pos += 1;
-                }
-                match &self.s[start..self.pos] {
-                    b"True" => Ok(Value::Bool(true)),
-                    b"False" => Ok(Value::Bool(false)),
-                    b"None" => Ok(Value::None),
-                    word => Err(format!(
-                        "unexpected name '{}' at byte {start}",
-                        word.escape_ascii()
-                    )),
-                }
-            }
-            other => Err(format!(
-                "unexpected character '{}' at byte {}",
-                other.escape_ascii(),
-                self.pos
-            )),
-        }
-    }
-
-    fn string(&mut self) -> Result<Value, String> {
+    /// A string (optionally `u`-prefixed), without its quotes. Escapes are refused: NumPy
+    /// writes none, and a quote or bracket hidden behind one would mislead [`Scanner::value`].
+    fn string(&mut self) -> Result<&'a str, String> {
         let start = self.pos;
-        let quote = self.s[self.pos];
-        self.pos += 1;
-        let mut out = Vec::new();
-        loop {
-            let Some(&c) = self.s.get(self.pos) else {
-                return Err(format!("string starting at byte {start} is not closed"));
-            };
+        let bytes = self.s.as_bytes();
+        if matches!(bytes.get(self.pos), Some(b'u' | b'U')) {
             self.pos += 1;
+        }
+        let Some(&quote @ (b'\'' | b'"')) = bytes.get(self.pos) else {
+            return Err(format!("expected a string at byte {start}"));
+        };
+        let body = self.pos + 1;
+        let not_closed = || format!("string starting at byte {start} is not closed");
+        let len = self.s[body..]
+            .find([char::from(quote), '\\', '\n'])
+            .ok_or_else(not_closed)?;
+        match bytes[body + len] {
+            b'\\' => Err(format!(
+                "escape sequence at byte {} (a .npy header has none)",
+                body + len
+            )),
+            b'\n' => Err(not_closed()),
+            _ => {
+                self.pos = body + len + 1;
+                Ok(&self.s[body..body + len])
+            }
+        }
+    }
+
+    /// The text of one value, up to the `,` or `}` that ends it (or a misplaced `:`) outside
+    /// brackets and strings, without surrounding whitespace. Brackets are counted, not
+    /// recursed into.
+    fn value(&mut self) -> Result<&'a str, String> {
+        self.skip_ws();
+        let start = self.pos;
+        let mut depth = 0usize;
+        while let Some(&c) = self.s.as_bytes().get(self.pos) {
             match c {
-                b'\\' => {
-                    let Some(&e) = self.s.get(self.pos) else {
-                        return Err(format!("string starting at byte {start} is not closed"));
-                    };
-                    self.pos += 1;
-                    match e {
-                        b'n' => out.push(b'\n'),
-                        b't' => out.push(b'\t'),
-                        b'\\' | b'\'' | b'"' => out.push(e),
-                        other => out.extend_from_slice(&[b'\\', other]),
-                    }
+                b',' | b'}' | b':' if depth == 0 => break,
+                b'(' | b'[' | b'{' => depth += 1,
+                b')' | b']' | b'}' => {
+                    depth = depth
+                        .checked_sub(1)
+                        .ok_or_else(|| format!("unmatched '{}' at byte {}", c as char, self.pos))?;
                 }
-                b'\n' => return Err(format!("string starting at byte {start} is not closed")),
-                c if c == quote => break,
-                c => out.push(c),
+                b'\'' | b'"' => {
+                    self.string()?;
+                    continue;
+                }
+                _ => {}
             }
-        }
-        String::from_utf8(out)
-            .map(Value::Str)
-            .map_err(|_| format!("string at byte {start} is not valid UTF-8"))
-    }
-
-    fn int(&mut self) -> Result<Value, String> {
-        let start = self.pos;
-        let negative = match self.s[self.pos] {
-            b'-' => {
-                self.pos += 1;
-                true
-            }
-            b'+' => {
-                self.pos += 1;
-                false
-            }
-            _ => false,
-        };
-        let digits = self.pos;
-        let mut x: i128 = 0;
-        while let Some(&c) = self.s.get(self.pos).filter(|c| c.is_ascii_digit()) {
-            x = x
-                .checked_mul(10)
-                .and_then(|x| x.checked_add(i128::from(c - b'0')))
-                .ok_or_else(|| format!("integer at byte {start} is too large"))?;
             self.pos += 1;
         }
-        if self.pos == digits {
-            return Err(format!("expected a number at byte {start}"));
+        let value = self.s[start..self.pos].trim_end_matches(is_ws);
+        if value.is_empty() {
+            return Err(format!("expected a value at byte {start}"));
         }
-        // Python 2 wrote long integers with an `L` suffix: `(3L, 4L)`.
-        if matches!(self.s.get(self.pos), Some(b'L' | b'l')) {
-            self.pos += 1;
-        }
-        if self
-            .s
-            .get(self.pos)
-            .is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_'))
-        {
-            return Err(format!("expected an integer at byte {start}"));
-        }
-        Ok(Value::Int(if negative { -x } else { x }))
+        Ok(value)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::process::Command;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// A fresh directory under the system temp dir, removed on drop.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> TempDir {
-            static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let dir = std::env::temp_dir().join(format!(
-                "byzcoll-npy-{}-{}-{name}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ));
-            std::fs::create_dir_all(&dir).unwrap();
-            TempDir(dir)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    /// A `.npy` file with a hand-written header and data.
-    fn raw(major: u8, header: &str, data: &[u8]) -> Vec<u8> {
-        let mut out = MAGIC.to_vec();
-        out.extend_from_slice(&[major, 0]);
-        if major == 1 {
-            out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        } else {
-            out.extend_from_slice(&(header.len() as u32).to_le_bytes());
-        }
-        out.extend_from_slice(header.as_bytes());
-        out.extend_from_slice(data);
-        out
-    }
-
-    impl Array {
-        fn view_f32(&self) -> Option<&[f32]> {
-            match self.view() {
-                MappedData::F32(d) => Some(d),
-                MappedData::F64(_) => None,
-            }
-        }
-    }
-
-    fn f32_bytes(v: &[f32]) -> Vec<u8> {
-        v.iter().flat_map(|x| x.to_le_bytes()).collect()
-    }
-
-    fn err(bytes: &[u8]) -> String {
-        let e = from_bytes(bytes).unwrap_err().to_string();
-        // The stream reader must reach the same verdict.
-        let s = read_from(bytes).unwrap_err().to_string();
-        assert!(!e.contains('\n'), "{e}");
-        assert!(!s.contains('\n'), "{s}");
-        e
-    }
-
-    #[test]
-    fn round_trips_f32_and_f64() {
-        let data32: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 1.0).collect();
-        let mut bytes = Vec::new();
-        write_f32_to(&mut bytes, &[3, 4], &data32).unwrap();
-        assert_eq!((bytes.len() - 48) % ALIGN, 0);
-        let a = from_bytes(&bytes).unwrap();
-        assert_eq!(
-            a,
-            Array::F32 {
-                shape: vec![3, 4],
-                data: data32.clone()
-            }
-        );
-        assert_eq!(read_from(&bytes[..]).unwrap(), a);
-        assert_eq!(a.matrix_dims().unwrap(), (3, 4));
-        assert_eq!(a.dtype_name(), "float32");
-
-        let data64 = vec![f64::MIN_POSITIVE, -0.0, 1e300, f64::INFINITY, 3.25];
-        let mut bytes = Vec::new();
-        write_f64_to(&mut bytes, &[5], &data64).unwrap();
-        let a = from_bytes(&bytes).unwrap();
-        assert_eq!(a.shape(), &[5]);
-        assert_eq!(a.dtype_name(), "float64");
-        let Array::F64 { data, .. } = &a else {
-            panic!("{a:?}")
-        };
-        assert_eq!(
-            data.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            data64.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
-        assert_eq!(
-            a.matrix_dims().unwrap_err().to_string(),
-            "shape (5,) is not 2-D (n, d)"
-        );
-
-        // NaN payloads survive bit for bit; 0-d and empty arrays work.
-        let nan = f32::from_bits(0x7fc0_1234);
-        let mut bytes = Vec::new();
-        write_f32_to(&mut bytes, &[], &[nan]).unwrap();
-        let Array::F32 { shape, data } = from_bytes(&bytes).unwrap() else {
-            panic!()
-        };
-        assert!(shape.is_empty());
-        assert_eq!(data[0].to_bits(), nan.to_bits());
-        let mut bytes = Vec::new();
-        write_f64_to(&mut bytes, &[0, 7], &[]).unwrap();
-        assert_eq!(
-            from_bytes(&bytes).unwrap(),
-            Array::F64 {
-                shape: vec![0, 7],
-                data: vec![]
-            }
-        );
-
-        // Larger than one chunk, through files.
-        let dir = TempDir::new("roundtrip");
-        let big: Vec<f64> = (0..100_003).map(|i| (i as f64).sin()).collect();
-        let path = dir.0.join("big.npy");
-        write_f64(&path, &[7, 14_285], &big[..7 * 14_285]).unwrap();
-        let back = read(&path).unwrap();
-        assert_eq!(back.shape(), &[7, 14_285]);
-        let Array::F64 { data, .. } = back else {
-            panic!()
-        };
-        assert_eq!(data, big[..7 * 14_285]);
-        let a = Array::F32 {
-            shape: vec![100_003],
-            data: big.iter().map(|&x| x as f32).collect(),
-        };
-        a.write(&path).unwrap();
-        assert_eq!(read(&path).unwrap(), a);
-    }
-
-    #[test]
-    fn mapped_files_view_the_same_elements_and_are_checked_alike() {
-        let dir = TempDir::new("map");
-        let data32: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 1.0).collect();
-        let path = dir.0.join("a.npy");
-        write_f32(&path, &[3, 4], &data32).unwrap();
-        let m = map(&path).unwrap();
-        assert_eq!((m.shape(), m.matrix_dims().unwrap()), (&[3, 4][..], (3, 4)));
-        assert_eq!(m.dtype_name(), "float32");
-        assert!(matches!(m.data(), Some(MappedData::F32(d)) if d == data32.as_slice()));
-        let data64 = vec![f64::MIN_POSITIVE, -0.0, 1e300];
-        write_f64(&path, &[3], &data64).unwrap();
-        let m = map(&path).unwrap();
-        assert!(matches!(m.data(), Some(MappedData::F64(d)) if d == data64.as_slice()));
-
-        // A header NumPy would not write (data at an odd offset) is not viewed in place; the
-        // reader converts it.
-        let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }";
-        let odd = raw(1, header, &f32_bytes(&[1.5, -2.0]));
-        assert_ne!((10 + header.len()) % 4, 0);
-        std::fs::write(&path, &odd).unwrap();
-        assert!(map(&path).unwrap().data().is_none());
-        assert_eq!(read(&path).unwrap().view_f32(), Some(&[1.5f32, -2.0][..]));
-
-        // Truncated, trailing or malformed files fail as they do for the reader, and so does
-        // something that is not a regular file.
-        for bad in [
-            &odd[..odd.len() - 1],
-            &[odd.as_slice(), &[0]].concat(),
-            b"NUMPY",
-        ] {
-            std::fs::write(&path, bad).unwrap();
-            let (m, r) = (map(&path).unwrap_err(), read(&path).unwrap_err());
-            assert_eq!(m.to_string(), r.to_string());
-        }
-        assert!(map(&dir.0)
-            .unwrap_err()
-            .to_string()
-            .contains("not a regular file"));
-    }
-
-    #[test]
-    fn writer_rejects_a_shape_that_does_not_match_the_data() {
-        let e = write_f32_to(Vec::new(), &[2, 3], &[1.0; 5]).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "shape (2, 3) has 6 elements but 5 were given"
-        );
-        let e = write_f32_to(Vec::new(), &[usize::MAX, 2], &[]).unwrap_err();
-        assert!(e.to_string().contains("too large"), "{e}");
-    }
-
-    #[test]
-    fn reads_v1_v2_and_v3_headers_with_any_spacing() {
-        let data = f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        let expected = Array::F32 {
-            shape: vec![2, 3],
-            data: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
-        };
-        for header in [
-            "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }          \n",
-            "{'descr':'<f4','fortran_order':False,'shape':(2,3)}",
-            "{\"shape\": (2L, 3L), \"fortran_order\": False, \"descr\": \"<f4\"}\n",
-            "{ 'fortran_order' : False ,\n 'descr' : u'<f4' , 'shape' : ( 2 , 3 , ) , }\t \n",
-        ] {
-            for major in [1, 2, 3] {
-                let a = from_bytes(&raw(major, header, &data));
-                assert_eq!(a.unwrap(), expected, "v{major} {header:?}");
-            }
-        }
-        // A header longer than 64 KiB needs version 2; the writer switches by itself.
-        let shape = vec![1usize; 30_000];
-        let mut bytes = Vec::new();
-        write_f32_to(&mut bytes, &shape, &[7.5]).unwrap();
-        assert_eq!(bytes[6], 2);
-        assert_eq!(from_bytes(&bytes).unwrap().shape(), &shape[..]);
-    }
-
-    #[test]
-    fn rejects_a_wrong_magic_string_and_version() {
-        assert!(err(b"PK\x03\x04 not npy at all").contains("not a .npy file"));
-        assert!(err(b"").contains("too short"));
-        assert!(err(b"\x93NUM").contains("too short"));
-        let mut v = raw(
-            1,
-            "{'descr': '<f4', 'fortran_order': False, 'shape': (0,)}",
-            &[],
-        );
-        v[6] = 4;
-        assert_eq!(
-            err(&v),
-            "unsupported .npy format version 4.0; expected 1.0, 2.0 or 3.0"
-        );
-    }
-
-    #[test]
-    fn rejects_fortran_order_other_dtypes_and_big_endian() {
-        let h = |descr: &str, fortran: &str| {
-            raw(
-                1,
-                &format!("{{'descr': {descr}, 'fortran_order': {fortran}, 'shape': (2, 2), }}\n"),
-                &[0; 32],
-            )
-        };
-        assert!(err(&h("'<f4'", "True")).contains("Fortran-order"));
-        assert_eq!(
-            err(&h("'<i4'", "False")),
-            "dtype '<i4' is not supported; expected float32 ('<f4') or float64 ('<f8')"
-        );
-        let e = err(&h("'>f4'", "False"));
-        assert!(
-            e.starts_with("dtype '>f4' is not supported") && e.contains("big-endian"),
-            "{e}"
-        );
-        for descr in ["'<f2'", "'|u1'", "'=f4'", "'<c8'", "[('a', '<f4')]", "'O'"] {
-            let e = err(&h(descr, "False"));
-            assert!(e.starts_with(&format!("dtype {descr} is not")), "{e}");
-        }
-        assert!(err(&h("'<f8'", "0")).contains("'fortran_order' must be True or False"));
-    }
-
-    #[test]
-    fn rejects_malformed_headers() {
-        for (header, needle) in [
-            ("{'descr': '<f4', 'shape': (2,)}", "key 'fortran_order' is missing"),
-            ("{'descr': '<f4', 'fortran_order': False}", "key 'shape' is missing"),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}",
-                "unexpected key 'x'",
-            ),
-            (
-                "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}",
-                "appears twice",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (2)}",
-                "'shape' must be a tuple of non-negative integers, not 2",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (-2, 1)}",
-                "not (-2, 1)",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (2.5,)}",
-                "expected an integer",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999999999999999999999,)}",
-                "too large",
-            ),
-            (
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,)}",
-                "is too large",
-            ),
-            ("{'descr': '<f4', 'fortran_order': False, 'shape': (2,)", "expected '}'"),
-            ("{'descr': '<f4}", "not closed"),
-            ("{'descr': '<f4', 'fortran_order': false, 'shape': ()}", "unexpected name 'false'"),
-            ("[1, 2]", "expected a dictionary"),
-            ("{'descr': '<f4', 'fortran_order': False, 'shape': ()} junk", "unexpected text"),
-            ("", "unexpected end"),
-        ] {
-            let e = err(&raw(1, header, &[0; 8]));
-            assert!(e.starts_with("malformed header") && e.contains(needle), "{header}: {e}");
-        }
-        let deep = format!(
-            "{{'descr': '<f4', 'fortran_order': False, 'shape': {}{}}}",
-            "(".repeat(10_000),
-            ")".repeat(10_000)
-        );
-        assert!(err(&raw(2, &deep, &[])).contains("nesting deeper"));
-        let mut latin1 = raw(
-            1,
-            "{'descr': 'X', 'fortran_order': False, 'shape': ()}",
-            &[],
-        );
-        let at = latin1.iter().position(|&c| c == b'X').unwrap();
-        latin1[at] = 0xe9;
-        assert!(err(&latin1).contains("not ASCII/UTF-8"));
-    }
-
-    #[test]
-    fn rejects_truncated_and_oversized_data_before_allocating() {
-        let h = "{'descr': '<f4', 'fortran_order': False, 'shape': (300,), }\n";
-        let e = err(&raw(1, h, &[0; 800]));
-        assert_eq!(
-            e,
-            "file is truncated: header says 1200 bytes of data, 800 present"
-        );
-        let e = err(&raw(1, h, &[0; 1201]));
-        assert!(e.contains("1 unexpected bytes after the 1200 bytes"), "{e}");
-        // A partial last element.
-        assert!(err(&raw(1, h, &[0; 1199])).contains("1199 present"));
-
-        // Shapes whose byte size overflows are refused without touching the allocator.
-        for shape in [
-            "(4611686018427387904, 4611686018427387904)",
-            "(4611686018427387904,)",
-        ] {
-            let e = err(&raw(
-                1,
-                &format!("{{'descr': '<f8', 'fortran_order': False, 'shape': {shape}, }}"),
-                &[0; 16],
-            ));
-            assert_eq!(
-                e,
-                format!("shape {shape} is too large: its size in bytes overflows")
-            );
-        }
-        // A shape that fits in usize but not in this file (4 TiB) is refused before allocating,
-        // by both the sized and the stream reader (which grows with the data that arrives).
-        let e = err(&raw(
-            1,
-            "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }",
-            &[0; 16],
-        ));
-        assert_eq!(
-            e,
-            "file is truncated: header says 4398046511104 bytes of data, 16 present"
-        );
-    }
-
-    #[test]
-    fn rejects_a_header_length_past_the_end_of_the_file() {
-        let mut v = raw(
-            1,
-            "{'descr': '<f4', 'fortran_order': False, 'shape': ()}",
-            &[],
-        );
-        v[8..10].copy_from_slice(&1000u16.to_le_bytes());
-        let e = from_bytes(&v).unwrap_err().to_string();
-        assert!(e.starts_with("header length 1000 runs past the end"), "{e}");
-        let e = read_from(&v[..]).unwrap_err().to_string();
-        assert!(e.starts_with("header length 1000 runs past the end"), "{e}");
-        // Version 2 allows 4 GiB headers: refused from the file size, or from the limit.
-        let mut v = raw(2, "{}", &[]);
-        v[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(from_bytes(&v)
-            .unwrap_err()
-            .to_string()
-            .contains("past the end"));
-        assert!(read_from(&v[..])
-            .unwrap_err()
-            .to_string()
-            .contains("exceeds the limit"));
-    }
-
-    #[test]
-    fn file_errors_name_the_path() {
-        let dir = TempDir::new("paths");
-        let missing = dir.0.join("missing.npy");
-        let e = read(&missing).unwrap_err().to_string();
-        assert!(
-            e.starts_with(&format!("{}: cannot open: ", missing.display())),
-            "{e}"
-        );
-        let e = read(&dir.0).unwrap_err().to_string();
-        assert!(e.contains("cannot read: it is a directory"), "{e}");
-        let bad = dir.0.join("input.npy");
-        std::fs::write(
-            &bad,
-            raw(
-                1,
-                "{'descr': '<i4', 'fortran_order': False, 'shape': (1,)}",
-                &[0; 4],
-            ),
-        )
-        .unwrap();
-        assert_eq!(
-            read(&bad).unwrap_err().to_string(),
-            format!(
-                "{}: dtype '<i4' is not supported; expected float32 ('<f4') or float64 ('<f8')",
-                bad.display()
-            )
-        );
-        let e = write_f32(&dir.0.join("no/such/dir.npy"), &[1], &[1.0]).unwrap_err();
-        assert!(e.to_string().contains("cannot create"), "{e}");
-    }
-
-    fn numpy() -> bool {
-        let ok = Command::new("python3")
-            .args(["-c", "import numpy"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !ok {
-            eprintln!("skipped: python3 with numpy is not available");
-        }
-        ok
-    }
-
-    #[test]
-    fn reads_what_numpy_writes_and_numpy_reads_what_we_write() {
-        if !numpy() {
-            return;
-        }
-        let dir = TempDir::new("numpy");
-        let script = r#"
-import sys, numpy as np
-from numpy.lib import format as fmt
-d = sys.argv[1]
-x = (np.arange(12, dtype=np.float64).reshape(3, 4) - 5.5) / 3
-np.save(d + '/f64.npy', x)
-np.save(d + '/f32.npy', x.astype(np.float32))
-for v in [(1, 0), (2, 0), (3, 0)]:
-    with open(d + '/v%d.npy' % v[0], 'wb') as f:
-        fmt.write_array(f, x.astype(np.float32), version=v)
-np.save(d + '/fortran.npy', np.asfortranarray(x))
-np.save(d + '/int.npy', np.arange(4, dtype=np.int32))
-np.save(d + '/big.npy', x.astype('>f4'))
-np.save(d + '/scalar.npy', np.float64(2.5))
-np.save(d + '/t.npy', x.T)  # a transposed view is saved in Fortran order
-ours = np.load(d + '/ours32.npy')
-assert ours.dtype == np.float32 and ours.shape == (2, 3), (ours.dtype, ours.shape)
-assert (ours == np.array([[1, 2, 3], [4, 5, 6.5]], np.float32)).all()
-ours = np.load(d + '/ours64.npy')
-assert ours.dtype == np.float64 and ours.shape == (0,), (ours.dtype, ours.shape)
-ours = np.load(d + '/ourswide.npy')
-assert ours.shape == (1,) * 40 and ours.dtype == np.float64
-print('numpy ok')
-"#;
-        write_f32(
-            &dir.0.join("ours32.npy"),
-            &[2, 3],
-            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.5],
-        )
-        .unwrap();
-        write_f64(&dir.0.join("ours64.npy"), &[0], &[]).unwrap();
-        write_f64(&dir.0.join("ourswide.npy"), &[1; 40], &[1.0]).unwrap();
-        let out = Command::new("python3")
-            .args(["-c", script])
-            .arg(&dir.0)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-
-        let expected: Vec<f64> = (0..12).map(|i| (f64::from(i) - 5.5) / 3.0).collect();
-        assert_eq!(
-            read(&dir.0.join("f64.npy")).unwrap(),
-            Array::F64 {
-                shape: vec![3, 4],
-                data: expected.clone()
-            }
-        );
-        let expected32 = Array::F32 {
-            shape: vec![3, 4],
-            data: expected.iter().map(|&x| x as f32).collect(),
-        };
-        assert_eq!(read(&dir.0.join("f32.npy")).unwrap(), expected32);
-        for v in 1..=3 {
-            let path = dir.0.join(format!("v{v}.npy"));
-            assert_eq!(std::fs::read(&path).unwrap()[6], v);
-            assert_eq!(read(&path).unwrap(), expected32, "version {v}");
-        }
-        assert_eq!(
-            read(&dir.0.join("scalar.npy")).unwrap(),
-            Array::F64 {
-                shape: vec![],
-                data: vec![2.5]
-            }
-        );
-        for (name, needle) in [
-            ("fortran.npy", "Fortran-order"),
-            ("t.npy", "Fortran-order"),
-            ("int.npy", "dtype '<i4' is not supported"),
-            ("big.npy", "dtype '>f4' is not supported"),
-        ] {
-            let e = read(&dir.0.join(name)).unwrap_err().to_string();
-            assert!(e.contains(needle), "{name}: {e}");
-        }
-    }
-}
+mod tests;
