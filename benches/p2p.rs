@@ -78,6 +78,7 @@ impl Keys {
             sends,
             recvs,
             deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+            quorum: None,
         }
     }
 }

@@ -66,6 +66,10 @@
 // A peer that sent something unacceptable (wrong length, bad frame).
 #define BYZCOLL_FAULT_MALFORMED 1
 
+// A peer that sent nothing by the end of a quorum step's grace, before the deadline: a
+// straggler, erased for that round so that it does not set the others' pace.
+#define BYZCOLL_FAULT_LATE 2
+
 // What a call returns.
 typedef enum byzcoll_status_t {
   // Success.
@@ -153,7 +157,8 @@ typedef struct byzcoll_report_t {
   size_t capacity;
   // Ranks treated as erasures this round.
   uint32_t *fault_ranks;
-  // For each of `fault_ranks`: `BYZCOLL_FAULT_MISSING` or `BYZCOLL_FAULT_MALFORMED`.
+  // For each of `fault_ranks`: `BYZCOLL_FAULT_MISSING`, `BYZCOLL_FAULT_MALFORMED` or
+  // `BYZCOLL_FAULT_LATE`.
   int32_t *fault_kinds;
   // Ranks whose vector held NaN or infinities (it still entered the rule).
   uint32_t *non_finite_ranks;

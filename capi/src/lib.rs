@@ -26,7 +26,9 @@ use byzcoll_rs::aggregators::{self, Params};
 use byzcoll_rs::{Agreement, Communicator, JobConfig, Policy, ReduceOp, Replicas};
 
 use buffers::{Buffer, DType};
-pub use report::{byzcoll_report_t, BYZCOLL_FAULT_MALFORMED, BYZCOLL_FAULT_MISSING};
+pub use report::{
+    byzcoll_report_t, BYZCOLL_FAULT_LATE, BYZCOLL_FAULT_MALFORMED, BYZCOLL_FAULT_MISSING,
+};
 pub use status::byzcoll_status_t;
 use status::{byzcoll_status_t::*, Failure};
 

@@ -12,6 +12,9 @@ use crate::status::Failure;
 pub const BYZCOLL_FAULT_MISSING: i32 = 0;
 /// A peer that sent something unacceptable (wrong length, bad frame).
 pub const BYZCOLL_FAULT_MALFORMED: i32 = 1;
+/// A peer that sent nothing by the end of a quorum step's grace, before the deadline: a
+/// straggler, erased for that round so that it does not set the others' pace.
+pub const BYZCOLL_FAULT_LATE: i32 = 2;
 
 /// What happened in one robust round. The caller owns it and the arrays it points to:
 /// initialise with `BYZCOLL_REPORT_INIT`, then point the arrays you want at storage for
@@ -26,7 +29,8 @@ pub struct byzcoll_report_t {
     pub capacity: usize,
     /// Ranks treated as erasures this round.
     pub fault_ranks: *mut u32,
-    /// For each of `fault_ranks`: `BYZCOLL_FAULT_MISSING` or `BYZCOLL_FAULT_MALFORMED`.
+    /// For each of `fault_ranks`: `BYZCOLL_FAULT_MISSING`, `BYZCOLL_FAULT_MALFORMED` or
+    /// `BYZCOLL_FAULT_LATE`.
     pub fault_kinds: *mut i32,
     /// Ranks whose vector held NaN or infinities (it still entered the rule).
     pub non_finite_ranks: *mut u32,
@@ -109,6 +113,7 @@ impl Out {
             .map(|f| match f.fault {
                 Fault::Missing => BYZCOLL_FAULT_MISSING,
                 Fault::Malformed(_) => BYZCOLL_FAULT_MALFORMED,
+                Fault::Late => BYZCOLL_FAULT_LATE,
             })
             .collect();
         let non_finite: Vec<u32> = round.non_finite.iter().map(|&r| r as u32).collect();

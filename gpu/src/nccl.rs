@@ -94,6 +94,9 @@ pub async fn robust_all_reduce_nccl<E: GpuElement, N: DeviceExchange>(
         shape,
         agreement,
         timeout,
+        // NCCL's group calls complete whole: every input is waited for.
+        stragglers: 0,
+        grace: byzcoll_proto::Grace::DEFAULT,
     };
     let mut round: Round<'_, Row> = Round::new(spec, rule);
     let mut plane = DevicePlane::<E>::new(rule, mine, d, me, n)?;

@@ -15,6 +15,10 @@ pub enum Fault {
     /// Something arrived but was not acceptable (wrong length, bad frame, non-finite values
     /// where the rule refuses them); the string says what.
     Malformed(String),
+    /// Nothing arrived by the end of a quorum step's grace, though the deadline had not
+    /// passed: a straggler (slow, stalled, or a rank that sends as late as it dares), erased
+    /// for that step so that it does not set the others' pace.
+    Late,
 }
 
 /// A peer at fault, as reported by collectives.
@@ -31,6 +35,7 @@ impl fmt::Display for PeerFault {
         match &self.fault {
             Fault::Missing => write!(f, "rank {}: missing at deadline", self.rank),
             Fault::Malformed(why) => write!(f, "rank {}: malformed ({why})", self.rank),
+            Fault::Late => write!(f, "rank {}: late (after the quorum's grace)", self.rank),
         }
     }
 }

@@ -47,6 +47,47 @@ impl MsgKey {
     }
 }
 
+/// When a step may end before every receive has an outcome: once `receives` of them have one
+/// (the quorum) and the [`Grace`] that follows has passed. Receives still open then are *late*:
+/// erasures for that step, named apart from the missing ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quorum {
+    /// Receives that must have an outcome before the step may end early.
+    pub receives: usize,
+    /// How long the step waits past the quorum.
+    pub grace: Grace,
+}
+
+/// How long a quorum step waits past its quorum. It adapts to what the step sees: at least
+/// [`Grace::min`], and at least [`Grace::factor`] times as long as the quorum took to form,
+/// so that it is never a constant too short on a slow network or too long on a fast one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grace {
+    /// The shortest wait past the quorum.
+    pub min: std::time::Duration,
+    /// The wait past the quorum in multiples of the time the quorum took to form.
+    pub factor: u32,
+}
+
+impl Grace {
+    /// The default: at least 1 ms, and as long again as the quorum took to form.
+    pub const DEFAULT: Grace = Grace {
+        min: std::time::Duration::from_millis(1),
+        factor: 1,
+    };
+
+    /// How long to wait past a quorum that formed `formed` after the step was posted.
+    pub fn after(&self, formed: std::time::Duration) -> std::time::Duration {
+        formed.saturating_mul(self.factor).max(self.min)
+    }
+}
+
+impl Default for Grace {
+    fn default() -> Self {
+        Grace::DEFAULT
+    }
+}
+
 /// A receive in a step: exactly `len` bytes are expected from `peer` under `tag`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvOp {

@@ -18,7 +18,8 @@ pub mod round;
 pub mod schedule;
 
 pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, TransportError};
-pub use ids::{MsgKey, Rank, RecvOp, Tag, STREAM_BITS};
+pub use ids::{Grace, MsgKey, Quorum, Rank, RecvOp, Tag, STREAM_BITS};
 pub use policy::{
-    Agreement, AgreementReport, Policy, Replicas, RoundReport, RoundStats, SUB_ROUND_BYTES,
+    Agreement, AgreementReport, Policy, Replicas, RoundReport, RoundStats, Stragglers,
+    SUB_ROUND_BYTES,
 };

@@ -121,6 +121,57 @@ impl Agreement {
     }
 }
 
+/// How many inputs a robust round may go without for their lateness alone (`s`, a budget of
+/// its own beside the rule's `f` Byzantine ranks): the steps that carry inputs end once all
+/// but `s` of them are in and a grace has passed ([`crate::Grace`]), so that no rank, honest
+/// or not, sets the pace of the others. Late inputs are erasures named
+/// [`Fault::Late`](crate::Fault::Late) in the report.
+///
+/// Off by default (`Exactly(0)`) for now: under [`Agreement::Detect`] a straggler's input can
+/// reach some honest ranks before their quorum and others after it, and the cross-check then
+/// fails the minority's round (loudly, never silently); [`Agreement::Enforce`] agrees on the
+/// inputs and keeps them all in step (`PROTOCOL.md`, "Quorum rounds").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stragglers {
+    /// The largest `s` up to the rule's `f` that keeps its precondition with `n - s` inputs
+    /// ([`stragglers_allowed`](crate::round::stragglers_allowed)); 0 where none does, and on
+    /// transports that cannot end a step early (NCCL).
+    Auto,
+    /// Exactly `s`: refused up front where the rule's precondition does not hold with `f`
+    /// Byzantine inputs among `n - s`. `Exactly(0)` waits for every input until the deadline.
+    Exactly(usize),
+}
+
+impl Default for Stragglers {
+    fn default() -> Self {
+        Stragglers::Exactly(0)
+    }
+}
+
+impl Stragglers {
+    /// Parses `auto` or a count.
+    ///
+    /// # Errors
+    /// What is accepted, for anything else.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(Stragglers::Auto),
+            v => v
+                .parse()
+                .map(Stragglers::Exactly)
+                .map_err(|_| format!("{v:?}: expected auto or a number of ranks")),
+        }
+    }
+
+    /// The count asked for (`None`: [`Stragglers::Auto`]).
+    pub fn requested(self) -> Option<usize> {
+        match self {
+            Stragglers::Auto => None,
+            Stragglers::Exactly(s) => Some(s),
+        }
+    }
+}
+
 /// What the cross-check of [`Agreement::Detect`] found, where this rank's result is the one
 /// at least `n − f` ranks hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -158,6 +209,9 @@ pub struct RoundReport {
     pub selected: Option<Vec<Rank>>,
     /// Owners per shard (`None` in gather mode).
     pub replicas: Option<usize>,
+    /// `s`, the inputs the round could go without for their lateness alone ([`Stragglers`]):
+    /// 0 where every input was waited for until the deadline.
+    pub stragglers: usize,
     /// Peak bytes of the buffers the collective itself held at once (payloads sent and
     /// received, intermediate results; not the caller's buffer).
     pub peak_bytes: usize,

@@ -66,6 +66,7 @@ fn faults_list(faults: &[byzcoll::PeerFault]) -> Vec<(usize, String, String)> {
         .iter()
         .map(|f| match &f.fault {
             Fault::Missing => (f.rank, "missing".to_string(), f.to_string()),
+            Fault::Late => (f.rank, "late".to_string(), f.to_string()),
             Fault::Malformed(_) => (f.rank, "malformed".to_string(), f.to_string()),
         })
         .collect()

@@ -52,6 +52,8 @@ pub struct Communicator {
     shared: Arc<Shared>,
     pub(crate) owner_tamper: Option<crate::round::host::Tamper>,
     unauthenticated: bool,
+    /// What this rank has seen of each peer in its robust rounds.
+    pub(crate) health: crate::health::Health,
     /// What the steps since the last [`Communicator::take_stats`] moved and took.
     stats: RoundStats,
 }
@@ -83,6 +85,7 @@ impl std::fmt::Debug for Communicator {
 impl Communicator {
     /// A communicator over `transport`.
     pub fn new(transport: Box<dyn Transport>, config: Config) -> Self {
+        let health = crate::health::Health::new(transport.size());
         Communicator {
             transport: Arc::from(transport),
             config,
@@ -91,8 +94,18 @@ impl Communicator {
             shared: Arc::default(),
             owner_tamper: None,
             unauthenticated: false,
+            health,
             stats: RoundStats::default(),
         }
+    }
+
+    /// What this rank has seen of each other rank in its robust rounds, in rank order: how
+    /// many rounds in a row it has been late, missing, malformed or disagreeing, and how
+    /// often since the communicator was made. This rank's own observations only (see
+    /// [`PeerHealth`](crate::PeerHealth)): evidence for the application, never an accusation
+    /// the library acts on by itself.
+    pub fn health(&self) -> Vec<crate::PeerHealth> {
+        self.health.of_peers(self.rank())
     }
 
     /// Sets [`Config::agreement`], a job-wide parameter: every rank must choose alike. For
@@ -112,6 +125,12 @@ impl Communicator {
     /// [`Communicator::set_agreement`] says): up to [`RING_PARTS`] parts per chunk.
     pub fn set_ring_part_bytes(&mut self, bytes: usize) {
         self.config.ring_part_bytes = bytes;
+    }
+
+    /// Sets [`Config::stragglers`], a job-wide parameter (as [`Communicator::set_agreement`]
+    /// says).
+    pub fn set_stragglers(&mut self, stragglers: crate::Stragglers) {
+        self.config.stragglers = stragglers;
     }
 
     /// The agreement policy of robust rounds.
@@ -177,6 +196,7 @@ impl Communicator {
             transport: self.transport.as_ref(),
             turn: Turn::Waiting(self.shared.turn.clone()),
             timeout: self.config.step_timeout,
+            quorum: None,
             collective,
             step: 0,
             stats: &mut self.stats,
@@ -249,6 +269,7 @@ impl Communicator {
             .collect();
         members.sort_by_key(|&r| (table[3 * r + 1], r));
         let rank = members.iter().position(|&r| r == me).unwrap_or_default();
+        let n_members = members.len();
         Ok(Some(Communicator {
             transport: Arc::new(SubTransport {
                 parent: self.transport.clone(),
@@ -261,6 +282,7 @@ impl Communicator {
             shared: self.shared.clone(),
             owner_tamper: None,
             unauthenticated: self.unauthenticated,
+            health: crate::health::Health::new(n_members),
             stats: RoundStats::default(),
         }))
     }
@@ -606,23 +628,27 @@ pub(crate) struct Sequence<'a> {
     /// The transport's turn, taken at the first step and held until the call ends.
     turn: Turn,
     timeout: std::time::Duration,
+    /// The next step's quorum ([`Step::quorum`]); each step takes it.
+    quorum: Option<crate::Quorum>,
     pub(crate) collective: u64,
     step: u32,
     stats: &'a mut RoundStats,
 }
 
 impl<'a> Sequence<'a> {
-    /// Runs a step named `op` that may take `timeout` (a robust round's steps: the round
-    /// names them and says how long each may take).
+    /// Runs a step named `op` that may take `timeout` and may end at `quorum` (a robust
+    /// round's steps: the round names them and says how long each may take).
     pub(crate) async fn run_as(
         &mut self,
         op: &'static str,
         timeout: std::time::Duration,
+        quorum: Option<crate::Quorum>,
         sends: Vec<SendOp>,
         recvs: Vec<RecvOp>,
     ) -> Result<Vec<RecvOutcome>> {
         self.op = op;
         self.timeout = timeout;
+        self.quorum = quorum;
         self.run(sends, recvs).await
     }
 
@@ -661,6 +687,7 @@ impl<'a> Sequence<'a> {
             sends,
             recvs,
             deadline: started + self.timeout,
+            quorum: self.quorum.take(),
         };
         let number = self.step;
         self.step += 1;
@@ -699,6 +726,7 @@ impl<'a> Sequence<'a> {
                             tracing::debug!(peer, bytes = p.len(), "received")
                         }
                         RecvOutcome::Missing => tracing::debug!(peer, "missing"),
+                        RecvOutcome::Late => tracing::debug!(peer, "late"),
                         RecvOutcome::Malformed(why) => tracing::debug!(peer, why, "malformed"),
                     }
                 }
@@ -865,6 +893,7 @@ pub(crate) fn recv(peer: Rank, len: usize) -> RecvOp {
 pub(crate) fn fault(rank: Rank, outcome: RecvOutcome) -> PeerFault {
     let fault = match outcome {
         RecvOutcome::Received(_) | RecvOutcome::Missing => Fault::Missing,
+        RecvOutcome::Late => Fault::Late,
         RecvOutcome::Malformed(why) => Fault::Malformed(why),
     };
     PeerFault { rank, fault }

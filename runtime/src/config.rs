@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::{Agreement, BootstrapError, Rank, RING_PART_BYTES, SUB_ROUND_BYTES};
+use crate::{Agreement, BootstrapError, Grace, Rank, Stragglers, RING_PART_BYTES, SUB_ROUND_BYTES};
 
 /// Settings that apply to every collective of a communicator.
 ///
@@ -32,6 +32,11 @@ pub struct Config {
     /// the value), where the transport allows steps in flight; `BYZCOLL_RING_PART_BYTES`.
     /// Job-wide.
     pub ring_part_bytes: usize,
+    /// How many inputs a robust round may go without for their lateness alone (none by
+    /// default, [`Stragglers`]); `BYZCOLL_STRAGGLERS` (`auto` or a count). Job-wide.
+    pub stragglers: Stragglers,
+    /// How long a robust round's input steps wait past their quorum ([`Grace::DEFAULT`]).
+    pub grace: Grace,
 }
 
 impl Default for Config {
@@ -41,6 +46,8 @@ impl Default for Config {
             agreement: Agreement::default(),
             sub_round_bytes: SUB_ROUND_BYTES,
             ring_part_bytes: RING_PART_BYTES,
+            stragglers: Stragglers::default(),
+            grace: Grace::DEFAULT,
         }
     }
 }
@@ -52,7 +59,10 @@ pub const MAX_STEP_TIMEOUT: Duration = Duration::from_secs(86_400);
 const MAX_PART_BYTES: u64 = 1 << 40;
 
 /// Length of [`Config::job_record`].
-pub const JOB_RECORD_LEN: usize = 4 + 1 + 8 + 8;
+pub const JOB_RECORD_LEN: usize = 4 + 1 + 8 + 8 + 8;
+
+/// [`Config::job_record`]'s stragglers for [`Stragglers::Auto`].
+const AUTO: u64 = u64::MAX;
 
 /// What [`Config::job_record`] starts with.
 const JOB_MAGIC: &[u8; 4] = b"BZJ1";
@@ -89,6 +99,10 @@ impl Config {
                 .and_then(step_timeout_ms)
                 .map_err(|why| invalid("BYZCOLL_TIMEOUT_MS", &v, why))?;
         }
+        if let Some(v) = get("BYZCOLL_STRAGGLERS") {
+            config.stragglers =
+                Stragglers::parse(&v).map_err(|why| invalid("BYZCOLL_STRAGGLERS", &v, why))?;
+        }
         if let Some(v) = get("BYZCOLL_AGREEMENT") {
             config.agreement =
                 Agreement::parse(&v).map_err(|why| invalid("BYZCOLL_AGREEMENT", &v, why))?;
@@ -124,6 +138,8 @@ impl Config {
         r[4] = self.agreement.code();
         r[5..13].copy_from_slice(&(self.sub_round_bytes as u64).to_le_bytes());
         r[13..21].copy_from_slice(&(self.ring_part_bytes as u64).to_le_bytes());
+        let stragglers = self.stragglers.requested().map_or(AUTO, |s| s as u64);
+        r[21..29].copy_from_slice(&stragglers.to_le_bytes());
         r
     }
 
@@ -144,10 +160,11 @@ impl Config {
                  same byzcoll"
             )));
         }
-        let fields: [(&'static str, std::ops::Range<usize>); 3] = [
+        let fields: [(&'static str, std::ops::Range<usize>); 4] = [
             ("agreement (BYZCOLL_AGREEMENT)", 4..5),
             ("sub-round bytes (BYZCOLL_SUB_ROUND_BYTES)", 5..13),
             ("ring part bytes (BYZCOLL_RING_PART_BYTES)", 13..21),
+            ("stragglers allowed (BYZCOLL_STRAGGLERS)", 21..29),
         ];
         for (name, at) in fields {
             let value = |b: &[u8]| -> String {
@@ -158,7 +175,10 @@ impl Config {
                     _ => {
                         let mut le = [0u8; 8];
                         le.copy_from_slice(v);
-                        u64::from_le_bytes(le).to_string()
+                        match u64::from_le_bytes(le) {
+                            AUTO => "auto".into(),
+                            x => x.to_string(),
+                        }
                     }
                 }
             };

@@ -16,6 +16,7 @@ pub mod bootstrap;
 mod comm;
 mod config;
 mod handle;
+mod health;
 pub mod pool;
 mod robust;
 pub mod round;
@@ -24,13 +25,14 @@ mod types;
 
 pub use byzcoll_proto::schedule;
 pub use byzcoll_proto::{
-    Agreement, AgreementReport, BootstrapError, Error, Fault, Faults, MsgKey, PeerFault, Policy,
-    Rank, RecvOp, Replicas, Result, RoundReport, RoundStats, Tag, TransportError, STREAM_BITS,
-    SUB_ROUND_BYTES,
+    Agreement, AgreementReport, BootstrapError, Error, Fault, Faults, Grace, MsgKey, PeerFault,
+    Policy, Quorum, Rank, RecvOp, Replicas, Result, RoundReport, RoundStats, Stragglers, Tag,
+    TransportError, STREAM_BITS, SUB_ROUND_BYTES,
 };
 pub use comm::{Communicator, ReduceOp, RING_PARTS, RING_PART_BYTES};
 pub use config::{step_timeout_ms, Config, JOB_RECORD_LEN, MAX_STEP_TIMEOUT};
 pub use handle::{CommHandle, Pending, QUEUED};
+pub use health::{PeerHealth, Symptom};
 #[cfg(feature = "fault-injection")]
 pub use robust::OwnerTamper;
 pub use round::sum_of_shard_medians;

@@ -3,7 +3,7 @@
 use byzcoll_aggregators::{Aggregator, Element, Structure};
 
 use crate::round::host::{HostPlane, Target};
-use crate::round::{check_agreement, Arrival, Carry, Msg, Round, Shape, Spec};
+use crate::round::{check_agreement, stragglers_allowed, Arrival, Carry, Msg, Round, Shape, Spec};
 use crate::schedule::chunk_range;
 use crate::{
     Agreement, Communicator, Error, Policy, RecvOutcome, Replicas, Result, RoundReport, SendOp,
@@ -85,15 +85,18 @@ impl Communicator {
     ) -> Result<RoundReport> {
         let shape = Shape::all_reduce(policy);
         let d = buf.len();
-        if matches!(shape, Shape::Sharded(_))
+        let outcome = if matches!(shape, Shape::Sharded(_))
             && rule.structure() == Structure::CoordinateWise
             && self.agreement() != Agreement::Enforce
             && std::mem::size_of_val(buf) > self.config().sub_round_bytes.max(size_of::<T>())
         {
-            return self.sub_rounds(buf, rule, shape).await;
-        }
-        self.run_round(Target::All(buf), d, rule, shape, &mut Carry::default())
-            .await
+            self.sub_rounds(buf, rule, shape).await
+        } else {
+            self.run_round(Target::All(buf), d, rule, shape, &mut Carry::default())
+                .await
+        };
+        self.health.record(&outcome);
+        outcome
     }
 
     /// A sharded all-reduce of a coordinate-wise rule as consecutive sub-rounds, one per part
@@ -156,6 +159,29 @@ impl Communicator {
         }
     }
 
+    /// `s` for a robust round of `rule` in `shape` here ([`Config::stragglers`](crate::Config),
+    /// said in [`RoundReport::stragglers`]): none where the round cannot end a step early (a
+    /// transport that cannot, NCCL; sharded rounds, whose owners' versions are not yet quorum
+    /// steps), where asking for some is an error rather than a silent wait for everyone.
+    fn stragglers(&self, rule: &dyn Aggregator, shape: Shape) -> Result<usize> {
+        let requested = self.config().stragglers.requested();
+        let cannot = match shape {
+            _ if !self.transport().capabilities().quorum => Some(format!(
+                "the {} transport, which cannot end a step before its deadline",
+                self.transport().name()
+            )),
+            Shape::Gather => None,
+            _ => Some("sharded rounds (gather mode only, for now)".to_string()),
+        };
+        match (cannot, requested) {
+            (None, requested) => stragglers_allowed(rule, self.size(), requested),
+            (Some(_), None | Some(0)) => Ok(0),
+            (Some(why), Some(s)) => Err(Error::Unsupported(format!(
+                "{s} stragglers allowed in {why}; allow none (BYZCOLL_STRAGGLERS=0) or auto"
+            ))),
+        }
+    }
+
     /// The agreement policy for a robust round of `shape`, refused up front where it cannot
     /// run ([`check_agreement`]).
     fn round_agreement(&self, shape: Shape, rule: &dyn Aggregator) -> Result<Agreement> {
@@ -185,6 +211,8 @@ impl Communicator {
             shape,
             agreement,
             timeout: self.config().step_timeout,
+            stragglers: self.stragglers(rule, shape)?,
+            grace: self.config().grace,
         };
         let mut round = Round::resuming(spec, rule, carry);
         let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone());
@@ -206,7 +234,13 @@ impl Communicator {
                 })
                 .collect();
             let outcomes = seq
-                .run_as(plan.op, plan.timeout, sends, plan.recvs.clone())
+                .run_as(
+                    plan.op,
+                    plan.timeout,
+                    plan.quorum,
+                    sends,
+                    plan.recvs.clone(),
+                )
                 .await?;
             plane.release_sent();
             let arrivals = outcomes
@@ -214,6 +248,7 @@ impl Communicator {
                 .map(|o| match o {
                     RecvOutcome::Received(p) => Arrival::Received(p),
                     RecvOutcome::Missing => Arrival::Missing,
+                    RecvOutcome::Late => Arrival::Late,
                     RecvOutcome::Malformed(why) => Arrival::Malformed(why),
                 })
                 .collect();
@@ -297,14 +332,17 @@ impl Communicator {
             )));
         }
         let d = input.len();
-        self.run_round(
-            Target::OwnShard { input, output },
-            d,
-            rule,
-            Shape::ReduceScatter(replicas),
-            &mut Carry::default(),
-        )
-        .await
+        let outcome = self
+            .run_round(
+                Target::OwnShard { input, output },
+                d,
+                rule,
+                Shape::ReduceScatter(replicas),
+                &mut Carry::default(),
+            )
+            .await;
+        self.health.record(&outcome);
+        outcome
     }
 
     /// Makes this rank a Byzantine shard owner in later sharded rounds (`None`: honest again).

@@ -9,7 +9,7 @@ use std::fmt;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use crate::{MemoryKind, MsgKey, Payload, Rank, RecvOp, Tag, TransportError};
+use crate::{MemoryKind, MsgKey, Payload, Quorum, Rank, RecvOp, Tag, TransportError};
 
 /// A send in a step: `payload` goes to `peer` under `tag`.
 #[derive(Debug, Clone)]
@@ -35,6 +35,13 @@ pub struct Step {
     pub recvs: Vec<RecvOp>,
     /// When to stop waiting: receives still open then are [`RecvOutcome::Missing`].
     pub deadline: Instant,
+    /// When the step may end before the deadline: once the quorum's receives have an outcome
+    /// and its grace has passed; receives still open then are [`RecvOutcome::Late`]. A quorum
+    /// step does not wait for its sends to leave either (a quorum of every receive: the step
+    /// ends with its receives): a send still in flight then is left to the transport, as at
+    /// a deadline. `None`: every receive is waited for until the deadline, and every send
+    /// until it has left. Only for transports that declare [`Capabilities::quorum`].
+    pub quorum: Option<Quorum>,
 }
 
 impl Step {
@@ -75,6 +82,11 @@ impl Step {
                 s.payload.memory_kind()
             )));
         }
+        if self.quorum.is_some() && !caps.quorum {
+            return Err(TransportError::InvalidUsage(
+                "a quorum step on a transport that cannot end a step before its deadline".into(),
+            ));
+        }
         if let Some(r) = self.recvs.iter().find(|r| !peer_ok(r.peer)) {
             return Err(TransportError::InvalidUsage(format!(
                 "receive from rank {} at rank {me} in a world of {size}",
@@ -112,6 +124,9 @@ pub enum RecvOutcome {
     Received(Payload),
     /// Nothing arrived by the deadline, or the peer's connection is gone.
     Missing,
+    /// Nothing arrived by the end of the step's quorum and grace ([`Step::quorum`]), before
+    /// the deadline.
+    Late,
     /// Something arrived that was not acceptable; the string says what.
     Malformed(String),
 }
@@ -124,6 +139,10 @@ pub struct Capabilities {
     /// Whether one peer can time out without tearing down the whole communicator
     /// (TCP, UCX, libfabric: yes; NCCL: no, it must abort).
     pub per_peer_timeout: bool,
+    /// Whether a step can end at its [`Step::quorum`] (the transports whose receives are
+    /// matched by key, the transport kit's mailbox: yes; NCCL: no, its group calls complete
+    /// whole).
+    pub quorum: bool,
     /// Largest message in bytes.
     pub max_message_bytes: u64,
     /// How many steps of one collective may be in flight at once: posted in increasing order,

@@ -413,6 +413,8 @@ impl Scenario {
                 agreement: self.agreement,
                 // The simulator's deadlines are in units of its own timeout.
                 timeout: std::time::Duration::from_secs(1),
+                stragglers: 0,
+                grace: byzcoll_proto::Grace::DEFAULT,
             };
             Robust::new(common, rule.unwrap_or(any.as_ref()), &self.adversary, spec)
         };

@@ -16,7 +16,7 @@ impl<'r, B> Round<'r, B> {
         let recvs = schedule::direct_peers(me, n)
             .map(|peer| RecvOp { peer, tag: 0, len })
             .collect();
-        self.post(Phase::Gather, "robust_gather", sends, recvs);
+        self.post_inputs(Phase::Gather, "robust_gather", sends, recvs, 1);
     }
 
     pub(super) fn gathered<P: Plane<Buf = B>>(

@@ -49,7 +49,10 @@ use byzcoll_aggregators::{
 };
 
 use crate::schedule::{self, chunk_range, sharded};
-use crate::{Agreement, Error, Fault, PeerFault, Policy, Rank, RecvOp, Replicas, RoundReport, Tag};
+use crate::{
+    Agreement, Error, Fault, Grace, PeerFault, Policy, Quorum, Rank, RecvOp, Replicas, RoundReport,
+    Tag,
+};
 
 pub use check::{commitment, input_digest, result_digest, Digest};
 use check::{Check, Seen};
@@ -105,6 +108,9 @@ pub struct StepPlan {
     pub recvs: Vec<RecvOp>,
     /// How long after posting the step its receives may still arrive.
     pub timeout: Duration,
+    /// When the step may end before then: the steps that carry inputs, where the round
+    /// allows stragglers ([`Spec::stragglers`]).
+    pub quorum: Option<Quorum>,
 }
 
 /// One receive's outcome, as a driver hands it back.
@@ -114,6 +120,8 @@ pub enum Arrival<B> {
     Received(B),
     /// Nothing arrived by the deadline, or the peer is gone.
     Missing,
+    /// Nothing arrived by the end of the step's quorum and grace ([`StepPlan::quorum`]).
+    Late,
     /// Something unacceptable arrived; the string says what.
     Malformed(String),
 }
@@ -300,6 +308,14 @@ pub struct Spec {
     pub agreement: Agreement,
     /// The step timeout of the communicator.
     pub timeout: Duration,
+    /// `s`, the inputs the round may go without for their lateness alone
+    /// ([`stragglers_allowed`]): the steps that carry inputs end once all but `s` of them are
+    /// in and the [`Spec::grace`] has passed, rather than at the deadline. 0: every input is
+    /// waited for until the deadline. The rule's precondition holds with `f` Byzantine inputs
+    /// among the `n - s` (an attacker can make sure its inputs are among the first).
+    pub stragglers: usize,
+    /// How long those steps wait past their quorum.
+    pub grace: Grace,
 }
 
 /// What a global rule needs exchanged in sharded mode.
@@ -486,12 +502,14 @@ impl<'r, B> Round<'r, B> {
             saw_missing: false,
         };
         round.report.faults = erased.to_vec();
+        round.report.stragglers = spec.stragglers;
         let start = match spec.shape {
             Shape::Gather => rule
                 .check(n)
                 .map_err(Error::Aggregation)
                 .and_then(|()| check_agreement(spec.agreement, spec.shape, n, f))
-                .map(|()| round.post_gather()),
+                .and_then(|()| stragglers_allowed(rule, n, Some(spec.stragglers)))
+                .map(|_| round.post_gather()),
             Shape::Sharded(replicas) | Shape::ReduceScatter(replicas) => {
                 // The digest layout follows the count even when the rule is refused, so that
                 // every rank's cross-check has the same length.
@@ -499,7 +517,8 @@ impl<'r, B> Round<'r, B> {
                 round.seen = Seen::new(n, round.r);
                 check_agreement(spec.agreement, spec.shape, n, f)
                     .and_then(|()| rule.check(n).map_err(Error::Aggregation))
-                    .and_then(|()| statistics_of(rule))
+                    .and_then(|()| stragglers_allowed(rule, n, Some(spec.stragglers)))
+                    .and_then(|_| statistics_of(rule))
                     .and_then(|s| {
                         round.statistics = s;
                         replicas.count(f, n)
@@ -590,7 +609,9 @@ impl<'r, B> Round<'r, B> {
     pub fn handle<P: Plane<Buf = B>>(&mut self, plane: &mut P, outcomes: Vec<Arrival<B>>) {
         let plan = self.plan.take().expect("a step is posted");
         assert_eq!(plan.recvs.len(), outcomes.len(), "one outcome per receive");
-        self.saw_missing |= outcomes.iter().any(|a| matches!(a, Arrival::Missing));
+        self.saw_missing |= outcomes
+            .iter()
+            .any(|a| matches!(a, Arrival::Missing | Arrival::Late));
         // The phase's data moves into its handler, which posts the next phase (or ends).
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Gather => self.gathered(plane, &plan, outcomes),
@@ -635,6 +656,46 @@ impl<'r, B> Round<'r, B> {
     }
 
     fn post(&mut self, phase: Phase<B>, op: &'static str, sends: Vec<Send>, recvs: Vec<RecvOp>) {
+        // With stragglers allowed, no step waits for its sends to a straggler to leave (a
+        // rendezvous transport would hold it until the straggler posts the step): each ends
+        // with its receives, all of them.
+        let quorum = (self.spec.stragglers > 0).then_some(Quorum {
+            receives: recvs.len(),
+            grace: Grace {
+                min: Duration::ZERO,
+                factor: 0,
+            },
+        });
+        self.post_quorum(phase, op, sends, recvs, quorum);
+    }
+
+    /// [`Round::post`] of a step that carries inputs: with stragglers allowed, it may end
+    /// once all but `s` senders' receives are in (`per_sender` receives each) and the grace
+    /// has passed.
+    fn post_inputs(
+        &mut self,
+        phase: Phase<B>,
+        op: &'static str,
+        sends: Vec<Send>,
+        recvs: Vec<RecvOp>,
+        per_sender: usize,
+    ) {
+        let s = self.spec.stragglers;
+        let quorum = (s > 0).then(|| Quorum {
+            receives: recvs.len().saturating_sub(s.saturating_mul(per_sender)),
+            grace: self.spec.grace,
+        });
+        self.post_quorum(phase, op, sends, recvs, quorum);
+    }
+
+    fn post_quorum(
+        &mut self,
+        phase: Phase<B>,
+        op: &'static str,
+        sends: Vec<Send>,
+        recvs: Vec<RecvOp>,
+        quorum: Option<Quorum>,
+    ) {
         // Peers an earlier sub-round erased get nothing more in this call: a send to a dead
         // peer can hold a step until its deadline (a rendezvous transport), and a peer that
         // was only late is out of step for the rest of the call anyway.
@@ -650,6 +711,7 @@ impl<'r, B> Round<'r, B> {
                 .spec
                 .timeout
                 .saturating_mul(self.stretch_of(self.steps)),
+            quorum,
         });
         self.steps += 1;
     }
@@ -672,6 +734,7 @@ impl<'r, B> Round<'r, B> {
         match a {
             Arrival::Received(_) => {}
             Arrival::Missing => self.add_fault(rank, Fault::Missing),
+            Arrival::Late => self.add_fault(rank, Fault::Late),
             Arrival::Malformed(why) => self.add_fault(rank, Fault::Malformed(why.clone())),
         }
     }
@@ -742,6 +805,42 @@ pub fn check_agreement(
             f + 1,
             f + 1
         ))),
+    }
+}
+
+/// `s`, the inputs a round of `rule` over `n` ranks may go without for their lateness alone
+/// ([`Spec::stragglers`]): `requested`, checked, or for `None` the largest value up to the
+/// rule's `f` that keeps its precondition with `n - s` inputs (0 where none does). The
+/// precondition must hold with `f` Byzantine inputs among the `n - s` that end a step early,
+/// since an attacker can make sure its inputs are among the first: a median needs
+/// `n - s > 2f`, Krum `n - s > 2f + 2`, Bulyan `n - s >= 4f + 3`.
+///
+/// # Errors
+/// [`Error::InvalidUsage`] for a requested `s` of `n` or more, or one that leaves too few
+/// inputs for the rule (the message says how many it needs).
+pub fn stragglers_allowed(
+    rule: &dyn Aggregator,
+    n: usize,
+    requested: Option<usize>,
+) -> Result<usize, Error> {
+    match requested {
+        None => Ok((0..=rule.byzantine().min(n.saturating_sub(1)))
+            .rev()
+            .find(|&s| rule.check(n - s).is_ok())
+            .unwrap_or(0)),
+        Some(0) => Ok(0),
+        Some(s) if s >= n => Err(Error::InvalidUsage(format!(
+            "{s} stragglers allowed in a world of {n}: a round needs at least one input"
+        ))),
+        Some(s) => rule.check(n - s).map(|()| s).map_err(|e| {
+            Error::InvalidUsage(format!(
+                "{s} stragglers allowed leave {} inputs, too few for {} with f = {}: {e}; allow \
+                 fewer stragglers (0 waits for every input)",
+                n - s,
+                rule.name(),
+                rule.byzantine()
+            ))
+        }),
     }
 }
 

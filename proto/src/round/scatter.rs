@@ -57,7 +57,8 @@ impl<'r, B> Round<'r, B> {
                 len: self.bytes(self.shard(s).len()),
             })
             .collect();
-        self.post(Phase::Scatter, "robust_sharded", sends, recvs);
+        // Each sender sends this rank a piece of each of its `r` owned shards.
+        self.post_inputs(Phase::Scatter, "robust_sharded", sends, recvs, r);
     }
 
     /// The inputs of the `i`-th owned shard `s`, by rank (`None`: erased).

@@ -77,6 +77,7 @@ impl<'r, B> Round<'r, B> {
                     versions[*s].push((*o, Src::Got(b)));
                 }
                 Arrival::Missing => faults.push((*o, Fault::Missing)),
+                Arrival::Late => faults.push((*o, Fault::Late)),
                 Arrival::Malformed(why) => faults.push((*o, Fault::Malformed(why.clone()))),
             }
         }

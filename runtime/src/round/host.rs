@@ -448,6 +448,8 @@ mod round_tests {
             shape: Shape::Sharded(Replicas::Exactly(r)),
             agreement: Agreement::Detect,
             timeout: t,
+            stragglers: 0,
+            grace: byzcoll_proto::Grace::DEFAULT,
         };
         let rule = Median::new(1);
         let mut v = vec![1.0f32; 8];

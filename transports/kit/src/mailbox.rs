@@ -19,13 +19,13 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{oneshot, Notify};
 
-use tokio::time::Instant;
+use tokio::time::{Duration, Instant};
 
 use std::future::Future;
 
 use bytes::Bytes;
 
-use byzcoll_runtime::{MsgKey, Payload, Rank, RecvOutcome, SendOp, Step};
+use byzcoll_runtime::{MsgKey, Payload, Quorum, Rank, RecvOutcome, SendOp, Step};
 
 /// Why a peer's slot was closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,21 +276,83 @@ impl Mailbox {
 
 impl PostedStep<'_> {
     /// Waits for every receive until `deadline`; those still open then are
-    /// [`RecvOutcome::Missing`]. Outcomes are in the order of the step's receives.
+    /// [`RecvOutcome::Missing`]. With a `quorum`, stops earlier: once that many receives have
+    /// an outcome and its grace has passed, those still open are [`RecvOutcome::Late`].
+    /// Outcomes are in the order of the step's receives.
     ///
     /// # Cancel safety
     /// Dropping the future retires the step (see [`PostedStep`]).
-    pub async fn outcomes(mut self, deadline: Instant) -> Vec<RecvOutcome> {
-        let waits = std::mem::take(&mut self.receivers)
-            .into_iter()
-            .map(|rx| async move {
-                match tokio::time::timeout_at(deadline, rx).await {
-                    Ok(Ok(outcome)) => outcome,
-                    Ok(Err(_)) | Err(_) => RecvOutcome::Missing,
-                }
-            });
-        futures::future::join_all(waits).await
+    pub async fn outcomes(mut self, deadline: Instant, quorum: Option<Quorum>) -> Vec<RecvOutcome> {
+        let receivers = std::mem::take(&mut self.receivers);
+        match quorum {
+            Some(q) if q.receives < receivers.len() => until_quorum(receivers, deadline, q).await,
+            _ => until_deadline(receivers, deadline).await,
+        }
     }
+}
+
+/// Every receive's outcome, those still open at `deadline` missing.
+async fn until_deadline(
+    receivers: Vec<oneshot::Receiver<RecvOutcome>>,
+    deadline: Instant,
+) -> Vec<RecvOutcome> {
+    let waits = receivers.into_iter().map(|rx| async move {
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) | Err(_) => RecvOutcome::Missing,
+        }
+    });
+    futures::future::join_all(waits).await
+}
+
+/// Every receive's outcome until `quorum` of them have one and its grace has passed (or the
+/// deadline, whichever is first); those still open then are late (missing at the deadline).
+/// A receive whose peer is gone counts towards the quorum at once: a dead peer is not
+/// waited for.
+async fn until_quorum(
+    receivers: Vec<oneshot::Receiver<RecvOutcome>>,
+    deadline: Instant,
+    quorum: Quorum,
+) -> Vec<RecvOutcome> {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let posted = Instant::now();
+    let mut outcomes: Vec<Option<RecvOutcome>> = (0..receivers.len()).map(|_| None).collect();
+    let mut open: FuturesUnordered<_> = receivers
+        .into_iter()
+        .enumerate()
+        .map(|(i, rx)| async move { (i, rx.await.unwrap_or(RecvOutcome::Missing)) })
+        .collect();
+    // A quorum of none forms at once.
+    let mut end = match quorum.receives {
+        0 => deadline.min(posted + quorum.grace.after(Duration::ZERO)),
+        _ => deadline,
+    };
+    let mut have = 0;
+    loop {
+        tokio::select! {
+            next = open.next() => match next {
+                Some((i, outcome)) => {
+                    outcomes[i] = Some(outcome);
+                    have += 1;
+                    if have == quorum.receives {
+                        let now = Instant::now();
+                        end = end.min(now + quorum.grace.after(now - posted));
+                    }
+                }
+                None => break,
+            },
+            () = tokio::time::sleep_until(end) => break,
+        }
+    }
+    let cut = if end < deadline {
+        RecvOutcome::Late
+    } else {
+        RecvOutcome::Missing
+    };
+    outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or_else(|| cut.clone()))
+        .collect()
 }
 
 impl Drop for PostedStep<'_> {
@@ -304,8 +366,8 @@ impl Drop for PostedStep<'_> {
 /// The part of [`byzcoll_runtime::Transport::exchange`] that every mailbox-based transport shares: posts
 /// the step's receives (then calls `on_posted`, e.g. to wake a progress thread), runs `send`
 /// for every send (each bounded by the step's deadline; a failure or a timeout is logged, not
-/// an error: the peer will count this rank missing), and returns the receive outcomes in the
-/// order of `step.recvs`.
+/// an error: the peer will count this rank missing; in a quorum step, bounded by the step's
+/// end), and returns the receive outcomes in the order of `step.recvs`.
 ///
 /// # Cancel safety
 /// Dropping the future retires the step (see [`PostedStep`]).
@@ -344,11 +406,26 @@ where
             }
         }
     });
-    let (outcomes, _) = tokio::join!(
-        posted.outcomes(step.deadline),
-        futures::future::join_all(sends)
-    );
-    outcomes
+    let sends = futures::future::join_all(sends);
+    let outcomes = posted.outcomes(step.deadline, step.quorum);
+    if step.quorum.is_none() {
+        return tokio::join!(outcomes, sends).0;
+    }
+    // A quorum step ends with its receives: a send still in flight then (to a straggler that
+    // has not posted the step) is left to the transport, so that a slow receiver cannot hold
+    // the step through back-pressure. TCP's queued frames are still written; the in-process
+    // transport's is dropped, as at a deadline.
+    // The sends are polled first, each time: when the receives are done, every peer they
+    // came from has posted the step, and the sends to those peers go through in that poll.
+    tokio::pin!(sends, outcomes);
+    let mut sent = false;
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut sends, if !sent => sent = true,
+            outcomes = &mut outcomes => return outcomes,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -430,5 +507,72 @@ mod tests {
             RecvOutcome::Malformed("bad magic".into())
         );
         assert!(matches!(mb.claim(1, key(0, 2)).await, Claim::Closed));
+    }
+
+    /// A step of receives from ranks 1 to 3 of 4 with a quorum of `receives`, its grace at
+    /// least 10 ms and as long again as the quorum took, and a deadline of 1 s; rank `p`'s
+    /// message arrives after `at[p - 1]` (never for `None`). Its outcomes (received or not)
+    /// and when it ended.
+    async fn quorum_step(receives: usize, at: [Option<u64>; 3]) -> (Vec<RecvOutcome>, Duration) {
+        use byzcoll_runtime::{Grace, RecvOp};
+        let mb = std::sync::Arc::new(Mailbox::new(4));
+        let start = Instant::now();
+        let step = Step {
+            collective: 0,
+            step: 0,
+            sends: Vec::new(),
+            recvs: (1..4)
+                .map(|peer| RecvOp {
+                    peer,
+                    tag: 0,
+                    len: 1,
+                })
+                .collect(),
+            deadline: start + Duration::from_secs(1),
+            quorum: Some(Quorum {
+                receives,
+                grace: Grace {
+                    min: Duration::from_millis(10),
+                    factor: 1,
+                },
+            }),
+        };
+        let posted = mb.post_step(&step);
+        for (i, ms) in at.into_iter().enumerate() {
+            let Some(ms) = ms else { continue };
+            let mb = mb.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                if let Claim::Posted(d) = mb.claim(i + 1, key(0, 0)).await {
+                    d.deliver(Payload::Host(Bytes::from_static(b"x")));
+                }
+            });
+        }
+        let outcomes = posted.outcomes(step.deadline, step.quorum).await;
+        (outcomes, start.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quorum_step_ends_one_grace_after_its_quorum_and_names_the_rest_late() {
+        let got = RecvOutcome::Received(Payload::Host(Bytes::from_static(b"x")));
+        // The quorum of 2 forms at 20 ms; the grace is as long again (over its 10 ms floor).
+        let (outcomes, took) = quorum_step(2, [Some(5), Some(20), Some(900)]).await;
+        assert_eq!(outcomes, vec![got.clone(), got.clone(), RecvOutcome::Late]);
+        assert_eq!(took, Duration::from_millis(40));
+        // Within the grace the straggler still counts, and the step ends when all are in.
+        let (outcomes, took) = quorum_step(2, [Some(5), Some(20), Some(35)]).await;
+        assert_eq!(outcomes, vec![got.clone(), got.clone(), got.clone()]);
+        assert_eq!(took, Duration::from_millis(35));
+        // A fast quorum gets the floor: 2 ms + 10 ms.
+        let (outcomes, took) = quorum_step(2, [Some(1), Some(2), Some(13)]).await;
+        assert_eq!(outcomes[2], RecvOutcome::Late);
+        assert_eq!(took, Duration::from_millis(12));
+        // No quorum before the deadline: the open receives are missing, not late.
+        let (outcomes, took) = quorum_step(2, [Some(5), None, None]).await;
+        assert_eq!(
+            outcomes,
+            vec![got, RecvOutcome::Missing, RecvOutcome::Missing]
+        );
+        assert_eq!(took, Duration::from_secs(1));
     }
 }

@@ -82,6 +82,7 @@ mod tests {
             sends,
             recvs,
             deadline: tokio::time::Instant::now() + Duration::from_secs(10),
+            quorum: None,
         }
     }
 

@@ -86,6 +86,7 @@ impl Transport for LocalTransport {
         Capabilities {
             memory: vec![MemoryKind::Host],
             per_peer_timeout: true,
+            quorum: true,
             max_message_bytes: isize::MAX as u64,
             steps_in_flight: byzcoll_runtime::PIPELINED_STEPS,
         }

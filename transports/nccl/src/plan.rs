@@ -144,6 +144,7 @@ mod tests {
                 .map(|&(peer, tag, len)| RecvOp { peer, tag, len })
                 .collect(),
             deadline: Instant::now(),
+            quorum: None,
         }
     }
 

@@ -420,6 +420,7 @@ impl NcclTransport {
                 .map(|(tag, len)| RecvOp { peer: me, tag, len })
                 .collect(),
             deadline,
+            quorum: None,
         };
         self.run_checked(step).await
     }
@@ -839,6 +840,7 @@ impl Transport for NcclTransport {
             // NCCL cannot withdraw one peer's operation: a step that does not complete by
             // its deadline aborts the whole communicator.
             per_peer_timeout: false,
+            quorum: false,
             max_message_bytes: self.max_message_bytes,
             // Its steps are group calls on one stream, run one at a time.
             steps_in_flight: 1,

@@ -39,6 +39,7 @@ fn step(collective: u64, sends: Vec<SendOp>, recvs: Vec<RecvOp>, timeout: Durati
         sends,
         recvs,
         deadline: Instant::now() + timeout,
+        quorum: None,
     }
 }
 

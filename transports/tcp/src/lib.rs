@@ -734,6 +734,7 @@ impl Transport for TcpTransport {
         Capabilities {
             memory: vec![MemoryKind::Host],
             per_peer_timeout: true,
+            quorum: true,
             max_message_bytes: self.max_message_bytes,
             steps_in_flight: byzcoll_runtime::PIPELINED_STEPS,
         }

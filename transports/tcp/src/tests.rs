@@ -189,6 +189,7 @@ fn recv_step(step: u32, len: usize, timeout: Duration) -> Step {
             len,
         }],
         deadline: tokio::time::Instant::now() + timeout,
+        quorum: None,
     }
 }
 
@@ -538,6 +539,7 @@ async fn frames_written_at_once_never_cut_into_queued_ones() {
                 sends,
                 recvs: vec![],
                 deadline: deadline(),
+                quorum: None,
             })
             .await
             .unwrap();
@@ -559,6 +561,7 @@ async fn frames_written_at_once_never_cut_into_queued_ones() {
                 sends: vec![],
                 recvs,
                 deadline: deadline(),
+                quorum: None,
             })
             .await
             .unwrap();

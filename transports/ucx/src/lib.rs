@@ -101,6 +101,7 @@ mod tests {
                     sends,
                     recvs,
                     deadline: tokio::time::Instant::now() + Duration::from_secs(10),
+                    quorum: None,
                 })
             });
             for (me, got) in futures::future::join_all(steps)
@@ -208,6 +209,7 @@ mod tests {
                 sends,
                 recvs,
                 deadline: tokio::time::Instant::now() + Duration::from_secs(3),
+                quorum: None,
             };
             let send = SendOp {
                 peer: 1,

@@ -103,6 +103,7 @@ impl<E: Engine> Shell<E> {
         Capabilities {
             memory: vec![MemoryKind::Host],
             per_peer_timeout: true,
+            quorum: true,
             max_message_bytes: self.max_message_bytes,
             steps_in_flight: byzcoll_runtime::PIPELINED_STEPS,
         }

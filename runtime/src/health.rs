@@ -1,0 +1,169 @@
+//! Fault memory: what this rank has seen of each peer in its recent robust rounds.
+//!
+//! Only this rank's own observations go in (a peer's lateness, silence or malformed messages
+//! as they reached this rank, and the cross-check's verdict of which results differ from the
+//! job's): nothing a peer says about a third rank, so that no Byzantine rank can get an honest
+//! one marked unhealthy by lying about it. It is evidence for the application and for the
+//! communicator's own choices, never an accusation acted on by itself.
+
+use crate::{Fault, PeerFault, Rank, Result, RoundReport};
+
+/// What this rank has seen of one peer ([`Communicator::health`](crate::Communicator::health)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PeerHealth {
+    /// The peer.
+    pub rank: Rank,
+    /// What it did in the last robust round in which it was at fault, and how many rounds in
+    /// a row it has done so up to the last one (`None`: fine in the last round; a peer that
+    /// catches up is healthy again at once).
+    pub streak: Option<(Symptom, u32)>,
+    /// Rounds in which it was late, since the communicator was made.
+    pub late: u64,
+    /// Rounds in which it was missing at a deadline or its connection was gone.
+    pub missing: u64,
+    /// Rounds in which it sent something unacceptable.
+    pub malformed: u64,
+    /// Rounds in which the cross-check found its result differing from the job's.
+    pub disagreeing: u64,
+}
+
+/// How a peer was at fault in a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Symptom {
+    /// Its input came after the quorum's grace ([`Fault::Late`]).
+    Late,
+    /// Nothing came by the deadline, or its connection is gone ([`Fault::Missing`]).
+    Missing,
+    /// Something unacceptable came ([`Fault::Malformed`]).
+    Malformed,
+    /// Its result differed from the job's (`AgreementReport::disagreeing`).
+    Disagreeing,
+}
+
+impl PeerHealth {
+    /// Whether the peer was fine in the last round.
+    pub fn is_healthy(&self) -> bool {
+        self.streak.is_none()
+    }
+}
+
+/// The health of every peer of a communicator.
+#[derive(Debug, Clone)]
+pub(crate) struct Health {
+    peers: Vec<PeerHealth>,
+}
+
+impl Health {
+    pub(crate) fn new(size: usize) -> Self {
+        Health {
+            peers: (0..size)
+                .map(|rank| PeerHealth {
+                    rank,
+                    ..PeerHealth::default()
+                })
+                .collect(),
+        }
+    }
+
+    /// Every peer but `me`.
+    pub(crate) fn of_peers(&self, me: Rank) -> Vec<PeerHealth> {
+        self.peers
+            .iter()
+            .filter(|p| p.rank != me)
+            .cloned()
+            .collect()
+    }
+
+    /// Records what one robust call (all its sub-rounds) showed of the peers.
+    pub(crate) fn record(&mut self, outcome: &Result<RoundReport>) {
+        let (faults, disagreeing): (&[PeerFault], &[Rank]) = match outcome {
+            Ok(report) => (
+                &report.faults,
+                report
+                    .agreement
+                    .as_ref()
+                    .map_or(&[][..], |a| &a.disagreeing[..]),
+            ),
+            Err(crate::Error::TooManyFaults { faults, .. })
+            | Err(crate::Error::ShardLost { faults, .. }) => (faults, &[]),
+            // The round failed before any peer could be at fault, or this rank is the one
+            // out of step: nothing is learnt of the others.
+            Err(_) => return,
+        };
+        for peer in &mut self.peers {
+            let symptom = faults
+                .iter()
+                .find(|f| f.rank == peer.rank)
+                .map(|f| match f.fault {
+                    Fault::Late => Symptom::Late,
+                    Fault::Missing => Symptom::Missing,
+                    Fault::Malformed(_) => Symptom::Malformed,
+                })
+                .or_else(|| {
+                    disagreeing
+                        .contains(&peer.rank)
+                        .then_some(Symptom::Disagreeing)
+                });
+            let Some(symptom) = symptom else {
+                peer.streak = None;
+                continue;
+            };
+            match symptom {
+                Symptom::Late => peer.late += 1,
+                Symptom::Missing => peer.missing += 1,
+                Symptom::Malformed => peer.malformed += 1,
+                Symptom::Disagreeing => peer.disagreeing += 1,
+            }
+            peer.streak = match peer.streak {
+                Some((s, k)) if s == symptom => Some((s, k.saturating_add(1))),
+                _ => Some((symptom, 1)),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AgreementReport;
+
+    fn report(faults: &[(Rank, Fault)], disagreeing: &[Rank]) -> Result<RoundReport> {
+        Ok(RoundReport {
+            faults: faults
+                .iter()
+                .map(|(rank, fault)| PeerFault {
+                    rank: *rank,
+                    fault: fault.clone(),
+                })
+                .collect(),
+            agreement: Some(AgreementReport {
+                disagreeing: disagreeing.to_vec(),
+                ..AgreementReport::default()
+            }),
+            ..RoundReport::default()
+        })
+    }
+
+    #[test]
+    fn streaks_count_rounds_in_a_row_and_a_peer_that_catches_up_is_healthy() {
+        let mut h = Health::new(4);
+        h.record(&report(&[(2, Fault::Late)], &[]));
+        h.record(&report(&[(2, Fault::Late), (3, Fault::Missing)], &[1]));
+        let peers = h.of_peers(0);
+        assert_eq!(peers.iter().map(|p| p.rank).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(peers[0].streak, Some((Symptom::Disagreeing, 1)));
+        assert_eq!(peers[1].streak, Some((Symptom::Late, 2)));
+        assert_eq!(peers[2].streak, Some((Symptom::Missing, 1)));
+        h.record(&report(&[(3, Fault::Malformed("x".into()))], &[]));
+        let peers = h.of_peers(0);
+        assert!(peers[0].is_healthy() && peers[1].is_healthy());
+        assert_eq!((peers[1].late, peers[1].missing), (2, 0));
+        assert_eq!(peers[2].streak, Some((Symptom::Malformed, 1)));
+        assert_eq!((peers[2].missing, peers[2].malformed), (1, 1));
+        // A round that failed for this rank's own reasons teaches nothing of the others.
+        h.record(&Err(crate::Error::InvalidUsage("x".into())));
+        assert_eq!(h.of_peers(0), peers);
+    }
+}

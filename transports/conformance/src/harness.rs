@@ -1,0 +1,71 @@
+//! The world the test bodies run in: ranks built by a transport factory, communicators over
+//! them, one task per rank, and the inputs and reference results the bodies compare against.
+
+use std::future::Future;
+use std::time::Duration;
+
+use byzcoll_aggregators::{aggregate_into, Aggregator};
+use byzcoll_runtime::{Communicator, Config, Transport};
+
+/// Ranks 0 and 1 of a world of two.
+pub(crate) async fn two_ranks<F, Fut>(factory: F) -> (Box<dyn Transport>, Box<dyn Transport>)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let mut ranks = factory(2).await.into_iter();
+    let a = ranks.next().expect("rank 0");
+    let b = ranks.next().expect("rank 1");
+    (a, b)
+}
+
+/// Rank `r`'s test vector: small integers, so sums are exact in `f32`.
+pub fn vector(rank: usize, d: usize) -> Vec<f32> {
+    (0..d)
+        .map(|j| ((rank * 31 + j * 7) % 101) as f32 - 50.0)
+        .collect()
+}
+
+pub(crate) fn comms(transports: Vec<Box<dyn Transport>>, timeout: Duration) -> Vec<Communicator> {
+    transports
+        .into_iter()
+        .map(|t| Communicator::new(t, Config::with_step_timeout(timeout)))
+        .collect()
+}
+
+/// Runs `body` on every rank concurrently and returns the results in rank order.
+pub async fn run_ranks<T, F, Fut>(comms: Vec<Communicator>, body: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(Communicator) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let tasks: Vec<_> = comms
+        .into_iter()
+        .map(|c| tokio::spawn(body.clone()(c)))
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("rank task panicked"));
+    }
+    out
+}
+
+pub(crate) fn reference(rule: &dyn Aggregator, inputs: &[Vec<f32>]) -> Vec<f32> {
+    let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+    let mut out = vec![0.0; inputs.first().map_or(0, Vec::len)];
+    aggregate_into(rule, &refs, &mut out).unwrap();
+    out
+}
+
+/// The bytes of `elements` copies of `x`.
+pub(crate) fn filled(x: f32, elements: usize) -> Vec<u8> {
+    std::iter::repeat_n(x.to_le_bytes(), elements)
+        .flatten()
+        .collect()
+}
+
+/// The bits of a result, for bitwise comparisons.
+pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
