@@ -1,0 +1,206 @@
+//! Stragglers benchmark: how much one slow or malicious rank slows the honest ranks' robust
+//! rounds, with every input waited for (`s = 0`) and with quorum rounds (`s = auto`), against
+//! the all-healthy round in the same run. `n` ranks in this process over TCP on 127.0.0.1,
+//! gather-mode median (f = 1), `Agreement::Enforce` (honest ranks stay bitwise alike),
+//! `--d` elements per rank, `--rounds` rounds per scenario; the honest ranks' median round time
+//! is reported, and its ratio to the healthy one.
+//!
+//! Scenarios (the last rank is the straggler):
+//! - `healthy`: every rank calls at once;
+//! - `slow10x`: the straggler sleeps 9 healthy rounds before each call (10x slower);
+//! - `insider90`: the straggler sends each input at 90 % of the step deadline (the slow-down
+//!   attack: without quorum rounds every round lasts most of the deadline).
+//!
+//! ```sh
+//! cargo bench --bench stragglers -- --ranks 8 --d 65536 --rounds 20 --timeout-ms 200
+//! ```
+
+#![allow(clippy::print_stdout)]
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use byzcoll::aggregators::Median;
+use byzcoll::bootstrap::{JobAuth, JobSecret};
+use byzcoll::{init_with, Agreement, Fault, JobConfig, Policy, Stragglers};
+use clap::Parser;
+use serde_json::json;
+
+#[path = "common/rows.rs"]
+mod rows;
+
+#[derive(Parser)]
+struct Args {
+    /// Ranks (in this process).
+    #[arg(long, default_value_t = 8)]
+    ranks: usize,
+    /// Elements per rank.
+    #[arg(long, default_value_t = 65536)]
+    d: usize,
+    /// Rounds per scenario.
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    /// Step deadline in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    timeout_ms: u64,
+    /// Ignored (cargo bench passes it).
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Scenario {
+    Healthy,
+    Slow10x,
+    Insider90,
+}
+
+/// What one scenario gave: the honest ranks' median round time, and how many of their
+/// rounds named the straggler late.
+struct Outcome {
+    median: Duration,
+    late_rounds: usize,
+    rounds: usize,
+}
+
+async fn run(
+    args: &Args,
+    scenario: Scenario,
+    stragglers: Stragglers,
+    healthy: Duration,
+) -> Result<Outcome, String> {
+    let n = args.ranks;
+    let store = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        format!(
+            "127.0.0.1:{}",
+            l.local_addr().map_err(|e| e.to_string())?.port()
+        )
+    };
+    let secret = JobSecret::generate().map_err(|e| e.to_string())?;
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let (d, rounds) = (args.d, args.rounds);
+    let tasks: Vec<_> = (0..n)
+        .map(|rank| {
+            let config = JobConfig::builder(rank, n)
+                .store(store.clone())
+                .auth(JobAuth::Secret(secret.clone()))
+                .tcp_listen([127, 0, 0, 1].into())
+                .step_timeout(timeout)
+                .agreement(Agreement::Enforce)
+                .build();
+            tokio::spawn(async move {
+                let mut comm = init_with(&config.map_err(|e| e.to_string())?)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                comm.set_stragglers(stragglers);
+                let straggler = rank == n - 1;
+                let mut times = Vec::with_capacity(rounds);
+                let mut late = 0;
+                let mut v = vec![0f32; d];
+                for round in 0..rounds {
+                    if straggler {
+                        match scenario {
+                            Scenario::Healthy => {}
+                            Scenario::Slow10x => tokio::time::sleep(healthy * 9).await,
+                            Scenario::Insider90 => tokio::time::sleep(timeout * 9 / 10).await,
+                        }
+                    }
+                    v.iter_mut()
+                        .enumerate()
+                        .for_each(|(i, x)| *x = (rank * 7 + i + round) as f32);
+                    let start = Instant::now();
+                    let report = comm
+                        .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                        .await;
+                    times.push(start.elapsed());
+                    if let Ok(r) = report {
+                        late += usize::from(r.faults.iter().any(|f| f.fault == Fault::Late));
+                    }
+                }
+                // Stay up a while for the others' last steps (the straggler's later rounds
+                // then find its peers gone and fail fast: they are not measured).
+                tokio::time::sleep(timeout * 2).await;
+                drop(comm);
+                Ok::<_, String>((times, late))
+            })
+        })
+        .collect();
+    let mut honest = Vec::new();
+    let mut late_rounds = 0;
+    for (rank, t) in tasks.into_iter().enumerate() {
+        let (times, late) = t.await.map_err(|e| e.to_string())??;
+        if rank != n - 1 {
+            // The first round of each rank includes connecting the world's last peers.
+            honest.extend(times.into_iter().skip(1));
+            late_rounds += late;
+        }
+    }
+    honest.sort_unstable();
+    Ok(Outcome {
+        median: honest[honest.len() / 2],
+        late_rounds,
+        rounds: (n - 1) * rounds,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.ranks < 4 || args.rounds < 2 {
+        eprintln!("--ranks must be at least 4 (median with f = 1 under Enforce) and --rounds 2");
+        return ExitCode::FAILURE;
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start tokio: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut table = rows::Rows::new(
+        "stragglers",
+        json!({ "ranks": args.ranks, "d": args.d, "rounds": args.rounds,
+                "timeout_ms": args.timeout_ms, "rule": "median f=1", "agreement": "enforce" }),
+    );
+    println!(
+        "# {} ranks, d = {}, {} rounds, step deadline {} ms; honest ranks' median round time",
+        args.ranks, args.d, args.rounds, args.timeout_ms
+    );
+    println!("scenario    s     round      x healthy  late rounds");
+    for (label, stragglers) in [("0", Stragglers::Exactly(0)), ("auto", Stragglers::Auto)] {
+        let healthy = match rt.block_on(run(&args, Scenario::Healthy, stragglers, Duration::ZERO)) {
+            Ok(o) => o.median,
+            Err(e) => {
+                eprintln!("healthy, s = {label}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        for scenario in [Scenario::Healthy, Scenario::Slow10x, Scenario::Insider90] {
+            let o = match rt.block_on(run(&args, scenario, stragglers, healthy)) {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("{scenario:?}, s = {label}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let ratio = o.median.as_secs_f64() / healthy.as_secs_f64();
+            println!(
+                "{:<11} {label:<5} {:>9.3} ms {ratio:>9.2}  {}/{}",
+                format!("{scenario:?}"),
+                o.median.as_secs_f64() * 1e3,
+                o.late_rounds,
+                o.rounds
+            );
+            table.push(json!({
+                "scenario": format!("{scenario:?}"), "stragglers": label,
+                "median_ms": o.median.as_secs_f64() * 1e3, "ratio_to_healthy": ratio,
+                "late_rounds": o.late_rounds, "honest_rounds": o.rounds,
+            }));
+        }
+    }
+    table.write();
+    ExitCode::SUCCESS
+}
