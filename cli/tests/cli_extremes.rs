@@ -424,3 +424,34 @@ fn sizes_beyond_the_caps_are_refused() {
         &["n = 1000000", "2^62"],
     );
 }
+
+/// A malformed job secret (a no-break space pasted into 64 digits, a sign before each digit)
+/// is refused by `byzcoll info`, which shows no part of it and does not panic.
+#[test]
+fn info_refuses_a_malformed_secret_without_showing_it() {
+    let digits = "3f8a1c9b0d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a";
+    let cases = [
+        format!("{}\u{a0}{}", &digits[..30], &digits[32..]),
+        "+f".repeat(32),
+    ];
+    for secret in cases {
+        let (out, _) = run_with_limit(
+            Command::new(byzcoll())
+                .arg("info")
+                .env("BYZCOLL_LOG", "off")
+                .env("BYZCOLL_SECRET", &secret),
+            Duration::from_secs(30),
+        );
+        let (stdout, stderr) = text(&out);
+        let all = format!("{stdout}{stderr}");
+        assert!(out.status.success(), "{all}");
+        assert!(!all.contains("panicked"), "{all}");
+        assert!(all.contains("no usable job secret"), "{all}");
+        for piece in [&digits[..8], &digits[40..48], "+f+f+f+f"] {
+            assert!(
+                !all.contains(piece),
+                "info shows {piece:?} of the secret: {all}"
+            );
+        }
+    }
+}

@@ -84,17 +84,19 @@ impl JobSecret {
     /// # Errors
     /// A description of what is wrong, without echoing the value.
     pub fn from_hex(s: &str) -> Result<Self, String> {
-        let s = s.trim();
+        let s = s.trim().as_bytes();
         if s.len() != 64 {
-            return Err(format!(
-                "expected 64 hex digits, got {} characters",
-                s.len()
-            ));
+            return Err(format!("expected 64 hex digits, got {} bytes", s.len()));
         }
+        // Byte by byte: only ASCII hex digits (no sign, no other script's digits), and
+        // nothing that could slice a character apart (or echo the value in a panic).
+        let digit = |c: u8| (c as char).to_digit(16).filter(|_| c.is_ascii_hexdigit());
         let mut b = [0u8; 32];
-        for (i, byte) in b.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
-                .map_err(|_| "expected 64 hex digits (0-9, a-f)".to_string())?;
+        for (byte, pair) in b.iter_mut().zip(s.chunks_exact(2)) {
+            match (digit(pair[0]), digit(pair[1])) {
+                (Some(hi), Some(lo)) => *byte = (hi * 16 + lo) as u8,
+                _ => return Err("expected 64 hex digits (0-9, a-f)".to_string()),
+            }
         }
         Ok(JobSecret(b))
     }
@@ -478,14 +480,23 @@ impl Endpoint<'_> {
     }
 }
 
-/// What an authenticated connection knows.
-#[derive(Debug)]
+/// What an authenticated connection knows. `Debug` shows no key.
 pub struct Session {
     /// The peer's rank (the store: [`STORE`]).
     pub peer: u32,
     /// The world size both sides agree on.
     pub world: u32,
     key: [u8; 32],
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("peer", &self.peer)
+            .field("world", &self.world)
+            .field("key", &"(hidden)")
+            .finish()
+    }
 }
 
 impl Session {
@@ -950,6 +961,60 @@ mod tests {
             drop(y);
             let e = read_status(&mut x).await.unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
+        }
+    }
+
+    /// A malformed secret is an error that shows no part of it, never a panic: a no-break
+    /// space pasted into 64 digits, a sign, another script's digits, and arbitrary strings
+    /// made of pieces of a real secret.
+    #[test]
+    fn a_malformed_secret_is_refused_without_echo_or_panic() {
+        let good = JobSecret::generate().unwrap().to_hex();
+        let mut cases = vec![
+            format!("{}\u{a0}{}", &good[..30], &good[32..]),
+            format!("{}\u{a0}{}", &good[..31], &good[32..]),
+            "+f".repeat(32),
+            format!("{}\u{663}\u{664}", &good[..60]),
+            format!("{}é", &good[..62]),
+            format!("-{}", &good[1..]),
+            format!("0x{}", &good[2..]),
+        ];
+        // Pseudo-random strings from the secret's digits and hostile characters.
+        let pieces = [
+            "\u{a0}", "+", "-", "é", "\u{663}", "\0", " ", "g", "ff", "0",
+        ];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..2000 {
+            let mut v = String::new();
+            while v.len() < 64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                match x % 4 {
+                    0 => v.push_str(pieces[(x >> 8) as usize % pieces.len()]),
+                    _ => v.push_str(&good[(x >> 8) as usize % 63..][..2]),
+                }
+            }
+            cases.push(v);
+        }
+        for v in cases {
+            let Err(why) = JobSecret::from_hex(&v) else {
+                assert!(
+                    v.trim().bytes().all(|c| c.is_ascii_hexdigit()),
+                    "{v:?} accepted"
+                );
+                continue;
+            };
+            let e = JobAuth::from_lookup(|k| (k == "BYZCOLL_SECRET").then(|| v.clone()))
+                .unwrap_err()
+                .to_string();
+            // No run of 8 of the value's characters shows in either message.
+            let chars: Vec<char> = v.chars().collect();
+            for w in chars.windows(8) {
+                let piece: String = w.iter().collect();
+                assert!(!why.contains(&piece), "{why:?} shows {piece:?} of {v:?}");
+                assert!(!e.contains(&piece), "{e:?} shows {piece:?} of {v:?}");
+            }
         }
     }
 

@@ -115,11 +115,19 @@ struct Outgoing {
 }
 
 /// Frame authentication on one direction of a connection: the key, and the number of the
-/// next frame (TCP keeps order, so both ends count alike).
-#[derive(Debug)]
+/// next frame (TCP keeps order, so both ends count alike). `Debug` shows no key.
 struct FrameMac {
     key: [u8; 32],
     seq: u64,
+}
+
+impl std::fmt::Debug for FrameMac {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameMac")
+            .field("key", &"(hidden)")
+            .field("seq", &self.seq)
+            .finish()
+    }
 }
 
 impl FrameMac {
