@@ -9,8 +9,12 @@ impl<'r, B> Round<'r, B> {
     pub(super) fn post_versions(&mut self) {
         let (me, n, r) = (self.spec.me, self.spec.n, self.r);
         let by_digest = self.by_digest();
-        // The pieces are not needed any more.
-        self.arrived.clear();
+        // The pieces are not needed any more, but where versions go by digest under a
+        // coordinate-wise rule: there an owner whose version turns out not to be its
+        // co-owners' tries its shard again without its own piece (`Round::rejoin_shard`).
+        if !(by_digest && self.rejoins()) {
+            self.arrived.clear();
+        }
         let sends = sharded::result_sends(me, n, r)
             .into_iter()
             .filter(|&(q, s)| self.takes(q, s))
@@ -171,6 +175,31 @@ impl<'r, B> Round<'r, B> {
             }
             held[s] = digest;
         }
+        // An owned shard whose version every co-owner contradicts alike: this rank may have
+        // been late for them (its piece erased), so it tries the shard without its piece.
+        for (i, &s) in owned.iter().enumerate() {
+            let at = owned_index(me, s, n);
+            let others: Vec<Option<Digest>> = (0..r)
+                .filter(|&k| k != at)
+                .map(|k| announced[s][k])
+                .collect();
+            let Some(Some(theirs)) = others.first().copied() else {
+                continue;
+            };
+            if !self.rejoins()
+                || full[s].is_some()
+                || held[s] == Some(theirs)
+                || others.iter().any(|d| *d != Some(theirs))
+            {
+                continue;
+            }
+            if self.rejoin_shard(plane, i, s, theirs) {
+                held[s] = Some(theirs);
+                announced[s][at] = Some(theirs);
+                wanted.retain(|&(_, t)| t != s);
+            }
+        }
+        self.arrived.clear();
         if self.detect() {
             for (s, digests) in announced.iter().enumerate() {
                 self.seen.versions[s * r..(s + 1) * r].copy_from_slice(digests);
@@ -187,16 +216,17 @@ impl<'r, B> Round<'r, B> {
     /// Versions by digest: every taker tells every other owner of a shard it takes which of
     /// that owner's versions it wants (one byte per shard the owner owns, in
     /// [`sharded::owned`] order: 1 wanted, 0 not), even when it wants none, so that no owner
-    /// waits out a deadline for a request. Owners already at fault here are not asked (a send
-    /// to a dead peer can hold a step until its deadline): one that is alive, was late and
-    /// did not erase this rank waits for its request, then counts it missing, as a late rank
-    /// counts the others.
+    /// waits out a deadline for a request, not even one this rank erased (a late owner that
+    /// did not erase this rank waits for its request). This rank waits only for the requests
+    /// of takers it did not erase.
     pub(super) fn post_requests(&mut self, pending: Pending<B>) {
         let (me, n, r) = (self.spec.me, self.spec.n, self.r);
         let wanted = &pending.wanted;
         let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
+        // Owners this rank erased get their (small) request too: one that is merely late
+        // waits for it, and without it would wait out the deadline in every later round.
         let sends = (0..n)
-            .filter(|&o| o != me && !erased.contains(&o))
+            .filter(|&o| o != me)
             .filter(|&o| sharded::owned(o, n, r).any(|s| self.takes(me, s)))
             .map(|o| Send {
                 peer: o,
@@ -367,6 +397,51 @@ impl<'r, B> Round<'r, B> {
         self.end_versions(plane, lost, combined, Some(shards));
     }
 
+    /// Whether an owner may try an owned shard again without its own piece
+    /// ([`Round::rejoin_shard`]): under a coordinate-wise rule, with co-owners to compare
+    /// with.
+    pub(super) fn rejoins(&self) -> bool {
+        matches!(self.statistics, Statistics::None) && self.r > 1
+    }
+
+    /// Owned shard `i` (`s`) again without this rank's own piece, kept where its digest is
+    /// `theirs`, the version every co-owner announced: what the co-owners computed when this
+    /// rank's piece was late for them (a stall, a straggler). Then this rank holds their
+    /// version, asks nobody for it, and reports `erased_self`; otherwise its own version is
+    /// made again and kept. Without this, a rank that stalled once would wait out a deadline in
+    /// every later round for versions its co-owners, which erased it, never resend, and never
+    /// get back in step.
+    pub(super) fn rejoin_shard<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        i: usize,
+        s: usize,
+        theirs: Digest,
+    ) -> bool {
+        let me = self.spec.me;
+        let all = self.shard_inputs(i, s);
+        let without: Vec<Src<'_, B>> = all
+            .iter()
+            .enumerate()
+            .filter(|&(p, _)| p != me)
+            .filter_map(|(_, src)| src.clone())
+            .collect();
+        if self.rule.check(without.len()).is_err() {
+            return false;
+        }
+        let with: Vec<Src<'_, B>> = all.into_iter().flatten().collect();
+        self.charge(without.len() * self.bytes(self.shard(s).len()));
+        let matched = plane.aggregate(self.rule, &without, Dest::Owned(i)).is_ok()
+            && plane.commitment(Src::Owned(i)) == theirs;
+        if !matched {
+            // The shard as this rank sent it (bitwise: the rule is deterministic).
+            let _ = plane.aggregate(self.rule, &with, Dest::Owned(i));
+            return false;
+        }
+        self.report.erased_self = true;
+        true
+    }
+
     /// The round's peak of data bytes held at once, given the versions received: the input,
     /// the pieces and the owned results (phase 1), or the results and the versions.
     pub(super) fn versions_peak(&self, version_bytes: usize) -> usize {
@@ -376,7 +451,12 @@ impl<'r, B> Round<'r, B> {
             .map(|&s| self.bytes(self.shard(s).len()))
             .sum();
         let phase1 = self.bytes(self.spec.d) + self.received_bytes + results_bytes;
-        phase1.max(results_bytes + version_bytes)
+        // Where an owner may try a shard again, the pieces stay through the versions step.
+        let pieces = match self.by_digest() && self.rejoins() {
+            true => self.received_bytes,
+            false => 0,
+        };
+        phase1.max(results_bytes + version_bytes + pieces)
     }
 
     /// The median of each taken shard's `versions` (owner order) into the output: the first

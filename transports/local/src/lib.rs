@@ -60,10 +60,14 @@ impl LocalTransport {
 }
 
 impl Drop for LocalTransport {
+    /// The rank is gone, as a process whose connections close: receives from it end at once,
+    /// and so do sends to it (nobody will take them).
     fn drop(&mut self) {
+        let mine = &self.mailboxes[self.rank];
         for (r, mailbox) in self.mailboxes.iter().enumerate() {
             if r != self.rank {
                 mailbox.close(self.rank, Closed::Gone);
+                mine.close(r, Closed::Gone);
             }
         }
     }

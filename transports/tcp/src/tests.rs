@@ -588,3 +588,69 @@ fn short(outcome: &RecvOutcome) -> String {
         other => format!("{other:?}"),
     }
 }
+
+/// A stall heals in sharded mode with `2f + 1` owners (versions by digest): rank 2 of 4
+/// stalls for three step timeouts before round 3 of 12. The others erase it while it is away
+/// and, once it is back, wait for it no more than one round; rank 2 returns every round's
+/// result as theirs (it finds its version of each owned shard contradicted by every co-owner,
+/// makes it again without its own late piece, and needs nothing resent), and from two rounds
+/// after its return every round of every rank takes a fraction of a timeout again. Under
+/// `Detect` and `Off`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_stall_heals_and_the_stalled_rank_comes_back_in_step() {
+    use byzcoll_runtime::{Agreement, Replicas};
+    let (n, rounds, stall_before) = (4, 12, 3);
+    let timeout = Duration::from_millis(300);
+    for agreement in [Agreement::Detect, Agreement::Off] {
+        let tasks: Vec<_> = world(n)
+            .await
+            .into_iter()
+            .map(|t| {
+                let mut c = Communicator::new(t, Config::with_step_timeout(timeout));
+                c.set_agreement(agreement);
+                tokio::spawn(async move {
+                    let mut log = Vec::new();
+                    for round in 0..rounds {
+                        if c.rank() == 2 && round == stall_before {
+                            tokio::time::sleep(timeout * 3).await;
+                        }
+                        let mut v = vec![(c.rank() + 1) as f32; 64];
+                        let start = std::time::Instant::now();
+                        let sharded = Policy::Sharded(Replicas::Tolerant);
+                        let r = c.robust_all_reduce(&mut v, &Median::new(1), sharded).await;
+                        log.push((start.elapsed(), r.map(|_| v[0].to_bits())));
+                    }
+                    log
+                })
+            })
+            .collect();
+        let mut logs = Vec::new();
+        for t in tasks {
+            logs.push(t.await.unwrap());
+        }
+        for round in 0..rounds {
+            let bits: Vec<_> = logs
+                .iter()
+                .enumerate()
+                .map(|(me, log)| match &log[round].1 {
+                    Ok(b) => *b,
+                    Err(e) => panic!("{agreement:?} round {round} rank {me}: {e}"),
+                })
+                .collect();
+            assert!(
+                bits.iter().all(|&b| b == bits[0]),
+                "{agreement:?} round {round}: {bits:?}"
+            );
+            // Back: the stall spans three rounds of the others; two more to catch up.
+            if round >= stall_before + 3 + 2 {
+                for (me, log) in logs.iter().enumerate() {
+                    assert!(
+                        log[round].0 < timeout / 2,
+                        "{agreement:?} round {round} rank {me} took {:?}",
+                        log[round].0
+                    );
+                }
+            }
+        }
+    }
+}
