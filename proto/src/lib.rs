@@ -10,6 +10,10 @@
 //!
 //! The crate depends on no async runtime and no crypto stack (keys, MACs, signatures): those
 //! are the runtime's. Its only hashes are the protocol's digests (XXH3-128 and BLAKE3).
+//!
+//! Its tests run every rank's round in one thread under a virtual clock (`tests/harness`:
+//! per-link delays, drops and rewrites, staggered starts, bounded stepping), at world sizes
+//! 1, 2, 3, 7, 8 and 11; the transport properties are the conformance suite's.
 
 mod error;
 mod ids;

@@ -1,0 +1,252 @@
+//! The protocol core under the deterministic harness: gather and sharded rounds at the world
+//! sizes that break naive code, with dropped, delayed and rewritten messages, and quorum steps.
+
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod harness;
+
+use std::time::Duration;
+
+use byzcoll_aggregators::{aggregate_into, Median};
+use byzcoll_proto::round::Shape;
+use byzcoll_proto::{Agreement, Error, Fault, Replicas};
+use harness::{input, run, spec, Fate, WORLD_SIZES};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn reference(inputs: &[Vec<f32>], rule: &Median) -> Vec<f32> {
+    let refs: Vec<&[f32]> = inputs.iter().map(|v| &v[..]).collect();
+    let mut out = vec![0f32; inputs[0].len()];
+    aggregate_into(rule, &refs, &mut out).unwrap();
+    out
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Without faults every rank of every shape and agreement returns the reference bitwise.
+#[test]
+fn every_shape_matches_the_reference_at_every_world_size() {
+    for n in WORLD_SIZES {
+        let f = (n - 1) / 3;
+        let rule = Median::new(f);
+        let d = 2 * n + 3;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+        let want = bits(&reference(&inputs, &rule));
+        let shapes = [
+            Shape::Gather,
+            Shape::Sharded(Replicas::Exactly(1)),
+            Shape::Sharded(Replicas::Tolerant),
+        ];
+        for shape in shapes {
+            for agreement in [Agreement::Off, Agreement::Detect, Agreement::Enforce] {
+                if agreement == Agreement::Enforce && n <= 3 * f {
+                    continue;
+                }
+                let ended = run(
+                    |me| spec(me, n, d, shape, agreement),
+                    &rule,
+                    &inputs,
+                    &vec![Duration::ZERO; n],
+                    &|_, _, _, _, _| Fate::After(MS),
+                );
+                for (me, e) in ended.iter().enumerate() {
+                    let report = e.result.as_ref().unwrap_or_else(|err| {
+                        panic!("n = {n} {shape:?} {agreement:?} rank {me}: {err}")
+                    });
+                    assert!(report.faults.is_empty(), "n = {n} rank {me}");
+                    assert_eq!(bits(&e.output), want, "n = {n} {shape:?} {agreement:?}");
+                }
+            }
+        }
+    }
+}
+
+/// A dropped sender is an erasure named missing by every rank that waited for it, at the
+/// deadline; the others agree on the median of the rest (with `f >= 1`: with `f = 0` no
+/// fault is tolerated and the cross-check fails them all).
+#[test]
+fn a_silent_sender_is_missing_and_the_rest_agree() {
+    for n in [4, 7, 8, 11] {
+        let f = (n - 1) / 3;
+        let rule = Median::new(f);
+        let d = 5;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+        let silent = n - 1;
+        let ended = run(
+            |me| spec(me, n, d, Shape::Gather, Agreement::Detect),
+            &rule,
+            &inputs,
+            &vec![Duration::ZERO; n],
+            &|from, _, _, _, _| match from == silent {
+                true => Fate::Dropped,
+                false => Fate::After(MS),
+            },
+        );
+        let want = bits(&reference(&inputs[..n - 1], &rule));
+        for (me, e) in ended.iter().enumerate().take(n - 1) {
+            let report = e.result.as_ref().unwrap();
+            assert_eq!(report.faults.len(), 1, "n = {n} rank {me}");
+            assert_eq!(report.faults[0].rank, silent);
+            assert_eq!(report.faults[0].fault, Fault::Missing);
+            assert_eq!(bits(&e.output), want, "n = {n} rank {me}");
+            // The deadline of the gather step (1 s), then the cross-check.
+            assert!(
+                e.at >= Duration::from_secs(1),
+                "n = {n} rank {me}: {:?}",
+                e.at
+            );
+        }
+    }
+}
+
+/// A sender that gives rank 0 another vector than the others: under `Detect` rank 0 is told
+/// it disagrees, never silently split; under `Enforce` every honest rank returns one result.
+#[test]
+fn an_equivocating_sender_never_splits_honest_ranks_silently() {
+    let (n, f, d) = (7, 2, 4);
+    let rule = Median::new(f);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| vec![r as f32; d]).collect();
+    let liar = n - 1;
+    let lie = |from, to, _, _, b: &bytes::Bytes| match (from == liar, to == 0) {
+        (true, true) => Fate::Rewritten(MS, vec![0x44u8; b.len()].into()),
+        _ => Fate::After(MS),
+    };
+    let detect = run(
+        |me| spec(me, n, d, Shape::Gather, Agreement::Detect),
+        &rule,
+        &inputs,
+        &[Duration::ZERO; 7],
+        &lie,
+    );
+    for (me, e) in detect.iter().enumerate().take(n - 1) {
+        match (me, &e.result) {
+            (0, Err(Error::Disagreement { .. })) => {}
+            (0, Ok(_)) => {
+                assert_eq!(bits(&e.output), bits(&detect[1].output), "a silent split");
+            }
+            (_, Ok(report)) => {
+                let found = report.agreement.as_ref().unwrap();
+                assert!(
+                    found.differing_inputs.contains(&liar),
+                    "rank {me}: {found:?}"
+                );
+            }
+            (_, Err(err)) => panic!("rank {me}: {err}"),
+        }
+    }
+    let enforce = run(
+        |me| spec(me, n, d, Shape::Gather, Agreement::Enforce),
+        &rule,
+        &inputs,
+        &[Duration::ZERO; 7],
+        &lie,
+    );
+    let first = bits(&enforce[0].output);
+    for (me, e) in enforce.iter().enumerate().take(n - 1) {
+        e.result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), first, "rank {me}");
+    }
+}
+
+/// Quorum steps: with one straggler allowed, a rank that starts 500 ms late is named late by
+/// the others, who end within a few milliseconds (the grace scales with how long the quorum
+/// took), never at the deadline; under `Enforce` the straggler returns their result.
+#[test]
+fn a_straggler_is_late_and_does_not_set_the_pace() {
+    for n in [4, 7, 8, 11] {
+        let f = (n - 1) / 3;
+        let rule = Median::new(f);
+        let d = 6;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+        let mut starts = vec![Duration::ZERO; n];
+        starts[n - 1] = Duration::from_millis(500);
+        let ended = run(
+            |me| {
+                let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
+                s.stragglers = 1;
+                s
+            },
+            &rule,
+            &inputs,
+            &starts,
+            // Links of 1 to 3 ms, so that arrivals spread.
+            &|from, to, _, _, _| Fate::After(MS * (1 + ((from + to) % 3) as u32)),
+        );
+        let want = bits(&reference(&inputs[..n - 1], &rule));
+        for (me, e) in ended.iter().enumerate() {
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|err| panic!("n = {n} rank {me}: {err}"));
+            assert_eq!(bits(&e.output), want, "n = {n} rank {me}");
+            if me == n - 1 {
+                assert!(report.erased_self, "n = {n}");
+                continue;
+            }
+            assert_eq!(
+                report.faults.len(),
+                1,
+                "n = {n} rank {me}: {:?}",
+                report.faults
+            );
+            assert_eq!(report.faults[0].fault, Fault::Late, "n = {n} rank {me}");
+            assert!(
+                e.at < Duration::from_millis(100),
+                "n = {n} rank {me}: {:?}",
+                e.at
+            );
+        }
+    }
+}
+
+/// A rank that starts past the others' deadline in a sharded round with `2f + 1` owners
+/// (versions by digest) returns their result, not another one: its co-owners erased its
+/// pieces, every one of them contradicts its version alike, and it makes its shards again
+/// without its own piece (`erased_self`), asking nobody to resend.
+#[test]
+fn a_stalled_owner_rejoins_with_the_others_result() {
+    for n in [4, 7, 8] {
+        let f = (n - 1) / 3;
+        let rule = Median::new(f);
+        let d = 3 * n;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+        let mut starts = vec![Duration::ZERO; n];
+        starts[1] = Duration::from_millis(1500);
+        for agreement in [Agreement::Off, Agreement::Detect] {
+            let ended = run(
+                |me| spec(me, n, d, Shape::Sharded(Replicas::Tolerant), agreement),
+                &rule,
+                &inputs,
+                &starts,
+                &|_, _, _, _, _| Fate::After(MS),
+            );
+            let others: Vec<Vec<f32>> = (0..n)
+                .filter(|&r| r != 1)
+                .map(|r| inputs[r].clone())
+                .collect();
+            let want = bits(&reference(&others, &rule));
+            for (me, e) in ended.iter().enumerate() {
+                let report = e
+                    .result
+                    .as_ref()
+                    .unwrap_or_else(|err| panic!("n = {n} {agreement:?} rank {me}: {err}"));
+                assert_eq!(bits(&e.output), want, "n = {n} {agreement:?} rank {me}");
+                assert_eq!(
+                    report.erased_self,
+                    me == 1,
+                    "n = {n} {agreement:?} rank {me}"
+                );
+            }
+            // The stalled rank waits out no deadline: it ends soon after it starts.
+            assert!(
+                ended[1].at < starts[1] + Duration::from_millis(100),
+                "n = {n} {agreement:?}: {:?}",
+                ended[1].at
+            );
+        }
+    }
+}
