@@ -6,7 +6,9 @@
 use std::sync::{Mutex, PoisonError};
 
 use byzcoll::aggregators::{self, Aggregator, Params};
-use byzcoll::{Communicator, Fault, JobConfig, Policy, ReduceOp, Replicas, RoundReport};
+use byzcoll::{
+    Communicator, Fault, JobConfig, Policy, ReduceOp, Replicas, RoundReport, Stragglers, Symptom,
+};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
@@ -141,6 +143,10 @@ struct Report {
     /// time, and this rank left it out as they did.
     #[pyo3(get)]
     erased_self: bool,
+    /// The inputs the round could go without for their lateness alone (0: every input was
+    /// waited for until the deadline); see `Communicator.set_stragglers`.
+    #[pyo3(get)]
+    stragglers: usize,
     /// The agreement cross-check's findings (None when agreement is off): a dict of rank lists
     /// `disagreeing`, `unconfirmed`, `differing_inputs`, `differing_versions`.
     agreement: Option<[Vec<usize>; 4]>,
@@ -205,6 +211,7 @@ impl From<RoundReport> for Report {
             replicas: r.replicas,
             unauthenticated: r.unauthenticated,
             erased_self: r.erased_self,
+            stragglers: r.stragglers,
             agreement: r.agreement.map(|a| {
                 [
                     a.disagreeing,
@@ -347,6 +354,15 @@ impl PyCommunicator {
                 "the collective panicked ({panic}); the communicator is closed"
             ))),
             Some(Ok(r)) => r.map_err(|e| to_py(py, e)),
+        }
+    }
+
+    /// `op` on the communicator, here and now (no collective).
+    fn with_comm<T>(&self, op: impl FnOnce(&mut Communicator) -> T) -> PyResult<T> {
+        let mut slot = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
+        match slot.as_mut() {
+            Some(c) => Ok(op(c)),
+            None => Err(InvalidUsage::new_err("the communicator is closed")),
         }
     }
 }
@@ -522,6 +538,55 @@ impl PyCommunicator {
                 (c, r)
             }),
         }
+    }
+
+    /// How many inputs a robust round (gather policy) may go without for their lateness
+    /// alone: `"auto"` (the largest the rule allows with `f` Byzantine inputs among the rest),
+    /// a count, or 0 (the default: wait for every input until the deadline). Every rank must
+    /// choose alike. Late inputs are faults of kind `"late"` in the report.
+    fn set_stragglers(&self, stragglers: &Bound<'_, PyAny>) -> PyResult<()> {
+        let s = if let Ok(text) = stragglers.extract::<String>() {
+            Stragglers::parse(&text).map_err(InvalidUsage::new_err)?
+        } else if let Ok(count) = stragglers.extract::<usize>() {
+            Stragglers::Exactly(count)
+        } else {
+            return Err(InvalidUsage::new_err(
+                "stragglers: \"auto\" or a count of ranks (0 or more)",
+            ));
+        };
+        self.with_comm(|c| c.set_stragglers(s))
+    }
+
+    /// What this rank has seen of each other rank in its robust rounds, in rank order: a list
+    /// of dicts with `rank`, `streak` (None, or `(symptom, rounds)` with symptom one of
+    /// `"late"`, `"missing"`, `"malformed"`, `"disagreeing"`: what it did in the last round
+    /// and how many rounds in a row), and the counts `late`, `missing`, `malformed`,
+    /// `disagreeing`. This rank's own observations only: evidence, not an accusation.
+    fn health<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let peers = self.with_comm(|c| c.health())?;
+        peers
+            .into_iter()
+            .map(|p| {
+                let d = PyDict::new(py);
+                d.set_item("rank", p.rank)?;
+                let streak = p.streak.map(|(symptom, rounds)| {
+                    let name = match symptom {
+                        Symptom::Late => "late",
+                        Symptom::Missing => "missing",
+                        Symptom::Malformed => "malformed",
+                        Symptom::Disagreeing => "disagreeing",
+                        _ => "other",
+                    };
+                    (name, rounds)
+                });
+                d.set_item("streak", streak)?;
+                d.set_item("late", p.late)?;
+                d.set_item("missing", p.missing)?;
+                d.set_item("malformed", p.malformed)?;
+                d.set_item("disagreeing", p.disagreeing)?;
+                Ok(d)
+            })
+            .collect()
     }
 
     /// Blocks until every rank has entered the barrier.

@@ -88,6 +88,20 @@ def test_a_byzantine_rank_does_not_move_the_median():
         assert o["sum"] > 1e8, "the plain sum is dragged away by the one liar"
 
 
+def test_a_straggler_does_not_set_the_pace():
+    outs = run_job(4, "straggler", BYZCOLL_AGREEMENT="enforce")
+    for o in outs[:3]:
+        assert o["seconds"] < 0.75, o  # the straggler comes 1.5 s later
+        assert o["median"] == 2.0, o  # median of {1, 2, 3}: rank 3's 4 was late
+        assert [(f[0], f[1]) for f in o["faults"]] == [(3, "late")], o
+        assert o["stragglers"] == 1, o
+        late = [h for h in o["health"] if h["rank"] == 3][0]
+        assert late["streak"] == ["late", 1] and late["late"] == 1, o
+        assert all(h["streak"] is None for h in o["health"] if h["rank"] != 3), o
+    # Under enforce the echo tells the straggler its input was late: it returns their result.
+    assert outs[3]["median"] == 2.0 and outs[3]["erased_self"], outs[3]
+
+
 def test_enforce_gives_every_rank_the_same_median_in_both_modes_and_refuses_reduce_scatter():
     outs = run_job(4, "enforce", BYZCOLL_AGREEMENT="enforce")
     for o in outs:

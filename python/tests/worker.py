@@ -28,6 +28,27 @@ def main():
         comm.close()
         print(json.dumps(out), flush=True)
         return
+    if scenario == "straggler":
+        # The last rank calls 1.5 s after the others; stragglers "auto" (s = 1 at 4 ranks).
+        import time
+
+        comm.set_stragglers("auto")
+        if r == n - 1:
+            time.sleep(1.5)
+        x = np.full(1000, r + 1, dtype=dtype)
+        start = time.monotonic()
+        report = comm.robust_all_reduce(x, "median", 1)
+        out["seconds"] = time.monotonic() - start
+        out["median"] = float(x[0])
+        out["faults"] = report.faults
+        out["stragglers"] = report.stragglers
+        out["erased_self"] = report.erased_self
+        out["health"] = comm.health()
+        if r != n - 1:
+            time.sleep(3)  # stay up while the straggler catches up
+        comm.close()
+        print(json.dumps(out), flush=True)
+        return
     if scenario == "enforce":
         # Run under BYZCOLL_AGREEMENT=enforce: gather and sharded mode with the echo (the last
         # rank sends 1e9); reduce-scatter is refused up front.

@@ -108,6 +108,22 @@ class Communicator:
         result. For comparison with :meth:`robust_all_reduce`."""
         self._inner.all_reduce(_array(x), op)
 
+    def set_stragglers(self, stragglers):
+        """How many inputs a robust round (gather policy) may go without for their lateness
+        alone: ``"auto"`` (the largest the rule allows with `f` Byzantine inputs among the
+        rest), a count, or 0 (the default: wait for every input until the deadline). Every rank
+        must choose alike. Late inputs are faults of kind ``"late"`` in the report, and no rank
+        sets the pace of the others."""
+        self._inner.set_stragglers(stragglers)
+
+    def health(self):
+        """What this rank has seen of each other rank in its robust rounds, in rank order: dicts
+        with ``rank``, ``streak`` (None, or ``(symptom, rounds)``: ``"late"``, ``"missing"``,
+        ``"malformed"`` or ``"disagreeing"`` in each of the last ``rounds`` rounds) and the
+        counts ``late``, ``missing``, ``malformed``, ``disagreeing``. This rank's own
+        observations only: evidence, not an accusation."""
+        return self._inner.health()
+
     def barrier(self):
         """Blocks until every rank has entered the barrier."""
         self._inner.barrier()
