@@ -1,12 +1,12 @@
 //! Each transport option of the job's configuration reaches the transport in a job of more than
 //! one rank, not only in a world of one (the two take different branches of the registry).
-//! Feature `ucx`: UCX over TCP or shared memory on this machine (`UCX_NET_DEVICES=lo`).
-#![cfg(feature = "ucx")]
+//! TCP always; UCX with feature `ucx` (over TCP or shared memory on this machine,
+//! `UCX_NET_DEVICES=lo`).
 
 use std::time::Duration;
 
-use byzcoll::bootstrap::JobAuth;
-use byzcoll::transports::ucx::UcxTransport;
+use byzcoll::bootstrap::{JobAuth, JobSecret};
+use byzcoll::transports::tcp::TcpTransport;
 use byzcoll::{init_with, Communicator, JobConfig};
 
 /// A port on 127.0.0.1 that was free a moment ago.
@@ -15,8 +15,8 @@ fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
-/// The two ranks of a UCX job built from `configure` in this process.
-async fn ucx_pair(configure: impl Fn(usize) -> JobConfig) -> Vec<Communicator> {
+/// The two ranks of a job built from `configure` in this process.
+async fn pair(configure: impl Fn(usize) -> JobConfig) -> Vec<Communicator> {
     let joins: Vec<_> = (0..2)
         .map(|rank| {
             let config = configure(rank);
@@ -30,17 +30,56 @@ async fn ucx_pair(configure: impl Fn(usize) -> JobConfig) -> Vec<Communicator> {
     comms
 }
 
-fn ucx_of(comm: &Communicator) -> &UcxTransport {
+/// The job's transport, as the type it is.
+fn transport_of<T: 'static>(comm: &Communicator) -> &T {
     comm.transport()
         .as_any()
-        .and_then(|t| t.downcast_ref::<UcxTransport>())
-        .expect("the job's transport is UCX")
+        .and_then(|t| t.downcast_ref::<T>())
+        .expect("the job's transport is of the expected type")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ucx_peer_failure_reaches_a_multi_rank_job() {
+async fn tcp_options_reach_a_multi_rank_job() {
     let store = format!("127.0.0.1:{}", free_port());
-    let secret = byzcoll::bootstrap::JobSecret::generate().expect("secret");
+    let secret = JobSecret::generate().expect("secret");
+    // 127.0.0.3: on loopback, and not the address a rank would pick by itself.
+    let listen: std::net::IpAddr = [127, 0, 0, 3].into();
+    let comms = pair(|rank| {
+        JobConfig::builder(rank, 2)
+            .store(store.clone())
+            .auth(JobAuth::Secret(secret.clone()))
+            .tcp_listen(listen)
+            .tcp_spin(Duration::from_micros(7))
+            .frame_mac(true)
+            .build()
+            .expect("config")
+    })
+    .await;
+    for comm in &comms {
+        let tcp: &TcpTransport = transport_of(comm);
+        let options = tcp.options();
+        assert_eq!(
+            options.spin,
+            Duration::from_micros(7),
+            "rank {}",
+            comm.rank()
+        );
+        assert!(options.frame_mac, "rank {}", comm.rank());
+        assert_eq!(
+            tcp.listening().map(|a| a.ip()),
+            Some(listen),
+            "rank {}",
+            comm.rank()
+        );
+    }
+}
+
+#[cfg(feature = "ucx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ucx_peer_failure_reaches_a_multi_rank_job() {
+    use byzcoll::transports::ucx::UcxTransport;
+    let store = format!("127.0.0.1:{}", free_port());
+    let secret = JobSecret::generate().expect("secret");
     for on in [false, true] {
         // UCX refuses peer-failure handling over shared memory; `on` runs over TCP only.
         if on && std::env::var("UCX_TLS").is_ok_and(|t| !t.contains("tcp")) {
@@ -52,7 +91,7 @@ async fn ucx_peer_failure_reaches_a_multi_rank_job() {
         } else {
             store.clone()
         };
-        let comms = ucx_pair(|rank| {
+        let comms = pair(|rank| {
             JobConfig::builder(rank, 2)
                 .store(store.clone())
                 .auth(JobAuth::Secret(secret.clone()))
@@ -64,8 +103,9 @@ async fn ucx_peer_failure_reaches_a_multi_rank_job() {
         })
         .await;
         for comm in &comms {
+            let ucx: &UcxTransport = transport_of(comm);
             assert_eq!(
-                ucx_of(comm).options().peer_failure,
+                ucx.options().peer_failure,
                 Some(on),
                 "rank {}: BYZCOLL_UCX_PEER_FAILURE={on} was not passed to UCX",
                 comm.rank()

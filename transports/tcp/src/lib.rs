@@ -238,8 +238,8 @@ pub struct TcpTransport {
     mailbox: Arc<Mailbox>,
     writers: Vec<Option<Arc<Writer>>>,
     tasks: Vec<JoinHandle<()>>,
-    max_message_bytes: u64,
-    spin: Duration,
+    options: TcpOptions,
+    listening: Option<SocketAddr>,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -251,6 +251,16 @@ impl std::fmt::Debug for Outgoing {
 }
 
 impl TcpTransport {
+    /// The options this transport was started with.
+    pub fn options(&self) -> &TcpOptions {
+        &self.options
+    }
+
+    /// The address this rank listened on for its peers.
+    pub fn listening(&self) -> Option<SocketAddr> {
+        self.listening
+    }
+
     /// Binds a listener on `ip` (port chosen by the OS), publishes its address and a fresh
     /// identity key through `store`, and connects to every other rank, authenticating each
     /// connection with the store's [`JobAuth`](byzcoll_runtime::bootstrap::JobAuth). `ip`
@@ -336,6 +346,7 @@ impl TcpTransport {
                 "tcp transport: connections are UNAUTHENTICATED (BYZCOLL_ALLOW_UNAUTHENTICATED=1)"
             );
         }
+        let listening = listener.local_addr().ok();
         let deadline = Instant::now() + options.setup_timeout;
         let macs = options.frame_mac;
         let connects = (0..rank)
@@ -398,8 +409,8 @@ impl TcpTransport {
             mailbox,
             writers,
             tasks,
-            max_message_bytes: options.max_message_bytes,
-            spin: options.spin,
+            options,
+            listening,
         })
     }
 }
@@ -743,9 +754,13 @@ impl Transport for TcpTransport {
             memory: vec![MemoryKind::Host],
             per_peer_timeout: true,
             quorum: true,
-            max_message_bytes: self.max_message_bytes,
+            max_message_bytes: self.options.max_message_bytes,
             steps_in_flight: byzcoll_runtime::PIPELINED_STEPS,
         }
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
@@ -773,7 +788,7 @@ impl Transport for TcpTransport {
                     }
                 },
             );
-            Ok(spin_on(self.spin, step_done).await)
+            Ok(spin_on(self.options.spin, step_done).await)
         })
     }
 }
