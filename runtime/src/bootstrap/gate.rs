@@ -8,11 +8,11 @@
 //! connections open costs an attacker more than it costs the job. [`accept`] backs off instead
 //! of spinning when the process is out of file descriptors.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
@@ -23,6 +23,76 @@ pub const AUTH_DEADLINE: Duration = Duration::from_secs(10);
 pub const MAX_PENDING: usize = 256;
 /// Pause after a failed `accept` (`EMFILE`, `ENFILE`, `ENOBUFS`, ...).
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How often one source may write a line to the log about what it did to a listener.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Sources a [`LogLimit`] remembers; past them, every other source shares one budget.
+const LOG_SOURCES: usize = 1024;
+
+/// A rate limit for the log lines a stranger (or a member) can trigger: one line per source
+/// address per interval, the next one saying how many were held back. A flood of refused
+/// connections writes a line every [`LOG_INTERVAL`] per address, not one per connection.
+#[derive(Debug)]
+pub struct LogLimit {
+    interval: Duration,
+    sources: Mutex<HashMap<Option<IpAddr>, (Instant, u64)>>,
+}
+
+/// The limit on refusal lines of every listener of this process.
+pub static REFUSALS: LazyLock<LogLimit> = LazyLock::new(|| LogLimit::new(LOG_INTERVAL));
+
+impl LogLimit {
+    /// At most one line per source every `interval`.
+    pub fn new(interval: Duration) -> Self {
+        LogLimit {
+            interval,
+            sources: Mutex::default(),
+        }
+    }
+
+    /// Whether a line about `source` may be written now: `Some(held_back)`, the lines held
+    /// back since the last one written, or `None` to hold this one back too.
+    pub fn allow(&self, source: IpAddr) -> Option<u64> {
+        let now = Instant::now();
+        let mut sources = self.sources.lock().unwrap_or_else(PoisonError::into_inner);
+        if sources.len() >= LOG_SOURCES {
+            sources.retain(|_, (at, _)| now.duration_since(*at) < self.interval);
+        }
+        // Beyond the sources remembered, the rest share one entry: memory stays bounded
+        // whatever the number of addresses a flood comes from.
+        let key = match sources.len() < LOG_SOURCES || sources.contains_key(&Some(source)) {
+            true => Some(source),
+            false => None,
+        };
+        match sources.get_mut(&key) {
+            Some((at, held)) if now.duration_since(*at) < self.interval => {
+                *held += 1;
+                None
+            }
+            Some((at, held)) => {
+                *at = now;
+                Some(std::mem::take(held))
+            }
+            None => {
+                sources.insert(key, (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// Writes a warning about `from` through [`REFUSALS`]: at most one line per address per
+/// [`LOG_INTERVAL`], saying how many were held back.
+#[macro_export]
+macro_rules! warn_limited {
+    ($from:expr, $($arg:tt)+) => {{
+        let from: ::std::net::SocketAddr = $from;
+        if let Some(held_back) = $crate::bootstrap::gate::REFUSALS.allow(from.ip()) {
+            ::tracing::warn!(%from, held_back, $($arg)+);
+        }
+    }};
+}
 
 #[derive(Debug, Default)]
 struct Pending {
@@ -80,7 +150,10 @@ impl Gate {
             if p.tasks.len() >= self.cap {
                 if let Some((_, Some(oldest))) = p.tasks.pop_front() {
                     oldest.abort();
-                    tracing::warn!(%from, "too many unauthenticated connections: closed the oldest");
+                    crate::warn_limited!(
+                        from,
+                        "too many unauthenticated connections: closed the oldest"
+                    );
                 }
             }
             let id = p.next;
@@ -97,7 +170,10 @@ impl Gate {
                 Ok(Some(peer)) => then(peer).await,
                 Ok(None) => {}
                 Err(_) => {
-                    tracing::warn!(%from, "closed a connection that did not authenticate in time")
+                    crate::warn_limited!(
+                        from,
+                        "closed a connection that did not authenticate in time"
+                    )
                 }
             }
         });
@@ -124,6 +200,33 @@ pub async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One line per source per interval, the next saying how many were held back; other
+    /// sources are not held back by one that floods; memory stays bounded past the sources
+    /// remembered.
+    #[test]
+    fn log_lines_are_limited_per_source() {
+        let limit = LogLimit::new(Duration::from_millis(200));
+        let a: IpAddr = [127, 0, 0, 7].into();
+        let b: IpAddr = [127, 0, 0, 8].into();
+        assert_eq!(limit.allow(a), Some(0));
+        for _ in 0..1000 {
+            assert_eq!(limit.allow(a), None);
+        }
+        assert_eq!(limit.allow(b), Some(0), "another source has its own budget");
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(limit.allow(a), Some(1000));
+        assert_eq!(limit.allow(a), None);
+        // A flood from many addresses: bounded memory, and the ones past the bound share one
+        // budget.
+        let mut written = 0;
+        for i in 0..(3 * LOG_SOURCES as u32) {
+            let ip: IpAddr = std::net::Ipv4Addr::from(0x7f01_0000 + i).into();
+            written += usize::from(limit.allow(ip).is_some());
+        }
+        assert!(limit.sources.lock().unwrap().len() <= LOG_SOURCES + 1);
+        assert!(written <= LOG_SOURCES + 1, "{written} lines for a flood");
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[tokio::test(start_paused = true)]

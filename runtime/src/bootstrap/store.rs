@@ -112,7 +112,10 @@ impl StoreServer {
                         match auth::respond(&mut stream, me, |_| Ok(())).await {
                             Ok(session) => Some((stream, session)),
                             Err(HandshakeError::Rejected { why, .. }) => {
-                                tracing::warn!(%peer, "rendezvous store: refused a connection: {why}");
+                                crate::warn_limited!(
+                                    peer,
+                                    "rendezvous store: refused a connection: {why}"
+                                );
                                 None
                             }
                             Err(e) => {

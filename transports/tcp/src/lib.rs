@@ -496,12 +496,13 @@ async fn accept_peers(
     }
     let (tx, mut rx) = mpsc::channel::<(Rank, TcpStream, [u8; 32])>(expected);
     let membership = Arc::new(membership.clone());
-    let acceptor = tokio::spawn(async move {
-        let gate = Gate::default();
-        loop {
-            let (mut stream, from) = gate::accept(&listener).await;
-            let (membership, tx) = (membership.clone(), tx.clone());
-            gate.admit(
+    let acceptor =
+        tokio::spawn(async move {
+            let gate = Gate::default();
+            loop {
+                let (mut stream, from) = gate::accept(&listener).await;
+                let (membership, tx) = (membership.clone(), tx.clone());
+                gate.admit(
                 from,
                 async move {
                     let accept = |r: u32| {
@@ -515,7 +516,10 @@ async fn accept_peers(
                     match auth::respond(&mut stream, me_ep, accept).await {
                         Ok(session) => Some((session.peer as Rank, stream, session.key())),
                         Err(HandshakeError::Rejected { why, .. }) => {
-                            tracing::warn!(%from, rank = me, "tcp transport: refused a connection: {why}");
+                            byzcoll_runtime::warn_limited!(
+                                from,
+                                "tcp transport (rank {me}): refused a connection: {why}"
+                            );
                             None
                         }
                         Err(e) => {
@@ -528,8 +532,8 @@ async fn accept_peers(
                     let _ = tx.send(peer).await;
                 },
             );
-        }
-    });
+            }
+        });
     let mut accepted: Vec<(Rank, TcpStream, [u8; 32])> = Vec::with_capacity(expected);
     while accepted.len() < expected {
         match timeout_at(deadline, rx.recv()).await {
