@@ -16,7 +16,7 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
 fi
 
 seconds="${FUZZ_SECONDS:-10}"
-targets=(handshake_respond handshake_initiate frame_header npy)
+targets=(handshake_respond handshake_initiate frame_header npy secret)
 for t in "${targets[@]}"; do
     flags=(-max_total_time="$seconds")
     [ "$t" = npy ] && flags+=(-rss_limit_mb=512 -malloc_limit_mb=256)
