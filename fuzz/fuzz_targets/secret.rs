@@ -1,6 +1,6 @@
 //! The job secret's parser (`BYZCOLL_SECRET`, the secret file, `byzcoll info`) on arbitrary
 //! bytes: it never panics, takes only 64 ASCII hex digits, and its error shows no run of 8 of
-//! the value's characters.
+//! the value's hex digits (what a secret is made of; the messages' own words are not).
 #![no_main]
 
 use byzcoll_runtime::bootstrap::{JobAuth, JobSecret};
@@ -20,8 +20,12 @@ fuzz_target!(|data: &[u8]| {
                 .to_string();
             let chars: Vec<char> = text.chars().collect();
             for w in chars.windows(8) {
+                if !w.iter().all(char::is_ascii_hexdigit) {
+                    continue;
+                }
                 let piece: String = w.iter().collect();
-                assert!(!why.contains(&piece) && !e.contains(&piece), "echoed {piece:?}");
+                assert!(!why.contains(&piece), "echoed {piece:?}");
+                assert!(!e.contains(&piece), "echoed {piece:?}");
             }
         }
     }
