@@ -461,6 +461,16 @@ impl StoreClient {
             values.push(Bytes::from(v));
         }
         read_answer_mac(&mut stream, &session, &body).await?;
+        // What every rank builds its roster from must hold this rank as it registered: a
+        // store (rank 0, or whoever hosts it) that swapped this rank's entry would otherwise
+        // hand the others an impostor's key for it.
+        if values.get(self.rank).map(|v| &v[..]) != Some(value) {
+            return Err(bad(format!(
+                "its answer does not hold this rank's own value at position {}: the store \
+                 replaced it",
+                self.rank
+            )));
+        }
         Ok(values)
     }
 }
@@ -538,6 +548,44 @@ mod tests {
                 (0..5u8).map(|r| Bytes::from(vec![r])).collect::<Vec<_>>()
             );
         }
+    }
+
+    /// A store that answers with another value in this rank's place (an insider hosting it,
+    /// handing the others an impostor's key): the rank refuses the answer, naming it.
+    #[tokio::test]
+    async fn an_answer_without_this_ranks_own_value_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let liar = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let auth = secret();
+            let me = Endpoint {
+                auth: &auth,
+                purpose: Purpose::Store,
+                world: 2,
+                rank: STORE,
+                identity: None,
+                frame_macs: false,
+            };
+            let session = auth::respond(&mut stream, me, |_| Ok(())).await.unwrap();
+            let (_key, value) = read_request(&mut stream, &session).await.unwrap();
+            assert_eq!(&value[..], b"mine");
+            let mut body = vec![0u8];
+            body.extend_from_slice(&2u32.to_le_bytes());
+            for v in [&b"rank 0"[..], b"an impostor"] {
+                body.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                body.extend_from_slice(v);
+            }
+            body.extend_from_slice(&session.mac(ANSWER_LABEL, &[&body]));
+            stream.write_all(&body).await.unwrap();
+        });
+        let err = client(&addr, 1, 2, secret())
+            .all_gather("byzcoll/tcp", b"mine")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("own value at position 1"), "{err}");
+        liar.await.unwrap();
     }
 
     #[tokio::test]
