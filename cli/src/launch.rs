@@ -428,6 +428,10 @@ unsafe fn watchdog_main(read_end: libc::c_int, write_end: libc::c_int) -> ! {
     // SAFETY (whole body): async-signal-safe libc calls on local data, see Watchdog::start.
     unsafe {
         libc::close(write_end);
+        // Out of the launcher's process group: a SIGKILL to the whole group (`timeout -s
+        // KILL`, a batch system's cleanup) must not take the watchdog with the launcher, or
+        // the ranks' children would be left running.
+        libc::setpgid(0, 0);
         // A signal sent to the launcher's whole process group must not end the watchdog
         // before it has done its work; it exits by itself once the launcher has gone.
         let mut ignore: libc::sigaction = std::mem::zeroed();

@@ -351,11 +351,12 @@ fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 }
 
 /// Starts `launch -n 3` of ranks that ignore SIGTERM (so the grace period and SIGKILL are
-/// needed) and each start a grandchild, sends `signal` to the launcher, and checks that the
-/// launcher ends with `expected` (an exit code, or `None`: killed by the signal) and that no
-/// process of the job is left, all within 15 s.
-fn signal_ends_the_whole_job(signal: i32, expected: Option<i32>) {
-    let marker = format!("signal-{signal}-{}", std::process::id());
+/// needed) and each start a grandchild, sends `signal` to the launcher (to its whole process
+/// group where `group`), and checks that the launcher ends with `expected` (an exit code, or
+/// `None`: killed by the signal) and that no process of the job is left, all within 15 s.
+fn signal_ends_the_whole_job(signal: i32, expected: Option<i32>, group: bool) {
+    use std::os::unix::process::CommandExt;
+    let marker = format!("signal-{signal}-{group}-{}", std::process::id());
     let start = Instant::now();
     let mut launcher = Command::new(byzcoll())
         .args(["launch", "-n", "3", "--grace-secs", "1", "--", "sh", "-c"])
@@ -364,6 +365,8 @@ fn signal_ends_the_whole_job(signal: i32, expected: Option<i32>) {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
+        // A group of its own (its pid), so that the whole group can be signalled.
+        .process_group(0)
         .spawn()
         .expect("spawn the launcher");
     // Launcher + watchdog + 3 ranks, each a shell with two sleeps.
@@ -374,8 +377,15 @@ fn signal_ends_the_whole_job(signal: i32, expected: Option<i32>) {
         let _ = launcher.kill();
         panic!("the job did not start: {:?}", job_processes(&marker));
     }
-    // SAFETY: kill has no memory-safety preconditions; the pid is our own child's.
-    assert_eq!(unsafe { libc::kill(launcher.id() as i32, signal) }, 0);
+    // SAFETY: kill and killpg have no memory-safety preconditions; the pid is our own
+    // child's, and so is the group it leads.
+    let sent = unsafe {
+        match group {
+            true => libc::killpg(launcher.id() as i32, signal),
+            false => libc::kill(launcher.id() as i32, signal),
+        }
+    };
+    assert_eq!(sent, 0);
     let mut status = None;
     let exited = wait_for(Duration::from_secs(10), || {
         status = launcher.try_wait().expect("wait");
@@ -421,22 +431,29 @@ fn signal_ends_the_whole_job(signal: i32, expected: Option<i32>) {
 
 #[test]
 fn sigterm_to_the_launcher_ends_every_rank_and_exits_143() {
-    signal_ends_the_whole_job(libc::SIGTERM, Some(143));
+    signal_ends_the_whole_job(libc::SIGTERM, Some(143), false);
 }
 
 #[test]
 fn sighup_to_the_launcher_ends_every_rank_and_exits_129() {
-    signal_ends_the_whole_job(libc::SIGHUP, Some(129));
+    signal_ends_the_whole_job(libc::SIGHUP, Some(129), false);
 }
 
 #[test]
 fn sigint_to_the_launcher_ends_every_rank_and_exits_130() {
-    signal_ends_the_whole_job(libc::SIGINT, Some(130));
+    signal_ends_the_whole_job(libc::SIGINT, Some(130), false);
 }
 
 #[test]
 fn sigkill_to_the_launcher_leaves_no_rank_or_grandchild_behind() {
-    signal_ends_the_whole_job(libc::SIGKILL, None);
+    signal_ends_the_whole_job(libc::SIGKILL, None, false);
+}
+
+/// `timeout -s KILL byzcoll launch ...` kills the launcher's whole process group: the
+/// watchdog is not in it, and ends the ranks and their children.
+#[test]
+fn sigkill_to_the_launchers_process_group_leaves_nothing_behind() {
+    signal_ends_the_whole_job(libc::SIGKILL, None, true);
 }
 
 #[test]
