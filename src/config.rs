@@ -351,9 +351,10 @@ impl Settings {
             ("sub-round bytes", self.comm.sub_round_bytes),
             ("ring part bytes", self.comm.ring_part_bytes),
         ] {
-            if bytes == 0 || bytes as u64 > 1 << 40 {
+            if bytes == 0 || bytes as u64 > byzcoll_runtime::MAX_PART_BYTES {
                 return Err(Error::InvalidUsage(format!(
-                    "{what} {bytes}: between 1 and 2^40 (1 TiB)"
+                    "{what} {bytes}: between 1 and {} (1 TiB)",
+                    byzcoll_runtime::MAX_PART_BYTES
                 )));
             }
         }

@@ -1,16 +1,13 @@
 //! Ranks that choose a job-wide parameter differently fail to join, each naming the parameter
 //! and the ranks, instead of finding each other's messages malformed or missing later.
 
+mod common;
+
 use std::time::Duration;
 
 use byzcoll::bootstrap::{JobAuth, JobSecret};
 use byzcoll::{init_with, Agreement, BootstrapError, Error, JobConfig};
-
-/// A port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
-}
+use common::free_port;
 
 /// What `init_with` gives each rank of a job whose rank `r` is configured by `configure`.
 async fn join(

@@ -3,17 +3,14 @@
 //! TCP always; UCX with feature `ucx` (over TCP or shared memory on this machine,
 //! `UCX_NET_DEVICES=lo`).
 
+mod common;
+
 use std::time::Duration;
 
 use byzcoll::bootstrap::{JobAuth, JobSecret};
 use byzcoll::transports::tcp::TcpTransport;
 use byzcoll::{init_with, Communicator, JobConfig};
-
-/// A port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
-}
+use common::free_port;
 
 /// The two ranks of a job built from `configure` in this process.
 async fn pair(configure: impl Fn(usize) -> JobConfig) -> Vec<Communicator> {

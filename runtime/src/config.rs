@@ -56,7 +56,7 @@ impl Default for Config {
 pub const MAX_STEP_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 /// The largest sub-round or ring part accepted (1 TiB): past any vector a rank can hold.
-const MAX_PART_BYTES: u64 = 1 << 40;
+pub const MAX_PART_BYTES: u64 = 1 << 40;
 
 /// Length of [`Config::job_record`].
 pub const JOB_RECORD_LEN: usize = 4 + 1 + 8 + 8 + 8;
