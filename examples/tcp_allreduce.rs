@@ -113,7 +113,11 @@ async fn run(args: Args) -> Result<(), String> {
     }
     comm.barrier().await.map_err(|e| e.to_string())?;
     if me == 0 {
-        println!("OK: {n} ranks over {}, d = {d}", comm.transport().name());
+        println!(
+            "OK: {n} ranks over {}, d = {d}, identity: {}",
+            comm.transport().name(),
+            comm.identity()
+        );
     }
     Ok(())
 }

@@ -4,7 +4,10 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use byzcoll_runtime::bootstrap::{JobAuth, LaunchEnv, Launcher, MAX_WORLD};
+use std::sync::Arc;
+
+use byzcoll_runtime::bootstrap::keys::{self, KeyRoster};
+use byzcoll_runtime::bootstrap::{Identity, JobAuth, LaunchEnv, Launcher, MAX_WORLD};
 pub use byzcoll_runtime::MAX_STEP_TIMEOUT;
 
 use crate::registry::{self, TransportInfo};
@@ -64,6 +67,9 @@ pub struct JobConfig {
     launch: LaunchEnv,
     bootstrap: Bootstrap,
     auth: Option<JobAuth>,
+    /// This rank's key and the roster, for the all-gather join (which learns the job secret
+    /// from the gather, so `auth` stays `None` there).
+    rank_key: Option<(Arc<KeyRoster>, Identity)>,
     settings: Settings,
 }
 
@@ -146,6 +152,7 @@ impl JobConfig {
             },
             bootstrap: Bootstrap::AllGather,
             auth: None,
+            rank_key: keys::rank_key_from_lookup(&get, rank)?,
             settings: Settings::from_lookup(&get)?,
         };
         config.check()?;
@@ -192,7 +199,7 @@ impl JobConfig {
         let launch = LaunchEnv::from_lookup(&get)?;
         let settings = Settings::from_lookup(&get)?;
         let auth = if launch.size > 1 {
-            Some(JobAuth::from_lookup(&get)?)
+            Some(JobAuth::from_lookup(&get)?.with_rank_keys(&get, launch.rank)?)
         } else {
             None
         };
@@ -200,6 +207,7 @@ impl JobConfig {
             launch,
             bootstrap: Bootstrap::Store,
             auth,
+            rank_key: None,
             settings,
         };
         config.check()?;
@@ -214,6 +222,12 @@ impl JobConfig {
     /// The job's authentication; `None` in a world of one, which connects to nobody.
     pub fn auth(&self) -> Option<&JobAuth> {
         self.auth.as_ref()
+    }
+
+    /// This rank's per-rank key and the roster, for the all-gather join (set by
+    /// `BYZCOLL_ROSTER_FILE` with `BYZCOLL_KEY_FILE` or `BYZCOLL_KEY`).
+    pub(crate) fn rank_key(&self) -> Option<&(Arc<KeyRoster>, Identity)> {
+        self.rank_key.as_ref()
     }
 
     /// The transport's name and description.
@@ -527,6 +541,7 @@ impl JobConfigBuilder {
             },
             bootstrap: Bootstrap::Store,
             auth: self.auth,
+            rank_key: None,
             settings: Settings {
                 transport,
                 comm: {
@@ -581,7 +596,10 @@ impl EnvReport {
         EnvReport {
             launch: LaunchEnv::from_lookup(process_env),
             transport_var: process_env("BYZCOLL_TRANSPORT"),
-            auth: JobAuth::from_lookup(process_env),
+            auth: JobAuth::from_lookup(process_env).and_then(|a| {
+                let rank = process_env("BYZCOLL_RANK").and_then(|r| r.trim().parse().ok());
+                a.with_rank_keys(process_env, rank.unwrap_or(0))
+            }),
             config: JobConfig::from_env(),
             ucx_vars,
             fi_provider: process_env("FI_PROVIDER"),

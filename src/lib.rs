@@ -112,9 +112,7 @@ pub async fn init_with(config: &JobConfig) -> Result<Communicator> {
     let t = connect(config, store).await?;
     let mut comm = Communicator::new(t, config.comm().clone());
     if let Some((store, server)) = rendezvous {
-        if !store.auth().is_authenticated() {
-            comm.mark_unauthenticated();
-        }
+        comm.set_identity(store.auth().mode());
         if let Some(server) = server {
             comm.keep_alive(server);
         }

@@ -17,7 +17,7 @@
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
-use byzcoll_runtime::bootstrap::{Identity, JobAuth, JobSecret, Membership, Roster};
+use byzcoll_runtime::bootstrap::{Credentials, JobAuth, JobSecret, Membership};
 use byzcoll_runtime::JOB_RECORD_LEN;
 use byzcoll_transport_tcp::TcpTransport;
 use tokio::net::TcpListener;
@@ -114,13 +114,19 @@ pub fn init_with_allgather(
     config.comm().check_job(&jobs)?;
     let mut key = [0u8; 32];
     key.copy_from_slice(&hellos[SECRET_AT..SECRET_AT + 32]);
-    let auth = JobAuth::Secret(JobSecret::from_bytes(key));
+    let secret = JobSecret::from_bytes(key);
+    let auth = match config.rank_key() {
+        Some((roster, id)) => {
+            JobAuth::PerRank(Credentials::rank(secret, roster.clone(), rank, id.clone())?)
+        }
+        None => JobAuth::Secret(secret),
+    };
 
     let listener = runtime
         .block_on(TcpListener::bind((ip, 0)))
         .map_err(TransportError::from)?;
     let me = listener.local_addr().map_err(TransportError::from)?;
-    let identity = Identity::generate()?;
+    let identity = auth.identity()?;
     let addr = me.to_string();
     let mut entry = vec![0u8; ENTRY_LEN];
     entry[..4].copy_from_slice(&(rank as u32).to_le_bytes());
@@ -170,11 +176,7 @@ pub fn init_with_allgather(
              address of each host's network"
         )));
     }
-    let membership = Membership {
-        auth,
-        identity,
-        roster: Roster::new(&keys)?,
-    };
+    let membership = Membership::new(auth, identity, &keys)?;
     let transport = runtime.block_on(TcpTransport::connect_mesh(
         rank,
         size,
@@ -183,10 +185,9 @@ pub fn init_with_allgather(
         &membership,
         options,
     ))?;
-    Ok(Communicator::new(
-        Box::new(transport),
-        config.comm().clone(),
-    ))
+    let mut comm = Communicator::new(Box::new(transport), config.comm().clone());
+    comm.set_identity(membership.auth.mode());
+    Ok(comm)
 }
 
 fn gather(allgather: &mut AllGather<'_>, record: &[u8], size: usize) -> Result<Vec<u8>> {

@@ -24,7 +24,10 @@ use std::io::Write;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use byzcoll::bootstrap::{JobAuth, JobSecret, StoreServer};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use byzcoll::bootstrap::{keygen, Credentials, JobAuth, JobSecret, KeyRoster, StoreServer};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
@@ -41,6 +44,21 @@ pub struct LaunchOptions {
     pub grace: Duration,
     /// Extra environment for every rank.
     pub env: Vec<(String, String)>,
+    /// How the ranks prove who they are.
+    pub identity: LaunchIdentity,
+}
+
+/// How launched ranks prove who they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LaunchIdentity {
+    /// Each rank gets a key of its own (in `BYZCOLL_KEY`, never on a command line) and every
+    /// rank the public roster of all keys (`BYZCOLL_ROSTER_FILE`, a file in a private
+    /// directory the launcher removes when it ends): a rank can claim no rank but its own.
+    #[default]
+    PerRank,
+    /// Every rank gets the job secret alone: strangers are kept out, but a rank can register
+    /// as another (reports say `identity: shared-secret`).
+    SharedSecret,
 }
 
 /// Why a launch could not run.
@@ -124,13 +142,20 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
     // One fresh secret per job, handed to the ranks in their environment (never on a command
     // line, where any local user could read it).
     let secret = JobSecret::generate().map_err(|e| LaunchError::Store(std::io::Error::other(e)))?;
-    let store = StoreServer::bind(
-        "127.0.0.1:0",
-        options.ranks,
-        JobAuth::Secret(secret.clone()),
-    )
-    .await
-    .map_err(LaunchError::Store)?;
+    // Per-rank keys: made here, each handed to its rank alone; the store checks them.
+    let (auth, keys) = match options.identity {
+        LaunchIdentity::PerRank => {
+            let (ids, roster) =
+                keygen(options.ranks).map_err(|e| LaunchError::Store(std::io::Error::other(e)))?;
+            let dir = RosterDir::write(&roster).map_err(LaunchError::Store)?;
+            let auth = JobAuth::PerRank(Credentials::host(secret.clone(), Arc::new(roster)));
+            (auth, Some((ids, dir)))
+        }
+        LaunchIdentity::SharedSecret => (JobAuth::Secret(secret.clone()), None),
+    };
+    let store = StoreServer::bind("127.0.0.1:0", options.ranks, auth)
+        .await
+        .map_err(LaunchError::Store)?;
     let store_addr = store.local_addr().to_string();
 
     let (exits, mut exited) = mpsc::channel::<(usize, i32)>(options.ranks);
@@ -147,7 +172,14 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
             .env("BYZCOLL_SECRET", secret.to_hex())
             .env_remove("BYZCOLL_SECRET_FILE")
             .env_remove("BYZCOLL_ALLOW_UNAUTHENTICATED")
-            .envs(options.env.iter().map(|(k, v)| (k, v)))
+            .env_remove("BYZCOLL_KEY_FILE")
+            .env_remove("BYZCOLL_KEY")
+            .env_remove("BYZCOLL_ROSTER_FILE");
+        if let Some((ids, dir)) = &keys {
+            cmd.env("BYZCOLL_KEY", ids[rank].to_hex())
+                .env("BYZCOLL_ROSTER_FILE", &dir.roster);
+        }
+        cmd.envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -473,5 +505,40 @@ unsafe fn watchdog_main(read_end: libc::c_int, write_end: libc::c_int) -> ! {
                 libc::_exit(0);
             }
         }
+    }
+}
+
+/// The roster file of a launched job, in a directory of its own that only this user can enter;
+/// removed when the launch ends.
+#[derive(Debug)]
+struct RosterDir {
+    dir: PathBuf,
+    roster: PathBuf,
+}
+
+impl RosterDir {
+    fn write(roster: &KeyRoster) -> std::io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        let mut tag = [0u8; 8];
+        getrandom::getrandom(&mut tag).map_err(std::io::Error::other)?;
+        let name = format!(
+            "byzcoll-launch-{}-{}",
+            std::process::id(),
+            tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        let dir = std::env::temp_dir().join(name);
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        let out = RosterDir {
+            roster: dir.join("roster"),
+            dir,
+        };
+        std::fs::write(&out.roster, roster.to_text())?;
+        Ok(out)
+    }
+}
+
+impl Drop for RosterDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -2,13 +2,13 @@
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use byzcoll::aggregators::{aggregate_into, AggError, AggReport, Aggregator, Element, Params};
 use byzcoll::{DEFAULT_TRANSPORT, TRANSPORTS};
-use byzcoll_cli::launch::{launch, LaunchOptions};
+use byzcoll_cli::launch::{launch, LaunchIdentity, LaunchOptions};
 use byzcoll_cli::npy::{self, MappedData};
 use byzcoll_sim::{
     Adversary, Algorithm, Compute, Crash, DataSet, Faults, Lie, Network, Preset, Scenario, Stall,
@@ -39,9 +39,27 @@ enum Cmd {
         /// the launcher: 0 to 3600 (0: SIGKILL right after SIGTERM).
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=MAX_GRACE_SECS))]
         grace_secs: u64,
+        /// How the ranks prove who they are: `per-rank` gives each rank a key of its own (a
+        /// rank cannot claim another's rank), `shared-secret` only the job secret (an insider
+        /// can; reports say so).
+        #[arg(long, value_enum, default_value = "per-rank")]
+        identity: IdentityArg,
         /// The command and its arguments (after `--`).
         #[arg(last = true, required = true, num_args = 1..)]
         command: Vec<OsString>,
+    },
+    /// Write per-rank keys for launchers other than `byzcoll launch` (mpirun, srun, torchrun):
+    /// DIR/rank-R (rank R's private key, mode 600: give each rank only its own), DIR/roster
+    /// (every rank's public key: give it to every rank) and DIR/secret (the job secret, mode
+    /// 600). Then set BYZCOLL_SECRET_FILE=DIR/secret BYZCOLL_ROSTER_FILE=DIR/roster
+    /// BYZCOLL_KEY_FILE=DIR/rank-%r for every rank.
+    Keygen {
+        /// Number of ranks: 1 to 65536.
+        #[arg(short = 'n', long = "ranks", value_parser = clap::value_parser!(u32).range(1..=MAX_KEYGEN_RANKS))]
+        ranks: u32,
+        /// The directory to create (it must not exist yet).
+        #[arg(long = "out", value_name = "DIR")]
+        out: PathBuf,
     },
     /// Aggregate the rows of an (n, d) .npy matrix with a robust rule; write the (d,) result.
     Aggregate(AggregateArgs),
@@ -95,6 +113,45 @@ enum ReportFormat {
 
 /// The longest `--grace-secs`: an hour.
 const MAX_GRACE_SECS: u64 = 3600;
+/// The most ranks `byzcoll keygen` writes keys for.
+const MAX_KEYGEN_RANKS: i64 = 65536;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum IdentityArg {
+    /// A key per rank.
+    PerRank,
+    /// The job secret alone.
+    SharedSecret,
+}
+
+/// `byzcoll keygen`: a fresh directory (mode 700) with the job secret, the roster and one
+/// private key file per rank (mode 600, created so, never widened).
+fn write_keys(ranks: usize, out: &Path) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let (ids, roster) = byzcoll::bootstrap::keygen(ranks).map_err(|e| e.to_string())?;
+    let secret = byzcoll::bootstrap::JobSecret::generate().map_err(|e| e.to_string())?;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(out)
+        .map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let write = |name: &str, text: &str, mode: u32| {
+        let path = out.join(name);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    };
+    write("secret", &format!("{}\n", secret.to_hex()), 0o600)?;
+    write("roster", &roster.to_text(), 0o644)?;
+    for (r, id) in ids.iter().enumerate() {
+        write(&format!("rank-{r}"), &format!("{}\n", id.to_hex()), 0o600)?;
+    }
+    Ok(())
+}
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -127,9 +184,26 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Cmd::Keygen { ranks, out } => match write_keys(ranks as usize, &out) {
+            Ok(()) => {
+                let d = out.display();
+                println!(
+                    "wrote keys for {ranks} ranks to {d}; for every rank set\n  \
+                     BYZCOLL_SECRET_FILE={d}/secret BYZCOLL_ROSTER_FILE={d}/roster \
+                     BYZCOLL_KEY_FILE={d}/rank-%r\nand give each rank's host only its own rank-R \
+                     files (a rank that can read another's key can claim its rank)"
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("byzcoll keygen: {e}");
+                ExitCode::from(2)
+            }
+        },
         Cmd::Launch {
             ranks,
             grace_secs,
+            identity,
             command,
         } => {
             // A current-thread runtime, driven by `block_on` on the main thread: the ranks are
@@ -150,6 +224,10 @@ fn main() -> ExitCode {
                 command,
                 grace: Duration::from_secs(grace_secs),
                 env: Vec::new(),
+                identity: match identity {
+                    IdentityArg::PerRank => LaunchIdentity::PerRank,
+                    IdentityArg::SharedSecret => LaunchIdentity::SharedSecret,
+                },
             };
             match runtime.block_on(launch(options)) {
                 Ok(outcome) => ExitCode::from(outcome.exit_code.clamp(0, 255) as u8),
@@ -347,9 +425,14 @@ fn info() {
     };
     println!("  transport    {transport} ({how}; {usable})");
     let auth = match &env.auth {
-        Ok(a) if a.is_authenticated() => {
-            "authenticated: job secret set (BYZCOLL_SECRET or BYZCOLL_SECRET_FILE)".to_string()
-        }
+        Ok(a) if a.credentials().is_some() => "authenticated, identity: per-rank (job secret \
+             and this rank's key bound by BYZCOLL_ROSTER_FILE): a rank can claim only its own \
+             rank"
+            .to_string(),
+        Ok(a) if a.is_authenticated() => "authenticated, identity: shared-secret (job secret \
+             set by BYZCOLL_SECRET or BYZCOLL_SECRET_FILE): strangers are kept out, but a \
+             process holding the secret can claim any rank; `byzcoll keygen` makes per-rank keys"
+            .to_string(),
         Ok(_) => "UNAUTHENTICATED (BYZCOLL_ALLOW_UNAUTHENTICATED=1): any local process can \
                   join a multi-rank job"
             .to_string(),

@@ -24,6 +24,6 @@ pub mod schedule;
 pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, TransportError};
 pub use ids::{Grace, MsgKey, Quorum, Rank, RecvOp, Tag, STREAM_BITS};
 pub use policy::{
-    Agreement, AgreementReport, Policy, Replicas, RoundReport, RoundStats, Stragglers,
-    SUB_ROUND_BYTES,
+    Agreement, AgreementReport, IdentityMode, Policy, Replicas, RoundReport, RoundStats,
+    Stragglers, SUB_ROUND_BYTES,
 };

@@ -172,6 +172,58 @@ impl Stragglers {
     }
 }
 
+/// How the job's ranks proved who they are when the communicator was set up, shown in every
+/// [`RoundReport`] so that a result never hides how much its membership can be trusted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum IdentityMode {
+    /// No peers to authenticate: a world of one, or ranks that share this process.
+    #[default]
+    Local,
+    /// Each rank proved the key a public roster binds to it (`BYZCOLL_ROSTER_FILE`, or
+    /// `byzcoll launch`): a process holding the job secret can still claim only its own rank.
+    PerRank,
+    /// Ranks proved the job's shared secret and a key made at start: strangers are kept out,
+    /// but an insider (a process holding the secret) can register as another rank.
+    SharedSecret,
+    /// No authentication (`BYZCOLL_ALLOW_UNAUTHENTICATED=1`): any process that reached a
+    /// rank's port during setup could have joined as a rank.
+    Unauthenticated,
+}
+
+impl IdentityMode {
+    /// The mode's name in reports: `local`, `per-rank`, `shared-secret`, `unauthenticated`.
+    pub fn name(self) -> &'static str {
+        match self {
+            IdentityMode::Local => "local",
+            IdentityMode::PerRank => "per-rank",
+            IdentityMode::SharedSecret => "shared-secret",
+            IdentityMode::Unauthenticated => "unauthenticated",
+        }
+    }
+
+    /// Of two modes (merged reports), the one with the weaker guarantee.
+    pub fn weaker(self, other: Self) -> Self {
+        let rank = |m: Self| match m {
+            IdentityMode::Local => 0,
+            IdentityMode::PerRank => 1,
+            IdentityMode::SharedSecret => 2,
+            IdentityMode::Unauthenticated => 3,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+impl std::fmt::Display for IdentityMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What the cross-check of [`Agreement::Detect`] found, where this rank's result is the one
 /// at least `n − f` ranks hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -218,6 +270,9 @@ pub struct RoundReport {
     /// The job runs without authentication (`BYZCOLL_ALLOW_UNAUTHENTICATED=1`): any process
     /// that reached a rank's port during setup could have joined as a rank.
     pub unauthenticated: bool,
+    /// How the ranks proved who they are ([`IdentityMode`]); `unauthenticated` is
+    /// `identity == IdentityMode::Unauthenticated`.
+    pub identity: IdentityMode,
     /// The cross-check's findings under [`Agreement::Detect`] (`None` under
     /// [`Agreement::Off`]).
     pub agreement: Option<AgreementReport>,

@@ -51,7 +51,7 @@ pub struct Communicator {
     /// in use.
     shared: Arc<Shared>,
     pub(crate) owner_tamper: Option<crate::round::host::Tamper>,
-    unauthenticated: bool,
+    identity: crate::IdentityMode,
     /// What this rank has seen of each peer in its robust rounds.
     pub(crate) health: crate::health::Health,
     /// What the steps since the last [`Communicator::take_stats`] moved and took.
@@ -93,7 +93,7 @@ impl Communicator {
             next_collective: 0,
             shared: Arc::default(),
             owner_tamper: None,
-            unauthenticated: false,
+            identity: crate::IdentityMode::Local,
             health,
             stats: RoundStats::default(),
         }
@@ -138,17 +138,23 @@ impl Communicator {
         self.config.agreement
     }
 
-    /// Marks this communicator's job as running without authentication (what
-    /// `BYZCOLL_ALLOW_UNAUTHENTICATED=1` chose); every [`RoundReport`](crate::RoundReport) then
-    /// says so.
-    pub fn mark_unauthenticated(&mut self) {
-        self.unauthenticated = true;
+    /// Records how the job's ranks proved who they are (the bootstrap sets it: per-rank keys,
+    /// the shared secret, or `BYZCOLL_ALLOW_UNAUTHENTICATED=1`); every
+    /// [`RoundReport`](crate::RoundReport) then says so. In-process worlds and worlds of one
+    /// are [`IdentityMode::Local`](crate::IdentityMode::Local).
+    pub fn set_identity(&mut self, mode: crate::IdentityMode) {
+        self.identity = mode;
+    }
+
+    /// How the job's ranks proved who they are.
+    pub fn identity(&self) -> crate::IdentityMode {
+        self.identity
     }
 
     /// Whether the job's membership is authenticated (in-process worlds and worlds of one
     /// need no authentication and count as authenticated).
     pub fn is_authenticated(&self) -> bool {
-        !self.unauthenticated
+        self.identity != crate::IdentityMode::Unauthenticated
     }
 
     /// Ties the lifetime of `resource` (a hosted rendezvous store, say) to the communicator.
@@ -281,7 +287,7 @@ impl Communicator {
             next_collective: 0,
             shared: self.shared.clone(),
             owner_tamper: None,
-            unauthenticated: self.unauthenticated,
+            identity: self.identity,
             health: crate::health::Health::new(n_members),
             stats: RoundStats::default(),
         }))

@@ -25,9 +25,9 @@ mod types;
 
 pub use byzcoll_proto::schedule;
 pub use byzcoll_proto::{
-    Agreement, AgreementReport, BootstrapError, Error, Fault, Faults, Grace, MsgKey, PeerFault,
-    Policy, Quorum, Rank, RecvOp, Replicas, Result, RoundReport, RoundStats, Stragglers, Tag,
-    TransportError, STREAM_BITS, SUB_ROUND_BYTES,
+    Agreement, AgreementReport, BootstrapError, Error, Fault, Faults, Grace, IdentityMode, MsgKey,
+    PeerFault, Policy, Quorum, Rank, RecvOp, Replicas, Result, RoundReport, RoundStats, Stragglers,
+    Tag, TransportError, STREAM_BITS, SUB_ROUND_BYTES,
 };
 pub use comm::{Communicator, ReduceOp, RING_PARTS, RING_PART_BYTES};
 pub use config::{step_timeout_ms, Config, JOB_RECORD_LEN, MAX_PART_BYTES, MAX_STEP_TIMEOUT};

@@ -26,6 +26,7 @@ fn merge_reports(merged: &mut RoundReport, next: RoundReport) {
     union(&mut merged.non_finite, next.non_finite);
     merged.peak_bytes = merged.peak_bytes.max(next.peak_bytes);
     merged.unauthenticated |= next.unauthenticated;
+    merged.identity = merged.identity.weaker(next.identity);
     match (&mut merged.agreement, next.agreement) {
         (Some(a), Some(b)) => {
             union(&mut a.disagreeing, b.disagreeing);
@@ -291,6 +292,7 @@ impl Communicator {
             );
         }
         report.unauthenticated = !self.is_authenticated();
+        report.identity = self.identity();
         report.stats = self.take_stats();
         Ok(report)
     }

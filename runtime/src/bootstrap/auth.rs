@@ -19,6 +19,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::keys::{hex, parse_hex32, read_private_hex, Credentials};
 use crate::BootstrapError;
 
 /// The version of byzcoll's wire protocol (store, handshake, frames).
@@ -38,6 +39,7 @@ const TAG_LEN: usize = 32;
 const SIG_LEN: usize = 64;
 const FLAG_UNAUTHENTICATED: u8 = 1;
 const FLAG_FRAME_MACS: u8 = 2;
+const FLAG_PER_RANK: u8 = 4;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -84,29 +86,21 @@ impl JobSecret {
     /// # Errors
     /// A description of what is wrong, without echoing the value.
     pub fn from_hex(s: &str) -> Result<Self, String> {
-        let s = s.trim().as_bytes();
-        if s.len() != 64 {
-            return Err(format!("expected 64 hex digits, got {} bytes", s.len()));
-        }
-        // Byte by byte: only ASCII hex digits (no sign, no other script's digits), and
-        // nothing that could slice a character apart (or echo the value in a panic).
-        let digit = |c: u8| (c as char).to_digit(16).filter(|_| c.is_ascii_hexdigit());
-        let mut b = [0u8; 32];
-        for (byte, pair) in b.iter_mut().zip(s.chunks_exact(2)) {
-            match (digit(pair[0]), digit(pair[1])) {
-                (Some(hi), Some(lo)) => *byte = (hi * 16 + lo) as u8,
-                _ => return Err("expected 64 hex digits (0-9, a-f)".to_string()),
-            }
-        }
-        Ok(JobSecret(b))
+        parse_hex32(s).map(JobSecret)
     }
 }
 
 /// How this process proves it belongs to the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobAuth {
-    /// Every store request and connection is authenticated with the job's secret.
+    /// Every store request and connection is authenticated with the job's secret. An
+    /// insider (a process holding it) can register as another rank: a job that must hold
+    /// against insiders uses [`JobAuth::PerRank`].
     Secret(JobSecret),
+    /// The job's secret, and per-rank keys bound to ranks by a public roster
+    /// ([`Credentials`]): every store request and connection also proves the key of the rank
+    /// it claims, so a process can act only as the rank whose key it holds.
+    PerRank(Credentials),
     /// No authentication: any process that reaches a port can join. Chosen only with
     /// `BYZCOLL_ALLOW_UNAUTHENTICATED=1`; logged as a warning and shown in every round report.
     Unauthenticated,
@@ -165,14 +159,77 @@ impl JobAuth {
         Ok(auth)
     }
 
+    /// This authentication with the per-rank keys that `get` names for rank `rank`
+    /// ([`Credentials::from_lookup`]: `BYZCOLL_ROSTER_FILE` with `BYZCOLL_KEY_FILE` or
+    /// `BYZCOLL_KEY`); itself when none is set.
+    ///
+    /// # Errors
+    /// As [`Credentials::from_lookup`]; [`BootstrapError::InvalidVar`] when keys are set in an
+    /// unauthenticated job (they need the job secret too).
+    pub fn with_rank_keys(
+        self,
+        get: impl Fn(&str) -> Option<String>,
+        rank: crate::Rank,
+    ) -> Result<Self, BootstrapError> {
+        match self {
+            JobAuth::Secret(secret) => Ok(match Credentials::from_lookup(get, &secret, rank)? {
+                Some(c) => JobAuth::PerRank(c),
+                None => JobAuth::Secret(secret),
+            }),
+            JobAuth::Unauthenticated if get("BYZCOLL_ROSTER_FILE").is_some() => {
+                Err(BootstrapError::InvalidVar {
+                    var: "BYZCOLL_ROSTER_FILE",
+                    value: "(set)".into(),
+                    why: "per-rank keys need a job secret too (BYZCOLL_SECRET or \
+                          BYZCOLL_SECRET_FILE), not BYZCOLL_ALLOW_UNAUTHENTICATED"
+                        .into(),
+                })
+            }
+            other => Ok(other),
+        }
+    }
+
     /// Whether connections are authenticated.
     pub fn is_authenticated(&self) -> bool {
-        matches!(self, JobAuth::Secret(_))
+        !matches!(self, JobAuth::Unauthenticated)
+    }
+
+    /// How ranks prove who they are under this authentication.
+    pub fn mode(&self) -> crate::IdentityMode {
+        match self {
+            JobAuth::Secret(_) => crate::IdentityMode::SharedSecret,
+            JobAuth::PerRank(_) => crate::IdentityMode::PerRank,
+            JobAuth::Unauthenticated => crate::IdentityMode::Unauthenticated,
+        }
+    }
+
+    /// The per-rank keys, when the job has them.
+    pub fn credentials(&self) -> Option<&Credentials> {
+        match self {
+            JobAuth::PerRank(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The identity a transport of this process registers: its own key under per-rank keys,
+    /// else a fresh one.
+    ///
+    /// # Errors
+    /// Per-rank keys without a key of this process's own (a store host that is not a rank);
+    /// an OS without randomness.
+    pub fn identity(&self) -> Result<Identity, BootstrapError> {
+        match self {
+            JobAuth::PerRank(c) => c.own().cloned().ok_or_else(|| {
+                BootstrapError::Auth("per-rank keys, but this process holds no rank's key".into())
+            }),
+            _ => Identity::generate(),
+        }
     }
 
     fn key(&self) -> [u8; 32] {
         match self {
             JobAuth::Secret(s) => s.0,
+            JobAuth::PerRank(c) => c.secret.0,
             JobAuth::Unauthenticated => [0; 32],
         }
     }
@@ -195,57 +252,19 @@ impl JobAuth {
     fn flags(&self) -> u8 {
         match self {
             JobAuth::Secret(_) => 0,
+            JobAuth::PerRank(_) => FLAG_PER_RANK,
             JobAuth::Unauthenticated => FLAG_UNAUTHENTICATED,
         }
     }
 }
 
 fn read_secret_file(path: &str) -> Result<JobSecret, BootstrapError> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-    let bad = |why: String| BootstrapError::InvalidVar {
-        var: "BYZCOLL_SECRET_FILE",
-        value: path.to_string(),
-        why,
-    };
-    // The checks and the read use one open file, so it cannot be swapped in between.
-    // Non-blocking, so that a FIFO in its place is refused rather than waited on.
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| bad(format!("cannot read it: {e}")))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| bad(format!("cannot read it: {e}")))?;
-    if !meta.is_file() {
-        return Err(bad("not a regular file".into()));
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        return Err(bad(format!(
-            "owned by uid {}, not by this user ({me})",
-            meta.uid()
-        )));
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(bad(format!(
-            "mode {mode:03o} lets others read it: chmod 600 it"
-        )));
-    }
-    if meta.len() > 1024 {
-        return Err(bad(format!("{} bytes, expected 64 hex digits", meta.len())));
-    }
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut file, &mut text)
-        .map_err(|e| bad(format!("cannot read it: {e}")))?;
-    JobSecret::from_hex(&text).map_err(bad)
+    read_private_hex("BYZCOLL_SECRET_FILE", path).map(JobSecret)
 }
 
 /// A rank's Ed25519 identity key, made at start. Its `Debug` output shows only the public key.
 #[derive(Clone)]
-pub struct Identity(SigningKey);
+pub struct Identity(pub(super) SigningKey);
 
 impl fmt::Debug for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -364,6 +383,44 @@ pub struct Membership {
 }
 
 impl Membership {
+    /// The membership of the rank holding `identity`, from `entries[r]` = (rank `r`'s
+    /// registered key, the rest of what it published). Under per-rank keys every registered
+    /// key must be the one the roster binds to its rank.
+    ///
+    /// # Errors
+    /// [`BootstrapError::Auth`] naming the first rank whose key is invalid or, under per-rank
+    /// keys, not its roster key (an impostor registered for it, or the store swapped it), or
+    /// a table of another size than the roster.
+    pub fn new(
+        auth: JobAuth,
+        identity: Identity,
+        entries: &[([u8; 32], &[u8])],
+    ) -> Result<Self, BootstrapError> {
+        if let Some(c) = auth.credentials() {
+            let pinned = c.roster();
+            if entries.len() != pinned.len() {
+                return Err(BootstrapError::Auth(format!(
+                    "{} ranks registered, the key roster has {}",
+                    entries.len(),
+                    pinned.len()
+                )));
+            }
+            if let Some(r) = (0..entries.len())
+                .find(|&r| pinned.key(r).map(VerifyingKey::as_bytes) != Some(&entries[r].0))
+            {
+                return Err(BootstrapError::Auth(format!(
+                    "rank {r} registered a key that is not its key in the roster: an impostor \
+                     claims rank {r}"
+                )));
+            }
+        }
+        Ok(Membership {
+            auth,
+            identity,
+            roster: Roster::new(entries)?,
+        })
+    }
+
     /// Memberships for every rank of a world whose ranks live in this process (tests,
     /// in-process worlds): fresh identities, and one roster over them and `published[r]`
     /// (what rank `r` would have published with its key, e.g. its address).
@@ -478,6 +535,29 @@ impl Endpoint<'_> {
     fn flags(&self) -> u8 {
         self.auth.flags() | if self.frame_macs { FLAG_FRAME_MACS } else { 0 }
     }
+
+    /// The roster digest this side sends: the transport's table (TCP), else the per-rank key
+    /// roster (store requests under per-rank keys), else zeros.
+    fn digest(&self) -> [u8; 32] {
+        match (self.identity, self.auth.credentials()) {
+            (Some((_, roster)), _) => roster.digest(),
+            (None, Some(c)) => c.roster().digest(),
+            (None, None) => [0; 32],
+        }
+    }
+
+    /// Whether the initiator signs the transcript with its identity key: on TCP
+    /// connections, and on every connection under per-rank keys.
+    fn proves_identity(&self) -> bool {
+        self.identity.is_some() || self.auth.credentials().is_some()
+    }
+
+    fn signer(&self) -> Option<&Identity> {
+        match self.identity {
+            Some((id, _)) => Some(id),
+            None => self.auth.credentials().and_then(Credentials::own),
+        }
+    }
 }
 
 /// What an authenticated connection knows. `Debug` shows no key.
@@ -528,10 +608,6 @@ fn keyed(key: &[u8; 32], label: &[u8]) -> HmacSha256 {
     let mut m = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
     m.update(label);
     m
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 struct Hello {
@@ -666,7 +742,7 @@ pub async fn initiate<S: AsyncRead + AsyncWrite + Unpin>(
         world: me.world,
         from: me.rank,
         to,
-        digest: me.identity.map_or([0; 32], |(_, r)| r.digest()),
+        digest: me.digest(),
         nonce: nonce()?,
     }
     .encode();
@@ -680,7 +756,11 @@ pub async fn initiate<S: AsyncRead + AsyncWrite + Unpin>(
         .into_bytes()
         .into();
     let mut msg3 = tag_i.to_vec();
-    if let Some((id, _)) = me.identity {
+    if me.proves_identity() {
+        let id = me.signer().ok_or_else(|| HandshakeError::Rejected {
+            code: Refusal::Identity,
+            why: "per-rank keys, but this process holds no rank's key".into(),
+        })?;
         msg3.extend_from_slice(&id.0.sign(&signed(INITIATOR_ID, &t)).to_bytes());
     }
     stream.write_all(&msg3).await?;
@@ -741,65 +821,17 @@ pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     }
     stream.read_exact(&mut hello[4..]).await?;
     let h = Hello::decode(&hello);
-    let check = || -> Result<(), (Refusal, String)> {
-        if h.version != PROTOCOL_VERSION {
-            return Err((
-                Refusal::Version,
-                format!(
-                    "protocol version {}, this side {PROTOCOL_VERSION}",
-                    h.version
-                ),
-            ));
-        }
-        if h.purpose != me.purpose as u8 {
-            return Err((
-                Refusal::OtherJob,
-                format!(
-                    "a connection for purpose {}, expected {:?}",
-                    h.purpose, me.purpose
-                ),
-            ));
-        }
-        if h.flags & !(FLAG_UNAUTHENTICATED | FLAG_FRAME_MACS) != 0 {
-            return Err((Refusal::OtherJob, format!("unknown flags {:#04x}", h.flags)));
-        }
-        if (h.flags ^ me.flags()) & FLAG_FRAME_MACS != 0 {
-            return Err((
-                Refusal::OtherJob,
-                "frame MACs (BYZCOLL_FRAME_MAC) are on at one end only".into(),
-            ));
-        }
-        if h.flags != me.flags() {
-            let why = if h.flags & FLAG_UNAUTHENTICATED != 0 {
-                "the peer runs unauthenticated (BYZCOLL_ALLOW_UNAUTHENTICATED=1) and this job does not"
-            } else {
-                "this side runs unauthenticated (BYZCOLL_ALLOW_UNAUTHENTICATED=1) and the peer does not"
-            };
-            return Err((Refusal::OtherJob, why.into()));
-        }
-        if h.world != me.world {
-            return Err((
-                Refusal::OtherJob,
-                format!("a world of {} ranks, this job has {}", h.world, me.world),
-            ));
-        }
-        if h.to != me.rank || h.from >= me.world {
-            return Err((
-                Refusal::Rank,
-                format!(
-                    "rank {} of {} addressing {}, this side is {}",
-                    h.from,
-                    h.world,
-                    show_rank(h.to),
-                    show_rank(me.rank)
-                ),
-            ));
-        }
-        accept(h.from).map_err(|why| (Refusal::Rank, why))
-    };
-    if let Err((code, why)) = check() {
-        return Err(refuse(stream, code, why).await);
+    if h.version != PROTOCOL_VERSION {
+        let why = format!(
+            "protocol version {}, this side {PROTOCOL_VERSION}",
+            h.version
+        );
+        return Err(refuse(stream, Refusal::Version, why).await);
     }
+    // What is wrong with the first message is told only to a peer that then proves the
+    // secret (a member with another setting): a stranger learns nothing of the job, not its
+    // world size, authentication mode or ranks.
+    let mismatch = check_hello(&h, &me, &accept);
     let nonce_r = nonce()?;
     let mut msg2 = vec![0u8];
     msg2.extend_from_slice(&nonce_r);
@@ -807,9 +839,27 @@ pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     let t = transcript(&hello, &nonce_r);
     let mut tag_i = [0u8; TAG_LEN];
     stream.read_exact(&mut tag_i).await?;
+    // The initiator's signature follows on TCP connections and under per-rank keys: read
+    // before any refusal, so that the refusal is not lost to a reset over unread bytes.
+    let mut sig = [0u8; SIG_LEN];
+    if h.purpose == Purpose::Tcp as u8 || h.flags & FLAG_PER_RANK != 0 {
+        stream.read_exact(&mut sig).await?;
+    }
     if tag(me.auth, INITIATOR, &[&t]).verify_slice(&tag_i).is_err() {
-        let why = "wrong job secret: a process of another job, or a stranger".to_string();
-        return Err(refuse(stream, Refusal::OtherJob, why).await);
+        let told = "not of this job: wrong job secret, another authentication mode, or a stranger";
+        let _ = refuse(stream, Refusal::OtherJob, told.to_string()).await;
+        // The log says more than the peer was told.
+        let why = match mismatch {
+            Err((_, why)) => format!("wrong job secret ({why})"),
+            Ok(()) => "wrong job secret: a process of another job, or a stranger".into(),
+        };
+        return Err(HandshakeError::Rejected {
+            code: Refusal::OtherJob,
+            why,
+        });
+    }
+    if let Err((code, why)) = mismatch {
+        return Err(refuse(stream, code, why).await);
     }
     let mut msg4 = vec![0u8];
     msg4.extend_from_slice(
@@ -817,26 +867,42 @@ pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
             .finalize()
             .into_bytes(),
     );
-    if let Some((id, roster)) = me.identity {
-        let mut sig = [0u8; SIG_LEN];
-        stream.read_exact(&mut sig).await?;
-        if h.digest != roster.digest() {
-            let why = format!(
-                "rank {} holds another membership table than rank {}: the store handed out \
-                 different tables",
-                h.from, me.rank
-            );
+    if me.proves_identity() {
+        if h.digest != me.digest() {
+            let why = match me.identity {
+                Some(_) => format!(
+                    "rank {} holds another membership table than rank {}: the store handed out \
+                     different tables",
+                    h.from, me.rank
+                ),
+                None => format!(
+                    "rank {} holds another key roster than {} (BYZCOLL_ROSTER_FILE from another \
+                     keygen?)",
+                    h.from,
+                    show_rank(me.rank)
+                ),
+            };
             return Err(refuse(stream, Refusal::Identity, why).await);
         }
-        let verified = roster.key(h.from as usize).is_some_and(|k| {
+        let key = match (me.identity, me.auth.credentials()) {
+            (Some((_, roster)), _) => roster.key(h.from as usize),
+            (None, Some(c)) => c.roster().key(h.from as usize),
+            (None, None) => None,
+        };
+        let verified = key.is_some_and(|k| {
             k.verify(&signed(INITIATOR_ID, &t), &Signature::from_bytes(&sig))
                 .is_ok()
         });
         if !verified {
-            let why = format!("did not prove the identity of rank {}", h.from);
+            let why = format!(
+                "did not prove the identity of rank {}: it does not hold that rank's key",
+                h.from
+            );
             return Err(refuse(stream, Refusal::Identity, why).await);
         }
-        msg4.extend_from_slice(&id.0.sign(&signed(RESPONDER_ID, &t)).to_bytes());
+        if let Some((id, _)) = me.identity {
+            msg4.extend_from_slice(&id.0.sign(&signed(RESPONDER_ID, &t)).to_bytes());
+        }
     }
     stream.write_all(&msg4).await?;
     Ok(Session {
@@ -847,6 +913,68 @@ pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
             .into_bytes()
             .into(),
     })
+}
+
+/// Every check of the first message but its version: purpose, flags, world size, ranks.
+fn check_hello(
+    h: &Hello,
+    me: &Endpoint<'_>,
+    accept: &impl Fn(u32) -> Result<(), String>,
+) -> Result<(), (Refusal, String)> {
+    if h.purpose != me.purpose as u8 {
+        return Err((
+            Refusal::OtherJob,
+            format!(
+                "a connection for purpose {}, expected {:?}",
+                h.purpose, me.purpose
+            ),
+        ));
+    }
+    let known = FLAG_UNAUTHENTICATED | FLAG_FRAME_MACS | FLAG_PER_RANK;
+    if h.flags & !known != 0 {
+        return Err((Refusal::OtherJob, format!("unknown flags {:#04x}", h.flags)));
+    }
+    if (h.flags ^ me.flags()) & FLAG_FRAME_MACS != 0 {
+        return Err((
+            Refusal::OtherJob,
+            "frame MACs (BYZCOLL_FRAME_MAC) are on at one end only".into(),
+        ));
+    }
+    if (h.flags ^ me.flags()) & FLAG_PER_RANK != 0 {
+        let why = if h.flags & FLAG_PER_RANK != 0 {
+            "the peer proves a per-rank key (BYZCOLL_ROSTER_FILE) and this side does not"
+        } else {
+            "this side requires per-rank keys (BYZCOLL_ROSTER_FILE) and the peer has none"
+        };
+        return Err((Refusal::OtherJob, why.into()));
+    }
+    if h.flags != me.flags() {
+        let why = if h.flags & FLAG_UNAUTHENTICATED != 0 {
+            "the peer runs unauthenticated (BYZCOLL_ALLOW_UNAUTHENTICATED=1) and this job does not"
+        } else {
+            "this side runs unauthenticated (BYZCOLL_ALLOW_UNAUTHENTICATED=1) and the peer does not"
+        };
+        return Err((Refusal::OtherJob, why.into()));
+    }
+    if h.world != me.world {
+        return Err((
+            Refusal::OtherJob,
+            format!("a world of {} ranks, this job has {}", h.world, me.world),
+        ));
+    }
+    if h.to != me.rank || h.from >= me.world {
+        return Err((
+            Refusal::Rank,
+            format!(
+                "rank {} of {} addressing {}, this side is {}",
+                h.from,
+                h.world,
+                show_rank(h.to),
+                show_rank(me.rank)
+            ),
+        ));
+    }
+    accept(h.from).map_err(|why| (Refusal::Rank, why))
 }
 
 fn show_rank(r: u32) -> String {
@@ -909,10 +1037,14 @@ mod tests {
                 ..
             })
         ));
+        // The unauthenticated peer is told nothing of this side's mode; the log says more.
         let open = JobAuth::Unauthenticated;
-        let (i, _) = run(ep(&open, 2), ep(&a, STORE)).await;
+        let (i, r) = run(ep(&open, 2), ep(&a, STORE)).await;
         let msg = i.unwrap_err().to_string();
-        assert!(msg.contains("peer runs unauthenticated"), "{msg}");
+        assert!(msg.contains("not of this job"), "{msg}");
+        assert!(!msg.contains("unauthenticated"), "{msg}");
+        let log = r.unwrap_err().to_string();
+        assert!(log.contains("peer runs unauthenticated"), "{log}");
     }
 
     #[tokio::test]

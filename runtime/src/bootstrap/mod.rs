@@ -4,10 +4,12 @@
 pub mod auth;
 mod env;
 pub mod gate;
+pub mod keys;
 mod store;
 
 pub use auth::{FrameSecret, Identity, JobAuth, JobSecret, Membership, Roster, PROTOCOL_VERSION};
 pub use env::{LaunchEnv, Launcher};
+pub use keys::{keygen, Credentials, KeyRoster};
 pub use store::{
     connect_with_retry, StoreClient, StoreServer, MAX_KEY, MAX_OPEN_ROUNDS, MAX_VALUE, MAX_WORLD,
 };

@@ -81,6 +81,17 @@ impl StoreServer {
                 format!("a store for {world} ranks (1 to {MAX_WORLD})"),
             ));
         }
+        if let Some(c) = auth.credentials() {
+            if c.roster().len() != world {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "a store for {world} ranks with a key roster of {}",
+                        c.roster().len()
+                    ),
+                ));
+            }
+        }
         if !auth.is_authenticated() {
             tracing::warn!("rendezvous store: running UNAUTHENTICATED (BYZCOLL_ALLOW_UNAUTHENTICATED=1): any local process can join this job");
         }
@@ -593,16 +604,23 @@ mod tests {
         let server = StoreServer::bind("127.0.0.1:0", 2, secret()).await.unwrap();
         let addr = server.local_addr().to_string();
         let wrong = JobAuth::Secret(JobSecret::from_hex(&"cd".repeat(32)).unwrap());
-        let err = client(&addr, 1, 2, wrong)
+        let err = client(&addr, 1, 2, wrong.clone())
             .all_gather("x", b"b")
             .await
             .unwrap_err();
         assert!(err.to_string().contains("wrong job secret"), "{err}");
-        let err = client(&addr, 1, 2, JobAuth::Unauthenticated)
-            .all_gather("x", b"b")
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("unauthenticated"), "{err}");
+        // A stranger learns nothing of the job: not whether it is authenticated, not its
+        // world size.
+        for (auth, world) in [(JobAuth::Unauthenticated, 2), (wrong.clone(), 3)] {
+            let err = client(&addr, 1, world, auth)
+                .all_gather("x", b"b")
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("not of this job"), "{err}");
+            assert!(!err.contains("ranks") && !err.contains("runs unauthenticated"), "{err}");
+        }
+        // A member (it proved the secret) with another world size is told what is wrong.
         let err = client(&addr, 1, 3, secret())
             .all_gather("x", b"b")
             .await

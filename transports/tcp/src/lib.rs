@@ -34,7 +34,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use byzcoll_runtime::bootstrap::auth::{self, Endpoint, HandshakeError, Purpose};
 use byzcoll_runtime::bootstrap::gate::{self, Gate};
-use byzcoll_runtime::bootstrap::{connect_with_retry, Identity, Membership, Roster, StoreClient};
+use byzcoll_runtime::bootstrap::{connect_with_retry, Membership, StoreClient};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
@@ -285,7 +285,7 @@ impl TcpTransport {
         };
         let listener = TcpListener::bind((ip, 0)).await?;
         let me = listener.local_addr()?;
-        let identity = Identity::generate().map_err(setup)?;
+        let identity = store.auth().identity().map_err(setup)?;
         let mut entry = identity.public().to_vec();
         entry.extend_from_slice(me.to_string().as_bytes());
         let published = store
@@ -305,11 +305,7 @@ impl TcpTransport {
             keys.push((key, &entry[32..]));
             addrs.push(addr);
         }
-        let membership = Membership {
-            auth: store.auth().clone(),
-            identity,
-            roster: Roster::new(&keys).map_err(setup)?,
-        };
+        let membership = Membership::new(store.auth().clone(), identity, &keys).map_err(setup)?;
         Self::connect_mesh(rank, size, listener, &addrs, &membership, options).await
     }
 
