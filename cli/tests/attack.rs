@@ -11,7 +11,11 @@ use std::net::TcpStream as StdTcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use byzcoll::bootstrap::{JobAuth, JobSecret, StoreClient, StoreServer};
+use std::sync::Arc;
+
+use byzcoll::bootstrap::{
+    Credentials, Identity, JobAuth, JobSecret, KeyRoster, StoreClient, StoreServer,
+};
 use common::{example, free_port, run_with_limit, text};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -95,12 +99,9 @@ fn strangers_running_byzcoll_are_refused_and_the_job_result_is_exact() {
             !out.status.success(),
             "stranger {r} joined:\n{stdout}\n{stderr}"
         );
-        let want = if auth.is_some() {
-            "wrong job secret"
-        } else {
-            "unauthenticated"
-        };
-        assert!(stderr.contains(want), "stranger {r}:\n{stderr}");
+        // Told that it is not of this job, and nothing about the job.
+        assert!(stderr.contains("not of this job"), "stranger {r}:\n{stderr}");
+        assert!(!stderr.contains("ranks, this job"), "stranger {r}:\n{stderr}");
     }
     let real: Vec<Child> = (1..4)
         .map(|r| spawn(&mut rank(r, 4, &store, Some(&secret))))
@@ -159,6 +160,91 @@ fn an_insider_registering_as_another_rank_is_a_setup_error_naming_it() {
     let (ok, stdout, stderr) = finish(real, Duration::from_secs(30));
     assert!(!ok, "rank 1 went on with an impostor:\n{stdout}");
     assert!(named_or_gone(&stderr), "rank 1:\n{stderr}");
+}
+
+/// The Sybil attack of issue #37 under per-rank keys (`byzcoll keygen`): an insider holding
+/// the job secret, the public roster and its own key (rank 3's) tries to register a second
+/// process as the late rank 2, before the real rank 2 starts: once with the secret alone (as
+/// in the shared-secret attack, where the impostor took rank 2's place and the honest ranks
+/// returned 501 instead of 2.5), once through the public API with a roster forged to bind
+/// rank 2 to its own key. The store refuses both; the real rank 2 then joins and every result
+/// is exact.
+#[test]
+fn a_sybil_with_the_secret_and_its_own_key_cannot_claim_another_rank() {
+    let dir = std::env::temp_dir().join(format!("byzcoll-sybil-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (out, _) = run_with_limit(
+        Command::new(common::byzcoll())
+            .args(["keygen", "-n", "4", "--out"])
+            .arg(&dir),
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+    let secret = std::fs::read_to_string(dir.join("secret")).unwrap();
+    let secret = secret.trim().to_string();
+    let store = format!("127.0.0.1:{}", free_port());
+    let keyed = |r: usize| {
+        let mut cmd = rank(r, 4, &store, Some(&secret));
+        cmd.env("BYZCOLL_ROSTER_FILE", dir.join("roster"))
+            .env("BYZCOLL_KEY_FILE", dir.join("rank-%r"));
+        cmd
+    };
+    let rank0 = spawn(&mut keyed(0));
+    wait_listening(&store);
+    let honest: Vec<Child> = [1, 3].iter().map(|&r| spawn(&mut keyed(r))).collect();
+
+    // 1. A process with the secret alone claims rank 2.
+    let (out, _) = run_with_limit(&mut rank(2, 4, &store, Some(&secret)), Duration::from_secs(30));
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "the impostor joined:\n{stdout}\n{stderr}");
+    assert!(stderr.contains("requires per-rank keys"), "impostor:\n{stderr}");
+
+    // 2. The insider forges a roster binding rank 2 to its own key (rank 3's) and asks the
+    // store as rank 2, with the public API.
+    let roster_text = std::fs::read_to_string(dir.join("roster")).unwrap();
+    let own_key = std::fs::read_to_string(dir.join("rank-3")).unwrap();
+    let own = Identity::from_hex(&own_key).unwrap();
+    let real = KeyRoster::parse(&roster_text).unwrap();
+    let forged: Vec<[u8; 32]> = (0..4)
+        .map(|r| match r {
+            2 => own.public(),
+            r => *real.key(r).unwrap().as_bytes(),
+        })
+        .collect();
+    let forged = Arc::new(KeyRoster::new(&forged).unwrap());
+    let creds = Credentials::rank(JobSecret::from_hex(&secret).unwrap(), forged, 2, own).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = StoreClient::new(
+        store.clone(),
+        2,
+        4,
+        Duration::from_secs(10),
+        JobAuth::PerRank(creds),
+    );
+    let err = rt
+        .block_on(client.all_gather("byzcoll/job", b"x"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("another key roster"), "{err}");
+
+    // The real rank 2 joins; the job completes with exact results and says how ranks proved
+    // who they are.
+    let real2 = spawn(&mut keyed(2));
+    for (r, child) in honest.into_iter().chain([real2]).enumerate() {
+        let (ok, stdout, stderr) = finish(child, Duration::from_secs(60));
+        assert!(ok, "honest process {r}:\n{stdout}\n{stderr}");
+    }
+    let (ok, stdout, stderr) = finish(rank0, Duration::from_secs(60));
+    assert!(ok, "rank 0:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("OK: 4 ranks over tcp, d = 4096, identity: per-rank"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("median        n = 4, f = 1: inside the honest range; 4 inputs"),
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 fn rss_bytes() -> u64 {
@@ -226,6 +312,15 @@ async fn store_requests_claiming_huge_worlds_allocate_nothing() {
         }
         req.extend_from_slice(&[0u8; 72]);
         s.write_all(&req).await.unwrap();
+        if i % 2 == 1 {
+            // A version-2 hello is refused only once the peer fails to prove the secret, so
+            // that a stranger learns nothing of the job: the store sends its nonce, then
+            // refuses the forged tag.
+            assert_eq!(s.read_u8().await.unwrap(), 0);
+            let mut nonce = [0u8; 32];
+            s.read_exact(&mut nonce).await.unwrap();
+            s.write_all(&[0u8; 28]).await.unwrap();
+        }
         assert_ne!(s.read_u8().await.unwrap(), 0, "request {i} was not refused");
     }
     let grown = rss_bytes().saturating_sub(before);
