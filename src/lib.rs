@@ -44,9 +44,9 @@ pub use byzcoll_aggregators as aggregators;
 pub use byzcoll_cuda as cuda;
 pub use byzcoll_runtime::{
     bootstrap, schedule, step_timeout_ms, Agreement, AgreementReport, BootstrapError, Capabilities,
-    CommHandle, Communicator, Config, Error, Fault, Grace, MemoryKind, Payload, PeerFault,
-    PeerHealth, Pending, Policy, Quorum, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas, Result,
-    RoundReport, RoundStats, SendOp, Step, Stragglers, Symptom, Transport, TransportError,
+    CommHandle, Communicator, Config, Error, Fault, Grace, IdentityMode, MemoryKind, Payload,
+    PeerFault, PeerHealth, Pending, Policy, Quorum, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas,
+    Result, RoundReport, RoundStats, SendOp, Step, Stragglers, Symptom, Transport, TransportError,
 };
 
 /// The transports of this build, re-exported.

@@ -186,7 +186,9 @@ pub fn init_with_allgather(
         options,
     ))?;
     let mut comm = Communicator::new(Box::new(transport), config.comm().clone());
-    comm.set_identity(membership.auth.mode());
+    if size > 1 {
+        comm.set_identity(membership.auth.mode());
+    }
     Ok(comm)
 }
 

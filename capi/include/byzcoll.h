@@ -17,7 +17,7 @@
 /* Initialisers: set the size and version fields and the defaults; change fields afterwards. */
 #define BYZCOLL_CONFIG_INIT { sizeof(byzcoll_config_t), BYZCOLL_CONFIG_VERSION, BYZCOLL_AGREEMENT_FROM_ENV, 0, NULL }
 #define BYZCOLL_RULE_PARAMS_INIT { sizeof(byzcoll_rule_params_t), 0, 0, 0.0, BYZCOLL_POLICY_GATHER, 0 }
-#define BYZCOLL_REPORT_INIT { sizeof(byzcoll_report_t), 0, NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+#define BYZCOLL_REPORT_INIT { sizeof(byzcoll_report_t), 0, NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 // The version of `byzcoll_config_t` this header describes.
@@ -69,6 +69,20 @@
 // A peer that sent nothing by the end of a quorum step's grace, before the deadline: a
 // straggler, erased for that round so that it does not set the others' pace.
 #define BYZCOLL_FAULT_LATE 2
+
+// `identity` of a report: no peers to authenticate (a world of one).
+#define BYZCOLL_IDENTITY_LOCAL 0
+
+// `identity`: every rank proved the key a public roster binds to it (`byzcoll launch`, or
+// `BYZCOLL_ROSTER_FILE` with `BYZCOLL_KEY_FILE`): a rank can claim only its own rank.
+#define BYZCOLL_IDENTITY_PER_RANK 1
+
+// `identity`: ranks proved the shared job secret only: a process holding it can register as
+// another rank.
+#define BYZCOLL_IDENTITY_SHARED_SECRET 2
+
+// `identity`: no authentication (`BYZCOLL_ALLOW_UNAUTHENTICATED=1`).
+#define BYZCOLL_IDENTITY_UNAUTHENTICATED 3
 
 // What a call returns.
 typedef enum byzcoll_status_t {
@@ -193,6 +207,10 @@ typedef struct byzcoll_report_t {
   size_t num_differing_inputs;
   // Out: peak bytes the collective held at once.
   size_t peak_bytes;
+  // Out: how the ranks proved who they are: `BYZCOLL_IDENTITY_PER_RANK`,
+  // `BYZCOLL_IDENTITY_SHARED_SECRET`, `BYZCOLL_IDENTITY_UNAUTHENTICATED` or
+  // `BYZCOLL_IDENTITY_LOCAL`.
+  int32_t identity;
 } byzcoll_report_t;
 
 #ifdef __cplusplus

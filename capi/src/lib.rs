@@ -28,6 +28,8 @@ use byzcoll_rs::{Agreement, Communicator, JobConfig, Policy, ReduceOp, Replicas}
 use buffers::{Buffer, DType};
 pub use report::{
     byzcoll_report_t, BYZCOLL_FAULT_LATE, BYZCOLL_FAULT_MALFORMED, BYZCOLL_FAULT_MISSING,
+    BYZCOLL_IDENTITY_LOCAL, BYZCOLL_IDENTITY_PER_RANK, BYZCOLL_IDENTITY_SHARED_SECRET,
+    BYZCOLL_IDENTITY_UNAUTHENTICATED,
 };
 pub use status::byzcoll_status_t;
 use status::{byzcoll_status_t::*, Failure};

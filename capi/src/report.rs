@@ -3,7 +3,7 @@
 use std::ffi::c_char;
 use std::ptr;
 
-use byzcoll_rs::{Fault, RoundReport};
+use byzcoll_rs::{Fault, IdentityMode, RoundReport};
 
 use crate::buffers::{check_aligned, read_sized};
 use crate::status::Failure;
@@ -15,6 +15,17 @@ pub const BYZCOLL_FAULT_MALFORMED: i32 = 1;
 /// A peer that sent nothing by the end of a quorum step's grace, before the deadline: a
 /// straggler, erased for that round so that it does not set the others' pace.
 pub const BYZCOLL_FAULT_LATE: i32 = 2;
+
+/// `identity` of a report: no peers to authenticate (a world of one).
+pub const BYZCOLL_IDENTITY_LOCAL: i32 = 0;
+/// `identity`: every rank proved the key a public roster binds to it (`byzcoll launch`, or
+/// `BYZCOLL_ROSTER_FILE` with `BYZCOLL_KEY_FILE`): a rank can claim only its own rank.
+pub const BYZCOLL_IDENTITY_PER_RANK: i32 = 1;
+/// `identity`: ranks proved the shared job secret only: a process holding it can register as
+/// another rank.
+pub const BYZCOLL_IDENTITY_SHARED_SECRET: i32 = 2;
+/// `identity`: no authentication (`BYZCOLL_ALLOW_UNAUTHENTICATED=1`).
+pub const BYZCOLL_IDENTITY_UNAUTHENTICATED: i32 = 3;
 
 /// What happened in one robust round. The caller owns it and the arrays it points to:
 /// initialise with `BYZCOLL_REPORT_INIT`, then point the arrays you want at storage for
@@ -65,6 +76,10 @@ pub struct byzcoll_report_t {
     pub num_differing_inputs: usize,
     /// Out: peak bytes the collective held at once.
     pub peak_bytes: usize,
+    /// Out: how the ranks proved who they are: `BYZCOLL_IDENTITY_PER_RANK`,
+    /// `BYZCOLL_IDENTITY_SHARED_SECRET`, `BYZCOLL_IDENTITY_UNAUTHENTICATED` or
+    /// `BYZCOLL_IDENTITY_LOCAL`.
+    pub identity: i32,
 }
 
 /// The caller's report, checked: where to write, and the arrays as they were checked.
@@ -138,6 +153,12 @@ impl Out {
         r.num_unconfirmed = a.unconfirmed.len();
         r.num_differing_inputs = a.differing_inputs.len();
         r.peak_bytes = round.peak_bytes;
+        r.identity = match round.identity {
+            IdentityMode::PerRank => BYZCOLL_IDENTITY_PER_RANK,
+            IdentityMode::SharedSecret => BYZCOLL_IDENTITY_SHARED_SECRET,
+            IdentityMode::Unauthenticated => BYZCOLL_IDENTITY_UNAUTHENTICATED,
+            _ => BYZCOLL_IDENTITY_LOCAL,
+        };
         let mut text = String::new();
         for f in &round.faults {
             text.push_str(&format!("{f}; "));
@@ -165,6 +186,11 @@ impl Out {
         }
         if round.unauthenticated {
             text.push_str("UNAUTHENTICATED job; ");
+        }
+        if round.identity == IdentityMode::SharedSecret {
+            text.push_str(
+                "identity: shared-secret (a rank holding the secret could claim another); ",
+            );
         }
         // SAFETY: NULL or `text_capacity` bytes.
         unsafe { write_text(r.text, r.text_capacity, text.trim_end_matches("; ")) };

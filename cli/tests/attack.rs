@@ -100,8 +100,14 @@ fn strangers_running_byzcoll_are_refused_and_the_job_result_is_exact() {
             "stranger {r} joined:\n{stdout}\n{stderr}"
         );
         // Told that it is not of this job, and nothing about the job.
-        assert!(stderr.contains("not of this job"), "stranger {r}:\n{stderr}");
-        assert!(!stderr.contains("ranks, this job"), "stranger {r}:\n{stderr}");
+        assert!(
+            stderr.contains("not of this job"),
+            "stranger {r}:\n{stderr}"
+        );
+        assert!(
+            !stderr.contains("ranks, this job"),
+            "stranger {r}:\n{stderr}"
+        );
     }
     let real: Vec<Child> = (1..4)
         .map(|r| spawn(&mut rank(r, 4, &store, Some(&secret))))
@@ -194,10 +200,19 @@ fn a_sybil_with_the_secret_and_its_own_key_cannot_claim_another_rank() {
     let honest: Vec<Child> = [1, 3].iter().map(|&r| spawn(&mut keyed(r))).collect();
 
     // 1. A process with the secret alone claims rank 2.
-    let (out, _) = run_with_limit(&mut rank(2, 4, &store, Some(&secret)), Duration::from_secs(30));
+    let (out, _) = run_with_limit(
+        &mut rank(2, 4, &store, Some(&secret)),
+        Duration::from_secs(30),
+    );
     let (stdout, stderr) = text(&out);
-    assert!(!out.status.success(), "the impostor joined:\n{stdout}\n{stderr}");
-    assert!(stderr.contains("requires per-rank keys"), "impostor:\n{stderr}");
+    assert!(
+        !out.status.success(),
+        "the impostor joined:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("requires per-rank keys"),
+        "impostor:\n{stderr}"
+    );
 
     // 2. The insider forges a roster binding rank 2 to its own key (rank 3's) and asks the
     // store as rank 2, with the public API.

@@ -138,6 +138,11 @@ struct Report {
     /// The job runs without authentication.
     #[pyo3(get)]
     unauthenticated: bool,
+    /// How the ranks proved who they are: "per-rank" (a key each, bound by a roster: a rank
+    /// can claim only its own), "shared-secret" (a process holding the job secret could claim
+    /// another rank), "unauthenticated", or "local" (no peers to authenticate).
+    #[pyo3(get)]
+    identity: &'static str,
     /// This rank's own input (gather), or its own result for an owned shard (sharded), is not
     /// in the result: under agreement "enforce" the ranks agreed it did not reach them in
     /// time, and this rank left it out as they did.
@@ -189,13 +194,14 @@ impl Report {
     fn __repr__(&self) -> String {
         format!(
             "Report(inputs={}, faults={:?}, non_finite={:?}, selected={:?}, replicas={:?}, \
-             unauthenticated={}, agreement={:?})",
+             unauthenticated={}, identity={:?}, agreement={:?})",
             self.inputs,
             self.faults,
             self.non_finite,
             self.selected,
             self.replicas,
             self.unauthenticated,
+            self.identity,
             self.agreement
         )
     }
@@ -210,6 +216,7 @@ impl From<RoundReport> for Report {
             selected: r.selected,
             replicas: r.replicas,
             unauthenticated: r.unauthenticated,
+            identity: r.identity.name(),
             erased_self: r.erased_self,
             stragglers: r.stragglers,
             agreement: r.agreement.map(|a| {

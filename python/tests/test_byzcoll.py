@@ -65,6 +65,8 @@ def test_every_rank_gets_the_median(n, dtype):
         assert o["median"] == expect and o["uniform"], o
         assert o["same_buffer"], "the result must land in the caller's buffer"
         assert o["inputs"] == n and o["faults"] == []
+        # A job secret without per-rank keys: the report says how much the membership holds.
+        assert o["identity"] == ("shared-secret" if n > 1 else "local"), o
         assert o["steps"] == 2, o  # the gather exchange and the cross-check
         # Each peer gets the 1000-element vector; the cross-check messages come on top.
         assert o["bytes"][0] >= (n - 1) * 1000 * np.dtype(dtype).itemsize and o["bytes"][1] >= o["bytes"][0], o

@@ -88,6 +88,7 @@ def main():
     out["inputs"] = report.inputs
     out["faults"] = report.faults
     out["agreement"] = report.agreement
+    out["identity"] = report.identity
     out["steps"] = len(report.step_times_us)
     out["bytes"] = (report.bytes_sent, report.bytes_received)
     y = np.full(1000, r + 1, dtype=dtype)

@@ -109,6 +109,7 @@ int main(void) {
     for (int i = 0; i < 8; i++)
         if (out[i] != v[i]) { fprintf(stderr, "FAILED: median of one vector changed it\n"); return 1; }
     if (report.inputs != 1 || report.num_faults != 0) { fprintf(stderr, "FAILED: report %zu inputs\n", report.inputs); return 1; }
+    if (report.identity != BYZCOLL_IDENTITY_LOCAL) { fprintf(stderr, "FAILED: identity %d in a world of one\n", report.identity); return 1; }
 
     /* Collective arguments. */
     EXPECT(byzcoll_robust_allreduce(NULL, v, v, 8, BYZCOLL_FLOAT64, "median", &params, NULL), BYZCOLL_INVALID_ARGUMENT, "comm is NULL");

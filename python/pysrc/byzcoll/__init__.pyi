@@ -26,6 +26,7 @@ class Report:
     selected: Optional[list[int]]
     replicas: Optional[int]
     unauthenticated: bool
+    identity: str
     erased_self: bool
     stragglers: int
     agreement: Optional[dict[str, list[int]]]

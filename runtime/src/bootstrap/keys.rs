@@ -578,7 +578,10 @@ mod tests {
         let (i, r) = handshake(rank(1, &ids[2], &roster), 1).await;
         assert!(i.is_err());
         let why = r.unwrap_err().to_string();
-        assert!(why.contains("did not prove the identity of rank 1"), "{why}");
+        assert!(
+            why.contains("did not prove the identity of rank 1"),
+            "{why}"
+        );
         // The secret alone is not enough.
         let (i, _) = handshake(JobAuth::Secret(secret.clone()), 1).await;
         let why = i.unwrap_err().to_string();
@@ -609,7 +612,10 @@ mod tests {
         let why = Membership::new(auth, ids[0].clone(), &good[..1])
             .unwrap_err()
             .to_string();
-        assert!(why.contains("1 ranks registered, the key roster has 2"), "{why}");
+        assert!(
+            why.contains("1 ranks registered, the key roster has 2"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -618,7 +618,10 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("not of this job"), "{err}");
-            assert!(!err.contains("ranks") && !err.contains("runs unauthenticated"), "{err}");
+            assert!(
+                !err.contains("ranks") && !err.contains("runs unauthenticated"),
+                "{err}"
+            );
         }
         // A member (it proved the secret) with another world size is told what is wrong.
         let err = client(&addr, 1, 3, secret())
