@@ -9,7 +9,8 @@
 //! (0 ok), then either `count u32` and `count` times (`len u32`, bytes), or an error message
 //! (`len u16`, UTF-8), then the MAC. Nothing is allocated for a client before it has proven
 //! the secret; after that, only within fixed limits ([`MAX_KEY`], [`MAX_VALUE`],
-//! [`MAX_OPEN_ROUNDS`]) and the job's own world size, never a size from a request.
+//! [`MAX_OPEN_ROUNDS`] per rank) and the job's own world size, never a size from a request;
+//! a failed round is freed at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -34,8 +35,11 @@ pub const MAX_KEY: usize = 256;
 pub const MAX_VALUE: usize = 64 * 1024;
 /// Largest world accepted.
 pub const MAX_WORLD: usize = 1 << 20;
-/// Most rounds open (some ranks joined, not all yet) at once.
-pub const MAX_OPEN_ROUNDS: usize = 64;
+/// Most rounds one rank may have joined that have not completed yet: what a rank (or a
+/// process claiming it) can make the store hold is at most this many values of
+/// [`MAX_VALUE`] and the bookkeeping of as many rounds. Honest ranks run their rounds one
+/// after another.
+pub const MAX_OPEN_ROUNDS: usize = 8;
 const REQUEST_LABEL: &[u8] = b"byzcoll-v2 store request";
 const ANSWER_LABEL: &[u8] = b"byzcoll-v2 store answer";
 
@@ -46,8 +50,6 @@ struct Round {
     values: Vec<Option<Bytes>>,
     filled: usize,
     waiters: Vec<(Rank, oneshot::Sender<Gathered>)>,
-    /// Set when a rank registered twice: every rank of the round gets this error.
-    failed: Option<String>,
 }
 
 #[derive(Debug)]
@@ -56,6 +58,34 @@ struct Rounds {
     open: HashMap<String, Round>,
     /// The most recently completed keys, so that a late registration is refused at once.
     completed: VecDeque<String>,
+    /// The most recently failed keys and why, so that a late registration gets the error; the
+    /// round itself (its values) is freed when it fails.
+    failed: VecDeque<(String, String)>,
+    /// Rounds each rank joined that are still open ([`MAX_OPEN_ROUNDS`] at most).
+    joined: Vec<usize>,
+}
+
+impl Rounds {
+    fn new(world: usize) -> Self {
+        Rounds {
+            world,
+            open: HashMap::new(),
+            completed: VecDeque::new(),
+            failed: VecDeque::new(),
+            joined: vec![0; world],
+        }
+    }
+
+    /// Closes `key`'s round: the ranks that joined it are charged for it no more.
+    fn close(&mut self, key: &str) -> Option<Round> {
+        let round = self.open.remove(key)?;
+        for (rank, v) in round.values.iter().enumerate() {
+            if v.is_some() {
+                self.joined[rank] -= 1;
+            }
+        }
+        Some(round)
+    }
 }
 
 /// Completed keys remembered.
@@ -97,11 +127,7 @@ impl StoreServer {
         }
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let rounds = Arc::new(Mutex::new(Rounds {
-            world,
-            open: HashMap::new(),
-            completed: VecDeque::new(),
-        }));
+        let rounds = Arc::new(Mutex::new(Rounds::new(world)));
         let auth = Arc::new(auth);
         let task = tokio::spawn(async move {
             let gate = Gate::default();
@@ -262,36 +288,45 @@ fn join_round(
         )));
         return rx;
     }
-    if !rounds.open.contains_key(key) && rounds.open.len() >= MAX_OPEN_ROUNDS {
-        let _ = tx.send(Err(format!(
-            "key {key:?}: {MAX_OPEN_ROUNDS} rounds are open already"
-        )));
-        return rx;
-    }
-    let round = rounds.open.entry(key.to_string()).or_insert_with(|| Round {
-        values: vec![None; world],
-        filled: 0,
-        waiters: Vec::new(),
-        failed: None,
-    });
-    if let Some(why) = &round.failed {
+    if let Some((_, why)) = rounds.failed.iter().find(|(k, _)| k == key) {
         let _ = tx.send(Err(why.clone()));
         return rx;
     }
-    if round.values[rank].is_some() {
+    let joined = rounds
+        .open
+        .get(key)
+        .is_some_and(|r| r.values[rank].is_some());
+    if !joined && rounds.joined[rank] >= MAX_OPEN_ROUNDS {
+        let _ = tx.send(Err(format!(
+            "key {key:?}: rank {rank} has joined {MAX_OPEN_ROUNDS} rounds that are still open"
+        )));
+        return rx;
+    }
+    if joined {
         // Never a silent replacement: the whole round fails, naming the rank, for every rank
-        // that joined it and every rank that still will.
+        // that joined it and every rank that still will; its values are freed now.
         let why = format!(
             "key {key:?}: rank {rank} registered twice (another process claims its identity)"
         );
         tracing::warn!("rendezvous store: {why}");
-        for (_, w) in round.waiters.drain(..) {
-            let _ = w.send(Err(why.clone()));
+        if let Some(round) = rounds.close(key) {
+            for (_, w) in round.waiters {
+                let _ = w.send(Err(why.clone()));
+            }
         }
-        let _ = tx.send(Err(why.clone()));
-        round.failed = Some(why);
+        if rounds.failed.len() == COMPLETED_KEPT {
+            rounds.failed.pop_front();
+        }
+        rounds.failed.push_back((key.to_string(), why.clone()));
+        let _ = tx.send(Err(why));
         return rx;
     }
+    rounds.joined[rank] += 1;
+    let round = rounds.open.entry(key.to_string()).or_insert_with(|| Round {
+        values: vec![None; world],
+        filled: 0,
+        waiters: Vec::new(),
+    });
     round.values[rank] = Some(value);
     round.filled += 1;
     round.waiters.push((rank, tx));
@@ -300,7 +335,7 @@ fn join_round(
             rounds.completed.pop_front();
         }
         rounds.completed.push_back(key.to_string());
-        if let Some(done) = rounds.open.remove(key) {
+        if let Some(done) = rounds.close(key) {
             let values: Arc<Vec<Bytes>> = Arc::new(
                 done.values
                     .into_iter()
@@ -317,14 +352,16 @@ fn join_round(
 
 fn leave_round(rounds: &Mutex<Rounds>, rank: Rank, key: &str) {
     let mut rounds = rounds.lock().unwrap_or_else(PoisonError::into_inner);
+    let rounds = &mut *rounds;
     let Some(round) = rounds.open.get_mut(key) else {
         return;
     };
-    if round.failed.is_none() && round.values[rank].take().is_some() {
+    if round.values[rank].take().is_some() {
         round.filled -= 1;
         round.waiters.retain(|(r, _)| *r != rank);
+        rounds.joined[rank] -= 1;
     }
-    if round.waiters.is_empty() && round.failed.is_none() {
+    if round.waiters.is_empty() {
         rounds.open.remove(key);
     }
 }
@@ -685,13 +722,20 @@ mod tests {
         }
     }
 
+    /// Bytes of values the store holds.
+    fn held(rounds: &Mutex<Rounds>) -> usize {
+        let rounds = rounds.lock().unwrap();
+        rounds
+            .open
+            .values()
+            .flat_map(|r| r.values.iter().flatten())
+            .map(Bytes::len)
+            .sum()
+    }
+
     #[test]
-    fn rounds_whose_ranks_left_are_dropped_and_open_rounds_are_capped() {
-        let rounds = Mutex::new(Rounds {
-            world: 4,
-            open: HashMap::new(),
-            completed: VecDeque::new(),
-        });
+    fn rounds_whose_ranks_left_are_dropped_and_open_rounds_are_capped_per_rank() {
+        let rounds = Mutex::new(Rounds::new(4));
         let _rx = join_round(&rounds, 2, "k", Bytes::from_static(b"x"));
         assert_eq!(rounds.lock().unwrap().open.len(), 1);
         leave_round(&rounds, 2, "k");
@@ -702,16 +746,63 @@ mod tests {
         }
         let mut rx = join_round(&rounds, 0, "one too many", Bytes::new());
         let err = rx.try_recv().unwrap().unwrap_err();
-        assert!(err.contains("rounds are open already"), "{err}");
+        assert!(err.contains("rank 0 has joined 8 rounds"), "{err}");
+        // Another rank is not held back by rank 0's rounds.
+        let mut other = join_round(&rounds, 1, "one too many", Bytes::new());
+        assert!(other.try_recv().is_err(), "rank 1 was refused");
+        // A round that completes frees its ranks' budget.
+        for r in 1..4 {
+            keep.push(join_round(&rounds, r, "k0", Bytes::new()));
+        }
+        let mut again = join_round(&rounds, 0, "now room", Bytes::new());
+        assert!(again.try_recv().is_err(), "rank 0 still refused");
+    }
+
+    /// Issue #37: an insider that fills rounds and then fails them (by registering a rank
+    /// twice) pinned every value for the rest of the job (1.06 GB in the launcher at -n 256)
+    /// and, once 64 rounds were failed, made the store refuse every new key.
+    #[test]
+    fn failed_rounds_are_freed_and_the_store_stays_usable() {
+        let world = 256;
+        let rounds = Mutex::new(Rounds::new(world));
+        let value = Bytes::from(vec![7u8; MAX_VALUE]);
+        for k in 0..64 {
+            let key = format!("fill#{k}");
+            let mut waiting = Vec::new();
+            for r in 1..world {
+                waiting.push(join_round(&rounds, r, &key, value.clone()));
+            }
+            assert_eq!(held(&rounds), (world - 1) * MAX_VALUE);
+            let mut twice = join_round(&rounds, 1, &key, value.clone());
+            assert!(twice.try_recv().unwrap().is_err());
+            for mut w in waiting {
+                assert!(w
+                    .try_recv()
+                    .unwrap()
+                    .unwrap_err()
+                    .contains("registered twice"));
+            }
+            // Freed at once; a late registration still gets the error.
+            assert_eq!(held(&rounds), 0);
+            let mut late = join_round(&rounds, 0, &key, Bytes::new());
+            assert!(late
+                .try_recv()
+                .unwrap()
+                .unwrap_err()
+                .contains("registered twice"));
+        }
+        assert!(rounds.lock().unwrap().open.is_empty());
+        assert!(rounds.lock().unwrap().joined.iter().all(|&j| j == 0));
+        // The job's next round runs.
+        let mut all: Vec<_> = (0..world)
+            .map(|r| join_round(&rounds, r, "next", Bytes::from_static(b"v")))
+            .collect();
+        assert_eq!(all.pop().unwrap().try_recv().unwrap().unwrap().len(), world);
     }
 
     #[test]
     fn a_registration_after_its_round_completed_is_refused_at_once() {
-        let rounds = Mutex::new(Rounds {
-            world: 2,
-            open: HashMap::new(),
-            completed: VecDeque::new(),
-        });
+        let rounds = Mutex::new(Rounds::new(2));
         let _a = join_round(&rounds, 0, "k#1", Bytes::new());
         let _b = join_round(&rounds, 1, "k#1", Bytes::new());
         let mut late = join_round(&rounds, 1, "k#1", Bytes::new());
