@@ -734,6 +734,7 @@ fn run_transport(
         command,
         grace: Duration::from_secs(5),
         env,
+        identity: Default::default(),
     }));
     spinner.finish_and_clear();
     let failed = match outcome {

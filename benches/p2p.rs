@@ -441,6 +441,7 @@ fn main() -> ExitCode {
             command,
             grace: Duration::from_secs(5),
             env,
+            identity: Default::default(),
         }));
         match outcome {
             Ok(o) if o.exit_code == 0 => {}

@@ -4,8 +4,9 @@
 //! - `--processes`: `byzcoll launch` of `n` copies of this binary, each `byzcoll::init()`,
 //!   one barrier, exit (what a job pays before its first collective, process start included).
 //!
-//! In one process, authenticated and unauthenticated (the explicit opt-out) worlds alternate and
-//! both are printed with their ratio; `--unauthenticated` runs only the latter.
+//! Per-rank keys (the default of `byzcoll launch`), the shared secret alone and (in one process)
+//! no authentication (the explicit opt-out) alternate, and each is printed with its ratio to
+//! the shared secret; `--unauthenticated` runs only the latter.
 //!
 //! ```sh
 //! cargo bench --bench setup -- --ranks 4,8 --reps 15
@@ -17,22 +18,73 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use byzcoll::bootstrap::{JobAuth, JobSecret, StoreClient, StoreServer};
+use std::sync::Arc;
+
+use byzcoll::bootstrap::{keygen, Credentials, JobAuth, JobSecret, StoreClient, StoreServer};
 use byzcoll::transports::tcp::{TcpOptions, TcpTransport};
 use serde_json::json;
 
 #[path = "common/rows.rs"]
 mod rows;
 
-async fn one_world(n: usize, auth: &JobAuth) -> Result<Duration, String> {
+/// How a world's ranks prove who they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    PerRank,
+    SharedSecret,
+    Unauthenticated,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::PerRank => "per-rank",
+            Mode::SharedSecret => "shared-secret",
+            Mode::Unauthenticated => "unauthenticated",
+        }
+    }
+
+    /// The store's authentication and each rank's; per-rank keys are made here, inside the
+    /// timed setup.
+    fn auths(self, n: usize) -> Result<(JobAuth, Vec<JobAuth>), String> {
+        let e = |e: byzcoll::BootstrapError| e.to_string();
+        Ok(match self {
+            Mode::Unauthenticated => (JobAuth::Unauthenticated, vec![JobAuth::Unauthenticated; n]),
+            Mode::SharedSecret => {
+                let auth = JobAuth::Secret(JobSecret::generate().map_err(e)?);
+                (auth.clone(), vec![auth; n])
+            }
+            Mode::PerRank => {
+                let secret = JobSecret::generate().map_err(e)?;
+                let (ids, roster) = keygen(n).map_err(e)?;
+                let roster = Arc::new(roster);
+                let ranks = ids
+                    .into_iter()
+                    .enumerate()
+                    .map(|(r, id)| {
+                        Credentials::rank(secret.clone(), roster.clone(), r, id)
+                            .map(JobAuth::PerRank)
+                            .map_err(e)
+                    })
+                    .collect::<Result<_, _>>()?;
+                (JobAuth::PerRank(Credentials::host(secret, roster)), ranks)
+            }
+        })
+    }
+}
+
+async fn one_world(n: usize, mode: Mode) -> Result<Duration, String> {
     let start = Instant::now();
-    let server = StoreServer::bind("127.0.0.1:0", n, auth.clone())
+    let (host, auths) = mode.auths(n)?;
+    let server = StoreServer::bind("127.0.0.1:0", n, host)
         .await
         .map_err(|e| e.to_string())?;
     let addr = server.local_addr().to_string();
-    let ranks: Vec<_> = (0..n)
-        .map(|r| {
-            let store = StoreClient::new(addr.clone(), r, n, Duration::from_secs(30), auth.clone());
+    let ranks: Vec<_> = auths
+        .into_iter()
+        .enumerate()
+        .map(|(r, auth)| {
+            let store = StoreClient::new(addr.clone(), r, n, Duration::from_secs(30), auth);
             tokio::spawn(async move {
                 TcpTransport::from_store(&store, r, n, None, TcpOptions::default()).await
             })
@@ -77,8 +129,8 @@ fn rank_main() -> ExitCode {
 }
 
 /// `byzcoll launch` of `n` ranks of this binary, timed to the last rank's exit.
-fn one_launch(n: usize) -> Result<Duration, String> {
-    use byzcoll_cli::launch::{launch, LaunchOptions};
+fn one_launch(n: usize, mode: Mode) -> Result<Duration, String> {
+    use byzcoll_cli::launch::{launch, LaunchIdentity, LaunchOptions};
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     // Ranks are spawned from the thread running the launch (see `byzcoll_cli::launch`).
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -92,6 +144,10 @@ fn one_launch(n: usize) -> Result<Duration, String> {
             command: vec![exe.into_os_string()],
             grace: Duration::from_secs(5),
             env: Vec::new(),
+            identity: match mode {
+                Mode::PerRank => LaunchIdentity::PerRank,
+                _ => LaunchIdentity::SharedSecret,
+            },
         }))
         .map_err(|e| e.to_string())?;
     if outcome.exit_code != 0 {
@@ -133,21 +189,14 @@ fn main() -> ExitCode {
         unauthenticated,
         ..
     } = <Args as clap::Parser>::parse();
-    let secret = match JobSecret::generate() {
-        Ok(s) => JobAuth::Secret(s),
-        Err(e) => {
-            eprintln!("setup bench: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // In one process, authenticated and unauthenticated worlds alternate, so both see the same
-    // machine; as processes, `byzcoll launch` always hands out a secret.
-    let modes: Vec<JobAuth> = if processes {
-        vec![secret]
+    // The modes alternate, so all see the same machine; `byzcoll launch` always hands out a
+    // secret.
+    let modes: Vec<Mode> = if processes {
+        vec![Mode::PerRank, Mode::SharedSecret]
     } else if unauthenticated {
-        vec![JobAuth::Unauthenticated]
+        vec![Mode::Unauthenticated]
     } else {
-        vec![secret, JobAuth::Unauthenticated]
+        vec![Mode::PerRank, Mode::SharedSecret, Mode::Unauthenticated]
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -171,11 +220,11 @@ fn main() -> ExitCode {
     for n in ranks {
         let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); modes.len()];
         for _ in 0..reps {
-            for (auth, times) in modes.iter().zip(&mut times) {
+            for (&mode, times) in modes.iter().zip(&mut times) {
                 let one = if processes {
-                    one_launch(n)
+                    one_launch(n, mode)
                 } else {
-                    rt.block_on(one_world(n, auth))
+                    rt.block_on(one_world(n, mode))
                 };
                 match one {
                     Ok(t) => times.push(t.as_secs_f64() * 1e3),
@@ -187,15 +236,11 @@ fn main() -> ExitCode {
             }
         }
         let mut medians = Vec::new();
-        for (auth, times) in modes.iter().zip(&mut times) {
+        for (&mode, times) in modes.iter().zip(&mut times) {
             times.sort_by(f64::total_cmp);
             let median = times[times.len() / 2];
-            medians.push(median);
-            let mode = if auth.is_authenticated() {
-                "authenticated"
-            } else {
-                "unauthenticated"
-            };
+            medians.push((mode, median));
+            let mode = mode.name();
             let (min, max) = (times[0], times[times.len() - 1]);
             println!(
                 "ranks {n:>3}  {mode:<15}  median {median:>8.2}  min {min:>8.2}  max {max:>8.2}"
@@ -205,11 +250,14 @@ fn main() -> ExitCode {
                 "max_ms": max }),
             );
         }
-        if let [a, u] = medians[..] {
-            println!(
-                "ranks {n:>3}  authenticated / unauthenticated = {:.2}",
-                a / u
-            );
+        if let Some(&(_, shared)) = medians.iter().find(|(m, _)| *m == Mode::SharedSecret) {
+            for &(mode, t) in medians.iter().filter(|(m, _)| *m != Mode::SharedSecret) {
+                println!(
+                    "ranks {n:>3}  {} / shared-secret = {:.2}",
+                    mode.name(),
+                    t / shared
+                );
+            }
         }
     }
     table.write();
