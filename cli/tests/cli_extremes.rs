@@ -455,3 +455,54 @@ fn info_refuses_a_malformed_secret_without_showing_it() {
         }
     }
 }
+
+/// `byzcoll keygen`: its -n at the extremes, the files it writes (private keys and the secret
+/// readable by the user alone), an existing directory refused, and `byzcoll info` reading the
+/// per-rank variables it prints, refusing another rank's key file.
+#[test]
+fn keygen_writes_private_keys_that_info_checks() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new();
+    let out = dir.0.join("keys").to_string_lossy().into_owned();
+    sweep(&["keygen", "--out", &out], "-n", &[]);
+    std::fs::remove_dir_all(&out).expect("-n=1 wrote keys");
+    fails(&["keygen", "-n", "65537", "--out", &out], 2, &["65537"]);
+    let (ok, _) = run_with_limit(
+        Command::new(byzcoll()).args(["keygen", "-n", "3", "--out", &out]),
+        Duration::from_secs(30),
+    );
+    assert!(ok.status.success(), "{:?}", text(&ok));
+    let mode = |name: &str| {
+        let path = PathBuf::from(&out).join(name);
+        std::fs::metadata(path).expect(name).permissions().mode() & 0o777
+    };
+    assert_eq!(mode(""), 0o700);
+    assert_eq!(mode("secret"), 0o600);
+    assert_eq!(mode("roster"), 0o644);
+    for r in 0..3 {
+        assert_eq!(mode(&format!("rank-{r}")), 0o600);
+    }
+    fails(&["keygen", "-n", "3", "--out", &out], 2, &["cannot create"]);
+    let info = |rank: &str, key_file: &str| {
+        let (o, _) = run_with_limit(
+            Command::new(byzcoll())
+                .arg("info")
+                .env("BYZCOLL_LOG", "off")
+                .env("BYZCOLL_RANK", rank)
+                .env("BYZCOLL_WORLD_SIZE", "3")
+                .env("BYZCOLL_SECRET_FILE", format!("{out}/secret"))
+                .env("BYZCOLL_ROSTER_FILE", format!("{out}/roster"))
+                .env("BYZCOLL_KEY_FILE", key_file),
+            Duration::from_secs(30),
+        );
+        let (stdout, stderr) = text(&o);
+        format!("{stdout}{stderr}")
+    };
+    let shown = info("1", &format!("{out}/rank-%r"));
+    assert!(shown.contains("identity: per-rank"), "{shown}");
+    let shown = info("1", &format!("{out}/rank-2"));
+    assert!(
+        shown.contains("not the one the roster binds to rank 1"),
+        "{shown}"
+    );
+}
