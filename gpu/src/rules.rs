@@ -632,6 +632,7 @@ pub async fn robust_all_reduce_device<E: GpuElement>(
         )
         .await?;
         report.unauthenticated = !comm.is_authenticated();
+        report.identity = comm.identity();
         return Ok(report);
     }
     if comm.transport().name() == "nccl" {
