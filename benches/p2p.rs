@@ -75,6 +75,7 @@ impl Keys {
         byzcoll::Step {
             collective: self.0,
             step: 0,
+            call: 0,
             sends,
             recvs,
             deadline: tokio::time::Instant::now() + Duration::from_secs(60),

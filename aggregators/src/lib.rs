@@ -316,6 +316,13 @@ pub trait Aggregator: Send + Sync + fmt::Debug {
     /// The number `f` of Byzantine inputs the rule is configured to tolerate.
     fn byzantine(&self) -> usize;
 
+    /// The rule's parameters as text (`f` and the rest), the same for the same rule wherever
+    /// it runs (a CPU rule and its GPU counterpart alike): part of a collective call's
+    /// fingerprint, so ranks that chose different parameters are out of step, not mixed.
+    fn parameters(&self) -> String {
+        format!("{self:?}")
+    }
+
     /// Checks the rule's precondition for `n` inputs (e.g. `n > 2f`).
     ///
     /// # Errors

@@ -28,8 +28,8 @@ use byzcoll_rs::{Agreement, Communicator, JobConfig, Policy, ReduceOp, Replicas}
 use buffers::{Buffer, DType};
 pub use report::{
     byzcoll_report_t, BYZCOLL_FAULT_LATE, BYZCOLL_FAULT_MALFORMED, BYZCOLL_FAULT_MISSING,
-    BYZCOLL_IDENTITY_LOCAL, BYZCOLL_IDENTITY_PER_RANK, BYZCOLL_IDENTITY_SHARED_SECRET,
-    BYZCOLL_IDENTITY_UNAUTHENTICATED,
+    BYZCOLL_FAULT_OUT_OF_STEP, BYZCOLL_IDENTITY_LOCAL, BYZCOLL_IDENTITY_PER_RANK,
+    BYZCOLL_IDENTITY_SHARED_SECRET, BYZCOLL_IDENTITY_UNAUTHENTICATED,
 };
 pub use status::byzcoll_status_t;
 use status::{byzcoll_status_t::*, Failure};
@@ -732,6 +732,41 @@ pub unsafe extern "C" fn byzcoll_all_gather(
 pub unsafe extern "C" fn byzcoll_barrier(comm: *mut byzcoll_comm_t) -> byzcoll_status_t {
     // SAFETY: forwarded.
     unsafe { guard_comm(comm, |comm| comm.run(async |c| c.barrier().await)) }
+}
+
+/// `byzcoll_comm_set_step`'s value for "no step id".
+pub const BYZCOLL_NO_STEP: u64 = u64::MAX;
+
+/// Sets the step id every later collective call on `comm` carries in its fingerprint, until
+/// it is set again (`BYZCOLL_NO_STEP`: none), e.g. the training step.
+///
+/// Every collective call carries a fingerprint of what the caller asked for (operation,
+/// lengths, type, rule and parameters, policy) and of this step id. A rank whose call does not
+/// match is a `BYZCOLL_FAULT_OUT_OF_STEP` fault at the ranks that receive from it, never a
+/// message of another call taken as this one's (robust calls leave it out and name it; other
+/// collectives fail). Without a step id, a rank that skips a call and makes the next one with
+/// identical arguments is matched by count: its inputs go to the others' previous call. With a
+/// step id that differs per call (or per training step), that is an out-of-step fault too.
+///
+/// Thread safety: as `byzcoll_robust_allreduce`.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_comm_set_step(
+    comm: *mut byzcoll_comm_t,
+    step: u64,
+) -> byzcoll_status_t {
+    let step = (step != BYZCOLL_NO_STEP).then_some(step);
+    // SAFETY: forwarded.
+    unsafe {
+        guard_comm(comm, |comm| {
+            comm.run(async |c| {
+                c.set_step(step);
+                Ok(())
+            })
+        })
+    }
 }
 
 /// The rule named `name` with `params`, and the policy.

@@ -15,6 +15,10 @@ pub const BYZCOLL_FAULT_MALFORMED: i32 = 1;
 /// A peer that sent nothing by the end of a quorum step's grace, before the deadline: a
 /// straggler, erased for that round so that it does not set the others' pace.
 pub const BYZCOLL_FAULT_LATE: i32 = 2;
+/// A peer whose message was for another call: its collective call's fingerprint (operation,
+/// lengths, type, rule and parameters, policy, step id: `byzcoll_comm_set_step`) differs from
+/// this rank's, so the ranks are out of step.
+pub const BYZCOLL_FAULT_OUT_OF_STEP: i32 = 3;
 
 /// `identity` of a report: no peers to authenticate (a world of one).
 pub const BYZCOLL_IDENTITY_LOCAL: i32 = 0;
@@ -40,8 +44,8 @@ pub struct byzcoll_report_t {
     pub capacity: usize,
     /// Ranks treated as erasures this round.
     pub fault_ranks: *mut u32,
-    /// For each of `fault_ranks`: `BYZCOLL_FAULT_MISSING`, `BYZCOLL_FAULT_MALFORMED` or
-    /// `BYZCOLL_FAULT_LATE`.
+    /// For each of `fault_ranks`: `BYZCOLL_FAULT_MISSING`, `BYZCOLL_FAULT_MALFORMED`,
+    /// `BYZCOLL_FAULT_LATE` or `BYZCOLL_FAULT_OUT_OF_STEP`.
     pub fault_kinds: *mut i32,
     /// Ranks whose vector held NaN or infinities (it still entered the rule).
     pub non_finite_ranks: *mut u32,
@@ -129,6 +133,7 @@ impl Out {
                 Fault::Missing => BYZCOLL_FAULT_MISSING,
                 Fault::Malformed(_) => BYZCOLL_FAULT_MALFORMED,
                 Fault::Late => BYZCOLL_FAULT_LATE,
+                Fault::OutOfStep => BYZCOLL_FAULT_OUT_OF_STEP,
             })
             .collect();
         let non_finite: Vec<u32> = round.non_finite.iter().map(|&r| r as u32).collect();

@@ -124,6 +124,18 @@ enum IdentityArg {
     SharedSecret,
 }
 
+/// What `byzcoll keygen` says it wrote, and how to use it.
+#[allow(clippy::print_stdout)]
+fn print_keygen_usage(ranks: u32, out: &Path) {
+    let d = out.display();
+    println!(
+        "wrote keys for {ranks} ranks to {d}; for every rank set\n  \
+         BYZCOLL_SECRET_FILE={d}/secret BYZCOLL_ROSTER_FILE={d}/roster \
+         BYZCOLL_KEY_FILE={d}/rank-%r\nand give each rank's host only its own rank-R files (a \
+         rank that can read another's key can claim its rank)"
+    );
+}
+
 /// `byzcoll keygen`: a fresh directory (mode 700) with the job secret, the roster and one
 /// private key file per rank (mode 600, created so, never widened).
 fn write_keys(ranks: usize, out: &Path) -> Result<(), String> {
@@ -186,13 +198,7 @@ fn main() -> ExitCode {
         },
         Cmd::Keygen { ranks, out } => match write_keys(ranks as usize, &out) {
             Ok(()) => {
-                let d = out.display();
-                println!(
-                    "wrote keys for {ranks} ranks to {d}; for every rank set\n  \
-                     BYZCOLL_SECRET_FILE={d}/secret BYZCOLL_ROSTER_FILE={d}/roster \
-                     BYZCOLL_KEY_FILE={d}/rank-%r\nand give each rank's host only its own rank-R \
-                     files (a rank that can read another's key can claim its rank)"
-                );
+                print_keygen_usage(ranks, &out);
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -526,6 +526,10 @@ impl Aggregator for CudaRule {
         self.f
     }
 
+    fn parameters(&self) -> String {
+        self.reference.parameters()
+    }
+
     fn check(&self, n: usize) -> Result<(), AggError> {
         self.reference.check(n)
     }

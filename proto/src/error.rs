@@ -19,6 +19,10 @@ pub enum Fault {
     /// passed: a straggler (slow, stalled, or a rank that sends as late as it dares), erased
     /// for that step so that it does not set the others' pace.
     Late,
+    /// Its message was for another call: its collective's fingerprint (operation, length,
+    /// element type, rule and parameters, policy, and the caller's step id) differs from this
+    /// rank's, so the ranks are out of step (a skipped or extra call, or different arguments).
+    OutOfStep,
 }
 
 /// A peer at fault, as reported by collectives.
@@ -36,6 +40,12 @@ impl fmt::Display for PeerFault {
             Fault::Missing => write!(f, "rank {}: missing at deadline", self.rank),
             Fault::Malformed(why) => write!(f, "rank {}: malformed ({why})", self.rank),
             Fault::Late => write!(f, "rank {}: late (after the quorum's grace)", self.rank),
+            Fault::OutOfStep => write!(
+                f,
+                "rank {}: out of step (its call differs from this rank's: another operation, \
+                 length, type, rule, policy or step id)",
+                self.rank
+            ),
         }
     }
 }

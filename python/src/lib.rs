@@ -70,6 +70,7 @@ fn faults_list(faults: &[byzcoll::PeerFault]) -> Vec<(usize, String, String)> {
             Fault::Missing => (f.rank, "missing".to_string(), f.to_string()),
             Fault::Late => (f.rank, "late".to_string(), f.to_string()),
             Fault::Malformed(_) => (f.rank, "malformed".to_string(), f.to_string()),
+            Fault::OutOfStep => (f.rank, "out-of-step".to_string(), f.to_string()),
         })
         .collect()
 }
@@ -123,7 +124,8 @@ struct Report {
     /// Vectors that entered this rank's aggregation (its own included).
     #[pyo3(get)]
     inputs: usize,
-    /// Peers treated as erasures: `(rank, "missing" | "malformed", reason)`.
+    /// Peers treated as erasures: `(rank, "missing" | "malformed" | "late" | "out-of-step",
+    /// reason)`.
     #[pyo3(get)]
     faults: Vec<(usize, String, String)>,
     /// Ranks whose vector held NaN or infinities.
@@ -562,6 +564,14 @@ impl PyCommunicator {
             ));
         };
         self.with_comm(|c| c.set_stragglers(s))
+    }
+
+    /// Sets the step id every later collective call carries in its fingerprint (None: no
+    /// step id), e.g. the training step. A rank whose call does not match the others' is a
+    /// fault of kind `"out-of-step"`, never a message of another call taken as this one's.
+    #[pyo3(signature = (step))]
+    fn set_step(&self, step: Option<u64>) -> PyResult<()> {
+        self.with_comm(|c| c.set_step(step))
     }
 
     /// What this rank has seen of each other rank in its robust rounds, in rank order: a list

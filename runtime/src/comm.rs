@@ -52,6 +52,8 @@ pub struct Communicator {
     shared: Arc<Shared>,
     pub(crate) owner_tamper: Option<crate::round::host::Tamper>,
     identity: crate::IdentityMode,
+    /// The caller's step id ([`Communicator::set_step`]), part of every call's fingerprint.
+    step_id: Option<u64>,
     /// What this rank has seen of each peer in its robust rounds.
     pub(crate) health: crate::health::Health,
     /// What the steps since the last [`Communicator::take_stats`] moved and took.
@@ -94,6 +96,7 @@ impl Communicator {
             shared: Arc::default(),
             owner_tamper: None,
             identity: crate::IdentityMode::Local,
+            step_id: None,
             health,
             stats: RoundStats::default(),
         }
@@ -151,6 +154,28 @@ impl Communicator {
         self.identity
     }
 
+    /// Sets the step id every later collective call carries in its fingerprint (until it is
+    /// set again; `None`: no step id), e.g. the training step.
+    ///
+    /// Every collective call carries a fingerprint of what the caller asked for (the
+    /// operation, lengths, element type, rule and its parameters, policy) and of this step
+    /// id; a rank whose call does not match is [`Fault::OutOfStep`](crate::Fault::OutOfStep)
+    /// on the ranks that receive from it, never a message of another call taken as this
+    /// one's. Without a step id, a rank that skips one call and makes the next one with
+    /// identical arguments cannot be told apart by its fingerprint: calls are matched by count,
+    /// so its inputs go to the others' previous call. A step id that differs per call (or per
+    /// training step, with the same calls in each) makes that an `OutOfStep` fault too.
+    /// Framed transports (TCP, UCX, libfabric, in-process) check fingerprints; NCCL matches
+    /// messages by order and does not.
+    pub fn set_step(&mut self, step: Option<u64>) {
+        self.step_id = step;
+    }
+
+    /// The step id set by [`Communicator::set_step`].
+    pub fn step(&self) -> Option<u64> {
+        self.step_id
+    }
+
     /// Whether the job's membership is authenticated (in-process worlds and worlds of one
     /// need no authentication and count as authenticated).
     pub fn is_authenticated(&self) -> bool {
@@ -192,11 +217,13 @@ impl Communicator {
         self.config = config;
     }
 
-    pub(crate) fn begin(&mut self, op: &'static str) -> Sequence<'_> {
+    /// Starts collective call `op` with fingerprint `call` ([`crate::calls`]): its number.
+    pub(crate) fn begin(&mut self, op: &'static str, call: u64) -> Sequence<'_> {
         // 2^48 calls per communicator: at a million calls a second, nine years.
         let collective = MsgKey::stream_start(self.stream).collective | self.next_collective;
         self.next_collective += 1;
         Sequence {
+            call,
             op,
             rank: self.transport.rank(),
             transport: self.transport.as_ref(),
@@ -214,7 +241,7 @@ impl Communicator {
     /// communicator's sequence like every other call's. Every rank must call it at the same
     /// point of its sequence.
     pub fn reserve_collective(&mut self) -> u64 {
-        self.begin("external").collective
+        self.begin("external", 0).collective
     }
 
     /// Splits the ranks into communicators by `color`, MPI's `MPI_Comm_split`: every rank
@@ -288,6 +315,7 @@ impl Communicator {
             shared: self.shared.clone(),
             owner_tamper: None,
             identity: self.identity,
+            step_id: None,
             health: crate::health::Health::new(n_members),
             stats: RoundStats::default(),
         }))
@@ -308,7 +336,7 @@ impl Communicator {
     /// Not cancel safe: a dropped call leaves the other ranks waiting until their timeout.
     pub async fn barrier(&mut self) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
-        let mut seq = self.begin("barrier");
+        let mut seq = self.begin("barrier", crate::calls::barrier(self.step_id));
         let empty = Payload::Host(Bytes::new());
         let sends = schedule::direct_peers(me, n).map(|p| send(p, empty.clone()));
         let recvs = schedule::direct_peers(me, n).map(|p| recv(p, 0));
@@ -328,7 +356,8 @@ impl Communicator {
     /// Not cancel safe: other ranks wait for this one until their timeout.
     pub async fn broadcast_into<T: Pod>(&mut self, root: Rank, buf: &mut [T]) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
-        let mut seq = self.begin("broadcast");
+        let call = crate::calls::broadcast(root, byte_len(buf), self.step_id);
+        let mut seq = self.begin("broadcast", call);
         if root >= n {
             return Err(Error::InvalidUsage(format!(
                 "broadcast root {root} in a world of {n}"
@@ -363,7 +392,8 @@ impl Communicator {
         recv_buf: &mut [T],
     ) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
-        let mut seq = self.begin("all_gather");
+        let call = crate::calls::all_gather(byte_len(send_buf), byte_len(recv_buf), self.step_id);
+        let mut seq = self.begin("all_gather", call);
         let block = send_buf.len();
         if recv_buf.len() != block * n {
             return Err(Error::InvalidUsage(format!(
@@ -399,7 +429,8 @@ impl Communicator {
         recv_buf: &mut [T],
     ) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
-        let mut seq = self.begin("all_to_all");
+        let call = crate::calls::all_to_all(byte_len(send_buf), byte_len(recv_buf), self.step_id);
+        let mut seq = self.begin("all_to_all", call);
         if send_buf.len() != recv_buf.len() || !send_buf.len().is_multiple_of(n) {
             return Err(Error::InvalidUsage(format!(
                 "all_to_all: send ({}) and receive ({}) lengths must be equal multiples of {n}",
@@ -446,7 +477,8 @@ impl Communicator {
         let (me, n) = (self.rank(), self.size());
         let in_flight = self.transport.capabilities().steps_in_flight.max(1);
         let part_bytes = self.config.ring_part_bytes;
-        let mut seq = self.begin("all_reduce");
+        let call = crate::calls::all_reduce::<T>(&format!("{op:?}"), buf.len(), self.step_id);
+        let mut seq = self.begin("all_reduce", call);
         if n == 1 {
             return Ok(());
         }
@@ -637,6 +669,8 @@ pub(crate) struct Sequence<'a> {
     /// The next step's quorum ([`Step::quorum`]); each step takes it.
     quorum: Option<crate::Quorum>,
     pub(crate) collective: u64,
+    /// The call's fingerprint ([`Step::call`]).
+    call: u64,
     step: u32,
     stats: &'a mut RoundStats,
 }
@@ -690,6 +724,7 @@ impl<'a> Sequence<'a> {
         let step = Step {
             collective: self.collective,
             step: self.step,
+            call: self.call,
             sends,
             recvs,
             deadline: started + self.timeout,
@@ -734,6 +769,7 @@ impl<'a> Sequence<'a> {
                         RecvOutcome::Missing => tracing::debug!(peer, "missing"),
                         RecvOutcome::Late => tracing::debug!(peer, "late"),
                         RecvOutcome::Malformed(why) => tracing::debug!(peer, why, "malformed"),
+                        RecvOutcome::OutOfStep => tracing::debug!(peer, "out of step"),
                     }
                 }
             }
@@ -901,6 +937,7 @@ pub(crate) fn fault(rank: Rank, outcome: RecvOutcome) -> PeerFault {
         RecvOutcome::Received(_) | RecvOutcome::Missing => Fault::Missing,
         RecvOutcome::Late => Fault::Late,
         RecvOutcome::Malformed(why) => Fault::Malformed(why),
+        RecvOutcome::OutOfStep => Fault::OutOfStep,
     };
     PeerFault { rank, fault }
 }

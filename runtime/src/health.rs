@@ -36,7 +36,8 @@ pub enum Symptom {
     Late,
     /// Nothing came by the deadline, or its connection is gone ([`Fault::Missing`]).
     Missing,
-    /// Something unacceptable came ([`Fault::Malformed`]).
+    /// Something unacceptable came ([`Fault::Malformed`]), or a message of another call
+    /// ([`Fault::OutOfStep`]).
     Malformed,
     /// Its result differed from the job's (`AgreementReport::disagreeing`).
     Disagreeing,
@@ -99,7 +100,7 @@ impl Health {
                 .map(|f| match f.fault {
                     Fault::Late => Symptom::Late,
                     Fault::Missing => Symptom::Missing,
-                    Fault::Malformed(_) => Symptom::Malformed,
+                    Fault::Malformed(_) | Fault::OutOfStep => Symptom::Malformed,
                 })
                 .or_else(|| {
                     disagreeing

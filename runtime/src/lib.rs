@@ -13,6 +13,7 @@
 //!   sealed frames) is the `byzcoll-transport-kit` crate.
 
 pub mod bootstrap;
+pub mod calls;
 mod comm;
 mod config;
 mod handle;
@@ -36,5 +37,7 @@ pub use health::{PeerHealth, Symptom};
 #[cfg(feature = "fault-injection")]
 pub use robust::OwnerTamper;
 pub use round::sum_of_shard_medians;
-pub use transport::{Capabilities, RecvOutcome, SendOp, Step, Transport, PIPELINED_STEPS};
+pub use transport::{
+    call_fingerprint, Capabilities, RecvOutcome, SendOp, Step, Transport, PIPELINED_STEPS,
+};
 pub use types::{MemoryKind, Payload};

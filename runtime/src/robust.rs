@@ -220,7 +220,8 @@ impl Communicator {
         };
         let mut round = Round::resuming(spec, rule, carry);
         let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone());
-        let mut seq = self.begin("robust");
+        let call = crate::calls::robust::<T>(rule, shape, d, self.step());
+        let mut seq = self.begin("robust", call);
         while let Some(plan) = round.step() {
             let sends: Vec<SendOp> = plan
                 .sends
@@ -254,6 +255,7 @@ impl Communicator {
                     RecvOutcome::Missing => Arrival::Missing,
                     RecvOutcome::Late => Arrival::Late,
                     RecvOutcome::Malformed(why) => Arrival::Malformed(why),
+                    RecvOutcome::OutOfStep => Arrival::OutOfStep,
                 })
                 .collect();
             round.handle(&mut plane, arrivals);

@@ -124,6 +124,8 @@ pub enum Arrival<B> {
     Late,
     /// Something unacceptable arrived; the string says what.
     Malformed(String),
+    /// A message for another call arrived ([`Fault::OutOfStep`]).
+    OutOfStep,
 }
 
 /// Where an input or a version is, as the round names it to the plane.
@@ -736,6 +738,7 @@ impl<'r, B> Round<'r, B> {
             Arrival::Missing => self.add_fault(rank, Fault::Missing),
             Arrival::Late => self.add_fault(rank, Fault::Late),
             Arrival::Malformed(why) => self.add_fault(rank, Fault::Malformed(why.clone())),
+            Arrival::OutOfStep => self.add_fault(rank, Fault::OutOfStep),
         }
     }
 

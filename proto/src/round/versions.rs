@@ -83,6 +83,7 @@ impl<'r, B> Round<'r, B> {
                 Arrival::Missing => faults.push((*o, Fault::Missing)),
                 Arrival::Late => faults.push((*o, Fault::Late)),
                 Arrival::Malformed(why) => faults.push((*o, Fault::Malformed(why.clone()))),
+                Arrival::OutOfStep => faults.push((*o, Fault::OutOfStep)),
             }
         }
         for (i, &s) in owned.iter().enumerate() {

@@ -116,6 +116,16 @@ class Communicator:
         sets the pace of the others."""
         self._inner.set_stragglers(stragglers)
 
+    def set_step(self, step):
+        """Sets the step id every later collective call carries in its fingerprint (``None``:
+        no step id), e.g. the training step. Every call carries a fingerprint of what the caller
+        asked for (operation, length, dtype, rule and parameters, policy) and of this step id;
+        a rank whose call does not match is a fault of kind ``"out-of-step"`` at the ranks that
+        receive from it (a robust call leaves it out), never a message of another call taken as
+        this one's. Without a step id, a rank that skips a call and makes the next one with the
+        same arguments is matched by count."""
+        self._inner.set_step(step)
+
     def health(self):
         """What this rank has seen of each other rank in its robust rounds, in rank order: dicts
         with ``rank``, ``streak`` (None, or ``(symptom, rounds)``: ``"late"``, ``"missing"``,

@@ -212,7 +212,8 @@ pub fn keygen(ranks: usize) -> Result<(Vec<Identity>, KeyRoster), BootstrapError
 pub struct Credentials {
     pub(crate) secret: JobSecret,
     pub(crate) roster: Arc<KeyRoster>,
-    pub(crate) own: Option<(Rank, Identity)>,
+    /// Boxed: a signing key is large beside the secret (`JobAuth` holds this inline).
+    pub(crate) own: Option<(Rank, Box<Identity>)>,
 }
 
 impl fmt::Debug for Credentials {
@@ -263,7 +264,7 @@ impl Credentials {
         Ok(Credentials {
             secret,
             roster,
-            own: Some((rank, key)),
+            own: Some((rank, Box::new(key))),
         })
     }
 
@@ -284,7 +285,7 @@ impl Credentials {
 
     /// This process's own key, when it is a rank.
     pub fn own(&self) -> Option<&Identity> {
-        self.own.as_ref().map(|(_, id)| id)
+        self.own.as_ref().map(|(_, id)| &**id)
     }
 
     /// Reads the per-rank variables for rank `rank` through `get` ([`rank_key_from_lookup`])
@@ -547,7 +548,7 @@ mod tests {
             JobAuth::PerRank(Credentials {
                 secret: secret.clone(),
                 roster: roster.clone(),
-                own: Some((r, key.clone())),
+                own: Some((r, Box::new(key.clone()))),
             })
         };
         fn ep(auth: &JobAuth, r: u32) -> Endpoint<'_> {

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use byzcoll_aggregators::Median;
+use byzcoll_runtime::round::Shape;
 use byzcoll_runtime::schedule::chunk_range;
 use byzcoll_runtime::{
     Agreement, Error, OwnerTamper, Payload, Policy, Replicas, RoundReport, SendOp, Step, Transport,
@@ -67,9 +68,16 @@ where
                     .collect()
             }
         };
+        // The honest ranks' round, as its fingerprint says.
+        let shape = match round {
+            Round::Gather => Shape::Gather,
+            Round::Sharded => Shape::Sharded(Replicas::Tolerant),
+            Round::ReduceScatter => Shape::ReduceScatter(Replicas::Tolerant),
+        };
         let step = Step {
             collective: 0,
             step: 0,
+            call: byzcoll_runtime::calls::robust::<f32>(&Median::new(f), shape, d, None),
             sends,
             recvs: vec![],
             deadline: tokio::time::Instant::now() + timeout,

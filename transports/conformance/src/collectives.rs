@@ -299,9 +299,12 @@ where
                         .map_or_else(|| record(dest), |p| Payload::Host(p.into())),
                 })
                 .collect();
+            // The split's two all-gathers: 24-byte records, then 32-byte digests.
+            let block = if collective == 0 { 24 } else { 32 };
             let step = Step {
                 collective,
                 step: 0,
+                call: byzcoll_runtime::calls::all_gather(block, block * n, None),
                 sends,
                 recvs: vec![],
                 deadline: tokio::time::Instant::now() + timeout,

@@ -5,9 +5,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use byzcoll_aggregators::{Median, TrimmedMean};
-use byzcoll_runtime::{Error, Fault, Policy, ReduceOp, Transport, RING_PART_BYTES};
+use byzcoll_runtime::round::Shape;
+use byzcoll_runtime::{
+    calls, Error, Fault, Payload, Policy, ReduceOp, SendOp, Step, Transport, RING_PART_BYTES,
+};
 
-use crate::harness::{comms, reference, run_ranks, vector};
+use crate::harness::{self, comms, reference, run_ranks, vector};
 
 /// Seven ranks tolerating f = 2: one sends a sign-flipped vector scaled by 1000, one sends
 /// NaN and infinities; then one rank crashes (its transport is dropped) and the others still
@@ -80,37 +83,57 @@ where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
-    let n = 4;
-    let comms = comms(factory(n).await, Duration::from_secs(10));
-    let results = run_ranks(comms, |mut c| async move {
+    let (n, d) = (4, 10);
+    let mut ranks = factory(n).await;
+    // Rank 2 speaks the protocol itself: its round's messages, 11 elements instead of 10.
+    let liar = ranks.remove(2);
+    let timeout = Duration::from_secs(10);
+    let honest = comms(ranks, timeout);
+    let byzantine = tokio::spawn(async move {
+        let payload = Payload::Host(harness::filled(1.0, d + 1).into());
+        let step = Step {
+            collective: 0,
+            step: 0,
+            call: calls::robust::<f32>(&Median::new(1), Shape::Gather, d, None),
+            sends: [0, 1, 3]
+                .into_iter()
+                .map(|peer| SendOp {
+                    peer,
+                    tag: 0,
+                    payload: payload.clone(),
+                })
+                .collect(),
+            recvs: vec![],
+            deadline: tokio::time::Instant::now() + timeout,
+            quorum: None,
+        };
+        liar.exchange(step).await.unwrap();
+        // Kept alive (silent) until the honest ranks are done.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(liar);
+    });
+    let results = run_ranks(honest, move |mut c| async move {
         let me = c.rank();
-        let mut v = vector(me, if me == 2 { 11 } else { 10 });
+        let mut v = vector(me, d);
         let r = c
             .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
             .await;
         (me, r.map(|report| (report, v)))
     })
     .await;
+    byzantine.await.unwrap();
     for (me, r) in results {
-        match me {
-            2 => {
-                // The liar sees everyone else as malformed and too few inputs remain.
-                assert!(matches!(r, Err(Error::TooManyFaults { .. })), "{r:?}");
-            }
-            _ => {
-                let (report, v) = r.unwrap();
-                assert_eq!(report.inputs, 3);
-                assert_eq!(report.faults.len(), 1);
-                assert_eq!(report.faults[0].rank, 2);
-                assert!(
-                    matches!(&report.faults[0].fault, Fault::Malformed(why) if why.contains("44")),
-                    "{:?}",
-                    report.faults
-                );
-                let inputs: Vec<Vec<f32>> = [0, 1, 3].iter().map(|&r| vector(r, 10)).collect();
-                assert_eq!(v, reference(&Median::new(1), &inputs));
-            }
-        }
+        let (report, v) = r.unwrap_or_else(|e| panic!("rank {me}: {e}"));
+        assert_eq!(report.inputs, 3);
+        assert_eq!(report.faults.len(), 1);
+        assert_eq!(report.faults[0].rank, 2);
+        assert!(
+            matches!(&report.faults[0].fault, Fault::Malformed(why) if why.contains("44")),
+            "{:?}",
+            report.faults
+        );
+        let inputs: Vec<Vec<f32>> = [0, 1, 3].iter().map(|&r| vector(r, d)).collect();
+        assert_eq!(v, reference(&Median::new(1), &inputs));
     }
 }
 
@@ -158,5 +181,85 @@ where
             assert!(elapsed >= timeout, "rank {me} gave up early: {elapsed:?}");
             assert!(elapsed < timeout * 3, "rank {me}, d={d}, took {elapsed:?}");
         }
+    }
+}
+
+/// A rank out of step is named, never mixed in (issue #37): every collective call carries a
+/// fingerprint of what the caller asked for and of its step id (`Communicator::set_step`).
+///
+/// - Rank 3 of 4 gives its robust all-reduce another step id: ranks 0 to 2 name it
+///   `OutOfStep` as its messages arrive (not at the deadline) and return the median of their
+///   own three inputs; rank 3 fails, naming every peer out of step.
+/// - Rank 3 skips the call of step 1 and makes the call of step 2: its message lands on the
+///   others' call of step 1 (calls are numbered by count), and every rank's barrier fails at
+///   once with the other side named out of step, instead of rank 3's input going to the
+///   others' previous call.
+pub async fn a_rank_out_of_step_is_named_never_mixed_in<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, d) = (4, 64);
+    let timeout = Duration::from_secs(5);
+    let results = run_ranks(comms(factory(n).await, timeout), move |mut c| async move {
+        let me = c.rank();
+        c.set_step(Some(if me == 3 { 8 } else { 7 }));
+        let mut v = vector(me, d);
+        let start = tokio::time::Instant::now();
+        let r = c
+            .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+            .await;
+        (me, r.map(|report| (report, v)), start.elapsed())
+    })
+    .await;
+    let honest: Vec<Vec<f32>> = (0..3).map(|r| vector(r, d)).collect();
+    let want = reference(&Median::new(1), &honest);
+    for (me, r, took) in results {
+        assert!(took < timeout / 2, "rank {me} waited {took:?}");
+        match (me, r) {
+            (3, Err(Error::TooManyFaults { faults, .. } | Error::PeerFaults { faults, .. })) => {
+                assert!(
+                    !faults.is_empty() && faults.iter().all(|f| f.fault == Fault::OutOfStep),
+                    "rank 3: {faults:?}"
+                );
+            }
+            (3, Ok((report, _))) => panic!("rank 3 went on out of step: {report:?}"),
+            (me, Ok((report, v))) => {
+                assert_eq!(v, want, "rank {me}");
+                let named: Vec<(usize, Fault)> = report
+                    .faults
+                    .iter()
+                    .map(|f| (f.rank, f.fault.clone()))
+                    .collect();
+                assert_eq!(named, [(3, Fault::OutOfStep)], "rank {me}");
+            }
+            (me, Err(e)) => panic!("rank {me}: {e}"),
+        }
+    }
+
+    let results = run_ranks(comms(factory(n).await, timeout), move |mut c| async move {
+        let me = c.rank();
+        // Rank 3 skips step 1.
+        c.set_step(Some(if me == 3 { 2 } else { 1 }));
+        let start = tokio::time::Instant::now();
+        let r = c.barrier().await;
+        (me, r, start.elapsed())
+    })
+    .await;
+    for (me, r, took) in results {
+        assert!(took < timeout / 2, "rank {me} waited {took:?}");
+        let Err(Error::PeerFaults { faults, .. }) = r else {
+            panic!("rank {me}: {r:?}");
+        };
+        let named: Vec<usize> = faults.iter().map(|f| f.rank).collect();
+        let want: Vec<usize> = match me {
+            3 => vec![0, 1, 2],
+            _ => vec![3],
+        };
+        assert_eq!(named, want, "rank {me}: {faults:?}");
+        assert!(
+            faults.iter().all(|f| f.fault == Fault::OutOfStep),
+            "{faults:?}"
+        );
     }
 }

@@ -25,6 +25,7 @@ where
         let step0 = Step {
             collective: 0,
             step: 0,
+            call: 0,
             sends: vec![SendOp {
                 peer: 1,
                 tag: 0,
@@ -38,6 +39,7 @@ where
         let step1 = Step {
             collective: 0,
             step: 1,
+            call: 0,
             sends: vec![
                 SendOp {
                     peer: 1,
@@ -61,6 +63,7 @@ where
         let step1 = Step {
             collective: 0,
             step: 1,
+            call: 0,
             sends: vec![],
             recvs: vec![
                 RecvOp {
@@ -104,6 +107,7 @@ where
     let last = Step {
         collective: 3,
         step: 0,
+        call: 0,
         sends: vec![
             SendOp {
                 peer: 1,
@@ -129,6 +133,7 @@ where
     let recv = |step, tags: std::ops::Range<u32>| Step {
         collective: 3,
         step,
+        call: 0,
         sends: vec![],
         recvs: tags
             .map(|tag| RecvOp {
@@ -171,6 +176,7 @@ where
     let step = |step, sends, recvs| Step {
         collective: 4,
         step,
+        call: 0,
         sends,
         recvs,
         deadline: deadline(),
@@ -229,6 +235,7 @@ where
     let send = Step {
         collective: 5,
         step: 0,
+        call: 0,
         sends: vec![SendOp {
             peer: 1,
             tag: 0,
@@ -250,6 +257,7 @@ where
             .exchange(Step {
                 collective: 5,
                 step: 0,
+                call: 0,
                 sends: vec![],
                 recvs: vec![RecvOp {
                     peer: 0,
@@ -288,6 +296,7 @@ where
     let send = |step, byte, wait| Step {
         collective: 0,
         step,
+        call: 0,
         sends: vec![SendOp {
             peer: 1,
             tag: 0,
@@ -317,6 +326,7 @@ where
         let recv = Step {
             collective: 0,
             step,
+            call: 0,
             sends: vec![],
             recvs: vec![RecvOp {
                 peer: 0,
@@ -342,6 +352,7 @@ where
     let base = || Step {
         collective: 0,
         step: 0,
+        call: 0,
         sends: vec![],
         recvs: vec![],
         deadline: tokio::time::Instant::now() + Duration::from_secs(1),
@@ -408,6 +419,7 @@ pub async fn p2p_bandwidth(ranks: Vec<Box<dyn Transport>>, label: &str) {
                 let mk = |sends, recvs| Step {
                     collective: 0,
                     step,
+                    call: 0,
                     sends,
                     recvs,
                     deadline: tokio::time::Instant::now() + Duration::from_secs(60),

@@ -57,14 +57,14 @@ struct Slot {
 }
 
 impl Slot {
-    fn post(&mut self, key: MsgKey, len: usize) -> oneshot::Receiver<RecvOutcome> {
+    fn post(&mut self, key: MsgKey, call: u64, len: usize) -> oneshot::Receiver<RecvOutcome> {
         let (tx, rx) = oneshot::channel();
         match &self.closed {
             Some(c) => {
                 let _ = tx.send(c.outcome());
             }
             None => {
-                self.posted.insert(key, Posted { len, tx });
+                self.posted.insert(key, Posted { len, call, tx });
                 let high = self.high.entry(key.stream()).or_insert(key);
                 *high = (*high).max(key);
             }
@@ -82,6 +82,8 @@ impl Slot {
 #[derive(Debug)]
 struct Posted {
     len: usize,
+    /// The fingerprint of the call the receive belongs to ([`Step::call`]).
+    call: u64,
     tx: oneshot::Sender<RecvOutcome>,
 }
 
@@ -154,13 +156,20 @@ impl Mailbox {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Posts a receive of `len` bytes from `peer` under `key`; the returned channel yields its
-    /// outcome. A closed slot yields its outcome at once.
+    /// Posts a receive of `len` bytes from `peer` under `key`, for the call with fingerprint
+    /// `call`; the returned channel yields its outcome. A closed slot yields its outcome at
+    /// once.
     ///
     /// # Panics
     /// If `peer` is out of range (callers validate steps first).
-    pub fn post(&self, peer: Rank, key: MsgKey, len: usize) -> oneshot::Receiver<RecvOutcome> {
-        let rx = self.slot(peer).post(key, len);
+    pub fn post(
+        &self,
+        peer: Rank,
+        key: MsgKey,
+        call: u64,
+        len: usize,
+    ) -> oneshot::Receiver<RecvOutcome> {
+        let rx = self.slot(peer).post(key, call, len);
         self.changed.notify_waiters();
         rx
     }
@@ -181,15 +190,21 @@ impl Mailbox {
         self.changed.notify_waiters();
     }
 
-    /// Takes the receive for a message from `peer` under `key` if its fate is known now:
-    /// `None` while the message is early (its receive not posted yet). For transports that poll
-    /// from their own thread.
-    pub fn try_claim(&self, peer: Rank, key: MsgKey) -> Option<Claim> {
+    /// Takes the receive for a message from `peer` under `key` of the call with fingerprint
+    /// `call` if its fate is known now: `None` while the message is early (its receive not
+    /// posted yet). A message whose call is not the posted receive's completes that receive
+    /// as [`RecvOutcome::OutOfStep`] and is [`Claim::Stale`] (dropped). For transports that
+    /// poll from their own thread.
+    pub fn try_claim(&self, peer: Rank, key: MsgKey, call: u64) -> Option<Claim> {
         let mut slot = self.slot(peer);
         if slot.closed.is_some() {
             return Some(Claim::Closed);
         }
         if let Some(p) = slot.posted.remove(&key) {
+            if p.call != call {
+                let _ = p.tx.send(RecvOutcome::OutOfStep);
+                return Some(Claim::Stale);
+            }
             return Some(Claim::Posted(Delivery {
                 len: p.len,
                 tx: p.tx,
@@ -198,16 +213,17 @@ impl Mailbox {
         slot.is_stale(key).then_some(Claim::Stale)
     }
 
-    /// Waits until the receive for a message from `peer` under `key` is posted, then takes it.
+    /// Waits until the receive for a message from `peer` under `key` is posted, then takes it
+    /// (as [`Mailbox::try_claim`]).
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is taken until the future completes.
-    pub async fn claim(&self, peer: Rank, key: MsgKey) -> Claim {
+    pub async fn claim(&self, peer: Rank, key: MsgKey, call: u64) -> Claim {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if let Some(claim) = self.try_claim(peer, key) {
+            if let Some(claim) = self.try_claim(peer, key, call) {
                 return claim;
             }
             changed.await;
@@ -262,7 +278,7 @@ impl Mailbox {
             let mut slot = self.slot(step.recvs[group[0]].peer);
             for &i in group {
                 let r = &step.recvs[i];
-                receivers[i] = Some(slot.post(step.key(r.tag), r.len));
+                receivers[i] = Some(slot.post(step.key(r.tag), step.call, r.len));
             }
         }
         self.changed.notify_waiters();
@@ -365,7 +381,7 @@ impl Drop for PostedStep<'_> {
 
 /// The part of [`byzcoll_runtime::Transport::exchange`] that every mailbox-based transport shares: posts
 /// the step's receives (then calls `on_posted`, e.g. to wake a progress thread), runs `send`
-/// for every send (each bounded by the step's deadline; a failure or a timeout is logged, not
+/// (with the message's key and the step's call fingerprint) for every send (each bounded by the step's deadline; a failure or a timeout is logged, not
 /// an error: the peer will count this rank missing; in a quorum step, bounded by the step's
 /// end), and returns the receive outcomes in the order of `step.recvs`.
 ///
@@ -379,7 +395,7 @@ pub async fn run_step<F, Fut>(
     send: F,
 ) -> Vec<RecvOutcome>
 where
-    F: Fn(&SendOp, MsgKey, Bytes) -> Fut,
+    F: Fn(&SendOp, MsgKey, u64, Bytes) -> Fut,
     Fut: Future<Output = Result<(), String>>,
 {
     let posted = mailbox.post_step(step);
@@ -389,7 +405,7 @@ where
         let sending = s
             .payload
             .as_host()
-            .map(|payload| send(s, step.key(s.tag), payload.clone()));
+            .map(|payload| send(s, step.key(s.tag), step.call, payload.clone()));
         async move {
             let Some(sending) = sending else {
                 tracing::debug!(transport, peer = s.peer, "send of non-host memory skipped");
@@ -446,7 +462,7 @@ mod tests {
         let mb = std::sync::Arc::new(Mailbox::new(2));
         let mb2 = mb.clone();
         let claimer = tokio::spawn(async move {
-            match mb2.claim(1, key(0, 0)).await {
+            match mb2.claim(1, key(0, 0), 0).await {
                 Claim::Posted(d) => {
                     assert_eq!(d.expected_len(), 3);
                     d.deliver(Payload::Host(Bytes::from_static(b"abcd")));
@@ -455,7 +471,7 @@ mod tests {
             }
         });
         tokio::task::yield_now().await;
-        let rx = mb.post(1, key(0, 0), 3);
+        let rx = mb.post(1, key(0, 0), 0, 3);
         claimer.await.unwrap();
         assert_eq!(
             rx.await.unwrap(),
@@ -469,8 +485,8 @@ mod tests {
         let mb2 = mb.clone();
         // A bogus key that is never posted: the claim must not wait forever once the steps
         // around it are retired.
-        let claimer = tokio::spawn(async move { mb2.claim(0, key(1, 7)).await });
-        let _rx = mb.post(0, key(1, 5), 8);
+        let claimer = tokio::spawn(async move { mb2.claim(0, key(1, 7), 0).await });
+        let _rx = mb.post(0, key(1, 5), 0, 8);
         tokio::task::yield_now().await;
         assert!(
             !claimer.is_finished(),
@@ -478,35 +494,49 @@ mod tests {
         );
         mb.retire(0, key(1, 9));
         assert!(matches!(claimer.await.unwrap(), Claim::Stale));
-        assert!(matches!(mb.claim(0, key(0, 3)).await, Claim::Stale));
+        assert!(matches!(mb.claim(0, key(0, 3), 0).await, Claim::Stale));
     }
 
     #[tokio::test]
     async fn keys_below_a_posted_key_are_stale_at_once() {
         let mb = Mailbox::new(2);
-        let _rx = mb.post(1, key(2, 1), 8);
-        assert!(matches!(mb.claim(1, key(2, 0)).await, Claim::Stale));
-        assert!(matches!(mb.claim(1, key(2, 1)).await, Claim::Posted(_)));
+        let _rx = mb.post(1, key(2, 1), 0, 8);
+        assert!(matches!(mb.claim(1, key(2, 0), 0).await, Claim::Stale));
+        assert!(matches!(mb.claim(1, key(2, 1), 0).await, Claim::Posted(_)));
         // Claimed already: a duplicate is stale too.
-        assert!(matches!(mb.claim(1, key(2, 1)).await, Claim::Stale));
+        assert!(matches!(mb.claim(1, key(2, 1), 0).await, Claim::Stale));
+    }
+
+    /// A message of another call (its fingerprint is not the posted receive's) completes the
+    /// receive as out of step and is dropped; the call's own message would have been taken.
+    #[tokio::test]
+    async fn a_message_of_another_call_is_out_of_step_never_delivered() {
+        let mb = Mailbox::new(2);
+        let rx = mb.post(1, key(4, 0), 77, 8);
+        assert!(matches!(mb.claim(1, key(4, 0), 78).await, Claim::Stale));
+        assert_eq!(rx.await.unwrap(), RecvOutcome::OutOfStep);
+        // The receive is gone: the genuine message, arriving after, is stale.
+        assert!(matches!(mb.claim(1, key(4, 0), 77).await, Claim::Stale));
+        let _rx = mb.post(1, key(4, 1), 77, 8);
+        assert!(matches!(mb.claim(1, key(4, 1), 77).await, Claim::Posted(_)));
     }
 
     #[tokio::test]
     async fn close_resolves_posted_and_future_receives() {
         let mb = Mailbox::new(2);
-        let rx = mb.post(1, key(0, 0), 1);
+        let rx = mb.post(1, key(0, 0), 0, 1);
         mb.close(1, Closed::Violation("bad magic".into()));
         mb.close(1, Closed::Gone);
         assert_eq!(
             rx.await.unwrap(),
             RecvOutcome::Malformed("bad magic".into())
         );
-        let rx = mb.post(1, key(0, 1), 1);
+        let rx = mb.post(1, key(0, 1), 0, 1);
         assert_eq!(
             rx.await.unwrap(),
             RecvOutcome::Malformed("bad magic".into())
         );
-        assert!(matches!(mb.claim(1, key(0, 2)).await, Claim::Closed));
+        assert!(matches!(mb.claim(1, key(0, 2), 0).await, Claim::Closed));
     }
 
     /// A step of receives from ranks 1 to 3 of 4 with a quorum of `receives`, its grace at
@@ -520,6 +550,7 @@ mod tests {
         let step = Step {
             collective: 0,
             step: 0,
+            call: 0,
             sends: Vec::new(),
             recvs: (1..4)
                 .map(|peer| RecvOp {
@@ -543,7 +574,7 @@ mod tests {
             let mb = mb.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
-                if let Claim::Posted(d) = mb.claim(i + 1, key(0, 0)).await {
+                if let Claim::Posted(d) = mb.claim(i + 1, key(0, 0), 0).await {
                     d.deliver(Payload::Host(Bytes::from_static(b"x")));
                 }
             });

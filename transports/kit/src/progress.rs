@@ -55,6 +55,8 @@ pub struct SendCommand {
     pub peer: Rank,
     /// The message's key.
     pub key: MsgKey,
+    /// The fingerprint of its collective call ([`byzcoll_runtime::Step::call`]).
+    pub call: u64,
     /// The message.
     pub payload: Bytes,
     /// Answered by the engine.
@@ -128,7 +130,7 @@ pub async fn run_step_on_engine<E: Engine>(
     let commands = commands
         .ok_or_else(|| TransportError::Setup(format!("the {transport} transport is shut down")))?;
     let wake = || progress.wake();
-    let run = run_step(mailbox, step, transport, wake, |s, key, payload| {
+    let run = run_step(mailbox, step, transport, wake, |s, key, call, payload| {
         const GONE: &str = "the progress thread is gone";
         let peer = s.peer;
         async move {
@@ -136,6 +138,7 @@ pub async fn run_step_on_engine<E: Engine>(
             let command = SendCommand {
                 peer,
                 key,
+                call,
                 payload,
                 done,
             };

@@ -1,5 +1,6 @@
-//! The frame header shared by byte-stream and message transports: 32 bytes, little-endian,
-//! `b"BZF2"` (protocol version 2), collective `u64`, step `u32`, sender `u32`, tag `u32`, payload length `u64`.
+//! The frame header shared by byte-stream and message transports: 40 bytes, little-endian,
+//! `b"BZF3"`, collective `u64`, step `u32`, sender `u32`, tag `u32`, payload length `u64`,
+//! call fingerprint `u64` ([`byzcoll_runtime::Step::call`]).
 //! Receivers check the sender against the connection and the length against the posted
 //! receive ([`crate::mailbox`]) before they allocate anything.
 //!
@@ -14,9 +15,9 @@ mod sealed;
 pub use sealed::*;
 
 /// Magic of a data frame.
-pub const FRAME_MAGIC: [u8; 4] = *b"BZF2";
+pub const FRAME_MAGIC: [u8; 4] = *b"BZF3";
 /// Length of a frame header.
-pub const HEADER_LEN: usize = 32;
+pub const HEADER_LEN: usize = 40;
 
 /// The header in front of every payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,17 +32,22 @@ pub struct FrameHeader {
     pub tag: u32,
     /// Payload length in bytes (checked against the posted receive before any allocation).
     pub len: u64,
+    /// The fingerprint of the sender's collective call (checked against the posted receive's:
+    /// a message of another call is out of step, never delivered).
+    pub call: u64,
 }
 
 impl FrameHeader {
-    /// The header of a message from `sender` under `key` with `len` payload bytes.
-    pub fn new(key: MsgKey, sender: Rank, len: usize) -> Self {
+    /// The header of a message from `sender` under `key` of the call with fingerprint `call`,
+    /// with `len` payload bytes.
+    pub fn new(key: MsgKey, call: u64, sender: Rank, len: usize) -> Self {
         FrameHeader {
             collective: key.collective,
             step: key.step,
             sender: sender as u32,
             tag: key.tag,
             len: len as u64,
+            call,
         }
     }
 
@@ -63,6 +69,7 @@ impl FrameHeader {
         b[16..20].copy_from_slice(&self.sender.to_le_bytes());
         b[20..24].copy_from_slice(&self.tag.to_le_bytes());
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.call.to_le_bytes());
         b
     }
 
@@ -87,6 +94,7 @@ impl FrameHeader {
             sender: u32_at(16),
             tag: u32_at(20),
             len: u64_at(24),
+            call: u64_at(32),
         })
     }
 }
@@ -103,6 +111,7 @@ mod tests {
             sender: 12,
             tag: 9,
             len: 1 << 40,
+            call: 0x0123_4567_89ab_cdef,
         };
         let mut b = h.encode();
         assert_eq!(FrameHeader::decode(&b), Ok(h));

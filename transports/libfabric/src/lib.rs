@@ -79,6 +79,7 @@ mod tests {
         Step {
             collective: 0,
             step,
+            call: 0,
             sends,
             recvs,
             deadline: tokio::time::Instant::now() + Duration::from_secs(10),
@@ -402,6 +403,7 @@ mod tests {
                     step,
                     tag: 0,
                 },
+                0,
                 0,
                 LEN,
             )

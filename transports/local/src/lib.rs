@@ -104,10 +104,10 @@ impl Transport for LocalTransport {
                 &step,
                 "local",
                 || {},
-                |s, key, payload| {
+                |s, key, call, payload| {
                     let target = &self.mailboxes[s.peer];
                     async move {
-                        if let Claim::Posted(delivery) = target.claim(self.rank, key).await {
+                        if let Claim::Posted(delivery) = target.claim(self.rank, key, call).await {
                             delivery.deliver(Payload::Host(payload));
                         }
                         Ok(())

@@ -131,6 +131,7 @@ mod tests {
         Step {
             collective: 0,
             step: 0,
+            call: 0,
             sends: sends
                 .iter()
                 .map(|&(peer, tag, len)| SendOp {

@@ -407,6 +407,7 @@ impl NcclTransport {
         let step = Step {
             collective,
             step: 0,
+            call: 0,
             sends: sends
                 .into_iter()
                 .map(|(tag, payload)| SendOp {

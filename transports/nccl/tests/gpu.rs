@@ -36,6 +36,7 @@ fn step(collective: u64, sends: Vec<SendOp>, recvs: Vec<RecvOp>, timeout: Durati
     Step {
         collective,
         step: 0,
+        call: 0,
         sends,
         recvs,
         deadline: Instant::now() + timeout,

@@ -9,7 +9,10 @@
 //! its frame itself, without blocking, when nothing is queued before it on that connection
 //! (header and payload in one vectored write); whatever the socket does not take at once goes
 //! to the writer task, which finishes it even if the step that sent it is dropped, so a frame
-//! is never cut short. The reader
+//! is never cut short. A peer may leave only a budget of frames queued, in bytes, sized from
+//! this rank's own sends ([`send`]: three steps' worth, at least 1 MiB); a peer that stops
+//! reading for longer fails: its frames are dropped, its connection is shut down, and its
+//! receives are `Missing`. The reader
 //! decodes 32-byte [`wire::FrameHeader`]s and checks each against the connection's peer and
 //! the posted receive ([`byzcoll_transport_kit::mailbox`]) *before* allocating: a frame of the wrong
 //! length is `Malformed`, a frame that claims another sender or is longer than
@@ -24,11 +27,11 @@
 //! Addresses are exchanged through the rendezvous store ([`TcpTransport::from_store`]) or
 //! given directly ([`TcpTransport::connect_mesh`]).
 
+pub mod send;
 pub mod wire;
 
-use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -43,16 +46,14 @@ use byzcoll_transport_kit::pool::BufferPool;
 use byzcoll_transport_kit::progress::spin_on;
 use futures::future::BoxFuture;
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{timeout_at, Instant};
 
+use crate::send::{Budget, SendError, Writer};
 use crate::wire::{FrameHeader, HEADER_LEN};
-
-/// Frames queued per peer for its writer task before senders wait.
-const SEND_QUEUE: usize = 64;
 
 /// Settings of the TCP transport.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,27 +93,6 @@ impl Default for TcpOptions {
 
 /// Length of a frame's MAC ([`TcpOptions::frame_mac`]).
 pub const MAC_LEN: usize = 32;
-
-/// What goes in front of a payload: its header, then (frame MACs on) its MAC.
-#[derive(Clone, Copy)]
-struct Head {
-    bytes: [u8; HEADER_LEN + MAC_LEN],
-    len: usize,
-}
-
-impl Head {
-    fn as_slice(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
-}
-
-/// A frame for the writer task: written from byte `offset` of head and payload on.
-struct Outgoing {
-    head: Head,
-    payload: Bytes,
-    offset: usize,
-    done: oneshot::Sender<io::Result<()>>,
-}
 
 /// Frame authentication on one direction of a connection: the key, and the number of the
 /// next frame (TCP keeps order, so both ends count alike). `Debug` shows no key.
@@ -155,81 +135,6 @@ impl FrameMac {
     }
 }
 
-/// The sending side of one connection.
-#[derive(Debug)]
-struct Writer {
-    half: OwnedWriteHalf,
-    state: Mutex<WriterState>,
-    queue: mpsc::Sender<Outgoing>,
-}
-
-#[derive(Debug)]
-struct WriterState {
-    /// Frames are queued for (or being written by) the writer task: a new frame must queue
-    /// behind them.
-    busy: bool,
-    /// Set when frames carry MACs.
-    mac: Option<FrameMac>,
-}
-
-impl Writer {
-    /// Writes what the socket takes of the frame now if nothing is queued before it, and
-    /// queues the rest for the writer task in the place `slot` holds: `None` when the whole
-    /// frame went, else the channel that reports the task's write.
-    fn start(
-        &self,
-        header: [u8; HEADER_LEN],
-        payload: Bytes,
-        slot: mpsc::Permit<'_, Outgoing>,
-    ) -> io::Result<Option<oneshot::Receiver<io::Result<()>>>> {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut head = Head {
-            bytes: [0; HEADER_LEN + MAC_LEN],
-            len: HEADER_LEN,
-        };
-        head.bytes[..HEADER_LEN].copy_from_slice(&header);
-        // Under the lock, so frame numbers follow the order frames enter the stream.
-        if let Some(mac) = state.mac.as_mut() {
-            let mut h = mac.begin(&header);
-            h.update(&payload);
-            head.bytes[HEADER_LEN..].copy_from_slice(h.finalize().as_bytes());
-            head.len = HEADER_LEN + MAC_LEN;
-        }
-        let mut offset = 0;
-        if !state.busy {
-            match try_write_from(&self.half, [head.as_slice(), &payload], 0) {
-                Ok(n) if n == head.len + payload.len() => return Ok(None),
-                Ok(n) => offset = n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-        state.busy = true;
-        let (done, finished) = oneshot::channel();
-        slot.send(Outgoing {
-            head,
-            payload,
-            offset,
-            done,
-        });
-        Ok(Some(finished))
-    }
-}
-
-/// One non-blocking write of `parts` (header, payload) from byte `offset` on.
-fn try_write_from(wr: &OwnedWriteHalf, parts: [&[u8]; 2], offset: usize) -> io::Result<usize> {
-    let [header, payload] = parts;
-    let n = if offset < header.len() {
-        wr.try_write_vectored(&[IoSlice::new(&header[offset..]), IoSlice::new(payload)])?
-    } else {
-        wr.try_write(&payload[offset - header.len()..])?
-    };
-    if n == 0 {
-        return Err(io::ErrorKind::WriteZero.into());
-    }
-    Ok(n)
-}
-
 /// The TCP transport; see the crate docs.
 #[derive(Debug)]
 pub struct TcpTransport {
@@ -237,17 +142,10 @@ pub struct TcpTransport {
     size: usize,
     mailbox: Arc<Mailbox>,
     writers: Vec<Option<Arc<Writer>>>,
+    budget: Budget,
     tasks: Vec<JoinHandle<()>>,
     options: TcpOptions,
     listening: Option<SocketAddr>,
-}
-
-impl std::fmt::Debug for Outgoing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Outgoing")
-            .field("head", &self.head.as_slice())
-            .finish()
-    }
 }
 
 impl TcpTransport {
@@ -259,6 +157,51 @@ impl TcpTransport {
     /// The address this rank listened on for its peers.
     pub fn listening(&self) -> Option<SocketAddr> {
         self.listening
+    }
+
+    /// Bytes of frames to `peer` that wait in this rank's memory for the socket to take them,
+    /// each charged with its header and bookkeeping ([`send`]); 0 for this rank, a rank out
+    /// of range, and a peer that failed (its frames are dropped).
+    pub fn queued_bytes(&self, peer: Rank) -> usize {
+        match self.writers.get(peer) {
+            Some(Some(w)) => w.queued_bytes(),
+            _ => 0,
+        }
+    }
+
+    /// The most bytes [`queued_bytes`](Self::queued_bytes) may reach for a peer now: beyond,
+    /// the peer fails ([`send`]). It grows with the largest step this rank has sent.
+    pub fn queue_budget(&self) -> usize {
+        self.budget.bytes()
+    }
+
+    /// Sends one frame to `peer` under `key` and the call fingerprint `call`, and waits until
+    /// the socket took all of it.
+    ///
+    /// # Errors
+    /// When the peer has failed or fails now, for its budget of queued bytes or a broken
+    /// connection ([`send`]).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves a queued frame to the writer task.
+    async fn send(
+        &self,
+        peer: Rank,
+        key: byzcoll_runtime::MsgKey,
+        call: u64,
+        payload: Bytes,
+    ) -> Result<(), SendError> {
+        let header = FrameHeader::new(key, call, self.rank, payload.len()).encode();
+        let Some(Some(writer)) = self.writers.get(peer) else {
+            return Err(SendError::NoConnection);
+        };
+        let Some(finished) = writer.start(header, payload, self.budget.bytes())? else {
+            return Ok(());
+        };
+        // Dropped unwritten: the peer failed meanwhile.
+        finished
+            .await
+            .unwrap_or_else(|_| Err(writer.failure().unwrap_or(SendError::NoConnection)))
     }
 
     /// Binds a listener on `ip` (port chosen by the OS), publishes its address and a fresh
@@ -378,17 +321,9 @@ impl TcpTransport {
             };
             stream.set_nodelay(true)?;
             let (rd, wr) = stream.into_split();
-            let (tx, rx) = mpsc::channel(SEND_QUEUE);
-            let writer = Arc::new(Writer {
-                half: wr,
-                state: Mutex::new(WriterState {
-                    busy: false,
-                    mac: send_mac,
-                }),
-                queue: tx,
-            });
-            writers.push(Some(writer.clone()));
-            tasks.push(tokio::spawn(write_loop(writer, rx)));
+            let writer = Arc::new(Writer::new(peer, wr, send_mac, mailbox.clone()));
+            tasks.push(writer.spawn());
+            writers.push(Some(writer));
             tasks.push(tokio::spawn(read_loop(
                 peer,
                 rd,
@@ -404,6 +339,7 @@ impl TcpTransport {
             size,
             mailbox,
             writers,
+            budget: Budget::default(),
             tasks,
             options,
             listening,
@@ -558,43 +494,6 @@ async fn accept_peers(
     Ok(accepted)
 }
 
-/// Writes the frames that senders could not write at once, in order; after each, marks the
-/// connection idle if nothing else is queued.
-async fn write_loop(writer: Arc<Writer>, mut rx: mpsc::Receiver<Outgoing>) {
-    while let Some(out) = rx.recv().await {
-        let result = write_rest(
-            &writer.half,
-            [out.head.as_slice(), &out.payload],
-            out.offset,
-        )
-        .await;
-        let failed = result.is_err();
-        let _ = out.done.send(result);
-        if failed {
-            break;
-        }
-        // Senders queue only while holding the lock (their place is reserved before), so an
-        // empty queue here stays empty until a sender has seen the connection idle.
-        let mut state = writer.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if rx.is_empty() {
-            state.busy = false;
-        }
-    }
-}
-
-async fn write_rest(wr: &OwnedWriteHalf, parts: [&[u8]; 2], mut offset: usize) -> io::Result<()> {
-    let total = parts[0].len() + parts[1].len();
-    while offset < total {
-        wr.writable().await?;
-        match try_write_from(wr, parts, offset) {
-            Ok(n) => offset += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// Reads frames from `peer` until the connection ends or breaks the protocol, then closes the
 /// peer's mailbox slot with the reason.
 async fn read_loop(
@@ -653,7 +552,7 @@ async fn read_frame(
             header.len
         )));
     }
-    let delivery = match mailbox.claim(peer, header.key()).await {
+    let delivery = match mailbox.claim(peer, header.key(), header.call).await {
         Claim::Closed => return Ok(false),
         Claim::Stale => {
             tracing::debug!(peer, key = ?header.key(), "dropping a frame for a retired step");
@@ -766,26 +665,15 @@ impl Transport for TcpTransport {
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
         Box::pin(async move {
             step.validate(self.rank, self.size, &self.capabilities())?;
+            self.budget.note(&step);
             let step_done = run_step(
                 &self.mailbox,
                 &step,
                 "tcp",
                 || {},
-                |s, key, payload| {
-                    let header = FrameHeader::new(key, self.rank, payload.len()).encode();
-                    let writer = self.writers[s.peer].as_ref();
-                    async move {
-                        const GONE: &str = "the connection's writer is gone";
-                        let writer = writer.ok_or("no connection")?;
-                        // A place in the queue first (at once unless 64 frames wait), so that
-                        // the frame can be queued without waiting once its writing started.
-                        let slot = writer.queue.reserve().await.map_err(|_| GONE)?;
-                        let started = writer.start(header, payload, slot);
-                        let Some(finished) = started.map_err(|e| e.to_string())? else {
-                            return Ok(());
-                        };
-                        finished.await.map_err(|_| GONE)?.map_err(|e| e.to_string())
-                    }
+                |s, key, call, payload| {
+                    let sending = self.send(s.peer, key, call, payload);
+                    async move { sending.await.map_err(|e| e.to_string()) }
                 },
             );
             Ok(spin_on(self.options.spin, step_done).await)

@@ -98,6 +98,7 @@ mod tests {
                 t.exchange(Step {
                     collective: 0,
                     step: 0,
+                    call: 0,
                     sends,
                     recvs,
                     deadline: tokio::time::Instant::now() + Duration::from_secs(10),
@@ -206,6 +207,7 @@ mod tests {
             let mk = |sends, recvs| Step {
                 collective: 0,
                 step,
+                call: 0,
                 sends,
                 recvs,
                 deadline: tokio::time::Instant::now() + Duration::from_secs(3),
@@ -236,6 +238,7 @@ mod tests {
                     step: 0,
                     tag: 0,
                 },
+                0,
                 0,
                 LEN,
             )

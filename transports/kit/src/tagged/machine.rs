@@ -238,6 +238,7 @@ impl<N: TaggedNet> Core<N> {
         let SendCommand {
             peer,
             key,
+            call,
             payload,
             done,
         } = command;
@@ -246,7 +247,7 @@ impl<N: TaggedNet> Core<N> {
             return;
         }
         let seq = self.next_seq[peer];
-        let header = FrameHeader::new(key, self.config.me, payload.len());
+        let header = FrameHeader::new(key, call, self.config.me, payload.len());
         // Sealed before `seq` is taken: a frame that cannot be sealed leaves no gap.
         let header = match self.keys.seal(peer, seq, &header, &payload) {
             Ok(sealed) => Box::new(sealed),
@@ -531,7 +532,7 @@ impl<N: TaggedNet> Core<N> {
         let mut busy = false;
         while let Some(&(seq, opened)) = self.rx[peer].early.front() {
             let header = opened.header;
-            let claim = match self.mailbox.try_claim(peer, header.key()) {
+            let claim = match self.mailbox.try_claim(peer, header.key(), header.call) {
                 None => break,
                 Some(Claim::Closed) => {
                     self.rx[peer].early.clear();

@@ -171,7 +171,7 @@ impl Rig {
     /// Rank 0's sealed header of message `seq` for step `step`, announcing `len` bytes.
     fn header(&self, seq: u64, step: u32, len: usize, payload: &[u8]) -> [u8; SEALED_LEN] {
         self.keys[FROM]
-            .seal(ME, seq, &FrameHeader::new(key(step), FROM, len), payload)
+            .seal(ME, seq, &FrameHeader::new(key(step), 0, FROM, len), payload)
             .unwrap()
     }
 
@@ -187,7 +187,7 @@ impl Rig {
     }
 
     fn post(&self, step: u32, len: usize) -> oneshot::Receiver<RecvOutcome> {
-        self.mailbox.post(FROM, key(step), len)
+        self.mailbox.post(FROM, key(step), 0, len)
     }
 }
 
@@ -246,7 +246,7 @@ fn a_forged_header_is_dropped_and_its_receive_posted_again() {
     // ahead of its genuine one.
     let strangers = FrameKeys::local_world(2).unwrap();
     let forged = strangers[FROM]
-        .seal(ME, 0, &FrameHeader::new(key(0), FROM, 4), b"evil")
+        .seal(ME, 0, &FrameHeader::new(key(0), 0, FROM, 4), b"evil")
         .unwrap();
     r.net.arrive(Kind::Header, 0, &forged);
     r.net.arrive(Kind::Header, 0, &[7; 10]);
@@ -353,6 +353,7 @@ fn sends_are_done_within_the_credit_and_wait_beyond_it() {
             .try_send(SendCommand {
                 peer: FROM,
                 key: key(step),
+                call: 0,
                 payload: half.clone(),
                 done,
             })
@@ -407,6 +408,7 @@ fn a_failed_peer_closes_once_what_it_sent_is_delivered() {
         .try_send(SendCommand {
             peer: FROM,
             key: key(2),
+            call: 0,
             payload: Bytes::from_static(b"x"),
             done,
         })

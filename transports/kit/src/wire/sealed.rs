@@ -291,6 +291,7 @@ mod tests {
             sender,
             tag: 5,
             len,
+            call: 6,
         }
     }
 

@@ -1,0 +1,67 @@
+//! The fingerprint of each collective call: a digest of what the caller asked for and of its
+//! step id (`Communicator::set_step`), carried by every message of the call ([`Step::call`]).
+//! A message whose fingerprint is not the receive's is [`RecvOutcome::OutOfStep`]: a rank that
+//! skipped a call, made an extra one, or passed other arguments is named, never mixed into
+//! another call. One function per collective, used by the communicator and by whatever else
+//! speaks the protocol (a test's Byzantine rank sending raw steps).
+//!
+//! [`Step::call`]: crate::Step::call
+//! [`RecvOutcome::OutOfStep`]: crate::RecvOutcome::OutOfStep
+
+use byzcoll_aggregators::Aggregator;
+
+use crate::round::Shape;
+use crate::transport::call_fingerprint;
+
+fn len(bytes: usize) -> [u8; 8] {
+    (bytes as u64).to_le_bytes()
+}
+
+/// `Communicator::barrier`.
+pub fn barrier(step: Option<u64>) -> u64 {
+    call_fingerprint("barrier", &[], step)
+}
+
+/// `Communicator::broadcast_into` from `root` of `bytes`.
+pub fn broadcast(root: usize, bytes: usize, step: Option<u64>) -> u64 {
+    call_fingerprint("broadcast", &[&len(root), &len(bytes)], step)
+}
+
+/// `Communicator::all_gather_into` of `send` bytes per rank into `recv` bytes.
+pub fn all_gather(send: usize, recv: usize, step: Option<u64>) -> u64 {
+    call_fingerprint("all_gather", &[&len(send), &len(recv)], step)
+}
+
+/// `Communicator::all_to_all_into` of `send` bytes into `recv` bytes.
+pub fn all_to_all(send: usize, recv: usize, step: Option<u64>) -> u64 {
+    call_fingerprint("all_to_all", &[&len(send), &len(recv)], step)
+}
+
+/// `Communicator::all_reduce` of `elements` of `T` with `op` (its `Debug` name).
+pub fn all_reduce<T>(op: &str, elements: usize, step: Option<u64>) -> u64 {
+    call_fingerprint(
+        "all_reduce",
+        &[
+            std::any::type_name::<T>().as_bytes(),
+            op.as_bytes(),
+            &len(elements),
+        ],
+        step,
+    )
+}
+
+/// One robust round (a whole robust all-reduce or reduce-scatter, or one sub-round of a
+/// longer one) of `d` elements of `T` under `rule`, moved as `shape` says.
+pub fn robust<T>(rule: &dyn Aggregator, shape: Shape, d: usize, step: Option<u64>) -> u64 {
+    call_fingerprint(
+        "robust",
+        &[
+            std::any::type_name::<T>().as_bytes(),
+            rule.name().as_bytes(),
+            rule.parameters().as_bytes(),
+            format!("{shape:?}").as_bytes(),
+            &len(d),
+        ],
+        step,
+    )
+}
