@@ -60,6 +60,9 @@
 // Element-wise maximum.
 #define BYZCOLL_MAX 2
 
+// `byzcoll_comm_set_step`'s value for "no step id".
+#define BYZCOLL_NO_STEP UINT64_MAX
+
 // A peer that sent nothing before the deadline, or whose connection is gone.
 #define BYZCOLL_FAULT_MISSING 0
 
@@ -69,6 +72,11 @@
 // A peer that sent nothing by the end of a quorum step's grace, before the deadline: a
 // straggler, erased for that round so that it does not set the others' pace.
 #define BYZCOLL_FAULT_LATE 2
+
+// A peer whose message was for another call: its collective call's fingerprint (operation,
+// lengths, type, rule and parameters, policy, step id: `byzcoll_comm_set_step`) differs from
+// this rank's, so the ranks are out of step.
+#define BYZCOLL_FAULT_OUT_OF_STEP 3
 
 // `identity` of a report: no peers to authenticate (a world of one).
 #define BYZCOLL_IDENTITY_LOCAL 0
@@ -171,8 +179,8 @@ typedef struct byzcoll_report_t {
   size_t capacity;
   // Ranks treated as erasures this round.
   uint32_t *fault_ranks;
-  // For each of `fault_ranks`: `BYZCOLL_FAULT_MISSING`, `BYZCOLL_FAULT_MALFORMED` or
-  // `BYZCOLL_FAULT_LATE`.
+  // For each of `fault_ranks`: `BYZCOLL_FAULT_MISSING`, `BYZCOLL_FAULT_MALFORMED`,
+  // `BYZCOLL_FAULT_LATE` or `BYZCOLL_FAULT_OUT_OF_STEP`.
   int32_t *fault_kinds;
   // Ranks whose vector held NaN or infinities (it still entered the rule).
   uint32_t *non_finite_ranks;
@@ -401,6 +409,23 @@ enum byzcoll_status_t byzcoll_all_gather(struct byzcoll_comm_t *comm,
 // # Safety
 // `comm` is NULL or a live communicator.
 enum byzcoll_status_t byzcoll_barrier(struct byzcoll_comm_t *comm);
+
+// Sets the step id every later collective call on `comm` carries in its fingerprint, until
+// it is set again (`BYZCOLL_NO_STEP`: none), e.g. the training step.
+//
+// Every collective call carries a fingerprint of what the caller asked for (operation,
+// lengths, type, rule and parameters, policy) and of this step id. A rank whose call does not
+// match is a `BYZCOLL_FAULT_OUT_OF_STEP` fault at the ranks that receive from it, never a
+// message of another call taken as this one's (robust calls leave it out and name it; other
+// collectives fail). Without a step id, a rank that skips a call and makes the next one with
+// identical arguments is matched by count: its inputs go to the others' previous call. With a
+// step id that differs per call (or per training step), that is an out-of-step fault too.
+//
+// Thread safety: as `byzcoll_robust_allreduce`.
+//
+// # Safety
+// `comm` is NULL or a live communicator.
+enum byzcoll_status_t byzcoll_comm_set_step(struct byzcoll_comm_t *comm, uint64_t step);
 
 #ifdef __cplusplus
 }  // extern "C"
