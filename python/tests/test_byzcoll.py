@@ -104,6 +104,15 @@ def test_a_straggler_does_not_set_the_pace():
     assert outs[3]["median"] == 2.0 and outs[3]["erased_self"], outs[3]
 
 
+def test_a_rank_out_of_step_is_named_never_mixed_in():
+    outs = run_job(4, "out_of_step")
+    for o in outs[:3]:
+        assert o["median"] == 2.0, o  # median of {1, 2, 3}: rank 3's call is another one
+        assert [(f[0], f[1]) for f in o["faults"]] == [(3, "out-of-step")], o
+    assert outs[3]["error"] == "TooManyFaults", outs[3]
+    assert {f[1] for f in outs[3]["faults"]} == {"out-of-step"}, outs[3]
+
+
 def test_enforce_gives_every_rank_the_same_median_in_both_modes_and_refuses_reduce_scatter():
     outs = run_job(4, "enforce", BYZCOLL_AGREEMENT="enforce")
     for o in outs:

@@ -49,6 +49,21 @@ def main():
         comm.close()
         print(json.dumps(out), flush=True)
         return
+    if scenario == "out_of_step":
+        # The last rank gives its call another step id: the others name it "out-of-step" and
+        # return the median of their own inputs; it fails, naming them.
+        comm.set_step(2 if r == n - 1 else 1)
+        x = np.full(1000, r + 1, dtype=dtype)
+        try:
+            report = comm.robust_all_reduce(x, "median", 1)
+            out["median"] = float(x[0])
+            out["faults"] = report.faults
+        except byzcoll.Error as e:
+            out["error"] = type(e).__name__
+            out["faults"] = e.faults
+        comm.close()
+        print(json.dumps(out), flush=True)
+        return
     if scenario == "enforce":
         # Run under BYZCOLL_AGREEMENT=enforce: gather and sharded mode with the echo (the last
         # rank sends 1e9); reduce-scatter is refused up front.

@@ -154,6 +154,10 @@ int main(void) {
     EXPECT(byzcoll_all_gather(comm, v, out, 8, BYZCOLL_FLOAT64), BYZCOLL_OK, NULL);
     EXPECT(byzcoll_barrier(NULL), BYZCOLL_INVALID_ARGUMENT, "comm is NULL");
     EXPECT(byzcoll_barrier(comm), BYZCOLL_OK, NULL);
+    EXPECT(byzcoll_comm_set_step(NULL, 1), BYZCOLL_INVALID_ARGUMENT, "comm is NULL");
+    EXPECT(byzcoll_comm_set_step(comm, 41), BYZCOLL_OK, NULL);
+    EXPECT(byzcoll_barrier(comm), BYZCOLL_OK, NULL);
+    EXPECT(byzcoll_comm_set_step(comm, BYZCOLL_NO_STEP), BYZCOLL_OK, NULL);
     if (!strstr(byzcoll_comm_last_error(comm), "op is 17") && !strstr(byzcoll_comm_last_error(comm), "overlap")) {
         fprintf(stderr, "FAILED: comm last error \"%s\"\n", byzcoll_comm_last_error(comm));
         return 1;
