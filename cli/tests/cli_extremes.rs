@@ -34,8 +34,12 @@ const EXTREMES: &[&str] = &[
 struct TempDir(PathBuf);
 
 impl TempDir {
+    /// A directory of its own (tests run in parallel, and each removes its own).
     fn new() -> TempDir {
-        let dir = std::env::temp_dir().join(format!("byzcoll-cli-extremes-{}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("byzcoll-cli-extremes-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the temp dir");
         TempDir(dir)
     }
