@@ -254,6 +254,13 @@ pub enum Error {
     /// says how to get it.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The other ranks shrank the communicator without this rank (`Communicator::shrink`):
+    /// they agreed it was not alive. It takes no further part in their communicator.
+    #[error("the ranks shrank the communicator without this rank: they agreed to keep {kept:?}")]
+    Excluded {
+        /// The ranks kept (in the old communicator's numbering).
+        kept: Vec<Rank>,
+    },
     /// A collective started through a `CommHandle` did not run: the
     /// communicator's task ended first.
     #[error("background task: {0}")]

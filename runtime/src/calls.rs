@@ -27,6 +27,11 @@ pub fn broadcast(root: usize, bytes: usize, step: Option<u64>) -> u64 {
     call_fingerprint("broadcast", &[&len(root), &len(bytes)], step)
 }
 
+/// `Communicator::shrink`'s liveness exchange.
+pub fn shrink(step: Option<u64>) -> u64 {
+    call_fingerprint("shrink", &[], step)
+}
+
 /// `Communicator::all_gather_into` of `send` bytes per rank into `recv` bytes.
 pub fn all_gather(send: usize, recv: usize, step: Option<u64>) -> u64 {
     call_fingerprint("all_gather", &[&len(send), &len(recv)], step)

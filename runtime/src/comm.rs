@@ -321,6 +321,91 @@ impl Communicator {
         }))
     }
 
+    /// Shrinks the communicator to the ranks that are alive, like `MPI_Comm_shrink`: every
+    /// live rank calls it, and gets a communicator of the ranks the live ones agreed to keep,
+    /// renumbered in their old order, over the same transport (the rules' preconditions are
+    /// checked against its size at the next call).
+    ///
+    /// Two steps: every rank sends every other an empty message and notes who it heard from
+    /// within the step deadline (a peer whose connection is gone is not waited for); then the
+    /// ranks agree on those observations with a robust all-reduce under
+    /// [`Agreement::Enforce`](crate::Agreement::Enforce), the coordinate-wise median of their
+    /// "heard from" vectors, tolerating `f = (n - 1) / 3` Byzantine ranks: rank `r` is kept
+    /// when at least half of the inputs that entered say they heard from it. So honest ranks
+    /// agree on the same set, and no `f` ranks can have an honest rank that the others heard
+    /// from dropped, or a dead one kept. The new communicator's stream is agreed in the same
+    /// vector.
+    ///
+    /// # Errors
+    /// [`Error::Excluded`](crate::Error::Excluded) on a rank the others did not keep;
+    /// the robust all-reduce's errors (too few ranks alive to agree: more than `f` gone);
+    /// [`Error::Unsupported`] when the transport's streams are used up.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: the other ranks count this rank missing.
+    pub async fn shrink(&mut self) -> Result<Communicator> {
+        let (me, n) = (self.rank(), self.size());
+        let mut heard = vec![0.0f64; n + 1];
+        heard[me] = 1.0;
+        {
+            let mut seq = self.begin("shrink", crate::calls::shrink(self.step_id));
+            let empty = Payload::Host(Bytes::new());
+            let peers: Vec<Rank> = schedule::direct_peers(me, n).collect();
+            let sends = peers.iter().map(|&p| send(p, empty.clone())).collect();
+            let recvs = peers.iter().map(|&p| recv(p, 0)).collect();
+            let outcomes = seq.run(sends, recvs).await?;
+            for (&p, o) in peers.iter().zip(&outcomes) {
+                if matches!(o, RecvOutcome::Received(_)) {
+                    heard[p] = 1.0;
+                }
+            }
+        }
+        heard[n] = self.shared.streams.load(Ordering::Relaxed) as f64;
+        let f = n.saturating_sub(1) / 3;
+        let saved = self.config.agreement;
+        self.config.agreement = crate::Agreement::Enforce;
+        let agreed = self
+            .robust_all_reduce(
+                &mut heard,
+                &byzcoll_aggregators::Median::new(f),
+                crate::Policy::Gather,
+            )
+            .await;
+        self.config.agreement = saved;
+        agreed?;
+        let kept: Vec<Rank> = (0..n).filter(|&r| heard[r] >= 0.5).collect();
+        if !kept.contains(&me) {
+            return Err(Error::Excluded { kept });
+        }
+        let stream = (heard[n].max(0.0).round() as u64).saturating_add(1);
+        if stream >= 1 << crate::STREAM_BITS {
+            return Err(Error::Unsupported(format!(
+                "shrink: the transport's {} communicator streams are used up",
+                1u64 << crate::STREAM_BITS
+            )));
+        }
+        self.shared.streams.fetch_max(stream, Ordering::Relaxed);
+        let rank = kept.iter().position(|&r| r == me).unwrap_or_default();
+        let n_members = kept.len();
+        tracing::info!(rank = me, ?kept, "communicator shrunk");
+        Ok(Communicator {
+            transport: Arc::new(SubTransport {
+                parent: self.transport.clone(),
+                members: kept,
+                rank,
+            }),
+            config: self.config.clone(),
+            stream,
+            next_collective: 0,
+            shared: self.shared.clone(),
+            owner_tamper: None,
+            identity: self.identity,
+            step_id: None,
+            health: crate::health::Health::new(n_members),
+            stats: RoundStats::default(),
+        })
+    }
+
     /// What the steps run since the last call moved and took (every collective adds to it;
     /// the robust collectives return theirs in [`RoundReport::stats`](crate::RoundReport)).
     pub fn take_stats(&mut self) -> RoundStats {

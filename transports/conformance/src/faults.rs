@@ -263,3 +263,49 @@ where
         );
     }
 }
+
+/// Shrink (issue #36): rank 2 of 4 dies (its transport is dropped); the other three shrink the
+/// communicator, agree to keep ranks 0, 1 and 3, renumbered 0, 1, 2, and run a robust
+/// all-reduce on it with every input present, none of it waiting a deadline for the dead rank.
+pub async fn a_shrink_drops_the_dead_and_renumbers<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, d) = (4, 32);
+    let timeout = Duration::from_secs(5);
+    let mut all = comms(factory(n).await, timeout);
+    drop(all.remove(2));
+    let results = run_ranks(all, move |mut c| async move {
+        let me = c.rank();
+        let start = tokio::time::Instant::now();
+        let shrunk = c.shrink().await;
+        let mut sub = match shrunk {
+            Ok(sub) => sub,
+            Err(e) => return (me, Err(e), start.elapsed()),
+        };
+        let mut v = vector(me, d);
+        let r = sub
+            .robust_all_reduce(&mut v, &Median::new(0), Policy::Gather)
+            .await
+            .map(|report| (sub.rank(), sub.size(), report, v));
+        (me, r, start.elapsed())
+    })
+    .await;
+    let inputs: Vec<Vec<f32>> = [0, 1, 3].iter().map(|&r| vector(r, d)).collect();
+    let want = reference(&Median::new(0), &inputs);
+    for (me, r, took) in results {
+        let (rank, size, report, v) = r.unwrap_or_else(|e| panic!("rank {me}: {e}"));
+        assert_eq!((rank, size), ([0, 1, 0, 2][me], 3), "rank {me}");
+        assert_eq!(report.inputs, 3, "rank {me}: {report:?}");
+        assert!(report.faults.is_empty(), "rank {me}: {report:?}");
+        assert_eq!(v, want, "rank {me}");
+        // TCP, UCX and the in-process transport see the death at once and wait for nothing;
+        // libfabric's connectionless endpoints cannot, and wait one deadline in the liveness
+        // exchange and one in the agreement round, never more.
+        assert!(
+            took < timeout * 5 / 2,
+            "rank {me} waited {took:?} for the dead rank"
+        );
+    }
+}

@@ -29,6 +29,7 @@ macro_rules! conformance_suite {
             wrong_length_is_malformed_and_named,
             missing_peer_is_reported_within_the_deadline,
             a_rank_out_of_step_is_named_never_mixed_in,
+            a_shrink_drops_the_dead_and_renumbers,
             steps_are_matched_by_key_not_arrival_order,
             messages_outlive_their_sender,
             sent_messages_move_while_the_sender_is_away,
@@ -91,7 +92,8 @@ pub use collectives::{
     pipelined_ring_all_reduce_is_exact, split_communicators_interleave_with_their_parent,
 };
 pub use faults::{
-    a_rank_out_of_step_is_named_never_mixed_in, missing_peer_is_reported_within_the_deadline,
+    a_rank_out_of_step_is_named_never_mixed_in, a_shrink_drops_the_dead_and_renumbers,
+    missing_peer_is_reported_within_the_deadline,
     robust_all_reduce_survives_byzantine_and_crashed_ranks, wrong_length_is_malformed_and_named,
 };
 pub use harness::{run_ranks, vector};
