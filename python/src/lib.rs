@@ -46,6 +46,12 @@ create_exception!(
 );
 create_exception!(
     _byzcoll,
+    ExcludedError,
+    Error,
+    "The other ranks shrank the communicator without this rank; `kept` lists the ranks kept."
+);
+create_exception!(
+    _byzcoll,
     TransportError,
     Error,
     "The transport failed, or a peer failed a non-robust collective."
@@ -99,9 +105,13 @@ fn to_py(py: Python<'_>, e: byzcoll::Error) -> PyErr {
         E::Aggregation(_) => (TooManyFaults::new_err(message), None),
         E::Transport(_) => (TransportError::new_err(message), None),
         E::Bootstrap(_) => (BootstrapError::new_err(message), None),
+        E::Excluded { .. } => (ExcludedError::new_err(message), None),
         _ => (Error::new_err(message), None),
     };
     let value = err.value(py);
+    if let E::Excluded { kept } = &e {
+        let _ = value.setattr("kept", kept.clone());
+    }
     let _ = value.setattr("faults", faults_list(&faults.unwrap_or_default()));
     if let E::Disagreement {
         agreeing,
@@ -320,14 +330,16 @@ fn array(x: &Bound<'_, PyAny>, writable: bool) -> PyResult<Array> {
 /// One rank's membership in a job. Create with `byzcoll.init()` or `byzcoll.init_mpi4py()`.
 #[pyclass(module = "byzcoll", name = "Communicator")]
 struct PyCommunicator {
-    runtime: tokio::runtime::Runtime,
+    /// Shared with the communicators made from this one (`shrink`), whose transport's tasks
+    /// run on it.
+    runtime: std::sync::Arc<tokio::runtime::Runtime>,
     comm: Mutex<Option<Communicator>>,
     rank: usize,
     size: usize,
 }
 
 impl PyCommunicator {
-    fn new(runtime: tokio::runtime::Runtime, comm: Communicator) -> Self {
+    fn new(runtime: std::sync::Arc<tokio::runtime::Runtime>, comm: Communicator) -> Self {
         PyCommunicator {
             rank: comm.rank(),
             size: comm.size(),
@@ -606,6 +618,19 @@ impl PyCommunicator {
             .collect()
     }
 
+    /// Shrinks the communicator to the ranks that are alive (every live rank calls it), like
+    /// MPI_Comm_shrink: the live ranks agree, tolerating f = (n - 1) / 3 Byzantine ranks, on
+    /// the ranks to keep, and each gets a new communicator of them, renumbered in their old
+    /// order. A rank the others did not keep gets ExcludedError (its `kept` attribute lists
+    /// them). This communicator stays usable.
+    fn shrink(&self, py: Python<'_>) -> PyResult<PyCommunicator> {
+        let sub = self.run(py, |mut c| async move {
+            let r = c.shrink().await;
+            (c, r)
+        })?;
+        Ok(PyCommunicator::new(self.runtime.clone(), sub))
+    }
+
     /// Blocks until every rank has entered the barrier.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |mut c| async move {
@@ -640,7 +665,7 @@ fn init(py: Python<'_>) -> PyResult<PyCommunicator> {
     let comm = py
         .detach(|| rt.block_on(byzcoll::init()))
         .map_err(|e| to_py(py, e))?;
-    Ok(PyCommunicator::new(rt, comm))
+    Ok(PyCommunicator::new(std::sync::Arc::new(rt), comm))
 }
 
 /// Joins a `size`-rank job as `rank` through `allgather(record: bytes) -> list[bytes]`, which
@@ -682,7 +707,7 @@ fn init_with_allgather(
     };
     let comm = byzcoll::init_with_allgather(&config, &mut gather, rt.handle())
         .map_err(|e| to_py(py, e))?;
-    Ok(PyCommunicator::new(rt, comm))
+    Ok(PyCommunicator::new(std::sync::Arc::new(rt), comm))
 }
 
 /// The rules byzcoll knows: `(name, what it needs)`.
@@ -705,6 +730,7 @@ fn _byzcoll(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TooManyFaults", py.get_type::<TooManyFaults>())?;
     m.add("DisagreementError", py.get_type::<DisagreementError>())?;
     m.add("TransportError", py.get_type::<TransportError>())?;
+    m.add("ExcludedError", py.get_type::<ExcludedError>())?;
     m.add("BootstrapError", py.get_type::<BootstrapError>())?;
     m.add("UnsupportedError", py.get_type::<UnsupportedError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -104,6 +104,15 @@ def test_a_straggler_does_not_set_the_pace():
     assert outs[3]["median"] == 2.0 and outs[3]["erased_self"], outs[3]
 
 
+def test_shrink_drops_a_rank_that_left_and_renumbers_the_rest():
+    outs = run_job(4, "shrink")
+    for o in outs:
+        if o["rank"] == 2:
+            continue
+        assert o["new"] == [{0: 0, 1: 1, 3: 2}[o["rank"]], 3], o
+        assert o["median"] == 2.0 and o["faults"] == [], o  # median of {1, 2, 4}
+
+
 def test_a_rank_out_of_step_is_named_never_mixed_in():
     outs = run_job(4, "out_of_step")
     for o in outs[:3]:

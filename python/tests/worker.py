@@ -49,6 +49,22 @@ def main():
         comm.close()
         print(json.dumps(out), flush=True)
         return
+    if scenario == "shrink":
+        # Rank 2 leaves right after joining; the others shrink the communicator and go on.
+        if r == 2:
+            comm.close()
+            print(json.dumps(out), flush=True)
+            return
+        sub = comm.shrink()
+        out["new"] = [sub.rank, sub.size]
+        x = np.full(8, r + 1, dtype=dtype)
+        report = sub.robust_all_reduce(x, "median", 0)
+        out["median"] = float(x[0])
+        out["faults"] = report.faults
+        sub.close()
+        comm.close()
+        print(json.dumps(out), flush=True)
+        return
     if scenario == "out_of_step":
         # The last rank gives its call another step id: the others name it "out-of-step" and
         # return the median of their own inputs; it fails, naming them.

@@ -19,6 +19,7 @@ from ._byzcoll import (
     BootstrapError,
     DisagreementError,
     Error,
+    ExcludedError,
     InvalidUsage,
     PreconditionError,
     Report,
@@ -34,6 +35,7 @@ __all__ = [
     "Communicator",
     "DisagreementError",
     "Error",
+    "ExcludedError",
     "InvalidUsage",
     "PreconditionError",
     "Report",
@@ -133,6 +135,14 @@ class Communicator:
         counts ``late``, ``missing``, ``malformed``, ``disagreeing``. This rank's own
         observations only: evidence, not an accusation."""
         return self._inner.health()
+
+    def shrink(self):
+        """Shrinks the communicator to the ranks that are alive (every live rank calls it), like
+        ``MPI_Comm_shrink``: the live ranks agree, tolerating ``f = (n - 1) // 3`` Byzantine
+        ranks, on which ranks to keep, and each gets a new :class:`Communicator` of them,
+        renumbered in their old order. A rank the others did not keep gets
+        :class:`ExcludedError` (``kept`` lists the ranks kept)."""
+        return Communicator(self._inner.shrink())
 
     def barrier(self):
         """Blocks until every rank has entered the barrier."""
