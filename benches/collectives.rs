@@ -73,7 +73,8 @@ fn default_transports() -> Vec<&'static str> {
 
 /// Parses `--transports a,b,c`: each name must be a transport this build has; one it lacks is
 /// an error that says which feature to build with. A name may carry variants: `+mac` (TCP
-/// frame MACs, `BYZCOLL_FRAME_MAC=1`), `+off` and `+enforce` (`BYZCOLL_AGREEMENT`), e.g.
+/// frame MACs, `BYZCOLL_FRAME_MAC=1`), `+off` and `+enforce` (`BYZCOLL_AGREEMENT`), `+ring`
+/// (`all_reduce` by the ring at every size, `BYZCOLL_DOUBLING_MAX_BYTES=0`), e.g.
 /// `tcp,tcp+mac,tcp+off` compares them in one run. Under `+enforce` the robust rows are gather
 /// mode only, with `f = (n − 1)/3` (Enforce needs `n > 3f`).
 fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
@@ -94,11 +95,11 @@ fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
         for variant in parts {
             match variant {
                 "mac" if name == "tcp" => {}
-                "off" | "enforce" => {}
+                "off" | "enforce" | "ring" => {}
                 _ => {
                     return Err(format!(
                         "--transports {spec}: unknown variant {variant:?} (tcp+mac, NAME+off, \
-                         NAME+enforce)"
+                         NAME+enforce, NAME+ring)"
                     ))
                 }
             }
@@ -138,6 +139,7 @@ fn transport_env(spec: &str) -> Vec<(String, String)> {
             "mac" => env.push(("BYZCOLL_FRAME_MAC".into(), "1".into())),
             "off" => env.push(("BYZCOLL_AGREEMENT".into(), "off".into())),
             "enforce" => env.push(("BYZCOLL_AGREEMENT".into(), "enforce".into())),
+            "ring" => env.push(("BYZCOLL_DOUBLING_MAX_BYTES".into(), "0".into())),
             _ => {}
         }
     }

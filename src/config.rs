@@ -57,6 +57,7 @@ pub enum Bootstrap {
 /// | `BYZCOLL_AGREEMENT` | `off`, `detect`, `enforce` (job-wide) | `detect` |
 /// | `BYZCOLL_SUB_ROUND_BYTES` | most bytes one sub-round of a sharded all-reduce covers, 1 B to 1 TiB (job-wide) | 4 MiB |
 /// | `BYZCOLL_RING_PART_BYTES` | smallest part of a ring step sent as a step of its own, 1 B to 1 TiB (job-wide) | the runtime's |
+/// | `BYZCOLL_DOUBLING_MAX_BYTES` | largest all-reduce (bytes per rank) done by recursive doubling rather than the ring, 0 B to 1 TiB (job-wide) | 16 KiB |
 /// | `BYZCOLL_TCP_ADDR` | IP address TCP listens on | the host name's address |
 /// | `BYZCOLL_TCP_SPIN_US` | how long a waiting TCP exchange polls before sleeping, at most 1 s | the transport's |
 /// | `BYZCOLL_FRAME_MAC` | `1`: TCP frames carry MACs; `0`: not (UCX and libfabric always seal theirs) | `0` |

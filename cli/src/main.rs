@@ -11,7 +11,8 @@ use byzcoll::{DEFAULT_TRANSPORT, TRANSPORTS};
 use byzcoll_cli::launch::{launch, LaunchIdentity, LaunchOptions};
 use byzcoll_cli::npy::{self, MappedData};
 use byzcoll_sim::{
-    Adversary, Algorithm, Compute, Crash, DataSet, Faults, Lie, Network, Preset, Scenario, Stall,
+    Adversary, Algorithm, Compute, Crash, DataSet, Faults, Footprint, Lie, MemoryBudget,
+    MemoryEstimate, Network, Preset, Scenario, SimError, Stall,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -540,7 +541,8 @@ fn ucx_info(_: &byzcoll::EnvReport) {}
 /// reference) or `--predict` (timing table over vector sizes).
 #[derive(Debug, Args)]
 struct SimulateArgs {
-    /// World sizes to simulate, comma-separated (e.g. 64,256,1024).
+    /// World sizes to simulate, comma-separated (e.g. 64,256,1024): 1 to 10^6, and within
+    /// what --max-memory-gib allows (about 3000 ranks for --predict by default).
     #[arg(
         long,
         value_name = "N,...",
@@ -550,7 +552,8 @@ struct SimulateArgs {
     )]
     ranks: Vec<u32>,
     /// Data mode: float32 coordinates per rank's vector, 1 to 2^28; n * d must also be at
-    /// most 2^28 (1 GiB of inputs) for every n.
+    /// most 2^28 (1 GiB of inputs) for every n, and the run's estimated memory (2 to 5 copies
+    /// of the inputs, by --mode) within --max-memory-gib.
     #[arg(long, value_name = "D", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=MAX_SIM_ELEMENTS as i64))]
     d: u32,
     /// Aggregation rule (`byzcoll info` lists them); required in data mode, there is no default.
@@ -660,6 +663,12 @@ struct SimulateArgs {
     /// Seed of the inputs, losses and delays (any u64).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The most memory a simulation may use, in GiB: 1 to 65536, 4 by default. Its peak is
+    /// estimated from the flags before anything is allocated (every rank's posted step is
+    /// O(n^2) messages, sharded distance rules O(r*n^3), data mode's vectors O(n*d)); a larger
+    /// run is refused, naming the flags to lower. Parallel predictions share it.
+    #[arg(long, value_name = "GIB", default_value_t = DEFAULT_MAX_MEMORY_GIB, value_parser = clap::value_parser!(u64).range(1..=MAX_MEMORY_GIB))]
+    max_memory_gib: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -672,6 +681,18 @@ enum SimMode {
     Sharded,
     /// Ring SUM all-reduce only (not robust).
     Ring,
+}
+
+impl SimMode {
+    /// The value `--mode` takes for it.
+    fn name(self) -> &'static str {
+        match self {
+            SimMode::All => "all",
+            SimMode::Gather => "gather",
+            SimMode::Sharded => "sharded",
+            SimMode::Ring => "ring",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -694,6 +715,10 @@ enum LieArg {
 
 /// The most float32 elements a data-mode world holds (n * d): 2^28, 1 GiB.
 const MAX_SIM_ELEMENTS: u64 = 1 << 28;
+/// `--max-memory-gib` by default: [`byzcoll_sim::DEFAULT_MEMORY_BOUND`], 4 GiB.
+const DEFAULT_MAX_MEMORY_GIB: u64 = byzcoll_sim::DEFAULT_MEMORY_BOUND >> 30;
+/// The largest `--max-memory-gib`: 64 TiB.
+const MAX_MEMORY_GIB: u64 = 1 << 16;
 /// The largest `--bytes` of a prediction: 1 TiB.
 const MAX_PREDICT_BYTES: u64 = 1 << 40;
 /// The most bytes a prediction may move in all (n^2 * bytes bounds gather's traffic): the
@@ -771,6 +796,11 @@ impl SimulateArgs {
         (label, network)
     }
 
+    /// `--max-memory-gib` in bytes.
+    fn memory_bound(&self) -> u64 {
+        self.max_memory_gib << 30
+    }
+
     fn compute(&self) -> Compute {
         Compute {
             rule_throughput: self.agg_throughput,
@@ -827,9 +857,15 @@ fn simulate(args: &SimulateArgs) -> Result<ExitCode, String> {
             ));
         }
     }
+    // Every world is checked, its memory estimate included, before the first is built.
+    let worlds = args
+        .ranks
+        .iter()
+        .map(|&n| prepare_data(args, n as usize, network, rule.as_ref()))
+        .collect::<Result<Vec<_>, String>>()?;
     let mut ok = true;
-    for &n in &args.ranks {
-        ok &= simulate_data(args, n as usize, &label, network, rule.as_ref())?;
+    for world in &worlds {
+        ok &= simulate_data(args, world, &label, rule.as_ref())?;
     }
     if args.check && ok {
         println!("OK: results match the gather-mode reference");
@@ -870,17 +906,36 @@ fn predict(
             ));
         }
     }
+    let bound = args.memory_bound();
+    let peaks = jobs
+        .iter()
+        .map(|&(n, _)| {
+            let peak = byzcoll_sim::prediction_peak(n, args.f, args.agreement, rule);
+            let lower = |part| match part {
+                Footprint::Statistics => {
+                    "--ranks, or predict a coordinate-wise --rule (median, trimmed-mean)".into()
+                }
+                _ if args.f > 0 => "--ranks or --f (sharded r = 2f+1)".into(),
+                _ => "--ranks".to_string(),
+            };
+            check_memory(&peak, bound, &format!("--ranks {n} with --predict"), lower)?;
+            Ok(peak)
+        })
+        .collect::<Result<Vec<MemoryEstimate>, String>>()?;
     let mut base = Scenario::new(1, *network);
     base.compute = args.compute();
     base.agreement = args.agreement;
-    let predict_one = |&(n, bytes): &(usize, u64)| {
+    // Each prediction holds its estimated peak from the shared bound while it runs.
+    let budget = MemoryBudget::new(bound);
+    let predict_one = |(&(n, bytes), peak): (&(usize, u64), &MemoryEstimate)| {
+        let _held = budget.reserve(peak).map_err(|e| e.to_string())?;
         byzcoll_sim::predict(label, &base, n, bytes, args.f, rule).map_err(|e| e.to_string())
     };
-    // Each prediction is an independent, deterministic simulation: run them on all cores
-    // (rayon keeps the results in the jobs' order).
+    // Each prediction is an independent, deterministic simulation: run them on all cores, as
+    // many at a time as the memory bound allows (rayon keeps the results in the jobs' order).
     let results: Vec<Result<Vec<byzcoll_sim::Prediction>, String>> = {
         use rayon::prelude::*;
-        jobs.par_iter().map(predict_one).collect()
+        jobs.par_iter().zip(&peaks).map(predict_one).collect()
     };
     let mut rows = Vec::new();
     for r in results {
@@ -907,16 +962,20 @@ fn predict(
     Ok(())
 }
 
-/// Data mode for one world size: prints one line per algorithm; returns whether every honest
-/// rank completed (and passed the check with `--check`).
-#[allow(clippy::print_stdout)]
-fn simulate_data(
+/// One world of data mode, checked and estimated, not yet built.
+struct DataWorld {
+    scenario: Scenario,
+    algorithms: Vec<Algorithm>,
+}
+
+/// Data mode for `n` ranks: the scenario and the algorithms the flags ask for, every parameter
+/// checked and the run's estimated peak within `--max-memory-gib`.
+fn prepare_data(
     args: &SimulateArgs,
     n: usize,
-    label: &str,
     network: Network,
     rule: &dyn Aggregator,
-) -> Result<bool, String> {
+) -> Result<DataWorld, String> {
     let attack = byzcoll_sim::attack_by_name(&args.attack, n, args.f, args.seed)
         .map_err(|e| e.to_string())?;
     let lie = match args.lie {
@@ -950,9 +1009,6 @@ fn simulate_data(
     };
     scenario.validate().map_err(|e| e.to_string())?;
     rule.check(n).map_err(|e| e.to_string())?;
-    let d = args.d as usize;
-    let data = DataSet::generate(&scenario, d).map_err(|e| e.to_string())?;
-    let reference = data.reference(rule);
 
     let mut algorithms = Vec::new();
     if matches!(args.mode, SimMode::All | SimMode::Gather) {
@@ -980,6 +1036,76 @@ fn simulate_data(
         algorithms.push(Algorithm::RingSum);
     }
 
+    let peak = scenario.data_peak(args.d as usize, &algorithms, rule);
+    let owners = algorithms
+        .iter()
+        .any(|a| matches!(a, Algorithm::Sharded { replicas } if *replicas > 1));
+    let lower = |part| match part {
+        Footprint::Vectors if args.mode == SimMode::All => {
+            "--d or --ranks, or run one --mode (gather or ring hold fewer copies)".into()
+        }
+        Footprint::Vectors => "--d or --ranks".into(),
+        Footprint::Statistics => {
+            "--ranks, or use --mode gather or a coordinate-wise --rule (median, trimmed-mean)"
+                .into()
+        }
+        Footprint::Forged => "--byzantine, --lying-owners or --d (or equivocate toward one \
+                              rank with --equivocate-toward)"
+            .into(),
+        _ if owners => "--ranks, or the owners per shard (--f, --replicas)".into(),
+        _ => "--ranks".to_string(),
+    };
+    let asked = format!("--ranks {n} --d {} --mode {}", args.d, args.mode.name());
+    check_memory(&peak, args.memory_bound(), &asked, lower)?;
+    Ok(DataWorld {
+        scenario,
+        algorithms,
+    })
+}
+
+/// Refuses a run whose estimated `peak` is above `bound` bytes, in one line: what was `asked`,
+/// about how much it needs, what weighs most, and the flags that `lower` it.
+fn check_memory(
+    peak: &MemoryEstimate,
+    bound: u64,
+    asked: &str,
+    lower: impl Fn(Footprint) -> String,
+) -> Result<(), String> {
+    match peak.check(bound) {
+        Ok(()) => Ok(()),
+        Err(SimError::TooLarge {
+            needed,
+            bound,
+            largest,
+        }) => Err(format!(
+            "{asked} needs about {} of memory, above the {} bound (mostly {largest}); lower {}, \
+             or raise --max-memory-gib",
+            byzcoll_sim::format_gib(needed),
+            byzcoll_sim::format_gib(bound),
+            lower(largest)
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Data mode for one world size: prints one line per algorithm; returns whether every honest
+/// rank completed (and passed the check with `--check`).
+#[allow(clippy::print_stdout)]
+fn simulate_data(
+    args: &SimulateArgs,
+    world: &DataWorld,
+    label: &str,
+    rule: &dyn Aggregator,
+) -> Result<bool, String> {
+    let DataWorld {
+        scenario,
+        algorithms,
+    } = world;
+    let (n, network) = (scenario.ranks, scenario.network);
+    let d = args.d as usize;
+    let data = DataSet::generate(scenario, d).map_err(|e| e.to_string())?;
+    let reference = data.reference(rule);
+
     println!(
         "n = {n}, d = {d} ({}), rule {} (f = {}), {}",
         byzcoll_sim::format_bytes(4 * d as u64),
@@ -999,7 +1125,7 @@ fn simulate_data(
     println!("{}", header.trim_end());
     let mut ok = true;
     let mut problems = Vec::new();
-    for alg in algorithms {
+    for &alg in algorithms {
         let run = scenario
             .run_data(alg, &data, rule)
             .map_err(|e| format!("{alg}: {e}"))?;

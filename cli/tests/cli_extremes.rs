@@ -180,6 +180,7 @@ fn no_numeric_flag_of_any_subcommand_panics() {
         "--gbps",
         "--agg-throughput",
         "--sum-throughput",
+        "--max-memory-gib",
     ] {
         runs += sweep(&data, flag, &[]);
     }
@@ -261,6 +262,7 @@ fn no_numeric_flag_of_any_subcommand_panics() {
         "--gbps",
         "--agg-throughput",
         "--sum-throughput",
+        "--max-memory-gib",
     ] {
         runs += sweep(&predict, flag, &[]);
     }
@@ -426,6 +428,37 @@ fn sizes_beyond_the_caps_are_refused() {
         ],
         1,
         &["n = 1000000", "2^62"],
+    );
+    fails(
+        &[
+            "simulate",
+            "--predict",
+            "--ranks",
+            "4",
+            "--max-memory-gib",
+            "65537",
+        ],
+        2,
+        &["--max-memory-gib", "1..=65536"],
+    );
+    // The largest world --ranks takes, with every byte --max-memory-gib allows: still refused
+    // by its estimate (which saturates instead of overflowing), never allocated.
+    fails(
+        &[
+            "simulate",
+            "--predict",
+            "--ranks",
+            "1000000",
+            "--bytes",
+            "4",
+            "--max-memory-gib",
+            "65536",
+        ],
+        1,
+        &[
+            "--ranks 1000000 with --predict",
+            "above the 65536 GiB bound",
+        ],
     );
 }
 

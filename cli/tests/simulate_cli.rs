@@ -356,6 +356,108 @@ fn semantic_errors_exit_1_with_one_line() {
     );
 }
 
+/// Runs `byzcoll simulate ARGS` in an address space of `limit_mib` MiB (`ulimit -v`), so that
+/// an allocation of gigabytes aborts it instead of taking the machine's memory.
+fn simulate_within(limit_mib: u64, args: &[&str]) -> (Output, Duration) {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "ulimit -v {} && exec \"$0\" simulate \"$@\"",
+            limit_mib * 1024
+        ))
+        .arg(byzcoll())
+        .args(args);
+    run_with_limit(&mut cmd, Duration::from_secs(60))
+}
+
+#[test]
+fn runs_above_the_memory_bound_are_refused_before_allocating() {
+    let cases: &[(&[&str], &[&str])] = &[
+        // O(n^2) posted messages: about 216 GiB.
+        (
+            &["--predict", "--ranks", "20000"],
+            &[
+                "--ranks 20000 with --predict needs about 216 GiB",
+                "above the 4 GiB bound",
+                "lower --ranks, or raise --max-memory-gib",
+            ],
+        ),
+        // Every world is checked before the first runs.
+        (
+            &["--predict", "--ranks", "8,20000", "--bytes", "4096"],
+            &["--ranks 20000 with --predict"],
+        ),
+        // O(r n^3) distance tables of sharded Krum.
+        (
+            &["--predict", "--ranks", "1000", "--rule", "krum", "--f", "1"],
+            &["distance statistics", "coordinate-wise --rule"],
+        ),
+        // 1 GiB of inputs, held five times over by --mode all at n = 1.
+        (
+            &["--ranks", "1", "--d", "268435456", "--rule", "median"],
+            &[
+                "--ranks 1 --d 268435456 --mode all needs about 5.0 GiB",
+                "lower --d or --ranks, or run one --mode",
+            ],
+        ),
+        (
+            &[
+                "--ranks",
+                "1",
+                "--d",
+                "268435456",
+                "--rule",
+                "median",
+                "--mode",
+                "gather",
+                "--max-memory-gib",
+                "2",
+            ],
+            &["needs about 3.0 GiB", "above the 2 GiB bound", "lower --d"],
+        ),
+        // 20 equivocators sending each of 63 peers its own 16 MiB vector.
+        (
+            &[
+                "--ranks",
+                "64",
+                "--d",
+                "4194304",
+                "--rule",
+                "median",
+                "--f",
+                "20",
+                "--byzantine",
+                "20",
+                "--equivocate",
+                "--mode",
+                "gather",
+            ],
+            &["forged per destination", "lower --byzantine"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let (out, took) = simulate_within(1024, args);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?} (killed by a signal when None: it allocated)\n{stdout}\n{stderr}"
+        );
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+        for needle in ["byzcoll simulate:", "of memory"]
+            .iter()
+            .chain(needles.iter())
+        {
+            assert!(
+                stderr.contains(needle),
+                "{args:?}: {needle:?} not in\n{stderr}"
+            );
+        }
+        assert!(took < Duration::from_secs(10), "{args:?} took {took:?}");
+    }
+}
+
 #[test]
 fn too_many_faults_fail_clearly() {
     // n = 7, f = 3: one crashed rank leaves 6 inputs, and 6 > 2·3 does not hold.

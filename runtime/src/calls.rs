@@ -42,7 +42,8 @@ pub fn all_to_all(send: usize, recv: usize, step: Option<u64>) -> u64 {
     call_fingerprint("all_to_all", &[&len(send), &len(recv)], step)
 }
 
-/// `Communicator::all_reduce` of `elements` of `T` with `op` (its `Debug` name).
+/// `Communicator::all_reduce` of `elements` of `T` with `op` (its `Debug` name and the
+/// schedule chosen, `"Sum ring"`, say).
 pub fn all_reduce<T>(op: &str, elements: usize, step: Option<u64>) -> u64 {
     call_fingerprint(
         "all_reduce",

@@ -130,6 +130,14 @@ impl Communicator {
         self.config.ring_part_bytes = bytes;
     }
 
+    /// Sets [`Config::doubling_max_bytes`]: up to how many bytes per rank
+    /// [`Communicator::all_reduce`] uses recursive doubling (0: always the ring). Every rank
+    /// must choose alike; a rank that does not is out of step in the calls where the choice
+    /// differs.
+    pub fn set_doubling_max_bytes(&mut self, bytes: usize) {
+        self.config.doubling_max_bytes = bytes;
+    }
+
     /// Sets [`Config::stragglers`], a job-wide parameter (as [`Communicator::set_agreement`]
     /// says).
     pub fn set_stragglers(&mut self, stragglers: crate::Stragglers) {
@@ -539,8 +547,11 @@ impl Communicator {
     }
 
     /// Non-robust all-reduce: every rank's `buf` becomes the element-wise `op` of all ranks'
-    /// `buf`s. Ring reduce-scatter then ring all-gather (the bandwidth-optimal schedule NCCL and
-    /// MPI use); every rank ends with bitwise the same result. This is the baseline that robust
+    /// `buf`s; every rank ends with bitwise the same result. Up to
+    /// [`Config::doubling_max_bytes`] ([`DOUBLING_MAX_BYTES`] by default),
+    /// recursive doubling (`⌈log2 n⌉` steps, two more when `n` is not a power of two: the
+    /// latency-optimal schedule MPI uses for small vectors); above, ring reduce-scatter then ring
+    /// all-gather (the bandwidth-optimal schedule NCCL and MPI use). This is the baseline that robust
     /// rules are compared with: one faulty rank corrupts every result, silently.
     ///
     /// Each ring step's chunk goes in parts of at least [`RING_PART_BYTES`] (up to
@@ -562,10 +573,16 @@ impl Communicator {
         let (me, n) = (self.rank(), self.size());
         let in_flight = self.transport.capabilities().steps_in_flight.max(1);
         let part_bytes = self.config.ring_part_bytes;
-        let call = crate::calls::all_reduce::<T>(&format!("{op:?}"), buf.len(), self.step_id);
+        let doubling = byte_len(buf) <= self.config.doubling_max_bytes;
+        let schedule = if doubling { "doubling" } else { "ring" };
+        let call =
+            crate::calls::all_reduce::<T>(&format!("{op:?} {schedule}"), buf.len(), self.step_id);
         let mut seq = self.begin("all_reduce", call);
         if n == 1 {
             return Ok(());
+        }
+        if doubling {
+            return recursive_doubling(&mut seq, me, n, buf, op).await;
         }
         let d = buf.len();
         let ring = Ring::new(me, n, d, size_of::<T>(), part_bytes, in_flight);
@@ -634,6 +651,88 @@ impl Communicator {
         }
         Ok(())
     }
+}
+
+/// The largest vector (bytes per rank) [`Communicator::all_reduce`] reduces by recursive
+/// doubling rather than the ring: the crossover measured in `docs/bench/PROFILE.md`. Every rank
+/// passes the same length (the call's fingerprint holds it), so every rank picks alike.
+pub const DOUBLING_MAX_BYTES: usize = 16 << 10;
+
+/// Recursive doubling: with `p` the largest power of two up to `n`, rank `p + i` first hands
+/// its vector to rank `i`; the `p` ranks then exchange with the partner at distance 1, 2, 4, ...
+/// and combine; rank `i` finally hands the result back to rank `p + i`. Each combination takes
+/// the lower block's value first, so both partners compute bitwise the same value and every
+/// rank ends with the same bits.
+async fn recursive_doubling<T: Element>(
+    seq: &mut Sequence<'_>,
+    me: Rank,
+    n: usize,
+    buf: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    let len = byte_len(buf);
+    let combine = |buf: &mut [T], theirs: &Payload, mine_first: bool| {
+        let theirs = cast_payload::<T>(theirs);
+        let mine = buf.to_vec();
+        let (a, b) = if mine_first {
+            (&mine[..], &theirs[..])
+        } else {
+            (&theirs[..], &mine[..])
+        };
+        combine_into(op, a, b, buf);
+    };
+    // Fold the ranks beyond the power of two into the first ones.
+    if n > p {
+        let (sends, recvs) = if me >= p {
+            (vec![send(me - p, Payload::Host(to_bytes(buf)))], vec![])
+        } else if me < n - p {
+            (vec![], vec![recv(me + p, len)])
+        } else {
+            (vec![], vec![])
+        };
+        let got = seq.run_strict("all_reduce", sends, recvs).await?;
+        if let Some(theirs) = got.first() {
+            combine(buf, theirs, true);
+        }
+    }
+    if me < p {
+        let mut mask = 1;
+        while mask < p {
+            let partner = me ^ mask;
+            let got = seq
+                .run_strict(
+                    "all_reduce",
+                    vec![send(partner, Payload::Host(to_bytes(buf)))],
+                    vec![recv(partner, len)],
+                )
+                .await?;
+            combine(buf, &got[0], me < partner);
+            mask <<= 1;
+        }
+    } else {
+        // Idle while the first `p` ranks double: one empty step per doubling round keeps
+        // every rank's step numbers alike.
+        let mut mask = 1;
+        while mask < p {
+            seq.run_strict("all_reduce", vec![], vec![]).await?;
+            mask <<= 1;
+        }
+    }
+    if n > p {
+        let (sends, recvs) = if me >= p {
+            (vec![], vec![recv(me - p, len)])
+        } else if me < n - p {
+            (vec![send(me + p, Payload::Host(to_bytes(buf)))], vec![])
+        } else {
+            (vec![], vec![])
+        };
+        let got = seq.run_strict("all_reduce", sends, recvs).await?;
+        if let Some(result) = got.first() {
+            buf.copy_from_slice(&cast_payload::<T>(result));
+        }
+    }
+    Ok(())
 }
 
 /// The smallest part of a ring step's chunk sent as a step of its own by default

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use crate::{Agreement, BootstrapError, Grace, Rank, Stragglers, RING_PART_BYTES, SUB_ROUND_BYTES};
+use crate::{
+    Agreement, BootstrapError, Grace, Rank, Stragglers, DOUBLING_MAX_BYTES, RING_PART_BYTES,
+    SUB_ROUND_BYTES,
+};
 
 /// Settings that apply to every collective of a communicator.
 ///
@@ -32,6 +35,11 @@ pub struct Config {
     /// the value), where the transport allows steps in flight; `BYZCOLL_RING_PART_BYTES`.
     /// Job-wide.
     pub ring_part_bytes: usize,
+    /// The largest vector (bytes per rank) `Communicator::all_reduce` reduces by recursive
+    /// doubling rather than the ring ([`DOUBLING_MAX_BYTES`] by default; 0: always the ring);
+    /// `BYZCOLL_DOUBLING_MAX_BYTES`. Job-wide: every call's fingerprint holds the schedule it
+    /// chose, so a rank that chose otherwise is out of step, never mixed in.
+    pub doubling_max_bytes: usize,
     /// How many inputs a robust round may go without for their lateness alone (none by
     /// default, [`Stragglers`]); `BYZCOLL_STRAGGLERS` (`auto` or a count). Job-wide.
     pub stragglers: Stragglers,
@@ -46,6 +54,7 @@ impl Default for Config {
             agreement: Agreement::default(),
             sub_round_bytes: SUB_ROUND_BYTES,
             ring_part_bytes: RING_PART_BYTES,
+            doubling_max_bytes: DOUBLING_MAX_BYTES,
             stragglers: Stragglers::default(),
             grace: Grace::DEFAULT,
         }
@@ -76,14 +85,16 @@ impl Config {
         }
     }
 
-    /// The defaults, with `BYZCOLL_TIMEOUT_MS`, `BYZCOLL_AGREEMENT`,
-    /// `BYZCOLL_SUB_ROUND_BYTES` and `BYZCOLL_RING_PART_BYTES` from `get` where set. The
+    /// The defaults, with `BYZCOLL_TIMEOUT_MS`, `BYZCOLL_AGREEMENT`, `BYZCOLL_STRAGGLERS`,
+    /// `BYZCOLL_SUB_ROUND_BYTES`, `BYZCOLL_RING_PART_BYTES` and `BYZCOLL_DOUBLING_MAX_BYTES`
+    /// from `get` where set. The
     /// process environment is read by `byzcoll::JobConfig` alone, which calls this.
     ///
     /// # Errors
     /// [`BootstrapError::InvalidVar`] naming the variable whose value is invalid: a step
     /// timeout that is not a whole number of milliseconds from 1 to one day, an agreement
-    /// other than `off`, `detect` or `enforce`, or part sizes outside 1 byte to 1 TiB.
+    /// other than `off`, `detect` or `enforce`, or part sizes outside 1 byte to 1 TiB (0 to
+    /// 1 TiB for the doubling bound).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, BootstrapError> {
         let invalid = |var: &'static str, value: &str, why: String| BootstrapError::InvalidVar {
             var,
@@ -106,6 +117,21 @@ impl Config {
         if let Some(v) = get("BYZCOLL_AGREEMENT") {
             config.agreement =
                 Agreement::parse(&v).map_err(|why| invalid("BYZCOLL_AGREEMENT", &v, why))?;
+        }
+        if let Some(v) = get("BYZCOLL_DOUBLING_MAX_BYTES") {
+            config.doubling_max_bytes = v
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|&b| b <= MAX_PART_BYTES)
+                .and_then(|b| usize::try_from(b).ok())
+                .ok_or_else(|| {
+                    invalid(
+                        "BYZCOLL_DOUBLING_MAX_BYTES",
+                        &v,
+                        format!("expected bytes from 0 to {MAX_PART_BYTES}"),
+                    )
+                })?;
         }
         for (var, field) in [
             ("BYZCOLL_SUB_ROUND_BYTES", &mut config.sub_round_bytes),

@@ -30,7 +30,7 @@ pub use byzcoll_proto::{
     PeerFault, Policy, Quorum, Rank, RecvOp, Replicas, Result, RoundReport, RoundStats, Stragglers,
     Tag, TransportError, STREAM_BITS, SUB_ROUND_BYTES,
 };
-pub use comm::{Communicator, ReduceOp, RING_PARTS, RING_PART_BYTES};
+pub use comm::{Communicator, ReduceOp, DOUBLING_MAX_BYTES, RING_PARTS, RING_PART_BYTES};
 pub use config::{step_timeout_ms, Config, JOB_RECORD_LEN, MAX_PART_BYTES, MAX_STEP_TIMEOUT};
 pub use handle::{CommHandle, Pending, QUEUED};
 pub use health::{PeerHealth, Symptom};

@@ -389,3 +389,61 @@ where
         .await;
     }
 }
+
+/// The non-robust all-reduce on both sides of its schedule crossover (recursive doubling up to
+/// [`byzcoll_runtime::DOUBLING_MAX_BYTES`], the ring above): every world from 1 to 9 ranks (a
+/// power of two or not), lengths 0, 1, `n - 1`, `n + 1` and the crossover ± 1 element, sum,
+/// min and max exact and the same on every rank.
+pub async fn all_reduce_is_exact_across_the_doubling_crossover<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let cross = byzcoll_runtime::DOUBLING_MAX_BYTES / 4;
+    for n in 1..=9usize {
+        let lens = [
+            0,
+            1,
+            n.saturating_sub(1),
+            n + 1,
+            cross - 1,
+            cross,
+            cross + 1,
+        ];
+        let results = run_ranks(
+            comms(factory(n).await, Duration::from_secs(20)),
+            move |mut c| async move {
+                let me = c.rank();
+                let mut out = Vec::new();
+                for d in lens {
+                    for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+                        let mut v: Vec<f32> = (0..d).map(|j| ((me * 7 + j) % 13) as f32).collect();
+                        c.all_reduce(&mut v, op).await.unwrap();
+                        out.push(v);
+                    }
+                }
+                out
+            },
+        )
+        .await;
+        let mut k = 0;
+        for d in lens {
+            for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+                let want: Vec<f32> = (0..d)
+                    .map(|j| {
+                        let xs = (0..n).map(|r| ((r * 7 + j) % 13) as f32);
+                        match op {
+                            ReduceOp::Sum => xs.sum(),
+                            ReduceOp::Min => xs.fold(f32::INFINITY, f32::min),
+                            _ => xs.fold(f32::NEG_INFINITY, f32::max),
+                        }
+                    })
+                    .collect();
+                for (me, r) in results.iter().enumerate() {
+                    assert_eq!(r[k], want, "n = {n}, d = {d}, {op:?}, rank {me}");
+                }
+                k += 1;
+            }
+        }
+    }
+}

@@ -7,7 +7,8 @@ use std::time::Duration;
 use byzcoll_aggregators::{Median, TrimmedMean};
 use byzcoll_runtime::round::Shape;
 use byzcoll_runtime::{
-    calls, Error, Fault, Payload, Policy, ReduceOp, SendOp, Step, Transport, RING_PART_BYTES,
+    calls, Error, Fault, Payload, Policy, ReduceOp, SendOp, Step, Transport, DOUBLING_MAX_BYTES,
+    RING_PART_BYTES,
 };
 
 use crate::harness::{self, comms, reference, run_ranks, vector};
@@ -168,9 +169,17 @@ where
             let Some(r) = r else { continue };
             match r {
                 Err(Error::PeerFaults { faults, .. }) => {
-                    // Rank 2 waits on rank 1 directly; rank 0 waits on rank 2, which gave up.
                     let named: Vec<usize> = faults.iter().map(|f| f.rank).collect();
-                    assert_eq!(named, [(me + n - 1) % n], "rank {me}, d={d}");
+                    let waited_on = if d * 4 <= DOUBLING_MAX_BYTES {
+                        // Recursive doubling: rank 0 doubles with rank 1, rank 2 (beyond the
+                        // power of two) waits on rank 0 for the result, which gave up.
+                        [1, 0, 0][me]
+                    } else {
+                        // The ring: rank 2 waits on rank 1 directly; rank 0 waits on rank 2,
+                        // which gave up.
+                        (me + n - 1) % n
+                    };
+                    assert_eq!(named, [waited_on], "rank {me}, d={d}");
                     assert!(
                         faults.iter().all(|f| f.fault == Fault::Missing),
                         "{faults:?}"

@@ -24,6 +24,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@tests $factory;
             collectives_match_reference,
             all_reduce_of_megabyte_chunks_is_exact,
+            all_reduce_is_exact_across_the_doubling_crossover,
             pipelined_ring_all_reduce_is_exact,
             robust_all_reduce_survives_byzantine_and_crashed_ranks,
             wrong_length_is_malformed_and_named,
@@ -87,7 +88,8 @@ pub use agreement::{
     byzantine_owners_and_senders_are_agreed_on_under_enforce_in_sharded_mode,
 };
 pub use collectives::{
-    a_split_with_an_equivocated_color_is_refused, all_reduce_of_megabyte_chunks_is_exact,
+    a_split_with_an_equivocated_color_is_refused,
+    all_reduce_is_exact_across_the_doubling_crossover, all_reduce_of_megabyte_chunks_is_exact,
     collectives_match_reference, nonblocking_collectives_run_in_start_order,
     pipelined_ring_all_reduce_is_exact, split_communicators_interleave_with_their_parent,
 };
