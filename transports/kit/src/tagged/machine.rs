@@ -15,6 +15,7 @@ use crate::mailbox::{Claim, Closed, Delivery, Mailbox};
 use crate::pool::{BufferPool, PoolBuf};
 use crate::progress::{SendCommand, SendCredit, SendDone};
 use crate::wire::{FrameHeader, FrameKeys, Opened, Unsealed, SEALED_LEN};
+use byzcoll_runtime::bootstrap::gate::LOG_INTERVAL;
 
 /// A sealed frame for the network to send ([`TaggedNet::start_send`]).
 #[derive(Debug)]
@@ -129,6 +130,10 @@ pub struct Core<N: TaggedNet> {
     commands: mpsc::Receiver<SendCommand>,
     pool: BufferPool,
     rx: Vec<PeerRx<N>>,
+    /// When a warning about each peer was last written, and how many were held back since
+    /// (at most one a peer per [`LOG_INTERVAL`]: a peer, or whoever forges its frames, cannot
+    /// flood the log).
+    warned: Vec<(Option<std::time::Instant>, u64)>,
     /// The peer's slot is closed: nothing more is received from it.
     closed: Vec<bool>,
     /// The peer failed: nothing more is sent to it, and its slot closes once what did arrive
@@ -172,6 +177,7 @@ impl<N: TaggedNet> Core<N> {
             commands,
             pool: BufferPool::new(config.pool_bytes),
             rx: (0..size).map(|_| PeerRx::default()).collect(),
+            warned: vec![(None, 0); size],
             closed: vec![false; size],
             failed: vec![false; size],
             next_seq: vec![0; size],
@@ -473,13 +479,16 @@ impl<N: TaggedNet> Core<N> {
             match self.open(peer, seq, arrival) {
                 Ok(opened) => self.rx[peer].early.push_back((seq, opened)),
                 Err(None) => {
-                    tracing::warn!(
-                        transport = self.config.name,
-                        peer,
-                        seq,
-                        "dropped a frame header on the peer's tags that is not sealed by it \
-                         (forged, replayed or corrupted)"
-                    );
+                    if let Some(held_back) = may_warn(&mut self.warned, peer) {
+                        tracing::warn!(
+                            transport = self.config.name,
+                            peer,
+                            seq,
+                            held_back,
+                            "dropped a frame header on the peer's tags that is not sealed by \
+                             it (forged, replayed or corrupted)"
+                        );
+                    }
                     self.rx[peer].headers.push_front(HeaderSlot {
                         seq,
                         posted: None,
@@ -642,13 +651,17 @@ impl<N: TaggedNet> Core<N> {
             busy = true;
             let seq = p.seq;
             if p.retries >= PAYLOAD_RETRIES || !net.may_retry(p.len) {
-                tracing::warn!(transport = name, peer, seq, why = %unmatched, "a payload on the peer's tags does not match its sealed header");
+                if let Some(held_back) = may_warn(&mut self.warned, peer) {
+                    tracing::warn!(transport = name, peer, seq, held_back, why = %unmatched, "a payload on the peer's tags does not match its sealed header");
+                }
                 if let Some(d) = self.rx[peer].payloads.remove(i).and_then(|p| p.delivery) {
                     d.complete(RecvOutcome::Malformed(unmatched));
                 }
                 continue;
             }
-            tracing::warn!(transport = name, peer, seq, why = %unmatched, "dropped a payload on the peer's tags; receiving it again");
+            if let Some(held_back) = may_warn(&mut self.warned, peer) {
+                tracing::warn!(transport = name, peer, seq, held_back, why = %unmatched, "dropped a payload on the peer's tags; receiving it again");
+            }
             p.retries += 1;
             let dest = p.buf.as_mut().map(PoolBuf::as_mut_ptr);
             // SAFETY: as for the first receive into the buffer (`advance_claims`); the
@@ -724,5 +737,41 @@ impl<N: TaggedNet> Core<N> {
     pub fn leak(&mut self) {
         std::mem::forget(std::mem::take(&mut self.sends));
         std::mem::forget(std::mem::take(&mut self.rx));
+    }
+}
+
+/// Whether a warning about `peer` may be written now: `Some(held_back)` (the warnings
+/// held back since the last one), or `None` within [`LOG_INTERVAL`] of it.
+fn may_warn(warned: &mut [(Option<std::time::Instant>, u64)], peer: Rank) -> Option<u64> {
+    let now = std::time::Instant::now();
+    let (at, held) = &mut warned[peer];
+    match at {
+        Some(t) if now.duration_since(*t) < LOG_INTERVAL => {
+            *held += 1;
+            None
+        }
+        _ => {
+            *at = Some(now);
+            Some(std::mem::take(held))
+        }
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+
+    /// A flood of forgeries on one peer's tags writes one warning per interval; the next one
+    /// counts what was held back; another peer is not held back by it.
+    #[test]
+    fn warnings_about_a_peer_are_one_per_interval() {
+        let mut warned = vec![(None, 0); 2];
+        assert_eq!(may_warn(&mut warned, 0), Some(0));
+        for _ in 0..1000 {
+            assert_eq!(may_warn(&mut warned, 0), None);
+        }
+        assert_eq!(may_warn(&mut warned, 1), Some(0));
+        warned[0].0 = Some(std::time::Instant::now() - LOG_INTERVAL);
+        assert_eq!(may_warn(&mut warned, 0), Some(1000));
     }
 }
