@@ -11,8 +11,8 @@ use byzcoll::{DEFAULT_TRANSPORT, TRANSPORTS};
 use byzcoll_cli::launch::{launch, LaunchIdentity, LaunchOptions};
 use byzcoll_cli::npy::{self, MappedData};
 use byzcoll_sim::{
-    Adversary, Algorithm, Compute, Crash, DataSet, Faults, Footprint, Lie, MemoryBudget,
-    MemoryEstimate, Network, Preset, Scenario, SimError, Stall,
+    Adversary, Algorithm, Compute, Crash, DataSet, Faults, Footprint, Lie, MemoryEstimate, Network,
+    Preset, Scenario, SimError, Stall,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -663,10 +663,11 @@ struct SimulateArgs {
     /// Seed of the inputs, losses and delays (any u64).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// The most memory a simulation may use, in GiB: 1 to 65536, 4 by default. Its peak is
-    /// estimated from the flags before anything is allocated (every rank's posted step is
-    /// O(n^2) messages, sharded distance rules O(r*n^3), data mode's vectors O(n*d)); a larger
-    /// run is refused, naming the flags to lower. Parallel predictions share it.
+    /// The most memory a simulation may use, in GiB: 1 to 65536, 4 by default (a fixed bound,
+    /// whatever the machine has). Its peak is estimated from the flags before anything is
+    /// allocated (every rank's posted step is O(n^2) messages, sharded distance rules
+    /// O(r*n^3), data mode's vectors O(n*d)); a larger run is refused, naming the flags to
+    /// lower. Parallel predictions share it: larger worlds run on fewer threads.
     #[arg(long, value_name = "GIB", default_value_t = DEFAULT_MAX_MEMORY_GIB, value_parser = clap::value_parser!(u64).range(1..=MAX_MEMORY_GIB))]
     max_memory_gib: u64,
 }
@@ -907,36 +908,40 @@ fn predict(
         }
     }
     let bound = args.memory_bound();
-    let peaks = jobs
-        .iter()
-        .map(|&(n, _)| {
-            let peak = byzcoll_sim::prediction_peak(n, args.f, args.agreement, rule);
-            let lower = |part| match part {
-                Footprint::Statistics => {
-                    "--ranks, or predict a coordinate-wise --rule (median, trimmed-mean)".into()
-                }
-                _ if args.f > 0 => "--ranks or --f (sharded r = 2f+1)".into(),
-                _ => "--ranks".to_string(),
-            };
-            check_memory(&peak, bound, &format!("--ranks {n} with --predict"), lower)?;
-            Ok(peak)
-        })
-        .collect::<Result<Vec<MemoryEstimate>, String>>()?;
+    let mut largest = 0;
+    for &(n, _) in &jobs {
+        let peak = byzcoll_sim::prediction_peak(n, args.f, args.agreement, rule);
+        let lower = |part| match part {
+            Footprint::Statistics => {
+                "--ranks, or predict a coordinate-wise --rule (median, trimmed-mean)".into()
+            }
+            _ if args.f > 0 => "--ranks or --f (sharded r = 2f+1)".into(),
+            _ => "--ranks".to_string(),
+        };
+        check_memory(&peak, bound, &format!("--ranks {n} with --predict"), lower)?;
+        largest = largest.max(peak.total());
+    }
     let mut base = Scenario::new(1, *network);
     base.compute = args.compute();
     base.agreement = args.agreement;
-    // Each prediction holds its estimated peak from the shared bound while it runs.
-    let budget = MemoryBudget::new(bound);
-    let predict_one = |(&(n, bytes), peak): (&(usize, u64), &MemoryEstimate)| {
-        let _held = budget.reserve(peak).map_err(|e| e.to_string())?;
+    let predict_one = |&(n, bytes): &(usize, u64)| {
         byzcoll_sim::predict(label, &base, n, bytes, args.f, rule).map_err(|e| e.to_string())
     };
-    // Each prediction is an independent, deterministic simulation: run them on all cores, as
-    // many at a time as the memory bound allows (rayon keeps the results in the jobs' order).
-    let results: Vec<Result<Vec<byzcoll_sim::Prediction>, String>> = {
+    // Each prediction is an independent, deterministic simulation: run them on all cores, or
+    // on as many threads as the bound holds the largest of them on (a thread's allocator arena
+    // keeps what its last prediction freed, so threads, not running jobs, are what adds up).
+    // Rayon keeps the results in the jobs' order.
+    let threads = usize::try_from(bound / largest.max(1))
+        .unwrap_or(usize::MAX)
+        .clamp(1, rayon::current_num_threads());
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| format!("cannot start {threads} prediction threads: {e}"))?;
+    let results: Vec<Result<Vec<byzcoll_sim::Prediction>, String>> = pool.install(|| {
         use rayon::prelude::*;
-        jobs.par_iter().zip(&peaks).map(predict_one).collect()
-    };
+        jobs.par_iter().map(predict_one).collect()
+    });
     let mut rows = Vec::new();
     for r in results {
         rows.extend(r?);

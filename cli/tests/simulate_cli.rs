@@ -373,11 +373,11 @@ fn simulate_within(limit_mib: u64, args: &[&str]) -> (Output, Duration) {
 #[test]
 fn runs_above_the_memory_bound_are_refused_before_allocating() {
     let cases: &[(&[&str], &[&str])] = &[
-        // O(n^2) posted messages: about 216 GiB.
+        // O(n^2) posted messages: about 171 GiB.
         (
             &["--predict", "--ranks", "20000"],
             &[
-                "--ranks 20000 with --predict needs about 216 GiB",
+                "--ranks 20000 with --predict needs about 171 GiB",
                 "above the 4 GiB bound",
                 "lower --ranks, or raise --max-memory-gib",
             ],
@@ -455,6 +455,33 @@ fn runs_above_the_memory_bound_are_refused_before_allocating() {
             );
         }
         assert!(took < Duration::from_secs(10), "{args:?} took {took:?}");
+    }
+    // What fits runs, under the smallest bound too.
+    for args in [
+        &[
+            "--predict",
+            "--ranks",
+            "8,64",
+            "--bytes",
+            "4096",
+            "--max-memory-gib",
+            "1",
+        ][..],
+        &[
+            "--ranks",
+            "8",
+            "--d",
+            "64",
+            "--rule",
+            "median",
+            "--check",
+            "--max-memory-gib",
+            "1",
+        ],
+    ] {
+        let out = simulate(args);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{args:?}\n{stdout}\n{stderr}");
     }
 }
 

@@ -153,10 +153,10 @@ impl Plane {
             return r.clone();
         }
         let refs: Vec<&[f32]> = ids.iter().map(|&i| store.get(i)).collect();
-        let mut out = vec![0.0f32; len];
-        let result = aggregate_into(rule, &refs, &mut out).map(|_| ());
+        let mut out = zeroed(len);
+        let result = aggregate_into(rule, &refs, Arc::make_mut(&mut out)).map(|_| ());
         drop(refs);
-        let result = result.map(|()| store.insert(out.into()));
+        let result = result.map(|()| store.insert(out));
         memo.insert(ids.to_vec(), result.clone());
         result
     }
@@ -166,27 +166,37 @@ impl Plane {
         if let Some(&id) = self.concat_memo.get(ids) {
             return id;
         }
-        let mut out = Vec::new();
+        let len = ids.iter().map(|&i| self.store.get(i).len()).sum();
+        let mut out = zeroed(len);
+        let mut at = 0;
         for &i in ids {
-            out.extend_from_slice(self.store.get(i));
+            let chunk = self.store.get(i);
+            Arc::make_mut(&mut out)[at..at + chunk.len()].copy_from_slice(chunk);
+            at += chunk.len();
         }
-        let id = self.store.insert(out.into());
+        let id = self.store.insert(out);
         self.concat_memo.insert(ids.to_vec(), id);
         id
     }
 }
 
+/// `len` zeros in a buffer the store can keep as it is (a `Vec` becomes an `Arc<[f32]>` by a
+/// copy, twice its size at the peak); unique, so [`Arc::make_mut`] does not copy it.
+pub(crate) fn zeroed(len: usize) -> Arc<[f32]> {
+    (0..len).map(|_| 0.0).collect()
+}
+
 /// The vectors of a data-mode run: one per rank, the last
 /// [`Adversary::byzantine_inputs`](crate::Adversary::byzantine_inputs) forged.
+///
+/// It holds the inputs and nothing else of their size: the honest range and the direct sum
+/// that [`Reference::check`] compares with are computed block by block when it runs, so a
+/// world's data costs `4·n·d` bytes here (forged ranks share one buffer).
 #[derive(Debug, Clone)]
 pub struct DataSet {
     inputs: Vec<Arc<[f32]>>,
     forged: Vec<bool>,
     d: usize,
-    lo: Vec<f32>,
-    hi: Vec<f32>,
-    sum: Vec<f32>,
-    abs_sum: Vec<f64>,
 }
 
 impl DataSet {
@@ -200,7 +210,8 @@ impl DataSet {
         let n = scenario.ranks;
         scenario.adversary.validate(n)?;
         let mut rng = StdRng::seed_from_u64(scenario.seed ^ 0x6461_7461_7365_7473);
-        let honest: Vec<Vec<f32>> = (0..n)
+        // Collected straight into the shared buffers: no second copy of the inputs.
+        let honest: Vec<Arc<[f32]>> = (0..n)
             .filter(|&r| !scenario.adversary.forges_input(r, n))
             .map(|_| {
                 (0..d)
@@ -208,11 +219,11 @@ impl DataSet {
                     .collect()
             })
             .collect();
-        let forged = if scenario.adversary.byzantine_inputs > 0 {
-            let refs: Vec<&[f32]> = honest.iter().map(|v| v.as_slice()).collect();
-            scenario.adversary.attack.forge(&refs)
+        let forged: Arc<[f32]> = if scenario.adversary.byzantine_inputs > 0 {
+            let refs: Vec<&[f32]> = honest.iter().map(|v| &v[..]).collect();
+            scenario.adversary.attack.forge(&refs).into()
         } else {
-            Vec::new()
+            Arc::from(Vec::new())
         };
         let mut honest = honest.into_iter();
         let mut inputs = Vec::with_capacity(n);
@@ -221,12 +232,12 @@ impl DataSet {
             let f = scenario.adversary.forges_input(r, n);
             flags.push(f);
             inputs.push(if f {
-                forged.clone()
+                Arc::clone(&forged)
             } else {
-                honest.next().unwrap_or_default()
+                honest.next().unwrap_or_else(|| Arc::from(Vec::new()))
             });
         }
-        DataSet::new(inputs, flags)
+        DataSet::from_shared(inputs, flags)
     }
 
     /// Explicit inputs, one per rank, all of one length `d > 0`; `forged[r]` marks the ranks
@@ -236,7 +247,11 @@ impl DataSet {
     /// [`SimError::InvalidConfig`] for no inputs, `d = 0`, different lengths or a `forged` of
     /// another length.
     pub fn new(inputs: Vec<Vec<f32>>, forged: Vec<bool>) -> Result<DataSet, SimError> {
-        let d = inputs.first().map_or(0, Vec::len);
+        DataSet::from_shared(inputs.into_iter().map(Arc::from).collect(), forged)
+    }
+
+    fn from_shared(inputs: Vec<Arc<[f32]>>, forged: Vec<bool>) -> Result<DataSet, SimError> {
+        let d = inputs.first().map_or(0, |v| v.len());
         if inputs.is_empty() || d == 0 {
             return Err(SimError::InvalidConfig(
                 "data mode needs at least one rank and d >= 1 coordinates".into(),
@@ -255,29 +270,7 @@ impl DataSet {
                 inputs.len()
             )));
         }
-        let mut lo = vec![f32::INFINITY; d];
-        let mut hi = vec![f32::NEG_INFINITY; d];
-        let mut sum = vec![0.0f64; d];
-        let mut abs_sum = vec![0.0f64; d];
-        for (v, &bad) in inputs.iter().zip(&forged) {
-            for (j, &x) in v.iter().enumerate() {
-                sum[j] += f64::from(x);
-                abs_sum[j] += f64::from(x.abs());
-                if !bad {
-                    lo[j] = lo[j].min(x);
-                    hi[j] = hi[j].max(x);
-                }
-            }
-        }
-        Ok(DataSet {
-            inputs: inputs.into_iter().map(Arc::from).collect(),
-            forged,
-            d,
-            lo,
-            hi,
-            sum: sum.into_iter().map(|s| s as f32).collect(),
-            abs_sum,
-        })
+        Ok(DataSet { inputs, forged, d })
     }
 
     /// Number of ranks.
@@ -387,8 +380,12 @@ impl Reference<'_> {
     /// rules), and the verdict is [`Verdict::Exact`] only if it also equals the reference.
     /// Ring SUM results must match the direct sum of all inputs, forged ones included.
     ///
+    /// The range and the sum are computed 4096 coordinates at a time, so a check allocates no
+    /// more than that besides the list of results.
+    ///
     /// # Errors
-    /// The first [`Mismatch`] found, or one saying that the run carried no data.
+    /// The first [`Mismatch`] found (ranks that did not complete first, in rank order), or one
+    /// saying that the run carried no data.
     pub fn check(&self, run: &Run) -> Result<Verdict, Mismatch> {
         let fail = |rank: Option<Rank>, what: String| Mismatch {
             algorithm: run.algorithm,
@@ -396,11 +393,7 @@ impl Reference<'_> {
             what,
         };
         let data = self.data;
-        let mut verdict = match run.algorithm {
-            Algorithm::RingSum => Verdict::MatchesSum,
-            _ => Verdict::Exact,
-        };
-        let mut sum_exact = true;
+        let mut results: Vec<(Rank, &[f32])> = Vec::new();
         for (r, outcome) in run.ranks.iter().enumerate() {
             if outcome.role != Role::Honest {
                 continue;
@@ -419,79 +412,149 @@ impl Reference<'_> {
                     format!("result has {} coordinates, expected {}", got.len(), data.d),
                 ));
             }
-            if run.algorithm == Algorithm::RingSum {
-                let eps = f64::from(f32::EPSILON) * data.ranks() as f64;
-                for (j, (&x, &want)) in got.iter().zip(&data.sum).enumerate() {
-                    let ok = x.to_bits() == want.to_bits()
-                        || (x.is_nan() && want.is_nan())
-                        || (f64::from(x) - f64::from(want)).abs()
-                            <= eps * data.abs_sum[j] + f64::from(f32::MIN_POSITIVE);
-                    if !ok {
-                        return Err(fail(
-                            Some(r),
-                            format!("coordinate {j} = {x}, but the direct sum is {want}"),
-                        ));
-                    }
-                }
-                sum_exact &= got.iter().zip(&data.sum).all(|(a, b)| a == b);
-                continue;
-            }
+            results.push((r, got));
+        }
+        if run.algorithm == Algorithm::RingSum {
+            return self
+                .check_sum(&results)
+                .map_err(|(r, what)| fail(Some(r), what));
+        }
+        let mut all_exact = true;
+        for &(r, got) in &results {
             let exact = match &self.gather {
                 Ok(want) => {
                     let first = got
                         .iter()
                         .zip(want)
                         .position(|(a, b)| a.to_bits() != b.to_bits());
-                    if run.clean {
-                        if let Some(j) = first {
-                            return Err(fail(
-                                Some(r),
-                                format!(
-                                    "coordinate {j} = {}, but the gather-mode reference ({}) is {}",
-                                    got[j], self.rule, want[j]
-                                ),
-                            ));
-                        }
+                    if let (true, Some(j)) = (run.clean, first) {
+                        return Err(fail(
+                            Some(r),
+                            format!(
+                                "coordinate {j} = {}, but the gather-mode reference ({}) is {}",
+                                got[j], self.rule, want[j]
+                            ),
+                        ));
                     }
                     first.is_none()
                 }
                 Err(_) => false,
             };
-            if run.clean {
-                continue;
+            all_exact &= exact;
+            if !run.clean && !self.coordinate_wise {
+                if let Some(j) = got.iter().position(|x| !x.is_finite()) {
+                    return Err(fail(
+                        Some(r),
+                        format!("coordinate {j} = {} is not finite", got[j]),
+                    ));
+                }
             }
-            // Under faults or attack the claim is robustness, whatever the reference (which
-            // includes the forged inputs) says.
-            if self.coordinate_wise {
-                for (j, &x) in got.iter().enumerate() {
-                    let (lo, hi) = (data.lo[j], data.hi[j]);
+        }
+        if run.clean {
+            return Ok(Verdict::Exact);
+        }
+        // Under faults or attack the claim is robustness, whatever the reference (which
+        // includes the forged inputs) says.
+        if self.coordinate_wise {
+            self.check_range(&results)
+                .map_err(|(r, what)| fail(Some(r), what))?;
+        }
+        Ok(match (all_exact, self.coordinate_wise) {
+            (true, _) => Verdict::Exact,
+            (false, true) => Verdict::InHonestRange,
+            (false, false) => Verdict::Finite,
+        })
+    }
+
+    /// Ring SUM: every result within reassociation error of the direct sum of all inputs
+    /// (computed in f64, rounded once), [`Verdict::Exact`] when all are bitwise that sum.
+    fn check_sum(&self, results: &[(Rank, &[f32])]) -> Result<Verdict, (Rank, String)> {
+        let data = self.data;
+        let eps = f64::from(f32::EPSILON) * data.ranks() as f64;
+        let mut sum = vec![0.0f64; CHECK_BLOCK.min(data.d)];
+        let mut abs_sum = sum.clone();
+        let mut exact = true;
+        for start in (0..data.d).step_by(CHECK_BLOCK) {
+            let block = start..(start + CHECK_BLOCK).min(data.d);
+            let (sum, abs_sum) = (&mut sum[..block.len()], &mut abs_sum[..block.len()]);
+            sum.fill(0.0);
+            abs_sum.fill(0.0);
+            for v in &data.inputs {
+                for ((s, a), &x) in sum
+                    .iter_mut()
+                    .zip(abs_sum.iter_mut())
+                    .zip(&v[block.clone()])
+                {
+                    *s += f64::from(x);
+                    *a += f64::from(x.abs());
+                }
+            }
+            for &(r, got) in results {
+                for (k, &x) in got[block.clone()].iter().enumerate() {
+                    let want = sum[k] as f32;
+                    let ok = x.to_bits() == want.to_bits()
+                        || (x.is_nan() && want.is_nan())
+                        || (f64::from(x) - f64::from(want)).abs()
+                            <= eps * abs_sum[k] + f64::from(f32::MIN_POSITIVE);
+                    if !ok {
+                        let j = block.start + k;
+                        return Err((
+                            r,
+                            format!("coordinate {j} = {x}, but the direct sum is {want}"),
+                        ));
+                    }
+                    exact &= x == want;
+                }
+            }
+        }
+        Ok(if exact {
+            Verdict::Exact
+        } else {
+            Verdict::MatchesSum
+        })
+    }
+
+    /// Coordinate-wise rules under faults or attack: every result inside the honest inputs'
+    /// range, coordinate by coordinate, with a few ulps of tolerance.
+    fn check_range(&self, results: &[(Rank, &[f32])]) -> Result<(), (Rank, String)> {
+        let data = self.data;
+        let mut lo = vec![f32::INFINITY; CHECK_BLOCK.min(data.d)];
+        let mut hi = vec![f32::NEG_INFINITY; lo.len()];
+        for start in (0..data.d).step_by(CHECK_BLOCK) {
+            let block = start..(start + CHECK_BLOCK).min(data.d);
+            let (lo, hi) = (&mut lo[..block.len()], &mut hi[..block.len()]);
+            lo.fill(f32::INFINITY);
+            hi.fill(f32::NEG_INFINITY);
+            for (v, _) in data
+                .inputs
+                .iter()
+                .zip(&data.forged)
+                .filter(|(_, &bad)| !bad)
+            {
+                for ((l, h), &x) in lo.iter_mut().zip(hi.iter_mut()).zip(&v[block.clone()]) {
+                    *l = l.min(x);
+                    *h = h.max(x);
+                }
+            }
+            for &(r, got) in results {
+                for (k, &x) in got[block.clone()].iter().enumerate() {
+                    let (lo, hi) = (lo[k], hi[k]);
                     let tol = 4.0 * f32::EPSILON * lo.abs().max(hi.abs());
                     if !(x >= lo - tol && x <= hi + tol) {
-                        return Err(fail(
-                            Some(r),
+                        let j = block.start + k;
+                        return Err((
+                            r,
                             format!(
                                 "coordinate {j} = {x} is outside the honest range [{lo}, {hi}]"
                             ),
                         ));
                     }
                 }
-            } else if let Some(j) = got.iter().position(|x| !x.is_finite()) {
-                return Err(fail(
-                    Some(r),
-                    format!("coordinate {j} = {} is not finite", got[j]),
-                ));
-            }
-            if !exact {
-                verdict = if self.coordinate_wise {
-                    Verdict::InHonestRange
-                } else {
-                    Verdict::Finite
-                };
             }
         }
-        if run.algorithm == Algorithm::RingSum && sum_exact {
-            verdict = Verdict::Exact;
-        }
-        Ok(verdict)
+        Ok(())
     }
 }
+
+/// Coordinates per block of [`Reference::check`]'s range and sum.
+const CHECK_BLOCK: usize = 1 << 12;

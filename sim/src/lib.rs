@@ -45,6 +45,11 @@
 //! throughput, not a cache model. Timing-mode predictions are for the schedules, not for a
 //! particular transport implementation.
 //!
+//! Every simulated rank lives in one process and posts a whole step at once, so memory grows
+//! as `O(n²)` messages per step (`O(r·n³)` for sharded rounds of distance-based rules, `O(n·d)`
+//! for data mode's vectors): [`prediction_peak`] and [`Scenario::data_peak`] estimate a run's
+//! peak from its parameters, and [`MemoryEstimate::check`] refuses it before it allocates.
+//!
 //! ```
 //! use byzcoll_sim::{Algorithm, DataSet, Network, Preset, Scenario, Verdict};
 //!
@@ -60,6 +65,7 @@
 mod data;
 mod engine;
 mod faults;
+mod memory;
 mod model;
 mod predict;
 mod programs;
@@ -74,6 +80,7 @@ use byzcoll_proto::{Agreement, AgreementReport, Error, PeerFault, Rank, Replicas
 
 pub use data::{DataSet, Mismatch, Reference, Verdict};
 pub use faults::{attack_by_name, Adversary, Crash, Faults, Lie, Stall, ATTACKS};
+pub use memory::{prediction_peak, Footprint, MemoryEstimate, DEFAULT_MEMORY_BOUND};
 pub use model::{Compute, Network, Preset};
 pub use predict::{format_bytes, format_time, predict, prediction_table, sweep_sizes, Prediction};
 
@@ -106,6 +113,35 @@ pub enum SimError {
     /// (`timeout = ∞` with lost messages or crashed peers).
     #[error("stuck: {0}")]
     Stuck(String),
+    /// The simulation's estimated peak ([`MemoryEstimate`]) is above the caller's bound:
+    /// lower the parameter `largest` grows with, or allow more memory.
+    #[error(
+        "the simulation needs about {} of memory, above the bound of {}; most of it is {largest}",
+        format_gib(*needed),
+        format_gib(*bound)
+    )]
+    TooLarge {
+        /// The estimated peak, in bytes.
+        needed: u64,
+        /// The bound, in bytes.
+        bound: u64,
+        /// The part of the estimate that weighs most.
+        largest: Footprint,
+    },
+}
+
+/// `4 GiB`, `11 GiB`, `5.0 GiB`, `0.50 GiB`: bytes in GiB, whole when exact, to two
+/// significant digits below 10.
+pub fn format_gib(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    let gib = bytes as f64 / GIB as f64;
+    if bytes.is_multiple_of(GIB) || gib >= 10.0 {
+        format!("{gib:.0} GiB")
+    } else if gib >= 1.0 {
+        format!("{gib:.1} GiB")
+    } else {
+        format!("{gib:.2} GiB")
+    }
 }
 
 /// A collective the simulator runs.
@@ -524,19 +560,20 @@ impl Run {
     /// Under [`Agreement::Detect`] with `n > 3f` it is always `None` (ranks out of step fail
     /// with [`Error::Disagreement`]); under [`Agreement::Off`] a split is silent by design.
     pub fn silent_split(&self) -> Option<String> {
-        let done: Vec<(Rank, &RankOutcome, Vec<u32>)> = self
+        let done: Vec<(Rank, &RankOutcome, &[f32])> = self
             .ranks
             .iter()
             .enumerate()
             .filter(|(_, o)| o.role == Role::Honest)
             .filter_map(|(r, o)| match &o.result {
-                RankResult::Done(Some(v)) => Some((r, o, v.iter().map(|x| x.to_bits()).collect())),
+                RankResult::Done(Some(v)) => Some((r, o, &v[..])),
                 _ => None,
             })
             .collect();
-        let mut distinct: Vec<&Vec<u32>> = done.iter().map(|(_, _, v)| v).collect();
-        distinct.sort();
-        distinct.dedup();
+        // Compared in place: no copy of the results.
+        let mut distinct: Vec<&[f32]> = done.iter().map(|(_, _, v)| *v).collect();
+        distinct.sort_by(|a, b| bitwise_cmp(a, b));
+        distinct.dedup_by(|a, b| bitwise_cmp(a, b) == std::cmp::Ordering::Equal);
         if distinct.len() <= 1 {
             return None;
         }
@@ -557,6 +594,17 @@ impl Run {
     }
 }
 
+/// The order of the bit patterns of `a` and `b`: equal exactly when they are bitwise equal
+/// (one buffer shared by several ranks compares equal without reading it).
+fn bitwise_cmp(a: &[f32], b: &[f32]) -> std::cmp::Ordering {
+    if std::ptr::eq(a, b) {
+        return std::cmp::Ordering::Equal;
+    }
+    a.iter()
+        .map(|x| x.to_bits())
+        .cmp(b.iter().map(|x| x.to_bits()))
+}
+
 impl Run {
     /// Honest ranks that did not end alike, whether they said so or not: `None` when every
     /// honest rank completed with bitwise the same result (what [`Agreement::Enforce`]
@@ -568,22 +616,19 @@ impl Run {
             .enumerate()
             .filter(|(_, o)| o.role == Role::Honest)
             .collect();
-        let mut first: Option<(Rank, Vec<u32>)> = None;
+        let mut first: Option<(Rank, &[f32])> = None;
         for (r, o) in honest {
             match &o.result {
-                RankResult::Done(Some(v)) => {
-                    let bits: Vec<u32> = v.iter().map(|x| x.to_bits()).collect();
-                    match &first {
-                        None => first = Some((r, bits)),
-                        Some((q, w)) if *w != bits => {
-                            return Some(format!(
-                                "{}: honest ranks {q} and {r} completed with different results",
-                                self.algorithm
-                            ))
-                        }
-                        Some(_) => {}
+                RankResult::Done(Some(v)) => match first {
+                    None => first = Some((r, &v[..])),
+                    Some((q, w)) if bitwise_cmp(w, v) != std::cmp::Ordering::Equal => {
+                        return Some(format!(
+                            "{}: honest ranks {q} and {r} completed with different results",
+                            self.algorithm
+                        ))
                     }
-                }
+                    Some(_) => {}
+                },
                 RankResult::Done(None) => {}
                 RankResult::Failed(e) => {
                     return Some(format!("{}: honest rank {r} failed: {e}", self.algorithm))

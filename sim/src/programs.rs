@@ -3,6 +3,8 @@
 //! the runtime's driver of the same collectives: erasures, rank-order aggregation, empty
 //! results of owners that cannot aggregate, the median of owner versions.
 
+use std::sync::Arc;
+
 use byzcoll_proto::schedule::{self, chunk_range};
 use byzcoll_proto::{Error, Fault, PeerFault, Rank, Tag};
 
@@ -62,8 +64,8 @@ fn arrived(slot: ChunkId) -> Option<ChunkId> {
 #[derive(Debug)]
 pub(crate) struct Ring {
     pub common: Common,
-    /// Each rank's working buffer (data mode).
-    bufs: Vec<Vec<f32>>,
+    /// Each rank's working buffer (data mode), unique until [`Ring::finish`] stores it.
+    bufs: Vec<Arc<[f32]>>,
 }
 
 impl Ring {
@@ -72,7 +74,7 @@ impl Ring {
             Some(plane) => plane
                 .inputs
                 .iter()
-                .map(|&id| plane.store.get(id).to_vec())
+                .map(|&id| Arc::from(plane.store.get(id)))
                 .collect(),
             None => Vec::new(),
         };
@@ -91,9 +93,8 @@ impl Ring {
     /// The final buffers, stored, for ranks that completed.
     pub(crate) fn finish(&mut self) {
         if let Some(plane) = &mut self.common.plane {
-            for (r, buf) in self.bufs.iter_mut().enumerate() {
-                let done = std::mem::take(buf);
-                self.common.outputs[r] = Some(plane.store.insert(done.into()));
+            for (r, buf) in std::mem::take(&mut self.bufs).into_iter().enumerate() {
+                self.common.outputs[r] = Some(plane.store.insert(buf));
             }
         }
     }
@@ -152,7 +153,7 @@ impl Program for Ring {
         };
         if let Some(plane) = &mut self.common.plane {
             let theirs = plane.store.get(id);
-            let mine = &mut self.bufs[rank][range];
+            let mine = &mut Arc::make_mut(&mut self.bufs[rank])[range];
             if reduce {
                 // As the real driver: through f64, rounded once (exact for f32 pairs).
                 for (a, &b) in mine.iter_mut().zip(theirs) {

@@ -50,6 +50,9 @@ pub(crate) struct Robust<'a> {
     finite: HashMap<u32, bool>,
     /// Same-to-everyone lies, made once per (owner, shard).
     lies: HashMap<(Rank, usize), ChunkId>,
+    /// Equivocated inputs by (rank, equivocation key, range start, length): destinations with
+    /// the same key (all but a victim) share one forged vector.
+    forgeries: HashMap<(Rank, Rank, usize, usize), ChunkId>,
     /// Per rank, the reports of rounds that ended well.
     pub reports: Vec<Option<RoundReport>>,
 }
@@ -94,6 +97,7 @@ impl<'a> Robust<'a> {
             digests: HashMap::new(),
             finite: HashMap::new(),
             lies: HashMap::new(),
+            forgeries: HashMap::new(),
             reports: (0..n).map(|_| None).collect(),
             common,
             adversary,
@@ -147,10 +151,16 @@ impl<'a> Robust<'a> {
                 };
                 if self.adversary.equivocates_inputs(rank, n) {
                     // A different vector to every destination (or to the victim only).
-                    let honest = plane.store.get(plane.inputs[rank])[range].to_vec();
                     let key = self.adversary.equivocation_key(dest);
-                    let forged = crate::Lie::Equivocate.forge(&honest, key);
-                    return chunk(plane.store.insert(forged.into()), len);
+                    let at = (rank, key, range.start, len);
+                    if let Some(&id) = self.forgeries.get(&at) {
+                        return chunk(id, len);
+                    }
+                    let honest = &plane.store.get(plane.inputs[rank])[range];
+                    let forged = crate::Lie::Equivocate.forge(honest, key);
+                    let id = plane.store.insert(forged.into());
+                    self.forgeries.insert(at, id);
+                    return chunk(id, len);
                 }
                 let id = match msg {
                     Msg::Piece(s) => self.ranks[rank].pieces + *s as ChunkId,
