@@ -192,11 +192,6 @@ impl Out {
         if round.unauthenticated {
             text.push_str("UNAUTHENTICATED job; ");
         }
-        if round.identity == IdentityMode::SharedSecret {
-            text.push_str(
-                "identity: shared-secret (a rank holding the secret could claim another); ",
-            );
-        }
         // SAFETY: NULL or `text_capacity` bytes.
         unsafe { write_text(r.text, r.text_capacity, text.trim_end_matches("; ")) };
         // SAFETY: `dst` was checked in `new`; only the outputs differ from what the caller wrote.
