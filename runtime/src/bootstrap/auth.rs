@@ -176,7 +176,11 @@ impl JobAuth {
                 Some(c) => JobAuth::PerRank(c),
                 None => JobAuth::Secret(secret),
             }),
-            JobAuth::Unauthenticated if get("BYZCOLL_ROSTER_FILE").is_some() => {
+            JobAuth::Unauthenticated
+                if ["BYZCOLL_ROSTER_FILE", "BYZCOLL_KEY_FILE", "BYZCOLL_KEY"]
+                    .iter()
+                    .any(|v| get(v).is_some()) =>
+            {
                 Err(BootstrapError::InvalidVar {
                     var: "BYZCOLL_ROSTER_FILE",
                     value: "(set)".into(),

@@ -619,6 +619,21 @@ mod tests {
         );
     }
 
+    /// Keys without the secret are refused, not ignored: an unauthenticated job with a key
+    /// set would otherwise run without the identity the user asked for.
+    #[test]
+    fn per_rank_variables_in_an_unauthenticated_job_are_refused() {
+        use crate::bootstrap::JobAuth;
+        for var in ["BYZCOLL_ROSTER_FILE", "BYZCOLL_KEY_FILE", "BYZCOLL_KEY"] {
+            let get = |k: &str| (k == var).then(|| "x".to_string());
+            let e = JobAuth::Unauthenticated
+                .with_rank_keys(get, 0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("need a job secret"), "{var}: {e}");
+        }
+    }
+
     #[test]
     fn key_paths_substitute_the_rank() {
         assert_eq!(key_path("keys/rank-%r", 7).unwrap(), "keys/rank-7");
