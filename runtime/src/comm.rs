@@ -272,7 +272,7 @@ impl Communicator {
     /// # Cancel safety
     /// Not cancel safe: the other ranks count this rank missing.
     pub async fn split(&mut self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
-        let (me, n) = (self.rank(), self.size());
+        let n = self.size();
         let mine = [
             color.map_or(0, |c| u64::from(c) + 1),
             u64::from(key),
@@ -309,9 +309,16 @@ impl Communicator {
             .filter(|&r| table[3 * r] == u64::from(color) + 1)
             .collect();
         members.sort_by_key(|&r| (table[3 * r + 1], r));
+        Ok(Some(self.sub(members, stream)))
+    }
+
+    /// The communicator of `members` (ranks here, in their new order) on `stream`, over this
+    /// one's transport, with its configuration and identity mode.
+    fn sub(&self, members: Vec<Rank>, stream: u64) -> Communicator {
+        let me = self.rank();
         let rank = members.iter().position(|&r| r == me).unwrap_or_default();
         let n_members = members.len();
-        Ok(Some(Communicator {
+        Communicator {
             transport: Arc::new(SubTransport {
                 parent: self.transport.clone(),
                 members,
@@ -326,7 +333,7 @@ impl Communicator {
             step_id: None,
             health: crate::health::Health::new(n_members),
             stats: RoundStats::default(),
-        }))
+        }
     }
 
     /// Shrinks the communicator to the ranks that are alive, like `MPI_Comm_shrink`: every
@@ -393,25 +400,8 @@ impl Communicator {
             )));
         }
         self.shared.streams.fetch_max(stream, Ordering::Relaxed);
-        let rank = kept.iter().position(|&r| r == me).unwrap_or_default();
-        let n_members = kept.len();
         tracing::info!(rank = me, ?kept, "communicator shrunk");
-        Ok(Communicator {
-            transport: Arc::new(SubTransport {
-                parent: self.transport.clone(),
-                members: kept,
-                rank,
-            }),
-            config: self.config.clone(),
-            stream,
-            next_collective: 0,
-            shared: self.shared.clone(),
-            owner_tamper: None,
-            identity: self.identity,
-            step_id: None,
-            health: crate::health::Health::new(n_members),
-            stats: RoundStats::default(),
-        })
+        Ok(self.sub(kept, stream))
     }
 
     /// What the steps run since the last call moved and took (every collective adds to it;

@@ -135,23 +135,12 @@ impl KeyRoster {
     /// [`BootstrapError::InvalidVar`] naming the variable, the path and what is wrong.
     pub fn read_file(path: &str) -> Result<Self, BootstrapError> {
         use std::io::Read;
-        use std::os::unix::fs::OpenOptionsExt;
         let bad = |why: String| BootstrapError::InvalidVar {
             var: "BYZCOLL_ROSTER_FILE",
             value: path.to_string(),
             why,
         };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| bad(format!("cannot read it: {e}")))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| bad(format!("cannot read it: {e}")))?;
-        if !meta.is_file() {
-            return Err(bad("not a regular file".into()));
-        }
+        let (file, meta) = open_regular(path, bad)?;
         if meta.len() > MAX_ROSTER_FILE {
             return Err(bad(format!(
                 "{} bytes, more than a roster of the largest world ({MAX_ROSTER_FILE})",
@@ -410,21 +399,15 @@ pub fn parse_hex32(s: &str) -> Result<[u8; 32], String> {
     Ok(b)
 }
 
-/// Reads 64 hex digits from the private file `path`, named by `var` in errors: a regular file
-/// owned by this user with no group or other permissions, checked and read through one open
-/// file (so it cannot be swapped in between), and a FIFO in its place refused rather than
-/// waited on.
-///
-/// # Errors
-/// [`BootstrapError::InvalidVar`] naming `var`, the path and what is wrong (never the content).
-pub fn read_private_hex(var: &'static str, path: &str) -> Result<[u8; 32], BootstrapError> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-    let bad = |why: String| BootstrapError::InvalidVar {
-        var,
-        value: path.to_string(),
-        why,
-    };
-    let mut file = std::fs::OpenOptions::new()
+/// Opens the regular file at `path` for reading, non-blocking (a FIFO in its place is refused
+/// rather than waited on), with its metadata from the same open file (so it cannot be swapped
+/// in between); errors as `bad` makes them.
+fn open_regular(
+    path: &str,
+    bad: impl Fn(String) -> BootstrapError,
+) -> Result<(std::fs::File, std::fs::Metadata), BootstrapError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
@@ -435,6 +418,24 @@ pub fn read_private_hex(var: &'static str, path: &str) -> Result<[u8; 32], Boots
     if !meta.is_file() {
         return Err(bad("not a regular file".into()));
     }
+    Ok((file, meta))
+}
+
+/// Reads 64 hex digits from the private file `path`, named by `var` in errors: a regular file
+/// owned by this user with no group or other permissions, checked and read through one open
+/// file (so it cannot be swapped in between), and a FIFO in its place refused rather than
+/// waited on.
+///
+/// # Errors
+/// [`BootstrapError::InvalidVar`] naming `var`, the path and what is wrong (never the content).
+pub fn read_private_hex(var: &'static str, path: &str) -> Result<[u8; 32], BootstrapError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let bad = |why: String| BootstrapError::InvalidVar {
+        var,
+        value: path.to_string(),
+        why,
+    };
+    let (mut file, meta) = open_regular(path, bad)?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != me {
