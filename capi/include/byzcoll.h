@@ -123,6 +123,8 @@ typedef enum byzcoll_status_t {
   BYZCOLL_ABORTED = 11,
   // A CUDA call failed (device vectors).
   BYZCOLL_DEVICE = 12,
+  // The other ranks shrank the communicator without this rank (`byzcoll_comm_shrink`).
+  BYZCOLL_EXCLUDED = 13,
 } byzcoll_status_t;
 
 // A communicator: one rank's membership in a job. Opaque.
@@ -409,6 +411,19 @@ enum byzcoll_status_t byzcoll_all_gather(struct byzcoll_comm_t *comm,
 // # Safety
 // `comm` is NULL or a live communicator.
 enum byzcoll_status_t byzcoll_barrier(struct byzcoll_comm_t *comm);
+
+// Shrinks `comm` to the ranks that are alive, like `MPI_Comm_shrink`: every live rank calls
+// it. The live ranks agree, tolerating `f = (size - 1) / 3` Byzantine ranks, on the ranks to
+// keep; on success `*newcomm` is a communicator of them, renumbered in their old order, over
+// the same connections (finalize it as any other, before or after `comm`). A rank the others
+// did not keep gets `BYZCOLL_EXCLUDED` and `*newcomm` is NULL. `comm` stays usable.
+//
+// Thread safety: as `byzcoll_robust_allreduce`.
+//
+// # Safety
+// `comm` is NULL or a live communicator; `newcomm` is writable.
+enum byzcoll_status_t byzcoll_comm_shrink(struct byzcoll_comm_t *comm,
+                                          struct byzcoll_comm_t **newcomm);
 
 // Sets the step id every later collective call on `comm` carries in its fingerprint, until
 // it is set again (`BYZCOLL_NO_STEP`: none), e.g. the training step.

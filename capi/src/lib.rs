@@ -19,7 +19,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::pin;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use byzcoll_rs::aggregators::{self, Params};
@@ -108,7 +108,9 @@ pub struct byzcoll_rule_params_t {
 /// A communicator: one rank's membership in a job. Opaque.
 #[derive(Debug)]
 pub struct byzcoll_comm_t {
-    runtime: tokio::runtime::Runtime,
+    /// Shared with the communicators made from this one (`byzcoll_comm_shrink`), whose
+    /// transport's tasks run on it.
+    runtime: Arc<tokio::runtime::Runtime>,
     comm: Mutex<Option<Communicator>>,
     rank: usize,
     size: usize,
@@ -173,7 +175,7 @@ unsafe fn guard_comm(
 }
 
 impl byzcoll_comm_t {
-    fn new(runtime: tokio::runtime::Runtime, comm: Communicator) -> Box<Self> {
+    fn new(runtime: Arc<tokio::runtime::Runtime>, comm: Communicator) -> Box<Self> {
         Box::new(byzcoll_comm_t {
             rank: comm.rank(),
             size: comm.size(),
@@ -369,7 +371,7 @@ pub unsafe extern "C" fn byzcoll_init_from_env(
             let job = overrides.apply(JobConfig::from_env()?)?;
             let runtime = runtime()?;
             let c = runtime.block_on(byzcoll_rs::init_with(&job))?;
-            Ok(byzcoll_comm_t::new(runtime, c))
+            Ok(byzcoll_comm_t::new(Arc::new(runtime), c))
         })
     }
 }
@@ -424,7 +426,7 @@ pub unsafe extern "C" fn byzcoll_init_oob(
                 }
             };
             let c = byzcoll_rs::init_with_allgather(&job, &mut gather, runtime.handle())?;
-            Ok(byzcoll_comm_t::new(runtime, c))
+            Ok(byzcoll_comm_t::new(Arc::new(runtime), c))
         })
     }
 }
@@ -732,6 +734,34 @@ pub unsafe extern "C" fn byzcoll_all_gather(
 pub unsafe extern "C" fn byzcoll_barrier(comm: *mut byzcoll_comm_t) -> byzcoll_status_t {
     // SAFETY: forwarded.
     unsafe { guard_comm(comm, |comm| comm.run(async |c| c.barrier().await)) }
+}
+
+/// Shrinks `comm` to the ranks that are alive, like `MPI_Comm_shrink`: every live rank calls
+/// it. The live ranks agree, tolerating `f = (size - 1) / 3` Byzantine ranks, on the ranks to
+/// keep; on success `*newcomm` is a communicator of them, renumbered in their old order, over
+/// the same connections (finalize it as any other, before or after `comm`). A rank the others
+/// did not keep gets `BYZCOLL_EXCLUDED` and `*newcomm` is NULL. `comm` stays usable.
+///
+/// Thread safety: as `byzcoll_robust_allreduce`.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `newcomm` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_comm_shrink(
+    comm: *mut byzcoll_comm_t,
+    newcomm: *mut *mut byzcoll_comm_t,
+) -> byzcoll_status_t {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        publish(newcomm, || {
+            // SAFETY: the caller passes NULL or a live communicator.
+            let Some(parent) = comm.as_ref() else {
+                return Err(Failure::invalid("comm is NULL"));
+            };
+            let sub = parent.run(async |c| c.shrink().await)?;
+            Ok(byzcoll_comm_t::new(parent.runtime.clone(), sub))
+        })
+    }
 }
 
 /// `byzcoll_comm_set_step`'s value for "no step id".

@@ -39,6 +39,8 @@ pub enum byzcoll_status_t {
     BYZCOLL_ABORTED = 11,
     /// A CUDA call failed (device vectors).
     BYZCOLL_DEVICE = 12,
+    /// The other ranks shrank the communicator without this rank (`byzcoll_comm_shrink`).
+    BYZCOLL_EXCLUDED = 13,
 }
 
 use byzcoll_status_t::*;
@@ -82,6 +84,7 @@ impl From<Error> for Failure {
             Error::PeerFaults { .. } | Error::Transport(_) => BYZCOLL_TRANSPORT,
             Error::TooManyFaults { .. } | Error::ShardLost { .. } => BYZCOLL_TOO_MANY_FAULTS,
             Error::Disagreement { .. } => BYZCOLL_DISAGREEMENT,
+            Error::Excluded { .. } => BYZCOLL_EXCLUDED,
             Error::Aggregation(AggError::Precondition { .. }) => BYZCOLL_PRECONDITION,
             Error::Aggregation(AggError::InvalidSpec(_) | AggError::LengthMismatch { .. }) => {
                 BYZCOLL_INVALID_ARGUMENT
@@ -111,7 +114,7 @@ impl From<Error> for Failure {
 
 /// A static description of a status value.
 pub(crate) fn describe(status: c_int) -> &'static CStr {
-    const ALL: [(byzcoll_status_t, &CStr); 13] = [
+    const ALL: [(byzcoll_status_t, &CStr); 14] = [
         (BYZCOLL_OK, c"success"),
         (BYZCOLL_INVALID_ARGUMENT, c"invalid argument"),
         (
@@ -140,6 +143,10 @@ pub(crate) fn describe(status: c_int) -> &'static CStr {
         (BYZCOLL_BOOTSTRAP, c"bootstrap failed"),
         (BYZCOLL_ABORTED, c"the communicator was aborted"),
         (BYZCOLL_DEVICE, c"a CUDA call failed"),
+        (
+            BYZCOLL_EXCLUDED,
+            c"the other ranks shrank the communicator without this rank",
+        ),
     ];
     ALL.iter()
         .find(|(s, _)| *s as c_int == status)

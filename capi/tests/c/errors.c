@@ -158,6 +158,18 @@ int main(void) {
     EXPECT(byzcoll_comm_set_step(comm, 41), BYZCOLL_OK, NULL);
     EXPECT(byzcoll_barrier(comm), BYZCOLL_OK, NULL);
     EXPECT(byzcoll_comm_set_step(comm, BYZCOLL_NO_STEP), BYZCOLL_OK, NULL);
+
+    /* Shrink: a world of one keeps its one rank. */
+    byzcoll_comm_t *sub = NULL;
+    EXPECT(byzcoll_comm_shrink(NULL, &sub), BYZCOLL_INVALID_ARGUMENT, "comm is NULL");
+    EXPECT(byzcoll_comm_shrink(comm, NULL), BYZCOLL_INVALID_ARGUMENT, "NULL");
+    EXPECT(byzcoll_comm_shrink(comm, &sub), BYZCOLL_OK, NULL);
+    if (sub == NULL || byzcoll_comm_size(sub) != 1 || byzcoll_comm_rank(sub) != 0) {
+        fprintf(stderr, "FAILED: shrink of a world of one\n");
+        return 1;
+    }
+    EXPECT(byzcoll_robust_allreduce(sub, v, out, 8, BYZCOLL_FLOAT64, "median", &params, NULL), BYZCOLL_OK, NULL);
+    EXPECT(byzcoll_comm_finalize(sub), BYZCOLL_OK, NULL);
     if (!strstr(byzcoll_comm_last_error(comm), "op is 17") && !strstr(byzcoll_comm_last_error(comm), "overlap")) {
         fprintf(stderr, "FAILED: comm last error \"%s\"\n", byzcoll_comm_last_error(comm));
         return 1;
@@ -184,7 +196,8 @@ int main(void) {
     /* Strings. */
     if (strcmp(byzcoll_status_string(BYZCOLL_OK), "success") || strcmp(byzcoll_status_string(1234), "unknown status") ||
         strcmp(byzcoll_status_string(-1), "unknown status") ||
-        strcmp(byzcoll_status_string(BYZCOLL_DEVICE), "a CUDA call failed") || byzcoll_version()[0] == 0 ||
+        strcmp(byzcoll_status_string(BYZCOLL_DEVICE), "a CUDA call failed") ||
+        strcmp(byzcoll_status_string(BYZCOLL_EXCLUDED), "the other ranks shrank the communicator without this rank") || byzcoll_version()[0] == 0 ||
         byzcoll_comm_rank(NULL) != -1 || byzcoll_comm_size(NULL) != -1) {
         fprintf(stderr, "FAILED: strings or NULL getters\n");
         return 1;
