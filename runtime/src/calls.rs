@@ -11,7 +11,6 @@
 use byzcoll_aggregators::Aggregator;
 
 use crate::round::Shape;
-use crate::transport::call_fingerprint;
 
 fn len(bytes: usize) -> [u8; 8] {
     (bytes as u64).to_le_bytes()
@@ -70,4 +69,28 @@ pub fn robust<T>(rule: &dyn Aggregator, shape: Shape, d: usize, step: Option<u64
         ],
         step,
     )
+}
+
+/// The fingerprint of a collective call: a digest of what the caller asked for (the
+/// operation and its arguments, in `parts`) and of the caller's step id
+/// (`Communicator::set_step`). Every rank computes it for the same call alike.
+pub fn call_fingerprint(op: &str, parts: &[&[u8]], step_id: Option<u64>) -> u64 {
+    let mut h = blake3::Hasher::new();
+    let mut part = |b: &[u8]| {
+        h.update(&(b.len() as u64).to_le_bytes());
+        h.update(b);
+    };
+    part(b"byzcoll call");
+    part(op.as_bytes());
+    for p in parts {
+        part(p);
+    }
+    match step_id {
+        Some(id) => part(&id.to_le_bytes()),
+        None => part(&[]),
+    }
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    // 0 is the point-to-point value; a call never has it.
+    u64::from_le_bytes(first).max(1)
 }

@@ -30,6 +30,7 @@ pub use byzcoll_proto::{
     PeerFault, Policy, Quorum, Rank, RecvOp, Replicas, Result, RoundReport, RoundStats, Stragglers,
     Tag, TransportError, STREAM_BITS, SUB_ROUND_BYTES,
 };
+pub use calls::call_fingerprint;
 pub use comm::{Communicator, ReduceOp, DOUBLING_MAX_BYTES, RING_PARTS, RING_PART_BYTES};
 pub use config::{step_timeout_ms, Config, JOB_RECORD_LEN, MAX_PART_BYTES, MAX_STEP_TIMEOUT};
 pub use handle::{CommHandle, Pending, QUEUED};
@@ -37,7 +38,5 @@ pub use health::{PeerHealth, Symptom};
 #[cfg(feature = "fault-injection")]
 pub use robust::OwnerTamper;
 pub use round::sum_of_shard_medians;
-pub use transport::{
-    call_fingerprint, Capabilities, RecvOutcome, SendOp, Step, Transport, PIPELINED_STEPS,
-};
+pub use transport::{Capabilities, RecvOutcome, SendOp, Step, Transport, PIPELINED_STEPS};
 pub use types::{MemoryKind, Payload};

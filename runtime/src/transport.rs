@@ -29,7 +29,7 @@ pub struct Step {
     pub collective: u64,
     /// Step number within the collective.
     pub step: u32,
-    /// The collective call's fingerprint ([`call_fingerprint`]): what the caller asked for.
+    /// The collective call's fingerprint ([`crate::calls`]): what the caller asked for.
     /// Framed transports carry it with every message; a message whose fingerprint is not the
     /// receive's is [`RecvOutcome::OutOfStep`], never delivered. 0 for point-to-point
     /// messages.
@@ -136,30 +136,6 @@ pub enum RecvOutcome {
     Malformed(String),
     /// A message for another call arrived: its [`Step::call`] fingerprint is not this step's.
     OutOfStep,
-}
-
-/// The fingerprint of a collective call: a digest of what the caller asked for (the
-/// operation and its arguments, in `parts`) and of the caller's step id
-/// (`Communicator::set_step`). Every rank computes it for the same call alike.
-pub fn call_fingerprint(op: &str, parts: &[&[u8]], step_id: Option<u64>) -> u64 {
-    let mut h = blake3::Hasher::new();
-    let mut part = |b: &[u8]| {
-        h.update(&(b.len() as u64).to_le_bytes());
-        h.update(b);
-    };
-    part(b"byzcoll call");
-    part(op.as_bytes());
-    for p in parts {
-        part(p);
-    }
-    match step_id {
-        Some(id) => part(&id.to_le_bytes()),
-        None => part(&[]),
-    }
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&h.finalize().as_bytes()[..8]);
-    // 0 is the point-to-point value; a call never has it.
-    u64::from_le_bytes(first).max(1)
 }
 
 /// What a transport can do, declared rather than discovered by trial.

@@ -275,7 +275,7 @@ where
 
 /// Shrink (issue #36): rank 2 of 4 dies (its transport is dropped); the other three shrink the
 /// communicator, agree to keep ranks 0, 1 and 3, renumbered 0, 1, 2, and run a robust
-/// all-reduce on it with every input present, none of it waiting a deadline for the dead rank.
+/// all-reduce on it with every input present and no fault.
 pub async fn a_shrink_drops_the_dead_and_renumbers<F, Fut>(factory: F)
 where
     F: Fn(usize) -> Fut,
