@@ -43,10 +43,11 @@ pub use byzcoll_aggregators as aggregators;
 #[cfg(feature = "cuda")]
 pub use byzcoll_cuda as cuda;
 pub use byzcoll_runtime::{
-    bootstrap, schedule, step_timeout_ms, Agreement, AgreementReport, BootstrapError, Capabilities,
-    CommHandle, Communicator, Config, Error, Fault, Grace, IdentityMode, MemoryKind, Payload,
-    PeerFault, PeerHealth, Pending, Policy, Quorum, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas,
-    Result, RoundReport, RoundStats, SendOp, Step, Stragglers, Symptom, Transport, TransportError,
+    bootstrap, schedule, step_timeout_ms, Agreement, AgreementReport, Attribution, BootstrapError,
+    Capabilities, CommHandle, Communicator, Config, Error, Fault, Grace, IdentityMode,
+    InputEvidence, MemoryKind, Payload, PeerFault, PeerHealth, Pending, Policy, Quorum, Rank,
+    RecvOp, RecvOutcome, ReduceOp, Replicas, Result, RoundReport, RoundStats, SendOp, Step,
+    Stragglers, Symptom, Transport, TransportError, OUTLYING_SCORE,
 };
 
 /// The transports of this build, re-exported.

@@ -46,6 +46,7 @@ pub mod attacks;
 mod coordinate;
 pub mod distance;
 mod element;
+pub mod evidence;
 mod geometric;
 mod krum;
 mod network;

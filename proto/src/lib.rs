@@ -15,12 +15,14 @@
 //! per-link delays, drops and rewrites, staggered starts, bounded stepping), at world sizes
 //! 1, 2, 3, 7, 8 and 11; the transport properties are the conformance suite's.
 
+mod attribution;
 mod error;
 mod ids;
 mod policy;
 pub mod round;
 pub mod schedule;
 
+pub use attribution::{Attribution, InputEvidence, OUTLYING_SCORE};
 pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, TransportError};
 pub use ids::{Grace, MsgKey, Quorum, Rank, RecvOp, Tag, STREAM_BITS};
 pub use policy::{

@@ -1,7 +1,7 @@
 //! The robust round's vocabulary: how data moves ([`Policy`], [`Replicas`]), how honest ranks
 //! make sure they agree ([`Agreement`]), and what a round reports ([`RoundReport`]).
 
-use crate::{Error, PeerFault, Rank};
+use crate::{Attribution, Error, PeerFault, Rank};
 
 /// How a robust all-reduce moves data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,7 +242,7 @@ pub struct AgreementReport {
 }
 
 /// What happened in one robust round.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RoundReport {
     /// Number of vectors that entered this rank's aggregation (its own included); in sharded
     /// mode, the smallest count over the shards this rank owns.
@@ -276,6 +276,12 @@ pub struct RoundReport {
     /// The cross-check's findings under [`Agreement::Detect`] (`None` under
     /// [`Agreement::Off`]).
     pub agreement: Option<AgreementReport>,
+    /// How far each rank's input lay from the aggregate, and whether the rule set it aside
+    /// ([`Attribution`]: evidence, never acted on). In gather mode every honest rank measures
+    /// the same inputs against the same result, so it is bitwise the same wherever the inputs
+    /// agree; in sharded mode each rank measures the shards it owns. `None` where the plane
+    /// does not measure (the simulator, the device path).
+    pub attribution: Option<Attribution>,
     /// Bytes moved and each step's time, the cross-check included.
     pub stats: RoundStats,
 }

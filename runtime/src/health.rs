@@ -6,10 +6,10 @@
 //! one marked unhealthy by lying about it. It is evidence for the application and for the
 //! communicator's own choices, never an accusation acted on by itself.
 
-use crate::{Fault, PeerFault, Rank, Result, RoundReport};
+use crate::{Fault, InputEvidence, PeerFault, Rank, Result, RoundReport, OUTLYING_SCORE};
 
 /// What this rank has seen of one peer ([`Communicator::health`](crate::Communicator::health)).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct PeerHealth {
     /// The peer.
@@ -26,6 +26,16 @@ pub struct PeerHealth {
     pub malformed: u64,
     /// Rounds in which the cross-check found its result differing from the job's.
     pub disagreeing: u64,
+    /// Rounds in which its input was outlying: its [`InputEvidence::score`] above
+    /// [`OUTLYING_SCORE`] in this rank's [`RoundReport::attribution`]. Evidence of who to look
+    /// at (an honest rank with unusual data is outlying too), not a fault: it never changes
+    /// [`PeerHealth::streak`].
+    pub outlying: u64,
+    /// A running [`InputEvidence::score`] of its input: each measured round moves it a
+    /// quarter of the way to that round's score (`None` until a round measured it).
+    pub score: Option<f64>,
+    /// Selection rules: rounds in which the rule left its input out (Krum, Multi-Krum, Bulyan).
+    pub not_selected: u64,
 }
 
 /// How a peer was at fault in a round.
@@ -93,6 +103,13 @@ impl Health {
             // out of step: nothing is learnt of the others.
             Err(_) => return,
         };
+        if let Ok(RoundReport {
+            attribution: Some(attribution),
+            ..
+        }) = outcome
+        {
+            self.record_evidence(&attribution.ranks);
+        }
         for peer in &mut self.peers {
             let symptom = faults
                 .iter()
@@ -121,6 +138,24 @@ impl Health {
                 Some((s, k)) if s == symptom => Some((s, k.saturating_add(1))),
                 _ => Some((symptom, 1)),
             };
+        }
+    }
+}
+
+impl Health {
+    fn record_evidence(&mut self, evidence: &[InputEvidence]) {
+        for (peer, e) in self.peers.iter_mut().zip(evidence) {
+            if e.coordinates == 0 {
+                continue;
+            }
+            peer.outlying += u64::from(e.score > OUTLYING_SCORE);
+            peer.not_selected += u64::from(e.selected == Some(false));
+            peer.score = Some(match peer.score {
+                Some(old) if old.is_finite() && e.score.is_finite() => old + (e.score - old) / 4.0,
+                // An infinite score is taken as it is, and left at once for a finite one (a
+                // weighted sum would turn `inf - inf` into NaN).
+                _ => e.score,
+            });
         }
     }
 }

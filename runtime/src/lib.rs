@@ -26,9 +26,10 @@ mod types;
 
 pub use byzcoll_proto::schedule;
 pub use byzcoll_proto::{
-    Agreement, AgreementReport, BootstrapError, Error, Fault, Faults, Grace, IdentityMode, MsgKey,
-    PeerFault, Policy, Quorum, Rank, RecvOp, Replicas, Result, RoundReport, RoundStats, Stragglers,
-    Tag, TransportError, STREAM_BITS, SUB_ROUND_BYTES,
+    Agreement, AgreementReport, Attribution, BootstrapError, Error, Fault, Faults, Grace,
+    IdentityMode, InputEvidence, MsgKey, PeerFault, Policy, Quorum, Rank, RecvOp, Replicas, Result,
+    RoundReport, RoundStats, Stragglers, Tag, TransportError, OUTLYING_SCORE, STREAM_BITS,
+    SUB_ROUND_BYTES,
 };
 pub use calls::call_fingerprint;
 pub use comm::{Communicator, ReduceOp, DOUBLING_MAX_BYTES, RING_PARTS, RING_PART_BYTES};

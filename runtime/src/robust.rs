@@ -37,6 +37,11 @@ fn merge_reports(merged: &mut RoundReport, next: RoundReport) {
         (a @ None, b) => *a = b,
         (Some(_), None) => {}
     }
+    match (&mut merged.attribution, next.attribution) {
+        (Some(a), Some(b)) => a.merge(&b),
+        (a @ None, b) => *a = b,
+        (Some(_), None) => {}
+    }
     merged.stats.bytes_sent += next.stats.bytes_sent;
     merged.stats.bytes_received += next.stats.bytes_received;
     merged.stats.step_times.extend(next.stats.step_times);

@@ -91,6 +91,12 @@ impl<'r, B> Round<'r, B> {
                     .selected
                     .map(|s| s.into_iter().map(|i| ranks[i]).collect());
                 drop(inputs);
+                let all: Vec<Option<Src<'_, B>>> = (0..self.spec.n)
+                    .map(|p| ranks.contains(&p).then(|| src(p)))
+                    .collect();
+                let measured = plane.measure(&all, Dest::Output, self.rule.byzantine());
+                drop(all);
+                self.add_measure(measured);
                 let digest = self.detect().then(|| plane.result_digest());
                 self.post_check(digest);
             }

@@ -43,6 +43,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use bytes::Bytes;
+use byzcoll_aggregators::evidence::Measure;
 use byzcoll_aggregators::{
     AggError, AggReport, Aggregator, DistanceIteration, DistanceMixing, DistanceSelection,
     Structure,
@@ -50,8 +51,8 @@ use byzcoll_aggregators::{
 
 use crate::schedule::{self, chunk_range, sharded};
 use crate::{
-    Agreement, Error, Fault, Grace, PeerFault, Policy, Quorum, Rank, RecvOp, Replicas, RoundReport,
-    Tag,
+    Agreement, Attribution, Error, Fault, Grace, PeerFault, Policy, Quorum, Rank, RecvOp, Replicas,
+    RoundReport, Tag,
 };
 
 pub use check::{commitment, input_digest, result_digest, Digest};
@@ -269,6 +270,19 @@ pub trait Plane {
     /// The BLAKE3 digest ([`check::commitment`] of its bytes) of shard `s` of the output
     /// (its elements `range`) as [`Plane::combine`] wrote it.
     fn output_digest(&mut self, s: usize, range: Range<usize>) -> Digest;
+
+    /// Measures `inputs` (rank order; `None`: erased) against the result the rule (tolerating
+    /// `f`) made of them at `of` ([`byzcoll_aggregators::evidence::measure`]): the
+    /// [`RoundReport::attribution`]. `None` where this plane does not measure (the default).
+    fn measure(
+        &mut self,
+        inputs: &[Option<Src<'_, Self::Buf>>],
+        of: Dest,
+        f: usize,
+    ) -> Option<Measure> {
+        let _ = (inputs, of, f);
+        None
+    }
 }
 
 /// What a round computes.
@@ -418,6 +432,9 @@ pub struct Round<'r, B> {
     lag_in: u32,
     /// Whether a receive came back missing ([`Round::lag`]).
     saw_missing: bool,
+    /// The plane's measurements of the inputs against the results this rank made, summed
+    /// over its owned shards ([`RoundReport::attribution`]).
+    measured: Option<Measure>,
 }
 
 /// The digest an owner sends in place of a version it does not have (an owner that could not
@@ -502,6 +519,7 @@ impl<'r, B> Round<'r, B> {
             carried: erased.iter().map(|f| f.rank).collect(),
             lag_in: carry.lag,
             saw_missing: false,
+            measured: None,
         };
         round.report.faults = erased.to_vec();
         round.report.stragglers = spec.stragglers;
@@ -640,7 +658,22 @@ impl<'r, B> Round<'r, B> {
         assert!(self.plan.is_none(), "the round is not over");
         match self.failed {
             Some(e) => Err(e),
-            None => Ok(self.report),
+            None => {
+                let mut report = self.report;
+                report.attribution = self
+                    .measured
+                    .map(|m| Attribution::of(&m, report.selected.as_deref()));
+                Ok(report)
+            }
+        }
+    }
+
+    /// Adds a plane's measurement of one result's inputs ([`Plane::measure`]).
+    fn add_measure(&mut self, m: Option<Measure>) {
+        match (&mut self.measured, m) {
+            (Some(sum), Some(m)) => sum.add(&m),
+            (none @ None, Some(m)) => *none = Some(m),
+            (_, None) => {}
         }
     }
 

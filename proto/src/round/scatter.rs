@@ -146,7 +146,7 @@ impl<'r, B> Round<'r, B> {
                             non_finite.push(p);
                         }
                     }
-                    self.owner_outcome(i, s, done);
+                    self.owner_outcome(plane, i, s, done);
                 }
                 non_finite.sort_unstable();
                 self.report.non_finite = non_finite;
@@ -183,12 +183,19 @@ impl<'r, B> Round<'r, B> {
     /// An owner's result for its `i`-th shard `s`: on failure it sends an empty one, which
     /// receivers count as an erasure of its version (the reason is a warning, for the driver
     /// to log).
-    pub(super) fn owner_outcome(
+    pub(super) fn owner_outcome<P: Plane<Buf = B>>(
         &mut self,
+        plane: &mut P,
         i: usize,
         s: usize,
         done: Result<(), impl std::fmt::Display>,
     ) {
+        if done.is_ok() {
+            let inputs = self.shard_inputs(i, s);
+            let measured = plane.measure(&inputs, Dest::Owned(i), self.rule.byzantine());
+            drop(inputs);
+            self.add_measure(measured);
+        }
         if let Err(why) = done {
             self.warnings.push(format!(
                 "cannot aggregate owned shard {s}: {why}; sending an empty result"
@@ -296,7 +303,7 @@ impl<'r, B> Round<'r, B> {
                             .finish_selected(selection, &inputs, &selected, i)
                             .map_err(|e| e.to_string())
                     };
-                    self.owner_outcome(i, s, done);
+                    self.owner_outcome(plane, i, s, done);
                 }
                 self.selected = Some(selected);
                 self.post_versions();
@@ -321,7 +328,7 @@ impl<'r, B> Round<'r, B> {
                             .mix(mixing, &present, &neighbours, i)
                             .map_err(|e| e.to_string())
                     };
-                    self.owner_outcome(i, s, done);
+                    self.owner_outcome(plane, i, s, done);
                 }
                 self.post_versions();
             }
@@ -334,7 +341,7 @@ impl<'r, B> Round<'r, B> {
                 if converged || k == iteration.max_steps() {
                     for (i, &s) in owned.iter().enumerate() {
                         let done = plane.estimate_finish(i);
-                        self.owner_outcome(i, s, done);
+                        self.owner_outcome(plane, i, s, done);
                     }
                     return self.post_versions();
                 }

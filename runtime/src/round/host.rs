@@ -7,6 +7,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use byzcoll_aggregators::evidence::{self, Measure};
 use byzcoll_aggregators::{
     aggregate_into, AggError, AggReport, Aggregator, DistanceMixing, DistanceSelection, Element,
     Median,
@@ -48,6 +49,9 @@ pub struct HostPlane<'a, T> {
     result_digests: Vec<Option<Digest>>,
     /// The iterative rules' estimates, by owned shard.
     estimates: Vec<Vec<f64>>,
+    /// The measure of the inputs against the output (gather mode), taken as `aggregate`
+    /// writes it, by position among the inputs, until [`Plane::measure`] asks for it.
+    output_measure: Option<Measure>,
     /// The whole input's wire form (gather mode), made once.
     input_payload: Option<Payload>,
     /// The pieces' wire forms (sharded mode), by shard, made once.
@@ -75,6 +79,7 @@ impl<'a, T: Element> HostPlane<'a, T> {
             results: Vec::new(),
             result_digests: Vec::new(),
             estimates: Vec::new(),
+            output_measure: None,
             input_payload: None,
             pieces: vec![None; n],
             tamper,
@@ -235,7 +240,12 @@ impl<T: Element> Plane for HostPlane<'_, T> {
             Dest::Output => {
                 let mut out = vec![T::zeroed(); len];
                 let report = aggregate_into(rule, &refs(&views), &mut out)?;
+                // Measured now: the output overwrites this rank's own input.
+                let present: Vec<Option<&[T]>> = views.iter().map(|v| Some(v.as_ref())).collect();
+                let measured = evidence::measure(&present, &out, rule.byzantine());
+                drop(present);
                 drop(views);
+                self.output_measure = Some(measured);
                 match &mut self.target {
                     Target::All(buf) => buf.copy_from_slice(&out),
                     Target::OwnShard { output, .. } => output.copy_from_slice(&out),
@@ -411,6 +421,32 @@ impl<T: Element> Plane for HostPlane<'_, T> {
             Target::OwnShard { output, .. } => output,
         };
         result_digest(out)
+    }
+
+    fn measure(
+        &mut self,
+        inputs: &[Option<Src<'_, Payload>>],
+        of: Dest,
+        f: usize,
+    ) -> Option<Measure> {
+        let Dest::Owned(i) = of else {
+            // Measured by `aggregate`, by position among the present inputs.
+            let by_position = self.output_measure.take()?;
+            let mut by_rank = Measure::new(inputs.len());
+            let ranks = inputs.iter().enumerate().filter(|(_, x)| x.is_some());
+            for (at, (p, _)) in ranks.enumerate() {
+                by_rank.coordinates[p] = by_position.coordinates[at];
+                by_rank.sq_deviation[p] = by_position.sq_deviation[at];
+                by_rank.extreme[p] = by_position.extreme[at];
+            }
+            return Some(by_rank);
+        };
+        let views: Vec<Option<Cow<'_, [T]>>> = inputs
+            .iter()
+            .map(|x| x.as_ref().map(|src| self.view(src)))
+            .collect();
+        let refs: Vec<Option<&[T]>> = views.iter().map(|v| v.as_deref()).collect();
+        Some(evidence::measure(&refs, &cast_bytes(&self.results[i]), f))
     }
 
     fn output_digest(&mut self, _s: usize, range: Range<usize>) -> Digest {

@@ -56,6 +56,7 @@ macro_rules! conformance_suite {
             a_split_with_an_equivocated_color_is_refused,
             nonblocking_collectives_run_in_start_order,
             a_straggler_does_not_set_the_pace,
+            outlying_ranks_are_named_in_every_report,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -70,6 +71,7 @@ macro_rules! conformance_suite {
 
 // The bodies by topic, declared after the macro so that its name resolves in their docs.
 mod agreement;
+mod attribution;
 mod collectives;
 mod faults;
 mod harness;
@@ -87,6 +89,7 @@ pub use agreement::{
     an_equivocating_sender_never_splits_honest_ranks_silently,
     byzantine_owners_and_senders_are_agreed_on_under_enforce_in_sharded_mode,
 };
+pub use attribution::outlying_ranks_are_named_in_every_report;
 pub use collectives::{
     a_split_with_an_equivocated_color_is_refused,
     all_reduce_is_exact_across_the_doubling_crossover, all_reduce_of_megabyte_chunks_is_exact,
