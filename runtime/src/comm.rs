@@ -130,6 +130,13 @@ impl Communicator {
         self.config.ring_part_bytes = bytes;
     }
 
+    /// Sets [`Config::attribution`]: whether this rank's robust rounds measure each input
+    /// against the aggregate (on by default; off leaves
+    /// [`RoundReport::attribution`](crate::RoundReport::attribution) `None`).
+    pub fn set_attribution(&mut self, on: bool) {
+        self.config.attribution = on;
+    }
+
     /// Sets [`Config::doubling_max_bytes`]: up to how many bytes per rank
     /// [`Communicator::all_reduce`] uses recursive doubling (0: always the ring). Every rank
     /// must choose alike; a rank that does not is out of step in the calls where the choice

@@ -45,6 +45,10 @@ pub struct Config {
     pub stragglers: Stragglers,
     /// How long a robust round's input steps wait past their quorum ([`Grace::DEFAULT`]).
     pub grace: Grace,
+    /// Whether robust rounds measure each input against the aggregate
+    /// ([`RoundReport::attribution`](crate::RoundReport::attribution); on by default). This
+    /// rank's own choice: it changes nothing on the wire.
+    pub attribution: bool,
 }
 
 impl Default for Config {
@@ -57,6 +61,7 @@ impl Default for Config {
             doubling_max_bytes: DOUBLING_MAX_BYTES,
             stragglers: Stragglers::default(),
             grace: Grace::DEFAULT,
+            attribution: true,
         }
     }
 }

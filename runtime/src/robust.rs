@@ -224,7 +224,8 @@ impl Communicator {
             grace: self.config().grace,
         };
         let mut round = Round::resuming(spec, rule, carry);
-        let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone());
+        let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone())
+            .measuring(self.config().attribution);
         let call = crate::calls::robust::<T>(rule, shape, d, self.step());
         let mut seq = self.begin("robust", call);
         while let Some(plan) = round.step() {

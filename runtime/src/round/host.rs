@@ -49,6 +49,8 @@ pub struct HostPlane<'a, T> {
     result_digests: Vec<Option<Digest>>,
     /// The iterative rules' estimates, by owned shard.
     estimates: Vec<Vec<f64>>,
+    /// Whether [`Plane::measure`] measures ([`HostPlane::measuring`]).
+    measuring: bool,
     /// The measure of the inputs against the output (gather mode), taken as `aggregate`
     /// writes it, by position among the inputs, until [`Plane::measure`] asks for it.
     output_measure: Option<Measure>,
@@ -79,11 +81,19 @@ impl<'a, T: Element> HostPlane<'a, T> {
             results: Vec::new(),
             result_digests: Vec::new(),
             estimates: Vec::new(),
+            measuring: true,
             output_measure: None,
             input_payload: None,
             pieces: vec![None; n],
             tamper,
         }
+    }
+
+    /// Whether rounds on this plane measure their inputs against the results
+    /// ([`Plane::measure`]; on unless turned off here).
+    pub fn measuring(mut self, on: bool) -> Self {
+        self.measuring = on;
+        self
     }
 
     fn input(&self) -> &[T] {
@@ -242,10 +252,12 @@ impl<T: Element> Plane for HostPlane<'_, T> {
                 let report = aggregate_into(rule, &refs(&views), &mut out)?;
                 // Measured now: the output overwrites this rank's own input.
                 let present: Vec<Option<&[T]>> = views.iter().map(|v| Some(v.as_ref())).collect();
-                let measured = evidence::measure(&present, &out, rule.byzantine());
+                let measured = self
+                    .measuring
+                    .then(|| evidence::measure(&present, &out, rule.byzantine()));
                 drop(present);
                 drop(views);
-                self.output_measure = Some(measured);
+                self.output_measure = measured;
                 match &mut self.target {
                     Target::All(buf) => buf.copy_from_slice(&out),
                     Target::OwnShard { output, .. } => output.copy_from_slice(&out),
@@ -429,6 +441,9 @@ impl<T: Element> Plane for HostPlane<'_, T> {
         of: Dest,
         f: usize,
     ) -> Option<Measure> {
+        if !self.measuring {
+            return None;
+        }
         let Dest::Owned(i) = of else {
             // Measured by `aggregate`, by position among the present inputs.
             let by_position = self.output_measure.take()?;
