@@ -179,6 +179,11 @@ struct Report {
     /// Each step's time in microseconds, in order (the cross-check last).
     #[pyo3(get)]
     step_times_us: Vec<u64>,
+    /// Per rank, in rank order (see `attribution`).
+    attribution: Option<Vec<byzcoll::InputEvidence>>,
+    /// The ranks whose score exceeds `OUTLYING_SCORE`.
+    #[pyo3(get)]
+    outlying: Vec<usize>,
 }
 
 #[pymethods]
@@ -203,10 +208,38 @@ impl Report {
         Ok(Some(d))
     }
 
+    /// How far each rank's input lay from the aggregate, in rank order (None where the round
+    /// was not measured): a list of dicts with `rank`, `coordinates` (how many were measured:
+    /// 0 for an erased input), `deviation` (root mean square deviation from the aggregate),
+    /// `score` (deviation in median deviations: about 1 typical, above `OUTLYING_SCORE`
+    /// outlying), `extreme` (the share of coordinates where its value was among the `f` lowest
+    /// or highest) and `selected` (selection rules: whether it was chosen). Evidence for an
+    /// operator, never acted on by byzcoll.
+    #[getter]
+    fn attribution<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
+        let Some(ranks) = &self.attribution else {
+            return Ok(None);
+        };
+        ranks
+            .iter()
+            .map(|e| {
+                let d = PyDict::new(py);
+                d.set_item("rank", e.rank)?;
+                d.set_item("coordinates", e.coordinates)?;
+                d.set_item("deviation", e.deviation)?;
+                d.set_item("score", e.score)?;
+                d.set_item("extreme", e.extreme)?;
+                d.set_item("selected", e.selected)?;
+                Ok(d)
+            })
+            .collect::<PyResult<_>>()
+            .map(Some)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Report(inputs={}, faults={:?}, non_finite={:?}, selected={:?}, replicas={:?}, \
-             unauthenticated={}, identity={:?}, agreement={:?})",
+             unauthenticated={}, identity={:?}, agreement={:?}, outlying={:?})",
             self.inputs,
             self.faults,
             self.non_finite,
@@ -214,14 +247,22 @@ impl Report {
             self.replicas,
             self.unauthenticated,
             self.identity,
-            self.agreement
+            self.agreement,
+            self.outlying
         )
     }
 }
 
 impl From<RoundReport> for Report {
     fn from(r: RoundReport) -> Self {
+        let outlying = r
+            .attribution
+            .as_ref()
+            .map_or_else(Vec::new, |a| a.outlying());
+        let attribution = r.attribution.map(|a| a.ranks);
         Report {
+            attribution,
+            outlying,
             inputs: r.inputs,
             faults: faults_list(&r.faults),
             non_finite: r.non_finite,
@@ -589,8 +630,11 @@ impl PyCommunicator {
     /// What this rank has seen of each other rank in its robust rounds, in rank order: a list
     /// of dicts with `rank`, `streak` (None, or `(symptom, rounds)` with symptom one of
     /// `"late"`, `"missing"`, `"malformed"`, `"disagreeing"`: what it did in the last round
-    /// and how many rounds in a row), and the counts `late`, `missing`, `malformed`,
-    /// `disagreeing`. This rank's own observations only: evidence, not an accusation.
+    /// and how many rounds in a row), the counts `late`, `missing`, `malformed`,
+    /// `disagreeing`, `outlying` (rounds whose attribution scored its input above
+    /// `OUTLYING_SCORE`) and `not_selected` (selection rules), and `score` (a running
+    /// attribution score, None until measured). This rank's own observations only: evidence,
+    /// not an accusation.
     fn health<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let peers = self.with_comm(|c| c.health())?;
         peers
@@ -613,6 +657,9 @@ impl PyCommunicator {
                 d.set_item("missing", p.missing)?;
                 d.set_item("malformed", p.malformed)?;
                 d.set_item("disagreeing", p.disagreeing)?;
+                d.set_item("outlying", p.outlying)?;
+                d.set_item("score", p.score)?;
+                d.set_item("not_selected", p.not_selected)?;
                 Ok(d)
             })
             .collect()
@@ -721,6 +768,7 @@ fn _byzcoll(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PyCommunicator>()?;
     m.add_class::<Report>()?;
+    m.add("OUTLYING_SCORE", byzcoll::OUTLYING_SCORE)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(init_with_allgather, m)?)?;
     m.add_function(wrap_pyfunction!(rules, m)?)?;

@@ -88,6 +88,14 @@ def test_a_byzantine_rank_does_not_move_the_median():
     for o in outs[:3]:
         assert o["median"] == 2.5, o  # median of {1, 2, 3, 1e9}
         assert o["sum"] > 1e8, "the plain sum is dragged away by the one liar"
+        # The report names the liar: its deviation is 2e9 median deviations.
+        assert o["outlying"] == [3], o
+        liar = o["attribution"][3]
+        assert liar["rank"] == 3 and liar["score"] > 1e6 and liar["extreme"] == 1.0, o
+        assert all(a["score"] <= byzcoll.OUTLYING_SCORE for a in o["attribution"][:3]), o
+        outlying, score = o["health_scores"]["3"]  # JSON keys are strings
+        assert outlying == 1 and score > 1e6, o
+    assert outs[0]["attribution"] == outs[1]["attribution"] == outs[2]["attribution"]
 
 
 def test_a_straggler_does_not_set_the_pace():

@@ -122,6 +122,9 @@ def main():
     out["identity"] = report.identity
     out["steps"] = len(report.step_times_us)
     out["bytes"] = (report.bytes_sent, report.bytes_received)
+    out["outlying"] = report.outlying
+    out["attribution"] = report.attribution
+    out["health_scores"] = {h["rank"]: (h["outlying"], h["score"]) for h in comm.health()}
     y = np.full(1000, r + 1, dtype=dtype)
     comm.robust_all_reduce(y, "trimmed-mean", f, policy="sharded")
     out["trimmed_sharded"] = float(y[0])

@@ -21,6 +21,8 @@ class ExcludedError(Error):
 class BootstrapError(Error): ...
 class UnsupportedError(Error): ...
 
+OUTLYING_SCORE: float
+
 class Report:
     inputs: int
     faults: list[tuple[int, str, str]]
@@ -36,6 +38,8 @@ class Report:
     bytes_sent: int
     bytes_received: int
     step_times_us: list[int]
+    attribution: Optional[list[dict[str, Any]]]
+    outlying: list[int]
 
 class Communicator:
     @property
