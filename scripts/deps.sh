@@ -4,7 +4,8 @@
 # artefact the build or a test really uses, not for something that resembles it:
 #   libclang.so that bindgen loads (libclang-cpp.so is another library), the UCX and libfabric
 #   headers that pkg-config's includedir points to (a .pc file alone is not enough), mpi.h
-#   where Open MPI's mpicc looks for it, and each command the tests run.
+#   where Open MPI's mpicc looks for it, and each command the tests run (readelf, objcopy and
+#   strip: scripts/install-capi.sh and its test).
 set -euo pipefail
 root=${1:-}
 multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
@@ -43,3 +44,4 @@ have_header libfabric rdma/fabric.h || echo libfabric-dev
 have_cmd fi_info || echo libfabric-bin
 have_file '/usr/lib/llvm-*/lib/libclang.so' || echo libclang-dev
 have_cmd c++ || echo g++
+have_cmd readelf && have_cmd objcopy && have_cmd strip || echo binutils

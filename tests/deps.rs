@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const EVERYTHING: [&str; 10] = [
+const EVERYTHING: [&str; 11] = [
     "openmpi-bin",
     "libopenmpi-dev",
     "procps",
@@ -18,6 +18,7 @@ const EVERYTHING: [&str; 10] = [
     "libfabric-bin",
     "libclang-dev",
     "g++",
+    "binutils",
 ];
 
 fn multiarch() -> String {
@@ -116,6 +117,9 @@ fn decoys_that_resemble_the_artefacts_do_not_count() {
         .command("ucx_info")
         .command("fi_info")
         .command("c++")
+        .command("readelf")
+        .command("objcopy")
+        .command("strip")
         // libclang-cpp is not the libclang bindgen loads; a versioned libclang without the
         // development link is not found either.
         .file("/usr/lib/llvm-14/lib/libclang-cpp.so.14", "")

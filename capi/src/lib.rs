@@ -7,6 +7,7 @@
 //! thread's last failure, [`byzcoll_comm_last_error`] for a communicator's.
 #![allow(non_camel_case_types)]
 
+mod abi;
 mod buffers;
 #[cfg(feature = "cuda")]
 mod device;
@@ -25,11 +26,12 @@ use std::time::Duration;
 use byzcoll_rs::aggregators::{self, Params};
 use byzcoll_rs::{Agreement, Communicator, JobConfig, Policy, ReduceOp, Replicas};
 
+pub use abi::BYZCOLL_ABI_VERSION;
 use buffers::{Buffer, DType};
 pub use report::{
     byzcoll_report_t, BYZCOLL_FAULT_LATE, BYZCOLL_FAULT_MALFORMED, BYZCOLL_FAULT_MISSING,
     BYZCOLL_FAULT_OUT_OF_STEP, BYZCOLL_IDENTITY_LOCAL, BYZCOLL_IDENTITY_PER_RANK,
-    BYZCOLL_IDENTITY_SHARED_SECRET, BYZCOLL_IDENTITY_UNAUTHENTICATED,
+    BYZCOLL_IDENTITY_SHARED_SECRET, BYZCOLL_IDENTITY_UNAUTHENTICATED, BYZCOLL_OUTLYING_SCORE,
 };
 pub use status::byzcoll_status_t;
 use status::{byzcoll_status_t::*, Failure};
@@ -104,6 +106,17 @@ pub struct byzcoll_rule_params_t {
     /// Sharded policy: owners per shard; 0: 2f + 1 (at most n).
     pub replicas: u32,
 }
+
+/// What `BYZCOLL_RULE_PARAMS_INIT` (cbindgen.toml's `after_includes`) sets, and what a NULL
+/// `params` stands for.
+const RULE_PARAMS_INIT: byzcoll_rule_params_t = byzcoll_rule_params_t {
+    size: size_of::<byzcoll_rule_params_t>(),
+    f: 0,
+    m: 0,
+    tau: 0.0,
+    policy: BYZCOLL_POLICY_GATHER,
+    replicas: 0,
+};
 
 /// A communicator: one rank's membership in a job. Opaque.
 #[derive(Debug)]
@@ -558,11 +571,12 @@ pub extern "C" fn byzcoll_version() -> *const c_char {
 /// receives in `recvbuf` the aggregate of every rank's vector under `rule` (a name:
 /// "median", "trimmed-mean", "krum", "multi-krum", "bulyan", "geometric-median",
 /// "centered-clipping", "mean", or "nnm+" and one of these; there is no default) with
-/// `params`. In place when `sendbuf == recvbuf`; the buffers must not otherwise overlap.
-/// Peers that were missing or malformed are treated as erasures and named in `report` (which
-/// may be NULL); the call fails when more than the rule tolerates were at fault. With
-/// agreement detection (the default) a rank whose result the job does not share gets
-/// `BYZCOLL_DISAGREEMENT` and must not use `recvbuf`.
+/// `params` (NULL: those of `BYZCOLL_RULE_PARAMS_INIT`, f = 0 and the gather policy). In place
+/// when `sendbuf == recvbuf`; the buffers must not otherwise overlap. Peers that were missing
+/// or malformed are treated as erasures and named in `report` (which may be NULL); the call
+/// fails when more than the rule tolerates were at fault. With agreement detection (the
+/// default) a rank whose result the job does not share gets `BYZCOLL_DISAGREEMENT` and must not
+/// use `recvbuf`.
 ///
 /// Every rank must call with the same rule, parameters, count and dtype, and make the same
 /// sequence of collective calls on the communicator. On failure the report (if any) names the
@@ -831,19 +845,18 @@ unsafe fn read_rule_spec(
     let name = unsafe { CStr::from_ptr(name) }
         .to_str()
         .map_err(|_| Failure::invalid("rule is not UTF-8"))?;
-    if params.is_null() {
-        return Err(Failure::invalid(
-            "params is NULL: f (the number of Byzantine ranks to tolerate) has no default",
-        ));
-    }
-    // SAFETY: non-null; the caller passes initialised params.
-    let p = unsafe {
-        buffers::read_sized(
-            params,
-            "params",
-            "byzcoll_rule_params_t",
-            "BYZCOLL_RULE_PARAMS_INIT",
-        )?
+    let p = if params.is_null() {
+        RULE_PARAMS_INIT
+    } else {
+        // SAFETY: non-null; the caller passes initialised params.
+        unsafe {
+            buffers::read_sized(
+                params,
+                "params",
+                "byzcoll_rule_params_t",
+                "BYZCOLL_RULE_PARAMS_INIT",
+            )?
+        }
     };
     let tau = if p.tau == 0.0 {
         None

@@ -84,7 +84,31 @@ pub struct byzcoll_report_t {
     /// `BYZCOLL_IDENTITY_SHARED_SECRET`, `BYZCOLL_IDENTITY_UNAUTHENTICATED` or
     /// `BYZCOLL_IDENTITY_LOCAL`.
     pub identity: i32,
+    /// Attribution, per rank in rank order (`capacity` entries): the root mean square
+    /// deviation of its input from the aggregate at the coordinates measured (0 for a rank
+    /// whose input did not enter; `INFINITY` where it held NaN or infinities). Evidence for an
+    /// operator, never acted on by the library.
+    pub attribution_deviations: *mut f64,
+    /// Attribution, per rank: that deviation in units of the inputs' median deviation (about
+    /// 1 typical; above `BYZCOLL_OUTLYING_SCORE` outlying). Never NaN.
+    pub attribution_scores: *mut f64,
+    /// Attribution, per rank: the share of the coordinates measured where its value was among
+    /// the `f` lowest or highest (what a trimmed mean would drop).
+    pub attribution_extremes: *mut f64,
+    /// The ranks whose attribution score exceeds `BYZCOLL_OUTLYING_SCORE`, ascending.
+    pub outlying_ranks: *mut u32,
+    /// Out: entries of the attribution arrays (the world size; 0 where the round was not
+    /// measured).
+    pub num_attributed: usize,
+    /// Out: number of outlying ranks.
+    pub num_outlying: usize,
 }
+
+/// The attribution score above which a rank is listed in `outlying_ranks`: three times the
+/// inputs' median deviation from the aggregate.
+pub const BYZCOLL_OUTLYING_SCORE: f64 = 3.0;
+// Written out for cbindgen, which cannot follow the path.
+const _: () = assert!(BYZCOLL_OUTLYING_SCORE == byzcoll_rs::OUTLYING_SCORE);
 
 /// The caller's report, checked: where to write, and the arrays as they were checked.
 pub(crate) struct Out(Option<(*mut byzcoll_report_t, byzcoll_report_t)>);
@@ -118,6 +142,18 @@ impl Out {
         if !r.fault_kinds.is_null() {
             check_aligned(r.fault_kinds.cast_const(), "report->fault_kinds")?;
         }
+        if !r.outlying_ranks.is_null() {
+            check_aligned(r.outlying_ranks.cast_const(), "report->outlying_ranks")?;
+        }
+        for (p, name) in [
+            (r.attribution_deviations, "report->attribution_deviations"),
+            (r.attribution_scores, "report->attribution_scores"),
+            (r.attribution_extremes, "report->attribution_extremes"),
+        ] {
+            if !p.is_null() {
+                check_aligned(p.cast_const(), name)?;
+            }
+        }
         Ok(Out(Some((report, r))))
     }
 
@@ -138,13 +174,29 @@ impl Out {
             .collect();
         let non_finite: Vec<u32> = round.non_finite.iter().map(|&r| r as u32).collect();
         let selected: Vec<u32> = round.selected.iter().flatten().map(|&r| r as u32).collect();
-        // SAFETY (all four): each array is NULL or holds `capacity` entries (checked in `new`).
+        let evidence = round.attribution.as_ref().map_or(&[][..], |a| &a.ranks[..]);
+        let deviations: Vec<f64> = evidence.iter().map(|e| e.deviation).collect();
+        let scores: Vec<f64> = evidence.iter().map(|e| e.score).collect();
+        let extremes: Vec<f64> = evidence.iter().map(|e| e.extreme).collect();
+        let outlying: Vec<u32> = round
+            .attribution
+            .iter()
+            .flat_map(|a| a.outlying())
+            .map(|r| r as u32)
+            .collect();
+        // SAFETY (all): each array is NULL or holds `capacity` entries (checked in `new`).
         unsafe {
             write_array(r.fault_ranks, r.capacity, &faults);
             write_array(r.fault_kinds, r.capacity, &kinds);
             write_array(r.non_finite_ranks, r.capacity, &non_finite);
             write_array(r.selected_ranks, r.capacity, &selected);
+            write_array(r.attribution_deviations, r.capacity, &deviations);
+            write_array(r.attribution_scores, r.capacity, &scores);
+            write_array(r.attribution_extremes, r.capacity, &extremes);
+            write_array(r.outlying_ranks, r.capacity, &outlying);
         }
+        r.num_attributed = evidence.len();
+        r.num_outlying = outlying.len();
         r.inputs = round.inputs;
         r.replicas = round.replicas.unwrap_or(0);
         r.num_faults = faults.len();
@@ -170,6 +222,9 @@ impl Out {
         }
         if !round.non_finite.is_empty() {
             text.push_str(&format!("non-finite values from {:?}; ", round.non_finite));
+        }
+        if !outlying.is_empty() {
+            text.push_str(&format!("outlying inputs from {outlying:?}; "));
         }
         if let Some(a) = &round.agreement {
             if !(a.disagreeing.is_empty()

@@ -1,12 +1,15 @@
 /* A robust all-reduce from an MPI program through libbyzcoll, bootstrapped over MPI_Allgather
  * (no store port, no BYZCOLL_SECRET: rank 0 draws the job secret and MPI hands it out).
  *
- *   mpicc -O2 -I capi/include examples/c/mpi_robust_allreduce.c -L target/release -lbyzcoll
+ *   scripts/install-capi.sh PREFIX
+ *   mpicc -O2 examples/c/mpi_robust_allreduce.c \
+ *       $(PKG_CONFIG_PATH=PREFIX/lib/pkgconfig pkg-config --cflags --libs byzcoll)
  *   mpirun -n 4 -x BYZCOLL_TCP_ADDR=127.0.0.1 ./a.out [--byzantine] [--bench]
  *
  * Rank r contributes r + 1 at every coordinate. With --byzantine the last rank contributes 1e9
- * instead; every honest rank checks that the median (f = 1) is still the honest one, and shows
- * what the plain SUM all-reduce makes of the same inputs. With --bench, rank 0 prints the time
+ * instead; every honest rank checks that the median (f = 1) is still the honest one, names the
+ * liar from the report's attribution, and shows what the plain SUM all-reduce makes of the same
+ * inputs. With --bench, rank 0 prints the time
  * of byzcoll's robust all-reduce next to MPI_Allreduce (SUM) and MPI_Allgather followed by a
  * local median, in the same program, at 4 KiB, 1 MiB and 64 MiB per rank. */
 #include <byzcoll.h>
@@ -118,13 +121,16 @@ int main(int argc, char **argv) {
         int liar = byzantine && rank == size - 1;
         for (int i = 0; i < COUNT; i++) v[i] = liar ? 1e9f : (float)(rank + 1);
 
-        uint32_t faults[64];
+        uint32_t faults[64], outlying[64];
         int32_t kinds[64];
+        double scores[64];
         char text[256];
         byzcoll_report_t report = BYZCOLL_REPORT_INIT;
         report.capacity = 64;
         report.fault_ranks = faults;
         report.fault_kinds = kinds;
+        report.outlying_ranks = outlying;
+        report.attribution_scores = scores;
         report.text = text;
         report.text_capacity = sizeof text;
         byzcoll_rule_params_t params = BYZCOLL_RULE_PARAMS_INIT;
@@ -148,9 +154,14 @@ int main(int argc, char **argv) {
         if (st != BYZCOLL_OK) fail("byzcoll_all_reduce", st, comm);
         if (!liar) {
             printf("rank %d of %d: median %s (%g, expected %g; %zu inputs, %zu faults%s%s); "
-                   "SUM all-reduce %g\n",
+                   "SUM all-reduce %g",
                    rank, size, ok ? "OK" : "WRONG", v[0], expect, report.inputs,
                    report.num_faults, report.text[0] ? ": " : "", report.text, sum[0]);
+            /* Who to look at: the ranks whose input lay far from the median (evidence only). */
+            for (size_t i = 0; i < report.num_outlying && i < report.capacity; i++)
+                printf("; rank %u outlying (score %.2g)", (unsigned)outlying[i],
+                       outlying[i] < report.num_attributed ? scores[outlying[i]] : 0.0);
+            printf("\n");
         }
         fflush(stdout);
         free(v);

@@ -95,6 +95,12 @@ int main(void) {
     EXPECT(byzcoll_init_oob(0, 1, copy_gather, NULL, (const byzcoll_config_t *)((char *)&config + 1), &comm),
            BYZCOLL_INVALID_ARGUMENT, "aligned");
 
+    /* NULL config: the defaults, listening on BYZCOLL_TCP_ADDR. */
+    setenv("BYZCOLL_TCP_ADDR", "127.0.0.1", 1);
+    EXPECT(byzcoll_init_oob(0, 1, copy_gather, NULL, NULL, &comm), BYZCOLL_OK, NULL);
+    EXPECT(byzcoll_comm_finalize(comm), BYZCOLL_OK, NULL);
+    unsetenv("BYZCOLL_TCP_ADDR");
+
     /* A world of one. */
     config.step_timeout_ms = 5000;
     EXPECT(byzcoll_init_oob(0, 1, copy_gather, NULL, &config, &comm), BYZCOLL_OK, NULL);
@@ -122,7 +128,11 @@ int main(void) {
     EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, -1, "median", &params, NULL), BYZCOLL_INVALID_ARGUMENT, "dtype is -1");
     EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, NULL, &params, NULL), BYZCOLL_INVALID_ARGUMENT, "no default");
     EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "average", &params, NULL), BYZCOLL_INVALID_ARGUMENT, "average");
-    EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "median", NULL, NULL), BYZCOLL_INVALID_ARGUMENT, "params is NULL");
+    /* NULL params: those of BYZCOLL_RULE_PARAMS_INIT (f = 0: krum's n > 2f + 2 fails alone). */
+    memset(out, 0, sizeof out);
+    EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "median", NULL, NULL), BYZCOLL_OK, NULL);
+    if (memcmp(out, v, sizeof out)) { fprintf(stderr, "FAILED: median with NULL params\n"); return 1; }
+    EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "krum", NULL, NULL), BYZCOLL_PRECONDITION, "f = 0");
     byzcoll_rule_params_t p2 = params;
     p2.size = 3;
     EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "median", &p2, NULL), BYZCOLL_INVALID_ARGUMENT, "params->size");
@@ -198,7 +208,8 @@ int main(void) {
         strcmp(byzcoll_status_string(-1), "unknown status") ||
         strcmp(byzcoll_status_string(BYZCOLL_DEVICE), "a CUDA call failed") ||
         strcmp(byzcoll_status_string(BYZCOLL_EXCLUDED), "the other ranks shrank the communicator without this rank") || byzcoll_version()[0] == 0 ||
-        byzcoll_comm_rank(NULL) != -1 || byzcoll_comm_size(NULL) != -1) {
+        byzcoll_comm_rank(NULL) != -1 || byzcoll_comm_size(NULL) != -1 ||
+        strcmp(byzcoll_comm_last_error(NULL), "comm is NULL")) {
         fprintf(stderr, "FAILED: strings or NULL getters\n");
         return 1;
     }

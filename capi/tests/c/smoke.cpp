@@ -44,6 +44,13 @@ int main() {
         return 1;
     }
     byzcoll_comm_finalize(comm);
+    // A NULL config: the defaults.
+    st = byzcoll_init_from_env(nullptr, &comm);
+    if (st != BYZCOLL_OK || byzcoll_comm_size(comm) != 1) {
+        std::fprintf(stderr, "init_from_env(NULL): %s: %s\n", byzcoll_status_string(st), byzcoll_last_error());
+        return 1;
+    }
+    byzcoll_comm_finalize(comm);
     std::printf("smoke.cpp: byzcoll %s OK\n", std::string(byzcoll_version()).c_str());
     return 0;
 }
