@@ -100,6 +100,31 @@
 #define BYZCOLL_ABI_VERSION 0
 
 /**
+ * `streak_symptom`: the peer was fine in its last robust round.
+ */
+#define BYZCOLL_SYMPTOM_NONE 0
+
+/**
+ * `streak_symptom`: its input came after the quorum's grace.
+ */
+#define BYZCOLL_SYMPTOM_LATE 1
+
+/**
+ * `streak_symptom`: nothing came by the deadline, or its connection is gone.
+ */
+#define BYZCOLL_SYMPTOM_MISSING 2
+
+/**
+ * `streak_symptom`: it sent something unacceptable, or a message of another call.
+ */
+#define BYZCOLL_SYMPTOM_MALFORMED 3
+
+/**
+ * `streak_symptom`: the cross-check found its result differing from the job's.
+ */
+#define BYZCOLL_SYMPTOM_DISAGREEING 4
+
+/**
  * A peer that sent nothing before the deadline, or whose connection is gone.
  */
 #define BYZCOLL_FAULT_MISSING 0
@@ -415,6 +440,60 @@ typedef struct byzcoll_report_t {
   size_t num_outlying;
 } byzcoll_report_t;
 
+/**
+ * What this rank has seen of one peer in its robust rounds: its own observations only,
+ * evidence for the application, never an accusation the library acts on.
+ */
+typedef struct byzcoll_peer_health_t {
+  /**
+   * The peer.
+   */
+  uint32_t rank;
+  /**
+   * What it did in the last robust round in which it was at fault
+   * (`BYZCOLL_SYMPTOM_*`; `BYZCOLL_SYMPTOM_NONE`: fine in the last round).
+   */
+  int32_t streak_symptom;
+  /**
+   * How many rounds in a row it has done so, up to the last one (0 with
+   * `BYZCOLL_SYMPTOM_NONE`).
+   */
+  uint32_t streak_rounds;
+  /**
+   * 1 when `score` holds a measured value (0: no round has measured its input yet).
+   */
+  int32_t has_score;
+  /**
+   * Rounds in which it was late.
+   */
+  uint64_t late;
+  /**
+   * Rounds in which it was missing at a deadline or its connection was gone.
+   */
+  uint64_t missing;
+  /**
+   * Rounds in which it sent something unacceptable.
+   */
+  uint64_t malformed;
+  /**
+   * Rounds in which the cross-check found its result differing from the job's.
+   */
+  uint64_t disagreeing;
+  /**
+   * Rounds in which its input's attribution score exceeded `BYZCOLL_OUTLYING_SCORE`.
+   */
+  uint64_t outlying;
+  /**
+   * Selection rules (Krum family): rounds in which its input was not selected.
+   */
+  uint64_t not_selected;
+  /**
+   * A running attribution score of its input (each measured round moves it a quarter of
+   * the way to that round's score; about 1 typical). Never NaN.
+   */
+  double score;
+} byzcoll_peer_health_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif /* __cplusplus */
@@ -668,6 +747,24 @@ enum byzcoll_status_t byzcoll_comm_shrink(struct byzcoll_comm_t *comm,
  * `comm` is NULL or a live communicator.
  */
 enum byzcoll_status_t byzcoll_comm_set_step(struct byzcoll_comm_t *comm, uint64_t step);
+
+/**
+ * Writes what this rank has seen of each other rank, in rank order, into `peers` (at most
+ * `capacity` entries; NULL with `capacity` 0 to ask only for the count), and the number of
+ * peers (the world size less one) into `*count`: `*count > capacity` means truncated.
+ * `elem_size` is `sizeof(byzcoll_peer_health_t)` as the caller compiled it.
+ *
+ * Thread safety: as `byzcoll_robust_allreduce`.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `peers` is NULL or holds `capacity` entries; `count`
+ * is NULL or writable.
+ */
+enum byzcoll_status_t byzcoll_comm_health(struct byzcoll_comm_t *comm,
+                                          struct byzcoll_peer_health_t *peers,
+                                          size_t capacity,
+                                          size_t elem_size,
+                                          size_t *count);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -11,6 +11,7 @@ mod abi;
 mod buffers;
 #[cfg(feature = "cuda")]
 mod device;
+mod health;
 mod report;
 mod status;
 
@@ -28,6 +29,10 @@ use byzcoll_rs::{Agreement, Communicator, JobConfig, Policy, ReduceOp, Replicas}
 
 pub use abi::BYZCOLL_ABI_VERSION;
 use buffers::{Buffer, DType};
+pub use health::{
+    byzcoll_comm_health, byzcoll_peer_health_t, BYZCOLL_SYMPTOM_DISAGREEING, BYZCOLL_SYMPTOM_LATE,
+    BYZCOLL_SYMPTOM_MALFORMED, BYZCOLL_SYMPTOM_MISSING, BYZCOLL_SYMPTOM_NONE,
+};
 pub use report::{
     byzcoll_report_t, BYZCOLL_FAULT_LATE, BYZCOLL_FAULT_MALFORMED, BYZCOLL_FAULT_MISSING,
     BYZCOLL_FAULT_OUT_OF_STEP, BYZCOLL_IDENTITY_LOCAL, BYZCOLL_IDENTITY_PER_RANK,

@@ -271,7 +271,8 @@ fn mpi_example_bootstraps_over_mpi_allgather_and_outvotes_a_byzantine_rank() {
         assert!(
             stdout.contains(&format!(
                 "rank {r} of 4: median OK (2.5, expected 2.5; 4 inputs, 0 faults: outlying inputs \
-                 from [3]); SUM all-reduce 1e+09; rank 3 outlying (score 2e+09)"
+                 from [3]); SUM all-reduce 1e+09; rank 3 outlying (score 2e+09); health: rank 3 \
+                 outlying in 1 round(s)"
             )),
             "{}",
             text(&out)

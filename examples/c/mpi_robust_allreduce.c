@@ -161,6 +161,15 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < report.num_outlying && i < report.capacity; i++)
                 printf("; rank %u outlying (score %.2g)", (unsigned)outlying[i],
                        outlying[i] < report.num_attributed ? scores[outlying[i]] : 0.0);
+            /* And across rounds: what this rank has seen of each peer. */
+            byzcoll_peer_health_t peers[64];
+            size_t npeers = 0;
+            st = byzcoll_comm_health(comm, peers, 64, sizeof peers[0], &npeers);
+            if (st != BYZCOLL_OK) fail("byzcoll_comm_health", st, comm);
+            for (size_t i = 0; i < npeers && i < 64; i++)
+                if (peers[i].outlying > 0)
+                    printf("; health: rank %u outlying in %llu round(s)", (unsigned)peers[i].rank,
+                           (unsigned long long)peers[i].outlying);
             printf("\n");
         }
         fflush(stdout);

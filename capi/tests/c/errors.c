@@ -116,6 +116,21 @@ int main(void) {
         if (out[i] != v[i]) { fprintf(stderr, "FAILED: median of one vector changed it\n"); return 1; }
     if (report.inputs != 1 || report.num_faults != 0) { fprintf(stderr, "FAILED: report %zu inputs\n", report.inputs); return 1; }
     if (report.identity != BYZCOLL_IDENTITY_LOCAL) { fprintf(stderr, "FAILED: identity %d in a world of one\n", report.identity); return 1; }
+    /* The attribution of a world of one: one input, the result itself. */
+    if (report.num_attributed != 1 || report.num_outlying != 0) { fprintf(stderr, "FAILED: attribution of %zu ranks\n", report.num_attributed); return 1; }
+
+    /* Health: no peers in a world of one; the count alone with NULL; bad arguments. */
+    {
+        byzcoll_peer_health_t peers[2];
+        size_t npeers = 99;
+        EXPECT(byzcoll_comm_health(comm, peers, 2, sizeof peers[0], &npeers), BYZCOLL_OK, NULL);
+        if (npeers != 0) { fprintf(stderr, "FAILED: %zu peers in a world of one\n", npeers); return 1; }
+        EXPECT(byzcoll_comm_health(comm, NULL, 0, sizeof peers[0], &npeers), BYZCOLL_OK, NULL);
+        EXPECT(byzcoll_comm_health(comm, peers, 2, sizeof peers[0] - 8, &npeers), BYZCOLL_INVALID_ARGUMENT, "elem_size");
+        EXPECT(byzcoll_comm_health(comm, peers, 2, sizeof peers[0], NULL), BYZCOLL_INVALID_ARGUMENT, "count is NULL");
+        EXPECT(byzcoll_comm_health(comm, NULL, 2, sizeof peers[0], &npeers), BYZCOLL_INVALID_ARGUMENT, "peers is NULL");
+        EXPECT(byzcoll_comm_health(NULL, peers, 2, sizeof peers[0], &npeers), BYZCOLL_INVALID_ARGUMENT, "comm is NULL");
+    }
 
     /* Collective arguments. */
     EXPECT(byzcoll_robust_allreduce(NULL, v, v, 8, BYZCOLL_FLOAT64, "median", &params, NULL), BYZCOLL_INVALID_ARGUMENT, "comm is NULL");
