@@ -142,13 +142,12 @@ pub fn measure<T: Element>(inputs: &[Option<&[T]>], result: &[T], f: usize) -> M
             keys.clear();
             keys.extend(present.iter().map(|(_, x)| x[j].key()));
             keys.sort_unstable();
+            // At most `k` values at or below `key` exactly when `key` is below the `k+1`-th
+            // smallest; likewise from above.
+            let (low, high) = (keys[k], keys[count - 1 - k]);
             for &(p, x) in &present {
                 let key = x[j].key();
-                let below_or_at = keys.partition_point(|&q| q <= key);
-                let at_or_above = count - keys.partition_point(|&q| q < key);
-                if below_or_at <= k || at_or_above <= k {
-                    m.extreme[p] += 1;
-                }
+                m.extreme[p] += u64::from(key < low || key > high);
             }
         }
     }
