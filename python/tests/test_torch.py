@@ -1,11 +1,14 @@
 """The PyTorch integration: the robust DDP comm hook trains to the same parameters as the
 reference (per-rank gradients, coordinate-wise median, SGD) computed here; a Byzantine rank does
-not move them; whole-vector rules are refused on several buckets; async calls complete."""
+not move them; whole-vector rules are refused on several buckets; async calls complete. Under
+torchrun (torchrun_cases.py): errors keep their byzcoll type through DDP and FSDP2, what can be
+checked at registration is, and byzcoll.init() refuses torch's store port at once."""
 
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -81,6 +84,7 @@ def test_whole_vector_rules_are_refused_on_several_buckets():
     outs = run_ddp(3, "krum", 0, 3, 0.0001, False)  # DDP splits into buckets after step 1
     for o in outs:
         assert "compares whole gradients" in o.get("error", ""), o
+        assert "bucket_cap_mb=1)" in o["error"], o  # refused at registration
 
 
 def test_whole_vector_rules_run_on_one_bucket():
@@ -125,3 +129,82 @@ def test_async_all_reduce_completes_in_order(world_of_one):
     bad = bt.robust_all_reduce_async(world_of_one, torch.ones(4), "median", 1)
     with pytest.raises(Exception, match="n > 2f"):
         bad.wait()
+
+
+def torchrun(case, n=4, **env):
+    """Runs torchrun_cases.py CASE under ``torchrun --standalone`` (loopback) with `n` ranks and
+    the variables `env`; each rank's JSON, in rank order."""
+    with tempfile.TemporaryDirectory() as out:
+        env = clean_env(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **env)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+               os.path.join(HERE, "torchrun_cases.py"), case, out]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        outs = []
+        for r in range(n):
+            path = os.path.join(out, f"{r}.json")
+            assert os.path.exists(path), f"rank {r} wrote nothing:\n{p.stdout}\n{p.stderr[-6000:]}"
+            with open(path) as f:
+                outs.append(json.load(f))
+        assert p.returncode == 0, p.stderr[-6000:]
+        return outs
+
+
+def refused(outcome, type_name, *words):
+    assert outcome.get("type") == type_name and outcome["byzcoll"], outcome
+    for w in words:
+        assert w in outcome["message"], outcome
+
+
+def test_ddp_hook_errors_keep_their_byzcoll_type_under_torchrun():
+    outs = torchrun("ddp_errors")
+    for o in outs:
+        # Krum with n = 4, f = 1: refused at registration, before any step.
+        refused(o["register_krum"], "PreconditionError", "krum needs n > 2f + 2 but has n = 4, f = 1")
+        # Registered by hand, the round refuses it, and backward() raises it with its type.
+        (step,) = o["by_hand_krum"]
+        refused(step, "PreconditionError", "krum needs n > 2f + 2 but has n = 4, f = 1")
+        refused(o["register_bf16"], "InvalidUsage", "torch.bfloat16", "float32 or float64")
+        # Two NaN ranks of four, f = 1: step 2's backward raises TooManyFaults; the loop that
+        # skips it goes on, and DDP with it.
+        ok1, nan2, ok3 = o["nan_steps"]
+        assert "ok" in ok1 and "ok" in ok3, o["nan_steps"]
+        refused(nan2, "TooManyFaults", "median: more than f = 1 inputs are non-finite")
+        assert o["inputs"] == 4
+    assert all(o["params"] == outs[0]["params"] for o in outs)
+
+
+def test_fsdp2_errors_keep_their_byzcoll_type_under_torchrun():
+    outs = torchrun("fsdp_errors")
+    for o in outs:
+        refused(o["register_krum"], "PreconditionError", "krum needs n > 2f + 2 but has n = 4, f = 1")
+        ok1, nan2, ok3 = o["nan_steps"]
+        assert "ok" in ok1 and "ok" in ok3, o["nan_steps"]
+        refused(nan2, "TooManyFaults")
+        assert o["inputs"] == 4
+    assert all(o["params"] == outs[0]["params"] for o in outs)
+
+
+def test_whole_vector_rule_bucket_policy_is_decided_at_registration_under_torchrun():
+    outs = torchrun("ddp_buckets")
+    for o in outs:
+        # 1.9 MB of gradients under DDP's defaults: one bucket at step 1, two from step 2 on.
+        step1, step2 = o["by_hand_default"]
+        assert "ok" in step1, step1
+        refused(step2, "InvalidUsage", "compares whole gradients", "register_ddp_comm_hook")
+        refused(o["register_default"], "InvalidUsage", "geometric-median", "(1926404 bytes)",
+                "closing a bucket once it holds 1048576 bytes", "bucket_cap_mb=2")
+        assert all("ok" in s for s in o["steps"]), o["steps"]
+        assert o["inputs"] == 4
+    assert len({o["params"] for o in outs}) == 1
+
+
+def test_init_under_torchrun_names_init_from_process_group_at_once():
+    # With a job secret exported, as byzcoll.init() needs under torchrun: torch's store holds
+    # MASTER_PORT, where byzcoll's rank 0 would host its own.
+    for o in torchrun("init_after_torch", BYZCOLL_SECRET=os.urandom(32).hex()):
+        for when in ("init_before", "init_after"):
+            refused(o[when], "BootstrapError", "MASTER_PORT", "byzcoll.torch.init_from_process_group()")
+            assert o[when]["seconds"] < 5, o[when]
+        assert "torch.distributed's process group is initialized" in o["init_after"]["message"]
+        assert "torchrun's agent" in o["init_before"]["message"]
+        assert o["median"] == 1.5, o

@@ -81,13 +81,16 @@ def main():
         dist.destroy_process_group()
         return
     model = DistributedDataParallel(net(), bucket_cap_mb=bucket_mb)
-    state = bt.HookState(comm, rule, f)
     hook = bt.ddp_comm_hook
     if byzantine and rank == size - 1:
         def hook(state, bucket):  # the Byzantine rank: its gradient, flipped and scaled
             bucket.buffer().mul_(-10.0)
             return bt.ddp_comm_hook(state, bucket)
-    model.register_comm_hook(state, hook)
+    try:
+        state = bt.register_ddp_comm_hook(model, comm, rule, f, hook=hook)
+    except byzcoll.Error as e:
+        print(json.dumps({"rank": rank, "error": str(e)}), flush=True)
+        return
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = data(rank)
     losses = []

@@ -14,6 +14,9 @@ There is no default rule. Arrays are numpy arrays (float32/float64, C-contiguous
 torch CPU tensors, updated in place without a copy.
 """
 
+import os
+import sys
+
 from . import _byzcoll
 from ._byzcoll import (
     BootstrapError,
@@ -62,7 +65,10 @@ def _array(x):
             )
         if not x.is_contiguous():
             raise InvalidUsage("the tensor is not contiguous: pass x.contiguous() and copy the result back")
-        return x.detach().numpy()
+        try:
+            return x.detach().numpy()
+        except TypeError:  # a dtype numpy has no counterpart for (bfloat16, float8, ...)
+            raise InvalidUsage(f"dtype {x.dtype}: byzcoll takes float32 or float64 tensors") from None
     return x
 
 
@@ -165,9 +171,39 @@ class Communicator:
         return repr(self._inner)
 
 
+def _torch_holds_the_store():
+    """Why MASTER_ADDR:MASTER_PORT, byzcoll's store address when BYZCOLL_STORE is not set, is
+    torch's store and not byzcoll's (None when nothing says so): a torch.distributed process
+    group of more than one rank (looked up only when torch is imported already), or torchrun's
+    agent, which hosts its store there (TORCHELASTIC_USE_AGENT_STORE)."""
+    if os.environ.get("BYZCOLL_STORE") or not os.environ.get("MASTER_PORT"):
+        return None
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return "torch.distributed's process group is initialized, and torch's store holds it"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true" and os.environ.get("WORLD_SIZE") != "1":
+        return "torchrun's agent hosts its store there"
+    return None
+
+
 def init():
     """Joins the job the launcher's environment describes (byzcoll launch, torchrun, mpirun,
-    srun, or BYZCOLL_RANK / BYZCOLL_WORLD_SIZE / BYZCOLL_STORE / BYZCOLL_SECRET)."""
+    srun, or BYZCOLL_RANK / BYZCOLL_WORLD_SIZE / BYZCOLL_STORE / BYZCOLL_SECRET).
+
+    Under torchrun, or once ``torch.distributed`` is initialized, MASTER_ADDR:MASTER_PORT is
+    torch's store: without BYZCOLL_STORE, raises :class:`BootstrapError` at once, saying to join
+    through torch with ``byzcoll.torch.init_from_process_group()`` (after
+    ``torch.distributed.init_process_group``), or to give byzcoll a store of its own in
+    BYZCOLL_STORE."""
+    why = _torch_holds_the_store()
+    if why is not None:
+        raise BootstrapError(
+            f"byzcoll.init() would host its rendezvous store at MASTER_ADDR:MASTER_PORT "
+            f"({os.environ.get('MASTER_ADDR')}:{os.environ['MASTER_PORT']}), but {why}. Join "
+            "through torch instead: torch.distributed.init_process_group(...) if not done yet, "
+            "then comm = byzcoll.torch.init_from_process_group() (no store port and no secret "
+            "to export); or set BYZCOLL_STORE to a free host:port for byzcoll's own store"
+        )
     return Communicator(_byzcoll.init())
 
 

@@ -8,14 +8,25 @@ all-reduce returning a ``torch.futures.Future``, and joining byzcoll through an 
     dist.init_process_group("gloo")                     # as usual, under torchrun
     comm = bt.init_from_process_group()                 # byzcoll joins through it
     model = torch.nn.parallel.DistributedDataParallel(net)
-    model.register_comm_hook(bt.HookState(comm, "median", f=1), bt.ddp_comm_hook)
+    state = bt.register_ddp_comm_hook(model, comm, "median", f=1)
+
+Registration is collective (every rank registers, as every rank constructs DDP) and checks what
+can be checked before training: the rule, its parameters and its precondition for this world
+(one round on a vector of zeros), the gradients' dtype and device, and the bucket policy below.
+A refusal is the byzcoll exception it will always be (:class:`byzcoll.PreconditionError`,
+:class:`byzcoll.InvalidUsage`, ...). An error of a later round (:class:`byzcoll.TooManyFaults`,
+say) is raised by ``loss.backward()`` with its byzcoll type once DDP has finished the backward
+pass; the gradients of that step are then not aggregated (skip the step), and DDP goes on with
+the next.
 
 DDP hands the hook one gradient bucket at a time. Coordinate-wise rules (median, trimmed mean,
 mean) aggregate each coordinate independently, so a per-bucket aggregate is the aggregate of the
 whole gradient. Rules that compare whole vectors (Krum, Multi-Krum, Bulyan, geometric median,
-centered clipping, NNM) are not: a per-bucket Krum is not Krum. For those the hook requires the
-whole gradient in one bucket (``DistributedDataParallel(..., bucket_cap_mb=...)`` larger than the
-model) and refuses otherwise.
+centered clipping, NNM) are not: a per-bucket Krum is not Krum. For those the model's gradients
+must fit in one bucket at every step. DDP reduces step 1 in one bucket and then re-buckets with
+a first bucket of at most 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``) unless ``bucket_cap_mb``
+is given, so :func:`register_ddp_comm_hook` refuses a whole-vector rule unless the gradients fit
+under every cap, and names the ``bucket_cap_mb`` to construct DDP with.
 
 FSDP2 (``fully_shard``) reduce-scatters each parameter group's gradients instead;
 :func:`fsdp_robust_reduce_scatter` replaces that by byzcoll's robust reduce-scatter (each rank
@@ -27,8 +38,12 @@ gets the robust aggregate of its own shard, at about the traffic of the sharded 
 
 The same rule applies: a whole-vector rule needs the whole gradient in one reduce-scatter, so it
 is refused on a model with more than one ``fully_shard`` group.
+
+Tensors are CPU tensors of float32 or float64; other dtypes (bfloat16, float16, integers) and
+CUDA tensors are refused with :class:`byzcoll.InvalidUsage`.
 """
 
+import math
 import queue
 import threading
 
@@ -49,6 +64,7 @@ __all__ = [
     "ddp_comm_hook",
     "fsdp_robust_reduce_scatter",
     "init_from_process_group",
+    "register_ddp_comm_hook",
     "robust_all_reduce_async",
 ]
 
@@ -119,7 +135,8 @@ def init_from_process_group(group=None, *, listen=None, timeout_ms=None) -> Comm
 
 class HookState:
     """What :func:`ddp_comm_hook` aggregates with: the communicator, the rule (no default) and
-    its parameters (``f``, ``policy``, ``replicas``, ``m``, ``tau``)."""
+    its parameters (``f``, ``policy``, ``replicas``, ``m``, ``tau``). :func:`register_ddp_comm_hook`
+    makes one after checking them; ``last_report`` holds the report of the latest bucket."""
 
     def __init__(self, comm: Communicator, rule, f, *, policy="gather", replicas=None, m=None, tau=None):
         self.comm = comm
@@ -129,16 +146,51 @@ class HookState:
         self.last_report = None
 
 
+def _coordinate_wise_rules():
+    return ", ".join(sorted(COORDINATE_WISE))
+
+
+def _raise_after_backward(failed):
+    """Has the autograd engine raise ``failed[0]``, if there is one by then, once the backward
+    pass is finished: DDP's finalization and FSDP's root post-backward are final callbacks of
+    the engine, queued before this one runs, and the check is queued from a callback queued
+    now, so it runs after them. DDP or FSDP thus finishes the step (and can run the next)
+    before the error is raised, and the error keeps its type: DDP reads the hook's future as a
+    tensor in C++, so an exception set on it (``Future.set_exception``) would reach the user as
+    ``Unable to cast ... to Tensor``, and one raised in a ``then`` callback as a
+    ``RuntimeError``.
+
+    Raises ``RuntimeError`` outside a backward pass (DDP's ``join`` runs hooks there)."""
+    engine = torch.autograd.Variable._execution_engine
+
+    def check():
+        if failed:
+            raise failed[0]
+
+    engine.queue_callback(lambda: engine.queue_callback(check))
+
+
+def _value(fut):
+    return fut.value()
+
+
 def ddp_comm_hook(state: HookState, bucket):
-    """A ``DistributedDataParallel.register_comm_hook`` hook: replaces each gradient bucket by
-    its robust aggregate over the ranks (which, like DDP's averaged all-reduce, estimates the mean
-    gradient). Refuses a whole-vector rule on a model split into several buckets."""
+    """A ``DistributedDataParallel.register_comm_hook`` hook (register it with
+    :func:`register_ddp_comm_hook`): replaces each gradient bucket by its robust aggregate over
+    the ranks (which, like DDP's averaged all-reduce, estimates the mean gradient). Refuses a
+    whole-vector rule on a model split into several buckets.
+
+    A round's byzcoll exception is raised by ``backward()`` with its type once DDP has finished
+    the backward pass (the bucket then holds no aggregate: skip the step); outside a backward
+    pass, as in DDP's ``join``, the returned future fails with a ``RuntimeError`` that names
+    it."""
     if state.rule not in COORDINATE_WISE and not (bucket.index() == 0 and bucket.is_last()):
         raise InvalidUsage(
             f"rule {state.rule!r} compares whole gradients, and DDP split this model into several "
-            "buckets: a per-bucket aggregate would not be that rule. Construct "
-            "DistributedDataParallel with a bucket_cap_mb larger than the model, or use a "
-            f"coordinate-wise rule ({', '.join(sorted(COORDINATE_WISE))})"
+            "buckets: a per-bucket aggregate would not be that rule. Register the hook with "
+            "byzcoll.torch.register_ddp_comm_hook(ddp, ...), which checks DDP's bucket caps before "
+            "training and names the bucket_cap_mb to construct DistributedDataParallel with, or use "
+            f"a coordinate-wise rule ({_coordinate_wise_rules()})"
         )
     buf = bucket.buffer()
 
@@ -146,7 +198,108 @@ def ddp_comm_hook(state: HookState, bucket):
         state.last_report = state.comm.robust_all_reduce(buf, state.rule, state.f, **state.kwargs)
         return buf
 
-    return _worker(state.comm).submit(job)
+    done = _worker(state.comm).submit(job)
+    failed = []
+    try:
+        _raise_after_backward(failed)
+    except RuntimeError:  # not in a backward pass
+        return done.then(_value)
+
+    def settle(fut):
+        try:
+            return fut.value()
+        except Exception as e:  # raised by the engine after DDP's finalization
+            failed.append(e)
+            return buf
+
+    return done.then(settle)
+
+
+def _reduced_parameters(ddp):
+    """The parameters whose gradients DDP reduces: trainable, not ignored, each once."""
+    ignored = getattr(ddp, "parameters_to_ignore", ())
+    return [p for name, p in ddp.module.named_parameters() if p.requires_grad and name not in ignored]
+
+
+def _first_bucket_cap(ddp):
+    """The fewest gradient bytes a DDP bucket may close at, once DDP re-buckets after step 1,
+    and what set it. The first bucket's cap is 1 MiB when ``bucket_cap_mb`` was not given."""
+    cap, why = ddp.bucket_bytes_cap, f"bucket_cap_mb={ddp.bucket_bytes_cap / 2**20:g}"
+    if getattr(ddp, "bucket_bytes_cap_default", False) and dist._DEFAULT_FIRST_BUCKET_BYTES < cap:
+        cap = dist._DEFAULT_FIRST_BUCKET_BYTES
+        why = f"DDP's first bucket without bucket_cap_mb: {cap} bytes"
+    for c in getattr(ddp, "bucket_bytes_cap_list", None) or ():
+        if c < cap:
+            cap, why = c, f"bucket_cap_mb_list={[b / 2**20 for b in ddp.bucket_bytes_cap_list]}"
+    return cap, why
+
+
+def _check_one_bucket(ddp, rule):
+    """Refuses a whole-vector rule unless DDP reduces every step's gradients in one bucket."""
+    params = _reduced_parameters(ddp)
+    kinds = sorted({f"{p.dtype} on {p.device}" for p in params})
+    if len(kinds) > 1:
+        raise InvalidUsage(
+            f"rule {rule!r} compares whole gradients, and this model's parameters are of "
+            f"{len(kinds)} kinds ({', '.join(kinds)}), which DDP reduces in separate buckets: "
+            "make them one dtype on one device, or use a coordinate-wise rule "
+            f"({_coordinate_wise_rules()})"
+        )
+    total = sum(p.numel() * p.element_size() for p in params)
+    cap, why = _first_bucket_cap(ddp)
+    if total > cap:
+        raise InvalidUsage(
+            f"rule {rule!r} compares whole gradients, so DDP must reduce all of this model's "
+            f"gradients ({total} bytes) in one bucket at every step; after step 1 DDP re-buckets "
+            f"them in the order they are computed, closing a bucket once it holds {cap} bytes "
+            f"({why}), which can split them. Construct DistributedDataParallel(..., "
+            f"bucket_cap_mb={math.ceil(total / 2**20)}), or use a coordinate-wise rule "
+            f"({_coordinate_wise_rules()})"
+        )
+
+
+def _check_rule(run, tensors):
+    """Checks a rule, its parameters and its precondition for the world by running it once,
+    collectively, on zeros of each dtype and device in `tensors` (in the same order on every
+    rank): the checks of the rounds to come, raising the same typed errors, before training."""
+    for dtype, device in sorted({(t.dtype, t.device) for t in tensors}, key=str):
+        run(dtype, device)
+
+
+def register_ddp_comm_hook(
+    ddp, comm: Communicator, rule, f, *, policy="gather", replicas=None, m=None, tau=None, hook=ddp_comm_hook
+) -> HookState:
+    """Registers :func:`ddp_comm_hook` (or `hook`, a function that calls it) on the
+    ``DistributedDataParallel`` module `ddp`, aggregating with `rule` tolerating `f` Byzantine
+    ranks (and ``policy``, ``replicas``, ``m``, ``tau`` as in
+    :meth:`byzcoll.Communicator.robust_all_reduce`); returns the :class:`HookState`, whose
+    ``last_report`` is the latest bucket's report. Every rank calls it, as every rank constructs
+    DDP: it runs one robust round on a vector of zeros of each gradient dtype.
+
+    Refuses, before training, what the rounds would refuse: an unknown rule or invalid parameters
+    (:class:`byzcoll.InvalidUsage`), a precondition the world does not meet, such as Krum's
+    n > 2f + 2 (:class:`byzcoll.PreconditionError`), gradients that are not float32 or float64
+    CPU tensors (:class:`byzcoll.InvalidUsage`), and a whole-vector rule (not in
+    :data:`COORDINATE_WISE`) on a model whose gradients DDP would split into several buckets at
+    some step (:class:`byzcoll.InvalidUsage` naming the ``bucket_cap_mb`` to pass)."""
+    state = HookState(comm, rule, f, policy=policy, replicas=replicas, m=m, tau=tau)
+    if rule not in COORDINATE_WISE:
+        _check_one_bucket(ddp, rule)
+    _check_rule(
+        lambda dtype, device: comm.robust_all_reduce(
+            torch.zeros(comm.size, dtype=dtype, device=device), rule, f, **state.kwargs
+        ),
+        _reduced_parameters(ddp),
+    )
+    ddp.register_comm_hook(state, hook)
+    return state
+
+
+def _own_shard(input_tensor, rank, size):
+    """This rank's shard of `input_tensor`, cut as robust_reduce_scatter cuts it."""
+    base, extra = divmod(input_tensor.numel(), size)
+    start = rank * base + min(rank, extra)
+    return input_tensor.reshape(-1)[start : start + base + (rank < extra)]
 
 
 class RobustReduceScatter(_ReduceScatter):
@@ -156,7 +309,9 @@ class RobustReduceScatter(_ReduceScatter):
     that shard. FSDP's ``AVG`` gets the aggregate itself, ``SUM`` the aggregate times the world
     size (so FSDP's own division still gives the aggregate); other ops are refused. The group
     must be the communicator's ranks in the same order. ``last_report`` holds the report of the
-    latest call."""
+    latest call. A round's byzcoll exception is raised by ``backward()`` with its type once FSDP
+    has finished the backward pass, the shard then holding this rank's own gradient (skip the
+    step)."""
 
     def __init__(self, comm: Communicator, rule, f, *, replicas=None, m=None, tau=None):
         self.comm = comm
@@ -189,9 +344,16 @@ class RobustReduceScatter(_ReduceScatter):
                 f"FSDP asked for a {op} reduce-scatter: a robust aggregate stands for AVG (or SUM "
                 "with FSDP's own division); leave set_gradient_divide_factor at its default"
             )
-        self.last_report = self.comm.robust_reduce_scatter(
-            input_tensor, output_tensor, self.rule, self.f, **self.kwargs
-        )
+        try:
+            self.last_report = self.comm.robust_reduce_scatter(
+                input_tensor, output_tensor, self.rule, self.f, **self.kwargs
+            )
+        except Exception as e:
+            try:
+                _raise_after_backward([e])
+            except RuntimeError:  # not in a backward pass
+                raise e from None
+            output_tensor.copy_(_own_shard(input_tensor, self.comm.rank, self.comm.size))
         if scale is not None:
             output_tensor.mul_(scale)
         return None
@@ -199,9 +361,13 @@ class RobustReduceScatter(_ReduceScatter):
 
 def fsdp_robust_reduce_scatter(module, comm: Communicator, rule, f, *, replicas=None, m=None, tau=None):
     """Makes every ``fully_shard`` group in ``module`` reduce-scatter its gradients through one
-    :class:`RobustReduceScatter` (returned, with its ``last_report``). Refuses a whole-vector
-    rule (Krum family, geometric median, centered clipping, NNM) when ``module`` holds more than
-    one group: each group's reduce-scatter sees only its own parameters' gradients."""
+    :class:`RobustReduceScatter` (returned, with its ``last_report``). Every rank calls it: it
+    runs one robust reduce-scatter of zeros per parameter dtype, so that what the rounds would
+    refuse (unknown rule, invalid parameters, a precondition the world does not meet, a dtype
+    other than float32 and float64) is refused here, with the same typed error. Refuses a
+    whole-vector rule (Krum family, geometric median, centered clipping, NNM) when ``module``
+    holds more than one group: each group's reduce-scatter sees only its own parameters'
+    gradients. A round's error is raised by ``backward()`` with its byzcoll type."""
     from torch.distributed.fsdp import FSDPModule
 
     if _ReduceScatter is object or not hasattr(FSDPModule, "set_custom_reduce_scatter"):
@@ -218,6 +384,16 @@ def fsdp_robust_reduce_scatter(module, comm: Communicator, rule, f, *, replicas=
             f"Shard the model as one group, or use a coordinate-wise rule ({', '.join(sorted(COORDINATE_WISE))})"
         )
     rs = RobustReduceScatter(comm, rule, f, replicas=replicas, m=m, tau=tau)
+    _check_rule(
+        lambda dtype, device: comm.robust_reduce_scatter(
+            torch.zeros(comm.size, dtype=dtype, device=device),
+            torch.zeros(1, dtype=dtype, device=device),
+            rule,
+            f,
+            **rs.kwargs,
+        ),
+        [p for p in module.parameters() if p.requires_grad],
+    )
     for g in groups:
         g.set_custom_reduce_scatter(rs)
     return rs
