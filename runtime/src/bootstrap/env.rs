@@ -183,6 +183,21 @@ impl LaunchEnv {
         }
         let store = match (get("BYZCOLL_STORE"), get("MASTER_ADDR"), get("MASTER_PORT")) {
             (Some(s), _, _) => Some(s),
+            // torchrun's agent hosts torch's own store on MASTER_PORT: rank 0 could not bind
+            // it, and the others would wait for a store that never answers.
+            (None, Some(_), Some(port))
+                if size > 1 && get("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True") =>
+            {
+                return Err(BootstrapError::InvalidVar {
+                    var: "MASTER_PORT",
+                    value: port,
+                    why: "torchrun's agent hosts torch's store there \
+                          (TORCHELASTIC_USE_AGENT_STORE=True): set BYZCOLL_STORE=HOST:PORT, a free \
+                          port on rank 0's host, for byzcoll's store; or, from Python, join \
+                          through torch.distributed with byzcoll.torch.init_from_process_group()"
+                        .into(),
+                });
+            }
             (None, Some(addr), Some(port)) => Some(format!("{addr}:{port}")),
             (None, Some(_), None) => {
                 return Err(BootstrapError::MissingVar {
@@ -288,6 +303,23 @@ mod tests {
         assert!(matches!(detect(&[]), Err(BootstrapError::NoLauncher)));
         let err = detect(&[("BYZCOLL_LAUNCHER", "lsf")]).unwrap_err();
         assert!(err.to_string().contains("BYZCOLL_LAUNCHER"), "{err}");
+        // Under torchrun, MASTER_PORT is the agent's store: byzcoll needs a port of its own.
+        let torchrun = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "localhost"),
+            ("MASTER_PORT", "41985"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ];
+        let err = detect(&torchrun).unwrap_err();
+        assert!(err.to_string().contains("BYZCOLL_STORE=HOST:PORT"), "{err}");
+        assert!(err.to_string().contains("MASTER_PORT=\"41985\""), "{err}");
+        let mut own = torchrun.to_vec();
+        own.push(("BYZCOLL_STORE", "127.0.0.1:29600"));
+        assert_eq!(
+            detect(&own).unwrap().store.as_deref(),
+            Some("127.0.0.1:29600")
+        );
         // A single rank needs no store.
         assert_eq!(
             detect(&[("RANK", "0"), ("WORLD_SIZE", "1")]).unwrap().size,
