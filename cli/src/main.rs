@@ -11,8 +11,8 @@ use byzcoll::{DEFAULT_TRANSPORT, TRANSPORTS};
 use byzcoll_cli::launch::{launch, LaunchIdentity, LaunchOptions};
 use byzcoll_cli::npy::{self, MappedData};
 use byzcoll_sim::{
-    Adversary, Algorithm, Compute, Crash, DataSet, Faults, Footprint, Lie, MemoryEstimate, Network,
-    Preset, Scenario, SimError, Stall,
+    Adversary, Algorithm, Compute, Crash, DataSet, Deaths, Delay, Faults, Footprint, Lie,
+    MemoryEstimate, Network, Preset, Rounds, Scenario, SimError, Slow, Stall,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -575,14 +575,20 @@ struct SimulateArgs {
     /// Owners per shard for sharded mode, comma-separated, 1 to n (default: 1 and 2f+1).
     #[arg(long, value_name = "R,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     replicas: Vec<u32>,
-    /// Check every honest rank's result against the gather-mode reference (exit 1 if not).
+    /// Check every honest rank's result against the gather-mode reference (exit 1 if not). In
+    /// rounds mode, check instead that in every round the honest ranks that set the pace
+    /// completed, no honest ranks ended with different results silently, and the round took
+    /// at most the healthy round (run too) plus the grace when --stragglers covers the slow and
+    /// dead ranks, or plus the last start's lag and one step deadline otherwise.
     #[arg(long)]
     check: bool,
     /// Timing mode: predict gather, sharded r=1, sharded r=2f+1 and ring SUM completion times
     /// for vectors of 1 MiB to 1 GiB (float32), without faults.
     #[arg(long, conflicts_with_all = [
         "d", "mode", "replicas", "check", "timeout_ms", "loss", "delay_us", "crash", "stall",
-        "byzantine", "attack", "lying_owners", "lie", "seed", "equivocate",
+        "byzantine", "attack", "lying_owners", "lie", "seed", "equivocate", "rounds",
+        "stragglers", "grace_ms", "grace_factor", "slow_ranks", "slow_delay", "deaths",
+        "rejoin",
     ])]
     predict: bool,
     /// Timing mode: vector sizes in bytes instead of the 1 MiB..1 GiB sweep, comma-separated;
@@ -663,6 +669,43 @@ struct SimulateArgs {
     /// Seed of the inputs, losses and delays (any u64).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Run N rounds in a row, 1 to 10000, and print each round (rounds mode, also with
+    /// --slow-ranks or --deaths): every rank starts a round when it has finished the one
+    /// before, on the same inputs; crashed ranks stay crashed, --stall delays round 0.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=byzcoll_sim::MAX_ROUNDS as i64))]
+    rounds: Option<u32>,
+    /// Inputs a gather-mode round may go without for their lateness alone, as the runtime's
+    /// BYZCOLL_STRAGGLERS: a count s (0 by default: every input is waited for until the
+    /// deadline) or auto (the largest s <= f that keeps the rule's precondition). The input
+    /// step ends once all but s inputs are in plus the grace; the rest are late. Gather mode
+    /// only (--mode gather), as in the runtime.
+    #[arg(long, value_name = "S|auto", default_value = "0", value_parser = parse_stragglers)]
+    stragglers: byzcoll::Stragglers,
+    /// The quorum's grace, as the runtime's Grace::min: a quorum step waits at least this
+    /// many virtual milliseconds past its quorum (0 to 86400000; 1 by default).
+    #[arg(long, value_name = "MS", default_value_t = 1.0, value_parser = grace_ms)]
+    grace_ms: f64,
+    /// The quorum's grace, as the runtime's Grace::factor: a quorum step waits at least K
+    /// times as long past its quorum as the quorum took to form (0 to 2^32-1; 1 by default).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    grace_factor: u32,
+    /// Rounds mode: the first K ranks are slow (stragglers), 1 to 10^6 and at most n: each
+    /// starts every round a delay late, drawn from --slow-delay (seeded by --seed).
+    #[arg(long, value_name = "K", requires = "slow_delay", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    slow_ranks: Option<u32>,
+    /// The slow ranks' delay before each round: fixed:T, exp:MEAN or lognormal:MEDIAN,SIGMA
+    /// with times such as 5ms, 250us, 1.5s (at most a day; sigma 0 to 10), e.g. fixed:6ms,
+    /// exp:2ms, lognormal:2ms,0.5.
+    #[arg(long, value_name = "DIST", requires = "slow_ranks", value_parser = parse_delay)]
+    slow_delay: Option<Delay>,
+    /// Rounds mode: K ranks (the last honest ones) die at round ROUND (from 0) and stay silent
+    /// (no connection closes: each round waits for them as for a hung node), e.g. 2@1.
+    #[arg(long, value_name = "K@ROUND", value_parser = parse_deaths)]
+    deaths: Option<Deaths>,
+    /// The dead ranks come back at round ROUND (after the deaths' round, before the last
+    /// round's end), present when it starts.
+    #[arg(long, value_name = "ROUND", requires = "deaths")]
+    rejoin: Option<u32>,
     /// The most memory a simulation may use, in GiB: 1 to 65536, 4 by default (a fixed bound,
     /// whatever the machine has). Its peak is estimated from the flags before anything is
     /// allocated (every rank's posted step is O(n^2) messages, sharded distance rules
@@ -772,6 +815,31 @@ fn probability(s: &str) -> Result<f64, String> {
     })
 }
 
+fn parse_stragglers(s: &str) -> Result<byzcoll::Stragglers, String> {
+    byzcoll::Stragglers::parse(s)
+}
+
+/// The longest grace (a day, in milliseconds).
+const MAX_GRACE_MS: f64 = byzcoll_sim::MAX_DELAY * 1e3;
+
+fn grace_ms(s: &str) -> Result<f64, String> {
+    non_negative(s).and_then(|v| {
+        if v <= MAX_GRACE_MS {
+            Ok(v)
+        } else {
+            Err(format!("{v} ms is longer than a day ({MAX_GRACE_MS} ms)"))
+        }
+    })
+}
+
+fn parse_delay(s: &str) -> Result<Delay, String> {
+    s.parse::<Delay>().map_err(|e| e.to_string())
+}
+
+fn parse_deaths(s: &str) -> Result<Deaths, String> {
+    s.parse::<Deaths>().map_err(|e| e.to_string())
+}
+
 fn parse_crash(s: &str) -> Result<Crash, String> {
     s.parse::<Crash>().map_err(|e| e.to_string())
 }
@@ -800,6 +868,19 @@ impl SimulateArgs {
     /// `--max-memory-gib` in bytes.
     fn memory_bound(&self) -> u64 {
         self.max_memory_gib << 30
+    }
+
+    /// Whether to run rounds mode (a table per round).
+    fn rounds_mode(&self) -> bool {
+        self.rounds.is_some() || self.slow_ranks.is_some() || self.deaths.is_some()
+    }
+
+    /// The quorum's grace.
+    fn grace(&self) -> byzcoll::Grace {
+        byzcoll::Grace {
+            min: Duration::from_secs_f64(self.grace_ms * 1e-3),
+            factor: self.grace_factor,
+        }
     }
 
     fn compute(&self) -> Compute {
@@ -868,7 +949,7 @@ fn simulate(args: &SimulateArgs) -> Result<ExitCode, String> {
     for world in &worlds {
         ok &= simulate_data(args, world, &label, rule.as_ref())?;
     }
-    if args.check && ok {
+    if args.check && ok && !args.rounds_mode() {
         println!("OK: results match the gather-mode reference");
     }
     Ok(if ok {
@@ -997,6 +1078,17 @@ fn prepare_data(
             max_delay: args.delay_us * 1e-6,
             crashes: args.crash.clone(),
             stalls: args.stall.clone(),
+            slow: args
+                .slow_ranks
+                .zip(args.slow_delay)
+                .map(|(ranks, delay)| Slow {
+                    ranks: ranks as usize,
+                    delay,
+                }),
+            deaths: args.deaths.map(|d| Deaths {
+                rejoin: args.rejoin.map(|r| r as usize),
+                ..d
+            }),
         },
         adversary: Adversary {
             byzantine_inputs: args.byzantine,
@@ -1011,6 +1103,8 @@ fn prepare_data(
         timeout: args.timeout_ms * 1e-3,
         seed: args.seed,
         agreement: args.agreement,
+        stragglers: args.stragglers,
+        grace: args.grace(),
     };
     scenario.validate().map_err(|e| e.to_string())?;
     rule.check(n).map_err(|e| e.to_string())?;
@@ -1041,7 +1135,17 @@ fn prepare_data(
         algorithms.push(Algorithm::RingSum);
     }
 
-    let peak = scenario.data_peak(args.d as usize, &algorithms, rule);
+    let rounds = args.rounds.map_or(1, |r| r as usize);
+    scenario.check_rounds(rounds).map_err(|e| e.to_string())?;
+    for &alg in &algorithms {
+        scenario.stragglers_in(alg, rule).map_err(|e| match e {
+            SimError::Unsupported(_) => format!("{e} (--mode gather)"),
+            e => e.to_string(),
+        })?;
+    }
+    let peak = scenario
+        .data_peak(args.d as usize, &algorithms, rule)
+        .with_rounds(n, rounds);
     let owners = algorithms
         .iter()
         .any(|a| matches!(a, Algorithm::Sharded { replicas } if *replicas > 1));
@@ -1102,6 +1206,9 @@ fn simulate_data(
     label: &str,
     rule: &dyn Aggregator,
 ) -> Result<bool, String> {
+    if args.rounds_mode() {
+        return simulate_rounds(args, world, label, rule);
+    }
     let DataWorld {
         scenario,
         algorithms,
@@ -1184,4 +1291,179 @@ fn simulate_data(
         eprintln!("FAIL: {line}");
     }
     Ok(ok)
+}
+
+/// Rounds mode for one world size: one table per algorithm, a row per round; returns whether
+/// every honest rank that sets the pace completed every round (and, with `--check`, whether
+/// the honest ranks agreed and every round's time followed the quorum).
+#[allow(clippy::print_stdout)]
+fn simulate_rounds(
+    args: &SimulateArgs,
+    world: &DataWorld,
+    label: &str,
+    rule: &dyn Aggregator,
+) -> Result<bool, String> {
+    let DataWorld {
+        scenario,
+        algorithms,
+    } = world;
+    let n = scenario.ranks;
+    let d = args.d as usize;
+    let count = args.rounds.map_or(1, |r| r as usize);
+    let data = DataSet::generate(scenario, d).map_err(|e| e.to_string())?;
+    println!(
+        "n = {n}, d = {d} ({}), rule {} (f = {}), {}",
+        byzcoll_sim::format_bytes(4 * d as u64),
+        rule.name(),
+        rule.byzantine(),
+        describe_network(label, &scenario.network)
+    );
+    println!("  {}", describe_rounds(scenario, count));
+    let mut ok = true;
+    let mut problems = Vec::new();
+    for &alg in algorithms {
+        let healthy = if args.check {
+            let base = scenario
+                .healthy()
+                .run_rounds(alg, 1, &data, rule)
+                .map_err(|e| format!("{alg}: {e}"))?;
+            Some(base.rounds.first().map_or(0.0, |r| r.time))
+        } else {
+            None
+        };
+        let rounds = scenario
+            .run_rounds(alg, count, &data, rule)
+            .map_err(|e| format!("{alg}: {e}"))?;
+        println!(
+            "{alg}: s = {}{}",
+            rounds.stragglers,
+            healthy.map_or(String::new(), |h| format!(
+                "; healthy round: {:.3} us (no slow or dead ranks)",
+                h * 1e6
+            ))
+        );
+        print_rounds(&rounds, healthy);
+        match healthy {
+            Some(h) => {
+                if let Err(found) = rounds.check(h) {
+                    ok = false;
+                    problems.extend(found);
+                }
+            }
+            None => {
+                for r in &rounds.rounds {
+                    if let Some(why) = &r.incomplete {
+                        ok = false;
+                        problems.push(format!("{alg} round {}: {why}", r.round));
+                    }
+                }
+            }
+        }
+    }
+    for p in &problems {
+        let line = p.split_whitespace().collect::<Vec<_>>().join(" ");
+        eprintln!("FAIL: {line}");
+    }
+    if args.check && ok {
+        println!(
+            "OK: in every round the honest ranks agree and the round's time follows the quorum"
+        );
+    }
+    Ok(ok)
+}
+
+/// One line: the rounds, the quorum, the slow and dying ranks, the deadline.
+fn describe_rounds(scenario: &Scenario, count: usize) -> String {
+    let mut line = format!(
+        "{count} round{}; stragglers allowed: {}; grace: at least {} and {}x the quorum's time",
+        if count == 1 { "" } else { "s" },
+        match scenario.stragglers.requested() {
+            None => "auto".to_string(),
+            Some(s) => s.to_string(),
+        },
+        byzcoll_sim::format_time(scenario.grace.min.as_secs_f64()),
+        scenario.grace.factor
+    );
+    if let Some(slow) = scenario.faults.slow {
+        let ranks = scenario.slow_ranks();
+        let _ = write!(
+            line,
+            "; slow ranks {}..{} ({}) before each round",
+            ranks.start, ranks.end, slow.delay
+        );
+    }
+    if let Some(deaths) = scenario.faults.deaths {
+        let ranks = scenario.dying_ranks();
+        let _ = write!(
+            line,
+            "; ranks {}..{} die at round {}",
+            ranks.start, ranks.end, deaths.at
+        );
+        if let Some(back) = deaths.rejoin {
+            let _ = write!(line, " and rejoin at round {back}");
+        }
+    }
+    let _ = write!(
+        line,
+        "; step deadline {}",
+        byzcoll_sim::format_time(scenario.timeout)
+    );
+    line
+}
+
+/// The table of `rounds`: times in microseconds; with `healthy`, each round's bound and
+/// verdict (`-` without); then the late, missing and out-of-step ranks, each a count with the
+/// lowest of them in brackets.
+#[allow(clippy::print_stdout)]
+fn print_rounds(rounds: &Rounds, healthy: Option<f64>) {
+    println!(
+        "  {:>5} {:>12} {:>12} {:>12} {:>12} {:>5} {:>7} {:>6}  {:<14} {:<14} out-of-step",
+        "round",
+        "start(us)",
+        "time(us)",
+        "slowest(us)",
+        "bound(us)",
+        "dead",
+        "inputs",
+        "check",
+        "late",
+        "missing",
+    );
+    let us = |t: f64| format!("{:.3}", t * 1e6);
+    for r in &rounds.rounds {
+        let (bound, verdict) = match healthy {
+            Some(h) => {
+                let bound = rounds.bound(r, h);
+                let mut verdict = Vec::new();
+                if r.incomplete.is_some() {
+                    verdict.push("FAILED");
+                }
+                if r.split.is_some() {
+                    verdict.push("SPLIT");
+                }
+                if r.time > bound {
+                    verdict.push("SLOW");
+                }
+                if verdict.is_empty() {
+                    verdict.push("ok");
+                }
+                (us(bound), verdict.join(","))
+            }
+            None => ("-".to_string(), "-".to_string()),
+        };
+        println!(
+            "  {:>5} {:>12} {:>12} {:>12} {:>12} {:>5} {:>7} {:>6}  {:<14} {:<14} {}",
+            r.round,
+            us(r.start),
+            us(r.time),
+            us(r.slowest),
+            bound,
+            r.dead,
+            r.inputs,
+            verdict,
+            r.late.to_string(),
+            r.missing.to_string(),
+            r.out_of_step,
+        );
+    }
 }

@@ -254,6 +254,34 @@ fn no_numeric_flag_of_any_subcommand_panics() {
         }
     }
 
+    // Rounds mode: the rounds, the quorum, slow ranks and deaths, and the numbers inside
+    // --slow-delay DIST and --deaths K@ROUND.
+    let gather = [
+        "simulate", "--ranks", "4", "--d", "8", "--rule", "median", "--mode", "gather",
+    ];
+    runs += sweep(&gather, "--rounds", &[]);
+    for flag in ["--stragglers", "--grace-ms", "--grace-factor"] {
+        runs += sweep(&gather, flag, &["--rounds", "2"]);
+    }
+    runs += sweep(&gather, "--slow-ranks", &["--slow-delay", "fixed:1us"]);
+    runs += sweep(&gather, "--rejoin", &["--deaths", "1@0", "--rounds", "3"]);
+    for value in EXTREMES {
+        for spec in [
+            format!("--slow-delay=fixed:{value}ms"),
+            format!("--slow-delay=lognormal:1ms,{value}"),
+            format!("--deaths={value}@0"),
+            format!("--deaths=1@{value}"),
+        ] {
+            let mut args = strings(&gather);
+            args.push(spec.clone());
+            if spec.starts_with("--slow-delay") {
+                args.extend(strings(&["--slow-ranks", "1"]));
+            }
+            no_panic(&args);
+            runs += 1;
+        }
+    }
+
     // simulate --predict.
     let predict = ["simulate", "--predict", "--ranks", "4", "--bytes", "4096"];
     for flag in [

@@ -13,11 +13,19 @@
 //! next step right away, with its sends scheduled at `T` or later and its deadline counted from
 //! `T`; messages that reach it meanwhile are matched to the new step, exactly as a transport's
 //! mailbox would hold them until the receive is posted.
+//!
+//! # Quorum steps
+//! A step posted with a [`Quorum`] ends as the transport kit's mailbox ends it: once that many
+//! receives are in (at the time the last of them is delivered, or when the step is posted if
+//! they were already there), a grace ([`Grace::after`] the time the quorum took) starts; the
+//! step ends when every receive is in or the grace has passed, whichever is first, and never
+//! after its deadline. Receives still open at the end of the grace are late ([`Cut::Quorum`]),
+//! at the deadline missing. A quorum step does not wait for its sends to leave the NIC.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 
-use byzcoll_proto::{Error, Rank, Tag};
+use byzcoll_proto::{Error, Quorum, Rank, Tag};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -72,6 +80,8 @@ pub(crate) struct Posted {
     /// The step's deadline in units of the scenario's timeout (a robust round's cross-check
     /// waits as many timeouts as the round had steps).
     pub timeouts: f64,
+    /// When the step may end before then, its grace in virtual seconds (see the module docs).
+    pub quorum: Option<Quorum>,
 }
 
 impl Posted {
@@ -81,8 +91,31 @@ impl Posted {
             slots,
             expected,
             timeouts: 1.0,
+            quorum: None,
         }
     }
+}
+
+/// How a step ended, for the receives still open then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// Every receive arrived.
+    Complete,
+    /// The deadline passed: the open receives are missing.
+    Deadline,
+    /// The quorum's grace passed before the deadline: the open receives are late.
+    Quorum,
+}
+
+/// Where a rank starts a run: when it posts its first step, when its NIC is free to send and
+/// to receive (a run that follows another on the same NICs), and the step from which it
+/// takes no part (injected crashes; `Some(0)`: none at all).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Start {
+    pub at: f64,
+    pub tx_free: f64,
+    pub rx_free: f64,
+    pub crash_at: Option<usize>,
 }
 
 /// A collective schedule as seen by the engine: what each rank sends and expects per step, and
@@ -114,10 +147,17 @@ pub(crate) trait Program {
         false
     }
 
-    /// `rank`'s step `step` ended (every receive arrived or the deadline passed): `got[slot]`
-    /// is [`Program::ABSENT`] for what is missing. Returns the local work before the next
-    /// step, or the error that ends this rank's part in the collective.
-    fn complete(&mut self, rank: Rank, step: usize, got: &[Self::Msg]) -> Result<Work, Error>;
+    /// `rank`'s step `step` ended (every receive arrived, the deadline passed or the quorum's
+    /// grace did, as `cut` says): `got[slot]` is [`Program::ABSENT`] for what did not arrive.
+    /// Returns the local work before the next step, or the error that ends this rank's part in
+    /// the collective.
+    fn complete(
+        &mut self,
+        rank: Rank,
+        step: usize,
+        got: &[Self::Msg],
+        cut: Cut,
+    ) -> Result<Work, Error>;
 }
 
 /// How a rank's part in a run ended.
@@ -137,6 +177,10 @@ pub(crate) struct RankEnd {
     pub end: End,
     /// Virtual time at which the rank finished, failed or crashed.
     pub at: f64,
+    /// When its NIC has sent everything the run queued on it.
+    pub tx_free: f64,
+    /// When its NIC has received the last message delivered to it while it took part.
+    pub rx_free: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,7 +227,16 @@ struct RankSim<M> {
     crashed_at: Option<f64>,
     /// Whether a [`Kind::Deadline`] of this rank is in the heap.
     deadline_armed: bool,
-    end: Option<RankEnd>,
+    /// When the current step was posted.
+    posted: f64,
+    /// The current step's quorum, and what `pending` is once it has formed.
+    quorum: Option<(Quorum, usize)>,
+    /// When the current step ends if receives are still open: its deadline, or the end of
+    /// its quorum's grace.
+    cut: f64,
+    /// Whether `cut` is the end of the quorum's grace (the open receives are then late).
+    by_quorum: bool,
+    end: Option<(End, f64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +248,9 @@ enum Kind {
     /// A deadline of this rank: the current step's, or an earlier one (then it is re-armed
     /// for the current step), so that the heap holds at most one deadline per rank.
     Deadline(u32),
+    /// The end of the grace of a quorum step of this rank (stale once that step has ended:
+    /// at most one per step, and a step ends at the latest at its deadline).
+    Quorum(u32),
 }
 
 impl Kind {
@@ -206,6 +262,7 @@ impl Kind {
             Kind::Tx(r) => u64::from(r),
             Kind::Arrival(i) => 1 << 61 | u64::from(i),
             Kind::Deadline(r) => 1 << 63 | 2 << 61 | u64::from(r),
+            Kind::Quorum(r) => 1 << 63 | 3 << 61 | u64::from(r),
         }
     }
 
@@ -214,7 +271,8 @@ impl Kind {
         match (code >> 61) & 3 {
             0 => Kind::Tx(low),
             1 => Kind::Arrival(low),
-            _ => Kind::Deadline(low),
+            2 => Kind::Deadline(low),
+            _ => Kind::Quorum(low),
         }
     }
 }
@@ -286,7 +344,8 @@ struct Engine<'p, 'a, P: Program> {
     stats: Stats,
 }
 
-/// Runs `prog` on `n` ranks to completion. Returns each rank's end and the run's statistics.
+/// Runs `prog` on `n` ranks to completion, rank `r` starting as `starts[r]` says. Returns each
+/// rank's end and the run's statistics.
 ///
 /// # Errors
 /// [`SimError::Schedule`] when a message arrives that the receiver's schedule does not expect,
@@ -294,11 +353,13 @@ struct Engine<'p, 'a, P: Program> {
 /// [`SimError::Stuck`] when a rank waits for a message that never comes and has no deadline.
 pub(crate) fn run<P: Program>(
     prog: &mut P,
-    n: usize,
+    starts: &[Start],
     params: Params<'_>,
 ) -> Result<(Vec<RankEnd>, Stats), SimError> {
-    let ranks = (0..n)
-        .map(|r| RankSim {
+    let n = starts.len();
+    let ranks = starts
+        .iter()
+        .map(|start| RankSim {
             state: State::Running,
             step: 0,
             deadline: f64::INFINITY,
@@ -308,18 +369,16 @@ pub(crate) fn run<P: Program>(
             sends_done: 0.0,
             outbox: VecDeque::new(),
             tx_busy: false,
-            tx_tail: 0.0,
-            rx_free: 0.0,
+            tx_tail: start.tx_free,
+            rx_free: start.rx_free,
             early: Vec::new(),
-            crash_at: params
-                .faults
-                .crashes
-                .iter()
-                .filter(|c| c.rank == r)
-                .map(|c| c.from_step)
-                .min(),
+            crash_at: start.crash_at,
             crashed_at: None,
             deadline_armed: false,
+            posted: 0.0,
+            quorum: None,
+            cut: f64::INFINITY,
+            by_quorum: false,
             end: None,
         })
         .collect();
@@ -335,15 +394,8 @@ pub(crate) fn run<P: Program>(
         rng: StdRng::seed_from_u64(params.seed),
         stats: Stats::default(),
     };
-    for r in 0..n {
-        let stall: f64 = params
-            .faults
-            .stalls
-            .iter()
-            .filter(|s| s.rank == r)
-            .map(|s| s.delay)
-            .sum();
-        engine.post(r, stall)?;
+    for (r, start) in starts.iter().enumerate() {
+        engine.post(r, start.at)?;
     }
     while let Some(ev) = engine.heap.pop() {
         debug_assert!(ev.key >= engine.now, "virtual time went backwards");
@@ -358,12 +410,18 @@ pub(crate) fn run<P: Program>(
                 }
             }
             Kind::Deadline(r) => engine.deadline(r as usize)?,
+            Kind::Quorum(r) => engine.quorum_over(r as usize)?,
         }
     }
     let mut ends = Vec::with_capacity(n);
     for (r, rs) in engine.ranks.into_iter().enumerate() {
         match rs.end {
-            Some(end) => ends.push(end),
+            Some((end, at)) => ends.push(RankEnd {
+                end,
+                at,
+                tx_free: rs.tx_tail,
+                rx_free: rs.rx_free,
+            }),
             None => {
                 return Err(SimError::Stuck(format!(
                     "rank {r} waits forever in step {}: a message it expects never came and \
@@ -395,7 +453,7 @@ impl<P: Program> Engine<'_, '_, P> {
         }
         rs.got = Vec::new();
         rs.early = Vec::new();
-        rs.end = Some(RankEnd { end, at });
+        rs.end = Some((end, at));
     }
 
     /// Posts `rank`'s current step at true time `t`; steps that need no message complete on
@@ -452,10 +510,18 @@ impl<P: Program> Engine<'_, '_, P> {
             rs.got.resize(posted.slots, P::ABSENT);
             rs.pending = posted.expected;
             rs.last = t;
+            rs.posted = t;
             rs.deadline = t + self.params.timeout * posted.timeouts;
+            rs.cut = rs.deadline;
+            rs.by_quorum = false;
+            rs.quorum = posted
+                .quorum
+                .map(|q| (q, posted.expected.saturating_sub(q.receives)));
             if start_tx {
                 self.push(first_tx, Kind::Tx(rank as u32));
             }
+            // A quorum of none forms when the step is posted.
+            self.quorum_formed(rank, t);
             // Messages that reached this rank before it posted the step.
             let early: Vec<Early<P::Msg>> = {
                 let rs = &mut self.ranks[rank];
@@ -477,24 +543,66 @@ impl<P: Program> Engine<'_, '_, P> {
                 }
                 return Ok(());
             }
-            let done = rs.last.max(rs.sends_done).min(rs.deadline);
-            match self.complete(rank, done) {
+            let done = rs.all_in();
+            match self.complete(rank, done, Cut::Complete) {
                 Some(next) => t = next,
                 None => return Ok(()),
             }
         }
     }
 
+    /// Starts the grace of `rank`'s quorum step if its quorum has just formed, the last of
+    /// its receives delivered at `at`: the step now ends at the end of the grace if that comes
+    /// before the deadline.
+    fn quorum_formed(&mut self, rank: Rank, at: f64) {
+        let alpha = self.params.network.alpha;
+        let rs = &mut self.ranks[rank];
+        let Some((quorum, formed_at)) = rs.quorum else {
+            return;
+        };
+        if rs.pending != formed_at || rs.pending == 0 || rs.by_quorum {
+            return;
+        }
+        let formed = at.max(rs.posted);
+        let took = std::time::Duration::try_from_secs_f64(formed - rs.posted)
+            .unwrap_or(std::time::Duration::MAX);
+        let end = formed + quorum.grace.after(took).as_secs_f64();
+        if end < rs.deadline {
+            rs.cut = end;
+            rs.by_quorum = true;
+            self.push(end - alpha, Kind::Quorum(rank as u32));
+        }
+    }
+
+    /// The end of a quorum step's grace: the step ends there unless it already has.
+    fn quorum_over(&mut self, rank: Rank) -> Result<(), SimError> {
+        let alpha = self.params.network.alpha;
+        let rs = &self.ranks[rank];
+        if rs.state != State::Running || rs.pending == 0 || !rs.by_quorum {
+            return Ok(());
+        }
+        if rs.cut - alpha > self.now {
+            // Another step's: this step's own end is still in the heap.
+            return Ok(());
+        }
+        let t = rs.cut;
+        match self.complete(rank, t, Cut::Quorum) {
+            Some(next) => self.post(rank, next),
+            None => Ok(()),
+        }
+    }
+
     /// Completes `rank`'s current step at `t`; returns when the next step may start, or `None`
     /// when the rank failed.
-    fn complete(&mut self, rank: Rank, t: f64) -> Option<f64> {
+    fn complete(&mut self, rank: Rank, t: f64, cut: Cut) -> Option<f64> {
         let rs = &mut self.ranks[rank];
         let step = rs.step;
         let missing = rs.pending;
         rs.pending = 0;
+        rs.by_quorum = false;
         self.stats.erasures += missing as u64;
         let got = std::mem::take(&mut rs.got);
-        let result = self.prog.complete(rank, step, &got);
+        let result = self.prog.complete(rank, step, &got, cut);
         self.ranks[rank].got = got;
         match result {
             Ok(work) => {
@@ -605,9 +713,8 @@ impl<P: Program> Engine<'_, '_, P> {
             }
             Ordering::Equal => {
                 if self.accept(m.to, m.from, m.tag, m.msg, done)? {
-                    let rs = &self.ranks[m.to];
-                    let t = rs.last.max(rs.sends_done).min(rs.deadline);
-                    if let Some(next) = self.complete(m.to, t) {
+                    let t = self.ranks[m.to].all_in();
+                    if let Some(next) = self.complete(m.to, t, Cut::Complete) {
                         self.post(m.to, next)?;
                     }
                 }
@@ -643,14 +750,16 @@ impl<P: Program> Engine<'_, '_, P> {
                 "rank {rank} step {step}: second message from rank {from} with tag {tag}"
             )));
         }
-        if done > rs.deadline {
+        if done > rs.cut {
             self.stats.late += 1;
             return Ok(false);
         }
         rs.got[slot] = msg;
         rs.pending -= 1;
         rs.last = rs.last.max(done);
-        Ok(rs.pending == 0)
+        let all = rs.pending == 0;
+        self.quorum_formed(rank, done);
+        Ok(all)
     }
 
     fn deadline(&mut self, rank: Rank) -> Result<(), SimError> {
@@ -667,9 +776,21 @@ impl<P: Program> Engine<'_, '_, P> {
             self.push(key, Kind::Deadline(rank as u32));
             return Ok(());
         }
-        match self.complete(rank, t) {
+        match self.complete(rank, t, Cut::Deadline) {
             Some(next) => self.post(rank, next),
             None => Ok(()),
+        }
+    }
+}
+
+impl<M> RankSim<M> {
+    /// When the current step ends now that every receive is in: when the last one was
+    /// delivered and (outside quorum steps) the step's sends have left the NIC, at the latest
+    /// at the deadline.
+    fn all_in(&self) -> f64 {
+        match self.quorum {
+            Some(_) => self.last.min(self.cut),
+            None => self.last.max(self.sends_done).min(self.deadline),
         }
     }
 }
@@ -728,7 +849,13 @@ mod tests {
             }
         }
 
-        fn complete(&mut self, rank: Rank, step: usize, got: &[u32]) -> Result<Work, Error> {
+        fn complete(
+            &mut self,
+            rank: Rank,
+            step: usize,
+            got: &[u32],
+            _cut: Cut,
+        ) -> Result<Work, Error> {
             assert!(got.iter().all(|&g| g != u32::MAX));
             Ok(Work {
                 rule_bytes: if rank == 0 && step == 0 {
@@ -764,7 +891,7 @@ mod tests {
             timeout: 1.0,
             seed: 0,
         };
-        let (ends, stats) = run(&mut prog, 2, params).unwrap();
+        let (ends, stats) = run(&mut prog, &[Start::default(); 2], params).unwrap();
         assert_eq!(stats.messages, 4);
         // Rank 0 posts step 1 after its two sends (2 us) and its computation (5 us); rank 1
         // gets the last message one latency later.
@@ -777,6 +904,126 @@ mod tests {
         assert!(matches!(ends[0].end, End::Done) && matches!(ends[1].end, End::Done));
     }
 
+    /// Rank 0 waits for a 0-byte message from each of ranks 1..n in one step, with `quorum`;
+    /// rank `r` sends its own when it starts.
+    #[derive(Debug)]
+    struct Gather {
+        n: usize,
+        quorum: Option<Quorum>,
+        cut: Option<(Cut, Vec<bool>)>,
+    }
+
+    impl Program for Gather {
+        type Msg = u32;
+        const ABSENT: u32 = u32::MAX;
+
+        fn finished(&self, _rank: Rank, step: usize) -> bool {
+            step >= 1
+        }
+
+        fn post(&mut self, rank: Rank, _step: usize, sends: &mut Vec<Out<u32>>) -> Posted {
+            if rank == 0 {
+                let mut posted = Posted::new(self.n - 1, self.n - 1);
+                posted.quorum = self.quorum;
+                posted
+            } else {
+                sends.push(Out::new(0, 0, rank as u32));
+                Posted::new(0, 0)
+            }
+        }
+
+        fn bytes(&self, _from: Rank, _step: usize, _tag: Tag, _msg: u32) -> u64 {
+            0
+        }
+
+        fn slot(&self, _rank: Rank, _step: usize, from: Rank, _tag: Tag) -> Option<usize> {
+            Some(from - 1)
+        }
+
+        fn complete(
+            &mut self,
+            rank: Rank,
+            _step: usize,
+            got: &[u32],
+            cut: Cut,
+        ) -> Result<Work, Error> {
+            if rank == 0 {
+                self.cut = Some((cut, got.iter().map(|&g| g != u32::MAX).collect()));
+            }
+            Ok(Work::default())
+        }
+    }
+
+    /// Runs [`Gather`] over 5 ranks (1 us latency); returns rank 0's end, how its step ended
+    /// and which receives arrived.
+    fn gather(quorum: Option<Quorum>, timeout: f64) -> (f64, Cut, Vec<bool>) {
+        let network = Network {
+            alpha: 1e-6,
+            link_bandwidth: 1e9,
+            injection_bandwidth: 1e9,
+        };
+        let compute = Compute::default();
+        let faults = Faults::default();
+        let mut prog = Gather {
+            n: 5,
+            quorum,
+            cut: None,
+        };
+        let params = Params {
+            network: &network,
+            compute: &compute,
+            faults: &faults,
+            timeout,
+            seed: 0,
+        };
+        let starts: Vec<Start> = (0..5)
+            .map(|r| Start {
+                at: r as f64 * 1e-6,
+                ..Start::default()
+            })
+            .collect();
+        let (ends, _) = run(&mut prog, &starts, params).unwrap();
+        let (cut, got) = prog.cut.expect("rank 0 completed");
+        (ends[0].at, cut, got)
+    }
+
+    fn quorum(receives: usize, min_us: u64, factor: u32) -> Option<Quorum> {
+        Some(Quorum {
+            receives,
+            grace: byzcoll_proto::Grace {
+                min: std::time::Duration::from_micros(min_us),
+                factor,
+            },
+        })
+    }
+
+    #[test]
+    fn a_quorum_step_ends_one_grace_after_its_quorum_and_the_rest_are_late() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        // Messages arrive at 2, 3, 4 and 5 us. Without a quorum: at the last one.
+        let (at, cut, got) = gather(None, 1.0);
+        assert!(
+            close(at, 5e-6) && cut == Cut::Complete && got.iter().all(|&g| g),
+            "{at}"
+        );
+        // A quorum of 2 forms at 3 us; the grace is as long again: the step would end at 6 us,
+        // but everything is in at 5 us.
+        let (at, cut, _) = gather(quorum(2, 0, 1), 1.0);
+        assert!(close(at, 5e-6) && cut == Cut::Complete, "{at} {cut:?}");
+        // With a floor of 1 us and no factor it ends at 4 us: rank 4's is late.
+        let (at, cut, got) = gather(quorum(2, 1, 0), 1.0);
+        assert!(close(at, 4e-6) && cut == Cut::Quorum, "{at} {cut:?}");
+        assert_eq!(got, [true, true, true, false]);
+        // A deadline before the end of the grace wins: the open receives are missing then.
+        let (at, cut, got) = gather(quorum(2, 10, 0), 3.5e-6);
+        assert!(close(at, 3.5e-6) && cut == Cut::Deadline, "{at} {cut:?}");
+        assert_eq!(got, [true, true, false, false]);
+        // A quorum of none forms when the step is posted.
+        let (at, cut, got) = gather(quorum(0, 2, 0), 1.0);
+        assert!(close(at, 2e-6) && cut == Cut::Quorum, "{at} {cut:?}");
+        assert_eq!(got, [true, false, false, false]);
+    }
+
     #[test]
     fn kinds_pack_and_unpack() {
         for k in [
@@ -784,10 +1031,12 @@ mod tests {
             Kind::Tx(u32::MAX),
             Kind::Arrival(7),
             Kind::Deadline(1 << 29),
+            Kind::Quorum(3),
         ] {
             assert_eq!(Kind::unpack(k.pack()), k);
         }
         assert!(Kind::Tx(5).pack() < Kind::Deadline(0).pack());
         assert!(Kind::Arrival(5).pack() < Kind::Deadline(0).pack());
+        assert!(Kind::Deadline(5).pack() < Kind::Quorum(0).pack());
     }
 }

@@ -5,7 +5,9 @@ use std::str::FromStr;
 
 use byzcoll_aggregators::attacks::Attack;
 use byzcoll_proto::Rank;
+use rand::Rng;
 
+use crate::predict::format_time;
 use crate::SimError;
 
 /// Network and crash faults. Random choices come from the scenario's seed, drawn in event
@@ -21,6 +23,10 @@ pub struct Faults {
     pub crashes: Vec<Crash>,
     /// Ranks that start late.
     pub stalls: Vec<Stall>,
+    /// Ranks that start every round late by a random delay ([`Slow`]).
+    pub slow: Option<Slow>,
+    /// Ranks that die at a round and may come back at a later one ([`Deaths`]).
+    pub deaths: Option<Deaths>,
 }
 
 impl Faults {
@@ -51,6 +57,33 @@ impl Faults {
                     "stall of rank {} by {} s must be finite and >= 0",
                     s.rank, s.delay
                 )));
+            }
+        }
+        if let Some(slow) = &self.slow {
+            slow.delay.validate()?;
+            if slow.ranks == 0 || slow.ranks > n {
+                return Err(SimError::InvalidConfig(format!(
+                    "{} slow ranks in a world of {n}: need 1 to {n}",
+                    slow.ranks
+                )));
+            }
+        }
+        if let Some(deaths) = &self.deaths {
+            if deaths.ranks == 0 || deaths.ranks >= n {
+                return Err(SimError::InvalidConfig(format!(
+                    "{} ranks dying in a world of {n}: need 1 to {} (one rank must live)",
+                    deaths.ranks,
+                    n.saturating_sub(1)
+                )));
+            }
+            if let Some(back) = deaths.rejoin {
+                if back <= deaths.at {
+                    return Err(SimError::InvalidConfig(format!(
+                        "ranks that die at round {} cannot rejoin at round {back}: rejoin at a \
+                         later round",
+                        deaths.at
+                    )));
+                }
             }
         }
         Ok(())
@@ -128,6 +161,212 @@ impl FromStr for Stall {
         Ok(Stall {
             rank: rank.trim().parse().map_err(|_| bad())?,
             delay: us * 1e-6,
+        })
+    }
+}
+
+/// The longest delay a distribution gives (one day, as the runtime's longest step deadline):
+/// larger draws are cut to it.
+pub const MAX_DELAY: f64 = 86_400.0;
+
+/// The largest `sigma` of [`Delay::LogNormal`].
+pub const MAX_SIGMA: f64 = 10.0;
+
+/// A distribution of delays in seconds, drawn from the scenario's seed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Delay {
+    /// Always this long.
+    Fixed(f64),
+    /// Exponential with this mean.
+    Exp(f64),
+    /// Log-normal: `median · exp(sigma · z)` for a standard normal `z`.
+    LogNormal {
+        /// The median delay, in seconds.
+        median: f64,
+        /// The spread of its logarithm, `0..=`[`MAX_SIGMA`].
+        sigma: f64,
+    },
+}
+
+impl Delay {
+    /// Checks that every parameter is finite, at least 0 and at most [`MAX_DELAY`] (or
+    /// [`MAX_SIGMA`]).
+    ///
+    /// # Errors
+    /// [`SimError::InvalidConfig`] naming the bad value.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let time = match *self {
+            Delay::Fixed(t) | Delay::Exp(t) => t,
+            Delay::LogNormal { median, sigma } => {
+                if !(0.0..=MAX_SIGMA).contains(&sigma) {
+                    return Err(SimError::InvalidConfig(format!(
+                        "log-normal sigma {sigma} is not in [0, {MAX_SIGMA}]"
+                    )));
+                }
+                median
+            }
+        };
+        if (0.0..=MAX_DELAY).contains(&time) {
+            Ok(())
+        } else {
+            Err(SimError::InvalidConfig(format!(
+                "delay {time} s is not in [0, {MAX_DELAY}] s (one day)"
+            )))
+        }
+    }
+
+    /// One draw, in seconds, cut to [`MAX_DELAY`].
+    pub(crate) fn sample(&self, rng: &mut impl Rng) -> f64 {
+        let v = match *self {
+            Delay::Fixed(t) => t,
+            // 1 - u is in (0, 1]: the logarithm is finite.
+            Delay::Exp(mean) => -mean * (1.0 - rng.gen::<f64>()).ln(),
+            Delay::LogNormal { median, sigma } => {
+                // Box-Muller.
+                let (u, v) = (1.0 - rng.gen::<f64>(), rng.gen::<f64>());
+                let z = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+                median * (sigma * z).exp()
+            }
+        };
+        v.min(MAX_DELAY)
+    }
+}
+
+impl fmt::Display for Delay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Delay::Fixed(t) => write!(f, "fixed {}", format_time(t)),
+            Delay::Exp(mean) => write!(f, "exponential, mean {}", format_time(mean)),
+            Delay::LogNormal { median, sigma } => {
+                write!(
+                    f,
+                    "log-normal, median {}, sigma {sigma}",
+                    format_time(median)
+                )
+            }
+        }
+    }
+}
+
+impl FromStr for Delay {
+    type Err = SimError;
+
+    /// `fixed:T`, `exp:MEAN` or `lognormal:MEDIAN,SIGMA`, times with a unit (`ns`, `us`, `ms`
+    /// or `s`): `fixed:5ms`, `exp:500us`, `lognormal:2ms,0.5`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |why: String| {
+            SimError::InvalidConfig(format!(
+                "delay `{s}`: {why}; expected fixed:T, exp:MEAN or lognormal:MEDIAN,SIGMA with \
+                 times such as 5ms, 250us, 1.5s"
+            ))
+        };
+        let (kind, args) = s
+            .split_once(':')
+            .ok_or_else(|| bad("no distribution".into()))?;
+        let delay = match kind.trim().to_ascii_lowercase().as_str() {
+            "fixed" => Delay::Fixed(parse_time(args).map_err(bad)?),
+            "exp" => Delay::Exp(parse_time(args).map_err(bad)?),
+            "lognormal" => {
+                let (median, sigma) = args
+                    .split_once(',')
+                    .ok_or_else(|| bad("lognormal needs MEDIAN,SIGMA".into()))?;
+                let sigma: f64 = sigma
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad(format!("sigma `{sigma}` is not a number")))?;
+                Delay::LogNormal {
+                    median: parse_time(median).map_err(bad)?,
+                    sigma,
+                }
+            }
+            other => return Err(bad(format!("unknown distribution `{other}`"))),
+        };
+        delay.validate().map_err(|e| match e {
+            SimError::InvalidConfig(why) => bad(why),
+            other => other,
+        })?;
+        Ok(delay)
+    }
+}
+
+/// `5ms`, `250us`, `1.5s`, `800ns`: seconds, finite and at least 0.
+fn parse_time(s: &str) -> Result<f64, String> {
+    let s = s.trim();
+    let number = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &s[number.len()..];
+    if unit.is_empty() {
+        return Err(format!("time `{s}` has no unit (ns, us, ms or s)"));
+    }
+    let scale = match unit {
+        "ns" => 1e-9,
+        "us" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        _ => {
+            return Err(format!(
+                "time `{s}`: unknown unit `{unit}` (ns, us, ms or s)"
+            ))
+        }
+    };
+    let v: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("time `{s}`: `{}` is not a number", number.trim()))?;
+    let v = v * scale;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("time `{s}` must be finite and at least 0"))
+    }
+}
+
+/// Slow ranks (stragglers): the first `ranks` ranks start every round a delay late, drawn
+/// per rank and round from `delay` (a slow computation before each call, as a rank whose
+/// gradients take longer). Each starts a round when it has finished the one before plus its
+/// delay, so a rank slower than the rounds falls further behind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slow {
+    /// How many ranks (ranks `0..ranks`).
+    pub ranks: usize,
+    /// Their delay before each round.
+    pub delay: Delay,
+}
+
+/// Ranks that die: `ranks` ranks (the last honest ones, just below the Byzantine ones) stop at
+/// round `at`, silently (no peer sees a connection close: a node or a link gone), and with
+/// `rejoin` start answering again at that round, present when it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deaths {
+    /// How many ranks die.
+    pub ranks: usize,
+    /// The first round they take no part in.
+    pub at: usize,
+    /// The round they come back at, if any.
+    pub rejoin: Option<usize>,
+}
+
+impl Deaths {
+    /// Whether the dying ranks are dead in `round`.
+    pub fn dead_in(&self, round: usize) -> bool {
+        round >= self.at && self.rejoin.is_none_or(|back| round < back)
+    }
+}
+
+impl FromStr for Deaths {
+    type Err = SimError;
+
+    /// `K@ROUND`: `K` ranks die at round `ROUND` (without a rejoin).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            SimError::InvalidConfig(format!(
+                "deaths `{s}`: expected K@ROUND (K ranks die at round ROUND), e.g. 2@1"
+            ))
+        };
+        let (k, at) = s.split_once('@').ok_or_else(bad)?;
+        Ok(Deaths {
+            ranks: k.trim().parse().map_err(|_| bad())?,
+            at: at.trim().parse().map_err(|_| bad())?,
+            rejoin: None,
         })
     }
 }
@@ -356,9 +595,102 @@ mod tests {
         assert!("5".parse::<Stall>().is_err());
         assert!("5:-1".parse::<Stall>().is_err());
         assert_eq!("NaN".parse::<Lie>().unwrap(), Lie::Nan);
+        assert_eq!("fixed:5ms".parse::<Delay>().unwrap(), Delay::Fixed(5e-3));
+        assert_eq!("exp:250us".parse::<Delay>().unwrap(), Delay::Exp(250e-6));
+        assert_eq!(
+            "lognormal:2ms,0.5".parse::<Delay>().unwrap(),
+            Delay::LogNormal {
+                median: 2e-3,
+                sigma: 0.5
+            }
+        );
+        for bad in [
+            "5ms",
+            "fixed:5",
+            "fixed:5d",
+            "fixed:1e5",
+            "fixed:-1ms",
+            "fixed:1e400s",
+            "fixed:86401s",
+            "exp:NaNms",
+            "lognormal:1ms",
+            "lognormal:1ms,11",
+            "lognormal:1ms,-1",
+            "gamma:1ms",
+        ] {
+            let e = bad.parse::<Delay>().unwrap_err().to_string();
+            assert!(e.contains(bad) && e.contains("fixed:T"), "{bad}: {e}");
+        }
+        assert_eq!(
+            "2@1".parse::<Deaths>().unwrap(),
+            Deaths {
+                ranks: 2,
+                at: 1,
+                rejoin: None
+            }
+        );
+        assert!("2".parse::<Deaths>().is_err() && "x@1".parse::<Deaths>().is_err());
         assert!(attack_by_name("alie", 8, 1, 0).is_ok());
         let e = attack_by_name("nope", 8, 1, 0).unwrap_err().to_string();
         assert!(e.contains("signflip, scale"), "{e}");
+    }
+
+    #[test]
+    fn delays_are_drawn_within_their_bounds_and_from_the_seed() {
+        use rand::SeedableRng;
+        let draw = |d: Delay, seed| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            (0..2000).map(|_| d.sample(&mut rng)).collect::<Vec<f64>>()
+        };
+        let exp = draw(Delay::Exp(1e-3), 7);
+        assert_eq!(exp, draw(Delay::Exp(1e-3), 7));
+        assert!(exp.iter().all(|&v| v.is_finite() && v >= 0.0));
+        let mean = exp.iter().sum::<f64>() / exp.len() as f64;
+        assert!((mean - 1e-3).abs() < 1e-4, "{mean}");
+        let mut log = draw(
+            Delay::LogNormal {
+                median: 2e-3,
+                sigma: 0.5,
+            },
+            7,
+        );
+        log.sort_by(f64::total_cmp);
+        let median = log[log.len() / 2];
+        assert!((median / 2e-3 - 1.0).abs() < 0.1, "{median}");
+        // The widest spread is cut to a day.
+        let wide = draw(
+            Delay::LogNormal {
+                median: MAX_DELAY,
+                sigma: MAX_SIGMA,
+            },
+            1,
+        );
+        assert!(wide.iter().all(|&v| (0.0..=MAX_DELAY).contains(&v)));
+        assert!(draw(Delay::Fixed(3e-3), 0).iter().all(|&v| v == 3e-3));
+    }
+
+    #[test]
+    fn deaths_last_until_the_rejoin() {
+        let d = Deaths {
+            ranks: 2,
+            at: 1,
+            rejoin: Some(3),
+        };
+        let dead: Vec<bool> = (0..5).map(|r| d.dead_in(r)).collect();
+        assert_eq!(dead, [false, true, true, false, false]);
+        assert!(Deaths { rejoin: None, ..d }.dead_in(100));
+        let bad = Faults {
+            deaths: Some(Deaths {
+                rejoin: Some(1),
+                ..d
+            }),
+            ..Faults::default()
+        };
+        assert!(bad
+            .validate(8)
+            .unwrap_err()
+            .to_string()
+            .contains("later round"));
     }
 
     #[test]

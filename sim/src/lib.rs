@@ -30,10 +30,20 @@
 //!   step `k` has all its receives and its sends have left the NIC, or at step `k`'s deadline,
 //!   plus the local computation charged by [`Compute`]. Messages that reach a rank before it
 //!   posts the matching step wait in its mailbox; messages for a step that has ended are late.
+//! * **Quorum steps** ([`Scenario::stragglers`], the runtime's `BYZCOLL_STRAGGLERS`): where
+//!   the round allows `s` stragglers, its input step ends once all but `s` inputs are in plus
+//!   the [`Scenario::grace`] (as the transport kit's mailbox ends it); the receives still open
+//!   then are `Arrival::Late`, and the round's later steps do not wait for their sends.
 //! * **Faults** ([`Faults`], [`Adversary`]): message loss and random extra latency, ranks that
 //!   start late or crash, Byzantine inputs forged by an
 //!   [`Attack`](byzcoll_aggregators::attacks::Attack), and shard owners that lie (sign flip,
 //!   NaN, or different garbage to every destination).
+//! * **Rounds** ([`Scenario::run_rounds`]): calls in a row, each rank starting a round when it
+//!   finished the one before, on NICs still busy with what it queued; slow ranks ([`Slow`])
+//!   start each round a delay late drawn from a [`Delay`] distribution, dying ranks
+//!   ([`Deaths`]) are silent from one round until they rejoin. [`Rounds::check`] says whether
+//!   the honest ranks agreed and each round's time followed the quorum rather than the
+//!   slowest rank.
 //!
 //! # Limits
 //! The fabric between NICs is ideal (full bisection, no congestion control, no packet loss
@@ -70,21 +80,29 @@ mod model;
 mod predict;
 mod programs;
 mod robust;
+mod rounds;
 
 use std::fmt;
 use std::sync::Arc;
 
 use byzcoll_aggregators::{AggError, Aggregator};
 use byzcoll_proto::round::{Shape, Spec};
-use byzcoll_proto::{Agreement, AgreementReport, Error, PeerFault, Rank, Replicas};
+use byzcoll_proto::{
+    Agreement, AgreementReport, Error, Grace, PeerFault, Rank, Replicas, Stragglers,
+};
 
 pub use data::{DataSet, Mismatch, Reference, Verdict};
-pub use faults::{attack_by_name, Adversary, Crash, Faults, Lie, Stall, ATTACKS};
+pub use faults::{
+    attack_by_name, Adversary, Crash, Deaths, Delay, Faults, Lie, Slow, Stall, ATTACKS, MAX_DELAY,
+    MAX_SIGMA,
+};
 pub use memory::{prediction_peak, Footprint, MemoryEstimate, DEFAULT_MEMORY_BOUND};
 pub use model::{Compute, Network, Preset};
 pub use predict::{format_bytes, format_time, predict, prediction_table, sweep_sizes, Prediction};
+pub use rounds::{Named, RoundOutcome, Rounds, MAX_ROUNDS, TIME_TOLERANCE};
 
 use data::Plane;
+use engine::Start;
 use programs::{Common, Ring};
 use robust::Robust;
 
@@ -255,6 +273,9 @@ pub struct Run {
     /// Whether nothing went wrong that could change a result: no forged input, no lying owner
     /// involved, no erasure, no owner that could not aggregate.
     pub clean: bool,
+    /// The inputs each robust round was allowed to go without for their lateness (`s`,
+    /// [`Scenario::stragglers`] resolved for this algorithm and world).
+    pub stragglers: usize,
 }
 
 impl Run {
@@ -292,6 +313,14 @@ pub struct Scenario {
     /// The robust rounds' cross-check ([`Agreement::Detect`] by default, as in the runtime):
     /// one more step, whose findings land in each rank's [`RankOutcome::agreement`].
     pub agreement: Agreement,
+    /// The inputs a gather-mode round may go without for their lateness alone, as the
+    /// runtime's `BYZCOLL_STRAGGLERS` (none by default): its input step ends once all but `s`
+    /// inputs are in plus [`Scenario::grace`], the rest are late. Sharded and ring runs allow
+    /// none (`auto` is 0 there, a count is refused), as in the runtime.
+    pub stragglers: Stragglers,
+    /// How long a quorum step waits past its quorum ([`Grace::DEFAULT`]: at least 1 ms, and as
+    /// long as the quorum took to form), in virtual time.
+    pub grace: Grace,
 }
 
 impl Scenario {
@@ -306,19 +335,53 @@ impl Scenario {
             timeout: 30.0,
             seed: 0,
             agreement: Agreement::Detect,
+            stragglers: Stragglers::Exactly(0),
+            grace: Grace::DEFAULT,
         }
     }
 
-    /// What `rank` is in this scenario.
+    /// What `rank` is in this scenario's first round (a rank dying there, or crashing at some
+    /// step, is [`Role::Crashed`]).
     pub fn role(&self, rank: Rank) -> Role {
+        let dead =
+            self.faults.deaths.is_some_and(|d| d.dead_in(0)) && self.dying_ranks().contains(&rank);
+        self.role_in(rank, self.faults.crashed(rank) || dead)
+    }
+
+    fn role_in(&self, rank: Rank, crashed: bool) -> Role {
         let n = self.ranks;
-        if self.faults.crashed(rank) {
+        if crashed {
             Role::Crashed
         } else if self.adversary.forges_input(rank, n) || self.adversary.lies_as_owner(rank, n) {
             Role::Byzantine
         } else {
             Role::Honest
         }
+    }
+
+    /// The slow ranks ([`Faults::slow`]): the first ones, `0..K`.
+    pub fn slow_ranks(&self) -> std::ops::Range<Rank> {
+        0..self.faults.slow.map_or(0, |s| s.ranks).min(self.ranks)
+    }
+
+    /// The ranks that die ([`Faults::deaths`]): the last honest ones, just below the Byzantine
+    /// ones (the last `max(byzantine_inputs, lying_owners)` ranks).
+    pub fn dying_ranks(&self) -> std::ops::Range<Rank> {
+        let end = self.ranks.saturating_sub(
+            self.adversary
+                .byzantine_inputs
+                .max(self.adversary.lying_owners),
+        );
+        end.saturating_sub(self.faults.deaths.map_or(0, |d| d.ranks))..end
+    }
+
+    /// This scenario without its slow and dying ranks: the healthy round that
+    /// [`Rounds::check`] compares round times with.
+    pub fn healthy(&self) -> Scenario {
+        let mut healthy = self.clone();
+        healthy.faults.slow = None;
+        healthy.faults.deaths = None;
+        healthy
     }
 
     /// Checks every parameter.
@@ -347,13 +410,46 @@ impl Scenario {
                 self.timeout, self.network.alpha
             )));
         }
-        if self.timeout.is_infinite() && (self.faults.loss > 0.0 || !self.faults.crashes.is_empty())
+        if self.timeout.is_infinite()
+            && (self.faults.loss > 0.0
+                || !self.faults.crashes.is_empty()
+                || self.faults.deaths.is_some())
         {
             return Err(SimError::InvalidConfig(
-                "lost messages and crashed ranks need a finite step deadline, or ranks wait \
-                 forever"
+                "lost messages and crashed or dead ranks need a finite step deadline, or ranks \
+                 wait forever"
                     .into(),
             ));
+        }
+        if self.grace.min.as_secs_f64() > MAX_DELAY {
+            return Err(SimError::InvalidConfig(format!(
+                "grace of {} s is longer than a day",
+                self.grace.min.as_secs_f64()
+            )));
+        }
+        let byzantine = self
+            .adversary
+            .byzantine_inputs
+            .max(self.adversary.lying_owners);
+        let slow = self.slow_ranks().len();
+        if slow > 0 && slow + byzantine > self.ranks {
+            return Err(SimError::InvalidConfig(format!(
+                "{slow} slow ranks (the first) and {byzantine} Byzantine ranks (the last) are \
+                 more than the {} ranks",
+                self.ranks
+            )));
+        }
+        if let Some(deaths) = self.faults.deaths {
+            if slow + deaths.ranks + byzantine > self.ranks
+                || deaths.ranks + byzantine >= self.ranks
+            {
+                return Err(SimError::InvalidConfig(format!(
+                    "{} dying ranks (the last honest ones), {slow} slow ranks (the first) and \
+                     {byzantine} Byzantine ranks (the last) do not fit in {} ranks with one \
+                     rank alive",
+                    deaths.ranks, self.ranks
+                )));
+            }
         }
         Ok(())
     }
@@ -371,6 +467,12 @@ impl Scenario {
         data: &DataSet,
         rule: &dyn Aggregator,
     ) -> Result<Run, SimError> {
+        self.check_data(data)?;
+        self.run_one(algorithm, data.d(), Some(rule), Some(data))
+    }
+
+    /// Whether `data` fits this world and data mode holds it.
+    fn check_data(&self, data: &DataSet) -> Result<(), SimError> {
         if data.ranks() != self.ranks {
             return Err(SimError::InvalidConfig(format!(
                 "data for {} ranks in a world of {}",
@@ -385,7 +487,7 @@ impl Scenario {
                 self.ranks
             )));
         }
-        self.run(algorithm, data.d(), Some(rule), Some(Plane::new(data)))
+        Ok(())
     }
 
     /// Runs `algorithm` with vectors of `d` float32 coordinates, carrying sizes only. `rule`,
@@ -400,16 +502,64 @@ impl Scenario {
         d: usize,
         rule: Option<&dyn Aggregator>,
     ) -> Result<Run, SimError> {
-        self.run(algorithm, d, rule, None)
+        self.run_one(algorithm, d, rule, None)
     }
 
-    fn run(
+    /// The first round of [`Scenario::rounds`], as a whole [`Run`].
+    fn run_one(
+        &self,
+        algorithm: Algorithm,
+        d: usize,
+        rule: Option<&dyn Aggregator>,
+        data: Option<&DataSet>,
+    ) -> Result<Run, SimError> {
+        let mut first = None;
+        self.rounds(algorithm, 1, d, rule, data, |_, run| first = Some(run))?;
+        first.ok_or_else(|| SimError::Schedule("a run of one round ran none".into()))
+    }
+
+    /// `s` for `algorithm` of `rule` in this world ([`Scenario::stragglers`]), as the runtime
+    /// resolves it: `auto` or a count checked against the rule's precondition in gather mode;
+    /// `auto` is 0 in sharded and ring runs.
+    ///
+    /// # Errors
+    /// [`SimError::InvalidConfig`] for a count the rule's precondition refuses (or of `n` or
+    /// more), [`SimError::Unsupported`] for a count above 0 in sharded or ring runs.
+    pub fn stragglers_in(
+        &self,
+        algorithm: Algorithm,
+        rule: &dyn Aggregator,
+    ) -> Result<usize, SimError> {
+        match (algorithm, self.stragglers.requested()) {
+            (_, Some(0)) => Ok(0),
+            (Algorithm::Gather, requested) => {
+                byzcoll_proto::round::stragglers_allowed(rule, self.ranks, requested).map_err(|e| {
+                    match e {
+                        Error::InvalidUsage(why) => SimError::InvalidConfig(why),
+                        other => SimError::Unsupported(other.to_string()),
+                    }
+                })
+            }
+            (_, None) => Ok(0),
+            (other, Some(s)) => Err(SimError::Unsupported(format!(
+                "{s} stragglers allowed in {other}: quorum steps are gather mode only, as in \
+                 the runtime (sharded rounds' owner versions are not quorum steps; ring SUM is \
+                 not robust); allow none or auto, or run gather mode"
+            ))),
+        }
+    }
+
+    /// One round of `algorithm`, rank `r` starting as `starts[r]` says; round `round` of a
+    /// series (its random draws). Returns the run and where each rank's NIC is free again.
+    fn run_round(
         &self,
         algorithm: Algorithm,
         d: usize,
         rule: Option<&dyn Aggregator>,
         plane: Option<Plane>,
-    ) -> Result<Run, SimError> {
+        starts: &[Start],
+        round: usize,
+    ) -> Result<(Run, Vec<Start>), SimError> {
         self.validate()?;
         let n = self.ranks;
         if d == 0 {
@@ -434,10 +584,14 @@ impl Scenario {
             compute: &self.compute,
             faults: &self.faults,
             timeout: self.timeout,
-            seed: mix(self.seed, algorithm.seed_salt()),
+            seed: match round {
+                0 => mix(self.seed, algorithm.seed_salt()),
+                k => mix(mix(self.seed, algorithm.seed_salt()), k as u64),
+            },
         };
         // Timing mode without a rule: the mean's precondition (none) decides nothing.
         let any = byzcoll_aggregators::by_name("mean", 0).map_err(SimError::Precondition)?;
+        let stragglers = self.stragglers_in(algorithm, rule.unwrap_or(any.as_ref()))?;
         let common = Common::new(n, d, plane);
         let robust = |common, shape| {
             let spec = |me| Spec {
@@ -449,8 +603,8 @@ impl Scenario {
                 agreement: self.agreement,
                 // The simulator's deadlines are in units of its own timeout.
                 timeout: std::time::Duration::from_secs(1),
-                stragglers: 0,
-                grace: byzcoll_proto::Grace::DEFAULT,
+                stragglers,
+                grace: self.grace,
             };
             Robust::new(common, rule.unwrap_or(any.as_ref()), &self.adversary, spec)
         };
@@ -487,12 +641,12 @@ impl Scenario {
                     }
                 }
                 let mut prog = robust(common, shape);
-                let (ends, stats) = engine::run(&mut prog, n, params)?;
+                let (ends, stats) = engine::run(&mut prog, starts, params)?;
                 (ends, stats, prog.common, prog.reports)
             }
             Algorithm::RingSum => {
                 let mut prog = Ring::new(common);
-                let (ends, stats) = engine::run(&mut prog, n, params)?;
+                let (ends, stats) = engine::run(&mut prog, starts, params)?;
                 prog.finish();
                 (ends, stats, prog.common, (0..n).map(|_| None).collect())
             }
@@ -511,6 +665,15 @@ impl Scenario {
             outputs,
             ..
         } = common;
+        let nics: Vec<Start> = ends
+            .iter()
+            .map(|end| Start {
+                at: end.at,
+                tx_free: end.tx_free,
+                rx_free: end.rx_free,
+                crash_at: None,
+            })
+            .collect();
         let ranks: Vec<RankOutcome> = ends
             .into_iter()
             .zip(faults.into_iter().zip(warnings))
@@ -520,7 +683,7 @@ impl Scenario {
             .map(
                 |(r, (((end, (faults, warnings)), output), report))| RankOutcome {
                     agreement: report.and_then(|r: byzcoll_proto::RoundReport| r.agreement),
-                    role: self.role(r),
+                    role: self.role_in(r, starts[r].crash_at.is_some()),
                     finish: end.at,
                     result: match end.end {
                         engine::End::Done => RankResult::Done(
@@ -543,13 +706,15 @@ impl Scenario {
             .reduce(f64::max)
             .or_else(|| ranks.iter().map(|o| o.finish).reduce(f64::max))
             .unwrap_or(0.0);
-        Ok(Run {
+        let run = Run {
             algorithm,
             time,
             ranks,
             stats,
             clean,
-        })
+            stragglers,
+        };
+        Ok((run, nics))
     }
 }
 

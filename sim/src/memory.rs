@@ -53,6 +53,10 @@ const RING_DATA_PER_MESSAGE: u128 = 64;
 const TABLE_PER_ENTRY: u128 = 17;
 /// Bytes of an f64 statistic.
 const F64: u128 = 8;
+/// What a series of rounds keeps besides one round's run: per rank, where it starts the next
+/// round and which peers some honest rank erased; per round, its summary.
+const ROUNDS_PER_RANK: u128 = 64;
+const ROUNDS_PER_ROUND: u128 = 512;
 
 /// What a simulation's memory goes to; each part grows with other parameters, so that a caller
 /// can say which one to lower.
@@ -140,6 +144,19 @@ impl MemoryEstimate {
                 largest: self.largest(),
             })
         }
+    }
+
+    /// This estimate for `rounds` rounds in a row of a world of `n`
+    /// ([`Scenario::run_rounds`]): the rounds run one after the other and each frees its run,
+    /// so only what the series keeps is added (to [`Footprint::Messages`]).
+    pub fn with_rounds(mut self, n: usize, rounds: usize) -> Self {
+        let kept = ROUNDS_PER_RANK
+            .saturating_mul(n as u128)
+            .saturating_add(ROUNDS_PER_ROUND.saturating_mul(rounds as u128));
+        self.messages = self
+            .messages
+            .saturating_add(u64::try_from(kept).unwrap_or(u64::MAX));
+        self
     }
 
     fn from_parts(messages: u128, vectors: u128, statistics: u128, forged: u128) -> Self {
@@ -477,6 +494,17 @@ mod tests {
         let e = scenario(1024).data_peak(4096, &all, median.as_ref());
         assert_eq!(e.largest(), Footprint::Messages);
         assert!(e.check(DEFAULT_MEMORY_BOUND).is_ok(), "{e:?}");
+    }
+
+    #[test]
+    fn rounds_keep_little_besides_one_run() {
+        let median = rule("median", 1);
+        let one = scenario(1000).data_peak(16, &[Algorithm::Gather], median.as_ref());
+        let many = one.with_rounds(1000, 10_000);
+        assert_eq!(many.total() - one.total(), 64 * 1000 + 512 * 10_000);
+        assert_eq!(many.largest(), one.largest());
+        let most = one.with_rounds(usize::MAX, usize::MAX);
+        assert_eq!(most.total(), u64::MAX);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use byzcoll_proto::schedule::{self, chunk_range};
 use byzcoll_proto::{Error, Fault, PeerFault, Rank, Tag};
 
 use crate::data::{ChunkId, Plane, ABSENT, NO_DATA};
-use crate::engine::{Out, Posted, Program, Work};
+use crate::engine::{Cut, Out, Posted, Program, Work};
 
 const F32: usize = std::mem::size_of::<f32>();
 
@@ -128,7 +128,13 @@ impl Program for Ring {
         (tag == 0 && self.step(rank, step).0.recv_from == from).then_some(0)
     }
 
-    fn complete(&mut self, rank: Rank, step: usize, got: &[ChunkId]) -> Result<Work, Error> {
+    fn complete(
+        &mut self,
+        rank: Rank,
+        step: usize,
+        got: &[ChunkId],
+        _cut: Cut,
+    ) -> Result<Work, Error> {
         let (st, reduce) = self.step(rank, step);
         let Some(id) = arrived(got[0]) else {
             let fault = PeerFault {

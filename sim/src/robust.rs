@@ -14,7 +14,7 @@ use byzcoll_proto::schedule::chunk_range;
 use byzcoll_proto::{Error, Rank, RoundReport, Tag};
 
 use crate::data::{ChunkId, Plane, ABSENT, EMPTY, NO_DATA};
-use crate::engine::{Out, Posted, Program, Work};
+use crate::engine::{Cut, Out, Posted, Program, Work};
 use crate::faults::Adversary;
 use crate::programs::Common;
 
@@ -278,6 +278,7 @@ impl Program for Robust<'_> {
         self.lens[rank] = plan.recvs.iter().map(|op| op.len as u64).collect();
         let mut posted = Posted::new(plan.recvs.len(), plan.recvs.len());
         posted.timeouts = plan.timeout.as_secs_f64();
+        posted.quorum = plan.quorum;
         posted
     }
 
@@ -298,11 +299,18 @@ impl Program for Robust<'_> {
         from != rank && from < self.common.n
     }
 
-    fn complete(&mut self, rank: Rank, _step: usize, got: &[SimMsg]) -> Result<Work, Error> {
+    fn complete(
+        &mut self,
+        rank: Rank,
+        _step: usize,
+        got: &[SimMsg],
+        cut: Cut,
+    ) -> Result<Work, Error> {
         let arrivals: Vec<Arrival<SimMsg>> = got
             .iter()
             .zip(&self.lens[rank])
             .map(|(&m, &len)| match m {
+                m if m.id == ABSENT && cut == Cut::Quorum => Arrival::Late,
                 m if m.id == ABSENT => Arrival::Missing,
                 m if m.bytes != len => {
                     Arrival::Malformed(format!("{} bytes where {len} were expected", m.bytes))

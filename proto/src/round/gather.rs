@@ -91,9 +91,10 @@ impl<'r, B> Round<'r, B> {
                     .selected
                     .map(|s| s.into_iter().map(|i| ranks[i]).collect());
                 drop(inputs);
-                let all: Vec<Option<Src<'_, B>>> = (0..self.spec.n)
-                    .map(|p| ranks.contains(&p).then(|| src(p)))
-                    .collect();
+                let mut all: Vec<Option<Src<'_, B>>> = (0..self.spec.n).map(|_| None).collect();
+                for &p in &ranks {
+                    all[p] = Some(src(p));
+                }
                 let measured = plane.measure(&all, Dest::Output, self.rule.byzantine());
                 drop(all);
                 self.add_measure(measured);

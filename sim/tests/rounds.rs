@@ -1,0 +1,279 @@
+//! Rounds in a row: slow ranks against the quorum, deaths and rejoins, and what the check says,
+//! at world sizes that break naive code.
+
+use byzcoll_aggregators::by_name;
+use byzcoll_proto::{Agreement, Grace, Stragglers};
+use byzcoll_sim::{
+    Adversary, Algorithm, DataSet, Deaths, Delay, Network, Preset, Rounds, Scenario, SimError,
+    Slow, TIME_TOLERANCE,
+};
+
+const WORLDS: [usize; 3] = [7, 8, 11];
+
+/// `n` ranks, a 10 ms step deadline, a grace of at least 1 us and as long again as the quorum.
+fn scenario(n: usize) -> Scenario {
+    let mut s = Scenario::new(n, Network::preset(Preset::Infiniband));
+    s.timeout = 10e-3;
+    s.grace = Grace {
+        min: std::time::Duration::from_micros(1),
+        factor: 1,
+    };
+    s
+}
+
+/// Runs `rounds` gather rounds of the median with `f`; returns them and the healthy round's
+/// time.
+fn run(s: &Scenario, f: usize, rounds: usize) -> (Rounds, f64) {
+    let rule = by_name("median", f).expect("the median");
+    let data = DataSet::generate(s, 33).expect("inputs");
+    let healthy = s
+        .healthy()
+        .run_rounds(Algorithm::Gather, 1, &data, rule.as_ref())
+        .expect("the healthy round")
+        .rounds[0]
+        .time;
+    let rounds = s
+        .run_rounds(Algorithm::Gather, rounds, &data, rule.as_ref())
+        .expect("the rounds");
+    (rounds, healthy)
+}
+
+fn slow(s: &mut Scenario, delay: f64) {
+    s.faults.slow = Some(Slow {
+        ranks: 1,
+        delay: Delay::Fixed(delay),
+    });
+}
+
+#[test]
+fn a_straggler_the_quorum_covers_sets_no_pace() {
+    for n in WORLDS {
+        let mut s = scenario(n);
+        let healthy = run(&s, 1, 1).1;
+        slow(&mut s, 9.0 * healthy);
+        s.stragglers = Stragglers::Exactly(1);
+        let (rounds, h) = run(&s, 1, 3);
+        assert_eq!((h, rounds.stragglers), (healthy, 1));
+        assert_eq!(rounds.check(healthy), Ok(()), "{n}: {rounds:?}");
+        for r in &rounds.rounds {
+            assert!(r.time <= rounds.bound(r, healthy), "{n}: {r:?}");
+            // The grace is the quorum's time (the input step's, well below the round's).
+            assert!(r.time < 2.0 * healthy, "{n}: {r:?}");
+            assert!(r.slowest > 5.0 * healthy, "{n}: {r:?}");
+            assert_eq!(
+                (r.late.count, &r.late.first[..]),
+                (1, &[0][..]),
+                "{n}: {r:?}"
+            );
+            assert_eq!((r.missing.count, r.inputs), (0, n - 1), "{n}: {r:?}");
+            // Under Detect the straggler used its own input, the others did not: its round
+            // fails, loudly.
+            assert_eq!(r.out_of_step.first, [0], "{n}: {r:?}");
+        }
+        // Nobody waits for it, so it falls further behind every round.
+        let lags: Vec<f64> = rounds.rounds.iter().map(|r| r.lag).collect();
+        assert!(lags[0] >= 9.0 * healthy && lags[1] > lags[0] && lags[2] > lags[1]);
+        // Every input waited for: each round lasts the straggler's delay.
+        s.stragglers = Stragglers::Exactly(0);
+        let (rounds, _) = run(&s, 1, 3);
+        assert_eq!(rounds.check(healthy), Ok(()), "{n}: {rounds:?}");
+        for r in &rounds.rounds {
+            // Its delay, give or take the spread of the others' finishes before.
+            let delay = 9.0 * healthy;
+            assert!((r.lag - delay).abs() < TIME_TOLERANCE * healthy, "{n}: {r:?}");
+            assert!(r.time >= 9.0 * healthy, "{n}: {r:?}");
+            assert!(
+                r.time <= 10.0 * healthy * (1.0 + TIME_TOLERANCE),
+                "{n}: {r:?}"
+            );
+            assert_eq!((r.late.count, r.out_of_step.count, r.inputs), (0, 0, n));
+        }
+    }
+}
+
+#[test]
+fn the_straggler_returns_the_others_result_under_enforce_and_splits_silently_under_off() {
+    let mut s = scenario(8);
+    let healthy = run(&s, 1, 1).1;
+    slow(&mut s, 20.0 * healthy);
+    s.stragglers = Stragglers::Exactly(1);
+    s.agreement = Agreement::Enforce;
+    let (rounds, healthy) = run(&s, 1, 2);
+    assert_eq!(rounds.check(healthy), Ok(()), "{rounds:?}");
+    for r in &rounds.rounds {
+        assert_eq!((r.late.count, r.out_of_step.count), (1, 0), "{r:?}");
+        assert_eq!(r.split, None);
+    }
+    s.agreement = Agreement::Off;
+    let (rounds, healthy) = run(&s, 1, 1);
+    let found = rounds.check(healthy).unwrap_err();
+    assert!(found[0].contains("different results"), "{found:?}");
+}
+
+#[test]
+fn with_f_below_the_late_ranks_detect_fails_the_honest_round() {
+    // The cross-check wants n - f ranks agreeing: with f = 0 a straggler left out is one too
+    // many, and the ranks that set the pace fail (loudly) rather than wait.
+    let mut s = scenario(7);
+    let healthy = run(&s, 0, 1).1;
+    slow(&mut s, 9.0 * healthy);
+    s.stragglers = Stragglers::Exactly(1);
+    let (rounds, healthy) = run(&s, 0, 1);
+    let why = rounds.rounds[0].incomplete.as_deref().unwrap_or_default();
+    assert!(why.contains("6 honest ranks that set the pace"), "{why}");
+    assert!(rounds.check(healthy).is_err());
+}
+
+#[test]
+fn dead_ranks_cost_one_deadline_or_the_grace_and_count_again_after_the_rejoin() {
+    for n in WORLDS {
+        let mut s = scenario(n);
+        s.faults.deaths = Some(Deaths {
+            ranks: 2,
+            at: 1,
+            rejoin: Some(3),
+        });
+        for stragglers in [0, 2] {
+            s.stragglers = Stragglers::Exactly(stragglers);
+            let (rounds, healthy) = run(&s, 2, 5);
+            assert_eq!(
+                rounds.check(healthy),
+                Ok(()),
+                "{n} {stragglers}: {rounds:?}"
+            );
+            let dying = [n - 2, n - 1];
+            for r in &rounds.rounds {
+                let dead = (1..3).contains(&r.round);
+                let (erased, other) = match stragglers {
+                    0 => (&r.missing, &r.late),
+                    _ => (&r.late, &r.missing),
+                };
+                if dead {
+                    assert_eq!(r.dead, 2, "{n}: {r:?}");
+                    assert_eq!(erased.first, dying, "{n} {stragglers}: {r:?}");
+                    assert_eq!((other.count, r.inputs), (0, n - 2), "{n}: {r:?}");
+                    if stragglers == 0 {
+                        // One deadline of the input step; the cross-check does not wait for
+                        // the ranks it erased.
+                        assert!(r.time >= s.timeout, "{n}: {r:?}");
+                        assert!(r.time <= s.timeout + healthy * 1.1, "{n}: {r:?}");
+                    } else {
+                        assert!(r.time <= 2.0 * healthy, "{n}: {r:?}");
+                    }
+                } else {
+                    assert_eq!((r.dead, r.late.count, r.missing.count), (0, 0, 0), "{r:?}");
+                    assert_eq!(r.inputs, n, "{n}: {r:?}");
+                    assert!(r.time <= healthy * (1.0 + TIME_TOLERANCE), "{n}: {r:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn slow_delays_are_drawn_from_the_seed() {
+    let mut s = scenario(7);
+    s.faults.slow = Some(Slow {
+        ranks: 2,
+        delay: Delay::Exp(50e-6),
+    });
+    let times = |s: &Scenario| {
+        run(s, 1, 4)
+            .0
+            .rounds
+            .iter()
+            .map(|r| r.slowest)
+            .collect::<Vec<f64>>()
+    };
+    let first = times(&s);
+    assert_eq!(first, times(&s));
+    s.seed = 1;
+    assert_ne!(first, times(&s));
+}
+
+#[test]
+fn round_parameters_are_refused_with_what_is_wrong() {
+    let rule = by_name("median", 1).unwrap();
+    let s = scenario(8);
+    let data = DataSet::generate(&s, 4).unwrap();
+    let refused = |s: &Scenario, alg: Algorithm, rounds: usize, needle: &str| match s.run_rounds(
+        alg,
+        rounds,
+        &data,
+        rule.as_ref(),
+    ) {
+        Err(e @ (SimError::InvalidConfig(_) | SimError::Unsupported(_))) => {
+            assert!(e.to_string().contains(needle), "{needle:?} not in {e}")
+        }
+        other => panic!("{needle}: {other:?}"),
+    };
+    refused(&s, Algorithm::Gather, 0, "0 rounds");
+    refused(
+        &s,
+        Algorithm::Gather,
+        byzcoll_sim::MAX_ROUNDS + 1,
+        "10001 rounds",
+    );
+    let mut t = s.clone();
+    t.faults.deaths = Some(Deaths {
+        ranks: 1,
+        at: 2,
+        rejoin: None,
+    });
+    refused(&t, Algorithm::Gather, 2, "rounds 0 to 1 only");
+    t.faults.deaths = Some(Deaths {
+        ranks: 1,
+        at: 0,
+        rejoin: Some(5),
+    });
+    refused(&t, Algorithm::Gather, 3, "rejoin at round 5");
+    t.faults.deaths = Some(Deaths {
+        ranks: 8,
+        at: 0,
+        rejoin: None,
+    });
+    refused(&t, Algorithm::Gather, 1, "one rank must live");
+    t.faults.deaths = Some(Deaths {
+        ranks: 4,
+        at: 0,
+        rejoin: None,
+    });
+    t.adversary = Adversary {
+        byzantine_inputs: 4,
+        ..Adversary::default()
+    };
+    refused(&t, Algorithm::Gather, 1, "do not fit");
+    let mut t = s.clone();
+    t.faults.deaths = Some(Deaths {
+        ranks: 1,
+        at: 0,
+        rejoin: None,
+    });
+    t.timeout = f64::INFINITY;
+    refused(&t, Algorithm::Gather, 1, "finite step deadline");
+    let mut t = s.clone();
+    t.faults.slow = Some(Slow {
+        ranks: 9,
+        delay: Delay::Fixed(0.0),
+    });
+    refused(&t, Algorithm::Gather, 1, "9 slow ranks in a world of 8");
+    let mut t = s.clone();
+    t.stragglers = Stragglers::Exactly(1);
+    refused(
+        &t,
+        Algorithm::Sharded { replicas: 3 },
+        1,
+        "gather mode only",
+    );
+    refused(&t, Algorithm::RingSum, 1, "gather mode only");
+    // The median with f = 1 over 8 - 6 inputs: too few.
+    t.stragglers = Stragglers::Exactly(6);
+    refused(&t, Algorithm::Gather, 1, "too few for median");
+    t.stragglers = Stragglers::Exactly(usize::MAX);
+    refused(&t, Algorithm::Gather, 1, "in a world of 8");
+    // Auto: the largest s <= f that keeps the precondition; none in sharded mode.
+    t.stragglers = Stragglers::Auto;
+    let run = |alg| t.run_rounds(alg, 1, &data, rule.as_ref()).unwrap();
+    assert_eq!(run(Algorithm::Gather).stragglers, 1);
+    assert_eq!(run(Algorithm::Sharded { replicas: 3 }).stragglers, 0);
+}
