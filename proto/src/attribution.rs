@@ -25,7 +25,7 @@ pub struct Attribution {
 /// How far one rank's input lay from the aggregate.
 ///
 /// Measured at a sample of the coordinates this rank aggregated
-/// ([`byzcoll_aggregators::evidence`]: every coordinate of a short vector, 2048 of a longer
+/// ([`byzcoll_aggregators::evidence`]: every coordinate of a short vector, 1024 of a longer
 /// one, chosen from the result, so that no sender knows them when it sends): in gather mode
 /// the whole vector, in sharded mode the shards this rank owns.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -22,7 +22,7 @@ where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Vec<Box<dyn Transport>>>,
 {
-    // Longer than the sample: 2048 coordinates are measured.
+    // Longer than the sample: 1024 coordinates are measured.
     let (n, f, d) = (7usize, 2usize, 3000usize);
     // Honest vectors that differ a little, in no fixed order between ranks.
     let honest = move |r: usize| -> Vec<f32> {
