@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use byzcoll::aggregators::{aggregate_into, AggError, AggReport, Aggregator, Element, Params};
+use byzcoll::Attribution;
 use byzcoll::{DEFAULT_TRANSPORT, TRANSPORTS};
 use byzcoll_cli::launch::{launch, LaunchIdentity, LaunchOptions};
 use byzcoll_cli::npy::{self, MappedData};
@@ -108,7 +109,8 @@ enum Device {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ReportFormat {
-    /// One JSON object: {"rule", "n", "d", "dtype", "selected"}.
+    /// One JSON object: {"rule", "n", "d", "dtype", "selected", "outlying", "attribution"}
+    /// (per row: "deviation", "score", "extreme"; null for a figure that is not finite).
     Json,
 }
 
@@ -282,24 +284,33 @@ fn aggregate(args: &AggregateArgs) -> Result<(), String> {
     }
     check_f(args.f, n).map_err(|e| at(&e))?;
     rule.check(n).map_err(|e| at(&e))?;
-    let report = match data {
+    let (report, attribution) = match data {
         MappedData::F32(data) => {
-            let (out, report) = aggregate_rows(rule.as_ref(), data, d).map_err(|e| at(&e))?;
+            let (out, report, attribution) =
+                aggregate_rows(rule.as_ref(), data, d).map_err(|e| at(&e))?;
             npy::write_f32(&args.output, &[d], &out)
-                .map(|()| report)
+                .map(|()| (report, attribution))
                 .map_err(|e| e.to_string())?
         }
         MappedData::F64(data) => {
-            let (out, report) = aggregate_rows(rule.as_ref(), data, d).map_err(|e| at(&e))?;
+            let (out, report, attribution) =
+                aggregate_rows(rule.as_ref(), data, d).map_err(|e| at(&e))?;
             npy::write_f64(&args.output, &[d], &out)
-                .map(|()| report)
+                .map(|()| (report, attribution))
                 .map_err(|e| e.to_string())?
         }
     };
     if args.report == Some(ReportFormat::Json) {
         println!(
             "{}",
-            json_report(rule.name(), n, d, mapped.dtype_name(), &report)
+            json_report(
+                rule.name(),
+                n,
+                d,
+                mapped.dtype_name(),
+                &report,
+                &attribution
+            )
         );
     }
     Ok(())
@@ -336,15 +347,26 @@ fn aggregate_rows<T: Element>(
     rule: &dyn Aggregator,
     data: &[T],
     d: usize,
-) -> Result<(Vec<T>, AggReport), AggError> {
+) -> Result<(Vec<T>, AggReport, Attribution), AggError> {
     let rows: Vec<&[T]> = data.chunks_exact(d).collect();
     let mut out = vec![T::from_f64(0.0); d];
     let report = aggregate_into(rule, &rows, &mut out)?;
-    Ok((out, report))
+    let present: Vec<Option<&[T]>> = rows.iter().map(|r| Some(*r)).collect();
+    let measured = byzcoll::aggregators::evidence::measure(&present, &out, rule.byzantine());
+    let attribution = Attribution::of(&measured, report.selected.as_deref());
+    Ok((out, report, attribution))
 }
 
-/// `{"rule":"median","n":5,"d":1000,"dtype":"float32","selected":null}`, written by hand.
-fn json_report(rule: &str, n: usize, d: usize, dtype: &str, report: &AggReport) -> String {
+/// `{"rule":"median","n":5,"d":1000,"dtype":"float32","selected":null,"outlying":[4],
+/// "attribution":[{"deviation":0.5,"score":1.0,"extreme":0.25},...]}`, written by hand.
+fn json_report(
+    rule: &str,
+    n: usize,
+    d: usize,
+    dtype: &str,
+    report: &AggReport,
+    attribution: &Attribution,
+) -> String {
     let mut s = String::from("{\"rule\":");
     json_string(&mut s, rule);
     let _ = write!(s, ",\"n\":{n},\"d\":{d},\"dtype\":");
@@ -363,7 +385,32 @@ fn json_report(rule: &str, n: usize, d: usize, dtype: &str, report: &AggReport) 
         }
         None => s.push_str("null"),
     }
-    s.push('}');
+    s.push_str(",\"outlying\":[");
+    for (k, r) in attribution.outlying().iter().enumerate() {
+        if k > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{r}");
+    }
+    s.push_str("],\"attribution\":[");
+    // JSON has no infinity: a figure that is not finite is null.
+    let number = |x: f64| match x.is_finite() {
+        true => format!("{x:?}"),
+        false => "null".to_string(),
+    };
+    for (k, e) in attribution.ranks.iter().enumerate() {
+        if k > 0 {
+            s.push(',');
+        }
+        let _ = write!(
+            s,
+            "{{\"deviation\":{},\"score\":{},\"extreme\":{}}}",
+            number(e.deviation),
+            number(e.score),
+            number(e.extreme)
+        );
+    }
+    s.push_str("]}");
     s
 }
 
