@@ -80,7 +80,10 @@ fn a_straggler_the_quorum_covers_sets_no_pace() {
         for r in &rounds.rounds {
             // Its delay, give or take the spread of the others' finishes before.
             let delay = 9.0 * healthy;
-            assert!((r.lag - delay).abs() < TIME_TOLERANCE * healthy, "{n}: {r:?}");
+            assert!(
+                (r.lag - delay).abs() < TIME_TOLERANCE * healthy,
+                "{n}: {r:?}"
+            );
             assert!(r.time >= 9.0 * healthy, "{n}: {r:?}");
             assert!(
                 r.time <= 10.0 * healthy * (1.0 + TIME_TOLERANCE),
