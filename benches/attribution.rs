@@ -101,7 +101,8 @@ async fn run(n: usize, d: usize, rounds: usize, policy: Policy) -> Result<[Durat
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if args.ranks < 3 || args.rounds == 0 || args.sizes.iter().any(|&s| s < 4 || s > 1 << 30) {
+    if args.ranks < 3 || args.rounds == 0 || args.sizes.iter().any(|&s| !(4..=1 << 30).contains(&s))
+    {
         eprintln!("--ranks must be at least 3 (median with f = 1), --rounds at least 1, --sizes within 4 B..1 GiB");
         return ExitCode::FAILURE;
     }
