@@ -69,6 +69,19 @@ struct RankData {
     output: Option<ChunkId>,
 }
 
+impl RankData {
+    /// The combined shards in shard order (a taker combines the shards whose version it had
+    /// to ask for after the others), taken.
+    fn take_combined(&mut self) -> Vec<ChunkId> {
+        let mut by_shard: Vec<(usize, ChunkId)> = std::mem::take(&mut self.combined_shards)
+            .into_iter()
+            .zip(std::mem::take(&mut self.combined))
+            .collect();
+        by_shard.sort_unstable_by_key(|&(s, _)| s);
+        by_shard.into_iter().map(|(_, id)| id).collect()
+    }
+}
+
 impl std::fmt::Debug for Robust<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Robust")
@@ -349,8 +362,7 @@ impl Program for Robust<'_> {
         let data = &mut self.ranks[rank];
         if let (None, Some(plane)) = (data.output, self.common.plane.as_mut()) {
             // Sharded: the combined shards, in shard order.
-            data.output = Some(plane.concat(&std::mem::take(&mut data.combined)));
-            data.combined_shards.clear();
+            data.output = Some(plane.concat(&data.take_combined()));
         }
         self.common.outputs[rank] = data.output;
         self.reports[rank] = Some(report);
@@ -644,8 +656,7 @@ impl RoundPlane for SimPlane<'_> {
             return [0; 32];
         };
         if self.rank.output.is_none() {
-            let combined = std::mem::take(&mut self.rank.combined);
-            self.rank.combined_shards.clear();
+            let combined = self.rank.take_combined();
             self.rank.output = Some(plane.concat(&combined));
         }
         let id = self.rank.output.expect("set above");
@@ -657,8 +668,10 @@ impl RoundPlane for SimPlane<'_> {
             return [0; 32];
         };
         let at = self.rank.combined_shards.iter().position(|&t| t == s);
+        // As `commitment` makes a version's digest: the round puts the two side by side (a
+        // shard's digest is the version's where the round hashed it, this one's elsewhere).
         match at {
-            Some(k) => byzcoll_proto::round::commitment(plane.store.get(self.rank.combined[k])),
+            Some(k) => byzcoll_proto::round::input_digest(plane.store.get(self.rank.combined[k])),
             None => [0; 32],
         }
     }

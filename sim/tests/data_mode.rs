@@ -287,6 +287,34 @@ fn loss_and_crashes_within_f_stay_in_the_honest_range() {
     }
 }
 
+/// One dead owner under the default `Detect`, with 2f + 1 owners: the takers whose designated
+/// owner (the one that sends them the whole version) is the dead one ask the others for it,
+/// and every honest rank still returns the same result (the shards' digests the cross-check
+/// compares are made alike whether the round hashed a version or the plane the output).
+#[test]
+fn a_dead_owner_costs_no_honest_rank_its_result() {
+    let (n, f, d) = (16, 2, 40);
+    let mut s = scenario(n);
+    s.faults.crashes = vec![Crash {
+        rank: n - 1,
+        from_step: 0,
+    }];
+    s.timeout = 1e-3;
+    let data = DataSet::generate(&s, d).unwrap();
+    let rule = by_name("median", f).unwrap();
+    let reference = data.reference(rule.as_ref());
+    let run = s
+        .run_data(Algorithm::tolerant(n, f), &data, rule.as_ref())
+        .unwrap();
+    assert_eq!(run.failures().count(), 0, "{:?}", run.failures().next());
+    let results = results(&run);
+    assert!(results.iter().all(|v| bits(v) == bits(&results[0])));
+    assert!(matches!(
+        reference.check(&run),
+        Ok(Verdict::InHonestRange | Verdict::Exact)
+    ));
+}
+
 #[test]
 fn too_many_erasures_is_a_clear_error() {
     // n = 7, f = 3: losing one input breaks n > 2f.
