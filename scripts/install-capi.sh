@@ -32,13 +32,12 @@ if [ -z "$lib_dir" ]; then
     cargo build --release -p byzcoll-capi ${features:+--features "$features"}
     lib_dir=${CARGO_TARGET_DIR:-target}/release
 fi
+# The static library needs what the shared one links: the transports compiled in (by these
+# features, or by any other crate's in the build that left the libraries in DIR).
+needed=$(readelf -d "$lib_dir/libbyzcoll.so" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p')
 private=""
-for f in ${features//,/ }; do
-    case $f in
-        ucx) private="$private $(pkg-config --libs ucx)" ;;
-        libfabric) private="$private $(pkg-config --libs libfabric)" ;;
-    esac
-done
+case " $(echo $needed) " in *" libucp.so"*) private="$private $(pkg-config --libs ucx)" ;; esac
+case " $(echo $needed) " in *" libfabric.so"*) private="$private $(pkg-config --libs libfabric)" ;; esac
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 # The SONAME capi/build.rs gave the library: libbyzcoll.so.N.
 soname=$(readelf -d "$lib_dir/libbyzcoll.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
