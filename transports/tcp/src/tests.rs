@@ -787,10 +787,11 @@ async fn a_rank_that_stops_reading_is_named_missing_and_costs_at_most_its_budget
                 for round in 0..rounds {
                     let mut v = vec![(c.rank() + round) as f32; d];
                     let start = std::time::Instant::now();
+                    let me = c.rank();
                     let report = c
                         .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
                         .await
-                        .unwrap();
+                        .unwrap_or_else(|e| panic!("rank {me} round {round}: {e:?}"));
                     let tcp = c
                         .transport()
                         .as_any()
@@ -804,12 +805,18 @@ async fn a_rank_that_stops_reading_is_named_missing_and_costs_at_most_its_budget
                         .collect();
                     log.push((start.elapsed(), faults, queued, v[0], v[d - 1]));
                 }
-                log
+                // Kept until every rank is done: the last round's sends to a slower rank may
+                // still be on their way (a quorum step does not wait for them), and dropping
+                // the transport would cut them.
+                (log, c)
             })
         })
         .collect();
-    for (me, t) in tasks.into_iter().enumerate() {
-        let log = t.await.unwrap();
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.unwrap());
+    }
+    for (me, (log, _comm)) in done.iter().enumerate() {
         for (round, (took, faults, (queued, budget), first, last)) in log.iter().enumerate() {
             let median = (1 + round) as f32;
             assert_eq!((*first, *last), (median, median), "rank {me} round {round}");
