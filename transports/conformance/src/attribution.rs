@@ -51,7 +51,7 @@ where
             .robust_all_reduce(&mut v, &Krum::new(f), Policy::Gather)
             .await
             .unwrap();
-        // Parts of 1200 bytes: three sub-rounds of 300 coordinates.
+        // Parts of 1200 bytes: ten sub-rounds of 300 coordinates.
         c.set_sub_round_bytes(1200);
         let mut v = input(me);
         reports.push(
