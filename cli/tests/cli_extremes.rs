@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use byzcoll_cli::npy;
-use common::{byzcoll, run_with_limit, text};
+use common::{assert_failed, byzcoll, run_with_limit, text};
 
 /// Values every numeric flag is tried with: the edges of the integer types, negative,
 /// beyond u128, non-finite floats, and no number at all.
@@ -331,19 +331,7 @@ fn no_numeric_flag_of_any_subcommand_panics() {
 
 /// Runs `args`, which must fail with `code` and a stderr holding every needle.
 fn fails(args: &[&str], code: i32, needles: &[&str]) {
-    let out = no_panic(&strings(args));
-    let (stdout, stderr) = text(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "{args:?}\n{stdout}\n{stderr}"
-    );
-    for needle in needles {
-        assert!(
-            stderr.contains(needle),
-            "{args:?}: {needle:?} not in\n{stderr}"
-        );
-    }
+    assert_failed(&no_panic(&strings(args)), args, code, needles, false);
 }
 
 #[test]

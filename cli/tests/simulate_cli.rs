@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{byzcoll, run_with_limit, text};
+use common::{assert_failed, byzcoll, run_with_limit, text};
 
 fn simulate(args: &[&str]) -> Output {
     let mut cmd = Command::new(byzcoll());
@@ -16,23 +16,7 @@ fn simulate(args: &[&str]) -> Output {
 
 /// Runs a simulation that must fail with `code` and one line on stderr holding every needle.
 fn fails(args: &[&str], code: i32, needles: &[&str]) {
-    let out = simulate(args);
-    let (stdout, stderr) = text(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "{args:?}\n{stdout}\n{stderr}"
-    );
-    for needle in needles {
-        assert!(
-            stderr.contains(needle),
-            "{args:?}: {needle:?} not in\n{stderr}"
-        );
-    }
-    if code == 1 {
-        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
-        assert!(stdout.is_empty(), "{args:?}: {stdout}");
-    }
+    assert_failed(&simulate(args), args, code, needles, true);
 }
 
 #[test]

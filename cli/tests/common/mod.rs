@@ -61,6 +61,34 @@ pub(crate) fn text(out: &Output) -> (String, String) {
     )
 }
 
+/// Asserts that `out`, the run of `args`, exited with `code` and that its stderr holds every
+/// needle; with `one_line`, an exit 1 must also print exactly one line on stderr and nothing
+/// on stdout.
+pub(crate) fn assert_failed(
+    out: &Output,
+    args: &[&str],
+    code: i32,
+    needles: &[&str],
+    one_line: bool,
+) {
+    let (stdout, stderr) = text(out);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{args:?}\n{stdout}\n{stderr}"
+    );
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in\n{stderr}"
+        );
+    }
+    if one_line && code == 1 {
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+    }
+}
+
 /// A port on 127.0.0.1 that was free a moment ago, drawn below the kernel's ephemeral range
 /// (`ip_local_port_range`): a launcher started between the pick and the bind (`srun`, `mpirun`)
 /// opens its own sockets on ephemeral ports, and one of them once took the store's port, so
