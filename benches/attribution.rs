@@ -15,13 +15,14 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use byzcoll::aggregators::Median;
-use byzcoll::bootstrap::{JobAuth, JobSecret};
-use byzcoll::{init_with, JobConfig, Policy, Replicas};
+use byzcoll::{init_with, Policy, Replicas};
 use clap::Parser;
 use serde_json::json;
 
 #[path = "common/rows.rs"]
 mod rows;
+#[path = "common/world.rs"]
+mod world;
 
 #[derive(Parser)]
 struct Args {
@@ -41,22 +42,12 @@ struct Args {
 
 /// The ranks' median round time with attribution on and off.
 async fn run(n: usize, d: usize, rounds: usize, policy: Policy) -> Result<[Duration; 2], String> {
-    let store = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        format!(
-            "127.0.0.1:{}",
-            l.local_addr().map_err(|e| e.to_string())?.port()
-        )
-    };
-    let secret = JobSecret::generate().map_err(|e| e.to_string())?;
-    let tasks: Vec<_> = (0..n)
-        .map(|rank| {
-            let config = JobConfig::builder(rank, n)
-                .store(store.clone())
-                .auth(JobAuth::Secret(secret.clone()))
-                .tcp_listen([127, 0, 0, 1].into())
-                .step_timeout(Duration::from_secs(60))
-                .build();
+    let configs = world::tcp_job(n, Duration::from_secs(60))?;
+    let tasks: Vec<_> = configs
+        .into_iter()
+        .enumerate()
+        .map(|(rank, config)| {
+            let config = config.build();
             tokio::spawn(async move {
                 let mut comm = init_with(&config.map_err(|e| e.to_string())?)
                     .await
@@ -106,13 +97,10 @@ fn main() -> ExitCode {
         eprintln!("--ranks must be at least 3 (median with f = 1), --rounds at least 1, --sizes within 4 B..1 GiB");
         return ExitCode::FAILURE;
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match world::runtime() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("cannot start tokio: {e}");
+            eprintln!("{e}");
             return ExitCode::FAILURE;
         }
     };

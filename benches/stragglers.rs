@@ -21,13 +21,14 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use byzcoll::aggregators::Median;
-use byzcoll::bootstrap::{JobAuth, JobSecret};
-use byzcoll::{init_with, Agreement, Fault, JobConfig, Policy, Stragglers};
+use byzcoll::{init_with, Agreement, Fault, Policy, Stragglers};
 use clap::Parser;
 use serde_json::json;
 
 #[path = "common/rows.rs"]
 mod rows;
+#[path = "common/world.rs"]
+mod world;
 
 #[derive(Parser)]
 struct Args {
@@ -70,25 +71,13 @@ async fn run(
     healthy: Duration,
 ) -> Result<Outcome, String> {
     let n = args.ranks;
-    let store = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        format!(
-            "127.0.0.1:{}",
-            l.local_addr().map_err(|e| e.to_string())?.port()
-        )
-    };
-    let secret = JobSecret::generate().map_err(|e| e.to_string())?;
     let timeout = Duration::from_millis(args.timeout_ms);
     let (d, rounds) = (args.d, args.rounds);
-    let tasks: Vec<_> = (0..n)
-        .map(|rank| {
-            let config = JobConfig::builder(rank, n)
-                .store(store.clone())
-                .auth(JobAuth::Secret(secret.clone()))
-                .tcp_listen([127, 0, 0, 1].into())
-                .step_timeout(timeout)
-                .agreement(Agreement::Enforce)
-                .build();
+    let tasks: Vec<_> = world::tcp_job(n, timeout)?
+        .into_iter()
+        .enumerate()
+        .map(|(rank, config)| {
+            let config = config.agreement(Agreement::Enforce).build();
             tokio::spawn(async move {
                 let mut comm = init_with(&config.map_err(|e| e.to_string())?)
                     .await
@@ -150,13 +139,10 @@ fn main() -> ExitCode {
         eprintln!("--ranks must be at least 4 (median with f = 1 under Enforce) and --rounds 2");
         return ExitCode::FAILURE;
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match world::runtime() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("cannot start tokio: {e}");
+            eprintln!("{e}");
             return ExitCode::FAILURE;
         }
     };
