@@ -599,12 +599,19 @@ fn short(outcome: &RecvOutcome) -> String {
 }
 
 /// A stall heals in sharded mode with `2f + 1` owners (versions by digest): rank 2 of 4
-/// stalls for three step timeouts before round 3 of 12. The others erase it while it is away
-/// and, once it is back, wait for it no more than one round; rank 2 returns every round's
-/// result as theirs (it finds its version of each owned shard contradicted by every co-owner,
-/// makes it again without its own late piece, and needs nothing resent), and from two rounds
-/// after its return every round of every rank takes a fraction of a timeout again. Under
-/// `Detect` and `Off`.
+/// stalls for three and a half step timeouts before round 3 of 12. The others erase it while
+/// it is away and, once it is back, wait for it no more than one round; rank 2 returns every
+/// round's result as theirs (it finds its version of each owned shard contradicted by every
+/// co-owner, makes it again without its own late piece, and needs nothing resent), and from
+/// two rounds after its return every round of every rank takes a fraction of a timeout again.
+/// Under `Detect` and `Off`.
+///
+/// The half timeout brings rank 2 back in the middle of the others' scatter step, not at its
+/// deadline: a stall of exactly three timeouts ends within milliseconds of the others'
+/// third deadline, and a rank back just after a deadline that erased it (under a loaded CI
+/// machine, once) took four rounds to come back in step, each costing the others a timeout.
+/// That edge is a known limit of sharded rounds (no quorum steps yet, issue #36), not what
+/// this test is about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_stall_heals_and_the_stalled_rank_comes_back_in_step() {
     use byzcoll_runtime::{Agreement, Replicas};
@@ -621,7 +628,7 @@ async fn a_sharded_stall_heals_and_the_stalled_rank_comes_back_in_step() {
                     let mut log = Vec::new();
                     for round in 0..rounds {
                         if c.rank() == 2 && round == stall_before {
-                            tokio::time::sleep(timeout * 3).await;
+                            tokio::time::sleep(timeout * 7 / 2).await;
                         }
                         let mut v = vec![(c.rank() + 1) as f32; 64];
                         let start = std::time::Instant::now();
@@ -650,7 +657,8 @@ async fn a_sharded_stall_heals_and_the_stalled_rank_comes_back_in_step() {
                 bits.iter().all(|&b| b == bits[0]),
                 "{agreement:?} round {round}: {bits:?}"
             );
-            // Back: the stall spans three rounds of the others; two more to catch up.
+            // Back: the stall spans three rounds of the others and half of the fourth, in
+            // which it returns; two more to catch up.
             if round >= stall_before + 3 + 2 {
                 for (me, log) in logs.iter().enumerate() {
                     assert!(
