@@ -77,6 +77,12 @@ pub struct TcpOptions {
     /// stream; MACs cost a hash of every payload at both ends. All ranks must agree (the
     /// handshake refuses a peer that differs).
     pub frame_mac: bool,
+    /// How long a dropped transport goes on writing the frames its steps left queued (a step
+    /// ends at its deadline or quorum, not when its sends are written), and then reading and
+    /// discarding what its peers still send until they close, so that closing never resets a
+    /// connection whose peer has not yet read all it was sent. Beyond it, the connections
+    /// are closed at once; a peer that reads everything and closes ends it sooner.
+    pub linger: Duration,
 }
 
 impl Default for TcpOptions {
@@ -87,6 +93,7 @@ impl Default for TcpOptions {
             pool_bytes: 256 << 20,
             spin: byzcoll_transport_kit::progress::SPIN,
             frame_mac: false,
+            linger: Duration::from_secs(10),
         }
     }
 }
@@ -144,6 +151,8 @@ pub struct TcpTransport {
     writers: Vec<Option<Arc<Writer>>>,
     budget: Budget,
     tasks: Vec<JoinHandle<()>>,
+    /// The runtime the tasks run on, where dropping the transport lets them finish.
+    runtime: tokio::runtime::Handle,
     options: TcpOptions,
     listening: Option<SocketAddr>,
 }
@@ -341,17 +350,35 @@ impl TcpTransport {
             writers,
             budget: Budget::default(),
             tasks,
+            runtime: tokio::runtime::Handle::current(),
             options,
             listening,
         })
     }
 }
 
+/// Dropping the transport lets each connection finish in the background, for at most
+/// [`TcpOptions::linger`]: its writer writes what is queued and shuts its direction down, its
+/// reader discards what the peer still sends until the peer closes. Then every task is
+/// stopped, which closes the sockets.
 impl Drop for TcpTransport {
     fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
+        let mut tasks = std::mem::take(&mut self.tasks);
+        for writer in self.writers.iter().flatten() {
+            writer.close();
         }
+        for peer in (0..self.size).filter(|&p| p != self.rank) {
+            self.mailbox.close(peer, Closed::Gone);
+        }
+        let linger = self.options.linger;
+        self.runtime.spawn(async move {
+            let all = futures::future::join_all(tasks.iter_mut());
+            if tokio::time::timeout(linger, all).await.is_err() {
+                for t in &tasks {
+                    t.abort();
+                }
+            }
+        });
     }
 }
 
@@ -507,7 +534,7 @@ async fn read_loop(
     let why = loop {
         match read_frame(peer, &mut rd, mac.as_mut(), &mailbox, &pool, max).await {
             Ok(true) => continue,
-            Ok(false) => return,
+            Ok(false) => return drain(&mut rd).await,
             Err(why) => break why,
         }
     };
@@ -518,7 +545,16 @@ async fn read_loop(
     mailbox.close(peer, why);
 }
 
-/// Reads one frame. `Ok(false)`: the mailbox is closed, stop quietly. With frame MACs, the
+/// Reads and discards what the peer sends until it closes (or the transport's linger stops
+/// the task): a connection closed with bytes unread is reset, and a reset can throw away
+/// what the peer has not read yet of this rank's last frames.
+async fn drain(rd: &mut OwnedReadHalf) {
+    let mut sink = vec![0u8; 64 << 10];
+    while matches!(rd.read(&mut sink).await, Ok(n) if n > 0) {}
+}
+
+/// Reads one frame. `Ok(false)`: the mailbox is closed, stop delivering (and
+/// [`drain`]). With frame MACs, the
 /// payload is delivered only once its MAC matches; a frame that is skipped (stale, wrong
 /// length) is hashed as it is skipped, so a mismatch anywhere closes the connection.
 async fn read_frame(

@@ -23,6 +23,12 @@
 //! is closed (its receives are `Missing`, so rounds name it), and every later send to it fails
 //! at once ("peer failed: it left N bytes unread, more than the budget of B").
 //!
+//! When the transport drops, the writer task goes on until it has written what is queued
+//! ([`Writer::close`]), then shuts its direction of the connection down: a rank that ends its
+//! last step before the socket took its sends (a quorum step does not wait for them) and
+//! drops its transport does not cut its last frames short. The transport bounds that by
+//! [`TcpOptions::linger`](crate::TcpOptions::linger).
+//!
 //! Failing rather than waiting for room: the step already waits for its sends, so a frame
 //! that finds the queue full belongs to a step after at least [`QUEUED_STEPS`] others that
 //! ended without the peer reading their frames (beyond a full kernel buffer). Waiting longer
@@ -178,6 +184,8 @@ struct WriterState {
     mac: Option<FrameMac>,
     /// Set once sends to the peer fail.
     failed: Option<SendError>,
+    /// Set when the transport drops: the writer task ends once the queue is empty.
+    closing: bool,
 }
 
 impl Writer {
@@ -195,6 +203,7 @@ impl Writer {
                 queued: 0,
                 mac,
                 failed: None,
+                closing: false,
             }),
             queued: Notify::new(),
             task: OnceLock::new(),
@@ -286,6 +295,13 @@ impl Writer {
         Ok(Some(finished))
     }
 
+    /// Lets the writer task finish what is queued, then shut this direction of the connection
+    /// down and end (the transport is dropping; nothing is sent after this).
+    pub(crate) fn close(&self) {
+        self.lock().closing = true;
+        self.queued.notify_one();
+    }
+
     /// Why sends to the peer fail, if they do.
     pub(crate) fn failure(&self) -> Option<SendError> {
         self.lock().failed.clone()
@@ -301,7 +317,7 @@ impl Writer {
         if let Some(task) = self.task.get() {
             task.abort();
         }
-        shut_down(&self.half);
+        shut_down(&self.half, std::net::Shutdown::Both);
         self.mailbox.close(self.peer, Closed::Gone);
     }
 }
@@ -314,23 +330,23 @@ fn fail(state: &mut WriterState, why: SendError) -> VecDeque<Outgoing> {
     std::mem::take(&mut state.queue)
 }
 
-/// Shuts both directions of the connection down; the socket is closed when the transport
-/// drops. Where the platform offers no way to do it through a shared handle, the
-/// connection stays open and idle.
-fn shut_down(half: &OwnedWriteHalf) {
+/// Shuts the connection down (`how`: one direction or both); the socket is closed when both
+/// of its halves are dropped. Where the platform offers no way to do it through a shared
+/// handle, the connection stays open and idle.
+fn shut_down(half: &OwnedWriteHalf, how: std::net::Shutdown) {
     #[cfg(unix)]
     {
         use std::os::fd::AsFd;
         // A duplicate of the descriptor: shutting it down shuts the socket down.
         match half.as_ref().as_fd().try_clone_to_owned() {
             Ok(fd) => {
-                let _ = std::net::TcpStream::from(fd).shutdown(std::net::Shutdown::Both);
+                let _ = std::net::TcpStream::from(fd).shutdown(how);
             }
             Err(e) => tracing::debug!(error = %e, "tcp transport: no shutdown"),
         }
     }
     #[cfg(not(unix))]
-    let _ = half;
+    let _ = (half, how);
 }
 
 /// One non-blocking write of `parts` (header, payload) from byte `offset` on.
@@ -349,16 +365,21 @@ fn try_write_from(wr: &OwnedWriteHalf, parts: [&[u8]; 2], offset: usize) -> io::
 
 /// Writes the frames that senders could not write at once, in order; a frame's charge is
 /// given back once it is written, so the connection is idle again when nothing is queued.
+/// Once the writer is closing and nothing is queued, shuts its direction down and ends.
 async fn write_loop(writer: Arc<Writer>) {
     loop {
-        let next = {
+        let (next, closing) = {
             let mut state = writer.lock();
             if state.failed.is_some() {
                 return;
             }
-            state.queue.pop_front()
+            (state.queue.pop_front(), state.closing)
         };
         let Some(out) = next else {
+            if closing {
+                shut_down(&writer.half, std::net::Shutdown::Write);
+                return;
+            }
             writer.queued.notified().await;
             continue;
         };

@@ -813,10 +813,10 @@ async fn a_rank_that_stops_reading_is_named_missing_and_costs_at_most_its_budget
                         .collect();
                     log.push((start.elapsed(), faults, queued, v[0], v[d - 1]));
                 }
-                // Kept until every rank is done: the last round's sends to a slower rank may
-                // still be on their way (a quorum step does not wait for them), and dropping
-                // the transport would cut them.
-                (log, c)
+                // Dropped here, maybe before a slower rank has read this rank's last input (a
+                // quorum step does not wait for its sends): the transport finishes them.
+                drop(c);
+                log
             })
         })
         .collect();
@@ -824,7 +824,7 @@ async fn a_rank_that_stops_reading_is_named_missing_and_costs_at_most_its_budget
     for t in tasks {
         done.push(t.await.unwrap());
     }
-    for (me, (log, _comm)) in done.iter().enumerate() {
+    for (me, log) in done.iter().enumerate() {
         for (round, (took, faults, (queued, budget), first, last)) in log.iter().enumerate() {
             let median = (1 + round) as f32;
             assert_eq!((*first, *last), (median, median), "rank {me} round {round}");
@@ -925,5 +925,61 @@ async fn peak_memory_with_a_peer_that_stops_reading() {
          read {:?} MiB ({:?})",
         peak_rss_mib(),
         started.elapsed()
+    );
+}
+
+/// A rank that ends a step before the socket took its sends (a short deadline here; a quorum
+/// step does not wait for its sends at all) and then drops its transport does not cut them
+/// short: the frames left queued are written out after the drop, the receiver gets every
+/// byte, and then reads the end of the connection (its later receives are `Missing` at once,
+/// not at their deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_left_queued_are_flushed_when_the_transport_drops() {
+    let mut ranks = world(2).await;
+    let b = ranks.pop().unwrap();
+    let a = ranks.pop().unwrap();
+    // Far more than loopback's socket buffers take while rank 1 is not reading.
+    let len = 48 << 20;
+    let payload: Bytes = (0..len)
+        .map(|i| (i % 253) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let soon = tokio::time::Instant::now() + Duration::from_millis(20);
+    let sent = a
+        .exchange(send_step(0, payload.clone(), soon))
+        .await
+        .unwrap();
+    assert!(sent.is_empty());
+    drop(a);
+    let recv = |step, len| Step {
+        collective: 7,
+        step,
+        call: 0,
+        sends: vec![],
+        recvs: vec![RecvOp {
+            peer: 0,
+            tag: 0,
+            len,
+        }],
+        deadline: tokio::time::Instant::now() + Duration::from_secs(30),
+        quorum: None,
+    };
+    let got = b.exchange(recv(0, len)).await.unwrap();
+    match &got[..] {
+        [RecvOutcome::Received(Payload::Host(got))] => assert!(
+            got == &payload,
+            "{} bytes, first difference at {:?}",
+            got.len(),
+            got.iter().zip(payload.iter()).position(|(x, y)| x != y)
+        ),
+        other => panic!("{:?}", other.iter().map(short).collect::<Vec<_>>()),
+    }
+    let start = std::time::Instant::now();
+    let after = b.exchange(recv(1, 4)).await.unwrap();
+    assert_eq!(after, vec![RecvOutcome::Missing]);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
     );
 }
