@@ -76,7 +76,8 @@ async fn main() -> ExitCode {
         println!("{line}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // Stay connected a little, so a rank that fell behind reads what was sent to it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A rank that fell behind may not have read this rank's last inputs yet: close, which
+    // writes them out and waits for the others to close too (bounded), before exiting.
+    comm.close().await;
     ExitCode::SUCCESS
 }

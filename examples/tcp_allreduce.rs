@@ -119,6 +119,8 @@ async fn run(args: Args) -> Result<(), String> {
             comm.identity()
         );
     }
+    // What the last calls left in flight reaches every peer before this process exits.
+    comm.close().await;
     Ok(())
 }
 

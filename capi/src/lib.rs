@@ -206,15 +206,22 @@ impl byzcoll_comm_t {
     }
 
     /// Closes the connections (once a collective in progress has returned), inside the
-    /// runtime that the transport's tasks belong to.
-    fn close(&self) {
+    /// runtime that the transport's tasks belong to. `flush`: first let the transport finish
+    /// what the last calls left in flight ([`Communicator::close`]; bounded), as finalizing
+    /// does; an abort does not wait.
+    fn close(&self, flush: bool) {
         let c = self
             .comm
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        let _entered = self.runtime.enter();
-        drop(c);
+        match c {
+            Some(c) if flush => self.runtime.block_on(c.close()),
+            c => {
+                let _entered = self.runtime.enter();
+                drop(c);
+            }
+        }
     }
 
     /// Runs one collective on the communicator, unless it is or gets aborted.
@@ -449,8 +456,10 @@ pub unsafe extern "C" fn byzcoll_init_oob(
     }
 }
 
-/// Closes the communicator's connections and frees it. NULL is ignored. Peers still in a
-/// collective with this rank see it as missing.
+/// Closes the communicator's connections and frees it. NULL is ignored. First, what the last
+/// calls left in flight is delivered (a call can return before its last sends reached a
+/// slower peer): over TCP this waits until the peers have read it and closed too, for at most
+/// 10 s. Peers still in a collective with this rank then see it as missing.
 ///
 /// Thread safety: no other call on `comm` may be in progress or follow.
 ///
@@ -464,7 +473,7 @@ pub unsafe extern "C" fn byzcoll_comm_finalize(comm: *mut byzcoll_comm_t) -> byz
     guard(|| {
         // SAFETY: the caller hands over a live communicator.
         let comm = unsafe { Box::from_raw(comm) };
-        comm.close();
+        comm.close(true);
         Ok(())
     })
 }
@@ -486,7 +495,7 @@ pub unsafe extern "C" fn byzcoll_comm_abort(comm: *mut byzcoll_comm_t) -> byzcol
         guard_comm(comm, |comm| {
             comm.aborted.store(true, Ordering::SeqCst);
             comm.abort.notify_waiters();
-            comm.close();
+            comm.close(false);
             Ok(())
         })
     }

@@ -686,7 +686,9 @@ impl PyCommunicator {
         })
     }
 
-    /// Closes the connections; later calls raise InvalidUsage.
+    /// Closes the connections; later calls raise InvalidUsage. What the last calls left in
+    /// flight is delivered first (over TCP, until the peers have read it and closed too, for
+    /// at most 10 s).
     fn close(&self, py: Python<'_>) {
         py.detach(|| {
             let c = self
@@ -694,8 +696,9 @@ impl PyCommunicator {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
-            let _entered = self.runtime.enter();
-            drop(c);
+            if let Some(c) = c {
+                self.runtime.block_on(c.close());
+            }
         });
     }
 

@@ -206,6 +206,19 @@ impl Communicator {
             .push(Box::new(resource));
     }
 
+    /// Closes the communicator. When no other communicator shares its transport (those split
+    /// or shrunk from it do), first lets the transport finish what the last calls left in
+    /// flight ([`Transport::close`]: over TCP, frames still queued for a slower peer, for at
+    /// most `TcpOptions::linger`). Call it before the process exits: a call can return
+    /// before its last sends have reached every peer (a quorum step does not wait for them),
+    /// and exiting would cut them. Dropping the communicator instead finishes the same in the
+    /// background while the async runtime lives.
+    pub async fn close(self) {
+        if Arc::strong_count(&self.transport) == 1 {
+            self.transport.close().await;
+        }
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> Rank {
         self.transport.rank()

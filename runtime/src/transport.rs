@@ -208,4 +208,14 @@ pub trait Transport: Send + Sync + fmt::Debug {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }
+
+    /// Finishes what the steps left in flight before the transport is dropped, for at most a
+    /// bounded time of the transport's own: a step may end (at its deadline or quorum) before
+    /// its sends have reached the peer, and a process that exits right after its last call
+    /// would cut them. The default has nothing to finish. After it, the transport sends
+    /// nothing; dropping it without this call finishes the same in the background, as long
+    /// as the async runtime lives.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }

@@ -31,7 +31,7 @@ pub mod send;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -150,7 +150,8 @@ pub struct TcpTransport {
     mailbox: Arc<Mailbox>,
     writers: Vec<Option<Arc<Writer>>>,
     budget: Budget,
-    tasks: Vec<JoinHandle<()>>,
+    /// The connections' reader and writer tasks (taken by [`Transport::close`] or the drop).
+    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     /// The runtime the tasks run on, where dropping the transport lets them finish.
     runtime: tokio::runtime::Handle,
     options: TcpOptions,
@@ -349,7 +350,7 @@ impl TcpTransport {
             mailbox,
             writers,
             budget: Budget::default(),
-            tasks,
+            tasks: std::sync::Mutex::new(tasks),
             runtime: tokio::runtime::Handle::current(),
             options,
             listening,
@@ -357,28 +358,42 @@ impl TcpTransport {
     }
 }
 
-/// Dropping the transport lets each connection finish in the background, for at most
-/// [`TcpOptions::linger`]: its writer writes what is queued and shuts its direction down, its
-/// reader discards what the peer still sends until the peer closes. Then every task is
-/// stopped, which closes the sockets.
-impl Drop for TcpTransport {
-    fn drop(&mut self) {
-        let mut tasks = std::mem::take(&mut self.tasks);
+impl TcpTransport {
+    /// Ends sending and delivering, and hands back the connections' tasks to wait for: each
+    /// writer writes what is queued and shuts its direction down, each reader discards what
+    /// its peer still sends until the peer closes ([`drain`]).
+    fn finish(&self) -> Vec<JoinHandle<()>> {
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
         for writer in self.writers.iter().flatten() {
             writer.close();
         }
         for peer in (0..self.size).filter(|&p| p != self.rank) {
             self.mailbox.close(peer, Closed::Gone);
         }
-        let linger = self.options.linger;
-        self.runtime.spawn(async move {
-            let all = futures::future::join_all(tasks.iter_mut());
-            if tokio::time::timeout(linger, all).await.is_err() {
-                for t in &tasks {
-                    t.abort();
-                }
-            }
-        });
+        tasks
+    }
+}
+
+/// Waits for the connections' tasks for at most `linger`, then stops those still running
+/// (which closes their sockets).
+async fn linger_then_stop(mut tasks: Vec<JoinHandle<()>>, linger: Duration) {
+    let all = futures::future::join_all(tasks.iter_mut());
+    if tokio::time::timeout(linger, all).await.is_err() {
+        for t in &tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Dropping the transport without [`Transport::close`] finishes the connections in the
+/// background, for at most [`TcpOptions::linger`], as long as the runtime lives.
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        let tasks = self.finish();
+        if !tasks.is_empty() {
+            self.runtime
+                .spawn(linger_then_stop(tasks, self.options.linger));
+        }
     }
 }
 
@@ -696,6 +711,14 @@ impl Transport for TcpTransport {
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
+    }
+
+    /// Writes out what the steps left queued, shuts each connection's sending direction down,
+    /// and reads until every peer has closed its own, for at most [`TcpOptions::linger`]:
+    /// closing a socket with bytes unread resets the connection, and a reset can throw away
+    /// what the peer has not read yet.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(linger_then_stop(self.finish(), self.options.linger))
     }
 
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {

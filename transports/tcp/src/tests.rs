@@ -983,3 +983,57 @@ async fn frames_left_queued_are_flushed_when_the_transport_drops() {
         start.elapsed()
     );
 }
+
+/// `close` delivers what a step left queued and returns once the peer has closed too (so a
+/// process may exit right after it), well before the linger when the peer closes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_delivers_what_is_queued_and_returns_once_the_peer_closes() {
+    let mut ranks = world(2).await;
+    let b = ranks.pop().unwrap();
+    let a = ranks.pop().unwrap();
+    let len = 48 << 20;
+    let payload: Bytes = (0..len)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let soon = tokio::time::Instant::now() + Duration::from_millis(20);
+    a.exchange(send_step(0, payload.clone(), soon))
+        .await
+        .unwrap();
+    let closing = tokio::spawn(async move {
+        let start = std::time::Instant::now();
+        a.close().await;
+        start.elapsed()
+    });
+    let got = b
+        .exchange(Step {
+            collective: 7,
+            step: 0,
+            call: 0,
+            sends: vec![],
+            recvs: vec![RecvOp {
+                peer: 0,
+                tag: 0,
+                len,
+            }],
+            deadline: tokio::time::Instant::now() + Duration::from_secs(30),
+            quorum: None,
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&got[..], [RecvOutcome::Received(Payload::Host(p))] if p == &payload),
+        "{:?}",
+        got.iter().map(short).collect::<Vec<_>>()
+    );
+    // Rank 0 waits for rank 1's end of the connection, not only for its own frames.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!closing.is_finished(), "rank 0 closed before rank 1 did");
+    b.close().await;
+    let took = closing.await.unwrap();
+    let linger = TcpOptions::default().linger;
+    assert!(
+        took < linger,
+        "close took {took:?}, the linger is {linger:?}"
+    );
+}
