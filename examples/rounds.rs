@@ -14,7 +14,7 @@
 #![allow(clippy::print_stdout)]
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use byzcoll::aggregators::Median;
 use byzcoll::{Policy, Replicas};
@@ -45,6 +45,7 @@ async fn main() -> ExitCode {
     let n = comm.size();
     for k in 0..rounds {
         let mut v = vec![(me + 1) as f32; 16];
+        let start = Instant::now();
         let result = if scatter {
             let mut shard = vec![0.0f32; byzcoll::schedule::chunk_range(16, n, me).len()];
             let input = v.clone();
@@ -57,6 +58,7 @@ async fn main() -> ExitCode {
             comm.robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
                 .await
         };
+        let took = start.elapsed().as_millis();
         let line = match result {
             Ok(report) => {
                 let erased: Vec<usize> = report.faults.iter().map(|f| f.rank).collect();
@@ -67,11 +69,11 @@ async fn main() -> ExitCode {
                     ""
                 };
                 format!(
-                    "round {k}: ok {} erased {erased:?} unconfirmed {unconfirmed:?}{own}",
+                    "round {k}: ok {} erased {erased:?} unconfirmed {unconfirmed:?}{own} in {took} ms",
                     v[0]
                 )
             }
-            Err(e) => format!("round {k}: error {e}"),
+            Err(e) => format!("round {k}: error {e} in {took} ms"),
         };
         println!("{line}");
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -1,0 +1,233 @@
+//! Issue #36's goals for ranks that die or stop, as processes over TCP: 4 ranks of the
+//! `rounds` example (median, f = 1, rank `r` contributes `r + 1`: 2.5 with every input, 2
+//! without rank 2's), one line per round with its time.
+//! - A rank SIGKILLed between rounds: its sockets close with it, so no round of the others
+//!   waits any deadline for it, the one that finds it gone included.
+//! - A rank SIGSTOPped for ten deadlines with stragglers allowed, under `Enforce`: no round of
+//!   the others waits more than a grace for it, and once it resumes it returns their result,
+//!   round by round. (It does not come back in step by itself: paced like the others, it
+//!   stays as far behind as it was. Under `Detect` it fails those rounds loudly instead, and
+//!   with stragglers allowed the first round, whose inputs arrive as far apart as the ranks
+//!   started, can fail on a rank that counted a late input the others did not: why
+//!   stragglers are not on by default.)
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use byzcoll::bootstrap::JobSecret;
+use common::{example, free_port};
+
+/// One rank's rounds: round → (`Some(value)` for `ok <value>`, `None` for an error, the
+/// erased ranks, milliseconds).
+type Rounds = HashMap<usize, (Option<f32>, String, u64)>;
+
+/// Starts 4 ranks of the `rounds` example with `env` on top of a fresh job.
+fn start(env: &[(&str, &str)]) -> Vec<Child> {
+    let store = format!("127.0.0.1:{}", free_port());
+    let secret = JobSecret::generate().unwrap().to_hex();
+    (0..4)
+        .map(|r| {
+            let mut cmd = Command::new(example("rounds"));
+            cmd.env("BYZCOLL_LAUNCHER", "byzcoll")
+                .env("BYZCOLL_RANK", r.to_string())
+                .env("BYZCOLL_WORLD_SIZE", "4")
+                .env("BYZCOLL_STORE", &store)
+                .env("BYZCOLL_SECRET", &secret)
+                .env_remove("BYZCOLL_STORE_HOSTED")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            cmd.spawn().unwrap()
+        })
+        .collect()
+}
+
+/// Reads a rank's lines on a thread of its own, so that the test can wait for one of them
+/// while the rank runs, and the rank never blocks on a full pipe.
+fn lines(stdout: ChildStdout) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits (at most 60 s) for the line of `round` on `rx`, keeping the lines read.
+fn wait_for_round(rx: &mpsc::Receiver<String>, round: usize, seen: &mut Vec<String>) {
+    let prefix = format!("round {round}:");
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
+            let done = line.starts_with(&prefix);
+            seen.push(line);
+            if done {
+                return;
+            }
+        }
+    }
+    panic!("no line for round {round}: {seen:?}");
+}
+
+/// Waits (at most 90 s each) for the ranks to exit, and parses their rounds.
+fn finish(ranks: Vec<Child>, mut outs: Vec<(mpsc::Receiver<String>, Vec<String>)>) -> Vec<Rounds> {
+    let mut all = Vec::new();
+    for (mut child, (rx, mut seen)) in ranks.into_iter().zip(outs.drain(..)) {
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(90) {
+                let _ = child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        seen.extend(rx.iter());
+        let mut rounds = Rounds::new();
+        for line in &seen {
+            let Some(rest) = line.strip_prefix("round ") else {
+                continue;
+            };
+            let (k, what) = rest.split_once(": ").unwrap();
+            let value = what
+                .strip_prefix("ok ")
+                .map(|v| v.split_whitespace().next().unwrap().parse::<f32>().unwrap());
+            let erased = what
+                .split_once("erased ")
+                .map(|(_, e)| e.split(']').next().unwrap_or("").to_string() + "]")
+                .unwrap_or_default();
+            let ms = what
+                .rsplit_once(" in ")
+                .and_then(|(_, t)| t.strip_suffix(" ms"))
+                .unwrap_or_else(|| panic!("no time in {line:?}"))
+                .parse::<u64>()
+                .unwrap();
+            rounds.insert(k.parse::<usize>().unwrap(), (value, erased, ms));
+        }
+        eprintln!(
+            "{}\n{}",
+            seen.join("\n"),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        all.push(rounds);
+    }
+    all
+}
+
+/// Starts the job, waits for rank 2's line of `round`, signals it with `signal`, and (for
+/// SIGSTOP) resumes it after `stop`.
+fn run(env: &[(&str, &str)], round: usize, signal: i32, stop: Duration) -> Vec<Rounds> {
+    let mut ranks = start(env);
+    let mut outs: Vec<_> = ranks
+        .iter_mut()
+        .map(|c| (lines(c.stdout.take().unwrap()), Vec::new()))
+        .collect();
+    let (rx, seen) = &mut outs[2];
+    wait_for_round(rx, round, seen);
+    let pid = ranks[2].id() as i32;
+    // SAFETY: signalling a child process of this test by its pid.
+    unsafe { libc::kill(pid, signal) };
+    if signal == libc::SIGSTOP {
+        std::thread::sleep(stop);
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+    finish(ranks, outs)
+}
+
+#[test]
+fn a_killed_rank_costs_no_deadline_after_it_is_gone() {
+    let timeout = 2000;
+    let t = timeout.to_string();
+    let rounds = 12;
+    let r = rounds.to_string();
+    let env = [("BYZCOLL_TIMEOUT_MS", t.as_str()), ("ROUNDS", r.as_str())];
+    let outcomes = run(&env, 2, libc::SIGKILL, Duration::ZERO);
+    let mut gone_from = None;
+    for me in [0, 1, 3] {
+        for k in 0..rounds {
+            let (value, erased, ms) = outcomes[me]
+                .get(&k)
+                .unwrap_or_else(|| panic!("rank {me} has no round {k}"))
+                .clone();
+            let value = value.unwrap_or_else(|| panic!("rank {me} round {k} failed"));
+            assert!(
+                ms < timeout / 2,
+                "rank {me} round {k} took {ms} ms (deadline {timeout} ms)"
+            );
+            if erased.contains('2') {
+                assert_eq!(value, 2.0, "rank {me} round {k}");
+                gone_from.get_or_insert(k);
+            } else {
+                assert_eq!(value, 2.5, "rank {me} round {k}");
+            }
+        }
+    }
+    let gone_from = gone_from.expect("the kill landed in no round");
+    assert!(
+        gone_from >= 3,
+        "rank 2 erased in round {gone_from}, before the kill"
+    );
+}
+
+#[test]
+fn a_rank_stopped_for_ten_deadlines_sets_no_pace_and_is_never_split() {
+    let timeout = 500;
+    let t = timeout.to_string();
+    // 200 ms apart: the others are still at it when rank 2 resumes.
+    let rounds = 40;
+    let r = rounds.to_string();
+    let env = [
+        ("BYZCOLL_TIMEOUT_MS", t.as_str()),
+        ("ROUNDS", r.as_str()),
+        ("BYZCOLL_STRAGGLERS", "auto"),
+        ("BYZCOLL_AGREEMENT", "enforce"),
+    ];
+    let outcomes = run(&env, 2, libc::SIGSTOP, Duration::from_millis(10 * timeout));
+    let mut erased_rounds = 0;
+    for me in [0, 1, 3] {
+        for k in 0..rounds {
+            let (value, erased, ms) = outcomes[me]
+                .get(&k)
+                .unwrap_or_else(|| panic!("rank {me} has no round {k}"))
+                .clone();
+            let value = value.unwrap_or_else(|| panic!("rank {me} round {k} failed"));
+            assert!(
+                ms < timeout / 2,
+                "rank {me} round {k} took {ms} ms (deadline {timeout} ms)"
+            );
+            erased_rounds += usize::from(erased.contains('2'));
+            assert!(value == 2.0 || value == 2.5, "rank {me} round {k}: {value}");
+        }
+    }
+    assert!(erased_rounds > 0, "the stop landed in no round");
+    // Rank 2 resumes about 25 rounds behind and, paced like the others, stays behind; under
+    // `Enforce` each of its rounds returns the job's agreed result, made without its input.
+    for k in 0..rounds {
+        assert!(
+            matches!(outcomes[2].get(&k), Some((Some(_), _, _))),
+            "rank 2 round {k}: {:?}",
+            outcomes[2].get(&k)
+        );
+    }
+    // Rank 2, resumed, returns the others' result or an error, round by round.
+    for (k, (value, _, _)) in &outcomes[2] {
+        let Some(v2) = value else { continue };
+        for me in [0, 1, 3] {
+            if let Some((Some(v), _, _)) = outcomes[me].get(k) {
+                assert_eq!(v, v2, "round {k}: rank 2 returned {v2}, rank {me} {v}");
+            }
+        }
+    }
+}
