@@ -101,6 +101,53 @@ fn a_silent_sender_is_missing_and_the_rest_agree() {
     }
 }
 
+/// A silent owner with `r = 1` loses its shard: every other rank fails with `ShardLost` after
+/// the deadline of the scatter step that found it missing, and its cross-check (which still
+/// runs, to keep the ranks' steps alike) does not wait for it again. Before, the failed
+/// round's cross-check waited its own deadline, three step timeouts, for the dead owner.
+#[test]
+fn a_lost_shard_costs_the_deadline_that_found_it_and_no_more() {
+    for n in [4, 7, 8, 11] {
+        let rule = Median::new((n - 1) / 3);
+        let d = 2 * n + 3;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+        let silent = n - 1;
+        let ended = run(
+            |me| {
+                spec(
+                    me,
+                    n,
+                    d,
+                    Shape::Sharded(Replicas::Exactly(1)),
+                    Agreement::Detect,
+                )
+            },
+            &rule,
+            &inputs,
+            &vec![Duration::ZERO; n],
+            &|from, _, _, _, _| match from == silent {
+                true => Fate::Dropped,
+                false => Fate::After(MS),
+            },
+        );
+        for (me, e) in ended.iter().enumerate().take(n - 1) {
+            match &e.result {
+                Err(Error::ShardLost { shard, faults, .. }) => {
+                    assert_eq!(*shard, silent, "n = {n} rank {me}");
+                    assert!(faults.iter().any(|f| f.rank == silent), "n = {n} rank {me}");
+                }
+                other => panic!("n = {n} rank {me}: {other:?}"),
+            }
+            let timeout = Duration::from_secs(1);
+            assert!(
+                e.at >= timeout && e.at < timeout + 100 * MS,
+                "n = {n} rank {me} ended at {:?}",
+                e.at
+            );
+        }
+    }
+}
+
 /// A sender that gives rank 0 another vector than the others: under `Detect` rank 0 is told
 /// it disagrees, never silently split; under `Enforce` every honest rank returns one result.
 #[test]

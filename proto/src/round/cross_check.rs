@@ -6,7 +6,8 @@ use super::*;
 impl<'r, B> Round<'r, B> {
     /// The cross-check step of [`Agreement::Detect`] (or the end under `Off`): every rank,
     /// whether its round succeeded or not (so that collectives stay numbered alike), sends
-    /// every other rank its [`Check`]; the ranks this rank erased are not waited for.
+    /// every other rank its [`Check`]; the ranks this rank erased are not waited for, whether
+    /// the round succeeded or not.
     /// `result` is the digest the ranks compare (`Some` exactly when the round succeeded).
     pub(super) fn post_check(&mut self, result: Option<Digest>) {
         if !self.detect() {
@@ -32,11 +33,21 @@ impl<'r, B> Round<'r, B> {
             result: result.filter(|_| ok),
             seen,
         };
-        let erased: Vec<Rank> = if self.failed.is_none() {
-            self.report.faults.iter().map(|f| f.rank).collect()
-        } else {
-            self.carried.clone()
+        // Not waited for: the peers erased this round or an earlier sub-round, also where the
+        // round failed (its error holds this round's faults).
+        let failed_faults = match &self.failed {
+            Some(Error::TooManyFaults { faults, .. } | Error::ShardLost { faults, .. }) => {
+                &faults[..]
+            }
+            _ => &[],
         };
+        let erased: Vec<Rank> = self
+            .carried
+            .iter()
+            .copied()
+            .chain(self.report.faults.iter().map(|f| f.rank))
+            .chain(failed_faults.iter().map(|f| f.rank))
+            .collect();
         let encoded = mine.encode_for_all(me);
         let sends = schedule::direct_peers(me, n)
             .map(|peer| Send {
