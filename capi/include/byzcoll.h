@@ -49,6 +49,13 @@
 #define BYZCOLL_POLICY_SHARDED 1
 
 /**
+ * Gather or sharded with 2f + 1 owners, chosen per call from the world size, the vector's
+ * bytes and the rule, alike on every rank; the report's `replicas` says which ran (0:
+ * gather). Never sharded with fewer than 2f + 1 owners.
+ */
+#define BYZCOLL_POLICY_AUTO 2
+
+/**
  * Agreement as `BYZCOLL_AGREEMENT` says, else detect (the default).
  */
 #define BYZCOLL_AGREEMENT_FROM_ENV 0

@@ -53,6 +53,10 @@ pub const BYZCOLL_FLOAT64: i32 = 1;
 pub const BYZCOLL_POLICY_GATHER: i32 = 0;
 /// Split the vector into shards aggregated by replicated owners.
 pub const BYZCOLL_POLICY_SHARDED: i32 = 1;
+/// Gather or sharded with 2f + 1 owners, chosen per call from the world size, the vector's
+/// bytes and the rule, alike on every rank; the report's `replicas` says which ran (0:
+/// gather). Never sharded with fewer than 2f + 1 owners.
+pub const BYZCOLL_POLICY_AUTO: i32 = 2;
 
 /// Agreement as `BYZCOLL_AGREEMENT` says, else detect (the default).
 pub const BYZCOLL_AGREEMENT_FROM_ENV: i32 = 0;
@@ -896,9 +900,15 @@ unsafe fn read_rule_spec(
         }
         (BYZCOLL_POLICY_SHARDED, 0) => Policy::Sharded(Replicas::Tolerant),
         (BYZCOLL_POLICY_SHARDED, r) => Policy::Sharded(Replicas::Exactly(r as usize)),
+        (BYZCOLL_POLICY_AUTO, 0) => Policy::Auto,
+        (BYZCOLL_POLICY_AUTO, r) => {
+            return Err(Failure::invalid(format!(
+                "params->replicas is {r} with the auto policy: replicas are for BYZCOLL_POLICY_SHARDED"
+            )))
+        }
         (other, _) => {
             return Err(Failure::invalid(format!(
-                "params->policy is {other}: expected BYZCOLL_POLICY_GATHER or _SHARDED"
+                "params->policy is {other}: expected BYZCOLL_POLICY_GATHER, _SHARDED or _AUTO"
             )))
         }
     };

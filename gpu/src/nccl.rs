@@ -67,7 +67,8 @@ pub async fn robust_all_reduce_nccl<E: GpuElement, N: DeviceExchange>(
     timeout: Duration,
 ) -> Result<RoundReport> {
     let ((me, n), d) = (net.world(), buf.len());
-    let shape = Shape::all_reduce(policy);
+    // NCCL cannot end a step early: no quorum.
+    let shape = Shape::all_reduce(policy, n, d, std::mem::size_of::<E>(), rule, false);
     let gpu = rule.gpu().clone();
     if gpu.context().ordinal() != net.device_ordinal() {
         return Err(Error::InvalidUsage(format!(

@@ -27,5 +27,5 @@ pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, Transpo
 pub use ids::{Grace, MsgKey, Quorum, Rank, RecvOp, Tag, STREAM_BITS};
 pub use policy::{
     Agreement, AgreementReport, IdentityMode, Policy, Replicas, RoundReport, RoundStats,
-    Stragglers, SUB_ROUND_BYTES,
+    Stragglers, AUTO_GATHER_MAX_BYTES, AUTO_SHARDED_MIN_BYTES, SUB_ROUND_BYTES,
 };

@@ -15,7 +15,21 @@ pub enum Policy {
     /// without faults (with `r > 1` a taker gets one owner's result and the others' digests,
     /// `PROTOCOL.md`, "Versions by digest"). Needs a coordinate-wise rule.
     Sharded(Replicas),
+    /// Gather or sharded with `2f + 1` owners, chosen for each call from the world size, the
+    /// vector's bytes and the rule ([`Policy::resolve`]), alike on every rank; the report's
+    /// [`RoundReport::replicas`] says which ran (`None`: gather). Never sharded with fewer
+    /// than `2f + 1` owners, which trusts the owners: that takes an explicit
+    /// `Sharded(Replicas::Exactly(r))`.
+    Auto,
 }
+
+/// [`Policy::Auto`] shards vectors of at least this many bytes per rank, where the fewer
+/// bytes of sharded mode outweigh its two more steps (`docs/bench/PROFILE.md`).
+pub const AUTO_SHARDED_MIN_BYTES: usize = 1 << 20;
+
+/// [`Policy::Auto`] shards where gather mode would hold more than this many bytes of inputs
+/// per rank (`n · d` elements), whatever the traffic.
+pub const AUTO_GATHER_MAX_BYTES: usize = 256 << 20;
 
 /// How many owners aggregate each shard in [`Policy::Sharded`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

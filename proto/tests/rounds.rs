@@ -297,3 +297,59 @@ fn a_stalled_owner_rejoins_with_the_others_result() {
         }
     }
 }
+
+/// `Policy::Auto`: gather for small vectors, few ranks, quorum rounds and rules sharded mode
+/// cannot run; sharded with `2f + 1` owners where that sends fewer bytes than gather at a
+/// size where it pays, or where gather would hold too much; any other policy as it is.
+#[test]
+fn auto_picks_gather_or_tolerant_sharding_by_size_world_and_rule() {
+    use byzcoll_proto::{Policy, AUTO_GATHER_MAX_BYTES, AUTO_SHARDED_MIN_BYTES};
+    let median = Median::new(1);
+    let krum = byzcoll_aggregators::build(
+        "krum",
+        &byzcoll_aggregators::Params {
+            f: 1,
+            m: None,
+            tau: None,
+        },
+    )
+    .unwrap();
+    let nnm_krum = byzcoll_aggregators::build(
+        "nnm+krum",
+        &byzcoll_aggregators::Params {
+            f: 1,
+            m: None,
+            tau: None,
+        },
+    )
+    .unwrap();
+    let tolerant = Policy::Sharded(Replicas::Tolerant);
+    let big = AUTO_SHARDED_MIN_BYTES / 4;
+    let auto = |n, d, rule: &dyn byzcoll_aggregators::Aggregator, quorum| {
+        Policy::Auto.resolve(n, d, 4, rule, quorum)
+    };
+    // 16 ranks, f = 1: 3 owners send (3 + 1)·d against gather's 15·d.
+    assert_eq!(auto(16, big, &median, false), tolerant);
+    assert_eq!(auto(16, big - 1, &median, false), Policy::Gather);
+    assert_eq!(auto(16, 1, &median, false), Policy::Gather);
+    assert_eq!(auto(16, big, krum.as_ref(), false), tolerant);
+    // Sharded mode cannot run it; a quorum round cannot be sharded.
+    assert_eq!(auto(16, big, nnm_krum.as_ref(), false), Policy::Gather);
+    assert_eq!(auto(16, big, &median, true), Policy::Gather);
+    // 4 ranks, f = 1: 3 owners send no fewer bytes than gather, until gather holds too much.
+    assert_eq!(auto(4, big * 16, &median, false), Policy::Gather);
+    let too_much = AUTO_GATHER_MAX_BYTES / 4 / 4 + 1;
+    assert_eq!(auto(4, too_much, &median, false), tolerant);
+    assert_eq!(auto(2, too_much, &median, false), Policy::Gather);
+    // Shapes follow, and explicit policies are kept.
+    assert_eq!(
+        Shape::all_reduce(Policy::Auto, 16, big, 4, &median, false),
+        Shape::Sharded(Replicas::Tolerant)
+    );
+    let one = Policy::Sharded(Replicas::Exactly(1));
+    assert_eq!(one.resolve(4, 1, 4, &median, false), one);
+    assert_eq!(
+        Policy::Gather.resolve(16, big, 4, &median, false),
+        Policy::Gather
+    );
+}

@@ -451,8 +451,12 @@ fn policy(name: &str, replicas: Option<usize>) -> PyResult<Policy> {
         )),
         ("sharded", None) => Ok(Policy::Sharded(Replicas::Tolerant)),
         ("sharded", Some(r)) => Ok(Policy::Sharded(Replicas::Exactly(r))),
+        ("auto", None) => Ok(Policy::Auto),
+        ("auto", Some(_)) => Err(InvalidUsage::new_err(
+            "replicas apply to policy=\"sharded\" only",
+        )),
         (other, _) => Err(InvalidUsage::new_err(format!(
-            "policy {other:?}: expected \"gather\" or \"sharded\""
+            "policy {other:?}: expected \"gather\", \"sharded\" or \"auto\""
         ))),
     }
 }

@@ -161,6 +161,8 @@ def test_bad_inputs_are_clear_exceptions(world_of_one):
         comm.robust_all_reduce(x, "median", 0, policy="scatter")
     with pytest.raises(byzcoll.InvalidUsage, match="replicas"):
         comm.robust_all_reduce(x, "median", 0, replicas=2)
+    with pytest.raises(byzcoll.InvalidUsage, match="replicas"):
+        comm.robust_all_reduce(x, "median", 0, policy="auto", replicas=3)
     with pytest.raises(byzcoll.InvalidUsage, match="op"):
         comm.all_reduce(x, "avg")
     with pytest.raises(TypeError, match="numpy array"):
@@ -234,6 +236,7 @@ def test_join_through_mpi4py_allgather_under_mpirun(tmp_path):
     ("trimmed-mean", 2, "gather"),
     ("krum", 1, "gather"),
     ("median", 2, "sharded"),
+    ("median", 2, "auto"),
 ])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_results_equal_the_rust_reference_bitwise(tmp_path, rule, f, policy, dtype):

@@ -89,8 +89,10 @@ impl Communicator {
         rule: &dyn Aggregator,
         policy: Policy,
     ) -> Result<RoundReport> {
-        let shape = Shape::all_reduce(policy);
         let d = buf.len();
+        let quorum = self.config().stragglers.requested() != Some(0)
+            && self.transport().capabilities().quorum;
+        let shape = Shape::all_reduce(policy, self.size(), d, size_of::<T>(), rule, quorum);
         let outcome = if matches!(shape, Shape::Sharded(_))
             && rule.structure() == Structure::CoordinateWise
             && self.agreement() != Agreement::Enforce

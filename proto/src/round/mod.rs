@@ -52,7 +52,7 @@ use byzcoll_aggregators::{
 use crate::schedule::{self, chunk_range, sharded};
 use crate::{
     Agreement, Attribution, Error, Fault, Grace, PeerFault, Policy, Quorum, Rank, RecvOp, Replicas,
-    RoundReport, Tag,
+    RoundReport, Tag, AUTO_GATHER_MAX_BYTES, AUTO_SHARDED_MIN_BYTES,
 };
 
 pub use check::{commitment, input_digest, result_digest, Digest};
@@ -298,11 +298,58 @@ pub enum Shape {
 }
 
 impl Shape {
-    /// The shape of an all-reduce that moves data as `policy` says.
-    pub fn all_reduce(policy: Policy) -> Shape {
-        match policy {
-            Policy::Gather => Shape::Gather,
+    /// The shape of an all-reduce of `d` elements of `elem` bytes by `rule` over `n` ranks
+    /// that moves data as `policy` says ([`Policy::Auto`] resolved by [`Policy::resolve`];
+    /// `quorum`: the round may end its input step early, which sharded rounds cannot).
+    pub fn all_reduce(
+        policy: Policy,
+        n: usize,
+        d: usize,
+        elem: usize,
+        rule: &dyn Aggregator,
+        quorum: bool,
+    ) -> Shape {
+        match policy.resolve(n, d, elem, rule, quorum) {
             Policy::Sharded(replicas) => Shape::Sharded(replicas),
+            _ => Shape::Gather,
+        }
+    }
+}
+
+impl Policy {
+    /// What [`Policy::Auto`] runs for an all-reduce of `d` elements of `elem` bytes by `rule`
+    /// over `n` ranks (any other policy is itself). A function of what every rank of a call
+    /// shares, so every rank chooses alike:
+    /// - gather where sharded mode cannot run the rule, where the round may end its input
+    ///   step early (`quorum`: stragglers allowed; sharded rounds cannot), or for `n <= 2`;
+    /// - sharded with `2f + 1` owners where gather would hold more than
+    ///   [`AUTO_GATHER_MAX_BYTES`] of inputs;
+    /// - otherwise sharded where the vector has at least [`AUTO_SHARDED_MIN_BYTES`] and its
+    ///   traffic, about `(r + 1)·d` per rank with `r = 2f + 1` owners, is less than gather's
+    ///   `(n − 1)·d`; gather elsewhere (small vectors, where each of sharded mode's extra
+    ///   steps costs more than the bytes it saves, and few ranks).
+    pub fn resolve(
+        self,
+        n: usize,
+        d: usize,
+        elem: usize,
+        rule: &dyn Aggregator,
+        quorum: bool,
+    ) -> Policy {
+        if self != Policy::Auto {
+            return self;
+        }
+        if n <= 2 || quorum || statistics_of(rule).is_err() {
+            return Policy::Gather;
+        }
+        let bytes = d.saturating_mul(elem);
+        let owners = rule.byzantine().saturating_mul(2).saturating_add(1).min(n);
+        let held = bytes.saturating_mul(n);
+        let fewer_bytes = owners + 1 < n - 1;
+        if held > AUTO_GATHER_MAX_BYTES || (bytes >= AUTO_SHARDED_MIN_BYTES && fewer_bytes) {
+            Policy::Sharded(Replicas::Tolerant)
+        } else {
+            Policy::Gather
         }
     }
 }

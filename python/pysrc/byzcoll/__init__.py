@@ -94,7 +94,9 @@ class Communicator:
         ("median", "trimmed-mean", "krum", "multi-krum", "bulyan", "geometric-median",
         "centered-clipping", "mean", "nnm+RULE"; see :func:`rules`) tolerating `f` Byzantine
         ranks, with the "gather" or "sharded" policy (`replicas` owners per shard; default
-        2f + 1). The GIL is released while the ranks talk. Returns a :class:`Report`; raises
+        2f + 1), or "auto" (gather or sharded with 2f + 1 owners, chosen per call from the
+        world size, the vector's bytes and the rule; the report's ``replicas`` says which ran,
+        None for gather). The GIL is released while the ranks talk. Returns a :class:`Report`; raises
         :class:`TooManyFaults`, :class:`PreconditionError`, :class:`DisagreementError`, ...
         """
         return self._inner.robust_all_reduce(

@@ -37,6 +37,7 @@ macro_rules! conformance_suite {
             early_messages_are_checked_like_any_other,
             invalid_steps_are_rejected,
             sharded_matches_gather_bitwise,
+            auto_runs_what_it_resolves_to_and_says_so,
             sharded_sub_rounds_match_one_round_and_erase_a_dead_peer_once,
             a_peer_one_rank_sees_dead_at_once_costs_no_honest_rank,
             sharded_survives_byzantine_owners_only_with_replication,
@@ -109,7 +110,7 @@ pub use p2p::{
 };
 pub use sharded::{
     a_peer_one_rank_sees_dead_at_once_costs_no_honest_rank,
-    replicated_owners_send_one_version_and_digests,
+    auto_runs_what_it_resolves_to_and_says_so, replicated_owners_send_one_version_and_digests,
     robust_reduce_scatter_gives_each_rank_its_shard_of_the_all_reduce,
     sharded_iterative_rules_match_gather, sharded_krum_family_matches_gather,
     sharded_matches_gather_bitwise, sharded_sub_rounds_match_one_round_and_erase_a_dead_peer_once,

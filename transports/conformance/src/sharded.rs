@@ -759,3 +759,43 @@ where
         }
     }
 }
+
+/// `Policy::Auto` runs what [`Policy::resolve`] says, alike on every rank, and the report
+/// tells which (`replicas`: `None` for gather): over 8 ranks with `f = 1`, gather for a vector
+/// of 1 KiB and sharded with 3 owners for one of 1 MiB (4 bytes of traffic per element per
+/// rank against gather's 7), each bitwise what the forced policy gives; over 3 ranks, gather.
+pub async fn auto_runs_what_it_resolves_to_and_says_so<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    for (n, d, want) in [
+        (8, 256, None),
+        (8, byzcoll_runtime::AUTO_SHARDED_MIN_BYTES / 4, Some(3)),
+        (3, byzcoll_runtime::AUTO_SHARDED_MIN_BYTES / 4, None),
+    ] {
+        let comms = comms(factory(n).await, Duration::from_secs(30));
+        let results = run_ranks(comms, move |mut c| async move {
+            let rule = Median::new(if c.size() > 3 { 1 } else { 0 });
+            let me = c.rank();
+            let mut auto = vector(me, d);
+            let report = c
+                .robust_all_reduce(&mut auto, &rule, Policy::Auto)
+                .await
+                .unwrap();
+            let forced = match report.replicas {
+                None => Policy::Gather,
+                Some(_) => Policy::Sharded(Replicas::Tolerant),
+            };
+            let mut same = vector(me, d);
+            c.robust_all_reduce(&mut same, &rule, forced).await.unwrap();
+            (report.replicas, bits(&auto), bits(&same))
+        })
+        .await;
+        for (me, (replicas, auto, forced)) in results.iter().enumerate() {
+            assert_eq!(*replicas, want, "n = {n} d = {d} rank {me}");
+            assert!(auto == forced, "n = {n} d = {d} rank {me}: auto != forced");
+            assert!(auto == &results[0].1, "n = {n} d = {d} rank {me} differs");
+        }
+    }
+}
