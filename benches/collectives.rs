@@ -59,6 +59,8 @@ struct Args {
     /// memory, the fair comparison for UCX_TLS=sm / FI_PROVIDER=shm).
     mpi_btl: &'static str,
     sub_round_bytes: Option<usize>,
+    /// The median's `f` (`--f`; `None`: the most the world allows).
+    f: Option<usize>,
 }
 
 /// The transports run when `--transports` is not given: every one this build has across
@@ -209,6 +211,11 @@ struct Cli {
     /// default: the library's `SUB_ROUND_BYTES`).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     sub_round_bytes: Option<usize>,
+    /// Byzantine ranks the median tolerates (default: the most the world allows, `(n − 1)/2`,
+    /// or `(n − 1)/3` under Enforce). A smaller `f` means `2f + 1` owners per shard, fewer
+    /// than `n`: where sharded mode sends fewer bytes than gather.
+    #[arg(long)]
+    f: Option<usize>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -238,6 +245,7 @@ fn parse_args() -> Result<Args, String> {
             "tcp"
         },
         sub_round_bytes: cli.sub_round_bytes,
+        f: cli.f,
     })
 }
 
@@ -383,7 +391,14 @@ async fn worker(args: &Args) -> Result<(), String> {
     }
     let nf = n as f64;
     let enforce = comm.agreement() == byzcoll::Agreement::Enforce;
-    let f = if enforce { (n - 1) / 3 } else { (n - 1) / 2 };
+    let most = if enforce { (n - 1) / 3 } else { (n - 1) / 2 };
+    let f = match args.f {
+        Some(f) if f > most => {
+            return Err(format!("--f {f}: at most {most} with {n} ranks"));
+        }
+        Some(f) => f,
+        None => most,
+    };
     let median = Median::new(f);
     let label = std::env::var("BYZCOLL_BENCH_LABEL").ok();
     let transport: &str = match &label {
@@ -591,11 +606,12 @@ type Ours = (&'static str, usize, f64, f64, String);
 fn print_ratios(
     transports: &[&'static str],
     mpi_btl: &str,
-    ranks: usize,
+    (ranks, f): (usize, Option<usize>),
     ours: &[Ours],
     anchor: &[(usize, f64, String)],
 ) {
-    let tolerant = format!("robust_all_reduce sharded r={}", 2 * ((ranks - 1) / 2) + 1);
+    let owners = 2 * f.unwrap_or((ranks - 1) / 2) + 1;
+    let tolerant = format!("robust_all_reduce sharded r={owners}");
     let pairs: Vec<(&str, &str, String)> = vec![
         (
             "all_reduce",
@@ -620,10 +636,7 @@ fn print_ratios(
         (
             &tolerant,
             "MPI Allgather + numpy.median",
-            format!(
-                "sharded r={} median / Allgather+median",
-                2 * ((ranks - 1) / 2) + 1
-            ),
+            format!("sharded r={} median / Allgather+median", owners),
         ),
         (
             "robust_all_reduce sharded r=1",
@@ -633,10 +646,7 @@ fn print_ratios(
         (
             &tolerant,
             "MPI Allreduce",
-            format!(
-                "sharded r={} median / Allreduce SUM",
-                2 * ((ranks - 1) / 2) + 1
-            ),
+            format!("sharded r={} median / Allreduce SUM", owners),
         ),
     ];
     let mut sizes: Vec<usize> = ours.iter().filter(|r| r.4 != IDLE).map(|r| r.1).collect();
@@ -808,7 +818,13 @@ fn main() -> ExitCode {
         Vec::new()
     };
     if !anchor.is_empty() && !ours.is_empty() {
-        print_ratios(&args.transports, args.mpi_btl, args.ranks, &ours, &anchor);
+        print_ratios(
+            &args.transports,
+            args.mpi_btl,
+            (args.ranks, args.f),
+            &ours,
+            &anchor,
+        );
     }
     let mut table = rows::Rows::new(
         "collectives",
