@@ -3,8 +3,7 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
 
-use byzcoll_rs::aggregators::AggError;
-use byzcoll_rs::{BootstrapError, Error, Fault, PeerFault};
+use byzcoll_rs::{Error, ErrorKind, PeerFault};
 
 /// What a call returns.
 #[repr(C)]
@@ -74,39 +73,22 @@ impl Failure {
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
-        let status = match &e {
-            Error::InvalidUsage(_) => BYZCOLL_INVALID_ARGUMENT,
-            Error::PeerFaults { faults, .. }
-                if faults.iter().all(|f| f.fault == Fault::Missing) =>
-            {
-                BYZCOLL_TIMEOUT
-            }
-            Error::PeerFaults { .. } | Error::Transport(_) => BYZCOLL_TRANSPORT,
-            Error::TooManyFaults { .. } | Error::ShardLost { .. } => BYZCOLL_TOO_MANY_FAULTS,
-            Error::Disagreement { .. } => BYZCOLL_DISAGREEMENT,
-            Error::Excluded { .. } => BYZCOLL_EXCLUDED,
-            Error::Aggregation(AggError::Precondition { .. }) => BYZCOLL_PRECONDITION,
-            Error::Aggregation(AggError::InvalidSpec(_) | AggError::LengthMismatch { .. }) => {
-                BYZCOLL_INVALID_ARGUMENT
-            }
-            Error::Aggregation(AggError::Unsupported { .. }) => BYZCOLL_UNSUPPORTED,
-            Error::Aggregation(AggError::Backend { .. }) => BYZCOLL_DEVICE,
-            Error::Aggregation(_) => BYZCOLL_TOO_MANY_FAULTS,
-            Error::Bootstrap(BootstrapError::NoSecret | BootstrapError::Auth(_)) => {
-                BYZCOLL_UNAUTHENTICATED
-            }
-            Error::Bootstrap(_) => BYZCOLL_BOOTSTRAP,
-            Error::Unsupported(_) => BYZCOLL_UNSUPPORTED,
+        let status = match e.kind() {
+            ErrorKind::InvalidUsage => BYZCOLL_INVALID_ARGUMENT,
+            ErrorKind::Precondition => BYZCOLL_PRECONDITION,
+            ErrorKind::TooManyFaults => BYZCOLL_TOO_MANY_FAULTS,
+            ErrorKind::Disagreement => BYZCOLL_DISAGREEMENT,
+            ErrorKind::Excluded => BYZCOLL_EXCLUDED,
+            ErrorKind::Timeout => BYZCOLL_TIMEOUT,
+            ErrorKind::Transport => BYZCOLL_TRANSPORT,
+            ErrorKind::Unauthenticated => BYZCOLL_UNAUTHENTICATED,
+            ErrorKind::Bootstrap => BYZCOLL_BOOTSTRAP,
+            ErrorKind::Unsupported => BYZCOLL_UNSUPPORTED,
+            ErrorKind::Device => BYZCOLL_DEVICE,
             _ => BYZCOLL_INTERNAL,
         };
-        let faults = match &e {
-            Error::PeerFaults { faults, .. }
-            | Error::TooManyFaults { faults, .. }
-            | Error::ShardLost { faults, .. } => faults.clone(),
-            _ => Vec::new(),
-        };
         Failure {
-            faults,
+            faults: e.faults().to_vec(),
             ..Failure::new(status, e.to_string())
         }
     }

@@ -267,5 +267,132 @@ pub enum Error {
     Background(String),
 }
 
+/// What kind of failure an [`Error`] is, for bindings that report it as a status code or an
+/// exception class (the C ABI's `byzcoll_status_t`, Python's exceptions): one table, so that
+/// every binding classifies alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The caller broke the API's contract (an argument, a closed communicator, a rule's
+    /// parameter or an input's length).
+    InvalidUsage,
+    /// The rule's precondition does not hold for the world size.
+    Precondition,
+    /// Too many peers failed the round (or a shard lost every owner), or the inputs that
+    /// arrived were too many non-finite ones for the rule.
+    TooManyFaults,
+    /// The honest ranks' results differ ([`Error::Disagreement`]).
+    Disagreement,
+    /// The other ranks shrank the communicator without this rank.
+    Excluded,
+    /// Peers were missing at the deadline and nothing else went wrong.
+    Timeout,
+    /// Peers misbehaved, or the transport failed.
+    Transport,
+    /// The job's secret was missing or a peer failed authentication.
+    Unauthenticated,
+    /// Joining the job failed otherwise.
+    Bootstrap,
+    /// This build, transport or rule cannot do what was asked.
+    Unsupported,
+    /// The device or library that runs a rule (CUDA driver, NVRTC) failed.
+    Device,
+    /// Anything else (a bug, or a task that ended first).
+    Internal,
+}
+
+impl Error {
+    /// The kind of failure, as bindings report it.
+    pub fn kind(&self) -> ErrorKind {
+        use byzcoll_aggregators::AggError;
+        match self {
+            Error::InvalidUsage(_) => ErrorKind::InvalidUsage,
+            Error::PeerFaults { faults, .. }
+                if faults.iter().all(|f| f.fault == Fault::Missing) =>
+            {
+                ErrorKind::Timeout
+            }
+            Error::PeerFaults { .. } | Error::Transport(_) => ErrorKind::Transport,
+            Error::TooManyFaults { .. } | Error::ShardLost { .. } => ErrorKind::TooManyFaults,
+            Error::Disagreement { .. } => ErrorKind::Disagreement,
+            Error::Excluded { .. } => ErrorKind::Excluded,
+            Error::Aggregation(AggError::Precondition { .. }) => ErrorKind::Precondition,
+            Error::Aggregation(AggError::InvalidSpec(_) | AggError::LengthMismatch { .. }) => {
+                ErrorKind::InvalidUsage
+            }
+            Error::Aggregation(AggError::Unsupported { .. }) | Error::Unsupported(_) => {
+                ErrorKind::Unsupported
+            }
+            Error::Aggregation(AggError::Backend { .. }) => ErrorKind::Device,
+            Error::Aggregation(_) => ErrorKind::TooManyFaults,
+            Error::Bootstrap(BootstrapError::NoSecret | BootstrapError::Auth(_)) => {
+                ErrorKind::Unauthenticated
+            }
+            Error::Bootstrap(_) => ErrorKind::Bootstrap,
+            Error::Background(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// The peers at fault that the error names (empty where it names none).
+    pub fn faults(&self) -> &[PeerFault] {
+        match self {
+            Error::PeerFaults { faults, .. }
+            | Error::TooManyFaults { faults, .. }
+            | Error::ShardLost { faults, .. } => faults,
+            _ => &[],
+        }
+    }
+}
+
 /// Result alias for byzcoll's collectives.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use byzcoll_aggregators::AggError;
+
+    fn peer(rank: Rank, fault: Fault) -> PeerFault {
+        PeerFault { rank, fault }
+    }
+
+    /// The kinds bindings map to statuses and exceptions: peers that are only missing are a
+    /// timeout, any other peer fault a transport error, and the faults named come along.
+    #[test]
+    fn every_error_has_the_kind_bindings_report() {
+        let faults = |fs: Vec<PeerFault>| Error::PeerFaults {
+            collective: "all_reduce",
+            step: 0,
+            faults: fs,
+        };
+        let missing = faults(vec![peer(1, Fault::Missing), peer(2, Fault::Missing)]);
+        assert_eq!(missing.kind(), ErrorKind::Timeout);
+        assert_eq!(missing.faults().len(), 2);
+        let mixed = faults(vec![peer(1, Fault::Missing), peer(2, Fault::Late)]);
+        assert_eq!(mixed.kind(), ErrorKind::Transport);
+        let backend = Error::Aggregation(AggError::Backend {
+            rule: "median".into(),
+            backend: "CUDA",
+            message: "out of memory".into(),
+        });
+        assert_eq!(backend.kind(), ErrorKind::Device);
+        assert!(backend.faults().is_empty());
+        let cases = [
+            (Error::InvalidUsage("x".into()), ErrorKind::InvalidUsage),
+            (Error::Unsupported("x".into()), ErrorKind::Unsupported),
+            (Error::Excluded { kept: vec![0] }, ErrorKind::Excluded),
+            (
+                Error::Bootstrap(BootstrapError::NoSecret),
+                ErrorKind::Unauthenticated,
+            ),
+            (Error::Background("gone".into()), ErrorKind::Internal),
+            (
+                Error::Aggregation(AggError::InvalidSpec("x".into())),
+                ErrorKind::InvalidUsage,
+            ),
+        ];
+        for (e, kind) in cases {
+            assert_eq!(e.kind(), kind, "{e}");
+        }
+    }
+}

@@ -23,7 +23,9 @@ pub mod round;
 pub mod schedule;
 
 pub use attribution::{Attribution, InputEvidence, OUTLYING_SCORE};
-pub use error::{BootstrapError, Error, Fault, Faults, PeerFault, Result, TransportError};
+pub use error::{
+    BootstrapError, Error, ErrorKind, Fault, Faults, PeerFault, Result, TransportError,
+};
 pub use ids::{Grace, MsgKey, Quorum, Rank, RecvOp, Tag, STREAM_BITS};
 pub use policy::{
     Agreement, AgreementReport, IdentityMode, Policy, Replicas, RoundReport, RoundStats,

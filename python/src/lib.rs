@@ -83,36 +83,28 @@ fn faults_list(faults: &[byzcoll::PeerFault]) -> Vec<(usize, String, String)> {
 
 /// A Rust error as the matching Python exception, with its structured fields as attributes.
 fn to_py(py: Python<'_>, e: byzcoll::Error) -> PyErr {
-    use byzcoll::aggregators::AggError;
     use byzcoll::Error as E;
+    use byzcoll::ErrorKind as K;
     let message = e.to_string();
-    let (err, faults) = match &e {
-        E::InvalidUsage(_) => (InvalidUsage::new_err(message), None),
-        E::TooManyFaults { faults, .. } | E::ShardLost { faults, .. } => {
-            (TooManyFaults::new_err(message), Some(faults.clone()))
-        }
-        E::PeerFaults { faults, .. } => (TransportError::new_err(message), Some(faults.clone())),
-        E::Disagreement { .. } => (DisagreementError::new_err(message), None),
-        E::Aggregation(AggError::Precondition { .. }) => {
-            (PreconditionError::new_err(message), None)
-        }
-        E::Aggregation(AggError::InvalidSpec(_) | AggError::LengthMismatch { .. }) => {
-            (InvalidUsage::new_err(message), None)
-        }
-        E::Aggregation(AggError::Unsupported { .. }) | E::Unsupported(_) => {
-            (UnsupportedError::new_err(message), None)
-        }
-        E::Aggregation(_) => (TooManyFaults::new_err(message), None),
-        E::Transport(_) => (TransportError::new_err(message), None),
-        E::Bootstrap(_) => (BootstrapError::new_err(message), None),
-        E::Excluded { .. } => (ExcludedError::new_err(message), None),
-        _ => (Error::new_err(message), None),
+    // One table for every binding (`Error::kind`); a timeout is a transport error here, a
+    // missing secret a bootstrap error, a failed device the base class.
+    let err = match e.kind() {
+        K::InvalidUsage => InvalidUsage::new_err(message),
+        K::Precondition => PreconditionError::new_err(message),
+        K::TooManyFaults => TooManyFaults::new_err(message),
+        K::Disagreement => DisagreementError::new_err(message),
+        K::Excluded => ExcludedError::new_err(message),
+        K::Timeout | K::Transport => TransportError::new_err(message),
+        K::Unauthenticated | K::Bootstrap => BootstrapError::new_err(message),
+        K::Unsupported => UnsupportedError::new_err(message),
+        _ => Error::new_err(message),
     };
+    let faults = e.faults().to_vec();
     let value = err.value(py);
     if let E::Excluded { kept } = &e {
         let _ = value.setattr("kept", kept.clone());
     }
-    let _ = value.setattr("faults", faults_list(&faults.unwrap_or_default()));
+    let _ = value.setattr("faults", faults_list(&faults));
     if let E::Disagreement {
         agreeing,
         disagreeing,

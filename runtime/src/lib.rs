@@ -26,9 +26,9 @@ mod types;
 
 pub use byzcoll_proto::schedule;
 pub use byzcoll_proto::{
-    Agreement, AgreementReport, Attribution, BootstrapError, Error, Fault, Faults, Grace,
-    IdentityMode, InputEvidence, MsgKey, PeerFault, Policy, Quorum, Rank, RecvOp, Replicas, Result,
-    RoundReport, RoundStats, Stragglers, Tag, TransportError, AUTO_GATHER_MAX_BYTES,
+    Agreement, AgreementReport, Attribution, BootstrapError, Error, ErrorKind, Fault, Faults,
+    Grace, IdentityMode, InputEvidence, MsgKey, PeerFault, Policy, Quorum, Rank, RecvOp, Replicas,
+    Result, RoundReport, RoundStats, Stragglers, Tag, TransportError, AUTO_GATHER_MAX_BYTES,
     AUTO_SHARDED_MIN_BYTES, OUTLYING_SCORE, STREAM_BITS, SUB_ROUND_BYTES,
 };
 pub use calls::call_fingerprint;
