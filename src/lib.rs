@@ -24,6 +24,7 @@
 //! }
 //! ```
 
+pub mod blocking;
 mod config;
 #[cfg(feature = "tcp")]
 mod oob;

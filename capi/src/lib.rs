@@ -18,13 +18,12 @@ mod status;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::net::IpAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::pin;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use byzcoll_rs::aggregators::{self, Params};
+use byzcoll_rs::blocking::{BlockingComm, Refused};
 use byzcoll_rs::{Agreement, Communicator, JobConfig, Policy, ReduceOp, Replicas};
 
 pub use abi::BYZCOLL_ABI_VERSION;
@@ -130,14 +129,9 @@ const RULE_PARAMS_INIT: byzcoll_rule_params_t = byzcoll_rule_params_t {
 /// A communicator: one rank's membership in a job. Opaque.
 #[derive(Debug)]
 pub struct byzcoll_comm_t {
-    /// Shared with the communicators made from this one (`byzcoll_comm_shrink`), whose
-    /// transport's tasks run on it.
-    runtime: Arc<tokio::runtime::Runtime>,
-    comm: Mutex<Option<Communicator>>,
-    rank: usize,
-    size: usize,
-    aborted: AtomicBool,
-    abort: tokio::sync::Notify,
+    /// The communicator and its runtime (shared with the communicators made from this one,
+    /// `byzcoll_comm_shrink`).
+    inner: BlockingComm,
     last_error: Mutex<std::ffi::CString>,
 }
 
@@ -199,33 +193,9 @@ unsafe fn guard_comm(
 impl byzcoll_comm_t {
     fn new(runtime: Arc<tokio::runtime::Runtime>, comm: Communicator) -> Box<Self> {
         Box::new(byzcoll_comm_t {
-            rank: comm.rank(),
-            size: comm.size(),
-            runtime,
-            comm: Mutex::new(Some(comm)),
-            aborted: AtomicBool::new(false),
-            abort: tokio::sync::Notify::new(),
+            inner: BlockingComm::new(runtime, comm),
             last_error: Mutex::default(),
         })
-    }
-
-    /// Closes the connections (once a collective in progress has returned), inside the
-    /// runtime that the transport's tasks belong to. `flush`: first let the transport finish
-    /// what the last calls left in flight ([`Communicator::close`]; bounded), as finalizing
-    /// does; an abort does not wait.
-    fn close(&self, flush: bool) {
-        let c = self
-            .comm
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match c {
-            Some(c) if flush => self.runtime.block_on(c.close()),
-            c => {
-                let _entered = self.runtime.enter();
-                drop(c);
-            }
-        }
     }
 
     /// Runs one collective on the communicator, unless it is or gets aborted.
@@ -233,44 +203,19 @@ impl byzcoll_comm_t {
         &self,
         op: impl AsyncFnOnce(&mut Communicator) -> byzcoll_rs::Result<T>,
     ) -> Result<T, Failure> {
-        let mut slot = match self.comm.lock() {
-            Ok(slot) => slot,
-            Err(poisoned) => {
-                // A collective panicked half-way: its numbering and mailboxes are mid-round,
-                // so the communicator cannot go on in step with the others.
-                let mut slot = poisoned.into_inner();
-                let broken = slot.take();
-                let _entered = self.runtime.enter();
-                drop(broken);
-                self.aborted.store(true, Ordering::SeqCst);
-                return Err(Failure::new(
-                    BYZCOLL_INTERNAL,
-                    "an earlier call on this communicator failed inside a collective (a bug); \
-                     it is closed: finalize it",
-                ));
-            }
-        };
-        let comm = slot.as_mut().ok_or_else(Failure::aborted)?;
-        self.runtime.block_on(async {
-            let mut aborted = pin!(self.abort.notified());
-            aborted.as_mut().enable();
-            if self.aborted.load(Ordering::SeqCst) {
-                return Err(Failure::aborted());
-            }
-            tokio::select! {
-                r = op(comm) => r.map_err(Failure::from),
-                () = aborted => Err(Failure::aborted()),
+        self.inner.run(op).map_err(|refused| match refused {
+            Refused::Failed(e) => Failure::from(e),
+            // Only an abort or a panic closes a communicator before it is finalized.
+            Refused::Closed | Refused::Aborted => Failure::aborted(),
+            Refused::Panicked(_) => {
+                Failure::new(BYZCOLL_INTERNAL, format!("{refused}: finalize it"))
             }
         })
     }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("byzcoll")
-        .enable_all()
-        .build()
+    byzcoll_rs::blocking::runtime(2)
         .map_err(|e| Failure::new(BYZCOLL_INTERNAL, format!("cannot start threads: {e}")))
 }
 
@@ -477,7 +422,7 @@ pub unsafe extern "C" fn byzcoll_comm_finalize(comm: *mut byzcoll_comm_t) -> byz
     guard(|| {
         // SAFETY: the caller hands over a live communicator.
         let comm = unsafe { Box::from_raw(comm) };
-        comm.close(true);
+        comm.inner.close();
         Ok(())
     })
 }
@@ -497,9 +442,7 @@ pub unsafe extern "C" fn byzcoll_comm_abort(comm: *mut byzcoll_comm_t) -> byzcol
     // SAFETY: forwarded.
     unsafe {
         guard_comm(comm, |comm| {
-            comm.aborted.store(true, Ordering::SeqCst);
-            comm.abort.notify_waiters();
-            comm.close(false);
+            comm.inner.abort();
             Ok(())
         })
     }
@@ -514,7 +457,7 @@ pub unsafe extern "C" fn byzcoll_comm_abort(comm: *mut byzcoll_comm_t) -> byzcol
 #[no_mangle]
 pub unsafe extern "C" fn byzcoll_comm_rank(comm: *const byzcoll_comm_t) -> i32 {
     // SAFETY: null or live.
-    unsafe { comm.as_ref() }.map_or(-1, |c| c.rank as i32)
+    unsafe { comm.as_ref() }.map_or(-1, |c| c.inner.rank() as i32)
 }
 
 /// The number of ranks in `comm`, or -1 when `comm` is NULL.
@@ -526,7 +469,7 @@ pub unsafe extern "C" fn byzcoll_comm_rank(comm: *const byzcoll_comm_t) -> i32 {
 #[no_mangle]
 pub unsafe extern "C" fn byzcoll_comm_size(comm: *const byzcoll_comm_t) -> i32 {
     // SAFETY: null or live.
-    unsafe { comm.as_ref() }.map_or(-1, |c| c.size as i32)
+    unsafe { comm.as_ref() }.map_or(-1, |c| c.inner.size() as i32)
 }
 
 /// The message of the last failed call on `comm` ("" if none, "comm is NULL" for NULL), copied
@@ -742,8 +685,11 @@ pub unsafe extern "C" fn byzcoll_all_gather(
     unsafe {
         guard_comm(comm, |comm| {
             let dtype = DType::parse(dtype)?;
-            let total = count.checked_mul(comm.size).ok_or_else(|| {
-                Failure::invalid(format!("count {count} x {} ranks overflows", comm.size))
+            let total = count.checked_mul(comm.inner.size()).ok_or_else(|| {
+                Failure::invalid(format!(
+                    "count {count} x {} ranks overflows",
+                    comm.inner.size()
+                ))
             })?;
             let send_len = buffers::check(sendbuf, count, dtype, "sendbuf")?;
             let recv_len = buffers::check(recvbuf, total, dtype, "recvbuf")?;
@@ -791,7 +737,7 @@ pub unsafe extern "C" fn byzcoll_comm_shrink(
                 return Err(Failure::invalid("comm is NULL"));
             };
             let sub = parent.run(async |c| c.shrink().await)?;
-            Ok(byzcoll_comm_t::new(parent.runtime.clone(), sub))
+            Ok(byzcoll_comm_t::new(parent.inner.runtime().clone(), sub))
         })
     }
 }

@@ -3,9 +3,8 @@
 //! talk), reports, and an exception hierarchy mirroring `byzcoll::Error`. The Python package
 //! (`pysrc/byzcoll`) wraps it: torch tensors, mpi4py bootstrap, type stubs.
 
-use std::sync::{Mutex, PoisonError};
-
 use byzcoll::aggregators::{self, Aggregator, Params};
+use byzcoll::blocking::{BlockingComm, Refused};
 use byzcoll::{
     Communicator, Fault, JobConfig, Policy, ReduceOp, Replicas, RoundReport, Stragglers, Symptom,
 };
@@ -363,21 +362,15 @@ fn array(x: &Bound<'_, PyAny>, writable: bool) -> PyResult<Array> {
 /// One rank's membership in a job. Create with `byzcoll.init()` or `byzcoll.init_mpi4py()`.
 #[pyclass(module = "byzcoll", name = "Communicator")]
 struct PyCommunicator {
-    /// Shared with the communicators made from this one (`shrink`), whose transport's tasks
-    /// run on it.
-    runtime: std::sync::Arc<tokio::runtime::Runtime>,
-    comm: Mutex<Option<Communicator>>,
-    rank: usize,
-    size: usize,
+    /// The communicator and its runtime (shared with the communicators made from this one,
+    /// `shrink`).
+    inner: BlockingComm,
 }
 
 impl PyCommunicator {
     fn new(runtime: std::sync::Arc<tokio::runtime::Runtime>, comm: Communicator) -> Self {
         PyCommunicator {
-            rank: comm.rank(),
-            size: comm.size(),
-            runtime,
-            comm: Mutex::new(Some(comm)),
+            inner: BlockingComm::new(runtime, comm),
         }
     }
 
@@ -389,45 +382,30 @@ impl PyCommunicator {
         T: Send + 'static,
         F: std::future::Future<Output = (Communicator, byzcoll::Result<T>)> + Send + 'static,
     {
-        let result = py.detach(|| {
-            let mut slot = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
-            let comm = slot.take()?;
-            let task = self.runtime.spawn(op(comm));
-            Some(match self.runtime.block_on(task) {
-                Ok((comm, result)) => {
-                    *slot = Some(comm);
-                    Ok(result)
-                }
-                // The communicator went down with the task: later calls find it closed.
-                Err(e) => Err(e.to_string()),
-            })
-        });
-        match result {
-            None => Err(InvalidUsage::new_err("the communicator is closed")),
-            Some(Err(panic)) => Err(Error::new_err(format!(
-                "the collective panicked ({panic}); the communicator is closed"
-            ))),
-            Some(Ok(r)) => r.map_err(|e| to_py(py, e)),
-        }
+        py.detach(|| self.inner.run_task(op))
+            .map_err(|refused| refused_to_py(py, refused))
     }
 
     /// `op` on the communicator, here and now (no collective).
     fn with_comm<T>(&self, op: impl FnOnce(&mut Communicator) -> T) -> PyResult<T> {
-        let mut slot = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
-        match slot.as_mut() {
-            Some(c) => Ok(op(c)),
-            None => Err(InvalidUsage::new_err("the communicator is closed")),
-        }
+        self.inner
+            .with_comm(op)
+            .map_err(|refused| Python::attach(|py| refused_to_py(py, refused)))
+    }
+}
+
+/// A refused call as the Python exception: the collective's own error, or `InvalidUsage` for a
+/// closed communicator (Python has no abort), `Error` for a panic.
+fn refused_to_py(py: Python<'_>, refused: Refused) -> PyErr {
+    match refused {
+        Refused::Failed(e) => to_py(py, e),
+        Refused::Closed | Refused::Aborted => InvalidUsage::new_err(refused.to_string()),
+        Refused::Panicked(_) => Error::new_err(refused.to_string()),
     }
 }
 
 fn runtime() -> PyResult<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("byzcoll")
-        .enable_all()
-        .build()
-        .map_err(|e| Error::new_err(format!("cannot start threads: {e}")))
+    byzcoll::blocking::runtime(1).map_err(|e| Error::new_err(format!("cannot start threads: {e}")))
 }
 
 fn rule(name: &str, f: usize, m: Option<usize>, tau: Option<f64>) -> PyResult<Box<dyn Aggregator>> {
@@ -458,13 +436,13 @@ impl PyCommunicator {
     /// This process's rank.
     #[getter]
     fn rank(&self) -> usize {
-        self.rank
+        self.inner.rank()
     }
 
     /// The number of ranks.
     #[getter]
     fn size(&self) -> usize {
-        self.size
+        self.inner.size()
     }
 
     /// Robust all-reduce in place: `x` (a writable, C-contiguous float32 or float64 numpy
@@ -671,7 +649,7 @@ impl PyCommunicator {
             let r = c.shrink().await;
             (c, r)
         })?;
-        Ok(PyCommunicator::new(self.runtime.clone(), sub))
+        Ok(PyCommunicator::new(self.inner.runtime().clone(), sub))
     }
 
     /// Blocks until every rank has entered the barrier.
@@ -686,20 +664,15 @@ impl PyCommunicator {
     /// flight is delivered first (over TCP, until the peers have read it and closed too, for
     /// at most 10 s).
     fn close(&self, py: Python<'_>) {
-        py.detach(|| {
-            let c = self
-                .comm
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            if let Some(c) = c {
-                self.runtime.block_on(c.close());
-            }
-        });
+        py.detach(|| self.inner.close());
     }
 
     fn __repr__(&self) -> String {
-        format!("Communicator(rank={}, size={})", self.rank, self.size)
+        format!(
+            "Communicator(rank={}, size={})",
+            self.inner.rank(),
+            self.inner.size()
+        )
     }
 }
 
