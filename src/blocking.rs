@@ -10,14 +10,19 @@
 //! progress and every later one, and a call that panicked closes the communicator (its
 //! numbering and mailboxes are mid-round, so it cannot go on in step with the other ranks).
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
 use crate::{Communicator, Error, Rank};
+
+/// A call's future, as [`BlockingComm::run_task`] and [`BlockingComm::start`] take it:
+/// `|comm| Box::pin(async move { ... })`.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// Why a call on a [`BlockingComm`] returned no result.
 #[derive(Debug)]
@@ -70,11 +75,96 @@ pub struct BlockingComm {
     /// Shared with the communicators made from this one (a shrink), whose transport's tasks
     /// run on it.
     runtime: Arc<Runtime>,
-    comm: Mutex<Option<Communicator>>,
+    shared: Arc<Shared>,
     rank: Rank,
     size: usize,
+}
+
+/// What a call's task shares with the [`BlockingComm`].
+#[derive(Debug)]
+struct Shared {
+    /// The communicator while no call holds it; `None` once closed.
+    comm: Mutex<Option<Communicator>>,
+    /// Calls take turns in the order they were made: the next ticket to hand out, and the
+    /// ticket whose turn it is.
+    next: AtomicU64,
+    serving: AtomicU64,
+    turn: Notify,
     aborted: AtomicBool,
     abort: Notify,
+}
+
+impl Shared {
+    fn slot(&self) -> MutexGuard<'_, Option<Communicator>> {
+        self.comm.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for `ticket`'s turn (or an abort), then takes the communicator; the returned
+    /// turn gives it back and lets the next call go when dropped, also by a panic.
+    async fn turn(&self, ticket: u64) -> Result<Turn<'_>, Refused> {
+        loop {
+            let mut next = pin!(self.turn.notified());
+            next.as_mut().enable();
+            if self.serving.load(Ordering::SeqCst) == ticket {
+                break;
+            }
+            next.await;
+        }
+        let mut turn = Turn {
+            shared: self,
+            comm: None,
+        };
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(Refused::Aborted);
+        }
+        turn.comm = Some(self.slot().take().ok_or(Refused::Closed)?);
+        Ok(turn)
+    }
+
+    /// Runs `op` on the communicator in `ticket`'s turn, unless it is or gets aborted.
+    async fn call<T>(
+        &self,
+        ticket: u64,
+        op: impl AsyncFnOnce(&mut Communicator) -> crate::Result<T>,
+    ) -> Result<T, Refused> {
+        let mut turn = self.turn(ticket).await?;
+        let comm = turn.comm.as_mut().expect("a turn holds the communicator");
+        let mut aborted = pin!(self.abort.notified());
+        aborted.as_mut().enable();
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(Refused::Aborted);
+        }
+        tokio::select! {
+            r = op(comm) => r.map_err(Refused::Failed),
+            () = aborted => {
+                // Dropped mid-call: out of step with the other ranks, so it closes.
+                turn.comm = None;
+                Err(Refused::Aborted)
+            }
+        }
+    }
+}
+
+/// A call's hold on the communicator: dropping it puts the communicator back (unless the call
+/// lost it) and hands the turn to the next call.
+struct Turn<'a> {
+    shared: &'a Shared,
+    comm: Option<Communicator>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        match self.comm.take() {
+            // A call that panicked leaves the communicator mid-round: it closes.
+            Some(_) if std::thread::panicking() => {}
+            Some(comm) if !self.shared.aborted.load(Ordering::SeqCst) => {
+                *self.shared.slot() = Some(comm);
+            }
+            _ => {}
+        }
+        self.shared.serving.fetch_add(1, Ordering::SeqCst);
+        self.shared.turn.notify_waiters();
+    }
 }
 
 impl BlockingComm {
@@ -84,9 +174,14 @@ impl BlockingComm {
             rank: comm.rank(),
             size: comm.size(),
             runtime,
-            comm: Mutex::new(Some(comm)),
-            aborted: AtomicBool::new(false),
-            abort: Notify::new(),
+            shared: Arc::new(Shared {
+                comm: Mutex::new(Some(comm)),
+                next: AtomicU64::new(0),
+                serving: AtomicU64::new(0),
+                turn: Notify::new(),
+                aborted: AtomicBool::new(false),
+                abort: Notify::new(),
+            }),
         }
     }
 
@@ -105,140 +200,135 @@ impl BlockingComm {
         self.size
     }
 
-    /// The communicator's slot, closing it if a call panicked while holding it.
-    fn slot(&self) -> Result<MutexGuard<'_, Option<Communicator>>, Refused> {
-        match self.comm.lock() {
-            Ok(slot) => Ok(slot),
-            Err(poisoned) => {
-                let mut slot = poisoned.into_inner();
-                let broken = slot.take();
-                let _entered = self.runtime.enter();
-                drop(broken);
-                Err(Refused::Panicked(
-                    "an earlier call on this communicator".into(),
-                ))
-            }
-        }
+    /// A place in the order of calls, taken when the call is made.
+    fn ticket(&self) -> u64 {
+        self.shared.next.fetch_add(1, Ordering::SeqCst)
     }
 
-    /// Runs `op` on the communicator on the calling thread, unless it is or gets aborted.
+    /// Runs `op` on the communicator on the calling thread, after the calls made before it,
+    /// unless it is or gets aborted.
     ///
     /// # Errors
-    /// [`Refused::Failed`] with the call's error; [`Refused::Closed`], [`Refused::Aborted`];
-    /// [`Refused::Panicked`] when an earlier call panicked.
+    /// [`Refused::Failed`] with the call's error; [`Refused::Closed`], [`Refused::Aborted`].
     pub fn run<T>(
         &self,
         op: impl AsyncFnOnce(&mut Communicator) -> crate::Result<T>,
     ) -> Result<T, Refused> {
-        let mut slot = self.slot()?;
-        if self.aborted.load(Ordering::SeqCst) {
-            return Err(Refused::Aborted);
+        let ticket = self.ticket();
+        let shared = &self.shared;
+        match catch_unwind(AssertUnwindSafe(|| {
+            self.runtime.block_on(shared.call(ticket, op))
+        })) {
+            Ok(result) => result,
+            Err(panic) => Err(Refused::Panicked(panic_message(&*panic))),
         }
-        let comm = slot.as_mut().ok_or(Refused::Closed)?;
+    }
+
+    /// Runs a call as a task on the runtime's worker threads, as a Rust caller's would run,
+    /// after the calls made before it: the calling thread sleeps once until it is done,
+    /// rather than being woken at every step.
+    ///
+    /// # Errors
+    /// As [`BlockingComm::run`]; [`Refused::Panicked`] for a call that panicked, which closes
+    /// the communicator.
+    pub fn run_task<T, F>(&self, op: F) -> Result<T, Refused>
+    where
+        T: Send + 'static,
+        F: for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, crate::Result<T>> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.start(op, move |result| {
+            let _ = tx.send(result);
+        });
+        self.runtime
+            .block_on(rx)
+            .unwrap_or_else(|_| Err(Refused::Panicked("the call's task".into())))
+    }
+
+    /// Starts a call as a task on the runtime's worker threads, after the calls made before
+    /// it, and returns at once; `done` gets its outcome on a thread of the runtime's blocking
+    /// pool (where it may wait, say for an interpreter's lock, without holding up the
+    /// transport).
+    pub fn start<T, F>(&self, op: F, done: impl FnOnce(Result<T, Refused>) + Send + 'static)
+    where
+        T: Send + 'static,
+        F: for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, crate::Result<T>> + Send + 'static,
+    {
+        let ticket = self.ticket();
+        let shared = self.shared.clone();
+        let call = self
+            .runtime
+            .spawn(async move { shared.call(ticket, async move |c| op(c).await).await });
+        let handle = self.runtime.handle().clone();
+        self.runtime.spawn(async move {
+            let result = match call.await {
+                Ok(result) => result,
+                Err(e) => Err(Refused::Panicked(e.to_string())),
+            };
+            let _ = handle.spawn_blocking(move || done(result)).await;
+        });
+    }
+
+    /// `op` on the communicator (no collective: a setting, its health), after the calls made
+    /// before it.
+    ///
+    /// # Errors
+    /// [`Refused::Closed`] when it is closed, [`Refused::Aborted`].
+    pub fn with_comm<T>(&self, op: impl FnOnce(&mut Communicator) -> T) -> Result<T, Refused> {
+        let ticket = self.ticket();
+        let shared = &self.shared;
         self.runtime.block_on(async {
-            let mut aborted = pin!(self.abort.notified());
-            aborted.as_mut().enable();
-            if self.aborted.load(Ordering::SeqCst) {
-                return Err(Refused::Aborted);
-            }
-            tokio::select! {
-                r = op(comm) => r.map_err(Refused::Failed),
-                () = aborted => Err(Refused::Aborted),
-            }
+            let mut turn = shared.turn(ticket).await?;
+            Ok(op(turn.comm.as_mut().expect("a turn holds the communicator")))
         })
     }
 
-    /// Runs a call as a task on the runtime's worker threads, as a Rust caller's would run:
-    /// the calling thread sleeps once until it is done, rather than being woken at every step.
-    /// `op` gets the communicator and gives it back with its result.
-    ///
-    /// # Errors
-    /// As [`BlockingComm::run`]; a call that panicked closes the communicator.
-    pub fn run_task<T, F>(&self, op: impl FnOnce(Communicator) -> F) -> Result<T, Refused>
-    where
-        T: Send + 'static,
-        F: std::future::Future<Output = (Communicator, crate::Result<T>)> + Send + 'static,
-    {
-        let mut slot = self.slot()?;
-        if self.aborted.load(Ordering::SeqCst) {
-            return Err(Refused::Aborted);
-        }
-        let comm = slot.take().ok_or(Refused::Closed)?;
-        let mut task = self.runtime.spawn(op(comm));
-        let joined = self.runtime.block_on(async {
-            let mut aborted = pin!(self.abort.notified());
-            aborted.as_mut().enable();
-            if self.aborted.load(Ordering::SeqCst) {
-                task.abort();
-            }
-            tokio::select! {
-                joined = &mut task => joined,
-                () = aborted => {
-                    // The call's task drops the communicator (and so its connections).
-                    task.abort();
-                    task.await
-                }
-            }
-        });
-        match joined {
-            Ok((comm, result)) => {
-                *slot = Some(comm);
-                result.map_err(Refused::Failed)
-            }
-            Err(e) if e.is_cancelled() => Err(Refused::Aborted),
-            // The communicator went down with the task: later calls find it closed.
-            Err(e) => Err(Refused::Panicked(e.to_string())),
-        }
-    }
-
-    /// `op` on the communicator, here and now (no collective).
-    ///
-    /// # Errors
-    /// [`Refused::Closed`] (or [`Refused::Panicked`]) when there is none.
-    pub fn with_comm<T>(&self, op: impl FnOnce(&mut Communicator) -> T) -> Result<T, Refused> {
-        let mut slot = self.slot()?;
-        slot.as_mut().map(op).ok_or(Refused::Closed)
-    }
-
-    /// Closes the communicator once a call in progress has returned: first lets the transport
+    /// Closes the communicator after the calls made before it: first lets the transport
     /// finish what the last calls left in flight ([`Communicator::close`]; bounded). Later
     /// calls are [`Refused::Closed`].
     pub fn close(&self) {
-        let comm = self
-            .comm
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(comm) = comm {
-            self.runtime.block_on(comm.close());
-        }
+        let ticket = self.ticket();
+        let shared = &self.shared;
+        self.runtime.block_on(async {
+            if let Ok(mut turn) = shared.turn(ticket).await {
+                if let Some(comm) = turn.comm.take() {
+                    comm.close().await;
+                }
+            }
+        });
     }
 
-    /// Aborts: a call in progress on another thread returns [`Refused::Aborted`] (this waits
-    /// for it), the connections close at once (peers see this rank as missing), and every
-    /// later call is refused the same way.
+    /// Aborts: a call in progress on another thread returns [`Refused::Aborted`], the
+    /// connections close at once (peers see this rank as missing), and every later call, and
+    /// every call waiting its turn, is refused the same way.
     pub fn abort(&self) {
-        self.aborted.store(true, Ordering::SeqCst);
-        self.abort.notify_waiters();
-        let comm = self
-            .comm
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        self.shared.aborted.store(true, Ordering::SeqCst);
+        self.shared.abort.notify_waiters();
+        let comm = self.shared.slot().take();
         let _entered = self.runtime.enter();
         drop(comm);
     }
 
     /// Whether [`BlockingComm::abort`] was called.
     pub fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::SeqCst)
+        self.shared.aborted.load(Ordering::SeqCst)
     }
+}
+
+/// What a panic said, where it said something.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::transports::local::LocalTransport;
+    use crate::ReduceOp;
     use std::time::Duration;
 
     /// Two ranks of an in-process job, each a blocking communicator on its own runtime.
@@ -253,50 +343,60 @@ mod tests {
             .collect()
     }
 
-    /// Calls run on both threads' communicators, by the caller's thread and as a task alike;
-    /// a closed communicator refuses calls and keeps its rank and size.
+    /// A sum of `x` over the ranks, as a task.
+    fn sum(
+        x: f32,
+    ) -> impl for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, crate::Result<f32>> {
+        move |comm| {
+            Box::pin(async move {
+                let mut v = [x];
+                comm.all_reduce(&mut v, ReduceOp::Sum).await?;
+                Ok(v[0])
+            })
+        }
+    }
+
+    /// Calls run in the order they are made, whichever way: three started (returning at once)
+    /// then one on the caller's thread and one as a task; every rank's k-th call meets the
+    /// other's. A closed communicator refuses calls and keeps its rank and size.
     #[test]
-    fn calls_run_both_ways_and_a_closed_communicator_refuses_them() {
+    fn calls_run_in_the_order_they_are_made_and_a_closed_communicator_refuses_them() {
         let comms = pair();
-        let sums: Vec<_> = std::thread::scope(|s| {
+        let results: Vec<_> = std::thread::scope(|s| {
             let handles: Vec<_> = comms
                 .iter()
                 .map(|c| {
                     s.spawn(move || {
-                        let mut v = [c.rank() as f32 + 1.0];
-                        c.run(async |comm| comm.all_reduce(&mut v, crate::ReduceOp::Sum).await)
+                        let (tx, rx) = std::sync::mpsc::channel();
+                        for k in 0..3 {
+                            let tx = tx.clone();
+                            let x = (10 * k + c.rank()) as f32;
+                            c.start(sum(x), move |r| tx.send((k, r.unwrap())).unwrap());
+                        }
+                        let mut v = [100.0 + c.rank() as f32];
+                        c.run(async |comm| comm.all_reduce(&mut v, ReduceOp::Sum).await)
                             .unwrap();
-                        let w = c
-                            .run_task(|mut comm| async move {
-                                let mut w = [10.0f32];
-                                let r = comm.all_reduce(&mut w, crate::ReduceOp::Sum).await;
-                                (comm, r.map(|()| w[0]))
-                            })
-                            .unwrap();
-                        (v[0], w)
+                        let last = c.run_task(sum(1000.0)).unwrap();
+                        let mut started: Vec<_> = rx.iter().take(3).collect();
+                        started.sort_by_key(|&(k, _)| k);
+                        (started, v[0], last)
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        assert_eq!(sums, vec![(3.0, 20.0), (3.0, 20.0)]);
-        for c in &comms {
+        for (started, v, last) in &results {
+            assert_eq!(started, &vec![(0, 1.0), (1, 21.0), (2, 41.0)]);
+            assert_eq!((*v, *last), (201.0, 2000.0));
+        }
+        for (me, c) in comms.iter().enumerate() {
             c.close();
             assert!(matches!(
                 c.run(async |comm| comm.barrier().await),
                 Err(Refused::Closed)
             ));
-            assert!(matches!(
-                c.run_task(|mut comm| async move {
-                    let r = comm.barrier().await;
-                    (comm, r)
-                }),
-                Err(Refused::Closed)
-            ));
-            assert_eq!(
-                (c.rank(), c.size()),
-                (comms.iter().position(|x| std::ptr::eq(x, c)).unwrap(), 2)
-            );
+            assert!(matches!(c.run_task(sum(1.0)), Err(Refused::Closed)));
+            assert_eq!((c.rank(), c.size()), (me, 2));
         }
     }
 
@@ -316,12 +416,7 @@ mod tests {
             let outcome = std::thread::scope(|s| {
                 let call = s.spawn(|| {
                     if as_task {
-                        alone
-                            .run_task(|mut comm| async move {
-                                let r = comm.barrier().await;
-                                (comm, r)
-                            })
-                            .map(|_| ())
+                        alone.run_task(sum(1.0)).map(|_| ())
                     } else {
                         alone.run(async |comm| comm.barrier().await)
                     }

@@ -4,7 +4,7 @@
 //! (`pysrc/byzcoll`) wraps it: torch tensors, mpi4py bootstrap, type stubs.
 
 use byzcoll::aggregators::{self, Aggregator, Params};
-use byzcoll::blocking::{BlockingComm, Refused};
+use byzcoll::blocking::{BlockingComm, BoxFuture as CallFuture, Refused};
 use byzcoll::{
     Communicator, Fault, JobConfig, Policy, ReduceOp, Replicas, RoundReport, Stragglers, Symptom,
 };
@@ -377,10 +377,12 @@ impl PyCommunicator {
     /// Runs a collective with the GIL released, as a task on the runtime's worker threads (as a
     /// Rust caller's would run): the calling thread sleeps once until it is done, instead of
     /// being woken at every step of the collective. `op` gets the communicator and gives it back.
-    fn run<T, F>(&self, py: Python<'_>, op: impl FnOnce(Communicator) -> F + Send) -> PyResult<T>
+    fn run<T, F>(&self, py: Python<'_>, op: F) -> PyResult<T>
     where
         T: Send + 'static,
-        F: std::future::Future<Output = (Communicator, byzcoll::Result<T>)> + Send + 'static,
+        F: for<'a> FnOnce(&'a mut Communicator) -> CallFuture<'a, byzcoll::Result<T>>
+            + Send
+            + 'static,
     {
         py.detach(|| self.inner.run_task(op))
             .map_err(|refused| refused_to_py(py, refused))
@@ -465,20 +467,90 @@ impl PyCommunicator {
         let policy = crate::policy(policy, replicas)?;
         // `x` stays referenced (and so alive) on this stack frame until the task is done.
         let report = match array(x, true)? {
-            Array::F32(p, n) => self.run(py, move |mut c| async move {
-                // SAFETY: `x` is a live, writable, contiguous float32 array of `n` elements.
-                let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
-                let r = c.robust_all_reduce(buf, rule.as_ref(), policy).await;
-                (c, r)
+            Array::F32(p, n) => self.run(py, move |c| {
+                Box::pin(async move {
+                    // SAFETY: `x` is a live, writable, contiguous float32 array of `n` elements.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
+                    let r = c.robust_all_reduce(buf, rule.as_ref(), policy).await;
+                    r
+                })
             })?,
-            Array::F64(p, n) => self.run(py, move |mut c| async move {
-                // SAFETY: as above, float64.
-                let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
-                let r = c.robust_all_reduce(buf, rule.as_ref(), policy).await;
-                (c, r)
+            Array::F64(p, n) => self.run(py, move |c| {
+                Box::pin(async move {
+                    // SAFETY: as above, float64.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
+                    let r = c.robust_all_reduce(buf, rule.as_ref(), policy).await;
+                    r
+                })
             })?,
         };
         Ok(report.into())
+    }
+
+    /// Starts `robust_all_reduce(x, ...)` after the calls made before it and returns at once:
+    /// the calls of a communicator run in the order they are made, whichever way they are
+    /// made. `done(report, error)` is called once it has run, on a thread of byzcoll's, with
+    /// the Report and None, or None and the exception; `x` is kept alive until then and must
+    /// not be touched meanwhile. (What `byzcoll.torch.robust_all_reduce_async` runs on.)
+    #[pyo3(signature = (x, rule, f, done, *, policy="gather", replicas=None, m=None, tau=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn _start_robust_all_reduce(
+        &self,
+        x: &Bound<'_, PyAny>,
+        rule: &str,
+        f: usize,
+        done: Py<PyAny>,
+        policy: &str,
+        replicas: Option<usize>,
+        m: Option<usize>,
+        tau: Option<f64>,
+    ) -> PyResult<()> {
+        let rule = crate::rule(rule, f, m, tau)?;
+        let policy = crate::policy(policy, replicas)?;
+        let kept = x.clone().unbind();
+        let finish = move |result: Result<RoundReport, Refused>| {
+            Python::attach(|py| {
+                let args = match result {
+                    Ok(report) => {
+                        Py::new(py, Report::from(report)).map(|r| (r.into_any(), py.None()))
+                    }
+                    Err(refused) => Ok((
+                        py.None(),
+                        refused_to_py(py, refused).into_value(py).into_any(),
+                    )),
+                };
+                let called = args.and_then(|args| done.call1(py, args));
+                if let Err(e) = called {
+                    e.write_unraisable(py, None);
+                }
+                // The array is released with the interpreter's lock held.
+                drop(kept);
+            });
+        };
+        match array(x, true)? {
+            Array::F32(p, n) => self.inner.start(
+                move |c| {
+                    Box::pin(async move {
+                        // SAFETY: `x` is a live, writable, contiguous float32 array of `n`
+                        // elements, kept alive until `done` has run.
+                        let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
+                        c.robust_all_reduce(buf, rule.as_ref(), policy).await
+                    })
+                },
+                finish,
+            ),
+            Array::F64(p, n) => self.inner.start(
+                move |c| {
+                    Box::pin(async move {
+                        // SAFETY: as above, float64.
+                        let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
+                        c.robust_all_reduce(buf, rule.as_ref(), policy).await
+                    })
+                },
+                finish,
+            ),
+        }
+        Ok(())
     }
 
     /// Robust reduce-scatter: `input` (every rank's whole vector, float32 or float64,
@@ -510,32 +582,36 @@ impl PyCommunicator {
         }
         // Both stay referenced (and so alive) on this stack frame until the task is done.
         let report = match (inp, out) {
-            (Array::F32(p, n), Array::F32(q, k)) => self.run(py, move |mut c| async move {
-                // SAFETY: live, contiguous float32 arrays of `n` and `k` elements that do not
-                // overlap; the output is writable.
-                let (input, output) = unsafe {
-                    (
-                        std::slice::from_raw_parts(p as *const f32, n),
-                        std::slice::from_raw_parts_mut(q as *mut f32, k),
-                    )
-                };
-                let r = c
-                    .robust_reduce_scatter(input, output, rule.as_ref(), replicas)
-                    .await;
-                (c, r)
+            (Array::F32(p, n), Array::F32(q, k)) => self.run(py, move |c| {
+                Box::pin(async move {
+                    // SAFETY: live, contiguous float32 arrays of `n` and `k` elements that do not
+                    // overlap; the output is writable.
+                    let (input, output) = unsafe {
+                        (
+                            std::slice::from_raw_parts(p as *const f32, n),
+                            std::slice::from_raw_parts_mut(q as *mut f32, k),
+                        )
+                    };
+                    let r = c
+                        .robust_reduce_scatter(input, output, rule.as_ref(), replicas)
+                        .await;
+                    r
+                })
             })?,
-            (Array::F64(p, n), Array::F64(q, k)) => self.run(py, move |mut c| async move {
-                // SAFETY: as above, float64.
-                let (input, output) = unsafe {
-                    (
-                        std::slice::from_raw_parts(p as *const f64, n),
-                        std::slice::from_raw_parts_mut(q as *mut f64, k),
-                    )
-                };
-                let r = c
-                    .robust_reduce_scatter(input, output, rule.as_ref(), replicas)
-                    .await;
-                (c, r)
+            (Array::F64(p, n), Array::F64(q, k)) => self.run(py, move |c| {
+                Box::pin(async move {
+                    // SAFETY: as above, float64.
+                    let (input, output) = unsafe {
+                        (
+                            std::slice::from_raw_parts(p as *const f64, n),
+                            std::slice::from_raw_parts_mut(q as *mut f64, k),
+                        )
+                    };
+                    let r = c
+                        .robust_reduce_scatter(input, output, rule.as_ref(), replicas)
+                        .await;
+                    r
+                })
             })?,
             _ => {
                 return Err(InvalidUsage::new_err(
@@ -561,17 +637,21 @@ impl PyCommunicator {
             }
         };
         match array(x, true)? {
-            Array::F32(p, n) => self.run(py, move |mut c| async move {
-                // SAFETY: as in robust_all_reduce.
-                let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
-                let r = c.all_reduce(buf, op).await;
-                (c, r)
+            Array::F32(p, n) => self.run(py, move |c| {
+                Box::pin(async move {
+                    // SAFETY: as in robust_all_reduce.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
+                    let r = c.all_reduce(buf, op).await;
+                    r
+                })
             }),
-            Array::F64(p, n) => self.run(py, move |mut c| async move {
-                // SAFETY: as in robust_all_reduce.
-                let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
-                let r = c.all_reduce(buf, op).await;
-                (c, r)
+            Array::F64(p, n) => self.run(py, move |c| {
+                Box::pin(async move {
+                    // SAFETY: as in robust_all_reduce.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
+                    let r = c.all_reduce(buf, op).await;
+                    r
+                })
             }),
         }
     }
@@ -645,18 +725,22 @@ impl PyCommunicator {
     /// order. A rank the others did not keep gets ExcludedError (its `kept` attribute lists
     /// them). This communicator stays usable.
     fn shrink(&self, py: Python<'_>) -> PyResult<PyCommunicator> {
-        let sub = self.run(py, |mut c| async move {
-            let r = c.shrink().await;
-            (c, r)
+        let sub = self.run(py, |c| {
+            Box::pin(async move {
+                let r = c.shrink().await;
+                r
+            })
         })?;
         Ok(PyCommunicator::new(self.inner.runtime().clone(), sub))
     }
 
     /// Blocks until every rank has entered the barrier.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        self.run(py, |mut c| async move {
-            let r = c.barrier().await;
-            (c, r)
+        self.run(py, |c| {
+            Box::pin(async move {
+                let r = c.barrier().await;
+                r
+            })
         })
     }
 

@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
+import byzcoll  # noqa: E402
 import byzcoll.torch as bt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -122,13 +124,22 @@ def test_fsdp2_whole_vector_rules_are_refused_on_several_groups():
 
 
 def test_async_all_reduce_completes_in_order(world_of_one):
+    threads = threading.active_count()
     ts = [torch.full((100,), float(i)) for i in range(5)]
     futs = [bt.robust_all_reduce_async(world_of_one, t, "median", 0) for t in ts]
+    # A blocking call made after them runs after them.
+    after = torch.full((100,), 9.0)
+    world_of_one.robust_all_reduce(after, "median", 0)
     for i, fut in enumerate(futs):
         assert fut.wait() is ts[i] and ts[i][0].item() == i
     bad = bt.robust_all_reduce_async(world_of_one, torch.ones(4), "median", 1)
     with pytest.raises(Exception, match="n > 2f"):
         bad.wait()
+    refused = bt.robust_all_reduce_async(world_of_one, torch.ones(4), "no-such-rule", 0)
+    with pytest.raises(byzcoll.InvalidUsage):
+        refused.wait()
+    # The communicator's own queue runs them: no Python thread per communicator.
+    assert threading.active_count() == threads
 
 
 def torchrun(case, n=4, **env):

@@ -44,13 +44,11 @@ CUDA tensors are refused with :class:`byzcoll.InvalidUsage`.
 """
 
 import math
-import queue
-import threading
 
 import torch
 import torch.distributed as dist
 
-from . import Communicator, InvalidUsage, UnsupportedError, init_with_allgather
+from . import Communicator, InvalidUsage, UnsupportedError, _array, init_with_allgather
 
 try:  # FSDP2's custom-collective interface (PyTorch >= 2.8), not re-exported publicly
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatter
@@ -72,39 +70,26 @@ __all__ = [
 COORDINATE_WISE = frozenset({"median", "trimmed-mean", "trimmed_mean", "mean"})
 
 
-class _Worker:
-    """One thread per communicator that runs its collectives in submission order, so every rank
-    issues them in the same order (two concurrent calls would be ordered arbitrarily)."""
+def _start(comm: Communicator, tensor, rule, f, kwargs, on_report):
+    """Starts ``comm.robust_all_reduce(tensor, rule, f, **kwargs)`` after the calls made on
+    `comm` before it (the communicator's own queue, in Rust: no thread of ours) and returns a
+    ``torch.futures.Future`` that completes with ``on_report(report)``, or with the exception."""
+    fut = torch.futures.Future()
 
-    def __init__(self):
-        self._jobs = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="byzcoll-async", daemon=True)
-        self._thread.start()
+    def done(report, error):
+        if error is not None:
+            fut.set_exception(error)
+            return
+        try:
+            fut.set_result(on_report(report))
+        except BaseException as e:  # the future carries it to the waiter
+            fut.set_exception(e)
 
-    def _run(self):
-        while True:
-            job, fut = self._jobs.get()
-            try:
-                fut.set_result(job())
-            except BaseException as e:  # the future carries it to the waiter
-                fut.set_exception(e)
-
-    def submit(self, job):
-        fut = torch.futures.Future()
-        self._jobs.put((job, fut))
-        return fut
-
-
-_workers = {}
-_workers_lock = threading.Lock()
-
-
-def _worker(comm):
-    with _workers_lock:
-        w = _workers.get(id(comm))
-        if w is None:
-            w = _workers[id(comm)] = _Worker()
-        return w
+    try:
+        comm._inner._start_robust_all_reduce(_array(tensor), rule, f, done, **kwargs)
+    except BaseException as e:  # refused before it started: the future says so
+        fut.set_exception(e)
+    return fut
 
 
 def robust_all_reduce_async(comm: Communicator, tensor, rule, f, **kwargs):
@@ -112,12 +97,7 @@ def robust_all_reduce_async(comm: Communicator, tensor, rule, f, **kwargs):
     ``torch.futures.Future`` that completes with ``tensor`` (aggregated in place) or with the
     exception. Calls on one communicator run in the order they were made, with the GIL released
     while the ranks talk, so the caller can overlap them with computation."""
-
-    def job():
-        comm.robust_all_reduce(tensor, rule, f, **kwargs)
-        return tensor
-
-    return _worker(comm).submit(job)
+    return _start(comm, tensor, rule, f, kwargs, lambda report: tensor)
 
 
 def init_from_process_group(group=None, *, listen=None, timeout_ms=None) -> Communicator:
@@ -194,11 +174,11 @@ def ddp_comm_hook(state: HookState, bucket):
         )
     buf = bucket.buffer()
 
-    def job():
-        state.last_report = state.comm.robust_all_reduce(buf, state.rule, state.f, **state.kwargs)
+    def keep(report):
+        state.last_report = report
         return buf
 
-    done = _worker(state.comm).submit(job)
+    done = _start(state.comm, buf, state.rule, state.f, state.kwargs, keep)
     failed = []
     try:
         _raise_after_backward(failed)
