@@ -279,7 +279,10 @@ impl BlockingComm {
         let shared = &self.shared;
         self.runtime.block_on(async {
             let mut turn = shared.turn(ticket).await?;
-            Ok(op(turn.comm.as_mut().expect("a turn holds the communicator")))
+            Ok(op(turn
+                .comm
+                .as_mut()
+                .expect("a turn holds the communicator")))
         })
     }
 
