@@ -236,13 +236,15 @@ impl BlockingComm {
         T: Send + 'static,
         F: for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, crate::Result<T>> + Send + 'static,
     {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.start(op, move |result| {
-            let _ = tx.send(result);
-        });
-        self.runtime
-            .block_on(rx)
-            .unwrap_or_else(|_| Err(Refused::Panicked("the call's task".into())))
+        let ticket = self.ticket();
+        let shared = self.shared.clone();
+        let call = self
+            .runtime
+            .spawn(async move { shared.call(ticket, async move |c| op(c).await).await });
+        match self.runtime.block_on(call) {
+            Ok(result) => result,
+            Err(e) => Err(Refused::Panicked(e.to_string())),
+        }
     }
 
     /// Starts a call as a task on the runtime's worker threads, after the calls made before
