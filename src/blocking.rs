@@ -236,15 +236,8 @@ impl BlockingComm {
         T: Send + 'static,
         F: for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, crate::Result<T>> + Send + 'static,
     {
-        let ticket = self.ticket();
-        let shared = self.shared.clone();
-        let call = self
-            .runtime
-            .spawn(async move { shared.call(ticket, async move |c| op(c).await).await });
-        match self.runtime.block_on(call) {
-            Ok(result) => result,
-            Err(e) => Err(Refused::Panicked(e.to_string())),
-        }
+        let call = self.spawn_call(op);
+        self.runtime.block_on(call)
     }
 
     /// Starts a call as a task on the runtime's worker threads, after the calls made before
@@ -256,19 +249,32 @@ impl BlockingComm {
         T: Send + 'static,
         F: for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, crate::Result<T>> + Send + 'static,
     {
+        let call = self.spawn_call(op);
+        let handle = self.runtime.handle().clone();
+        self.runtime.spawn(async move {
+            let result = call.await;
+            let _ = handle.spawn_blocking(move || done(result)).await;
+        });
+    }
+
+    /// Spawns `op` as a task that runs in its turn (its ticket taken now); the future is its
+    /// outcome, a panic included.
+    fn spawn_call<T, F>(&self, op: F) -> impl std::future::Future<Output = Result<T, Refused>>
+    where
+        T: Send + 'static,
+        F: for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, crate::Result<T>> + Send + 'static,
+    {
         let ticket = self.ticket();
         let shared = self.shared.clone();
         let call = self
             .runtime
             .spawn(async move { shared.call(ticket, async move |c| op(c).await).await });
-        let handle = self.runtime.handle().clone();
-        self.runtime.spawn(async move {
-            let result = match call.await {
+        async move {
+            match call.await {
                 Ok(result) => result,
                 Err(e) => Err(Refused::Panicked(e.to_string())),
-            };
-            let _ = handle.spawn_blocking(move || done(result)).await;
-        });
+            }
+        }
     }
 
     /// `op` on the communicator (no collective: a setting, its health), after the calls made

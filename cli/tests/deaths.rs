@@ -146,15 +146,10 @@ fn run(env: &[(&str, &str)], round: usize, signal: i32, stop: Duration) -> Vec<R
     finish(ranks, outs)
 }
 
-#[test]
-fn a_killed_rank_costs_no_deadline_after_it_is_gone() {
-    let timeout = 2000;
-    let t = timeout.to_string();
-    let rounds = 12;
-    let r = rounds.to_string();
-    let env = [("BYZCOLL_TIMEOUT_MS", t.as_str()), ("ROUNDS", r.as_str())];
-    let outcomes = run(&env, 2, libc::SIGKILL, Duration::ZERO);
-    let mut gone_from = None;
+/// Every round of ranks 0, 1 and 3, in order: `(round, value, whether rank 2 was erased)`,
+/// each checked to have succeeded within half a deadline (`timeout` ms).
+fn the_others_rounds(outcomes: &[Rounds], rounds: usize, timeout: u64) -> Vec<(usize, f32, bool)> {
+    let mut seen = Vec::new();
     for me in [0, 1, 3] {
         for k in 0..rounds {
             let (value, erased, ms) = outcomes[me]
@@ -166,12 +161,26 @@ fn a_killed_rank_costs_no_deadline_after_it_is_gone() {
                 ms < timeout / 2,
                 "rank {me} round {k} took {ms} ms (deadline {timeout} ms)"
             );
-            if erased.contains('2') {
-                assert_eq!(value, 2.0, "rank {me} round {k}");
-                gone_from.get_or_insert(k);
-            } else {
-                assert_eq!(value, 2.5, "rank {me} round {k}");
-            }
+            seen.push((k, value, erased.contains('2')));
+        }
+    }
+    seen
+}
+
+#[test]
+fn a_killed_rank_costs_no_deadline_after_it_is_gone() {
+    let timeout = 2000;
+    let t = timeout.to_string();
+    let rounds = 12;
+    let r = rounds.to_string();
+    let env = [("BYZCOLL_TIMEOUT_MS", t.as_str()), ("ROUNDS", r.as_str())];
+    let outcomes = run(&env, 2, libc::SIGKILL, Duration::ZERO);
+    let mut gone_from = None;
+    for (k, value, erased) in the_others_rounds(&outcomes, rounds, timeout) {
+        let want = if erased { 2.0 } else { 2.5 };
+        assert_eq!(value, want, "round {k}");
+        if erased {
+            gone_from = Some(gone_from.map_or(k, |g: usize| g.min(k)));
         }
     }
     let gone_from = gone_from.expect("the kill landed in no round");
@@ -196,20 +205,9 @@ fn a_rank_stopped_for_ten_deadlines_sets_no_pace_and_is_never_split() {
     ];
     let outcomes = run(&env, 2, libc::SIGSTOP, Duration::from_millis(10 * timeout));
     let mut erased_rounds = 0;
-    for me in [0, 1, 3] {
-        for k in 0..rounds {
-            let (value, erased, ms) = outcomes[me]
-                .get(&k)
-                .unwrap_or_else(|| panic!("rank {me} has no round {k}"))
-                .clone();
-            let value = value.unwrap_or_else(|| panic!("rank {me} round {k} failed"));
-            assert!(
-                ms < timeout / 2,
-                "rank {me} round {k} took {ms} ms (deadline {timeout} ms)"
-            );
-            erased_rounds += usize::from(erased.contains('2'));
-            assert!(value == 2.0 || value == 2.5, "rank {me} round {k}: {value}");
-        }
+    for (k, value, erased) in the_others_rounds(&outcomes, rounds, timeout) {
+        erased_rounds += usize::from(erased);
+        assert!(value == 2.0 || value == 2.5, "round {k}: {value}");
     }
     assert!(erased_rounds > 0, "the stop landed in no round");
     // Rank 2 resumes about 25 rounds behind and, paced like the others, stays behind; under

@@ -928,30 +928,29 @@ async fn peak_memory_with_a_peer_that_stops_reading() {
     );
 }
 
-/// A rank that ends a step before the socket took its sends (a short deadline here; a quorum
-/// step does not wait for its sends at all) and then drops its transport does not cut them
-/// short: the frames left queued are written out after the drop, the receiver gets every
-/// byte, and then reads the end of the connection (its later receives are `Missing` at once,
-/// not at their deadline).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn frames_left_queued_are_flushed_when_the_transport_drops() {
+/// Two ranks, and rank 0 having ended a step that sends rank 1 far more than loopback's socket
+/// buffers take while rank 1 is not reading (a short deadline here; a quorum step does not
+/// wait for its sends at all): the payload, most of it still queued in rank 0's writer.
+async fn a_step_left_queued() -> (Box<dyn Transport>, Box<dyn Transport>, Bytes) {
     let mut ranks = world(2).await;
     let b = ranks.pop().unwrap();
     let a = ranks.pop().unwrap();
-    // Far more than loopback's socket buffers take while rank 1 is not reading.
-    let len = 48 << 20;
-    let payload: Bytes = (0..len)
+    let payload: Bytes = (0..48 << 20)
         .map(|i| (i % 253) as u8)
         .collect::<Vec<u8>>()
         .into();
     let soon = tokio::time::Instant::now() + Duration::from_millis(20);
-    let sent = a
+    let got = a
         .exchange(send_step(0, payload.clone(), soon))
         .await
         .unwrap();
-    assert!(sent.is_empty());
-    drop(a);
-    let recv = |step, len| Step {
+    assert!(got.is_empty());
+    (a, b, payload)
+}
+
+/// Rank 1's receive of `len` bytes from rank 0 under `step`, within 30 s.
+async fn receive_from_rank_0(b: &dyn Transport, step: u32, len: usize) -> Vec<RecvOutcome> {
+    b.exchange(Step {
         collective: 7,
         step,
         call: 0,
@@ -963,19 +962,35 @@ async fn frames_left_queued_are_flushed_when_the_transport_drops() {
         }],
         deadline: tokio::time::Instant::now() + Duration::from_secs(30),
         quorum: None,
-    };
-    let got = b.exchange(recv(0, len)).await.unwrap();
-    match &got[..] {
+    })
+    .await
+    .unwrap()
+}
+
+/// That `got` is exactly `payload`, received.
+fn assert_received(got: &[RecvOutcome], payload: &Bytes) {
+    match got {
         [RecvOutcome::Received(Payload::Host(got))] => assert!(
-            got == &payload,
+            got == payload,
             "{} bytes, first difference at {:?}",
             got.len(),
             got.iter().zip(payload.iter()).position(|(x, y)| x != y)
         ),
         other => panic!("{:?}", other.iter().map(short).collect::<Vec<_>>()),
     }
+}
+
+/// A rank that ends a step before the socket took its sends and then drops its transport does
+/// not cut them short: the frames left queued are written out after the drop, the receiver
+/// gets every byte, and then reads the end of the connection (its later receives are
+/// `Missing` at once, not at their deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_left_queued_are_flushed_when_the_transport_drops() {
+    let (a, b, payload) = a_step_left_queued().await;
+    drop(a);
+    assert_received(&receive_from_rank_0(&*b, 0, payload.len()).await, &payload);
     let start = std::time::Instant::now();
-    let after = b.exchange(recv(1, 4)).await.unwrap();
+    let after = receive_from_rank_0(&*b, 1, 4).await;
     assert_eq!(after, vec![RecvOutcome::Missing]);
     assert!(
         start.elapsed() < Duration::from_secs(10),
@@ -988,44 +1003,13 @@ async fn frames_left_queued_are_flushed_when_the_transport_drops() {
 /// process may exit right after it), well before the linger when the peer closes at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_delivers_what_is_queued_and_returns_once_the_peer_closes() {
-    let mut ranks = world(2).await;
-    let b = ranks.pop().unwrap();
-    let a = ranks.pop().unwrap();
-    let len = 48 << 20;
-    let payload: Bytes = (0..len)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into();
-    let soon = tokio::time::Instant::now() + Duration::from_millis(20);
-    a.exchange(send_step(0, payload.clone(), soon))
-        .await
-        .unwrap();
+    let (a, b, payload) = a_step_left_queued().await;
     let closing = tokio::spawn(async move {
         let start = std::time::Instant::now();
         a.close().await;
         start.elapsed()
     });
-    let got = b
-        .exchange(Step {
-            collective: 7,
-            step: 0,
-            call: 0,
-            sends: vec![],
-            recvs: vec![RecvOp {
-                peer: 0,
-                tag: 0,
-                len,
-            }],
-            deadline: tokio::time::Instant::now() + Duration::from_secs(30),
-            quorum: None,
-        })
-        .await
-        .unwrap();
-    assert!(
-        matches!(&got[..], [RecvOutcome::Received(Payload::Host(p))] if p == &payload),
-        "{:?}",
-        got.iter().map(short).collect::<Vec<_>>()
-    );
+    assert_received(&receive_from_rank_0(&*b, 0, payload.len()).await, &payload);
     // Rank 0 waits for rank 1's end of the connection, not only for its own frames.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!closing.is_finished(), "rank 0 closed before rank 1 did");
