@@ -46,6 +46,21 @@ impl DType {
 /// type. Every sum, mean and distance is taken in `f64` (exact widening) and a result is
 /// rounded once, to nearest with ties to even, to the narrow type at the end
 /// ([`Element::from_f64`]).
+///
+/// ```
+/// use byzcoll_aggregators::{aggregate_into, Median, TrimmedMean};
+/// use half::bf16;
+/// let rows = [[1.0f32, 2.0], [2.0, f32::NAN], [3.0, 4.0], [1e30, 5.0]]
+///     .map(|r| r.map(bf16::from_f32));
+/// let inputs: Vec<&[bf16]> = rows.iter().map(|r| &r[..]).collect();
+/// let mut out = [bf16::ZERO; 2];
+/// // An even count: the mean of the two middle values, in f64, rounded once.
+/// aggregate_into(&Median::new(1), &inputs, &mut out).unwrap();
+/// assert_eq!(out, [bf16::from_f32(2.5), bf16::from_f32(4.5)]);
+/// // 2 and 3 kept of the first coordinate; 4 and 5 of the second (NaN is the largest).
+/// aggregate_into(&TrimmedMean::new(1), &inputs, &mut out).unwrap();
+/// assert_eq!(out, [bf16::from_f32(2.5), bf16::from_f32(4.5)]);
+/// ```
 pub trait Element:
     bytemuck::Pod + PartialOrd + Send + Sync + std::fmt::Debug + sealed::Sealed + 'static
 {

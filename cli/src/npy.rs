@@ -3,7 +3,8 @@
 //! Only what byzcoll needs: C-order (`'fortran_order': False`), little-endian `float32`
 //! (`'<f4'`), `float64` (`'<f8'`), `float16` (`'<f2'`) and `uint16` (`'<u2'`, the raw words
 //! bfloat16 is kept in, NumPy having no bfloat16) arrays of any shape, with format version 1.0,
-//! 2.0 or 3.0 headers. Everything else is rejected with a one-line [`NpyError`] that says what was found.
+//! 2.0 or 3.0 headers. Everything else is rejected with a one-line [`NpyError`] that says what
+//! was found.
 //!
 //! Input is untrusted: the magic string, the version, the header length (against the file's
 //! size), the shape's element count and byte size (checked multiplication) and the data length
