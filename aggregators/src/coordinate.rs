@@ -97,6 +97,9 @@ pub(crate) fn precondition(rule: &str, n: usize, f: usize) -> Result<(), AggErro
 
 /// Coordinate-wise median; for an even count, the mean of the two middle values.
 ///
+/// Exact in every element type for an odd count (an input value); for an even count the mean
+/// is taken in `f64` (exact for every element type but `f64`) and rounded once.
+///
 /// Tolerates `f` Byzantine inputs when `n > 2f`: each output coordinate then lies between two
 /// honest values of that coordinate.
 #[derive(Debug, Clone)]

@@ -9,6 +9,10 @@ pub enum DType {
     F32,
     /// IEEE-754 binary64.
     F64,
+    /// bfloat16 ([`half::bf16`]): `f32`'s range with 8 significant bits.
+    BF16,
+    /// IEEE-754 binary16 ([`half::f16`]).
+    F16,
 }
 
 impl DType {
@@ -17,21 +21,46 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F64 => 8,
+            DType::BF16 | DType::F16 => 2,
         }
     }
 
-    /// The name used in tables (`float`, `double`, as nccl-tests prints them).
+    /// The name used in tables (`float`, `double`, `bfloat16`, `half`, as nccl-tests prints
+    /// them).
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "float",
             DType::F64 => "double",
+            DType::BF16 => "bfloat16",
+            DType::F16 => "half",
         }
     }
 }
 
-/// A floating-point element type (`f32` or `f64`).
+/// A floating-point element type: `f32`, `f64`, [`half::bf16`] or [`half::f16`].
 ///
-/// Sealed: the aggregators are written for these two types only.
+/// Sealed: the aggregators are written for these four types only.
+///
+/// The 16-bit types are ordered exactly as the others (a total-order key on 16 bits), so
+/// order statistics (the median, the values a trimmed mean keeps) are exact in the narrow
+/// type. Every sum, mean and distance is taken in `f64` (exact widening) and a result is
+/// rounded once, to nearest with ties to even, to the narrow type at the end
+/// ([`Element::from_f64`]).
+///
+/// ```
+/// use byzcoll_aggregators::{aggregate_into, Median, TrimmedMean};
+/// use half::bf16;
+/// let rows = [[1.0f32, 2.0], [2.0, f32::NAN], [3.0, 4.0], [1e30, 5.0]]
+///     .map(|r| r.map(bf16::from_f32));
+/// let inputs: Vec<&[bf16]> = rows.iter().map(|r| &r[..]).collect();
+/// let mut out = [bf16::ZERO; 2];
+/// // An even count: the mean of the two middle values, in f64, rounded once.
+/// aggregate_into(&Median::new(1), &inputs, &mut out).unwrap();
+/// assert_eq!(out, [bf16::from_f32(2.5), bf16::from_f32(4.5)]);
+/// // 2 and 3 kept of the first coordinate; 4 and 5 of the second (NaN is the largest).
+/// aggregate_into(&TrimmedMean::new(1), &inputs, &mut out).unwrap();
+/// assert_eq!(out, [bf16::from_f32(2.5), bf16::from_f32(4.5)]);
+/// ```
 pub trait Element:
     bytemuck::Pod + PartialOrd + Send + Sync + std::fmt::Debug + sealed::Sealed + 'static
 {
@@ -47,7 +76,8 @@ pub trait Element:
     fn from_key(key: Self::Key) -> Self;
     /// Widens to `f64` for accumulation.
     fn to_f64(self) -> f64;
-    /// Narrows from `f64` (round to nearest).
+    /// Narrows from `f64`, rounding once to nearest with ties to even (values beyond the
+    /// type's range become infinities, NaN stays NaN); the same bits on every CPU.
     fn from_f64(v: f64) -> Self;
     /// `true` unless NaN or infinite.
     fn is_finite(self) -> bool;
@@ -73,6 +103,8 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for f64 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
 }
 
 macro_rules! float_element {
@@ -138,6 +170,169 @@ macro_rules! float_element {
 
 float_element!(f32, u32, i32, F32, sq_dist_f32, pair_distances_f32);
 float_element!(f64, u64, i64, F64, sq_dist_f64, pair_distances_f64);
+
+/// The 16-bit types: keys as for `f32` on 16 bits, `f64` for every sum and distance, results
+/// narrowed by [`narrow`] (correctly rounded; `half`'s own `from_f64` is not: its `f16` goes
+/// through `f32` where the CPU has F16C, rounding twice, and its `bf16` drops the low 32 bits
+/// before it rounds).
+macro_rules! half_element {
+    ($t:ty, $dtype:ident, $format:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            type Key = i16;
+
+            #[inline(always)]
+            fn key(self) -> i16 {
+                let b = self.to_bits() as i16;
+                b ^ ((((b >> 15) as u16) >> 1) as i16)
+            }
+
+            #[inline(always)]
+            fn from_key(key: i16) -> Self {
+                let b = key ^ ((((key >> 15) as u16) >> 1) as i16);
+                <$t>::from_bits(b as u16)
+            }
+
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                <$t>::to_f64(self)
+            }
+
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                <$t>::from_bits(narrow(v, $format))
+            }
+
+            #[inline(always)]
+            fn is_finite(self) -> bool {
+                <$t>::is_finite(self)
+            }
+
+            #[inline(always)]
+            fn sq_dist(a: &[Self], b: &[Self]) -> f64 {
+                sq_dist_wide(a, b)
+            }
+
+            #[inline(always)]
+            fn add_pair_distances<const RA: usize, const RB: usize>(
+                inputs: &[&[Self]],
+                rows: &[usize],
+                range: std::ops::Range<usize>,
+                table: &mut [f64],
+            ) {
+                pair_distances_wide(inputs, rows, range, table)
+            }
+
+            fn inputs<'a>(inputs: &'a [&'a [Self]]) -> Inputs<'a> {
+                Inputs::$dtype(inputs)
+            }
+
+            fn output(out: &mut [Self]) -> Output<'_> {
+                Output::$dtype(out)
+            }
+        }
+    };
+}
+
+/// A 16-bit binary format: exponent and significand (stored) bits.
+#[derive(Clone, Copy)]
+struct Format {
+    exponent: u32,
+    significand: u32,
+}
+
+const BF16: Format = Format {
+    exponent: 8,
+    significand: 7,
+};
+const F16: Format = Format {
+    exponent: 5,
+    significand: 10,
+};
+
+half_element!(half::bf16, BF16, BF16);
+half_element!(half::f16, F16, F16);
+
+/// The bits of `v` rounded once to nearest, ties to even, in `format`: subnormals, overflow
+/// to infinity, NaN kept NaN (quiet, sign and leading payload bits kept).
+fn narrow(v: f64, format: Format) -> u16 {
+    let Format {
+        exponent,
+        significand,
+    } = format;
+    let bits = v.to_bits();
+    let sign = ((bits >> 63) as u16) << 15;
+    let max_exp: u16 = (1 << exponent) - 1;
+    let inf = sign | (max_exp << significand);
+    if v.is_nan() {
+        let payload = ((bits >> (52 - significand)) as u16) & ((1 << significand) - 1);
+        return inf | (1 << (significand - 1)) | payload;
+    }
+    let a = v.abs();
+    let bias = (1i32 << (exponent - 1)) - 1;
+    // Unit in the last place of the result: of `a`'s binade, or of the subnormals below it.
+    let e = ((bits >> 52) & 0x7ff) as i32 - 1023;
+    let ulp_exp = e.max(1 - bias) - significand as i32;
+    // Half the smallest subnormal or less (this takes every subnormal f64): ±0, a tie to even.
+    if a <= pow2(1 - bias - significand as i32 - 1) {
+        return sign;
+    }
+    // Exact: a power-of-two scale, the integer rounding, and its product.
+    let y = (a / pow2(ulp_exp)).round_ties_even() * pow2(ulp_exp);
+    if y >= pow2(bias + 1) {
+        return inf;
+    }
+    let y_bits = y.to_bits();
+    let y_exp = ((y_bits >> 52) & 0x7ff) as i32 - 1023;
+    let stored = (y_bits >> (52 - significand)) as u16 & ((1 << significand) - 1);
+    sign | if y_exp >= 1 - bias {
+        (((y_exp + bias) as u16) << significand) | stored
+    } else {
+        // A subnormal: `y` is a multiple of the smallest one.
+        (y / pow2(1 - bias - significand as i32)) as u16
+    }
+}
+
+/// `2^e` for `e` in `f64`'s normal range.
+fn pow2(e: i32) -> f64 {
+    f64::from_bits(((e + 1023) as u64) << 52)
+}
+
+/// `Σ (a_j - b_j)²` of 16-bit values, each widened to `f64` (exactly), in 8 `f64` lanes: the
+/// operations of the `f64` kernel on the widened values, so the same sums bit for bit.
+#[inline(always)]
+fn sq_dist_wide<T: Element>(a: &[T], b: &[T]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let split = a.len() - a.len() % 8;
+    for (x, y) in a[..split].chunks_exact(8).zip(b[..split].chunks_exact(8)) {
+        for k in 0..8 {
+            let d = x[k].to_f64() - y[k].to_f64();
+            acc[k] += d * d;
+        }
+    }
+    for (x, y) in a[split..].iter().zip(&b[split..]) {
+        let d = x.to_f64() - y.to_f64();
+        acc[0] += d * d;
+    }
+    acc.iter().sum()
+}
+
+/// Pair by pair, with [`sq_dist_wide`].
+#[inline(always)]
+fn pair_distances_wide<T: Element>(
+    inputs: &[&[T]],
+    rows: &[usize],
+    range: std::ops::Range<usize>,
+    table: &mut [f64],
+) {
+    let n = inputs.len();
+    for (x, &i) in rows.iter().enumerate() {
+        let a = &inputs[i][range.clone()];
+        for &j in &rows[x + 1..] {
+            table[i * n + j] += sq_dist_wide(a, &inputs[j][range.clone()]);
+        }
+    }
+}
 
 /// Pair by pair, with [`Element::sq_dist`].
 #[inline(always)]
@@ -464,5 +659,73 @@ mod tests {
                 (v as f64).to_bits()
             );
         }
+    }
+
+    /// Every 16-bit pattern: its key's order is totalOrder (as in `f64`), `from_key` inverts
+    /// `key`, widening and narrowing round-trip (NaN quieted); every midpoint of two
+    /// neighbours rounds to the even one and anything off the midpoint to the nearer one; past
+    /// the largest finite value, to infinity as IEEE-754 says.
+    fn narrow_and_keys<T: Element>(from_bits: impl Fn(u16) -> T, to_bits: impl Fn(T) -> u16) {
+        // All values in totalOrder: negative patterns descending, then positive ascending.
+        let ordered: Vec<u16> = (0x8000..=0xffffu16).rev().chain(0..0x8000).collect();
+        for w in ordered.windows(2) {
+            let (a, b) = (from_bits(w[0]), from_bits(w[1]));
+            assert!(a.key() < b.key(), "{:#06x} !< {:#06x}", w[0], w[1]);
+            assert_eq!(to_bits(T::from_key(a.key())), w[0]);
+            let (x, y) = (a.to_f64(), b.to_f64());
+            if x.is_nan() {
+                // Quieted, sign kept.
+                let back = T::from_f64(x);
+                assert!(back.to_f64().is_nan());
+                assert_eq!(to_bits(back) & 0x8000, w[0] & 0x8000);
+            } else {
+                assert_eq!(to_bits(T::from_f64(x)), w[0], "{x} round-trips");
+            }
+            if x.is_finite() && y.is_finite() && x < y {
+                let mid = x * 0.5 + y * 0.5;
+                let even = if w[0] & 1 == 0 { w[0] } else { w[1] };
+                let got = to_bits(T::from_f64(mid));
+                if mid == 0.0 {
+                    // Between -min and +min: a tie, to a zero.
+                    assert_eq!(T::from_f64(mid).to_f64(), 0.0);
+                } else {
+                    assert_eq!(got, even, "{x} .. {y}: midpoint {mid}");
+                }
+                let below = f64::from_bits(mid.to_bits() - 1);
+                let above = f64::from_bits(mid.to_bits() + 1);
+                let (lo, hi) = if mid > 0.0 {
+                    (below, above)
+                } else {
+                    (above, below)
+                };
+                if mid != 0.0 {
+                    assert_eq!(T::from_f64(lo).to_f64(), x, "just above {x}'s side");
+                    assert_eq!(T::from_f64(hi).to_f64(), y, "just below {y}'s side");
+                }
+            }
+        }
+        let max = ordered
+            .iter()
+            .map(|&b| from_bits(b).to_f64())
+            .filter(|v| v.is_finite())
+            .fold(0.0f64, f64::max);
+        let ulp = max - from_bits(to_bits(T::from_f64(max)) - 1).to_f64();
+        assert_eq!(T::from_f64(max + ulp * 0.499).to_f64(), max);
+        assert_eq!(T::from_f64(max + ulp * 0.5).to_f64(), f64::INFINITY);
+        assert_eq!(T::from_f64(-1e300).to_f64(), f64::NEG_INFINITY);
+        assert_eq!(to_bits(T::from_f64(f64::MIN_POSITIVE)), 0);
+        assert_eq!(to_bits(T::from_f64(-f64::MIN_POSITIVE)), 0x8000);
+        assert!(T::from_f64(f64::NAN).to_f64().is_nan());
+        assert!(T::from_f64(-f64::NAN).to_f64().is_sign_negative());
+    }
+
+    #[test]
+    fn bf16_narrows_once_and_keys_in_total_order() {
+        narrow_and_keys(half::bf16::from_bits, half::bf16::to_bits);
+    }
+
+    #[test]
+    fn f16_narrows_once_and_keys_in_total_order() {
+        narrow_and_keys(half::f16::from_bits, half::f16::to_bits);
     }
 }

@@ -140,6 +140,10 @@ pub fn step_into<T: Element>(inputs: &[&[T]], a: f64, w: &[f64], z: &[f64], next
 /// Geometric median by smoothed Weiszfeld iterations (Pillutla et al., RFA): `ν = 1e-6`, at
 /// most 100 iterations, stopping when the relative change is below `1e-7`, starting from the
 /// coordinate-wise median. Requires `n > 2f`.
+///
+/// The iterations run in `f64` and the result is rounded once to the element type; the start
+/// is the median in the element type (for an even `n` and a 16-bit type, the mean of the two
+/// middle values rounded to it).
 #[derive(Debug, Clone)]
 pub struct GeometricMedian {
     f: usize,
@@ -214,6 +218,9 @@ impl Aggregator for GeometricMedian {
 /// Centered clipping (Karimireddy et al. 2021): `v ← v + (1/n) Σ clip(x_i - v, τ)` with
 /// `clip(u, τ) = u · min(1, τ / ‖u‖)`, `L` iterations (default 3), starting from the
 /// coordinate-wise median. Requires `n > 2f` and a finite `τ > 0`.
+///
+/// Rounding as for [`GeometricMedian`]: steps in `f64`, the result rounded once, from the
+/// median in the element type.
 #[derive(Debug, Clone)]
 pub struct CenteredClipping {
     f: usize,

@@ -150,6 +150,8 @@ impl DistanceSelection for Krum {
         match (inputs, out) {
             (Inputs::F32(x), Output::F32(o)) => o.copy_from_slice(x[selected[0]]),
             (Inputs::F64(x), Output::F64(o)) => o.copy_from_slice(x[selected[0]]),
+            (Inputs::BF16(x), Output::BF16(o)) => o.copy_from_slice(x[selected[0]]),
+            (Inputs::F16(x), Output::F16(o)) => o.copy_from_slice(x[selected[0]]),
             _ => return Err(mixed_types(self.name())),
         }
         Ok(())
@@ -179,6 +181,9 @@ impl Aggregator for Krum {
 
 /// Multi-Krum: the coordinate-wise average of the `m` inputs with the lowest Krum scores
 /// (default `m = n - f`). Requires `n > 2f + 2` and `1 <= m <= n - f`.
+///
+/// Distances and the average are taken in `f64` (`f32` distances in `f32` runs, see
+/// [`crate::distance`]); the average is rounded once to the element type.
 #[derive(Debug, Clone)]
 pub struct MultiKrum {
     f: usize,
@@ -229,6 +234,8 @@ impl DistanceSelection for MultiKrum {
         match (inputs, out) {
             (Inputs::F32(x), Output::F32(o)) => average_of(x, selected, o),
             (Inputs::F64(x), Output::F64(o)) => average_of(x, selected, o),
+            (Inputs::BF16(x), Output::BF16(o)) => average_of(x, selected, o),
+            (Inputs::F16(x), Output::F16(o)) => average_of(x, selected, o),
             _ => return Err(mixed_types(self.name())),
         }
         Ok(())
@@ -268,6 +275,9 @@ impl Aggregator for MultiKrum {
 /// selection removes the chosen input and rescores the rest), then per coordinate average the
 /// `β = θ - 2f` selected values closest to that coordinate's median of the selection.
 /// Requires `n >= 4f + 3`.
+///
+/// Distances, the median of an even count and the average are taken in `f64`; the result is
+/// rounded once to the element type.
 #[derive(Debug, Clone)]
 pub struct Bulyan {
     f: usize,
@@ -440,6 +450,8 @@ impl DistanceSelection for Bulyan {
         match (inputs, out) {
             (Inputs::F32(x), Output::F32(o)) => self.coordinate_phase(x, selected, o),
             (Inputs::F64(x), Output::F64(o)) => self.coordinate_phase(x, selected, o),
+            (Inputs::BF16(x), Output::BF16(o)) => self.coordinate_phase(x, selected, o),
+            (Inputs::F16(x), Output::F16(o)) => self.coordinate_phase(x, selected, o),
             _ => Err(mixed_types(self.name())),
         }
     }

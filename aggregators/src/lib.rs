@@ -34,6 +34,8 @@ macro_rules! dispatch {
         match ($inputs, $out) {
             ($crate::Inputs::F32(x), $crate::Output::F32(o)) => $self.run(x, o),
             ($crate::Inputs::F64(x), $crate::Output::F64(o)) => $self.run(x, o),
+            ($crate::Inputs::BF16(x), $crate::Output::BF16(o)) => $self.run(x, o),
+            ($crate::Inputs::F16(x), $crate::Output::F16(o)) => $self.run(x, o),
             _ => Err($crate::AggError::Unsupported {
                 rule: $self.name().to_string(),
                 what: "inputs and output of different element types".to_string(),
@@ -158,6 +160,10 @@ pub enum Inputs<'a> {
     F32(&'a [&'a [f32]]),
     /// `f64` vectors in host memory.
     F64(&'a [&'a [f64]]),
+    /// bfloat16 vectors in host memory.
+    BF16(&'a [&'a [half::bf16]]),
+    /// IEEE-754 binary16 vectors in host memory.
+    F16(&'a [&'a [half::f16]]),
 }
 
 impl Inputs<'_> {
@@ -166,6 +172,8 @@ impl Inputs<'_> {
         match self {
             Inputs::F32(x) => x.len(),
             Inputs::F64(x) => x.len(),
+            Inputs::BF16(x) => x.len(),
+            Inputs::F16(x) => x.len(),
         }
     }
 }
@@ -178,6 +186,10 @@ pub enum Output<'a> {
     F32(&'a mut [f32]),
     /// `f64` output in host memory.
     F64(&'a mut [f64]),
+    /// bfloat16 output in host memory.
+    BF16(&'a mut [half::bf16]),
+    /// IEEE-754 binary16 output in host memory.
+    F16(&'a mut [half::f16]),
 }
 
 /// How a rule's output depends on its inputs; schedules use it to decide what they must exchange.

@@ -11,6 +11,9 @@ use crate::{
 /// ties to the lower index), then apply `RULE`. Inputs holding NaN or infinities are left as
 /// they are, for `RULE`'s own non-finite policy, and are never anyone's neighbour.
 /// Requires `n > 2f` and `RULE`'s precondition.
+///
+/// Each mixed input is a mean taken in `f64` and rounded to the element type before `RULE`
+/// runs; for the 16-bit types that is a rounding of its own, before `RULE`'s.
 #[derive(Debug)]
 pub struct Nnm {
     f: usize,

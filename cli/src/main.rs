@@ -84,10 +84,16 @@ struct AggregateArgs {
     /// Centered clipping: the clipping radius, finite and > 0.
     #[arg(long, value_name = "T")]
     tau: Option<f64>,
-    /// Input: a C-order float32 or float64 .npy file of shape (n, d), one input vector per row.
+    /// Input: a C-order float32, float64 or float16 .npy file of shape (n, d), one input vector
+    /// per row; or uint16 ('<u2') words holding bfloat16 bits, with `--dtype bf16`.
     #[arg(value_name = "INPUT.npy")]
     input: PathBuf,
-    /// Output: the aggregate as a .npy file of shape (d,), in the input's dtype.
+    /// The input's element type; the file's dtype must be it. Needed for bf16, which NumPy
+    /// keeps as uint16 ('<u2') words: without it such a file is refused, never guessed at.
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    dtype: Option<DTypeArg>,
+    /// Output: the aggregate as a .npy file of shape (d,), in the input's dtype (bf16 as
+    /// uint16 words).
     #[arg(short = 'o', long = "output", value_name = "OUTPUT.npy")]
     output: PathBuf,
     /// Print a report on stdout.
@@ -97,6 +103,41 @@ struct AggregateArgs {
     /// `--features cuda`; float32 input; median, trimmed-mean, krum, multi-krum, bulyan).
     #[arg(long, value_enum, default_value = "cpu")]
     device: Device,
+}
+
+/// `byzcoll aggregate --dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DTypeArg {
+    /// float32 ('<f4').
+    F32,
+    /// float64 ('<f8').
+    F64,
+    /// IEEE half precision ('<f2').
+    F16,
+    /// bfloat16, stored as uint16 ('<u2') words.
+    Bf16,
+}
+
+impl DTypeArg {
+    /// As given on the command line.
+    fn flag(self) -> &'static str {
+        match self {
+            DTypeArg::F32 => "f32",
+            DTypeArg::F64 => "f64",
+            DTypeArg::F16 => "f16",
+            DTypeArg::Bf16 => "bf16",
+        }
+    }
+
+    /// The `.npy` dtype that holds this type.
+    fn npy_name(self) -> &'static str {
+        match self {
+            DTypeArg::F32 => "float32",
+            DTypeArg::F64 => "float64",
+            DTypeArg::F16 => "float16",
+            DTypeArg::Bf16 => "uint16",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -283,6 +324,28 @@ fn aggregate(args: &AggregateArgs) -> Result<(), String> {
         )));
     }
     check_f(args.f, n).map_err(|e| at(&e))?;
+    if let Some(want) = args.dtype {
+        if mapped.dtype_name() != want.npy_name() {
+            return Err(at(&format_args!(
+                "dtype is {}, but --dtype {} needs {}",
+                mapped.dtype_name(),
+                want.flag(),
+                want.npy_name()
+            )));
+        }
+    }
+    let dtype = match data {
+        MappedData::F32(_) => "float32",
+        MappedData::F64(_) => "float64",
+        MappedData::F16(_) => "float16",
+        MappedData::U16(_) if args.dtype == Some(DTypeArg::Bf16) => "bfloat16",
+        MappedData::U16(_) => {
+            return Err(at(
+                &"dtype uint16 holds raw 16-bit words: pass --dtype bf16 to read \
+                 them as bfloat16 bits",
+            ))
+        }
+    };
     rule.check(n).map_err(|e| at(&e))?;
     let (report, attribution) = match data {
         MappedData::F32(data) => {
@@ -299,18 +362,27 @@ fn aggregate(args: &AggregateArgs) -> Result<(), String> {
                 .map(|()| (report, attribution))
                 .map_err(|e| e.to_string())?
         }
+        MappedData::F16(data) => {
+            let (out, report, attribution) =
+                aggregate_rows(rule.as_ref(), data, d).map_err(|e| at(&e))?;
+            npy::write_f16(&args.output, &[d], &out)
+                .map(|()| (report, attribution))
+                .map_err(|e| e.to_string())?
+        }
+        MappedData::U16(words) => {
+            let data = npy::bf16_words(words);
+            let (out, report, attribution) =
+                aggregate_rows(rule.as_ref(), data, d).map_err(|e| at(&e))?;
+            let bits: Vec<u16> = out.iter().map(|v| v.to_bits()).collect();
+            npy::write_u16(&args.output, &[d], &bits)
+                .map(|()| (report, attribution))
+                .map_err(|e| e.to_string())?
+        }
     };
     if args.report == Some(ReportFormat::Json) {
         println!(
             "{}",
-            json_report(
-                rule.name(),
-                n,
-                d,
-                mapped.dtype_name(),
-                &report,
-                &attribution
-            )
+            json_report(rule.name(), n, d, dtype, &report, &attribution)
         );
     }
     Ok(())

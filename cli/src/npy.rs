@@ -1,8 +1,10 @@
 //! A small, dependency-free reader and writer for NumPy `.npy` files.
 //!
 //! Only what byzcoll needs: C-order (`'fortran_order': False`), little-endian `float32`
-//! (`'<f4'`) and `float64` (`'<f8'`) arrays of any shape, with format version 1.0, 2.0 or 3.0
-//! headers. Everything else is rejected with a one-line [`NpyError`] that says what was found.
+//! (`'<f4'`), `float64` (`'<f8'`), `float16` (`'<f2'`) and `uint16` (`'<u2'`, the raw words
+//! bfloat16 is kept in, NumPy having no bfloat16) arrays of any shape, with format version 1.0,
+//! 2.0 or 3.0 headers. Everything else is rejected with a one-line [`NpyError`] that says what
+//! was found.
 //!
 //! Input is untrusted: the magic string, the version, the header length (against the file's
 //! size), the shape's element count and byte size (checked multiplication) and the data length
@@ -52,29 +54,55 @@ pub enum Array {
         /// Elements in C (row-major) order; `data.len()` is the product of `shape`.
         data: Vec<f64>,
     },
+    /// Little-endian `float16` (`'<f2'`).
+    F16 {
+        /// Dimensions, outermost first.
+        shape: Vec<usize>,
+        /// Elements in C (row-major) order; `data.len()` is the product of `shape`.
+        data: Vec<half::f16>,
+    },
+    /// Little-endian `uint16` (`'<u2'`): raw 16-bit words, such as bfloat16 bits (read them
+    /// as bfloat16 with [`bf16_words`]).
+    U16 {
+        /// Dimensions, outermost first.
+        shape: Vec<usize>,
+        /// Elements in C (row-major) order; `data.len()` is the product of `shape`.
+        data: Vec<u16>,
+    },
+}
+
+/// Raw 16-bit words as the bfloat16 values whose bits they are (no copy).
+pub fn bf16_words(words: &[u16]) -> &[half::bf16] {
+    bytemuck::cast_slice(words)
 }
 
 impl Array {
     /// The array's dimensions, outermost first.
     pub fn shape(&self) -> &[usize] {
         match self {
-            Array::F32 { shape, .. } | Array::F64 { shape, .. } => shape,
+            Array::F32 { shape, .. }
+            | Array::F64 { shape, .. }
+            | Array::F16 { shape, .. }
+            | Array::U16 { shape, .. } => shape,
         }
     }
 
-    /// NumPy's name of the element type: `float32` or `float64`.
+    /// NumPy's name of the element type: `float32`, `float64`, `float16` or `uint16`.
     pub fn dtype_name(&self) -> &'static str {
-        match self {
-            Array::F32 { .. } => "float32",
-            Array::F64 { .. } => "float64",
-        }
+        self.kind().name()
     }
 
-    /// The `descr` written in the header: `<f4` or `<f8`.
+    /// The `descr` written in the header: `<f4`, `<f8`, `<f2` or `<u2`.
     pub fn descr(&self) -> &'static str {
+        self.kind().descr()
+    }
+
+    fn kind(&self) -> Kind {
         match self {
-            Array::F32 { .. } => f32::DESCR,
-            Array::F64 { .. } => f64::DESCR,
+            Array::F32 { .. } => Kind::F32,
+            Array::F64 { .. } => Kind::F64,
+            Array::F16 { .. } => Kind::F16,
+            Array::U16 { .. } => Kind::U16,
         }
     }
 
@@ -91,6 +119,8 @@ impl Array {
         match self {
             Array::F32 { data, .. } => MappedData::F32(data),
             Array::F64 { data, .. } => MappedData::F64(data),
+            Array::F16 { data, .. } => MappedData::F16(data),
+            Array::U16 { data, .. } => MappedData::U16(data),
         }
     }
 
@@ -102,6 +132,8 @@ impl Array {
         match self {
             Array::F32 { shape, data } => write_f32(path, shape, data),
             Array::F64 { shape, data } => write_f64(path, shape, data),
+            Array::F16 { shape, data } => write_f16(path, shape, data),
+            Array::U16 { shape, data } => write_u16(path, shape, data),
         }
     }
 
@@ -113,6 +145,8 @@ impl Array {
         match self {
             Array::F32 { shape, data } => write_f32_to(w, shape, data),
             Array::F64 { shape, data } => write_f64_to(w, shape, data),
+            Array::F16 { shape, data } => write_impl(w, shape, data),
+            Array::U16 { shape, data } => write_impl(w, shape, data),
         }
     }
 }
@@ -168,8 +202,11 @@ pub enum NpyError {
     /// The header is not a well-formed dictionary with the three required keys.
     #[error("malformed header: {0}")]
     Header(String),
-    /// An element type other than little-endian float32 or float64.
-    #[error("dtype {dtype} is not supported; expected float32 ('<f4') or float64 ('<f8'){hint}")]
+    /// An element type other than little-endian float32, float64, float16 or uint16.
+    #[error(
+        "dtype {dtype} is not supported; expected float32 ('<f4'), float64 ('<f8'), float16 \
+         ('<f2') or uint16 ('<u2', bfloat16 bits){hint}"
+    )]
     DType {
         /// The `descr` as written in the header, e.g. `'<i4'`.
         dtype: String,
@@ -263,12 +300,16 @@ macro_rules! float {
 
 float!(f32, "<f4", 4);
 float!(f64, "<f8", 8);
+float!(half::f16, "<f2", 2);
+float!(u16, "<u2", 2);
 
 /// The element type named by a header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     F32,
     F64,
+    F16,
+    U16,
 }
 
 impl Kind {
@@ -276,6 +317,26 @@ impl Kind {
         match self {
             Kind::F32 => f32::SIZE,
             Kind::F64 => f64::SIZE,
+            Kind::F16 => half::f16::SIZE,
+            Kind::U16 => u16::SIZE,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::F32 => "float32",
+            Kind::F64 => "float64",
+            Kind::F16 => "float16",
+            Kind::U16 => "uint16",
+        }
+    }
+
+    fn descr(self) -> &'static str {
+        match self {
+            Kind::F32 => f32::DESCR,
+            Kind::F64 => f64::DESCR,
+            Kind::F16 => half::f16::DESCR,
+            Kind::U16 => u16::DESCR,
         }
     }
 }
@@ -319,6 +380,10 @@ pub enum MappedData<'a> {
     F32(&'a [f32]),
     /// Little-endian `float64`.
     F64(&'a [f64]),
+    /// Little-endian `float16`.
+    F16(&'a [half::f16]),
+    /// Little-endian `uint16` (raw words; bfloat16 bits through [`bf16_words`]).
+    U16(&'a [u16]),
 }
 
 impl Mapped {
@@ -327,12 +392,9 @@ impl Mapped {
         &self.shape
     }
 
-    /// `"float32"` or `"float64"`.
+    /// `"float32"`, `"float64"`, `"float16"` or `"uint16"`.
     pub fn dtype_name(&self) -> &'static str {
-        match self.kind {
-            Kind::F32 => "float32",
-            Kind::F64 => "float64",
-        }
+        self.kind.name()
     }
 
     /// `(n, d)` for a 2-D array.
@@ -354,6 +416,8 @@ impl Mapped {
         Some(match self.kind {
             Kind::F32 => MappedData::F32(bytemuck::try_cast_slice(bytes).ok()?),
             Kind::F64 => MappedData::F64(bytemuck::try_cast_slice(bytes).ok()?),
+            Kind::F16 => MappedData::F16(bytemuck::try_cast_slice(bytes).ok()?),
+            Kind::U16 => MappedData::U16(bytemuck::try_cast_slice(bytes).ok()?),
         })
     }
 }
@@ -423,6 +487,23 @@ pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<(), NpyEr
 /// # Errors
 /// As [`write_f32`].
 pub fn write_f64(path: &Path, shape: &[usize], data: &[f64]) -> Result<(), NpyError> {
+    write_path(path, shape, data)
+}
+
+/// Writes a C-order little-endian float16 `.npy` file; see [`write_f32`].
+///
+/// # Errors
+/// As [`write_f32`].
+pub fn write_f16(path: &Path, shape: &[usize], data: &[half::f16]) -> Result<(), NpyError> {
+    write_path(path, shape, data)
+}
+
+/// Writes a C-order little-endian uint16 `.npy` file (raw words, e.g. bfloat16 bits); see
+/// [`write_f32`].
+///
+/// # Errors
+/// As [`write_f32`].
+pub fn write_u16(path: &Path, shape: &[usize], data: &[u16]) -> Result<(), NpyError> {
     write_path(path, shape, data)
 }
 
@@ -584,6 +665,14 @@ fn read_impl<R: Read + ?Sized>(r: &mut R, total: Option<u64>) -> Result<Array, N
             shape,
         },
         Kind::F64 => Array::F64 {
+            data: read_data(r, count, expected, known)?,
+            shape,
+        },
+        Kind::F16 => Array::F16 {
+            data: read_data(r, count, expected, known)?,
+            shape,
+        },
+        Kind::U16 => Array::U16 {
             data: read_data(r, count, expected, known)?,
             shape,
         },
@@ -759,10 +848,12 @@ fn parse_header(bytes: &[u8], long_ints: bool) -> Result<Header, NpyError> {
     let kind = match as_str(descr) {
         Some(s) if s == f32::DESCR => Kind::F32,
         Some(s) if s == f64::DESCR => Kind::F64,
+        Some(s) if s == half::f16::DESCR => Kind::F16,
+        Some(s) if s == u16::DESCR => Kind::U16,
         Some(s) => return Err(NpyError::DType {
             dtype: format!("'{s}'"),
             hint: match s {
-                ">f4" | ">f8" => {
+                ">f4" | ">f8" | ">f2" | ">u2" => {
                     " (this one is big-endian: convert with a.astype(a.dtype.newbyteorder('<')))"
                 }
                 _ => "",

@@ -302,7 +302,7 @@ fn bad_input_fails_with_one_line_naming_the_problem() {
         &median,
         &int,
         &out,
-        &["int.npy: dtype '<i4' is not supported; expected float32 ('<f4') or float64 ('<f8')"],
+        &["int.npy: dtype '<i4' is not supported; expected float32 ('<f4'), float64 ('<f8'), float16 ('<f2') or uint16 ('<u2', bfloat16 bits)"],
     );
 
     let fortran = dir.path("fortran.npy");
@@ -549,5 +549,112 @@ fn the_report_names_the_outlying_rows() {
     );
     for r in [0, 1, 2, 4] {
         assert!(rows[r]["score"].as_f64().unwrap() < 3.0, "{stdout}");
+    }
+}
+
+/// float16 files (`<f2`) and bfloat16 bits in uint16 files (`<u2`, with `--dtype bf16`) are
+/// aggregated in their own type: the output, in the input's dtype, is bitwise the library's
+/// rule on the same values (median and trimmed mean, a NaN row and a far row among them). A
+/// `<u2` file without `--dtype bf16`, and a `--dtype` the file does not hold, are refused.
+#[test]
+fn float16_and_bfloat16_inputs_aggregate_in_their_own_type() {
+    use byzcoll::aggregators::{aggregate_into, build, Element, Params};
+
+    fn library<T: Element>(rule: &str, f: usize, rows: &[Vec<T>]) -> Vec<T> {
+        let rule = build(
+            rule,
+            &Params {
+                f,
+                ..Params::default()
+            },
+        )
+        .unwrap();
+        let refs: Vec<&[T]> = rows.iter().map(Vec::as_slice).collect();
+        let mut out = vec![T::from_f64(0.0); rows[0].len()];
+        aggregate_into(rule.as_ref(), &refs, &mut out).unwrap();
+        out
+    }
+    fn rows<T: Element>(n: usize, d: usize) -> Vec<Vec<T>> {
+        let mut rng = StdRng::seed_from_u64(16);
+        (0..n)
+            .map(|i| {
+                (0..d)
+                    .map(|_| match i {
+                        0 => T::from_f64(f64::NAN),
+                        1 => T::from_f64(3e4),
+                        _ => T::from_f64(rng.gen_range(-8.0..8.0)),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+    let dir = TempDir::new("half");
+    let (n, d) = (7, 33);
+
+    let x16: Vec<Vec<half::f16>> = rows(n, d);
+    let input = dir.path("x16.npy");
+    npy::write_f16(&input, &[n, d], &x16.concat()).unwrap();
+    for (rule, f) in [("median", 2), ("trimmed-mean", 2)] {
+        let (stdout, out) = ok(
+            &["--rule", rule, "--f", &f.to_string(), "--report", "json"],
+            &input,
+            &dir.path(&format!("{rule}16.npy")),
+        );
+        assert!(stdout.contains(r#""dtype":"float16""#), "{stdout}");
+        let Array::F16 { shape, data } = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(shape, [d]);
+        let want = library(rule, f, &x16);
+        assert_eq!(
+            data.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{rule}"
+        );
+    }
+
+    let xb: Vec<Vec<half::bf16>> = rows(n, d);
+    let words: Vec<u16> = xb.concat().iter().map(|v| v.to_bits()).collect();
+    let input = dir.path("xb.npy");
+    npy::write_u16(&input, &[n, d], &words).unwrap();
+    let out = dir.path("out.npy");
+    fails(
+        &["--rule", "median", "--f", "2"],
+        &input,
+        &out,
+        &["xb.npy: dtype uint16 holds raw 16-bit words: pass --dtype bf16"],
+    );
+    fails(
+        &["--rule", "median", "--f", "2", "--dtype", "f16"],
+        &input,
+        &out,
+        &["xb.npy: dtype is uint16, but --dtype f16 needs float16"],
+    );
+    for (rule, f) in [("median", 2), ("trimmed-mean", 2)] {
+        let (stdout, out) = ok(
+            &[
+                "--rule",
+                rule,
+                "--f",
+                &f.to_string(),
+                "--dtype",
+                "bf16",
+                "--report",
+                "json",
+            ],
+            &input,
+            &dir.path(&format!("{rule}b.npy")),
+        );
+        assert!(stdout.contains(r#""dtype":"bfloat16""#), "{stdout}");
+        let Array::U16 { shape, data } = out else {
+            panic!("{out:?}")
+        };
+        assert_eq!(shape, [d]);
+        let want = library(rule, f, &xb);
+        assert_eq!(
+            data,
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{rule}"
+        );
     }
 }

@@ -13,6 +13,8 @@ fuzz_target!(|data: &[u8]| {
     let elements = match &a {
         Array::F32 { data, .. } => data.len(),
         Array::F64 { data, .. } => data.len(),
+        Array::F16 { data, .. } => data.len(),
+        Array::U16 { data, .. } => data.len(),
     };
     assert_eq!(
         Some(elements),

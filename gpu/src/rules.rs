@@ -513,7 +513,9 @@ fn grid(items: usize, threads: u32, sms: u32, per_sm: u32, shared: u32) -> Launc
 fn mixed(rule: &str) -> AggError {
     AggError::Unsupported {
         rule: rule.to_string(),
-        what: "f64 vectors on the GPU (the CUDA rules read f32, bf16 and f16)".to_string(),
+        what: "host vectors other than f32 (host f64, bf16 and f16 are not staged to the \
+               GPU; bf16 and f16 already on the device go through robust_all_reduce_device)"
+            .to_string(),
     }
 }
 

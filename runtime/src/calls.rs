@@ -94,3 +94,33 @@ pub fn call_fingerprint(op: &str, parts: &[&[u8]], step_id: Option<u64>) -> u64 
     // 0 is the point-to-point value; a call never has it.
     u64::from_le_bytes(first).max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use byzcoll_aggregators::Median;
+
+    use super::*;
+
+    /// The element type is part of every fingerprint that moves elements: bf16 and f16, both
+    /// two bytes, are never taken for each other.
+    #[test]
+    fn element_types_have_their_own_fingerprints() {
+        let robust = [
+            robust::<f32>(&Median::new(1), Shape::Gather, 8, None),
+            robust::<f64>(&Median::new(1), Shape::Gather, 8, None),
+            robust::<half::bf16>(&Median::new(1), Shape::Gather, 8, None),
+            robust::<half::f16>(&Median::new(1), Shape::Gather, 8, None),
+        ];
+        let plain = [
+            all_reduce::<f32>("Sum ring", 8, None),
+            all_reduce::<f64>("Sum ring", 8, None),
+            all_reduce::<half::bf16>("Sum ring", 8, None),
+            all_reduce::<half::f16>("Sum ring", 8, None),
+        ];
+        for set in [robust, plain] {
+            for (i, a) in set.iter().enumerate() {
+                assert!(set[i + 1..].iter().all(|b| a != b), "{set:?}");
+            }
+        }
+    }
+}

@@ -1147,7 +1147,9 @@ fn copy_payload<T: Pod>(payload: &Payload, dst: &mut [T]) {
 /// `out[i] = op(a[i], b[i])`.
 fn combine_into<T: Element>(op: ReduceOp, a: &[T], b: &[T], out: &mut [T]) {
     // One loop per operation, so that each compiles to a plain vector loop. Summing through
-    // f64 and rounding once is the correctly rounded sum: the native one for f32 and f64.
+    // f64 and rounding once is the correctly rounded sum: the native one for f32 and f64, and
+    // for bf16 and f16 too (f64 has more than twice their significand bits plus two, so
+    // rounding first to f64 never changes the rounding to them).
     fn each<T: Element>(a: &[T], b: &[T], out: &mut [T], f: impl Fn(f64, f64) -> f64) {
         for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
             *o = T::from_f64(f(x.to_f64(), y.to_f64()));

@@ -64,6 +64,10 @@ impl Communicator {
     /// same result, and sharded mode gives bitwise the gather-mode result for coordinate-wise
     /// rules when nobody misbehaves.
     ///
+    /// `T` is any [`Element`] (`f32`, `f64`, `half::bf16`, `half::f16`): the wire carries its
+    /// own bytes (two per element for the 16-bit types), and the call's fingerprint names it,
+    /// so ranks that pass different types are out of step, never mixed.
+    ///
     /// # Errors
     /// [`Error::Aggregation`] when the precondition fails for the world size or the rule refuses
     /// its inputs (input indices in `NonFiniteInputs` are ranks); [`Error::TooManyFaults`] when

@@ -44,7 +44,7 @@ impl Array {
     fn view_f32(&self) -> Option<&[f32]> {
         match self.view() {
             MappedData::F32(d) => Some(d),
-            MappedData::F64(_) => None,
+            _ => None,
         }
     }
 }
@@ -79,6 +79,44 @@ fn round_trips_f32_and_f64() {
     assert_eq!(read_from(&bytes[..]).unwrap(), a);
     assert_eq!(a.matrix_dims().unwrap(), (3, 4));
     assert_eq!(a.dtype_name(), "float32");
+
+    // float16 and raw uint16 words: the same bits back, under their own descr.
+    let data16 = vec![
+        half::f16::MIN_POSITIVE,
+        half::f16::NEG_INFINITY,
+        half::f16::from_f32(-2.5),
+    ];
+    let mut bytes = Vec::new();
+    Array::F16 {
+        shape: vec![3],
+        data: data16.clone(),
+    }
+    .write_to(&mut bytes)
+    .unwrap();
+    let a = from_bytes(&bytes).unwrap();
+    assert_eq!((a.dtype_name(), a.descr()), ("float16", "<f2"));
+    assert_eq!(
+        a,
+        Array::F16 {
+            shape: vec![3],
+            data: data16
+        }
+    );
+    let words = vec![0x3f80u16, 0xff80, 0x0001, 0x7fc0];
+    let mut bytes = Vec::new();
+    Array::U16 {
+        shape: vec![2, 2],
+        data: words.clone(),
+    }
+    .write_to(&mut bytes)
+    .unwrap();
+    let a = from_bytes(&bytes).unwrap();
+    assert_eq!((a.dtype_name(), a.descr()), ("uint16", "<u2"));
+    let Array::U16 { data, .. } = &a else {
+        panic!("{a:?}")
+    };
+    assert_eq!(data, &words);
+    assert_eq!(bf16_words(data)[0], half::bf16::ONE);
 
     let data64 = vec![f64::MIN_POSITIVE, -0.0, 1e300, f64::INFINITY, 3.25];
     let mut bytes = Vec::new();
@@ -249,14 +287,26 @@ fn rejects_fortran_order_other_dtypes_and_big_endian() {
     assert!(err(&h("'<f4'", "True")).contains("Fortran-order"));
     assert_eq!(
         err(&h("'<i4'", "False")),
-        "dtype '<i4' is not supported; expected float32 ('<f4') or float64 ('<f8')"
+        "dtype '<i4' is not supported; expected float32 ('<f4'), float64 ('<f8'), float16 ('<f2') or uint16 ('<u2', bfloat16 bits)"
     );
     let e = err(&h("'>f4'", "False"));
     assert!(
         e.starts_with("dtype '>f4' is not supported") && e.contains("big-endian"),
         "{e}"
     );
-    for descr in ["'<f2'", "'|u1'", "'=f4'", "'<c8'", "[('a', '<f4')]", "'O'"] {
+    for descr in ["'>f2'", "'>u2'"] {
+        let e = err(&h(descr, "False"));
+        assert!(e.contains("big-endian"), "{e}");
+    }
+    for descr in [
+        "'<u4'",
+        "'<i2'",
+        "'|u1'",
+        "'=f4'",
+        "'<c8'",
+        "[('a', '<f4')]",
+        "'O'",
+    ] {
         let e = err(&h(descr, "False"));
         assert!(e.starts_with(&format!("dtype {descr} is not")), "{e}");
     }
@@ -438,7 +488,7 @@ fn file_errors_name_the_path() {
     assert_eq!(
         read(&bad).unwrap_err().to_string(),
         format!(
-            "{}: dtype '<i4' is not supported; expected float32 ('<f4') or float64 ('<f8')",
+            "{}: dtype '<i4' is not supported; expected float32 ('<f4'), float64 ('<f8'), float16 ('<f2') or uint16 ('<u2', bfloat16 bits)",
             bad.display()
         )
     );

@@ -484,6 +484,26 @@ mod round_tests {
 
     use super::*;
 
+    /// A 16-bit element goes as its two bytes (little-endian), whole inputs and pieces alike.
+    #[test]
+    fn narrow_elements_go_as_two_bytes() {
+        let values: Vec<half::bf16> = (0..10)
+            .map(|j| half::bf16::from_f32(j as f32 - 4.5))
+            .collect();
+        let mut v = values.clone();
+        let mut plane = HostPlane::new(Target::All(&mut v), 0, 4, None);
+        let le: Vec<u8> = values
+            .iter()
+            .flat_map(|x| x.to_bits().to_le_bytes())
+            .collect();
+        assert_eq!(host_bytes(&plane.payload(&Msg::Input, 1)), &le[..]);
+        let piece = chunk_range(10, 4, 1);
+        assert_eq!(
+            host_bytes(&plane.payload(&Msg::Piece(1), 1)),
+            &le[2 * piece.start..2 * piece.end]
+        );
+    }
+
     /// Rank 0 of 4's sharded median over `r` owners per shard with rank 3 silent from the
     /// first step on, after a sub-round that left `lag`: the stretch of each step it posts
     /// (in step timeouts), the lag it leaves, and whether its shard was lost. (The other

@@ -58,6 +58,7 @@ macro_rules! conformance_suite {
             nonblocking_collectives_run_in_start_order,
             a_straggler_does_not_set_the_pace,
             outlying_ranks_are_named_in_every_report,
+            narrow_types_reduce_bitwise_as_the_local_rule,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -76,6 +77,7 @@ mod attribution;
 mod collectives;
 mod faults;
 mod harness;
+mod narrow;
 mod p2p;
 mod sharded;
 mod time;
@@ -103,6 +105,7 @@ pub use faults::{
     robust_all_reduce_survives_byzantine_and_crashed_ranks, wrong_length_is_malformed_and_named,
 };
 pub use harness::{run_ranks, vector};
+pub use narrow::narrow_types_reduce_bitwise_as_the_local_rule;
 pub use p2p::{
     early_messages_are_checked_like_any_other, invalid_steps_are_rejected,
     messages_outlive_their_sender, p2p_bandwidth, sends_are_done_within_the_credit,
