@@ -284,20 +284,64 @@ impl From<RoundReport> for Report {
     }
 }
 
-/// A writable, C-contiguous float32 or float64 array, found through `__array_interface__`.
-enum Array {
-    F32(usize, usize),
-    F64(usize, usize),
+/// A C-contiguous float32, float64, float16 or bfloat16 array, found through
+/// `__array_interface__`.
+#[derive(Clone, Copy)]
+struct Array {
+    /// The data's address and its length in elements.
+    ptr: usize,
+    len: usize,
+    dtype: Dtype,
+}
+
+/// The element types the module takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dtype {
+    F32,
+    F64,
+    F16,
+    BF16,
+}
+
+impl Dtype {
+    fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F64 => 8,
+            Dtype::F16 | Dtype::BF16 => 2,
+        }
+    }
 }
 
 impl Array {
     /// The bytes the array spans, as an address range.
     fn span(&self) -> std::ops::Range<usize> {
-        match *self {
-            Array::F32(p, n) => p..p + n * 4,
-            Array::F64(p, n) => p..p + n * 8,
-        }
+        self.ptr..self.ptr + self.len * self.dtype.size()
     }
+}
+
+/// `$body` with `$T` the Rust element type of `$dtype` (a [`Dtype`]).
+macro_rules! with_element {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            Dtype::F32 => {
+                type $T = f32;
+                $body
+            }
+            Dtype::F64 => {
+                type $T = f64;
+                $body
+            }
+            Dtype::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            Dtype::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+        }
+    };
 }
 
 /// `x`'s data as an [`Array`]; `writable`: the result is written into it.
@@ -323,15 +367,20 @@ fn array(x: &Bound<'_, PyAny>, writable: bool) -> PyResult<Array> {
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or_else(|| InvalidUsage::new_err("the array's shape overflows"))?;
-    let item = match typestr.as_str() {
-        "<f4" | "=f4" => 4,
-        "<f8" | "=f8" => 8,
+    // `bfloat16` is what `byzcoll._array` says of a torch bfloat16 tensor's 16-bit words
+    // (numpy has no bfloat16; no numpy array says it).
+    let dtype = match typestr.as_str() {
+        "<f4" | "=f4" => Dtype::F32,
+        "<f8" | "=f8" => Dtype::F64,
+        "<f2" | "=f2" => Dtype::F16,
+        "bfloat16" => Dtype::BF16,
         other => {
             return Err(InvalidUsage::new_err(format!(
-                "dtype {other}: robust_all_reduce takes float32 or float64"
+                "dtype {other}: byzcoll takes float32, float64, float16 or bfloat16"
             )))
         }
     };
+    let item = dtype.size();
     if let Ok(strides) = get("strides") {
         if !strides.is_none() {
             let strides: Vec<isize> = strides.extract()?;
@@ -352,10 +401,10 @@ fn array(x: &Bound<'_, PyAny>, writable: bool) -> PyResult<Array> {
             "the array's data pointer is unusable",
         ));
     }
-    Ok(if item == 4 {
-        Array::F32(data.0, len)
-    } else {
-        Array::F64(data.0, len)
+    Ok(Array {
+        ptr: data.0,
+        len,
+        dtype,
     })
 }
 
@@ -447,9 +496,9 @@ impl PyCommunicator {
         self.inner.size()
     }
 
-    /// Robust all-reduce in place: `x` (a writable, C-contiguous float32 or float64 numpy
-    /// array) is replaced by the robust aggregate of every rank's `x` under `rule` (no default)
-    /// tolerating `f` Byzantine ranks. Returns a `Report`.
+    /// Robust all-reduce in place: `x` (a writable, C-contiguous float32, float64, float16 or
+    /// bfloat16 array) is replaced by the robust aggregate of every rank's `x` under `rule` (no
+    /// default) tolerating `f` Byzantine ranks. Returns a `Report`.
     #[pyo3(signature = (x, rule, f, *, policy="gather", replicas=None, m=None, tau=None))]
     #[allow(clippy::too_many_arguments)]
     fn robust_all_reduce(
@@ -466,24 +515,14 @@ impl PyCommunicator {
         let rule = crate::rule(rule, f, m, tau)?;
         let policy = crate::policy(policy, replicas)?;
         // `x` stays referenced (and so alive) on this stack frame until the task is done.
-        let report = match array(x, true)? {
-            Array::F32(p, n) => self.run(py, move |c| {
-                Box::pin(async move {
-                    // SAFETY: `x` is a live, writable, contiguous float32 array of `n` elements.
-                    let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
-                    let r = c.robust_all_reduce(buf, rule.as_ref(), policy).await;
-                    r
-                })
-            })?,
-            Array::F64(p, n) => self.run(py, move |c| {
-                Box::pin(async move {
-                    // SAFETY: as above, float64.
-                    let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
-                    let r = c.robust_all_reduce(buf, rule.as_ref(), policy).await;
-                    r
-                })
-            })?,
-        };
+        let Array { ptr, len, dtype } = array(x, true)?;
+        let report = with_element!(dtype, T => self.run(py, move |c| {
+            Box::pin(async move {
+                // SAFETY: `x` is a live, writable, contiguous array of `len` elements of `T`.
+                let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) };
+                c.robust_all_reduce(buf, rule.as_ref(), policy).await
+            })
+        }))?;
         Ok(report.into())
     }
 
@@ -527,34 +566,23 @@ impl PyCommunicator {
                 drop(kept);
             });
         };
-        match array(x, true)? {
-            Array::F32(p, n) => self.inner.start(
-                move |c| {
-                    Box::pin(async move {
-                        // SAFETY: `x` is a live, writable, contiguous float32 array of `n`
-                        // elements, kept alive until `done` has run.
-                        let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
-                        c.robust_all_reduce(buf, rule.as_ref(), policy).await
-                    })
-                },
-                finish,
-            ),
-            Array::F64(p, n) => self.inner.start(
-                move |c| {
-                    Box::pin(async move {
-                        // SAFETY: as above, float64.
-                        let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
-                        c.robust_all_reduce(buf, rule.as_ref(), policy).await
-                    })
-                },
-                finish,
-            ),
-        }
+        let Array { ptr, len, dtype } = array(x, true)?;
+        with_element!(dtype, T => self.inner.start(
+            move |c| {
+                Box::pin(async move {
+                    // SAFETY: `x` is a live, writable, contiguous array of `len` elements of
+                    // `T`, kept alive until `done` has run.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) };
+                    c.robust_all_reduce(buf, rule.as_ref(), policy).await
+                })
+            },
+            finish,
+        ));
         Ok(())
     }
 
-    /// Robust reduce-scatter: `input` (every rank's whole vector, float32 or float64,
-    /// C-contiguous) is cut into `size` shards, and `output` (writable, this rank's shard in
+    /// Robust reduce-scatter: `input` (every rank's whole vector, float32, float64, float16 or
+    /// bfloat16, C-contiguous) is cut into `size` shards, and `output` (writable, this rank's shard in
     /// length: `len(input) // size`, one more for the first `len(input) % size` ranks) becomes
     /// `rule` applied to every rank's shard `rank`. The sharded schedule with `replicas` owners
     /// per shard (default 2f + 1). Returns a `Report`.
@@ -581,44 +609,25 @@ impl PyCommunicator {
             ));
         }
         // Both stay referenced (and so alive) on this stack frame until the task is done.
-        let report = match (inp, out) {
-            (Array::F32(p, n), Array::F32(q, k)) => self.run(py, move |c| {
-                Box::pin(async move {
-                    // SAFETY: live, contiguous float32 arrays of `n` and `k` elements that do not
-                    // overlap; the output is writable.
-                    let (input, output) = unsafe {
-                        (
-                            std::slice::from_raw_parts(p as *const f32, n),
-                            std::slice::from_raw_parts_mut(q as *mut f32, k),
-                        )
-                    };
-                    let r = c
-                        .robust_reduce_scatter(input, output, rule.as_ref(), replicas)
-                        .await;
-                    r
-                })
-            })?,
-            (Array::F64(p, n), Array::F64(q, k)) => self.run(py, move |c| {
-                Box::pin(async move {
-                    // SAFETY: as above, float64.
-                    let (input, output) = unsafe {
-                        (
-                            std::slice::from_raw_parts(p as *const f64, n),
-                            std::slice::from_raw_parts_mut(q as *mut f64, k),
-                        )
-                    };
-                    let r = c
-                        .robust_reduce_scatter(input, output, rule.as_ref(), replicas)
-                        .await;
-                    r
-                })
-            })?,
-            _ => {
-                return Err(InvalidUsage::new_err(
-                    "input and output must have the same dtype",
-                ))
-            }
-        };
+        if inp.dtype != out.dtype {
+            return Err(InvalidUsage::new_err(
+                "input and output must have the same dtype",
+            ));
+        }
+        let report = with_element!(inp.dtype, T => self.run(py, move |c| {
+            Box::pin(async move {
+                // SAFETY: live, contiguous arrays of `T` of `inp.len` and `out.len` elements
+                // that do not overlap; the output is writable.
+                let (input, output) = unsafe {
+                    (
+                        std::slice::from_raw_parts(inp.ptr as *const T, inp.len),
+                        std::slice::from_raw_parts_mut(out.ptr as *mut T, out.len),
+                    )
+                };
+                c.robust_reduce_scatter(input, output, rule.as_ref(), replicas)
+                    .await
+            })
+        }))?;
         Ok(report.into())
     }
 
@@ -636,24 +645,14 @@ impl PyCommunicator {
                 )))
             }
         };
-        match array(x, true)? {
-            Array::F32(p, n) => self.run(py, move |c| {
-                Box::pin(async move {
-                    // SAFETY: as in robust_all_reduce.
-                    let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) };
-                    let r = c.all_reduce(buf, op).await;
-                    r
-                })
-            }),
-            Array::F64(p, n) => self.run(py, move |c| {
-                Box::pin(async move {
-                    // SAFETY: as in robust_all_reduce.
-                    let buf = unsafe { std::slice::from_raw_parts_mut(p as *mut f64, n) };
-                    let r = c.all_reduce(buf, op).await;
-                    r
-                })
-            }),
-        }
+        let Array { ptr, len, dtype } = array(x, true)?;
+        with_element!(dtype, T => self.run(py, move |c| {
+            Box::pin(async move {
+                // SAFETY: as in robust_all_reduce.
+                let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) };
+                c.all_reduce(buf, op).await
+            })
+        }))
     }
 
     /// How many inputs a robust round (gather policy) may go without for their lateness

@@ -145,8 +145,11 @@ def test_enforce_gives_every_rank_the_same_median_in_both_modes_and_refuses_redu
 def test_bad_inputs_are_clear_exceptions(world_of_one):
     comm = world_of_one
     x = np.ones(8, dtype=np.float32)
-    with pytest.raises(byzcoll.InvalidUsage, match="float32 or float64"):
+    with pytest.raises(byzcoll.InvalidUsage, match="float32, float64, float16 or bfloat16"):
         comm.robust_all_reduce(np.ones(8, dtype=np.int32), "median", 0)
+    # An int16 array is never taken for bfloat16 words.
+    with pytest.raises(byzcoll.InvalidUsage, match="<i2"):
+        comm.robust_all_reduce(np.ones(8, dtype=np.int16), "median", 0)
     with pytest.raises(byzcoll.InvalidUsage, match="C-contiguous"):
         comm.robust_all_reduce(np.ones(16, dtype=np.float32)[::2], "median", 0)
     ro = np.ones(8, dtype=np.float32)
@@ -238,7 +241,7 @@ def test_join_through_mpi4py_allgather_under_mpirun(tmp_path):
     ("median", 2, "sharded"),
     ("median", 2, "auto"),
 ])
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_results_equal_the_rust_reference_bitwise(tmp_path, rule, f, policy, dtype):
     """Every rank's result equals, bit for bit, what `byzcoll aggregate` (the CPU rules the
     Rust API runs) makes of the same rows."""

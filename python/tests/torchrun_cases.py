@@ -40,11 +40,12 @@ def net(width=8, hidden=16, layers=1, dtype=torch.float32):
     return torch.nn.Sequential(*body, torch.nn.Linear(hidden, 1)).to(dtype)
 
 
-def train(model, rank, steps, *, nan_at=None, nan_ranks=(), width=8):
-    """`steps` SGD steps; at step `nan_at` the ranks in `nan_ranks` have NaN gradients. A step
-    whose backward raises is skipped, as a training loop that catches the error would."""
+def train(model, rank, steps, *, nan_at=None, nan_ranks=(), width=8, dtype=torch.float32):
+    """`steps` SGD steps on data of `dtype`; at step `nan_at` the ranks in `nan_ranks` have NaN
+    gradients. A step whose backward raises is skipped, as a training loop that catches the
+    error would."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = data(rank, width)
+    x, y = (t.to(dtype) for t in data(rank, width))
     out = []
     for step in range(1, steps + 1):
         opt.zero_grad()
@@ -74,9 +75,12 @@ def ddp_errors(comm, rank, size):
     by_hand = DDP(net())
     by_hand.register_comm_hook(bt.HookState(comm, "krum", 1), bt.ddp_comm_hook)
     out["by_hand_krum"] = train(by_hand, rank, 1)
-    out["register_bf16"] = outcome(
-        lambda: bt.register_ddp_comm_hook(DDP(net(dtype=torch.bfloat16)), comm, "median", 1) and None
-    )
+    # A bfloat16 model trains too: two bytes per gradient element on the wire, and the median
+    # of bfloat16 values is one of them, so every rank steps alike.
+    bf16 = DDP(net(dtype=torch.bfloat16))
+    out["register_bf16"] = outcome(lambda: bt.register_ddp_comm_hook(bf16, comm, "median", 1) and None)
+    out["bf16_steps"] = train(bf16, rank, 2, dtype=torch.bfloat16)
+    out["bf16_params"] = params(bf16.module)
     model = DDP(net())
     state = bt.register_ddp_comm_hook(model, comm, "median", 1)
     out["nan_steps"] = train(model, rank, 3, nan_at=2, nan_ranks=(size - 2, size - 1))

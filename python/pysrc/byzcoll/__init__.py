@@ -55,8 +55,19 @@ __all__ = [
 ]
 
 
+class _BFloat16:
+    """A torch bfloat16 CPU tensor's data as the extension reads it: the ``__array_interface__``
+    of its 16-bit words with the type ``bfloat16`` (numpy has no bfloat16, and no numpy array
+    says it, so an int16 array is never taken for one). Holds the view, and so the tensor."""
+
+    def __init__(self, words):
+        self._words = words
+        self.__array_interface__ = dict(words.__array_interface__, typestr="bfloat16")
+
+
 def _array(x):
-    """The numpy view of `x` (itself for numpy arrays; a zero-copy view of a torch CPU tensor)."""
+    """The numpy view of `x` (itself for numpy arrays; a zero-copy view of a torch CPU tensor;
+    a :class:`_BFloat16` over the words of a bfloat16 one)."""
     module = type(x).__module__
     if module.startswith("torch"):
         if x.device.type != "cpu":
@@ -65,10 +76,16 @@ def _array(x):
             )
         if not x.is_contiguous():
             raise InvalidUsage("the tensor is not contiguous: pass x.contiguous() and copy the result back")
+        import torch
+
+        if x.dtype == torch.bfloat16:
+            return _BFloat16(x.detach().view(torch.int16).numpy())
         try:
             return x.detach().numpy()
-        except TypeError:  # a dtype numpy has no counterpart for (bfloat16, float8, ...)
-            raise InvalidUsage(f"dtype {x.dtype}: byzcoll takes float32 or float64 tensors") from None
+        except TypeError:  # a dtype numpy has no counterpart for (float8, ...)
+            raise InvalidUsage(
+                f"dtype {x.dtype}: byzcoll takes float32, float64, float16 or bfloat16 tensors"
+            ) from None
     return x
 
 

@@ -39,7 +39,8 @@ gets the robust aggregate of its own shard, at about the traffic of the sharded 
 The same rule applies: a whole-vector rule needs the whole gradient in one reduce-scatter, so it
 is refused on a model with more than one ``fully_shard`` group.
 
-Tensors are CPU tensors of float32 or float64; other dtypes (bfloat16, float16, integers) and
+Tensors are CPU tensors of float32, float64, float16 or bfloat16 (the 16-bit ones travel as two
+bytes per element; sums and distances are taken in f64 and rounded once); other dtypes and
 CUDA tensors are refused with :class:`byzcoll.InvalidUsage`.
 """
 
@@ -258,8 +259,8 @@ def register_ddp_comm_hook(
 
     Refuses, before training, what the rounds would refuse: an unknown rule or invalid parameters
     (:class:`byzcoll.InvalidUsage`), a precondition the world does not meet, such as Krum's
-    n > 2f + 2 (:class:`byzcoll.PreconditionError`), gradients that are not float32 or float64
-    CPU tensors (:class:`byzcoll.InvalidUsage`), and a whole-vector rule (not in
+    n > 2f + 2 (:class:`byzcoll.PreconditionError`), gradients that are not float32, float64, float16
+    or bfloat16 CPU tensors (:class:`byzcoll.InvalidUsage`), and a whole-vector rule (not in
     :data:`COORDINATE_WISE`) on a model whose gradients DDP would split into several buckets at
     some step (:class:`byzcoll.InvalidUsage` naming the ``bucket_cap_mb`` to pass)."""
     state = HookState(comm, rule, f, policy=policy, replicas=replicas, m=m, tau=tau)
