@@ -39,6 +39,17 @@
 #define BYZCOLL_FLOAT64 1
 
 /**
+ * Element type IEEE binary16 (`_Float16`, CUDA's `__half`), 2 bytes: order statistics exact,
+ * sums and distances taken in double and rounded once.
+ */
+#define BYZCOLL_FLOAT16 2
+
+/**
+ * Element type bfloat16 (the top half of a `float`), 2 bytes, as `BYZCOLL_FLOAT16` is taken.
+ */
+#define BYZCOLL_BFLOAT16 3
+
+/**
  * Gather every rank's vector at every rank and aggregate there.
  */
 #define BYZCOLL_POLICY_GATHER 0

@@ -4,12 +4,14 @@
 use std::ffi::c_void;
 
 use crate::status::Failure;
-use crate::{BYZCOLL_FLOAT32, BYZCOLL_FLOAT64};
+use crate::{BYZCOLL_BFLOAT16, BYZCOLL_FLOAT16, BYZCOLL_FLOAT32, BYZCOLL_FLOAT64};
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum DType {
     F32,
     F64,
+    F16,
+    BF16,
 }
 
 impl DType {
@@ -17,8 +19,10 @@ impl DType {
         match dtype {
             BYZCOLL_FLOAT32 => Ok(DType::F32),
             BYZCOLL_FLOAT64 => Ok(DType::F64),
+            BYZCOLL_FLOAT16 => Ok(DType::F16),
+            BYZCOLL_BFLOAT16 => Ok(DType::BF16),
             other => Err(Failure::invalid(format!(
-                "dtype is {other}: expected BYZCOLL_FLOAT32 or BYZCOLL_FLOAT64"
+                "dtype is {other}: expected BYZCOLL_FLOAT32, _FLOAT64, _FLOAT16 or _BFLOAT16"
             ))),
         }
     }
@@ -27,6 +31,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F64 => 8,
+            DType::F16 | DType::BF16 => 2,
         }
     }
 }
@@ -35,7 +40,22 @@ impl DType {
 pub(crate) enum Buffer<'a> {
     F32(&'a mut [f32]),
     F64(&'a mut [f64]),
+    F16(&'a mut [half::f16]),
+    BF16(&'a mut [half::bf16]),
 }
+
+/// `$body` with `$b` the slice of whichever element type the [`Buffer`] `$buf` holds.
+macro_rules! with_buffer {
+    ($buf:expr, $b:ident => $body:expr) => {
+        match $buf {
+            $crate::buffers::Buffer::F32($b) => $body,
+            $crate::buffers::Buffer::F64($b) => $body,
+            $crate::buffers::Buffer::F16($b) => $body,
+            $crate::buffers::Buffer::BF16($b) => $body,
+        }
+    };
+}
+pub(crate) use with_buffer;
 
 pub(crate) fn check_aligned<T>(p: *const T, name: &str) -> Result<(), Failure> {
     if p.is_null() {
@@ -184,6 +204,8 @@ impl<'a> Buffer<'a> {
             match dtype {
                 DType::F32 => Buffer::F32(std::slice::from_raw_parts_mut(p.cast(), n)),
                 DType::F64 => Buffer::F64(std::slice::from_raw_parts_mut(p.cast(), n)),
+                DType::F16 => Buffer::F16(std::slice::from_raw_parts_mut(p.cast(), n)),
+                DType::BF16 => Buffer::BF16(std::slice::from_raw_parts_mut(p.cast(), n)),
             }
         })
     }

@@ -27,7 +27,7 @@ use byzcoll_rs::blocking::{BlockingComm, Refused};
 use byzcoll_rs::{Agreement, Communicator, JobConfig, Policy, ReduceOp, Replicas};
 
 pub use abi::BYZCOLL_ABI_VERSION;
-use buffers::{Buffer, DType};
+use buffers::{with_buffer, Buffer, DType};
 pub use health::{
     byzcoll_comm_health, byzcoll_peer_health_t, BYZCOLL_SYMPTOM_DISAGREEING, BYZCOLL_SYMPTOM_LATE,
     BYZCOLL_SYMPTOM_MALFORMED, BYZCOLL_SYMPTOM_MISSING, BYZCOLL_SYMPTOM_NONE,
@@ -47,6 +47,11 @@ pub const BYZCOLL_CONFIG_VERSION: u32 = 1;
 pub const BYZCOLL_FLOAT32: i32 = 0;
 /// Element type `double` (IEEE binary64).
 pub const BYZCOLL_FLOAT64: i32 = 1;
+/// Element type IEEE binary16 (`_Float16`, CUDA's `__half`), 2 bytes: order statistics exact,
+/// sums and distances taken in double and rounded once.
+pub const BYZCOLL_FLOAT16: i32 = 2;
+/// Element type bfloat16 (the top half of a `float`), 2 bytes, as `BYZCOLL_FLOAT16` is taken.
+pub const BYZCOLL_BFLOAT16: i32 = 3;
 
 /// Gather every rank's vector at every rank and aggregate there.
 pub const BYZCOLL_POLICY_GATHER: i32 = 0;
@@ -569,14 +574,9 @@ pub unsafe extern "C" fn byzcoll_robust_allreduce(
             let (rule, policy) = read_rule(rule, params)?;
             let dtype = DType::parse(dtype)?;
             let buf = Buffer::in_place(sendbuf, recvbuf, count, dtype, "sendbuf", "recvbuf")?;
-            report.record(match buf {
-                Buffer::F32(b) => {
-                    comm.run(async |c| c.robust_all_reduce(b, rule.as_ref(), policy).await)
-                }
-                Buffer::F64(b) => {
-                    comm.run(async |c| c.robust_all_reduce(b, rule.as_ref(), policy).await)
-                }
-            })
+            report.record(with_buffer!(buf, b => {
+                comm.run(async |c| c.robust_all_reduce(b, rule.as_ref(), policy).await)
+            }))
         })
     }
 }
@@ -658,10 +658,8 @@ pub unsafe extern "C" fn byzcoll_all_reduce(
                 }
             };
             let dtype = DType::parse(dtype)?;
-            match Buffer::in_place(sendbuf, recvbuf, count, dtype, "sendbuf", "recvbuf")? {
-                Buffer::F32(b) => comm.run(async |c| c.all_reduce(b, op).await),
-                Buffer::F64(b) => comm.run(async |c| c.all_reduce(b, op).await),
-            }
+            let buf = Buffer::in_place(sendbuf, recvbuf, count, dtype, "sendbuf", "recvbuf")?;
+            with_buffer!(buf, b => comm.run(async |c| c.all_reduce(b, op).await))
         })
     }
 }

@@ -148,6 +148,16 @@ int main(void) {
     EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "median", NULL, NULL), BYZCOLL_OK, NULL);
     if (memcmp(out, v, sizeof out)) { fprintf(stderr, "FAILED: median with NULL params\n"); return 1; }
     EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "krum", NULL, NULL), BYZCOLL_PRECONDITION, "f = 0");
+    {
+        /* 16-bit elements on host buffers: 1.5, -2.25 and 3 as binary16 and bfloat16 words;
+           one rank's median is its input, bit for bit, and a misaligned buffer is refused. */
+        uint16_t h[4] = {0x3e00, 0xc080, 0x4200, 0}, hb[4] = {0x3fc0, 0xc010, 0x4040, 0}, r16[4];
+        EXPECT(byzcoll_robust_allreduce(comm, h, r16, 3, BYZCOLL_FLOAT16, "median", NULL, NULL), BYZCOLL_OK, NULL);
+        if (memcmp(r16, h, 3 * sizeof h[0])) { fprintf(stderr, "FAILED: float16 median\n"); return 1; }
+        EXPECT(byzcoll_robust_allreduce(comm, hb, r16, 3, BYZCOLL_BFLOAT16, "median", NULL, NULL), BYZCOLL_OK, NULL);
+        if (memcmp(r16, hb, 3 * sizeof hb[0])) { fprintf(stderr, "FAILED: bfloat16 median\n"); return 1; }
+        EXPECT(byzcoll_robust_allreduce(comm, (char *)h + 1, r16, 2, BYZCOLL_FLOAT16, "median", NULL, NULL), BYZCOLL_INVALID_ARGUMENT, "aligned");
+    }
     byzcoll_rule_params_t p2 = params;
     p2.size = 3;
     EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "median", &p2, NULL), BYZCOLL_INVALID_ARGUMENT, "params->size");
