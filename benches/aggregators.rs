@@ -11,7 +11,10 @@
 //! `d = 2^exp` (default 22); `--rules` the rules to time (default
 //! `mean,median,trimmed-mean,krum,multi-krum`; `mean` is always timed, it is the floor the other
 //! rules are compared with); `--threads` the rayon pool sizes, integers or `all` for rayon's
-//! default pool (default `1,all`); `--no-anchor` skips numpy. Bad arguments print clap's message
+//! default pool (default `1,all`); `--dtypes` the element types (`f32`, `f16`, `bf16`; default
+//! `f32`): the same inputs rounded to each, timed after the `f32` rows, their rule shown as
+//! `median:bf16` with `vs-mean` still over the `f32` mean, so a row's `vs-mean` over the `f32`
+//! row's is its time per element over `f32`'s; `--no-anchor` skips numpy. Bad arguments print clap's message
 //! and exit with status 2; `--help` lists the options.
 //!
 //! For each `n` the inputs are built once (a common N(0, 1) vector plus 0.1 * N(0, 1) noise per
@@ -45,7 +48,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use byzcoll::aggregators::{aggregate_into, build, AggError, Aggregator, Params};
+use byzcoll::aggregators::{aggregate_into, build, AggError, Aggregator, Element, Params};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -79,6 +82,9 @@ struct Args {
     /// rayon pool sizes: integers >= 1, or `all` for rayon's default pool (`None` here).
     #[arg(long, value_delimiter = ',', default_value = "1,all", value_parser = parse_threads)]
     threads: Vec<Option<usize>>,
+    /// Element types: f32, f16, bf16.
+    #[arg(long, value_delimiter = ',', default_value = "f32", value_parser = ["f32", "f16", "bf16"])]
+    dtypes: Vec<String>,
     /// Skip the numpy/scipy anchor.
     #[arg(long = "no-anchor", action = clap::ArgAction::SetFalse)]
     anchor: bool,
@@ -177,7 +183,11 @@ fn make_inputs(n: usize, d: usize) -> Result<Vec<f32>, String> {
 
 /// Warm-up, then at least `MIN_REPS` reps and `MIN_TIME` (at most `MAX_REPS`); the median rep
 /// in seconds.
-fn time_rule(rule: &dyn Aggregator, rows: &[&[f32]], out: &mut [f32]) -> Result<f64, AggError> {
+fn time_rule<T: Element>(
+    rule: &dyn Aggregator,
+    rows: &[&[T]],
+    out: &mut [T],
+) -> Result<f64, AggError> {
     aggregate_into(rule, rows, out)?;
     let mut times = Vec::with_capacity(MAX_REPS);
     let start = Instant::now();
@@ -189,6 +199,21 @@ fn time_rule(rule: &dyn Aggregator, rows: &[&[f32]], out: &mut [f32]) -> Result<
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// [`time_rule`] on `rows` rounded to `T`.
+fn time_narrow<T: Element>(
+    rule: &dyn Aggregator,
+    rows: &[&[f32]],
+    d: usize,
+) -> Result<f64, AggError> {
+    let narrow: Vec<Vec<T>> = rows
+        .iter()
+        .map(|r| r.iter().map(|&x| T::from_f64(f64::from(x))).collect())
+        .collect();
+    let narrow: Vec<&[T]> = narrow.iter().map(Vec::as_slice).collect();
+    let mut out = vec![T::from_f64(0.0); d];
+    time_rule(rule, &narrow, &mut out)
 }
 
 /// Anchor results: (n, rule) -> (f, seconds).
@@ -287,7 +312,7 @@ fn make_pools(threads: &[Option<usize>]) -> Result<Vec<Pool>, String> {
 
 fn header() {
     println!(
-        "# {:>4} {:<14} {:>4} {:>7} {:>11} {:>8} {:>8} {:>8}",
+        "# {:>4} {:<17} {:>4} {:>7} {:>11} {:>8} {:>8} {:>8}",
         "n", "rule", "f", "threads", "time(ms)", "GB/s", "vs-numpy", "vs-mean"
     );
 }
@@ -305,7 +330,7 @@ fn row(
         "gb_per_s": gb / seconds }),
     );
     println!(
-        "  {n:>4} {rule:<14} {f:>4} {threads:>7} {:>11.3} {:>8.2} {:>8} {:>8}",
+        "  {n:>4} {rule:<17} {f:>4} {threads:>7} {:>11.3} {:>8.2} {:>8} {:>8}",
         seconds * 1e3,
         gb / seconds,
         cells[0],
@@ -365,7 +390,7 @@ fn run(args: &Args) -> Result<(), String> {
                 let rule = match built {
                     Ok(r) => r,
                     Err(e) => {
-                        println!("# {n:>4} {name:<14} skip: {e}");
+                        println!("# {n:>4} {name:<17} skip: {e}");
                         continue;
                     }
                 };
@@ -380,7 +405,7 @@ fn run(args: &Args) -> Result<(), String> {
                     let seconds = match timed {
                         Ok(s) => s,
                         Err(e) => {
-                            println!("# {n:>4} {name:<14} {} threads: error: {e}", pool.threads);
+                            println!("# {n:>4} {name:<17} {} threads: error: {e}", pool.threads);
                             continue;
                         }
                     };
@@ -399,6 +424,36 @@ fn run(args: &Args) -> Result<(), String> {
                     let what = (n, name.as_str(), f);
                     let cells = [vs_numpy, vs_mean];
                     row(&mut table, what, &t, seconds, bytes / 1e9, cells);
+                }
+                for dtype in args.dtypes.iter().filter(|t| *t != "f32") {
+                    let label = format!("{name}:{dtype}");
+                    for (p, pool) in pools.iter().enumerate() {
+                        let timed = |rule: &dyn Aggregator| match dtype.as_str() {
+                            "f16" => time_narrow::<half::f16>(rule, &rows, d),
+                            _ => time_narrow::<half::bf16>(rule, &rows, d),
+                        };
+                        let timed = match &pool.pool {
+                            Some(tp) => tp.install(|| timed(rule.as_ref())),
+                            None => timed(rule.as_ref()),
+                        };
+                        let seconds = match timed {
+                            Ok(s) => s,
+                            Err(e) => {
+                                println!(
+                                    "# {n:>4} {label:<17} {} threads: error: {e}",
+                                    pool.threads
+                                );
+                                continue;
+                            }
+                        };
+                        let vs_mean = match mean_time[p] {
+                            Some(m) => format!("{:.2}", seconds / m),
+                            None => "-".into(),
+                        };
+                        let t = pool.threads.to_string();
+                        let cells = ["-".into(), vs_mean];
+                        row(&mut table, (n, &label, f), &t, seconds, bytes / 2e9, cells);
+                    }
                 }
             }
             if let Some(&(f, seconds)) = numpy {
