@@ -24,7 +24,7 @@
 //! at once ("peer failed: it left N bytes unread, more than the budget of B").
 //!
 //! When the transport drops, the writer task goes on until it has written what is queued
-//! ([`Writer::close`]), then shuts its direction of the connection down: a rank that ends its
+//! (its `close`), then shuts its direction of the connection down: a rank that ends its
 //! last step before the socket took its sends (a quorum step does not wait for them) and
 //! drops its transport does not cut its last frames short. The transport bounds that by
 //! [`TcpOptions::linger`](crate::TcpOptions::linger).
