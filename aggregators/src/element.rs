@@ -298,8 +298,9 @@ fn pow2(e: i32) -> f64 {
     f64::from_bits(((e + 1023) as u64) << 52)
 }
 
-/// `Σ (a_j - b_j)²` of 16-bit values, each widened to `f64` (exactly), in 8 `f64` lanes: the
-/// operations of the `f64` kernel on the widened values, so the same sums bit for bit.
+/// `Σ (a_j - b_j)²` with each value widened to `f64` (exactly), in 8 `f64` lanes: the `f64`
+/// kernel (widening is the identity there) and the 16-bit types' alike, so the same sums bit
+/// for bit.
 #[inline(always)]
 fn sq_dist_wide<T: Element>(a: &[T], b: &[T]) -> f64 {
     let mut acc = [0.0f64; 8];
@@ -334,7 +335,8 @@ fn pair_distances_wide<T: Element>(
     }
 }
 
-/// Pair by pair, with [`Element::sq_dist`].
+/// Pair by pair, with [`Element::sq_dist`] ([`pair_distances_wide`], whose widening is the
+/// identity here).
 #[inline(always)]
 fn pair_distances_f64<const RA: usize, const RB: usize>(
     inputs: &[&[f64]],
@@ -342,13 +344,7 @@ fn pair_distances_f64<const RA: usize, const RB: usize>(
     range: std::ops::Range<usize>,
     table: &mut [f64],
 ) {
-    let n = inputs.len();
-    for (x, &i) in rows.iter().enumerate() {
-        let a = &inputs[i][range.clone()];
-        for &j in &rows[x + 1..] {
-            table[i * n + j] += sq_dist_f64(a, &inputs[j][range.clone()]);
-        }
-    }
+    pair_distances_wide(inputs, rows, range, table);
 }
 
 /// Lanes of the `f32` kernel, and coordinates per run: at most 16 terms per lane are summed
@@ -614,19 +610,7 @@ pub(crate) fn sq_dist_f32_portable(a: &[f32], b: &[f32]) -> f64 {
 
 #[inline(always)]
 fn sq_dist_f64(a: &[f64], b: &[f64]) -> f64 {
-    let mut acc = [0.0f64; 8];
-    let split = a.len() - a.len() % 8;
-    for (x, y) in a[..split].chunks_exact(8).zip(b[..split].chunks_exact(8)) {
-        for k in 0..8 {
-            let d = x[k] - y[k];
-            acc[k] += d * d;
-        }
-    }
-    for (x, y) in a[split..].iter().zip(&b[split..]) {
-        let d = x - y;
-        acc[0] += d * d;
-    }
-    acc.iter().sum()
+    sq_dist_wide(a, b)
 }
 
 #[cfg(test)]
