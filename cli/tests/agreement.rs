@@ -11,10 +11,10 @@ mod common;
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use byzcoll::bootstrap::JobSecret;
-use common::{example, free_port, text};
+use common::{example, free_port, text, wait_at_most};
 
 /// Each rank's lines: round → `Some(value)` for `ok <value>`, `None` for an error.
 type Outcomes = Vec<HashMap<usize, Option<f32>>>;
@@ -54,15 +54,8 @@ fn run_op(agreement: &str, op: &str) -> (Outcomes, Vec<String>) {
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let mut outcomes = Vec::new();
     let mut logs = Vec::new();
-    for mut child in ranks {
-        let start = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if start.elapsed() > Duration::from_secs(90) {
-                let _ = child.kill();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = child.wait_with_output().unwrap();
+    for child in ranks {
+        let out = wait_at_most(child, Duration::from_secs(90));
         let (stdout, stderr) = text(&out);
         let mut rounds = HashMap::new();
         for line in stdout.lines() {

@@ -22,7 +22,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use byzcoll::bootstrap::JobSecret;
-use common::{example, free_port};
+use common::{example, free_port, wait_at_most};
 
 /// One rank's rounds: round → (`Some(value)` for `ok <value>`, `None` for an error, the
 /// erased ranks, milliseconds).
@@ -84,15 +84,8 @@ fn wait_for_round(rx: &mpsc::Receiver<String>, round: usize, seen: &mut Vec<Stri
 /// Waits (at most 90 s each) for the ranks to exit, and parses their rounds.
 fn finish(ranks: Vec<Child>, mut outs: Vec<(mpsc::Receiver<String>, Vec<String>)>) -> Vec<Rounds> {
     let mut all = Vec::new();
-    for (mut child, (rx, mut seen)) in ranks.into_iter().zip(outs.drain(..)) {
-        let start = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if start.elapsed() > Duration::from_secs(90) {
-                let _ = child.kill();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = child.wait_with_output().unwrap();
+    for (child, (rx, mut seen)) in ranks.into_iter().zip(outs.drain(..)) {
+        let out = wait_at_most(child, Duration::from_secs(90));
         seen.extend(rx.iter());
         let mut rounds = Rounds::new();
         for line in &seen {

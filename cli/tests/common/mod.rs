@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 /// The `byzcoll` binary cargo built for these tests.
@@ -27,6 +27,19 @@ pub(crate) fn example(name: &str) -> PathBuf {
 }
 
 /// Runs `cmd` with a hard time limit, so a hang fails the test instead of stalling CI.
+/// Waits for a child started with piped output, killing it once `limit` has passed, and gives
+/// its output.
+pub(crate) fn wait_at_most(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
 pub(crate) fn run_with_limit(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
     let start = Instant::now();
     let mut child = cmd
