@@ -31,7 +31,7 @@ fi
 nvrtc_dir=${BYZCOLL_NVRTC_DIR:-/opt/byzcoll-nvrtc}
 if ! ldconfig -p | grep -q 'libnvrtc\.so' && [ ! -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then
     echo "== installing NVRTC (pip nvidia-cuda-nvrtc 13.0) into $nvrtc_dir"
-    python3 -m pip install -q --disable-pip-version-check --target "$nvrtc_dir" "nvidia-cuda-nvrtc==13.0.*"
+    python3 -m pip install -q --no-cache-dir --disable-pip-version-check --target "$nvrtc_dir" "nvidia-cuda-nvrtc==13.0.*"
 fi
 export LD_LIBRARY_PATH="$nvrtc_dir/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export BYZCOLL_REQUIRE_NVRTC=1
@@ -41,6 +41,13 @@ export BYZCOLL_REQUIRE_MPI=1
 # Keep UCX and libfabric's socket providers on loopback, and UCX quiet.
 export UCX_NET_DEVICES=lo UCX_LOG_LEVEL=error
 export FI_TCP_IFACE=lo FI_NET_IFACE=lo FI_SOCKETS_IFACE=lo FI_UDP_IFACE=lo
+
+# Disk: CI machines have had little free (one run of this suite failed with "No space left on
+# device" while linking). Line tables only (enough for backtraces with file and line) and no
+# incremental cache keep a clean run's target/debug to about 3.3 GiB, where full debug info and
+# incremental caches took 5.6 GiB for the default-features pass alone.
+export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only
+echo "== disk: $(df -h --output=avail . | tail -n 1 | tr -d ' ') free where target/ is"
 
 log=$(mktemp)
 slurm_dir=$(mktemp -d /tmp/byzcoll-slurm.XXXXXX)
@@ -87,9 +94,9 @@ CARGO_TARGET_DIR="$PWD/target/python" cargo clippy --manifest-path python/Cargo.
 [ -x target/pyvenv/bin/python ] || python3 -m venv target/pyvenv
 # torch (PyPI's, with its CUDA libraries: about 2 minutes and 5 GiB here) for the DDP hook tests;
 # scikit-learn (its digits data set) and matplotlib for examples/python/train_under_attack.py.
-target/pyvenv/bin/pip install -q --disable-pip-version-check maturin numpy pytest mpi4py torch \
+target/pyvenv/bin/pip install -q --no-cache-dir --disable-pip-version-check maturin numpy pytest mpi4py torch \
     scikit-learn matplotlib
-CARGO_TARGET_DIR="$PWD/target/python" target/pyvenv/bin/pip install -q --disable-pip-version-check ./python
+CARGO_TARGET_DIR="$PWD/target/python" target/pyvenv/bin/pip install -q --no-cache-dir --disable-pip-version-check ./python
 BYZCOLL_BIN="$PWD/target/debug/byzcoll" target/pyvenv/bin/python -m pytest python/tests -q -rs -p no:cacheprovider 2>&1 |
     tee -a "$log"
 # Each fuzz target for a few seconds (a SKIPPED line where nightly or cargo-fuzz is missing;
@@ -99,6 +106,7 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly' && ! cargo +nightly fu
     cargo install -q cargo-fuzz --locked
 fi
 FUZZ_SECONDS=5 scripts/fuzz-smoke.sh
+echo "== disk: target/ holds $(du -sh target | cut -f1), $(df -h --output=avail . | tail -n 1 | tr -d ' ') left free"
 # One closing line for the whole run (cargo prints one per test binary, the last often a doc-test
 # crate with nothing in it).
 # Skipped: ignored tests, and tests that found no GPU and said so with a SKIPPED line.
