@@ -237,11 +237,17 @@ impl Out {
                     a.disagreeing, a.unconfirmed, a.differing_inputs, a.differing_versions
                 ));
             }
+            if !a.realigned.is_empty() {
+                text.push_str(&format!(
+                    "realigned: left out the inputs of {:?} to take the result the others                      hold (they went without them); ",
+                    a.realigned
+                ));
+            }
         }
         if round.erased_self {
             text.push_str(
-                "own input left out: the ranks agreed it did not reach them in time \
-                 (agreement enforce); ",
+                "own input left out: it did not reach the other ranks in time, and this \
+                 rank went without it as they did; ",
             );
         }
         if round.unauthenticated {

@@ -185,6 +185,17 @@ fn a_killed_rank_costs_no_deadline_after_it_is_gone() {
 
 #[test]
 fn a_rank_stopped_for_ten_deadlines_sets_no_pace_and_is_never_split() {
+    stopped_for_ten_deadlines("enforce");
+}
+
+/// The same under `Detect`: the resumed rank aggregates the inputs waiting for it, its own
+/// among them, and realigns to the others' result (they went without its input).
+#[test]
+fn under_detect_a_rank_stopped_for_ten_deadlines_realigns_to_the_others() {
+    stopped_for_ten_deadlines("detect");
+}
+
+fn stopped_for_ten_deadlines(agreement: &str) {
     let timeout = 500;
     let t = timeout.to_string();
     // 200 ms apart: the others are still at it when rank 2 resumes.
@@ -194,7 +205,7 @@ fn a_rank_stopped_for_ten_deadlines_sets_no_pace_and_is_never_split() {
         ("BYZCOLL_TIMEOUT_MS", t.as_str()),
         ("ROUNDS", r.as_str()),
         ("BYZCOLL_STRAGGLERS", "auto"),
-        ("BYZCOLL_AGREEMENT", "enforce"),
+        ("BYZCOLL_AGREEMENT", agreement),
     ];
     let outcomes = run(&env, 2, libc::SIGSTOP, Duration::from_millis(10 * timeout));
     let mut erased_rounds = 0;
@@ -203,8 +214,8 @@ fn a_rank_stopped_for_ten_deadlines_sets_no_pace_and_is_never_split() {
         assert!(value == 2.0 || value == 2.5, "round {k}: {value}");
     }
     assert!(erased_rounds > 0, "the stop landed in no round");
-    // Rank 2 resumes about 25 rounds behind and, paced like the others, stays behind; under
-    // `Enforce` each of its rounds returns the job's agreed result, made without its input.
+    // Rank 2 resumes about 25 rounds behind and, paced like the others, stays behind; each of
+    // its rounds returns the job's result, made without its input.
     for k in 0..rounds {
         assert!(
             matches!(outcomes[2].get(&k), Some((Some(_), _, _))),

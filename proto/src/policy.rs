@@ -141,10 +141,16 @@ impl Agreement {
 /// or not, sets the pace of the others. Late inputs are erasures named
 /// [`Fault::Late`](crate::Fault::Late) in the report.
 ///
+/// A communicator's first collective waits for every input whatever `s` (the ranks start
+/// apart, and none has been seen late yet).
+///
 /// Off by default (`Exactly(0)`) for now: under [`Agreement::Detect`] a straggler's input can
-/// reach some honest ranks before their quorum and others after it, and the cross-check then
-/// fails the minority's round (loudly, never silently); [`Agreement::Enforce`] agrees on the
-/// inputs and keeps them all in step (`PROTOCOL.md`, "Quorum rounds").
+/// reach some honest ranks before their quorum and others after it. A rank that held it and
+/// is outvoted realigns to the others' result
+/// ([`AgreementReport::realigned`](crate::AgreementReport::realigned)), but one that went
+/// without it while the others used it fails its round (loudly, never silently);
+/// [`Agreement::Enforce`] agrees on the inputs and keeps them all in step (`PROTOCOL.md`,
+/// "Quorum rounds").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stragglers {
     /// The largest `s` up to the rule's `f` that keeps its precondition with `n - s` inputs
@@ -242,7 +248,8 @@ impl std::fmt::Display for IdentityMode {
 /// at least `n − f` ranks hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AgreementReport {
-    /// Ranks that hold another result (Byzantine, or out of step: they get an error).
+    /// Ranks that hold another result (Byzantine, or out of step: they get an error, or
+    /// realign to this one, [`AgreementReport::realigned`]).
     pub disagreeing: Vec<Rank>,
     /// Ranks whose result is unknown: erased this round, failed, or silent in the cross-check.
     pub unconfirmed: Vec<Rank>,
@@ -253,6 +260,11 @@ pub struct AgreementReport {
     /// Shard owners whose result for a shard differed between the ranks that received it
     /// (sharded mode): they sent different ranks different versions.
     pub differing_versions: Vec<Rank>,
+    /// Senders whose input this rank received but left out, to take the result that at
+    /// least `n − f` ranks hold: they aggregated without it (it reached them late or not at
+    /// all), so this rank aggregated again over the inputs they used, each as it holds them
+    /// (gather mode under [`Agreement::Detect`]; `PROTOCOL.md`, "Realignment").
+    pub realigned: Vec<Rank>,
 }
 
 /// What happened in one robust round.

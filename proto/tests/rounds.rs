@@ -250,6 +250,125 @@ fn a_straggler_is_late_and_does_not_set_the_pace() {
     }
 }
 
+/// Quorum steps under `Detect`: a straggler that starts 500 ms late aggregates every input
+/// (they were all waiting for it), sees in the cross-check that the others went without its
+/// own, and aggregates again without it: every rank returns one result, the straggler with
+/// `erased_self` and its own input `realigned`.
+#[test]
+fn under_detect_a_straggler_realigns_to_the_others_result() {
+    for n in [4, 7, 8, 11] {
+        let f = (n - 1) / 3;
+        let rule = Median::new(f);
+        let d = 6;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+        let mut starts = vec![Duration::ZERO; n];
+        starts[n - 1] = Duration::from_millis(500);
+        let ended = run(
+            |me| {
+                let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
+                s.stragglers = 1;
+                s
+            },
+            &rule,
+            &inputs,
+            &starts,
+            &|from, to, _, _, _| Fate::After(MS * (1 + ((from + to) % 3) as u32)),
+        );
+        let want = bits(&reference(&inputs[..n - 1], &rule));
+        for (me, e) in ended.iter().enumerate() {
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|err| panic!("n = {n} rank {me}: {err}"));
+            assert_eq!(bits(&e.output), want, "n = {n} rank {me}");
+            let found = report.agreement.as_ref().unwrap();
+            if me == n - 1 {
+                assert!(report.erased_self, "n = {n}");
+                assert_eq!(found.realigned, vec![n - 1], "n = {n}");
+                assert_eq!(report.inputs, n - 1, "n = {n}");
+            } else {
+                assert!(found.realigned.is_empty(), "n = {n} rank {me}");
+                assert_eq!(report.faults[0].fault, Fault::Late, "n = {n} rank {me}");
+                assert!(
+                    e.at < Duration::from_millis(100),
+                    "n = {n} rank {me}: {:?}",
+                    e.at
+                );
+            }
+        }
+    }
+}
+
+/// An input that reaches one rank in time and the others late: that rank is outvoted in the
+/// cross-check and aggregates again without it, so every rank returns the result of the
+/// others. The other way round (late only to one rank) the lone rank cannot make the
+/// others' result from what it holds, and says so: `Disagreement`, never a silent split.
+#[test]
+fn an_input_late_to_some_ranks_realigns_the_others_or_is_named() {
+    let (n, d) = (4, 6);
+    let rule = Median::new(1);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let spec = |me| {
+        let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
+        s.stragglers = 1;
+        s
+    };
+    let starts = vec![Duration::ZERO; n];
+    // Rank 3's input reaches rank 0 in time, ranks 1 and 2 late.
+    let ended = run(
+        spec,
+        &rule,
+        &inputs,
+        &starts,
+        &|from, to, step, _, _| match (from, to, step) {
+            (3, 1 | 2, 0) => Fate::After(Duration::from_millis(200)),
+            _ => Fate::After(MS),
+        },
+    );
+    let want = bits(&reference(&inputs[..3], &rule));
+    for (me, e) in ended.iter().enumerate() {
+        let report = e
+            .result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), want, "rank {me}");
+        let realigned = &report.agreement.as_ref().unwrap().realigned;
+        match me {
+            0 | 3 => assert_eq!(realigned, &vec![3], "rank {me}"),
+            _ => assert!(realigned.is_empty(), "rank {me}"),
+        }
+        assert_eq!(report.erased_self, me == 3, "rank {me}");
+    }
+    // Rank 3's input reaches rank 0 late, the others in time: rank 0 lacks an input of the
+    // common result.
+    let ended = run(
+        spec,
+        &rule,
+        &inputs,
+        &starts,
+        &|from, to, step, _, _| match (from, to, step) {
+            (3, 0, 0) => Fate::After(Duration::from_millis(200)),
+            _ => Fate::After(MS),
+        },
+    );
+    let want = bits(&reference(&inputs, &rule));
+    for (me, e) in ended.iter().enumerate() {
+        match (me, &e.result) {
+            (
+                0,
+                Err(Error::Disagreement {
+                    differing_inputs, ..
+                }),
+            ) => {
+                assert!(differing_inputs.is_empty(), "{differing_inputs:?}")
+            }
+            (0, other) => panic!("rank 0: {other:?}"),
+            (_, Ok(_)) => assert_eq!(bits(&e.output), want, "rank {me}"),
+            (_, Err(err)) => panic!("rank {me}: {err}"),
+        }
+    }
+}
+
 /// A rank that starts past the others' deadline in a sharded round with `2f + 1` owners
 /// (versions by digest) returns their result, not another one: its co-owners erased its
 /// pieces, every one of them contradicts its version alike, and it makes its shards again

@@ -147,8 +147,9 @@ struct Report {
     #[pyo3(get)]
     identity: &'static str,
     /// This rank's own input (gather), or its own result for an owned shard (sharded), is not
-    /// in the result: under agreement "enforce" the ranks agreed it did not reach them in
-    /// time, and this rank left it out as they did.
+    /// in the result: it did not reach the other ranks in time (under agreement "enforce"
+    /// they agreed so; under "detect" their cross-checks said so), and this rank left it out
+    /// as they did.
     #[pyo3(get)]
     erased_self: bool,
     /// The inputs the round could go without for their lateness alone (0: every input was
@@ -156,8 +157,9 @@ struct Report {
     #[pyo3(get)]
     stragglers: usize,
     /// The agreement cross-check's findings (None when agreement is off): a dict of rank lists
-    /// `disagreeing`, `unconfirmed`, `differing_inputs`, `differing_versions`.
-    agreement: Option<[Vec<usize>; 4]>,
+    /// `disagreeing`, `unconfirmed`, `differing_inputs`, `differing_versions`, `realigned`
+    /// (inputs this rank held but left out to take the result the others hold).
+    agreement: Option<[Vec<usize>; 5]>,
     /// Peak bytes the collective held at once.
     #[pyo3(get)]
     peak_bytes: usize,
@@ -190,6 +192,7 @@ impl Report {
             "unconfirmed",
             "differing_inputs",
             "differing_versions",
+            "realigned",
         ]
         .iter()
         .zip(a)
@@ -269,6 +272,7 @@ impl From<RoundReport> for Report {
                     a.unconfirmed,
                     a.differing_inputs,
                     a.differing_versions,
+                    a.realigned,
                 ]
             }),
             peak_bytes: r.peak_bytes,

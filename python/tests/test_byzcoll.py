@@ -80,6 +80,7 @@ def test_every_rank_gets_the_median(n, dtype):
                 "unconfirmed": [],
                 "differing_inputs": [],
                 "differing_versions": [],
+                "realigned": [],
             }
 
 

@@ -33,6 +33,9 @@ def main():
         import time
 
         comm.set_stragglers("auto")
+        # The communicator's first collective waits for every rank (they start apart): the
+        # straggler is late in the second.
+        comm.barrier()
         if r == n - 1:
             time.sleep(1.5)
         x = np.full(1000, r + 1, dtype=dtype)

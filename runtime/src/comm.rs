@@ -246,6 +246,11 @@ impl Communicator {
     }
 
     /// Starts collective call `op` with fingerprint `call` ([`crate::calls`]): its number.
+    /// How many collectives this communicator has begun (alike on every rank).
+    pub(crate) fn collectives_begun(&self) -> u64 {
+        self.next_collective
+    }
+
     pub(crate) fn begin(&mut self, op: &'static str, call: u64) -> Sequence<'_> {
         // 2^48 calls per communicator: at a million calls a second, nine years.
         let collective = MsgKey::stream_start(self.stream).collective | self.next_collective;

@@ -33,6 +33,7 @@ fn merge_reports(merged: &mut RoundReport, next: RoundReport) {
             union(&mut a.unconfirmed, b.unconfirmed);
             union(&mut a.differing_inputs, b.differing_inputs);
             union(&mut a.differing_versions, b.differing_versions);
+            union(&mut a.realigned, b.realigned);
         }
         (a @ None, b) => *a = b,
         (Some(_), None) => {}
@@ -177,7 +178,9 @@ impl Communicator {
     /// steps), where asking for some is an error rather than a silent wait for everyone.
     fn stragglers(&self, rule: &dyn Aggregator, shape: Shape) -> Result<usize> {
         let requested = self.config().stragglers.requested();
-        if requested == Some(0) {
+        // The communicator's first collective waits for every input: the ranks started
+        // apart, and none has been seen late yet.
+        if requested == Some(0) || self.collectives_begun() == 0 {
             return Ok(0);
         }
         let cannot = match shape {
@@ -231,7 +234,8 @@ impl Communicator {
         };
         let mut round = Round::resuming(spec, rule, carry);
         let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone())
-            .measuring(self.config().attribution);
+            .measuring(self.config().attribution)
+            .keeping_input(agreement == Agreement::Detect && shape == Shape::Gather);
         let call = crate::calls::robust::<T>(rule, shape, d, self.step());
         let mut seq = self.begin("robust", call);
         while let Some(plan) = round.step() {

@@ -651,6 +651,11 @@ impl RoundPlane for SimPlane<'_> {
         Ok(())
     }
 
+    fn keeps_input(&self) -> bool {
+        // Inputs are chunks of the store; outputs are new ones.
+        true
+    }
+
     fn result_digest(&mut self) -> Digest {
         let Some(plane) = self.data.as_deref_mut() else {
             return [0; 32];

@@ -2,6 +2,10 @@
 //! what they say of this rank's result.
 
 use super::*;
+use crate::AgreementReport;
+
+/// The confirmation step's message: status (1: a result), then its BLAKE3 digest.
+const CONFIRM_LEN: usize = 33;
 
 impl<'r, B> Round<'r, B> {
     /// The cross-check step of [`Agreement::Detect`] (or the end under `Off`): every rank,
@@ -75,14 +79,13 @@ impl<'r, B> Round<'r, B> {
         mine: Check,
         encoded: Vec<Bytes>,
     ) {
-        if self.failed.is_some() {
-            return;
-        }
         let (me, n) = (self.spec.me, self.spec.n);
         let mut theirs: Vec<Option<Check>> = vec![None; n];
         let mut same = vec![false; n];
+        let mut heard = Vec::new();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             if let Arrival::Received(b) = a {
+                heard.push(op.peer);
                 let bytes = plane.host(&b);
                 // The common case, a rank that saw what this one saw, costs one comparison.
                 if bytes[..] == encoded[op.peer][..] {
@@ -92,14 +95,253 @@ impl<'r, B> Round<'r, B> {
                 }
             }
         }
-        match check::evaluate(me, n, self.rule.byzantine(), &mine, &theirs, &same) {
+        if self.failed.is_some() {
+            if self.confirms() {
+                self.post_confirm(None, Err(None), heard);
+            }
+            return;
+        }
+        let f = self.rule.byzantine();
+        let outcome = match check::evaluate(me, n, f, &mine, &theirs, &same) {
             Ok(mut found) => {
                 found.differing_inputs.append(&mut self.echo_differs);
                 found.differing_inputs.sort_unstable();
                 found.differing_inputs.dedup();
-                self.report.agreement = Some(found);
+                Ok((found, mine.result))
             }
-            Err(e) => self.failed = Some(e),
+            Err(e) => match self.realign(plane, &mine, &theirs, &same) {
+                Some((found, result)) => Ok((found, Some(result))),
+                None => Err(e),
+            },
+        };
+        if !self.confirms() {
+            match outcome {
+                Ok((found, _)) => self.report.agreement = Some(found),
+                Err(e) => self.failed = Some(e),
+            }
+            return;
         }
+        match outcome {
+            Ok((found, result)) => self.post_confirm(result, Ok(found), heard),
+            // Outvoted for now: the ranks that realign may still take this result.
+            Err(e) => self.post_confirm(mine.result, Err(Some(e)), heard),
+        }
+    }
+
+    /// Whether the cross-check is followed by the confirmation step: under
+    /// [`Agreement::Detect`] in gather mode with stragglers allowed, where an input late to
+    /// some ranks and not others splits them and the ranks that realign say so
+    /// (`PROTOCOL.md`, "Realignment"). Alike on every rank (the spec's).
+    pub(super) fn confirms(&self) -> bool {
+        self.spec.agreement == Agreement::Detect && self.r == 0 && self.spec.stragglers > 0
+    }
+
+    /// The confirmation step: every rank sends every other the digest of the result it
+    /// ends with (after realigning; none where its round failed), and waits for those whose
+    /// cross-check it heard. `first`: what the cross-check found (`Err(None)`: the round had
+    /// failed already).
+    fn post_confirm(
+        &mut self,
+        result: Option<Digest>,
+        first: Result<AgreementReport, Option<Error>>,
+        heard: Vec<Rank>,
+    ) {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let mut bytes = Vec::with_capacity(CONFIRM_LEN);
+        bytes.push(u8::from(result.is_some()));
+        bytes.extend_from_slice(&result.unwrap_or([0; 32]));
+        let bytes = Bytes::from(bytes);
+        let sends = schedule::direct_peers(me, n)
+            .map(|peer| Send {
+                peer,
+                tag: 0,
+                msg: Msg::Bytes(bytes.clone()),
+            })
+            .collect();
+        let recvs = heard
+            .iter()
+            .map(|&peer| RecvOp {
+                peer,
+                tag: 0,
+                len: CONFIRM_LEN,
+            })
+            .collect();
+        self.post(Phase::Confirm { result, first }, "confirm", sends, recvs);
+    }
+
+    /// The end of the confirmation step: this rank's result stands where at least `n − f`
+    /// ranks (this one included) end with it; otherwise [`Error::Disagreement`].
+    pub(super) fn confirmed<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+        result: Option<Digest>,
+        first: Result<AgreementReport, Option<Error>>,
+    ) {
+        let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
+        let (Some(result), mut found) = (result, first) else {
+            return;
+        };
+        if self.failed.is_some() {
+            return;
+        }
+        let mut agreeing = vec![me];
+        let (mut disagreeing, mut unconfirmed) = (Vec::new(), Vec::new());
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            let theirs = match &a {
+                Arrival::Received(b) => {
+                    let bytes = plane.host(b);
+                    (bytes.len() == CONFIRM_LEN && bytes[0] == 1).then(|| bytes[1..].to_vec())
+                }
+                _ => None,
+            };
+            match theirs {
+                Some(d) if d[..] == result[..] => agreeing.push(op.peer),
+                Some(_) => disagreeing.push(op.peer),
+                None => unconfirmed.push(op.peer),
+            }
+        }
+        agreeing.sort_unstable();
+        let previous = match &mut found {
+            Ok(found) => Some(found.clone()),
+            Err(Some(Error::Disagreement {
+                unconfirmed,
+                differing_inputs,
+                ..
+            })) => Some(AgreementReport {
+                unconfirmed: std::mem::take(unconfirmed),
+                differing_inputs: std::mem::take(differing_inputs),
+                ..AgreementReport::default()
+            }),
+            Err(_) => None,
+        };
+        let previous = previous.unwrap_or_default();
+        // Silent in either step: unconfirmed.
+        unconfirmed.extend(
+            (0..n)
+                .filter(|p| *p != me && previous.unconfirmed.contains(p) && !agreeing.contains(p)),
+        );
+        unconfirmed.sort_unstable();
+        unconfirmed.dedup();
+        unconfirmed.retain(|p| !disagreeing.contains(p));
+        if agreeing.len() < n.saturating_sub(f) {
+            return self.fail(Error::Disagreement {
+                agreeing,
+                disagreeing,
+                unconfirmed,
+                differing_inputs: previous.differing_inputs,
+            });
+        }
+        self.report.agreement = Some(AgreementReport {
+            disagreeing,
+            unconfirmed,
+            ..previous
+        });
+    }
+
+    /// Where this rank's result is not the one at least `n − f` ranks hold (gather mode,
+    /// [`Agreement::Detect`]): if those ranks aggregated a subset of the inputs this rank
+    /// holds (each with the digest this rank's copy has), aggregates again over exactly that
+    /// subset, and takes the result if its digest is theirs (`PROTOCOL.md`, "Realignment").
+    /// The common case: an input that reached this rank just in time and the others late.
+    /// `None` (the round keeps its [`Error::Disagreement`]) where no such result or subset
+    /// exists, or none of at most `f + 1` subsets gives it.
+    fn realign<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        mine: &Check,
+        theirs: &[Option<Check>],
+        same: &[bool],
+    ) -> Option<(AgreementReport, Digest)> {
+        let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
+        if self.kept.is_empty() || self.r != 0 || self.spec.agreement != Agreement::Detect {
+            return None;
+        }
+        // The result held by at least n − f of the others: at most one can be (n > 2f), and
+        // at least f + 1 of them means an honest rank holds it.
+        // The result held by enough of the others: at least f + 1 (so an honest rank holds
+        // it), and n − f without the confirmation step, where no rank could return another
+        // (n − f − 1 with it, where the ranks' final results decide).
+        let enough = match self.confirms() {
+            true => n.saturating_sub(f + 1).max(f + 1),
+            false => n.saturating_sub(f).max(f + 1),
+        };
+        let held_by = |d: &Digest| {
+            theirs
+                .iter()
+                .flatten()
+                .filter(|c| c.result == Some(*d))
+                .count()
+        };
+        let target = theirs
+            .iter()
+            .flatten()
+            .filter_map(|c| c.result)
+            .find(|d| Some(*d) != mine.result && held_by(d) >= enough)?;
+        let used: Vec<Rank> = (0..n).filter(|&j| mine.seen.inputs[j].is_some()).collect();
+        let mut tried: Vec<&[Option<Digest>]> = Vec::new();
+        for c in theirs.iter().flatten().filter(|c| c.result == Some(target)) {
+            let list = &c.seen.inputs[..];
+            if tried.contains(&list) {
+                continue;
+            }
+            if tried.len() > f {
+                break;
+            }
+            tried.push(list);
+            // Every input of theirs is one this rank holds, with the same digest.
+            let set: Vec<Rank> = (0..n).filter(|&j| list[j].is_some()).collect();
+            let held = |j: Rank| match (list[j], mine.seen.inputs[j]) {
+                (Some(a), Some(b)) => a[..16] == b[..16],
+                _ => false,
+            };
+            if set.len() >= used.len() || !set.iter().all(|&j| held(j)) {
+                continue;
+            }
+            let kept = std::mem::take(&mut self.kept);
+            let again = self.aggregate_set(plane, &kept, &set);
+            self.kept = kept;
+            if again.is_ok() && plane.result_digest() == target {
+                let realigned: Vec<Rank> =
+                    used.iter().copied().filter(|j| !set.contains(j)).collect();
+                let now = Check {
+                    result: Some(target),
+                    seen: Seen {
+                        inputs: list.to_vec(),
+                        ..mine.seen.clone()
+                    },
+                };
+                // The ranks that sent this rank's first check now hold another result.
+                let theirs: Vec<Option<Check>> = (0..n)
+                    .map(|p| match same[p] {
+                        true => Some(mine.clone()),
+                        false => theirs[p].clone(),
+                    })
+                    .collect();
+                // Without the confirmation step, the others' checks must show n − f ranks with
+                // this result; with it, the ranks' final results decide.
+                let mut found = match check::evaluate(me, n, f, &now, &theirs, &vec![false; n]) {
+                    Ok(found) => found,
+                    Err(Error::Disagreement {
+                        disagreeing,
+                        unconfirmed,
+                        differing_inputs,
+                        ..
+                    }) if self.confirms() => AgreementReport {
+                        disagreeing,
+                        unconfirmed,
+                        differing_inputs,
+                        ..AgreementReport::default()
+                    },
+                    Err(_) => return None,
+                };
+                found.realigned = realigned;
+                self.report.erased_self = !set.contains(&me);
+                return Some((found, target));
+            }
+        }
+        // The output holds an attempt's result: the round fails, and its output is not read.
+        None
     }
 }

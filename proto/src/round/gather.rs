@@ -47,15 +47,36 @@ impl<'r, B> Round<'r, B> {
         }
         let ranks: Vec<Rank> = (0..n).filter(|&p| p == me || got[p].is_some()).collect();
         self.aggregate_inputs(plane, &got, ranks);
+        if self.spec.agreement == Agreement::Detect && plane.keeps_input() {
+            self.kept = got;
+        }
     }
 
-    /// Aggregates the inputs of `ranks` (in rank order): `got[p]`, or this rank's own.
+    /// Aggregates the inputs of `ranks` (in rank order): `got[p]`, or this rank's own; then
+    /// the cross-check.
     pub(super) fn aggregate_inputs<P: Plane<Buf = B>>(
         &mut self,
         plane: &mut P,
         got: &[Option<B>],
         ranks: Vec<Rank>,
     ) {
+        match self.aggregate_set(plane, got, &ranks) {
+            Ok(()) => {
+                let digest = self.detect().then(|| plane.result_digest());
+                self.post_check(digest);
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// The rule over the inputs of `ranks` into the output, with what the report says of
+    /// them (count, bytes, selection, non-finite inputs, attribution).
+    pub(super) fn aggregate_set<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        got: &[Option<B>],
+        ranks: &[Rank],
+    ) -> Result<(), Error> {
         let (me, d) = (self.spec.me, self.spec.d);
         let src = |p: Rank| match &got[p] {
             Some(b) if p != me => Src::Got(b),
@@ -65,7 +86,7 @@ impl<'r, B> Round<'r, B> {
         self.report.inputs = ranks.len();
         self.received_bytes = others * self.bytes(d);
         self.report.peak_bytes = (others + 2) * self.bytes(d);
-        for &p in &ranks {
+        for &p in ranks {
             // Under Enforce the agreed commitments are already there (BLAKE3 serves the
             // cross-check as well as XXH3 and saves a pass over every input).
             if self.detect() && self.seen.inputs[p].is_none() {
@@ -74,9 +95,9 @@ impl<'r, B> Round<'r, B> {
         }
         let inputs: Vec<Src<'_, B>> = ranks.iter().map(|&p| src(p)).collect();
         if let Err(source) = self.rule.check(ranks.len()) {
-            self.report.non_finite = non_finite_ranks(plane, None, &inputs, &ranks);
+            self.report.non_finite = non_finite_ranks(plane, None, &inputs, ranks);
             let faults = self.report.faults.clone();
-            return self.fail(Error::TooManyFaults { source, faults });
+            return Err(Error::TooManyFaults { source, faults });
         }
         self.charge(inputs.len() * self.bytes(d));
         let aggregated = plane.aggregate(self.rule, &inputs, Dest::Output);
@@ -84,24 +105,20 @@ impl<'r, B> Round<'r, B> {
             .as_ref()
             .ok()
             .and_then(|a| a.non_finite.as_deref());
-        self.report.non_finite = non_finite_ranks(plane, found, &inputs, &ranks);
-        match aggregated {
-            Ok(agg) => {
-                self.report.selected = agg
-                    .selected
-                    .map(|s| s.into_iter().map(|i| ranks[i]).collect());
-                drop(inputs);
-                let mut all: Vec<Option<Src<'_, B>>> = (0..self.spec.n).map(|_| None).collect();
-                for &p in &ranks {
-                    all[p] = Some(src(p));
-                }
-                let measured = plane.measure(&all, Dest::Output, self.rule.byzantine());
-                drop(all);
-                self.add_measure(measured);
-                let digest = self.detect().then(|| plane.result_digest());
-                self.post_check(digest);
-            }
-            Err(e) => self.fail(rank_error(e, &ranks)),
+        self.report.non_finite = non_finite_ranks(plane, found, &inputs, ranks);
+        let agg = aggregated.map_err(|e| rank_error(e, ranks))?;
+        self.report.selected = agg
+            .selected
+            .map(|s| s.into_iter().map(|i| ranks[i]).collect());
+        drop(inputs);
+        let mut all: Vec<Option<Src<'_, B>>> = (0..self.spec.n).map(|_| None).collect();
+        for &p in ranks {
+            all[p] = Some(src(p));
         }
+        let measured = plane.measure(&all, Dest::Output, self.rule.byzantine());
+        drop(all);
+        self.measured = None;
+        self.add_measure(measured);
+        Ok(())
     }
 }

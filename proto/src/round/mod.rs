@@ -264,6 +264,15 @@ pub trait Plane {
         i: usize,
     ) -> Result<(), AggError>;
 
+    /// Whether [`Src::Mine`] still reads this rank's input once [`Dest::Output`] was written
+    /// (the caller's vector is both): then a gather-mode round under [`Agreement::Detect`] can
+    /// aggregate again over the inputs that the ranks holding the common result used
+    /// ([`AgreementReport::realigned`](crate::AgreementReport::realigned)). `false` (the
+    /// default): such a rank gets [`Error::Disagreement`] instead.
+    fn keeps_input(&self) -> bool {
+        false
+    }
+
     /// The BLAKE3 digest of the output (all-reduce), what the cross-check compares.
     fn result_digest(&mut self) -> Digest;
 
@@ -414,6 +423,12 @@ enum Phase<B> {
         mine: Check,
         encoded: Vec<Bytes>,
     },
+    /// The confirmation step after the cross-check (gather mode, `Detect`, stragglers
+    /// allowed): the result this rank ends with, and what the cross-check found.
+    Confirm {
+        result: Option<Digest>,
+        first: Result<crate::AgreementReport, Option<Error>>,
+    },
     Done,
 }
 
@@ -429,6 +444,7 @@ impl<B> Phase<B> {
             Phase::Echo => "echo",
             Phase::Recover => "recover",
             Phase::Check { .. } => "check",
+            Phase::Confirm { .. } => "confirm",
             Phase::Done => "done",
         }
     }
@@ -467,6 +483,10 @@ pub struct Round<'r, B> {
     /// shard. The messages received (the agreed ones after the recovery step), one echo tree
     /// per `k`, and the decisions.
     held: Vec<Option<B>>,
+    /// Gather mode under [`Agreement::Detect`], where the plane [keeps its
+    /// input](Plane::keeps_input): the inputs received, kept for the cross-check, which may
+    /// aggregate again over the inputs the ranks holding the common result used.
+    kept: Vec<Option<B>>,
     echo: Vec<eig::Eig>,
     agreed: Vec<Option<Digest>>,
     /// Senders of which the echo carried two different inputs (named in the report's
@@ -560,6 +580,7 @@ impl<'r, B> Round<'r, B> {
             warnings: Vec::new(),
             work: std::cell::Cell::new(0),
             held: Vec::new(),
+            kept: Vec::new(),
             echo: Vec::new(),
             agreed: Vec::new(),
             echo_differs: Vec::new(),
@@ -690,6 +711,9 @@ impl<'r, B> Round<'r, B> {
             Phase::Echo => self.echoed(plane, &plan, outcomes),
             Phase::Recover => self.recovered(plane, &plan, outcomes),
             Phase::Check { mine, encoded } => self.checked(plane, &plan, outcomes, mine, encoded),
+            Phase::Confirm { result, first } => {
+                self.confirmed(plane, &plan, outcomes, result, first)
+            }
             Phase::Done => unreachable!("no step is posted when done"),
         }
     }

@@ -191,6 +191,10 @@ impl Plane for TestPlane {
         unreachable!("the harness runs coordinate-wise rules")
     }
 
+    fn keeps_input(&self) -> bool {
+        true
+    }
+
     fn result_digest(&mut self) -> Digest {
         result_digest::<f32>(&self.output)
     }

@@ -59,6 +59,10 @@ pub struct HostPlane<'a, T> {
     /// The pieces' wire forms (sharded mode), by shard, made once.
     pieces: Vec<Option<Payload>>,
     tamper: Option<Tamper>,
+    /// The output was written over the caller's vector ([`Target::All`]).
+    output_written: bool,
+    /// [`HostPlane::keeping_input`].
+    keep_input: bool,
 }
 
 impl<T> std::fmt::Debug for HostPlane<'_, T> {
@@ -86,6 +90,8 @@ impl<'a, T: Element> HostPlane<'a, T> {
             input_payload: None,
             pieces: vec![None; n],
             tamper,
+            output_written: false,
+            keep_input: false,
         }
     }
 
@@ -146,15 +152,33 @@ impl<'a, T: Element> HostPlane<'a, T> {
         }
     }
 
+    /// Keeps the input's wire form until the round ends, where the round may aggregate again
+    /// after the output overwrote the caller's vector ([`Plane::keeps_input`]: a gather-mode
+    /// round under `Agreement::Detect`); off unless turned on here.
+    pub fn keeping_input(mut self, on: bool) -> Self {
+        self.keep_input = on;
+        self
+    }
+
     /// Drops the wire forms of the input and its pieces (sent; the transport holds what it
-    /// still needs).
+    /// still needs), but the input's where it is [kept](HostPlane::keeping_input).
     pub fn release_sent(&mut self) {
-        self.input_payload = None;
+        if !self.keep_input {
+            self.input_payload = None;
+        }
         self.pieces.iter_mut().for_each(|p| *p = None);
     }
 
     fn view<'b>(&'b self, src: &Src<'b, Payload>) -> Cow<'b, [T]> {
         match src {
+            // The caller's vector holds the output now: the input is in its wire form.
+            Src::Mine(range) if self.output_written => match &self.input_payload {
+                Some(p) => match cast_payload::<T>(p) {
+                    Cow::Borrowed(all) => Cow::Borrowed(&all[range.clone()]),
+                    Cow::Owned(all) => Cow::Owned(all[range.clone()].to_vec()),
+                },
+                None => unreachable!("keeps_input is false without the input's wire form"),
+            },
             Src::Mine(range) => Cow::Borrowed(&self.input()[range.clone()]),
             Src::Got(p) => cast_payload::<T>(p),
             Src::Owned(i) => cast_bytes(&self.results[*i]),
@@ -259,7 +283,10 @@ impl<T: Element> Plane for HostPlane<'_, T> {
                 drop(views);
                 self.output_measure = measured;
                 match &mut self.target {
-                    Target::All(buf) => buf.copy_from_slice(&out),
+                    Target::All(buf) => {
+                        buf.copy_from_slice(&out);
+                        self.output_written = true;
+                    }
                     Target::OwnShard { output, .. } => output.copy_from_slice(&out),
                 }
                 Ok(report)
@@ -425,6 +452,11 @@ impl<T: Element> Plane for HostPlane<'_, T> {
         let (out, _) = computed(len, |out| aggregate_into(mixing.inner(), &refs, out))?;
         self.set_result(i, out);
         Ok(())
+    }
+
+    fn keeps_input(&self) -> bool {
+        // The input's wire form, made for the gather step, outlives the caller's vector.
+        matches!(self.target, Target::All(_)) && self.input_payload.is_some()
     }
 
     fn result_digest(&mut self) -> Digest {

@@ -483,8 +483,10 @@ where
 /// A stalled rank: rank 2 of 4 (f = 1, rank `r` contributes `r + 1`) starts its round
 /// after the others' deadline. They erase it and return 2; where the transport kept their
 /// messages it then finds all four inputs and would return 2.5. Under `Off` it does, with
-/// `faults = []`; under `Detect` it gets `Error::Disagreement` (or, without the inputs,
-/// `TooManyFaults`), and the others report it erased and unconfirmed.
+/// `faults = []`; under `Detect` the cross-check shows it that the others went without its
+/// input, and it aggregates again without it (realignment): 2, like them, with its own input
+/// `realigned` and `erased_self` (without the inputs, `TooManyFaults`); the others report it
+/// erased and unconfirmed.
 pub async fn a_stalled_rank_that_resumes_never_returns_another_result_as_success<F, Fut>(factory: F)
 where
     F: Fn(usize) -> Fut,
@@ -505,7 +507,11 @@ where
     let detect = run(Agreement::Detect, factory(4).await).await;
     for (me, result) in detect.into_iter().enumerate() {
         match result {
-            Err(Error::Disagreement { agreeing, .. }) if me == 2 => assert_eq!(agreeing, [2]),
+            Ok((report, v)) if me == 2 => {
+                assert_eq!(v[0], 2.0);
+                assert!(report.erased_self);
+                assert_eq!(report.agreement.unwrap().realigned, [2]);
+            }
             Err(Error::TooManyFaults { .. }) if me == 2 && !keeps_late_messages => {}
             Ok((report, v)) if me != 2 => {
                 assert_eq!(v[0], 2.0);
