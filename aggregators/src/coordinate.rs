@@ -639,16 +639,42 @@ mod tests {
                             assert_eq!(differ, None, "{rule} {what}: first differing coordinate");
                         }
                     };
-                    let (mut fast, mut slow) =
-                        (vec![T::from_f64(0.0); d], vec![T::from_f64(0.0); d]);
+                    let zero = T::from_f64(0.0);
+                    let (mut fast, mut slow) = (vec![zero; d], vec![zero; d]);
+                    // Every kernel this CPU runs against the portable path; `run` (the dispatch
+                    // and the report) as well.
+                    let by_every = |finish, want: &Result<(), AggError>, slow: &[T], rule: &str| {
+                        for (kernels, done, out) in
+                            network::fused_by_every_kernel(&inputs, finish, zero)
+                        {
+                            let got =
+                                done.result.map(|()| Some(done.non_finite)).map_err(
+                                    |c| match want {
+                                        Err(AggError::NonFiniteResult { rule, f, .. }) => {
+                                            AggError::NonFiniteResult {
+                                                rule: rule.clone(),
+                                                f: *f,
+                                                coordinate: c,
+                                            }
+                                        }
+                                        _ => panic!(
+                                            "{rule} {kernels} {what}: Err({c}), want {want:?}"
+                                        ),
+                                    },
+                                );
+                            check(got, &out, want.clone(), slow, &format!("{rule} {kernels}"));
+                        }
+                    };
                     let median = Median::new((n - 1) / 2);
                     let got = median.run(&inputs, &mut fast);
                     let want = median.run_portable(&inputs, &mut slow);
+                    by_every(network::Finish::Median, &want, &slow, "median");
                     check(got, &fast, want, &slow, "median");
                     for f in [0, (n - 1) / 4, (n - 1) / 2] {
                         let trimmed = TrimmedMean::new(f);
                         let got = trimmed.run(&inputs, &mut fast);
                         let want = trimmed.run_portable(&inputs, &mut slow);
+                        by_every(network::Finish::Trimmed { f }, &want, &slow, "trimmed");
                         check(got, &fast, want, &slow, "trimmed");
                     }
                     // The mean: every coordinate, finite or not, against the portable sum.
@@ -658,16 +684,16 @@ mod tests {
                             T::from_f64(rows.iter().fold(0.0, |a, r| a + r[c].to_f64()) * scale)
                         })
                         .collect();
-                    if let Some(got) = network::mean_in_order(&inputs, &mut fast) {
-                        let first_bad = sums.iter().position(|v| !v.is_finite());
-                        assert_eq!(got, first_bad.map_or(Ok(()), Err), "mean {what}");
-                        for (c, (g, w)) in fast.iter().zip(&sums).enumerate() {
+                    let first_bad = sums.iter().position(|v| !v.is_finite());
+                    for (kernels, got, out) in network::mean_by_every_kernel(&inputs, zero) {
+                        assert_eq!(got, first_bad.map_or(Ok(()), Err), "mean {kernels} {what}");
+                        for (c, (g, w)) in out.iter().zip(&sums).enumerate() {
                             // A NaN's payload depends on which NaN the sum met first.
                             let same = match w.to_f64().is_nan() {
                                 true => g.to_f64().is_nan(),
                                 false => bits(&[*g]) == bits(&[*w]),
                             };
-                            assert!(same, "mean {what} coordinate {c}: {g:?} != {w:?}");
+                            assert!(same, "mean {kernels} {what} coordinate {c}: {g:?} != {w:?}");
                         }
                     }
                     let got = aggregate_into(&Mean::new(), &inputs, &mut fast);

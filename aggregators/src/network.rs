@@ -21,8 +21,8 @@
 //! input's next line is prefetched. One core, `d = 2^22`: the median of 16 inputs went from
 //! 35 ms to 11-13 ms, under numpy's `mean` of the same data (15 ms).
 //!
-//! `bf16` and `f16` take the same kernels with AVX-512 (F, BW, VL): their 16-bit keys,
-//! sign-extended, sort in the 32-bit lanes, and a value is widened to `f32` (exactly) only where
+//! `bf16` and `f16` take the same kernels (AVX-512 F, BW and VL; or AVX2, with F16C for
+//! `f16`, for up to 16 inputs): their 16-bit keys, sign-extended, sort in the 32-bit lanes, and a value is widened to `f32` (exactly) only where
 //! a finish adds it. An `f64` result is narrowed to `f32` rounded to odd and then to 16 bits
 //! to nearest, which is rounding it once ([`Element::from_f64`]); a middle value is its own
 //! key's 16 bits. So the results are bitwise those of the portable paths.
@@ -282,8 +282,8 @@ const BF16_FINITE_KEYS: (i32, i32) = (0x8080u16 as i16 as i32, 0x7f7f);
 const F16_FINITE_KEYS: (i32, i32) = (0x8400u16 as i16 as i32, 0x7bff);
 
 /// `finish` of every coordinate's sorted column straight into `out`, for `f32` inputs (at
-/// most 16 of them with AVX2 or 32 with AVX-512) and `bf16` or `f16` inputs (at most 32, with
-/// AVX-512F, BW and VL): each group of 8 (16) coordinates is loaded, sorted in registers by a
+/// most 16 of them with AVX2 or 32 with AVX-512) and `bf16` or `f16` inputs (likewise, with
+/// AVX-512 BW and VL besides, and F16C for `f16` with AVX2): each group of 8 (16) coordinates is loaded, sorted in registers by a
 /// network specialised for `n` (padding wires are constants, so every comparator that touches
 /// one folds away, and so does every comparator no finished row depends on) and finished
 /// there, so no sorted row is stored. The 16-bit types are sorted on their own keys in 32-bit
@@ -298,13 +298,8 @@ pub(crate) fn fused<T: Element>(inputs: &[&[T]], out: &mut [T], finish: Finish) 
     #[cfg(target_arch = "x86_64")]
     {
         let kernels = Kernels::for_type::<T>()?;
-        let n = inputs.len();
-        let finish_ok = match finish {
-            Finish::Trimmed { f } => 2 * f < n,
-            Finish::Nearest { beta } => kernels.f32_lanes() && (1..=n).contains(&beta),
-            Finish::Median => true,
-        };
-        (n >= 1 && n <= kernels.max_inputs() && finish_ok)
+        kernels
+            .take(inputs.len(), finish)
             .then(|| fused_on(inputs, out, finish, kernels))
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -324,6 +319,10 @@ enum Kernels {
     Avx2F32,
     /// `f32` in 16 lanes (AVX-512F).
     Avx512F32,
+    /// `bf16` in 8 lanes of 32 bits (AVX2).
+    Avx2Bf16,
+    /// `f16` in 8 lanes of 32 bits (AVX2, F16C).
+    Avx2F16,
     /// `bf16` in 16 lanes of 32 bits (AVX-512F, BW, VL).
     Avx512Bf16,
     /// `f16` in 16 lanes of 32 bits (AVX-512F, BW, VL).
@@ -332,27 +331,51 @@ enum Kernels {
 
 #[cfg(target_arch = "x86_64")]
 impl Kernels {
-    /// The kernels this CPU runs for `T`, if any (detected once, then cached loads).
-    fn for_type<T: Element>() -> Option<Self> {
+    /// The kernels this CPU runs for `T`, the fastest first (features detected once, then
+    /// cached loads).
+    fn usable<T: Element>() -> Vec<Self> {
         use crate::DType;
         use std::arch::is_x86_feature_detected as has;
-        let avx512_16 = || has!("avx512f") && has!("avx512bw") && has!("avx512vl");
-        match T::DTYPE {
-            DType::F32 if has!("avx2") => Some(match has!("avx512f") {
-                true => Kernels::Avx512F32,
-                false => Kernels::Avx2F32,
-            }),
-            DType::BF16 if avx512_16() => Some(Kernels::Avx512Bf16),
-            DType::F16 if avx512_16() => Some(Kernels::Avx512F16),
-            _ => None,
-        }
+        let avx2 = has!("avx2");
+        let avx512_16 = has!("avx512f") && has!("avx512bw") && has!("avx512vl");
+        let candidates = match T::DTYPE {
+            DType::F32 => [
+                (Kernels::Avx512F32, avx2 && has!("avx512f")),
+                (Kernels::Avx2F32, avx2),
+            ],
+            DType::BF16 => [(Kernels::Avx512Bf16, avx512_16), (Kernels::Avx2Bf16, avx2)],
+            DType::F16 => [
+                (Kernels::Avx512F16, avx512_16),
+                (Kernels::Avx2F16, avx2 && has!("f16c")),
+            ],
+            DType::F64 => return Vec::new(),
+        };
+        candidates
+            .into_iter()
+            .filter_map(|(kernels, runs)| runs.then_some(kernels))
+            .collect()
+    }
+
+    /// The fastest kernels this CPU runs for `T`, if any.
+    fn for_type<T: Element>() -> Option<Self> {
+        Self::usable::<T>().first().copied()
+    }
+
+    /// Whether these kernels take `n` inputs for `finish`.
+    fn take(self, n: usize, finish: Finish) -> bool {
+        let finish_ok = match finish {
+            Finish::Trimmed { f } => 2 * f < n,
+            Finish::Nearest { beta } => self.f32_lanes() && (1..=n).contains(&beta),
+            Finish::Median => true,
+        };
+        n >= 1 && n <= self.max_inputs() && finish_ok
     }
 
     /// Most inputs the fused kernels sort.
     fn max_inputs(self) -> usize {
         match self {
-            Kernels::Avx2F32 => 16,
-            _ => 32,
+            Kernels::Avx2F32 | Kernels::Avx2Bf16 | Kernels::Avx2F16 => 16,
+            Kernels::Avx512F32 | Kernels::Avx512Bf16 | Kernels::Avx512F16 => 32,
         }
     }
 
@@ -370,28 +393,23 @@ impl Kernels {
         out: &mut [T],
         finish: Finish,
     ) -> (Result<(), usize>, bool) {
+        use bytemuck::cast_slice_mut as bits_mut;
         // SAFETY: `self` exists only where the CPU has the kernel's instructions, and names
         // `T`'s kernel, so the casts are to `T`'s own bits.
         unsafe {
             match self {
-                Kernels::Avx2F32 => {
-                    avx2_f32::fused(&bits(inputs), base, bytemuck::cast_slice_mut(out), finish)
+                Kernels::Avx2F32 => avx2_f32::fused(&bits(inputs), base, bits_mut(out), finish),
+                Kernels::Avx512F32 => avx512_f32::fused(&bits(inputs), base, bits_mut(out), finish),
+                Kernels::Avx2Bf16 => {
+                    avx2_f32::fused_bf16(&bits(inputs), base, bits_mut(out), finish)
                 }
-                Kernels::Avx512F32 => {
-                    avx512_f32::fused(&bits(inputs), base, bytemuck::cast_slice_mut(out), finish)
+                Kernels::Avx2F16 => avx2_f32::fused_f16(&bits(inputs), base, bits_mut(out), finish),
+                Kernels::Avx512Bf16 => {
+                    avx512_f32::fused_bf16(&bits(inputs), base, bits_mut(out), finish)
                 }
-                Kernels::Avx512Bf16 => avx512_f32::fused_bf16(
-                    &bits(inputs),
-                    base,
-                    bytemuck::cast_slice_mut(out),
-                    finish,
-                ),
-                Kernels::Avx512F16 => avx512_f32::fused_f16(
-                    &bits(inputs),
-                    base,
-                    bytemuck::cast_slice_mut(out),
-                    finish,
-                ),
+                Kernels::Avx512F16 => {
+                    avx512_f32::fused_f16(&bits(inputs), base, bits_mut(out), finish)
+                }
             }
         }
     }
@@ -399,25 +417,22 @@ impl Kernels {
     /// [`mean_in_order`] on `out.len()` coordinates from `base`: the offset in `out` of the
     /// first non-finite result.
     fn mean<T: Element>(self, inputs: &[&[T]], base: usize, out: &mut [T]) -> Result<(), usize> {
+        use bytemuck::cast_slice_mut as bits_mut;
         // SAFETY: as in `Kernels::fused`.
         unsafe {
             match self {
-                Kernels::Avx2F32 => {
-                    avx2_f32::mean_in_order(&bits(inputs), base, bytemuck::cast_slice_mut(out))
+                Kernels::Avx2F32 => avx2_f32::mean_in_order(&bits(inputs), base, bits_mut(out)),
+                Kernels::Avx512F32 => avx512_f32::mean_in_order(&bits(inputs), base, bits_mut(out)),
+                Kernels::Avx2Bf16 => {
+                    avx2_f32::mean_in_order_bf16(&bits(inputs), base, bits_mut(out))
                 }
-                Kernels::Avx512F32 => {
-                    avx512_f32::mean_in_order(&bits(inputs), base, bytemuck::cast_slice_mut(out))
+                Kernels::Avx2F16 => avx2_f32::mean_in_order_f16(&bits(inputs), base, bits_mut(out)),
+                Kernels::Avx512Bf16 => {
+                    avx512_f32::mean_in_order_bf16(&bits(inputs), base, bits_mut(out))
                 }
-                Kernels::Avx512Bf16 => avx512_f32::mean_in_order_bf16(
-                    &bits(inputs),
-                    base,
-                    bytemuck::cast_slice_mut(out),
-                ),
-                Kernels::Avx512F16 => avx512_f32::mean_in_order_f16(
-                    &bits(inputs),
-                    base,
-                    bytemuck::cast_slice_mut(out),
-                ),
+                Kernels::Avx512F16 => {
+                    avx512_f32::mean_in_order_f16(&bits(inputs), base, bits_mut(out))
+                }
             }
         }
     }
@@ -468,8 +483,8 @@ fn prefetch_ahead<B>(row: &[B], at: usize, inputs: usize) {
     }
 }
 
-/// The mean of `inputs` in their order, `f32` inputs on a CPU with AVX2 or `bf16` and `f16`
-/// inputs on one with AVX-512F, BW and VL: each coordinate's values summed in `f64` in input
+/// The mean of `inputs` in their order, `f32`, `bf16` and `f16` inputs on a CPU with AVX2
+/// (and F16C for `f16`): each coordinate's values summed in `f64` in input
 /// order and multiplied by `1 / n`, in registers, 16 (AVX-512) or 8 (AVX2) coordinates at a
 /// time, each input's next line prefetched, and rounded once as [`Element::from_f64`] does;
 /// bitwise the scalar `acc += x.to_f64()` loop. `None` where the path does not apply;
@@ -494,6 +509,59 @@ pub(crate) fn mean_in_order<T: Element>(
 #[cfg(target_arch = "x86_64")]
 fn mean_on<T: Element>(inputs: &[&[T]], out: &mut [T], kernels: Kernels) -> Result<(), usize> {
     first_bad_in_blocks(out, |at, chunk| kernels.mean(inputs, at, chunk))
+}
+
+/// [`fused`] into a fresh output by each of the kernels this CPU runs for `T` that take
+/// `inputs` and `finish` (the dispatch picks one; the tests check them all).
+#[cfg(test)]
+pub(crate) fn fused_by_every_kernel<T: Element>(
+    inputs: &[&[T]],
+    finish: Finish,
+    zero: T,
+) -> Vec<(String, Fused, Vec<T>)> {
+    let d = inputs.first().map_or(0, |x| x.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        Kernels::usable::<T>()
+            .into_iter()
+            .filter(|k| k.take(inputs.len(), finish))
+            .map(|k| {
+                let mut out = vec![zero; d];
+                let done = fused_on(inputs, &mut out, finish, k);
+                (format!("{k:?}"), done, out)
+            })
+            .collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (inputs, finish, zero, d);
+        Vec::new()
+    }
+}
+
+/// [`mean_in_order`] as [`fused_by_every_kernel`].
+#[cfg(test)]
+pub(crate) fn mean_by_every_kernel<T: Element>(
+    inputs: &[&[T]],
+    zero: T,
+) -> Vec<(String, Result<(), usize>, Vec<T>)> {
+    let d = inputs.first().map_or(0, |x| x.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        Kernels::usable::<T>()
+            .into_iter()
+            .map(|k| {
+                let mut out = vec![zero; d];
+                let done = mean_on(inputs, &mut out, k);
+                (format!("{k:?}"), done, out)
+            })
+            .collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (inputs, zero, d);
+        Vec::new()
+    }
 }
 
 /// [`fused`] with `kernels`.
@@ -724,14 +792,15 @@ macro_rules! each_of_32 {
 }
 
 /// `f32` blocks of at most 16 inputs, sorted in AVX2 registers: the memory network's two
-/// stores per comparator, not its min/max, bound its speed.
+/// stores per comparator, not its min/max, bound its speed. Also the fused and mean kernels
+/// of the 16-bit types in 8 lanes of 32 bits.
 #[cfg(target_arch = "x86_64")]
 mod avx2_f32;
 
 /// The fused path with AVX-512: 16 coordinates at a time, so each input's group is one whole
 /// cache line, read once (with 8 lanes, the 16 inputs' lines at one offset compete for the
 /// same L1 set and a line is often evicted before its second half is read), and the 16 wires
-/// stay in the 32 registers.
+/// stay in the 32 registers. The 16-bit types' kernels take the same shape, in 32-bit lanes.
 #[cfg(target_arch = "x86_64")]
 mod avx512_f32;
 
