@@ -122,9 +122,6 @@ impl Median {
     ) -> Result<Option<Vec<usize>>, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let n = inputs.len();
-        let mid = n / 2;
-        let even = n.is_multiple_of(2);
         let non_finite = |coordinate| AggError::NonFiniteResult {
             rule: self.name().to_string(),
             f: self.f,
@@ -136,6 +133,26 @@ impl Median {
                 .map(|()| Some(done.non_finite))
                 .map_err(non_finite);
         }
+        self.run_portable(inputs, out).map(|()| None)
+    }
+
+    /// The median without the register paths: sorting networks on keys in memory up to
+    /// [`network::MAX_INPUTS`] inputs, selection above (what those paths are tested against).
+    pub(crate) fn run_portable<T: Element>(
+        &self,
+        inputs: &[&[T]],
+        out: &mut [T],
+    ) -> Result<(), AggError> {
+        check_lengths(inputs, out.len())?;
+        self.check(inputs.len())?;
+        let n = inputs.len();
+        let mid = n / 2;
+        let even = n.is_multiple_of(2);
+        let non_finite = |coordinate| AggError::NonFiniteResult {
+            rule: self.name().to_string(),
+            f: self.f,
+            coordinate,
+        };
         if n <= network::MAX_INPUTS {
             let needed = if even { mid - 1..mid + 1 } else { mid..mid + 1 };
             return network_blocks(inputs, out, needed, |rows, w, chunk| {
@@ -154,7 +171,6 @@ impl Median {
                 }
                 first_non_finite(chunk)
             })
-            .map(|()| None)
             .map_err(non_finite);
         }
         reduce_columns(inputs, out, |col| {
@@ -171,7 +187,6 @@ impl Median {
             };
             v.is_finite().then_some(v)
         })
-        .map(|()| None)
         .map_err(non_finite)
     }
 }
@@ -223,8 +238,6 @@ impl TrimmedMean {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
         let f = self.f;
-        let n = inputs.len();
-        let keep = n - 2 * f;
         let non_finite = |coordinate| AggError::NonFiniteResult {
             rule: self.name().to_string(),
             f,
@@ -236,6 +249,25 @@ impl TrimmedMean {
                 .map(|()| Some(done.non_finite))
                 .map_err(non_finite);
         }
+        self.run_portable(inputs, out).map(|()| None)
+    }
+
+    /// As [`Median::run_portable`].
+    pub(crate) fn run_portable<T: Element>(
+        &self,
+        inputs: &[&[T]],
+        out: &mut [T],
+    ) -> Result<(), AggError> {
+        check_lengths(inputs, out.len())?;
+        self.check(inputs.len())?;
+        let f = self.f;
+        let n = inputs.len();
+        let keep = n - 2 * f;
+        let non_finite = |coordinate| AggError::NonFiniteResult {
+            rule: self.name().to_string(),
+            f,
+            coordinate,
+        };
         if n <= network::MAX_INPUTS {
             let scale = 1.0 / keep as f64;
             return network_blocks(inputs, out, f..n - f, |rows, w, chunk| {
@@ -251,7 +283,6 @@ impl TrimmedMean {
                 }
                 first_non_finite(chunk)
             })
-            .map(|()| None)
             .map_err(non_finite);
         }
         reduce_columns(inputs, out, |col| {
@@ -272,7 +303,6 @@ impl TrimmedMean {
             let v = T::from_f64(sum / keep as f64);
             v.is_finite().then_some(v)
         })
-        .map(|()| None)
         .map_err(non_finite)
     }
 }
@@ -526,6 +556,169 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Random 16-bit rows: half ties (multiples of 1/4), half arbitrary finite bit patterns
+    /// (every binade, subnormals included: sums that round, midpoints that tie), and at
+    /// `special_rate` per mille NaN (quiet and signalling, both signs), infinities, signed
+    /// zeros, the smallest subnormals and the largest finite values.
+    fn rows_16<T: Element>(rng: &mut StdRng, n: usize, d: usize, special_rate: u32) -> Vec<Vec<T>> {
+        let (exponent, quiet) = match T::DTYPE {
+            crate::DType::BF16 => (0x7f80u16, 0x0040u16),
+            _ => (0x7c00, 0x0200),
+        };
+        let specials = [
+            exponent | quiet,
+            0x8000 | exponent | quiet | 3,
+            exponent | 1,
+            0x8000 | exponent | 5,
+            exponent,
+            0x8000 | exponent,
+            0,
+            0x8000,
+            1,
+            0x8001,
+            exponent - 1,
+            0x8000 | (exponent - 1),
+        ];
+        (0..n)
+            .map(|_| {
+                (0..d)
+                    .map(|_| {
+                        let bits = match rng.gen_range(0..1000) {
+                            r if r < special_rate => specials[rng.gen_range(0..specials.len())],
+                            r if r < 500 => {
+                                bytemuck::cast(T::from_f64(rng.gen_range(-12i32..12) as f64 * 0.25))
+                            }
+                            _ => loop {
+                                let b: u16 = rng.gen();
+                                if b & exponent != exponent {
+                                    break b;
+                                }
+                            },
+                        };
+                        bytemuck::cast::<u16, T>(bits)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The register paths of the 16-bit types against the portable ones (and, for the mean,
+    /// the portable sum of every coordinate), bitwise: every `n` up to 33 (the fused paths
+    /// take up to 32), widths that end mid-vector and cross a rayon block, inputs with and
+    /// without NaN, infinities, signed zeros and subnormals. Where the portable path fails,
+    /// the same error; where it succeeds, the same bits; the inputs named as non-finite are
+    /// exactly those holding a NaN or an infinity.
+    fn sixteen_bit_paths_match_the_portable_ones<T: Element>(seed: u64) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let bits = |v: &[T]| -> Vec<u16> { v.iter().map(|&x| bytemuck::cast(x)).collect() };
+        for n in 1..=33usize {
+            for d in [1usize, 7, 15, 16, 17, 33, 8192 + 21] {
+                if d > 33 && n % 4 != 1 {
+                    continue;
+                }
+                for special_rate in [0, 30] {
+                    let rows = rows_16::<T>(&mut rng, n, d, special_rate);
+                    let inputs: Vec<&[T]> = rows.iter().map(Vec::as_slice).collect();
+                    let holding: Vec<usize> =
+                        (0..n).filter(|&i| !crate::all_finite(&rows[i])).collect();
+                    let what = format!("{:?} n {n} d {d} rate {special_rate}", T::DTYPE);
+                    let check = |got: Result<Option<Vec<usize>>, AggError>,
+                                 fast: &[T],
+                                 want: Result<(), AggError>,
+                                 slow: &[T],
+                                 rule: &str| {
+                        if let Ok(Some(found)) = &got {
+                            assert_eq!(found, &holding, "{rule} {what}");
+                        }
+                        assert_eq!(got.clone().map(|_| ()), want, "{rule} {what}");
+                        if want.is_ok() {
+                            let differ =
+                                bits(fast).iter().zip(bits(slow)).position(|(a, b)| *a != b);
+                            assert_eq!(differ, None, "{rule} {what}: first differing coordinate");
+                        }
+                    };
+                    let zero = T::from_f64(0.0);
+                    let (mut fast, mut slow) = (vec![zero; d], vec![zero; d]);
+                    // Every kernel this CPU runs against the portable path; `run` (the dispatch
+                    // and the report) as well.
+                    let by_every = |finish, want: &Result<(), AggError>, slow: &[T], rule: &str| {
+                        for (kernels, done, out) in
+                            network::fused_by_every_kernel(&inputs, finish, zero)
+                        {
+                            let got =
+                                done.result.map(|()| Some(done.non_finite)).map_err(
+                                    |c| match want {
+                                        Err(AggError::NonFiniteResult { rule, f, .. }) => {
+                                            AggError::NonFiniteResult {
+                                                rule: rule.clone(),
+                                                f: *f,
+                                                coordinate: c,
+                                            }
+                                        }
+                                        _ => panic!(
+                                            "{rule} {kernels} {what}: Err({c}), want {want:?}"
+                                        ),
+                                    },
+                                );
+                            check(got, &out, want.clone(), slow, &format!("{rule} {kernels}"));
+                        }
+                    };
+                    let median = Median::new((n - 1) / 2);
+                    let got = median.run(&inputs, &mut fast);
+                    let want = median.run_portable(&inputs, &mut slow);
+                    by_every(network::Finish::Median, &want, &slow, "median");
+                    check(got, &fast, want, &slow, "median");
+                    for f in [0, (n - 1) / 4, (n - 1) / 2] {
+                        let trimmed = TrimmedMean::new(f);
+                        let got = trimmed.run(&inputs, &mut fast);
+                        let want = trimmed.run_portable(&inputs, &mut slow);
+                        by_every(network::Finish::Trimmed { f }, &want, &slow, "trimmed");
+                        check(got, &fast, want, &slow, "trimmed");
+                    }
+                    // The mean: every coordinate, finite or not, against the portable sum.
+                    let scale = 1.0 / n as f64;
+                    let sums: Vec<T> = (0..d)
+                        .map(|c| {
+                            T::from_f64(rows.iter().fold(0.0, |a, r| a + r[c].to_f64()) * scale)
+                        })
+                        .collect();
+                    let first_bad = sums.iter().position(|v| !v.is_finite());
+                    for (kernels, got, out) in network::mean_by_every_kernel(&inputs, zero) {
+                        assert_eq!(got, first_bad.map_or(Ok(()), Err), "mean {kernels} {what}");
+                        for (c, (g, w)) in out.iter().zip(&sums).enumerate() {
+                            // A NaN's payload depends on which NaN the sum met first.
+                            let same = match w.to_f64().is_nan() {
+                                true => g.to_f64().is_nan(),
+                                false => bits(&[*g]) == bits(&[*w]),
+                            };
+                            assert!(same, "mean {kernels} {what} coordinate {c}: {g:?} != {w:?}");
+                        }
+                    }
+                    let got = aggregate_into(&Mean::new(), &inputs, &mut fast);
+                    let want = Mean::sum_blocks(&inputs, &mut slow);
+                    assert_eq!(got.is_ok(), want.is_ok(), "mean {what}");
+                    if want.is_ok() {
+                        let differ = bits(&fast)
+                            .iter()
+                            .zip(bits(&slow))
+                            .position(|(a, b)| *a != b);
+                        assert_eq!(differ, None, "mean {what}: first differing coordinate");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_register_paths_match_the_portable_ones_bitwise() {
+        sixteen_bit_paths_match_the_portable_ones::<half::bf16>(38);
+    }
+
+    #[test]
+    fn f16_register_paths_match_the_portable_ones_bitwise() {
+        sixteen_bit_paths_match_the_portable_ones::<half::f16>(39);
     }
 
     #[test]

@@ -20,6 +20,12 @@
 //! registers and the rule's finish runs there too, so only the result is stored, and each
 //! input's next line is prefetched. One core, `d = 2^22`: the median of 16 inputs went from
 //! 35 ms to 11-13 ms, under numpy's `mean` of the same data (15 ms).
+//!
+//! `bf16` and `f16` take the same kernels (AVX-512 F, BW and VL; or AVX2, with F16C for
+//! `f16`, for up to 16 inputs): their 16-bit keys, sign-extended, sort in the 32-bit lanes, and a value is widened to `f32` (exactly) only where
+//! a finish adds it. An `f64` result is narrowed to `f32` rounded to odd and then to 16 bits
+//! to nearest, which is rounding it once ([`Element::from_f64`]); a middle value is its own
+//! key's 16 bits. So the results are bitwise those of the portable paths.
 
 use crate::Element;
 
@@ -266,27 +272,35 @@ const L1_STREAMS: usize = 16;
 /// How far ahead (elements) the paths with more than [`L1_STREAMS`] inputs prefetch into L2.
 const AHEAD_L2: usize = 512;
 
-/// `finish` of every coordinate's sorted column straight into `out`, for `f32` inputs, at most
-/// 16 of them with AVX2 or 32 with AVX-512: each group of 8 (16) coordinates is loaded, sorted
-/// in registers by a network specialised for `n` (padding wires are constants, so every
-/// comparator that touches one folds away, and so does every comparator no finished row
-/// depends on) and finished there, so no sorted row is stored. Bitwise what sorting the column
-/// and finishing it in scalar code gives. `None` where the path does not apply (other types,
-/// more inputs, no AVX2): the caller sorts blocks in memory. While it reads the inputs it also
-/// finds those holding a NaN or infinity ([`Fused::non_finite`]), so that callers need no
-/// pass of their own over cold memory to name them.
+/// The total-order keys of `-bf16::MAX` and `bf16::MAX` as the 16-bit kernels hold them
+/// (the 16-bit key sign-extended): a key outside them is a NaN's or an infinity's.
+#[cfg(target_arch = "x86_64")]
+const BF16_FINITE_KEYS: (i32, i32) = (0x8080u16 as i16 as i32, 0x7f7f);
+
+/// As [`BF16_FINITE_KEYS`] for `f16`.
+#[cfg(target_arch = "x86_64")]
+const F16_FINITE_KEYS: (i32, i32) = (0x8400u16 as i16 as i32, 0x7bff);
+
+/// `finish` of every coordinate's sorted column straight into `out`, for `f32` inputs (at
+/// most 16 of them with AVX2 or 32 with AVX-512) and `bf16` or `f16` inputs (likewise, with
+/// AVX-512 BW and VL besides, and F16C for `f16` with AVX2): each group of 8 (16) coordinates is loaded, sorted in registers by a
+/// network specialised for `n` (padding wires are constants, so every comparator that touches
+/// one folds away, and so does every comparator no finished row depends on) and finished
+/// there, so no sorted row is stored. The 16-bit types are sorted on their own keys in 32-bit
+/// lanes and widened to `f32` (exactly) only where a finish adds; each `f64` result is rounded
+/// once as [`Element::from_f64`] does. Bitwise what sorting the column and finishing it in
+/// scalar code gives. `None` where the path does not apply (other types, more inputs, the CPU
+/// lacks the instructions, Bulyan's finish of 16-bit types): the caller sorts blocks in memory.
+/// While it reads the inputs it also finds those holding a NaN or infinity
+/// ([`Fused::non_finite`]), so that callers need no pass of their own over cold memory to name
+/// them.
 pub(crate) fn fused<T: Element>(inputs: &[&[T]], out: &mut [T], finish: Finish) -> Option<Fused> {
     #[cfg(target_arch = "x86_64")]
     {
-        let (bits, out, wide) = f32_rows(inputs, out)?;
-        let n = bits.len();
-        let finish_ok = match finish {
-            Finish::Trimmed { f } => 2 * f < n,
-            Finish::Nearest { beta } => (1..=n).contains(&beta),
-            Finish::Median => true,
-        };
-        (n >= 1 && n <= if wide { 32 } else { 16 } && finish_ok)
-            .then(|| fused_on(&bits, out, finish, wide))
+        let kernels = Kernels::for_type::<T>()?;
+        kernels
+            .take(inputs.len(), finish)
+            .then(|| fused_on(inputs, out, finish, kernels))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -295,30 +309,147 @@ pub(crate) fn fused<T: Element>(inputs: &[&[T]], out: &mut [T], finish: Finish) 
     }
 }
 
-/// `inputs` and `out` as `f32` bits and values, and whether AVX-512 is there, when they are
-/// `f32` and the CPU has AVX2 (what the register paths need); `None` otherwise.
+/// The register kernels for one element type. A value is made only where the CPU has the
+/// instructions its kernels need ([`Kernels::for_type`]), so holding one is what makes calling
+/// them sound.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::type_complexity)]
-fn f32_rows<'a, T: Element>(
-    inputs: &[&'a [T]],
-    out: &'a mut [T],
-) -> Option<(Vec<&'a [u32]>, &'a mut [f32], bool)> {
-    if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>()
-        || !std::arch::is_x86_feature_detected!("avx2")
-    {
-        return None;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    /// `f32` in 8 lanes (AVX2).
+    Avx2F32,
+    /// `f32` in 16 lanes (AVX-512F).
+    Avx512F32,
+    /// `bf16` in 8 lanes of 32 bits (AVX2).
+    Avx2Bf16,
+    /// `f16` in 8 lanes of 32 bits (AVX2, F16C).
+    Avx2F16,
+    /// `bf16` in 16 lanes of 32 bits (AVX-512F, BW, VL).
+    Avx512Bf16,
+    /// `f16` in 16 lanes of 32 bits (AVX-512F, BW, VL).
+    Avx512F16,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Kernels {
+    /// The kernels this CPU runs for `T`, the fastest first (features detected once, then
+    /// cached loads).
+    fn usable<T: Element>() -> Vec<Self> {
+        use crate::DType;
+        use std::arch::is_x86_feature_detected as has;
+        let avx2 = has!("avx2");
+        let avx512_16 = has!("avx512f") && has!("avx512bw") && has!("avx512vl");
+        let candidates = match T::DTYPE {
+            DType::F32 => [
+                (Kernels::Avx512F32, avx2 && has!("avx512f")),
+                (Kernels::Avx2F32, avx2),
+            ],
+            DType::BF16 => [(Kernels::Avx512Bf16, avx512_16), (Kernels::Avx2Bf16, avx2)],
+            DType::F16 => [
+                (Kernels::Avx512F16, avx512_16),
+                (Kernels::Avx2F16, avx2 && has!("f16c")),
+            ],
+            DType::F64 => return Vec::new(),
+        };
+        candidates
+            .into_iter()
+            .filter_map(|(kernels, runs)| runs.then_some(kernels))
+            .collect()
     }
-    let bits = inputs.iter().map(|x| bytemuck::cast_slice(x)).collect();
-    let out = bytemuck::try_cast_slice_mut(out).ok()?;
-    Some((bits, out, std::arch::is_x86_feature_detected!("avx512f")))
+
+    /// The fastest kernels this CPU runs for `T`, if any.
+    fn for_type<T: Element>() -> Option<Self> {
+        Self::usable::<T>().first().copied()
+    }
+
+    /// Whether these kernels take `n` inputs for `finish`.
+    fn take(self, n: usize, finish: Finish) -> bool {
+        let finish_ok = match finish {
+            Finish::Trimmed { f } => 2 * f < n,
+            Finish::Nearest { beta } => self.f32_lanes() && (1..=n).contains(&beta),
+            Finish::Median => true,
+        };
+        n >= 1 && n <= self.max_inputs() && finish_ok
+    }
+
+    /// Most inputs the fused kernels sort.
+    fn max_inputs(self) -> usize {
+        match self {
+            Kernels::Avx2F32 | Kernels::Avx2Bf16 | Kernels::Avx2F16 => 16,
+            Kernels::Avx512F32 | Kernels::Avx512Bf16 | Kernels::Avx512F16 => 32,
+        }
+    }
+
+    /// Whether the elements are `f32` (the only type Bulyan's finish runs in registers).
+    fn f32_lanes(self) -> bool {
+        matches!(self, Kernels::Avx2F32 | Kernels::Avx512F32)
+    }
+
+    /// [`fused`] on `out.len()` coordinates from `base`: the offset in `out` of the first
+    /// non-finite result, and whether some input value read is not finite.
+    fn fused<T: Element>(
+        self,
+        inputs: &[&[T]],
+        base: usize,
+        out: &mut [T],
+        finish: Finish,
+    ) -> (Result<(), usize>, bool) {
+        use bytemuck::cast_slice_mut as bits_mut;
+        // SAFETY: `self` exists only where the CPU has the kernel's instructions, and names
+        // `T`'s kernel, so the casts are to `T`'s own bits.
+        unsafe {
+            match self {
+                Kernels::Avx2F32 => avx2_f32::fused(&bits(inputs), base, bits_mut(out), finish),
+                Kernels::Avx512F32 => avx512_f32::fused(&bits(inputs), base, bits_mut(out), finish),
+                Kernels::Avx2Bf16 => {
+                    avx2_f32::fused_bf16(&bits(inputs), base, bits_mut(out), finish)
+                }
+                Kernels::Avx2F16 => avx2_f32::fused_f16(&bits(inputs), base, bits_mut(out), finish),
+                Kernels::Avx512Bf16 => {
+                    avx512_f32::fused_bf16(&bits(inputs), base, bits_mut(out), finish)
+                }
+                Kernels::Avx512F16 => {
+                    avx512_f32::fused_f16(&bits(inputs), base, bits_mut(out), finish)
+                }
+            }
+        }
+    }
+
+    /// [`mean_in_order`] on `out.len()` coordinates from `base`: the offset in `out` of the
+    /// first non-finite result.
+    fn mean<T: Element>(self, inputs: &[&[T]], base: usize, out: &mut [T]) -> Result<(), usize> {
+        use bytemuck::cast_slice_mut as bits_mut;
+        // SAFETY: as in `Kernels::fused`.
+        unsafe {
+            match self {
+                Kernels::Avx2F32 => avx2_f32::mean_in_order(&bits(inputs), base, bits_mut(out)),
+                Kernels::Avx512F32 => avx512_f32::mean_in_order(&bits(inputs), base, bits_mut(out)),
+                Kernels::Avx2Bf16 => {
+                    avx2_f32::mean_in_order_bf16(&bits(inputs), base, bits_mut(out))
+                }
+                Kernels::Avx2F16 => avx2_f32::mean_in_order_f16(&bits(inputs), base, bits_mut(out)),
+                Kernels::Avx512Bf16 => {
+                    avx512_f32::mean_in_order_bf16(&bits(inputs), base, bits_mut(out))
+                }
+                Kernels::Avx512F16 => {
+                    avx512_f32::mean_in_order_f16(&bits(inputs), base, bits_mut(out))
+                }
+            }
+        }
+    }
+}
+
+/// The inputs as the bits of their elements (`B` of `T`'s size).
+#[cfg(target_arch = "x86_64")]
+fn bits<'a, T: Element, B: bytemuck::Pod>(inputs: &[&'a [T]]) -> Vec<&'a [B]> {
+    inputs.iter().map(|x| bytemuck::cast_slice(x)).collect()
 }
 
 /// Runs `block(at, chunk)` on the rayon blocks of `out` (each starting at coordinate `at`);
 /// the first non-finite coordinate any of them names, over all blocks.
 #[cfg(target_arch = "x86_64")]
-fn first_bad_in_blocks(
-    out: &mut [f32],
-    block: impl Fn(usize, &mut [f32]) -> Result<(), usize> + Sync,
+fn first_bad_in_blocks<T: Element>(
+    out: &mut [T],
+    block: impl Fn(usize, &mut [T]) -> Result<(), usize> + Sync,
 ) -> Result<(), usize> {
     use rayon::prelude::*;
     let first_bad = out
@@ -336,7 +467,7 @@ fn first_bad_in_blocks(
 /// than [`L1_STREAMS`] `inputs`, [`AHEAD_L2`] elements past it into L2; nothing past the end.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn prefetch_ahead(row: &[u32], at: usize, inputs: usize) {
+fn prefetch_ahead<B>(row: &[B], at: usize, inputs: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
     let to_l2 = inputs > L1_STREAMS;
     let ahead = if to_l2 { AHEAD_L2 } else { AHEAD };
@@ -352,19 +483,20 @@ fn prefetch_ahead(row: &[u32], at: usize, inputs: usize) {
     }
 }
 
-/// The mean of `inputs` in their order, `f32` inputs on a CPU with AVX2: each coordinate's
-/// values summed in `f64` in input order and multiplied by `1 / n`, in registers, 16 (AVX-512)
-/// or 8 (AVX2) coordinates at a time, each input's next line prefetched; bitwise the scalar
-/// `acc += x as f64` loop. `None` where the path does not apply; `Some(Err(c))`: coordinate
-/// `c`, the first, is not finite.
+/// The mean of `inputs` in their order, `f32`, `bf16` and `f16` inputs on a CPU with AVX2
+/// (and F16C for `f16`): each coordinate's values summed in `f64` in input
+/// order and multiplied by `1 / n`, in registers, 16 (AVX-512) or 8 (AVX2) coordinates at a
+/// time, each input's next line prefetched, and rounded once as [`Element::from_f64`] does;
+/// bitwise the scalar `acc += x.to_f64()` loop. `None` where the path does not apply;
+/// `Some(Err(c))`: coordinate `c`, the first, is not finite.
 pub(crate) fn mean_in_order<T: Element>(
     inputs: &[&[T]],
     out: &mut [T],
 ) -> Option<Result<(), usize>> {
     #[cfg(target_arch = "x86_64")]
     {
-        let (bits, out, wide) = f32_rows(inputs, out)?;
-        (!bits.is_empty()).then(|| mean_on(&bits, out, wide))
+        let kernels = Kernels::for_type::<T>()?;
+        (!inputs.is_empty()).then(|| mean_on(inputs, out, kernels))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -373,23 +505,68 @@ pub(crate) fn mean_in_order<T: Element>(
     }
 }
 
-/// [`mean_in_order`] on `f32` bits with AVX-512 (`wide`) or AVX2, which the CPU must have.
+/// [`mean_in_order`] with `kernels`.
 #[cfg(target_arch = "x86_64")]
-fn mean_on(bits: &[&[u32]], out: &mut [f32], wide: bool) -> Result<(), usize> {
-    first_bad_in_blocks(out, |at, chunk| {
-        // SAFETY: the CPU supports the path's instructions (the caller's guarantee).
-        unsafe {
-            match wide {
-                true => avx512_f32::mean_in_order(bits, at, chunk),
-                false => avx2_f32::mean_in_order(bits, at, chunk),
-            }
-        }
-    })
+fn mean_on<T: Element>(inputs: &[&[T]], out: &mut [T], kernels: Kernels) -> Result<(), usize> {
+    first_bad_in_blocks(out, |at, chunk| kernels.mean(inputs, at, chunk))
 }
 
-/// [`fused`] on `f32` bits with AVX-512 (`wide`) or AVX2, which the CPU must have.
+/// [`fused`] into a fresh output by each of the kernels this CPU runs for `T` that take
+/// `inputs` and `finish` (the dispatch picks one; the tests check them all).
+#[cfg(test)]
+pub(crate) fn fused_by_every_kernel<T: Element>(
+    inputs: &[&[T]],
+    finish: Finish,
+    zero: T,
+) -> Vec<(String, Fused, Vec<T>)> {
+    let d = inputs.first().map_or(0, |x| x.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        Kernels::usable::<T>()
+            .into_iter()
+            .filter(|k| k.take(inputs.len(), finish))
+            .map(|k| {
+                let mut out = vec![zero; d];
+                let done = fused_on(inputs, &mut out, finish, k);
+                (format!("{k:?}"), done, out)
+            })
+            .collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (inputs, finish, zero, d);
+        Vec::new()
+    }
+}
+
+/// [`mean_in_order`] as [`fused_by_every_kernel`].
+#[cfg(test)]
+pub(crate) fn mean_by_every_kernel<T: Element>(
+    inputs: &[&[T]],
+    zero: T,
+) -> Vec<(String, Result<(), usize>, Vec<T>)> {
+    let d = inputs.first().map_or(0, |x| x.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        Kernels::usable::<T>()
+            .into_iter()
+            .map(|k| {
+                let mut out = vec![zero; d];
+                let done = mean_on(inputs, &mut out, k);
+                (format!("{k:?}"), done, out)
+            })
+            .collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (inputs, zero, d);
+        Vec::new()
+    }
+}
+
+/// [`fused`] with `kernels`.
 #[cfg(target_arch = "x86_64")]
-fn fused_on(bits: &[&[u32]], out: &mut [f32], finish: Finish, wide: bool) -> Fused {
+fn fused_on<T: Element>(inputs: &[&[T]], out: &mut [T], finish: Finish, kernels: Kernels) -> Fused {
     use rayon::prelude::*;
     // Per block: its first non-finite result, and whether some input value in it is not finite.
     let blocks: Vec<(Option<usize>, bool)> = out
@@ -397,13 +574,7 @@ fn fused_on(bits: &[&[u32]], out: &mut [f32], finish: Finish, wide: bool) -> Fus
         .enumerate()
         .map(|(b, chunk)| {
             let at = b * FUSED_BLOCK;
-            // SAFETY: the CPU supports the path's instructions (the caller's guarantee).
-            let (done, suspect) = unsafe {
-                match wide {
-                    true => avx512_f32::fused(bits, at, chunk, finish),
-                    false => avx2_f32::fused(bits, at, chunk, finish),
-                }
-            };
+            let (done, suspect) = kernels.fused(inputs, at, chunk, finish);
             (done.err().map(|c| at + c), suspect)
         })
         .collect();
@@ -420,11 +591,12 @@ fn fused_on(bits: &[&[u32]], out: &mut [f32], finish: Finish, wide: bool) -> Fus
         .collect();
     let non_finite = match suspects.is_empty() {
         true => Vec::new(),
-        false => (0..bits.len())
+        false => (0..inputs.len())
             .into_par_iter()
             .filter(|&i| {
-                let row: &[f32] = bytemuck::cast_slice(bits[i]);
-                suspects.iter().any(|r| !crate::all_finite(&row[r.clone()]))
+                suspects
+                    .iter()
+                    .any(|r| !crate::all_finite(&inputs[i][r.clone()]))
             })
             .collect(),
     };
@@ -620,14 +792,15 @@ macro_rules! each_of_32 {
 }
 
 /// `f32` blocks of at most 16 inputs, sorted in AVX2 registers: the memory network's two
-/// stores per comparator, not its min/max, bound its speed.
+/// stores per comparator, not its min/max, bound its speed. Also the fused and mean kernels
+/// of the 16-bit types in 8 lanes of 32 bits.
 #[cfg(target_arch = "x86_64")]
 mod avx2_f32;
 
 /// The fused path with AVX-512: 16 coordinates at a time, so each input's group is one whole
 /// cache line, read once (with 8 lanes, the 16 inputs' lines at one offset compete for the
 /// same L1 set and a line is often evicted before its second half is read), and the 16 wires
-/// stay in the 32 registers.
+/// stay in the 32 registers. The 16-bit types' kernels take the same shape, in 32-bit lanes.
 #[cfg(target_arch = "x86_64")]
 mod avx512_f32;
 

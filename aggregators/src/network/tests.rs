@@ -1,5 +1,14 @@
 use super::*;
 
+/// The `f32` kernels: AVX-512 (`wide`) or AVX2.
+#[cfg(target_arch = "x86_64")]
+fn f32_kernels(wide: bool) -> Kernels {
+    match wide {
+        true => Kernels::Avx512F32,
+        false => Kernels::Avx2F32,
+    }
+}
+
 #[test]
 fn networks_sort_every_zero_one_input() {
     // The 0-1 principle: a comparator network sorts everything iff it sorts all 0/1 inputs.
@@ -66,7 +75,7 @@ fn fused_paths_give_bitwise_the_sorted_column_finish() {
                 let want_non_finite: Vec<usize> = (0..n)
                     .filter(|&i| rows[i].iter().any(|v| !v.is_finite()))
                     .collect();
-                let bits: Vec<&[u32]> = rows.iter().map(|r| bytemuck::cast_slice(r)).collect();
+                let inputs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
                 let columns: Vec<Vec<f32>> = (0..d)
                     .map(|c| {
                         let mut col: Vec<f32> = rows.iter().map(|r| r[c]).collect();
@@ -97,7 +106,7 @@ fn fused_paths_give_bitwise_the_sorted_column_finish() {
                     // AVX2 takes at most 16 inputs.
                     for &wide in paths.iter().filter(|&&wide| wide || n <= 16) {
                         let mut out = vec![0.0f32; d];
-                        let got = fused_on(&bits, &mut out, finish, wide);
+                        let got = fused_on(&inputs, &mut out, finish, f32_kernels(wide));
                         let what =
                             format!("wide {wide} n {n} d {d} {finish:?} rate {special_rate}");
                         assert_eq!(got.non_finite, want_non_finite, "{what}");
@@ -132,7 +141,7 @@ fn fused_nearest_mean_is_the_shrinking_loop() {
         for beta in 1..=n {
             let d = [1usize, 15, 17, 33, FUSED_BLOCK + 9][(n + beta) % 5];
             let rows = crate::testing::tie_rows(&mut next, n, d);
-            let bits: Vec<&[u32]> = rows.iter().map(|r| bytemuck::cast_slice(r)).collect();
+            let inputs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
             let want: Vec<f32> = (0..d)
                 .map(|c| {
                     let mut col: Vec<f32> = rows.iter().map(|r| r[c]).collect();
@@ -143,7 +152,12 @@ fn fused_nearest_mean_is_the_shrinking_loop() {
             let first_bad = want.iter().position(|v| !v.is_finite());
             for &wide in paths.iter().filter(|&&wide| wide || n <= 16) {
                 let mut out = vec![0.0f32; d];
-                let got = fused_on(&bits, &mut out, Finish::Nearest { beta }, wide);
+                let got = fused_on(
+                    &inputs,
+                    &mut out,
+                    Finish::Nearest { beta },
+                    f32_kernels(wide),
+                );
                 let what = format!("wide {wide} n {n} beta {beta} d {d}");
                 assert_eq!(got.result, first_bad.map_or(Ok(()), Err), "{what}");
                 let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -176,7 +190,7 @@ fn mean_paths_give_bitwise_the_scalar_sum() {
                             .collect()
                     })
                     .collect();
-                let bits: Vec<&[u32]> = rows.iter().map(|r| bytemuck::cast_slice(r)).collect();
+                let inputs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
                 let want: Vec<f32> = (0..d)
                     .map(|c| {
                         let sum = rows.iter().fold(0.0f64, |a, r| a + r[c] as f64);
@@ -186,7 +200,7 @@ fn mean_paths_give_bitwise_the_scalar_sum() {
                 let first_bad = want.iter().position(|v| !v.is_finite());
                 for &wide in &paths {
                     let mut out = vec![0.0f32; d];
-                    let got = mean_on(&bits, &mut out, wide);
+                    let got = mean_on(&inputs, &mut out, f32_kernels(wide));
                     let what = format!("wide {wide} n {n} d {d} poisoned {poisoned}");
                     assert_eq!(got, first_bad.map_or(Ok(()), Err), "{what}");
                     let as_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -260,4 +274,15 @@ fn pruned_networks_still_place_the_needed_wires() {
             }
         }
     }
+}
+
+/// The 16-bit kernels' bounds of finite keys are the sign-extended keys of `∓MAX`.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn sixteen_bit_finite_keys_are_those_of_the_largest_values() {
+    let keys = |max: f64, from_f64: fn(f64) -> i16| (from_f64(-max) as i32, from_f64(max) as i32);
+    let bf16 = |v: f64| half::bf16::from_f64(v).key();
+    let f16 = |v: f64| half::f16::from_f64(v).key();
+    assert_eq!(keys(half::bf16::MAX.to_f64(), bf16), BF16_FINITE_KEYS);
+    assert_eq!(keys(half::f16::MAX.to_f64(), f16), F16_FINITE_KEYS);
 }
