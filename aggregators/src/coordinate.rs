@@ -26,9 +26,10 @@ pub(crate) fn reduce_columns<T: Element>(
 ) -> Result<(), usize> {
     let n = inputs.len();
     let block = block_len(n);
-    out.par_chunks_mut(block).enumerate().try_for_each_init(
-        Vec::new,
-        |scratch: &mut Vec<T::Key>, (b, chunk)| {
+    let first_bad = out
+        .par_chunks_mut(block)
+        .enumerate()
+        .map_init(Vec::new, |scratch: &mut Vec<T::Key>, (b, chunk)| {
             let base = b * block;
             let len = chunk.len();
             scratch.clear();
@@ -46,8 +47,11 @@ pub(crate) fn reduce_columns<T: Element>(
                 *o = reduce(col).ok_or(base + c)?;
             }
             Ok(())
-        },
-    )
+        })
+        .filter_map(Result::err)
+        .min();
+    // The first over all blocks, whichever thread found it first.
+    first_bad.map_or(Ok(()), Err)
 }
 
 /// Coordinates per network block: `n` rows of this many keys stay in L2.
@@ -63,14 +67,19 @@ pub(crate) fn network_blocks<T: Element>(
     finish: impl Fn(&[T::Key], usize, &mut [T]) -> Result<(), usize> + Sync,
 ) -> Result<(), usize> {
     let plan = network::Plan::new(inputs.len(), needed);
-    out.par_chunks_mut(NETWORK_BLOCK)
+    let first_bad = out
+        .par_chunks_mut(NETWORK_BLOCK)
         .enumerate()
-        .try_for_each_init(Vec::new, |rows: &mut Vec<T::Key>, (b, chunk)| {
+        .map_init(Vec::new, |rows: &mut Vec<T::Key>, (b, chunk)| {
             let base = b * NETWORK_BLOCK;
             let width = chunk.len();
             network::sort_block(inputs, base, width, rows, &plan);
             finish(rows, width, chunk).map_err(|c| base + c)
         })
+        .filter_map(Result::err)
+        .min();
+    // The first over all blocks, whichever thread found it first.
+    first_bad.map_or(Ok(()), Err)
 }
 
 /// Offset of the first non-finite value, if any.
