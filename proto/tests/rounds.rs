@@ -301,10 +301,12 @@ fn under_detect_a_straggler_realigns_to_the_others_result() {
 
 /// An input that reaches one rank in time and the others late: that rank is outvoted in the
 /// cross-check and aggregates again without it, so every rank returns the result of the
-/// others. The other way round (late only to one rank) the lone rank cannot make the
-/// others' result from what it holds, and says so: `Disagreement`, never a silent split.
+/// others. The other way round (late only to one rank) the lone rank went without an input
+/// the others used: its server (the next rank holding their result) passes it on in the
+/// confirmation step, and it makes their result too. With the server silent, it says so:
+/// `Disagreement`, never a silent split.
 #[test]
-fn an_input_late_to_some_ranks_realigns_the_others_or_is_named() {
+fn an_input_late_to_some_ranks_is_realigned_or_passed_on() {
     let (n, d) = (4, 6);
     let rule = Median::new(1);
     let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
@@ -339,29 +341,44 @@ fn an_input_late_to_some_ranks_realigns_the_others_or_is_named() {
         }
         assert_eq!(report.erased_self, me == 3, "rank {me}");
     }
-    // Rank 3's input reaches rank 0 late, the others in time: rank 0 lacks an input of the
-    // common result.
+    // Rank 3's input reaches rank 0 late, the others in time: rank 1 passes it on.
+    let late_to_0 = |from, to, step| matches!((from, to, step), (3, 0, 0));
     let ended = run(
         spec,
         &rule,
         &inputs,
         &starts,
-        &|from, to, step, _, _| match (from, to, step) {
-            (3, 0, 0) => Fate::After(Duration::from_millis(200)),
-            _ => Fate::After(MS),
+        &|from, to, step, _, _| match late_to_0(from, to, step) {
+            true => Fate::After(Duration::from_millis(200)),
+            false => Fate::After(MS),
         },
     );
     let want = bits(&reference(&inputs, &rule));
     for (me, e) in ended.iter().enumerate() {
+        let report = e
+            .result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), want, "rank {me}");
+        let found = report.agreement.as_ref().unwrap();
+        assert_eq!(found.passed_on, if me == 0 { vec![3] } else { vec![] });
+        assert!(e.at < Duration::from_millis(100), "rank {me}: {:?}", e.at);
+    }
+    // The same with rank 1 dropping what it passes on (the confirmation step's tags past 0).
+    let ended = run(
+        spec,
+        &rule,
+        &inputs,
+        &starts,
+        &|from, to, step, tag, _| match (late_to_0(from, to, step), from, tag) {
+            (true, _, _) => Fate::After(Duration::from_millis(200)),
+            (false, 1, 1..) => Fate::Dropped,
+            _ => Fate::After(MS),
+        },
+    );
+    for (me, e) in ended.iter().enumerate() {
         match (me, &e.result) {
-            (
-                0,
-                Err(Error::Disagreement {
-                    differing_inputs, ..
-                }),
-            ) => {
-                assert!(differing_inputs.is_empty(), "{differing_inputs:?}")
-            }
+            (0, Err(Error::Disagreement { .. })) => {}
             (0, other) => panic!("rank 0: {other:?}"),
             (_, Ok(_)) => assert_eq!(bits(&e.output), want, "rank {me}"),
             (_, Err(err)) => panic!("rank {me}: {err}"),
