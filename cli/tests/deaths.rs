@@ -3,13 +3,12 @@
 //! without rank 2's), one line per round with its time.
 //! - A rank SIGKILLed between rounds: its sockets close with it, so no round of the others
 //!   waits any deadline for it, the one that finds it gone included.
-//! - A rank SIGSTOPped for ten deadlines with stragglers allowed, under `Enforce`: no round of
-//!   the others waits more than a grace for it, and once it resumes it returns their result,
-//!   round by round. (It does not come back in step by itself: paced like the others, it
-//!   stays as far behind as it was. Under `Detect` it fails those rounds loudly instead, and
-//!   with stragglers allowed the first round, whose inputs arrive as far apart as the ranks
-//!   started, can fail on a rank that counted a late input the others did not: why
-//!   stragglers are not on by default.)
+//! - A rank SIGSTOPped for ten deadlines with stragglers allowed, under `Enforce` and under
+//!   `Detect`: no round of the others waits more than a grace for it, and once it resumes it
+//!   returns their result, round by round (under `Detect` it realigns: the cross-check shows
+//!   that they went without its input). It finds every round's messages waiting, so it
+//!   catches up as fast as it can aggregate. The first round waits for every rank (they
+//!   start apart).
 
 #![allow(clippy::unwrap_used)]
 
