@@ -171,14 +171,15 @@ impl<'a, T: Element> HostPlane<'a, T> {
 
     fn view<'b>(&'b self, src: &Src<'b, Payload>) -> Cow<'b, [T]> {
         match src {
-            // The caller's vector holds the output now: the input is in its wire form.
-            Src::Mine(range) if self.output_written => match &self.input_payload {
-                Some(p) => match cast_payload::<T>(p) {
-                    Cow::Borrowed(all) => Cow::Borrowed(&all[range.clone()]),
-                    Cow::Owned(all) => Cow::Owned(all[range.clone()].to_vec()),
-                },
-                None => unreachable!("keeps_input is false without the input's wire form"),
-            },
+            // The caller's vector holds the output now: the input is in its wire form where
+            // it is kept ([`Plane::keeps_input`], which is false without it).
+            Src::Mine(range) if self.output_written && self.input_payload.is_some() => {
+                match self.input_payload.as_ref().map(cast_payload::<T>) {
+                    Some(Cow::Borrowed(all)) => Cow::Borrowed(&all[range.clone()]),
+                    Some(Cow::Owned(all)) => Cow::Owned(all[range.clone()].to_vec()),
+                    None => Cow::Borrowed(&[]),
+                }
+            }
             Src::Mine(range) => Cow::Borrowed(&self.input()[range.clone()]),
             Src::Got(p) => cast_payload::<T>(p),
             Src::Owned(i) => cast_bytes(&self.results[*i]),

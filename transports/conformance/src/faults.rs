@@ -318,3 +318,50 @@ where
         );
     }
 }
+
+/// A world of one rank, in gather and sharded mode under each agreement: its robust
+/// all-reduce returns its own vector with one input and nothing else to say; a vector holding
+/// NaN or infinities is named as its own (the rule refuses it), never a panic, whatever the
+/// round read after the output overwrote the input.
+pub async fn a_world_of_one_returns_its_own_vector<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    use byzcoll_runtime::{Agreement, Replicas};
+    for agreement in [Agreement::Off, Agreement::Detect, Agreement::Enforce] {
+        for policy in [Policy::Gather, Policy::Sharded(Replicas::Tolerant)] {
+            let results = run_ranks(
+                comms(factory(1).await, Duration::from_secs(5)),
+                move |mut c| async move {
+                    c.set_agreement(agreement);
+                    // f64: no register kernel names the non-finite inputs, so the round scans them.
+                    let mut v: Vec<f64> = (0..9).map(|i| i as f64 - 4.0).collect();
+                    let ok = c.robust_all_reduce(&mut v, &Median::new(0), policy).await;
+                    let mut bad = vec![1.0f64, f64::NAN, f64::INFINITY, 4.0];
+                    let refused = c.robust_all_reduce(&mut bad, &Median::new(0), policy).await;
+                    (ok.map(|r| (r, v)), refused)
+                },
+            )
+            .await;
+            for (ok, refused) in results {
+                let what = format!("{agreement:?} {policy:?}");
+                let (report, v) = ok.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(
+                    v,
+                    (0..9).map(|i| i as f64 - 4.0).collect::<Vec<_>>(),
+                    "{what}"
+                );
+                assert_eq!(report.inputs, 1, "{what}");
+                assert!(report.faults.is_empty(), "{what}: {:?}", report.faults);
+                match refused {
+                    Ok(report) => assert_eq!(report.non_finite, [0], "{what}"),
+                    Err(e) => assert!(
+                        matches!(e, Error::Aggregation(_) | Error::ShardLost { .. }),
+                        "{what}: {e}"
+                    ),
+                }
+            }
+        }
+    }
+}

@@ -29,6 +29,7 @@ macro_rules! conformance_suite {
             robust_all_reduce_survives_byzantine_and_crashed_ranks,
             wrong_length_is_malformed_and_named,
             missing_peer_is_reported_within_the_deadline,
+            a_world_of_one_returns_its_own_vector,
             a_rank_out_of_step_is_named_never_mixed_in,
             a_shrink_drops_the_dead_and_renumbers,
             steps_are_matched_by_key_not_arrival_order,
@@ -101,7 +102,7 @@ pub use collectives::{
 };
 pub use faults::{
     a_rank_out_of_step_is_named_never_mixed_in, a_shrink_drops_the_dead_and_renumbers,
-    missing_peer_is_reported_within_the_deadline,
+    a_world_of_one_returns_its_own_vector, missing_peer_is_reported_within_the_deadline,
     robust_all_reduce_survives_byzantine_and_crashed_ranks, wrong_length_is_malformed_and_named,
 };
 pub use harness::{run_ranks, vector};
