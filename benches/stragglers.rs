@@ -1,7 +1,9 @@
 //! Stragglers benchmark: how much one slow or malicious rank slows the honest ranks' robust
 //! rounds, with every input waited for (`s = 0`) and with quorum rounds (`s = auto`), against
 //! the all-healthy round in the same run. `n` ranks in this process over TCP on 127.0.0.1,
-//! gather-mode median (f = 1), `Agreement::Enforce` (honest ranks stay bitwise alike),
+//! gather-mode median (f = 1), `--agreement enforce` (the default: honest ranks stay bitwise
+//! alike by the echo) or `detect` (the cross-check, realignment and, with `s > 0`, the
+//! confirmation step),
 //! `--d` elements per rank, `--rounds` rounds per scenario; the honest ranks' median round time
 //! is reported, and its ratio to the healthy one.
 //!
@@ -14,6 +16,8 @@
 //! ```sh
 //! cargo bench --bench stragglers -- --ranks 8 --d 65536 --rounds 20 --timeout-ms 200
 //! ```
+//!
+//! Each row also counts the honest ranks' rounds that failed (`errors`).
 
 #![allow(clippy::print_stdout)]
 
@@ -44,6 +48,10 @@ struct Args {
     /// Step deadline in milliseconds.
     #[arg(long, default_value_t = 200)]
     timeout_ms: u64,
+    /// The agreement: `enforce` or `detect` (`off` is refused: nothing would say whether
+    /// the honest ranks ended alike).
+    #[arg(long, default_value = "enforce", value_parser = parse_agreement)]
+    agreement: Agreement,
     /// Ignored (cargo bench passes it).
     #[arg(long, hide = true)]
     bench: bool,
@@ -61,7 +69,15 @@ enum Scenario {
 struct Outcome {
     median: Duration,
     late_rounds: usize,
+    errors: usize,
     rounds: usize,
+}
+
+fn parse_agreement(s: &str) -> Result<Agreement, String> {
+    match Agreement::parse(s)? {
+        Agreement::Off => Err("--agreement off: the bench compares agreed rounds".to_string()),
+        a => Ok(a),
+    }
 }
 
 async fn run(
@@ -72,12 +88,12 @@ async fn run(
 ) -> Result<Outcome, String> {
     let n = args.ranks;
     let timeout = Duration::from_millis(args.timeout_ms);
-    let (d, rounds) = (args.d, args.rounds);
+    let (d, rounds, agreement) = (args.d, args.rounds, args.agreement);
     let tasks: Vec<_> = world::tcp_job(n, timeout)?
         .into_iter()
         .enumerate()
         .map(|(rank, config)| {
-            let config = config.agreement(Agreement::Enforce).build();
+            let config = config.agreement(agreement).build();
             tokio::spawn(async move {
                 let mut comm = init_with(&config.map_err(|e| e.to_string())?)
                     .await
@@ -85,7 +101,7 @@ async fn run(
                 comm.set_stragglers(stragglers);
                 let straggler = rank == n - 1;
                 let mut times = Vec::with_capacity(rounds);
-                let mut late = 0;
+                let (mut late, mut errors) = (0, 0);
                 let mut v = vec![0f32; d];
                 for round in 0..rounds {
                     if straggler {
@@ -103,33 +119,39 @@ async fn run(
                         .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
                         .await;
                     times.push(start.elapsed());
-                    if let Ok(r) = report {
-                        late += usize::from(r.faults.iter().any(|f| f.fault == Fault::Late));
+                    match report {
+                        Ok(r) => {
+                            late += usize::from(r.faults.iter().any(|f| f.fault == Fault::Late))
+                        }
+                        Err(_) => errors += usize::from(round > 0),
                     }
                 }
                 // Stay up a while for the others' last steps (the straggler's later rounds
                 // then find its peers gone and fail fast: they are not measured).
                 tokio::time::sleep(timeout * 2).await;
                 drop(comm);
-                Ok::<_, String>((times, late))
+                Ok::<_, String>((times, late, errors))
             })
         })
         .collect();
     let mut honest = Vec::new();
-    let mut late_rounds = 0;
+    let (mut late_rounds, mut failed) = (0, 0);
     for (rank, t) in tasks.into_iter().enumerate() {
-        let (times, late) = t.await.map_err(|e| e.to_string())??;
+        let (times, late, errors) = t.await.map_err(|e| e.to_string())??;
         if rank != n - 1 {
-            // The first round of each rank includes connecting the world's last peers.
+            // The first round of each rank includes connecting the world's last peers (and
+            // waits for every rank: a communicator's first collective is no quorum step).
             honest.extend(times.into_iter().skip(1));
             late_rounds += late;
+            failed += errors;
         }
     }
     honest.sort_unstable();
     Ok(Outcome {
         median: honest[honest.len() / 2],
         late_rounds,
-        rounds: (n - 1) * rounds,
+        errors: failed,
+        rounds: (n - 1) * (rounds - 1),
     })
 }
 
@@ -149,13 +171,19 @@ fn main() -> ExitCode {
     let mut table = rows::Rows::new(
         "stragglers",
         json!({ "ranks": args.ranks, "d": args.d, "rounds": args.rounds,
-                "timeout_ms": args.timeout_ms, "rule": "median f=1", "agreement": "enforce" }),
+                "timeout_ms": args.timeout_ms, "rule": "median f=1",
+                "agreement": args.agreement.name() }),
     );
     println!(
-        "# {} ranks, d = {}, {} rounds, step deadline {} ms; honest ranks' median round time",
-        args.ranks, args.d, args.rounds, args.timeout_ms
+        "# {} ranks, d = {}, {} rounds, step deadline {} ms, agreement {}; honest ranks' median \
+         round time (the first round of each rank not counted)",
+        args.ranks,
+        args.d,
+        args.rounds,
+        args.timeout_ms,
+        args.agreement.name()
     );
-    println!("scenario    s     round      x healthy  late rounds");
+    println!("scenario    s     round      x healthy  late rounds  errors");
     for (label, stragglers) in [("0", Stragglers::Exactly(0)), ("auto", Stragglers::Auto)] {
         let healthy = match rt.block_on(run(&args, Scenario::Healthy, stragglers, Duration::ZERO)) {
             Ok(o) => o.median,
@@ -174,16 +202,17 @@ fn main() -> ExitCode {
             };
             let ratio = o.median.as_secs_f64() / healthy.as_secs_f64();
             println!(
-                "{:<11} {label:<5} {:>9.3} ms {ratio:>9.2}  {}/{}",
+                "{:<11} {label:<5} {:>9.3} ms {ratio:>9.2}  {:>5}/{:<5}  {}",
                 format!("{scenario:?}"),
                 o.median.as_secs_f64() * 1e3,
                 o.late_rounds,
-                o.rounds
+                o.rounds,
+                o.errors
             );
             table.push(json!({
                 "scenario": format!("{scenario:?}"), "stragglers": label,
                 "median_ms": o.median.as_secs_f64() * 1e3, "ratio_to_healthy": ratio,
-                "late_rounds": o.late_rounds, "honest_rounds": o.rounds,
+                "late_rounds": o.late_rounds, "honest_rounds": o.rounds, "errors": o.errors,
             }));
         }
     }
