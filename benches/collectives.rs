@@ -61,6 +61,8 @@ struct Args {
     sub_round_bytes: Option<usize>,
     /// The median's `f` (`--f`; `None`: the most the world allows).
     f: Option<usize>,
+    /// `--bf16`: the robust rows again on `bf16` vectors of the same length.
+    bf16: bool,
 }
 
 /// The transports run when `--transports` is not given: every one this build has across
@@ -216,6 +218,10 @@ struct Cli {
     /// than `n`: where sharded mode sends fewer bytes than gather.
     #[arg(long)]
     f: Option<usize>,
+    /// Also runs each robust collective on `bf16` vectors of the same length (half the
+    /// bytes), in rows labelled `bf16`, beside the `float32` ones.
+    #[arg(long)]
+    bf16: bool,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -246,6 +252,7 @@ fn parse_args() -> Result<Args, String> {
         },
         sub_round_bytes: cli.sub_round_bytes,
         f: cli.f,
+        bf16: cli.bf16,
     })
 }
 
@@ -329,9 +336,11 @@ const IDLE: &str = "idle";
 /// Prints one table row, labelled with the transport; rank 0 also appends
 /// `elements-per-rank seconds rss label` to the results file the launcher named for this
 /// transport, for the ratio table.
+#[allow(clippy::too_many_arguments)]
 fn row(
     size: usize,
     count: usize,
+    ty: &str,
     redop: &str,
     (seconds, rss): (f64, f64),
     bus_factor: f64,
@@ -347,7 +356,7 @@ fn row(
     record(per_rank, seconds, rss, label);
     println!(
         "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3} {rss:>9.1}   {transport:<9} {label}",
-        "float",
+        ty,
         seconds * 1e6,
         algbw * bus_factor
     );
@@ -443,6 +452,7 @@ async fn worker(args: &Args) -> Result<(), String> {
                 row(
                     bytes,
                     d,
+                    "float",
                     "sum",
                     t,
                     2.0 * (nf - 1.0) / nf,
@@ -470,6 +480,7 @@ async fn worker(args: &Args) -> Result<(), String> {
                 row(
                     bytes * n,
                     d * n,
+                    "float",
                     "none",
                     t,
                     (nf - 1.0) / nf,
@@ -515,7 +526,37 @@ async fn worker(args: &Args) -> Result<(), String> {
             )
             .await;
             if me == 0 {
-                row(bytes, d, "median", t, received, transport, &label);
+                row(bytes, d, "float", "median", t, received, transport, &label);
+            }
+            if !args.bf16 {
+                continue;
+            }
+            let input16: Vec<half::bf16> = input.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            let mut v16 = input16.clone();
+            let t = time_op(
+                &mut comm,
+                reps,
+                &mut v16,
+                |v: &mut Vec<half::bf16>| v.copy_from_slice(&input16),
+                async |c: &mut Communicator, v: &mut Vec<half::bf16>| {
+                    c.robust_all_reduce(v, &median, policy)
+                        .await
+                        .expect("robust_all_reduce bf16");
+                },
+            )
+            .await;
+            if me == 0 {
+                let label = format!("{label} bf16");
+                row(
+                    bytes / 2,
+                    d,
+                    "bf16",
+                    "median",
+                    t,
+                    received,
+                    transport,
+                    &label,
+                );
             }
         }
     }
