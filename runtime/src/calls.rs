@@ -8,7 +8,7 @@
 //! [`Step::call`]: crate::Step::call
 //! [`RecvOutcome::OutOfStep`]: crate::RecvOutcome::OutOfStep
 
-use byzcoll_aggregators::Aggregator;
+use byzcoll_aggregators::{Aggregator, Element};
 
 use crate::round::Shape;
 
@@ -42,26 +42,27 @@ pub fn all_to_all(send: usize, recv: usize, step: Option<u64>) -> u64 {
 }
 
 /// `Communicator::all_reduce` of `elements` of `T` with `op` (its `Debug` name and the
-/// schedule chosen, `"Sum ring"`, say).
-pub fn all_reduce<T>(op: &str, elements: usize, step: Option<u64>) -> u64 {
+/// schedule chosen, `"Sum ring"`, say). The element type is named by its [`DType`] name
+/// (`"float"`, `"bfloat16"`, ...): the same whatever compiler built the rank, where
+/// `std::any::type_name` may differ.
+///
+/// [`DType`]: byzcoll_aggregators::DType
+pub fn all_reduce<T: Element>(op: &str, elements: usize, step: Option<u64>) -> u64 {
     call_fingerprint(
         "all_reduce",
-        &[
-            std::any::type_name::<T>().as_bytes(),
-            op.as_bytes(),
-            &len(elements),
-        ],
+        &[T::DTYPE.name().as_bytes(), op.as_bytes(), &len(elements)],
         step,
     )
 }
 
 /// One robust round (a whole robust all-reduce or reduce-scatter, or one sub-round of a
-/// longer one) of `d` elements of `T` under `rule`, moved as `shape` says.
-pub fn robust<T>(rule: &dyn Aggregator, shape: Shape, d: usize, step: Option<u64>) -> u64 {
+/// longer one) of `d` elements of `T` under `rule`, moved as `shape` says (the element
+/// type by its `DType` name, as in [`all_reduce`]).
+pub fn robust<T: Element>(rule: &dyn Aggregator, shape: Shape, d: usize, step: Option<u64>) -> u64 {
     call_fingerprint(
         "robust",
         &[
-            std::any::type_name::<T>().as_bytes(),
+            T::DTYPE.name().as_bytes(),
             rule.name().as_bytes(),
             rule.parameters().as_bytes(),
             format!("{shape:?}").as_bytes(),
