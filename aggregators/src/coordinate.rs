@@ -82,6 +82,28 @@ pub(crate) fn network_blocks<T: Element>(
     first_bad.map_or(Ok(()), Err)
 }
 
+/// `rule` by the register path for `finish` where it applies (with the inputs it found
+/// holding NaN or infinities), else by `portable`.
+fn fused_or_portable<T: Element>(
+    rule: &dyn Aggregator,
+    finish: network::Finish,
+    inputs: &[&[T]],
+    out: &mut [T],
+    portable: impl FnOnce(&[&[T]], &mut [T]) -> Result<(), AggError>,
+) -> Result<Option<Vec<usize>>, AggError> {
+    match network::fused(inputs, out, finish) {
+        Some(done) => done
+            .result
+            .map(|()| Some(done.non_finite))
+            .map_err(|coordinate| AggError::NonFiniteResult {
+                rule: rule.name().to_string(),
+                f: rule.byzantine(),
+                coordinate,
+            }),
+        None => portable(inputs, out).map(|()| None),
+    }
+}
+
 /// Offset of the first non-finite value, if any.
 fn first_non_finite<T: Element>(out: &[T]) -> Result<(), usize> {
     match crate::first_non_finite(out) {
@@ -131,18 +153,9 @@ impl Median {
     ) -> Result<Option<Vec<usize>>, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let non_finite = |coordinate| AggError::NonFiniteResult {
-            rule: self.name().to_string(),
-            f: self.f,
-            coordinate,
-        };
-        if let Some(done) = network::fused(inputs, out, network::Finish::Median) {
-            return done
-                .result
-                .map(|()| Some(done.non_finite))
-                .map_err(non_finite);
-        }
-        self.run_portable(inputs, out).map(|()| None)
+        fused_or_portable(self, network::Finish::Median, inputs, out, |i, o| {
+            self.run_portable(i, o)
+        })
     }
 
     /// The median without the register paths: sorting networks on keys in memory up to
@@ -246,19 +259,8 @@ impl TrimmedMean {
     ) -> Result<Option<Vec<usize>>, AggError> {
         check_lengths(inputs, out.len())?;
         self.check(inputs.len())?;
-        let f = self.f;
-        let non_finite = |coordinate| AggError::NonFiniteResult {
-            rule: self.name().to_string(),
-            f,
-            coordinate,
-        };
-        if let Some(done) = network::fused(inputs, out, network::Finish::Trimmed { f }) {
-            return done
-                .result
-                .map(|()| Some(done.non_finite))
-                .map_err(non_finite);
-        }
-        self.run_portable(inputs, out).map(|()| None)
+        let finish = network::Finish::Trimmed { f: self.f };
+        fused_or_portable(self, finish, inputs, out, |i, o| self.run_portable(i, o))
     }
 
     /// As [`Median::run_portable`].

@@ -201,97 +201,60 @@ fn an_equivocating_sender_never_splits_honest_ranks_silently() {
 
 /// Quorum steps: with one straggler allowed, a rank that starts 500 ms late is named late by
 /// the others, who end within a few milliseconds (the grace scales with how long the quorum
-/// took), never at the deadline; under `Enforce` the straggler returns their result.
+/// took), never at the deadline; the straggler returns their result. Under `Enforce` the echo
+/// tells it; under `Detect` it aggregates every input (they were all waiting for it), sees in
+/// the cross-check that the others went without its own, and aggregates again without it
+/// (its own input `realigned`).
 #[test]
 fn a_straggler_is_late_and_does_not_set_the_pace() {
-    for n in [4, 7, 8, 11] {
-        let f = (n - 1) / 3;
-        let rule = Median::new(f);
-        let d = 6;
-        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-        let mut starts = vec![Duration::ZERO; n];
-        starts[n - 1] = Duration::from_millis(500);
-        let ended = run(
-            |me| {
-                let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
-                s.stragglers = 1;
-                s
-            },
-            &rule,
-            &inputs,
-            &starts,
-            // Links of 1 to 3 ms, so that arrivals spread.
-            &|from, to, _, _, _| Fate::After(MS * (1 + ((from + to) % 3) as u32)),
-        );
-        let want = bits(&reference(&inputs[..n - 1], &rule));
-        for (me, e) in ended.iter().enumerate() {
-            let report = e
-                .result
-                .as_ref()
-                .unwrap_or_else(|err| panic!("n = {n} rank {me}: {err}"));
-            assert_eq!(bits(&e.output), want, "n = {n} rank {me}");
-            if me == n - 1 {
-                assert!(report.erased_self, "n = {n}");
-                continue;
-            }
-            assert_eq!(
-                report.faults.len(),
-                1,
-                "n = {n} rank {me}: {:?}",
-                report.faults
+    for agreement in [Agreement::Enforce, Agreement::Detect] {
+        for n in [4, 7, 8, 11] {
+            let f = (n - 1) / 3;
+            let rule = Median::new(f);
+            let d = 6;
+            let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+            let mut starts = vec![Duration::ZERO; n];
+            starts[n - 1] = Duration::from_millis(500);
+            let ended = run(
+                |me| {
+                    let mut s = spec(me, n, d, Shape::Gather, agreement);
+                    s.stragglers = 1;
+                    s
+                },
+                &rule,
+                &inputs,
+                &starts,
+                // Links of 1 to 3 ms, so that arrivals spread.
+                &|from, to, _, _, _| Fate::After(MS * (1 + ((from + to) % 3) as u32)),
             );
-            assert_eq!(report.faults[0].fault, Fault::Late, "n = {n} rank {me}");
-            assert!(
-                e.at < Duration::from_millis(100),
-                "n = {n} rank {me}: {:?}",
-                e.at
-            );
-        }
-    }
-}
-
-/// Quorum steps under `Detect`: a straggler that starts 500 ms late aggregates every input
-/// (they were all waiting for it), sees in the cross-check that the others went without its
-/// own, and aggregates again without it: every rank returns one result, the straggler with
-/// `erased_self` and its own input `realigned`.
-#[test]
-fn under_detect_a_straggler_realigns_to_the_others_result() {
-    for n in [4, 7, 8, 11] {
-        let f = (n - 1) / 3;
-        let rule = Median::new(f);
-        let d = 6;
-        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-        let mut starts = vec![Duration::ZERO; n];
-        starts[n - 1] = Duration::from_millis(500);
-        let ended = run(
-            |me| {
-                let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
-                s.stragglers = 1;
-                s
-            },
-            &rule,
-            &inputs,
-            &starts,
-            &|from, to, _, _, _| Fate::After(MS * (1 + ((from + to) % 3) as u32)),
-        );
-        let want = bits(&reference(&inputs[..n - 1], &rule));
-        for (me, e) in ended.iter().enumerate() {
-            let report = e
-                .result
-                .as_ref()
-                .unwrap_or_else(|err| panic!("n = {n} rank {me}: {err}"));
-            assert_eq!(bits(&e.output), want, "n = {n} rank {me}");
-            let found = report.agreement.as_ref().unwrap();
-            if me == n - 1 {
-                assert!(report.erased_self, "n = {n}");
-                assert_eq!(found.realigned, vec![n - 1], "n = {n}");
-                assert_eq!(report.inputs, n - 1, "n = {n}");
-            } else {
-                assert!(found.realigned.is_empty(), "n = {n} rank {me}");
-                assert_eq!(report.faults[0].fault, Fault::Late, "n = {n} rank {me}");
+            let want = bits(&reference(&inputs[..n - 1], &rule));
+            let what = format!("{agreement:?} n = {n}");
+            for (me, e) in ended.iter().enumerate() {
+                let report = e
+                    .result
+                    .as_ref()
+                    .unwrap_or_else(|err| panic!("{what} rank {me}: {err}"));
+                assert_eq!(bits(&e.output), want, "{what} rank {me}");
+                let realigned = report.agreement.as_ref().map(|a| &a.realigned[..]);
+                if me == n - 1 {
+                    assert!(report.erased_self, "{what}");
+                    assert_eq!(report.inputs, n - 1, "{what}");
+                    if agreement == Agreement::Detect {
+                        assert_eq!(realigned, Some(&[n - 1][..]), "{what}");
+                    }
+                    continue;
+                }
+                assert_eq!(realigned.unwrap_or_default(), [], "{what} rank {me}");
+                assert_eq!(
+                    report.faults.len(),
+                    1,
+                    "{what} rank {me}: {:?}",
+                    report.faults
+                );
+                assert_eq!(report.faults[0].fault, Fault::Late, "{what} rank {me}");
                 assert!(
                     e.at < Duration::from_millis(100),
-                    "n = {n} rank {me}: {:?}",
+                    "{what} rank {me}: {:?}",
                     e.at
                 );
             }

@@ -211,23 +211,11 @@ impl<'r, B> Round<'r, B> {
     /// that holds it) and the server's input list, if every input of that list this rank
     /// holds has the server's digest and the rule takes that many inputs.
     fn fetch_plan(&self, mine: &Check, theirs: &[Option<Check>]) -> Option<Fetch> {
-        let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
+        let (me, n) = (self.spec.me, self.spec.n);
         if self.kept.is_empty() {
             return None;
         }
-        let enough = n.saturating_sub(f + 1).max(f + 1);
-        let held_by = |d: &Digest| {
-            theirs
-                .iter()
-                .flatten()
-                .filter(|c| c.result == Some(*d))
-                .count()
-        };
-        let target = theirs
-            .iter()
-            .flatten()
-            .filter_map(|c| c.result)
-            .find(|d| Some(*d) != mine.result && held_by(d) >= enough)?;
+        let target = self.common_result(mine, theirs)?;
         let server = Self::server_of(me, n, |k| {
             theirs[k].as_ref().is_some_and(|c| c.result == Some(target))
         })?;
@@ -441,6 +429,30 @@ impl<'r, B> Round<'r, B> {
         })
     }
 
+    /// Another result than this rank's that enough of the others hold to take it: at least
+    /// `f + 1` (so an honest rank holds it), and `n − f` without the confirmation step, where
+    /// no rank could return another (`n − f − 1` with it, where the ranks' final results
+    /// decide). At most one result can be (`n > 2f`).
+    fn common_result(&self, mine: &Check, theirs: &[Option<Check>]) -> Option<Digest> {
+        let (n, f) = (self.spec.n, self.rule.byzantine());
+        let enough = match self.confirms() {
+            true => n.saturating_sub(f + 1).max(f + 1),
+            false => n.saturating_sub(f).max(f + 1),
+        };
+        let held_by = |d: &Digest| {
+            theirs
+                .iter()
+                .flatten()
+                .filter(|c| c.result == Some(*d))
+                .count()
+        };
+        theirs
+            .iter()
+            .flatten()
+            .filter_map(|c| c.result)
+            .find(|d| Some(*d) != mine.result && held_by(d) >= enough)
+    }
+
     /// Where this rank's result is not the one at least `n − f` ranks hold (gather mode,
     /// [`Agreement::Detect`]): if those ranks aggregated a subset of the inputs this rank
     /// holds (each with the digest this rank's copy has), aggregates again over exactly that
@@ -459,27 +471,7 @@ impl<'r, B> Round<'r, B> {
         if self.kept.is_empty() || self.r != 0 || self.spec.agreement != Agreement::Detect {
             return None;
         }
-        // The result held by at least n − f of the others: at most one can be (n > 2f), and
-        // at least f + 1 of them means an honest rank holds it.
-        // The result held by enough of the others: at least f + 1 (so an honest rank holds
-        // it), and n − f without the confirmation step, where no rank could return another
-        // (n − f − 1 with it, where the ranks' final results decide).
-        let enough = match self.confirms() {
-            true => n.saturating_sub(f + 1).max(f + 1),
-            false => n.saturating_sub(f).max(f + 1),
-        };
-        let held_by = |d: &Digest| {
-            theirs
-                .iter()
-                .flatten()
-                .filter(|c| c.result == Some(*d))
-                .count()
-        };
-        let target = theirs
-            .iter()
-            .flatten()
-            .filter_map(|c| c.result)
-            .find(|d| Some(*d) != mine.result && held_by(d) >= enough)?;
+        let target = self.common_result(mine, theirs)?;
         let used: Vec<Rank> = (0..n).filter(|&j| mine.seen.inputs[j].is_some()).collect();
         let mut tried: Vec<&[Option<Digest>]> = Vec::new();
         for c in theirs.iter().flatten().filter(|c| c.result == Some(target)) {
