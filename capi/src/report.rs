@@ -243,13 +243,6 @@ impl Out {
                     a.realigned
                 ));
             }
-            if !a.passed_on.is_empty() {
-                text.push_str(&format!(
-                    "passed on: took the inputs of {:?} from a rank that holds the common \
-                     result (they reached this rank late); ",
-                    a.passed_on
-                ));
-            }
         }
         if round.erased_self {
             text.push_str(

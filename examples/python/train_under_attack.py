@@ -11,12 +11,18 @@ Each rank trains on its shard; every step it contributes its gradient and gets b
 honest gradient and send, by attack, the sign-flipped sum scaled by 10, ALIE (the honest mean
 minus z standard deviations, coordinate-wise), or NaN. Rank 0 writes per-step loss and test
 accuracy for every rule and attack as JSON, and a plot with --plot (matplotlib).
+
+A straggler: `--straggler-ms MS` makes one honest rank (the third from last) sleep MS before
+each step's all-reduce; `--stragglers auto` lets the rounds go on without it (quorum rounds,
+`Communicator.set_stragglers`), `0` (the default) waits for it. Rank 0 prints each run's steps
+per second.
 """
 
 import argparse
 import json
 import math
 import sys
+import time
 
 import numpy as np
 import torch
@@ -66,13 +72,16 @@ def alie_z(n, f):
     return lo
 
 
-def run(comm, rule, attack, steps, lr, train, test, byzantine):
+def run(comm, rule, attack, steps, lr, train, test, byzantine, straggler_ms=0.0):
     n, r = comm.size, comm.rank
+    straggler = n - len(byzantine) - 1
     net = model()
     (x, y), (xt, yt) = train, test
     shards = [(x[i::n], y[i::n]) for i in range(n)]
     f = len(byzantine)
     history = {"loss": [], "accuracy": []}
+    comm.barrier()
+    start = time.monotonic()
     for _ in range(steps):
         if r in byzantine and attack != "none":
             honest = torch.stack([flat_grad(net, *shards[i]) for i in range(n) if i not in byzantine])
@@ -85,6 +94,8 @@ def run(comm, rule, attack, steps, lr, train, test, byzantine):
         else:
             g = flat_grad(net, *shards[r])
         g = g.contiguous()
+        if r == straggler and straggler_ms > 0:
+            time.sleep(straggler_ms / 1000)
         try:
             # The mean is the non-robust baseline: it tolerates no faulty rank (f = 0).
             comm.robust_all_reduce(g, rule, 0 if rule == "mean" else f)
@@ -100,6 +111,7 @@ def run(comm, rule, attack, steps, lr, train, test, byzantine):
             out = net(xt)
             history["loss"].append(float(torch.nn.functional.cross_entropy(out, yt)))
             history["accuracy"].append(float((out.argmax(1) == yt).float().mean()))
+    history["steps_per_second"] = len(history["loss"]) / (time.monotonic() - start)
     return history
 
 
@@ -111,9 +123,15 @@ def main():
     ap.add_argument("--attacks", default=",".join(ATTACKS))
     ap.add_argument("--out", default="train_under_attack.json")
     ap.add_argument("--plot", default=None, help="write a PNG of accuracy vs step per rule")
+    ap.add_argument("--straggler-ms", type=float, default=0.0,
+                    help="one honest rank sleeps this long before each step's all-reduce")
+    ap.add_argument("--stragglers", default="0",
+                    help='inputs a round may go without for lateness: "auto" or a count')
     args = ap.parse_args()
     if not 1 <= args.steps <= 100_000 or not (0 < args.lr < 100):
         sys.exit("--steps must be 1..100000 and --lr in (0, 100)")
+    if not 0 <= args.straggler_ms <= 60_000:
+        sys.exit("--straggler-ms must be 0..60000")
     rules, attacks = args.rules.split(","), args.attacks.split(",")
     for a in attacks:
         if a not in ATTACKS:
@@ -122,18 +140,23 @@ def main():
     comm = byzcoll.init()
     if comm.size < 4:
         sys.exit("run with at least 4 ranks (8 by default: byzcoll launch -n 8)")
+    comm.set_stragglers(args.stragglers)
     byzantine = {comm.size - 2, comm.size - 1}
     train, test = load(seed=1)
     results = {}
     for rule in rules:
         for attack in attacks:
-            h = run(comm, rule, attack, args.steps, args.lr, train, test, byzantine)
+            h = run(comm, rule, attack, args.steps, args.lr, train, test, byzantine, args.straggler_ms)
             results.setdefault(rule, {})[attack] = h
             if comm.rank == 0:
                 if "error" in h:
                     print(f"{rule:>13} {attack:>9}: refused after {len(h['loss'])} steps: {h['error']}", flush=True)
                 else:
-                    print(f"{rule:>13} {attack:>9}: final accuracy {h['accuracy'][-1]:.3f}, loss {h['loss'][-1]:.3g}", flush=True)
+                    print(
+                        f"{rule:>13} {attack:>9}: final accuracy {h['accuracy'][-1]:.3f}, "
+                        f"loss {h['loss'][-1]:.3g}, {h['steps_per_second']:.1f} steps/s",
+                        flush=True,
+                    )
     comm.barrier()
     comm.close()
     if comm.rank == 0:

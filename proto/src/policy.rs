@@ -146,11 +146,10 @@ impl Agreement {
 ///
 /// Under [`Agreement::Detect`] a straggler's input can reach some honest ranks before their
 /// quorum and others after it: a rank that held it and is outvoted realigns to the others'
-/// result ([`AgreementReport::realigned`](crate::AgreementReport::realigned)), and one that
-/// went without it while the others used it gets it passed on
-/// ([`AgreementReport::passed_on`](crate::AgreementReport::passed_on)) in a confirmation
-/// step that such rounds end with; [`Agreement::Enforce`] agrees on the inputs and keeps them
-/// all in step (`PROTOCOL.md`, "Quorum rounds").
+/// result ([`AgreementReport::realigned`](crate::AgreementReport::realigned)), but one that
+/// went without it while the others used it fails its round (loudly, never silently);
+/// [`Agreement::Enforce`] agrees on the inputs and keeps them all in step (`PROTOCOL.md`,
+/// "Quorum rounds").
 ///
 /// Off by default (`Exactly(0)`): with `s > 0` an honest rank's input can be left out of a
 /// round for its timing alone, which changes a mean's result; that stays the user's call.
@@ -268,10 +267,6 @@ pub struct AgreementReport {
     /// all), so this rank aggregated again over the inputs they used, each as it holds them
     /// (gather mode under [`Agreement::Detect`]; `PROTOCOL.md`, "Realignment").
     pub realigned: Vec<Rank>,
-    /// Senders whose input this rank went without (it reached this rank late) and took from
-    /// the rank that held the common result, to make that result (gather mode under
-    /// [`Agreement::Detect`] with stragglers allowed; `PROTOCOL.md`, "Realignment").
-    pub passed_on: Vec<Rank>,
 }
 
 /// What happened in one robust round.

@@ -158,9 +158,8 @@ struct Report {
     stragglers: usize,
     /// The agreement cross-check's findings (None when agreement is off): a dict of rank lists
     /// `disagreeing`, `unconfirmed`, `differing_inputs`, `differing_versions`, `realigned`
-    /// (inputs this rank held but left out to take the result the others hold) and
-    /// `passed_on` (inputs it went without and took from a rank that holds that result).
-    agreement: Option<[Vec<usize>; 6]>,
+    /// (inputs this rank held but left out to take the result the others hold).
+    agreement: Option<[Vec<usize>; 5]>,
     /// Peak bytes the collective held at once.
     #[pyo3(get)]
     peak_bytes: usize,
@@ -194,7 +193,6 @@ impl Report {
             "differing_inputs",
             "differing_versions",
             "realigned",
-            "passed_on",
         ]
         .iter()
         .zip(a)
@@ -275,7 +273,6 @@ impl From<RoundReport> for Report {
                     a.differing_inputs,
                     a.differing_versions,
                     a.realigned,
-                    a.passed_on,
                 ]
             }),
             peak_bytes: r.peak_bytes,

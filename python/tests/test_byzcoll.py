@@ -81,7 +81,6 @@ def test_every_rank_gets_the_median(n, dtype):
                 "differing_inputs": [],
                 "differing_versions": [],
                 "realigned": [],
-                "passed_on": [],
             }
 
 

@@ -34,7 +34,6 @@ fn merge_reports(merged: &mut RoundReport, next: RoundReport) {
             union(&mut a.differing_inputs, b.differing_inputs);
             union(&mut a.differing_versions, b.differing_versions);
             union(&mut a.realigned, b.realigned);
-            union(&mut a.passed_on, b.passed_on);
         }
         (a @ None, b) => *a = b,
         (Some(_), None) => {}

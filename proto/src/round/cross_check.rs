@@ -7,27 +7,6 @@ use crate::AgreementReport;
 /// The confirmation step's message: status (1: a result), then its BLAKE3 digest.
 const CONFIRM_LEN: usize = 33;
 
-/// The tag of rank `j`'s input passed on in the confirmation step (0 is the confirmation).
-fn input_tag(j: Rank) -> Tag {
-    Tag::try_from(j + 1).unwrap_or(Tag::MAX)
-}
-
-/// What a rank that went without some of the inputs of the common result waits for in the
-/// confirmation step (`PROTOCOL.md`, "Realignment").
-#[derive(Debug)]
-pub(super) struct Fetch {
-    /// The common result's digest.
-    target: Digest,
-    /// The rank that passes the inputs on: the first after this one that holds the result.
-    server: Rank,
-    /// The server's inputs, ascending: what the result is made of.
-    set: Vec<Rank>,
-    /// Those this rank went without.
-    missing: Vec<Rank>,
-    /// Those this rank used and the server did not.
-    left_out: Vec<Rank>,
-}
-
 impl<'r, B> Round<'r, B> {
     /// The cross-check step of [`Agreement::Detect`] (or the end under `Off`): every rank,
     /// whether its round succeeded or not (so that collectives stay numbered alike), sends
@@ -118,7 +97,7 @@ impl<'r, B> Round<'r, B> {
         }
         if self.failed.is_some() {
             if self.confirms() {
-                self.post_confirm(None, Err(None), heard, None, Vec::new());
+                self.post_confirm(None, Err(None), heard);
             }
             return;
         }
@@ -143,104 +122,10 @@ impl<'r, B> Round<'r, B> {
             return;
         }
         match outcome {
-            Ok((found, result)) => {
-                // A rank whose result the cross-check confirmed passes the inputs it used on
-                // to the ranks that went without them (where it is their server).
-                let serve = match found.realigned.is_empty() {
-                    true => self.to_serve(&mine, &theirs, &same),
-                    false => Vec::new(),
-                };
-                self.post_confirm(result, Ok(found), heard, None, serve)
-            }
-            Err(e) => match self.fetch_plan(&mine, &theirs) {
-                // It will make their result with the inputs its server passes on.
-                Some(fetch) => {
-                    let target = fetch.target;
-                    self.post_confirm(Some(target), Err(Some(e)), heard, Some(fetch), Vec::new())
-                }
-                // Outvoted for now: the ranks that realign may still take this result.
-                None => self.post_confirm(mine.result, Err(Some(e)), heard, None, Vec::new()),
-            },
+            Ok((found, result)) => self.post_confirm(result, Ok(found), heard),
+            // Outvoted for now: the ranks that realign may still take this result.
+            Err(e) => self.post_confirm(mine.result, Err(Some(e)), heard),
         }
-    }
-
-    /// The rank that passes rank `p` the inputs it went without, as `holds` says which ranks
-    /// hold the common result: the first such rank after `p`, cyclically.
-    fn server_of(p: Rank, n: usize, holds: impl Fn(Rank) -> bool) -> Option<Rank> {
-        (1..n).map(|k| (p + k) % n).find(|&k| holds(k))
-    }
-
-    /// The ranks this rank serves in the confirmation step, with the inputs each went without:
-    /// those whose cross-check shows another result (or none) and an input list that lacks
-    /// some of this rank's inputs and agrees on the rest, and whose server this rank is.
-    fn to_serve(
-        &self,
-        mine: &Check,
-        theirs: &[Option<Check>],
-        same: &[bool],
-    ) -> Vec<(Rank, Vec<Rank>)> {
-        let (me, n) = (self.spec.me, self.spec.n);
-        if self.kept.is_empty() {
-            return Vec::new();
-        }
-        let holds = |k: Rank| {
-            k == me || same[k] || theirs[k].as_ref().is_some_and(|c| c.result == mine.result)
-        };
-        let mut serve = Vec::new();
-        for (p, c) in theirs.iter().enumerate() {
-            let Some(c) = c.as_ref().filter(|c| c.result != mine.result) else {
-                continue;
-            };
-            let agree = (0..n).all(|j| match (mine.seen.inputs[j], c.seen.inputs[j]) {
-                (Some(a), Some(b)) => a[..16] == b[..16],
-                _ => true,
-            });
-            let lacks: Vec<Rank> = (0..n)
-                .filter(|&j| mine.seen.inputs[j].is_some() && c.seen.inputs[j].is_none())
-                .filter(|&j| j == me || self.kept.get(j).is_some_and(Option::is_some))
-                .collect();
-            if agree && !lacks.is_empty() && Self::server_of(p, n, holds) == Some(me) {
-                serve.push((p, lacks));
-            }
-        }
-        serve
-    }
-
-    /// Where this rank cannot make the common result from what it holds because it went
-    /// without some of its inputs: the result, its server (the first rank after this one
-    /// that holds it) and the server's input list, if every input of that list this rank
-    /// holds has the server's digest and the rule takes that many inputs.
-    fn fetch_plan(&self, mine: &Check, theirs: &[Option<Check>]) -> Option<Fetch> {
-        let (me, n) = (self.spec.me, self.spec.n);
-        if self.kept.is_empty() {
-            return None;
-        }
-        let target = self.common_result(mine, theirs)?;
-        let server = Self::server_of(me, n, |k| {
-            theirs[k].as_ref().is_some_and(|c| c.result == Some(target))
-        })?;
-        let list = theirs[server].as_ref()?.seen.inputs.clone();
-        let set: Vec<Rank> = (0..n).filter(|&j| list[j].is_some()).collect();
-        let mut missing = Vec::new();
-        for &j in &set {
-            match mine.seen.inputs[j] {
-                Some(d) if d[..16] == list[j]?[..16] => {}
-                Some(_) => return None,
-                None => missing.push(j),
-            }
-        }
-        if missing.is_empty() || self.rule.check(set.len()).is_err() {
-            return None;
-        }
-        let used = (0..n).filter(|&j| mine.seen.inputs[j].is_some());
-        let left_out = used.filter(|j| !set.contains(j)).collect();
-        Some(Fetch {
-            target,
-            server,
-            set,
-            missing,
-            left_out,
-        })
     }
 
     /// Whether the cross-check is followed by the confirmation step: under
@@ -255,36 +140,25 @@ impl<'r, B> Round<'r, B> {
     /// ends with (after realigning; none where its round failed), and waits for those whose
     /// cross-check it heard. `first`: what the cross-check found (`Err(None)`: the round had
     /// failed already).
-    /// `fetch`: the inputs this rank waits for from its server; `serve`: the inputs it passes
-    /// on, by rank (tag `1 + j` for rank `j`'s input).
     fn post_confirm(
         &mut self,
         result: Option<Digest>,
         first: Result<AgreementReport, Option<Error>>,
         heard: Vec<Rank>,
-        fetch: Option<Fetch>,
-        serve: Vec<(Rank, Vec<Rank>)>,
     ) {
         let (me, n) = (self.spec.me, self.spec.n);
         let mut bytes = Vec::with_capacity(CONFIRM_LEN);
         bytes.push(u8::from(result.is_some()));
         bytes.extend_from_slice(&result.unwrap_or([0; 32]));
         let bytes = Bytes::from(bytes);
-        let mut sends: Vec<Send> = schedule::direct_peers(me, n)
+        let sends = schedule::direct_peers(me, n)
             .map(|peer| Send {
                 peer,
                 tag: 0,
                 msg: Msg::Bytes(bytes.clone()),
             })
             .collect();
-        for (peer, lacks) in serve {
-            sends.extend(lacks.into_iter().map(|j| Send {
-                peer,
-                tag: input_tag(j),
-                msg: if j == me { Msg::Input } else { Msg::Forward(j) },
-            }));
-        }
-        let mut recvs: Vec<RecvOp> = heard
+        let recvs = heard
             .iter()
             .map(|&peer| RecvOp {
                 peer,
@@ -292,20 +166,7 @@ impl<'r, B> Round<'r, B> {
                 len: CONFIRM_LEN,
             })
             .collect();
-        if let Some(fetch) = &fetch {
-            let len = self.bytes(self.spec.d);
-            recvs.extend(fetch.missing.iter().map(|&j| RecvOp {
-                peer: fetch.server,
-                tag: input_tag(j),
-                len,
-            }));
-        }
-        let phase = Phase::Confirm {
-            result,
-            first,
-            fetch,
-        };
-        self.post(phase, "confirm", sends, recvs);
+        self.post(Phase::Confirm { result, first }, "confirm", sends, recvs);
     }
 
     /// The end of the confirmation step: this rank's result stands where at least `n − f`
@@ -317,7 +178,6 @@ impl<'r, B> Round<'r, B> {
         outcomes: Vec<Arrival<B>>,
         result: Option<Digest>,
         first: Result<AgreementReport, Option<Error>>,
-        fetch: Option<Fetch>,
     ) {
         let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
         let (Some(result), mut found) = (result, first) else {
@@ -328,12 +188,7 @@ impl<'r, B> Round<'r, B> {
         }
         let mut agreeing = vec![me];
         let (mut disagreeing, mut unconfirmed) = (Vec::new(), Vec::new());
-        let mut passed_on = Vec::new();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
-            if op.tag != 0 {
-                passed_on.push((op.tag, a));
-                continue;
-            }
             let theirs = match &a {
                 Arrival::Received(b) => {
                     let bytes = plane.host(b);
@@ -348,20 +203,6 @@ impl<'r, B> Round<'r, B> {
             }
         }
         agreeing.sort_unstable();
-        if let Some(fetch) = fetch {
-            match self.fetched(plane, &fetch, passed_on) {
-                Some(fetched) => found = Ok(fetched),
-                // Its server did not pass on what makes the result it said it would take.
-                None => {
-                    return self.fail(Error::Disagreement {
-                        agreeing: vec![me],
-                        disagreeing: (0..n).filter(|&p| p != me).collect(),
-                        unconfirmed: Vec::new(),
-                        differing_inputs: Vec::new(),
-                    })
-                }
-            }
-        }
         let previous = match &mut found {
             Ok(found) => Some(found.clone()),
             Err(Some(Error::Disagreement {
@@ -385,12 +226,15 @@ impl<'r, B> Round<'r, B> {
         unconfirmed.dedup();
         unconfirmed.retain(|p| !disagreeing.contains(p));
         if agreeing.len() < n.saturating_sub(f) {
-            return self.fail(Error::Disagreement {
+            // The round's last step: failing posts nothing more (`Round::fail` would post a
+            // cross-check that no other rank waits for).
+            self.failed = Some(Error::Disagreement {
                 agreeing,
                 disagreeing,
                 unconfirmed,
                 differing_inputs: previous.differing_inputs,
             });
+            return;
         }
         self.report.agreement = Some(AgreementReport {
             disagreeing,
@@ -399,46 +243,20 @@ impl<'r, B> Round<'r, B> {
         });
     }
 
-    /// The inputs passed on by the server (`passed_on`: tag and arrival) into the inputs
-    /// this rank holds, and the rule over the server's input set: the report's findings where
-    /// every one arrived and the result's digest is the one it said it would take.
-    fn fetched<P: Plane<Buf = B>>(
-        &mut self,
-        plane: &mut P,
-        fetch: &Fetch,
-        passed_on: Vec<(Tag, Arrival<B>)>,
-    ) -> Option<AgreementReport> {
-        for (tag, a) in passed_on {
-            let j = (tag as usize).checked_sub(1)?;
-            match a {
-                Arrival::Received(b) if fetch.missing.contains(&j) => self.kept[j] = Some(b),
-                _ => return None,
-            }
-        }
-        let kept = std::mem::take(&mut self.kept);
-        let again = self.aggregate_set(plane, &kept, &fetch.set);
-        self.kept = kept;
-        if again.is_err() || plane.result_digest() != fetch.target {
-            return None;
-        }
-        self.report.erased_self = !fetch.set.contains(&self.spec.me);
-        Some(AgreementReport {
-            realigned: fetch.left_out.clone(),
-            passed_on: fetch.missing.clone(),
-            ..AgreementReport::default()
-        })
-    }
-
-    /// Another result than this rank's that enough of the others hold to take it: at least
-    /// `f + 1` (so an honest rank holds it), and `n − f` without the confirmation step, where
-    /// no rank could return another (`n − f − 1` with it, where the ranks' final results
-    /// decide). At most one result can be (`n > 2f`).
-    fn common_result(&self, mine: &Check, theirs: &[Option<Check>]) -> Option<Digest> {
+    /// Another result than this rank's that enough of the others hold to take it. Without
+    /// the confirmation step, `n − f` of them (then no rank could return another result,
+    /// `PROTOCOL.md`, "Realignment"). With it, where the ranks' final results decide: of the
+    /// results held by more than `f` ranks (so by an honest one), this rank's among them, the
+    /// one made of the fewest inputs (the smaller digest among equals), so that the ranks an
+    /// input reached in time leave it out as those it reached late did, and a rank takes
+    /// more inputs only where no such result exists.
+    fn common_result(
+        &self,
+        mine: &Check,
+        theirs: &[Option<Check>],
+        same: &[bool],
+    ) -> Option<Digest> {
         let (n, f) = (self.spec.n, self.rule.byzantine());
-        let enough = match self.confirms() {
-            true => n.saturating_sub(f + 1).max(f + 1),
-            false => n.saturating_sub(f).max(f + 1),
-        };
         let held_by = |d: &Digest| {
             theirs
                 .iter()
@@ -446,11 +264,28 @@ impl<'r, B> Round<'r, B> {
                 .filter(|c| c.result == Some(*d))
                 .count()
         };
-        theirs
+        let others = theirs
             .iter()
             .flatten()
-            .filter_map(|c| c.result)
-            .find(|d| Some(*d) != mine.result && held_by(d) >= enough)
+            .filter(|c| c.result.is_some() && c.result != mine.result);
+        if !self.confirms() {
+            return others
+                .filter_map(|c| c.result)
+                .find(|d| held_by(d) >= n.saturating_sub(f).max(f + 1));
+        }
+        let inputs = |c: &Check| c.seen.inputs.iter().flatten().count();
+        let mine_held =
+            1 + same.iter().filter(|&&s| s).count() + mine.result.map_or(0, |d| held_by(&d));
+        let own = mine
+            .result
+            .filter(|_| mine_held > f)
+            .map(|d| (inputs(mine), d));
+        let best = others
+            .filter_map(|c| c.result.map(|d| (inputs(c), d)))
+            .filter(|(_, d)| held_by(d) > f)
+            .chain(own)
+            .min()?;
+        (Some(best.1) != mine.result).then_some(best.1)
     }
 
     /// Where this rank's result is not the one at least `n − f` ranks hold (gather mode,
@@ -471,7 +306,7 @@ impl<'r, B> Round<'r, B> {
         if self.kept.is_empty() || self.r != 0 || self.spec.agreement != Agreement::Detect {
             return None;
         }
-        let target = self.common_result(mine, theirs)?;
+        let target = self.common_result(mine, theirs, same)?;
         let used: Vec<Rank> = (0..n).filter(|&j| mine.seen.inputs[j].is_some()).collect();
         let mut tried: Vec<&[Option<Digest>]> = Vec::new();
         for c in theirs.iter().flatten().filter(|c| c.result == Some(target)) {

@@ -428,7 +428,6 @@ enum Phase<B> {
     Confirm {
         result: Option<Digest>,
         first: Result<crate::AgreementReport, Option<Error>>,
-        fetch: Option<cross_check::Fetch>,
     },
     Done,
 }
@@ -683,9 +682,7 @@ impl<'r, B> Round<'r, B> {
     /// ([`Agreement::Enforce`]; what [`Msg::Forward`] sends): rank `j`'s input in gather mode;
     /// in sharded mode, for `j = k·n + o`, owner `o`'s result for its `k`-th owned shard.
     pub fn held(&self, j: usize) -> Option<&B> {
-        // Gather mode under Detect: an input kept for the cross-check, passed on to a rank
-        // that went without it.
-        self.held.get(j).or_else(|| self.kept.get(j))?.as_ref()
+        self.held.get(j)?.as_ref()
     }
 
     /// Whether the round has failed (the cross-check may still run).
@@ -714,11 +711,9 @@ impl<'r, B> Round<'r, B> {
             Phase::Echo => self.echoed(plane, &plan, outcomes),
             Phase::Recover => self.recovered(plane, &plan, outcomes),
             Phase::Check { mine, encoded } => self.checked(plane, &plan, outcomes, mine, encoded),
-            Phase::Confirm {
-                result,
-                first,
-                fetch,
-            } => self.confirmed(plane, &plan, outcomes, result, first, fetch),
+            Phase::Confirm { result, first } => {
+                self.confirmed(plane, &plan, outcomes, result, first)
+            }
             Phase::Done => unreachable!("no step is posted when done"),
         }
     }
