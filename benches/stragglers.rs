@@ -140,7 +140,7 @@ async fn run(
         let (times, late, errors) = t.await.map_err(|e| e.to_string())??;
         if rank != n - 1 {
             // The first round of each rank includes connecting the world's last peers (and
-            // waits for every rank: a communicator's first collective is no quorum step).
+            // waits for every rank under Detect: a first collective is no quorum step there).
             honest.extend(times.into_iter().skip(1));
             late_rounds += late;
             failed += errors;

@@ -141,8 +141,8 @@ impl Agreement {
 /// or not, sets the pace of the others. Late inputs are erasures named
 /// [`Fault::Late`](crate::Fault::Late) in the report.
 ///
-/// A communicator's first collective waits for every input whatever `s` (the ranks start
-/// apart, and none has been seen late yet).
+/// Under [`Agreement::Detect`] a communicator's first collective waits for every input
+/// whatever `s` (the ranks start apart, and none has been seen late yet).
 ///
 /// Under [`Agreement::Detect`] a straggler's input can reach some honest ranks before their
 /// quorum and others after it: a rank that held it and is outvoted realigns to the others'

@@ -33,7 +33,7 @@ def main():
         import time
 
         comm.set_stragglers("auto")
-        # The communicator's first collective waits for every rank (they start apart): the
+        # Under detect a communicator's first collective waits for every rank (they start apart): the
         # straggler is late in the second.
         comm.barrier()
         if r == n - 1:

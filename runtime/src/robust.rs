@@ -178,9 +178,11 @@ impl Communicator {
     /// steps), where asking for some is an error rather than a silent wait for everyone.
     fn stragglers(&self, rule: &dyn Aggregator, shape: Shape) -> Result<usize> {
         let requested = self.config().stragglers.requested();
-        // The communicator's first collective waits for every input: the ranks started
-        // apart, and none has been seen late yet.
-        if requested == Some(0) || self.collectives_begun() == 0 {
+        // Under Detect a communicator's first collective waits for every input: the ranks
+        // started apart, and a rank that went without an input the others used cannot
+        // realign to their result (Enforce's echo passes such inputs on).
+        let first = self.collectives_begun() == 0 && self.agreement() == Agreement::Detect;
+        if requested == Some(0) || first {
             return Ok(0);
         }
         let cannot = match shape {

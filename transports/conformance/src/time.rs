@@ -11,7 +11,7 @@ use byzcoll_runtime::{
 
 use crate::harness::{comms, run_ranks};
 
-/// A straggler does not set the pace: after a barrier (a communicator's first collective
+/// A straggler does not set the pace: after a barrier (under `Detect` a communicator's first collective
 /// waits for every rank), rank 3 of 4 (f = 1, stragglers `auto`: s = 1, since the median
 /// keeps `n - s = 3 > 2f`) calls its gather-mode robust all-reduce 1.5 s after the others, under a 10 s step timeout. The others end their round long before it arrives, name it
 /// late, and return the median of their inputs 1, 2 and 3. The straggler never returns
@@ -123,7 +123,7 @@ async fn with_a_straggler(
         move |mut c| async move {
             c.set_agreement(agreement);
             c.set_stragglers(Stragglers::Auto);
-            // The communicator's first collective waits for every rank (they start apart,
+            // Under Detect a communicator's first collective waits for every rank (they start apart,
             // and none has been seen late yet): the straggler is late in the second.
             c.barrier().await.expect("the barrier");
             if c.rank() == 3 {
