@@ -151,13 +151,7 @@ impl<'r, B> Round<'r, B> {
         bytes.push(u8::from(result.is_some()));
         bytes.extend_from_slice(&result.unwrap_or([0; 32]));
         let bytes = Bytes::from(bytes);
-        let sends = schedule::direct_peers(me, n)
-            .map(|peer| Send {
-                peer,
-                tag: 0,
-                msg: Msg::Bytes(bytes.clone()),
-            })
-            .collect();
+        let sends = to_every_peer(me, n, &bytes);
         let recvs = heard
             .iter()
             .map(|&peer| RecvOp {

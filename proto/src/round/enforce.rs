@@ -21,13 +21,7 @@ impl<'r, B> Round<'r, B> {
                 (Bytes::from(all), len)
             }
         };
-        let sends = schedule::direct_peers(me, n)
-            .map(|peer| Send {
-                peer,
-                tag: 0,
-                msg: Msg::Bytes(bytes.clone()),
-            })
-            .collect();
+        let sends = to_every_peer(me, n, &bytes);
         let recvs = schedule::direct_peers(me, n)
             .filter(|&p| !self.report.faults.iter().any(|f| f.rank == p))
             .map(|peer| RecvOp { peer, tag: 0, len })

@@ -150,6 +150,17 @@ impl<B> Clone for Src<'_, B> {
     }
 }
 
+/// The same bytes from rank `me` to every other rank of `n` (tag 0).
+fn to_every_peer(me: Rank, n: usize, bytes: &Bytes) -> Vec<Send> {
+    schedule::direct_peers(me, n)
+        .map(|peer| Send {
+            peer,
+            tag: 0,
+            msg: Msg::Bytes(bytes.clone()),
+        })
+        .collect()
+}
+
 /// Where an aggregation writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dest {
