@@ -24,8 +24,24 @@ use byzcoll::bootstrap::JobSecret;
 use common::{example, free_port, wait_at_most};
 
 /// One rank's rounds: round → (`Some(value)` for `ok <value>`, `None` for an error, the
-/// erased ranks, milliseconds).
-type Rounds = HashMap<usize, (Option<f32>, String, u64)>;
+/// ranks whose inputs the round went without (the rank itself where it reports its own
+/// input left out), milliseconds).
+type Rounds = HashMap<usize, (Option<f32>, Vec<usize>, u64)>;
+
+/// The median of the inputs `r + 1` of the 4 ranks but `erased`: what a round that went
+/// without them returns. A loaded machine may make any rank a straggler for a round.
+fn median_without(erased: &[usize]) -> f32 {
+    let kept: Vec<f32> = (0..4usize)
+        .filter(|r| !erased.contains(r))
+        .map(|r| (r + 1) as f32)
+        .collect();
+    let m = kept.len();
+    if m % 2 == 1 {
+        kept[m / 2]
+    } else {
+        (kept[m / 2 - 1] + kept[m / 2]) / 2.0
+    }
+}
 
 /// Starts 4 ranks of the `rounds` example with `env` on top of a fresh job.
 fn start(env: &[(&str, &str)]) -> Vec<Child> {
@@ -83,7 +99,7 @@ fn wait_for_round(rx: &mpsc::Receiver<String>, round: usize, seen: &mut Vec<Stri
 /// Waits (at most 90 s each) for the ranks to exit, and parses their rounds.
 fn finish(ranks: Vec<Child>, mut outs: Vec<(mpsc::Receiver<String>, Vec<String>)>) -> Vec<Rounds> {
     let mut all = Vec::new();
-    for (child, (rx, mut seen)) in ranks.into_iter().zip(outs.drain(..)) {
+    for (me, (child, (rx, mut seen))) in ranks.into_iter().zip(outs.drain(..)).enumerate() {
         let out = wait_at_most(child, Duration::from_secs(90));
         seen.extend(rx.iter());
         let mut rounds = Rounds::new();
@@ -95,10 +111,16 @@ fn finish(ranks: Vec<Child>, mut outs: Vec<(mpsc::Receiver<String>, Vec<String>)
             let value = what
                 .strip_prefix("ok ")
                 .map(|v| v.split_whitespace().next().unwrap().parse::<f32>().unwrap());
-            let erased = what
-                .split_once("erased ")
-                .map(|(_, e)| e.split(']').next().unwrap_or("").to_string() + "]")
-                .unwrap_or_default();
+            let mut erased: Vec<usize> = what
+                .split_once("erased [")
+                .map(|(_, e)| e.split(']').next().unwrap_or(""))
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|r| r.trim().parse().ok())
+                .collect();
+            if what.contains("own input left out") {
+                erased.push(me);
+            }
             let ms = what
                 .rsplit_once(" in ")
                 .and_then(|(_, t)| t.strip_suffix(" ms"))
@@ -139,7 +161,8 @@ fn run(env: &[(&str, &str)], round: usize, signal: i32, stop: Duration) -> Vec<R
 }
 
 /// Every round of ranks 0, 1 and 3, in order: `(round, value, whether rank 2 was erased)`,
-/// each checked to have succeeded within half a deadline (`timeout` ms).
+/// each checked to have succeeded within half a deadline (`timeout` ms) with the median of
+/// the inputs it reports it kept.
 fn the_others_rounds(outcomes: &[Rounds], rounds: usize, timeout: u64) -> Vec<(usize, f32, bool)> {
     let mut seen = Vec::new();
     for me in [0, 1, 3] {
@@ -153,7 +176,12 @@ fn the_others_rounds(outcomes: &[Rounds], rounds: usize, timeout: u64) -> Vec<(u
                 ms < timeout / 2,
                 "rank {me} round {k} took {ms} ms (deadline {timeout} ms)"
             );
-            seen.push((k, value, erased.contains('2')));
+            assert_eq!(
+                value,
+                median_without(&erased),
+                "rank {me} round {k} (went without {erased:?})"
+            );
+            seen.push((k, value, erased.contains(&2)));
         }
     }
     seen
@@ -168,9 +196,7 @@ fn a_killed_rank_costs_no_deadline_after_it_is_gone() {
     let env = [("BYZCOLL_TIMEOUT_MS", t.as_str()), ("ROUNDS", r.as_str())];
     let outcomes = run(&env, 2, libc::SIGKILL, Duration::ZERO);
     let mut gone_from = None;
-    for (k, value, erased) in the_others_rounds(&outcomes, rounds, timeout) {
-        let want = if erased { 2.0 } else { 2.5 };
-        assert_eq!(value, want, "round {k}");
+    for (k, _, erased) in the_others_rounds(&outcomes, rounds, timeout) {
         if erased {
             gone_from = Some(gone_from.map_or(k, |g: usize| g.min(k)));
         }
@@ -208,9 +234,8 @@ fn stopped_for_ten_deadlines(agreement: &str) {
     ];
     let outcomes = run(&env, 2, libc::SIGSTOP, Duration::from_millis(10 * timeout));
     let mut erased_rounds = 0;
-    for (k, value, erased) in the_others_rounds(&outcomes, rounds, timeout) {
+    for (_, _, erased) in the_others_rounds(&outcomes, rounds, timeout) {
         erased_rounds += usize::from(erased);
-        assert!(value == 2.0 || value == 2.5, "round {k}: {value}");
     }
     assert!(erased_rounds > 0, "the stop landed in no round");
     // Rank 2 resumes about 25 rounds behind and, paced like the others, stays behind; each of
