@@ -16,6 +16,7 @@
 //! 1, 2, 3, 7, 8 and 11; the transport properties are the conformance suite's.
 
 mod attribution;
+pub mod audit;
 mod error;
 mod ids;
 mod policy;

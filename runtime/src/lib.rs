@@ -24,7 +24,7 @@ pub mod round;
 mod transport;
 mod types;
 
-pub use byzcoll_proto::schedule;
+pub use byzcoll_proto::{audit, schedule};
 pub use byzcoll_proto::{
     Agreement, AgreementReport, Attribution, BootstrapError, Error, ErrorKind, Fault, Faults,
     Grace, IdentityMode, InputEvidence, MsgKey, PeerFault, Policy, Quorum, Rank, RecvOp, Replicas,

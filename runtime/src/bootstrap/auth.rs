@@ -369,7 +369,7 @@ impl Roster {
         self.digest
     }
 
-    fn key(&self, rank: usize) -> Option<&VerifyingKey> {
+    pub(super) fn key(&self, rank: usize) -> Option<&VerifyingKey> {
         self.keys.get(rank)
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod auth;
 mod env;
+mod evidence;
 pub mod gate;
 pub mod keys;
 mod store;

@@ -1,0 +1,607 @@
+//! Audited sharding's evidence (issue #40; `PROTOCOL.md`, "Audited sharding"): what the ranks
+//! of a sharded round with one owner per shard sign, what an auditor replays, and the proof
+//! that convicts an owner that lied, checked the same way by every rank.
+//!
+//! An owner that aggregates its shard alone can lie about the result. Audits make the lie
+//! provable after the fact, at the cost of replaying a few *sub-chunks* (a shard cut into
+//! [`Audit::sub_chunks`] element-aligned parts) instead of replicating the shard:
+//!
+//! 1. A sender commits to each piece it sends: one BLAKE3 hash per sub-chunk (the piece's
+//!    *leaves*), and signs the hash of the leaves ([`SignedPiece`]). The owner checks the
+//!    piece it received against the leaves and the signature before it aggregates it.
+//! 2. The owner commits to its result the same way and signs it together with the list of
+//!    the inputs it used ([`OwnerClaim`]), before any rank has chosen what to audit.
+//! 3. An auditor picks sub-chunks with randomness the owner cannot know in advance, gets the
+//!    claim and the inputs' bytes of those sub-chunks, and replays the rule on them (a
+//!    coordinate-wise rule's output on a sub-chunk depends on that sub-chunk of the inputs
+//!    alone, and byzcoll's rules are bitwise deterministic).
+//! 4. A replay that differs is an [`Accusation`]: the owner's signed claim, the senders'
+//!    signed pieces, the sub-chunk's bytes. Any rank checks it with [`Accusation::verify`]
+//!    and the ranks' public keys, and reaches the same verdict: signatures cannot be forged
+//!    and the replay is exact, so a true accusation convicts and a false one is refuted (no
+//!    rank can frame an honest owner, whatever it sends).
+//!
+//! This module holds the sans-IO parts: the commitments, the signed statements, the proof and
+//! its wire form (decoded against the sizes the round expects, never sizes the sender
+//! claims), and the detection probabilities of [`Audit`]. Signing and verifying go through
+//! [`Signer`] and [`Verifier`], which the runtime implements with the ranks' Ed25519 identity
+//! keys: this crate holds no crypto stack.
+
+use std::ops::Range;
+
+use byzcoll_aggregators::{aggregate_into, Aggregator, DType, Element};
+
+use crate::round::Digest;
+use crate::schedule::chunk_range;
+use crate::Rank;
+
+/// An Ed25519 signature (64 bytes).
+pub type Signature = [u8; 64];
+
+/// Signs the audit's statements with this rank's identity key.
+pub trait Signer {
+    /// The signature of `message`.
+    fn sign(&self, message: &[u8]) -> Signature;
+}
+
+/// Checks the statements of any rank of the job against its public key.
+pub trait Verifier {
+    /// Whether `signature` is `rank`'s over `message` (`false` for a rank the job lacks).
+    fn verify(&self, rank: Rank, message: &[u8], signature: &Signature) -> bool;
+}
+
+/// The call a statement belongs to: a signature made for one call never counts for another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallId {
+    /// What names the job and its membership (the roster digest every pair of ranks compared
+    /// in the handshake), so that a rank key used in two jobs signs nothing valid across them.
+    pub job: Digest,
+    /// The collective's number in the communicator's sequence.
+    pub collective: u64,
+}
+
+/// How a round audits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Audit {
+    /// The parts each piece and each result is cut into for commitments; an audit replays
+    /// whole sub-chunks.
+    pub sub_chunks: usize,
+    /// How many owners each rank audits per round (at most `n − 1`: every other owner).
+    pub owners: usize,
+    /// How many sub-chunks of an audited owner's shard it replays.
+    pub samples: usize,
+}
+
+impl Default for Audit {
+    /// Every rank audits every other owner on 4 of its 64 sub-chunks: an owner that lies on
+    /// every coordinate is caught in its first round whenever one other rank is honest, for
+    /// `4/64 · (n − 1)` of a shard's inputs per rank (`0.44·d` bytes at 8 ranks, `d` the
+    /// vector's: [`Audit::traffic`]).
+    fn default() -> Self {
+        Audit {
+            sub_chunks: 64,
+            owners: usize::MAX,
+            samples: 4,
+        }
+    }
+}
+
+impl Audit {
+    /// The owners a rank of `n` audits per round: [`Audit::owners`], at most `n − 1`.
+    pub fn owners_per_rank(&self, n: usize) -> usize {
+        self.owners.min(n.saturating_sub(1))
+    }
+
+    /// The probability that an owner lying on a fraction `p` of its sub-chunks (chosen by it,
+    /// before the audits) goes uncaught for `rounds` rounds, where `honest` ranks other than
+    /// it audit as this says in a world of `n`. Each honest rank audits it with probability
+    /// `k / (n − 1)` and then replays `samples` distinct sub-chunks of `m`, each missing every
+    /// lie with probability `C(m − ℓ, s) / C(m, s)` (`ℓ = ⌈p·m⌉` lied sub-chunks); the ranks
+    /// choose independently, and rounds are independent:
+    /// `(1 − k/(n−1) · (1 − C(m−ℓ, s)/C(m, s)))^(honest · rounds)`.
+    pub fn escape_probability(&self, n: usize, honest: usize, p: f64, rounds: u32) -> f64 {
+        if n < 2 {
+            return 1.0;
+        }
+        let m = self.sub_chunks.max(1);
+        let s = self.samples.clamp(1, m);
+        let lied = ((p.clamp(0.0, 1.0) * m as f64).ceil() as usize).min(m);
+        // C(m − ℓ, s) / C(m, s) = Π_{i<s} (m − ℓ − i) / (m − i).
+        let miss = (0..s)
+            .map(|i| (m.saturating_sub(lied + i)) as f64 / (m - i) as f64)
+            .product::<f64>();
+        let audited = self.owners_per_rank(n) as f64 / (n - 1) as f64;
+        let per_rank = 1.0 - audited * (1.0 - miss);
+        per_rank.powf(honest as f64 * f64::from(rounds))
+    }
+
+    /// The extra bytes a rank receives per round for its audits, as a fraction of the
+    /// vector's `d` elements: each audit replays `samples` sub-chunks of `n` inputs of a
+    /// shard of `d / n` elements (`samples / m · d`), plus the leaves of the `n` inputs
+    /// (32 bytes per sub-chunk each; about `32·m·n` bytes, counted separately by the bench).
+    pub fn traffic(&self, n: usize) -> f64 {
+        let m = self.sub_chunks.max(1);
+        self.owners_per_rank(n) as f64 * self.samples.min(m) as f64 / m as f64
+    }
+}
+
+/// The elements of sub-chunk `j` of a vector of `elements` cut into `m` parts.
+pub fn sub_range(elements: usize, m: usize, j: usize) -> Range<usize> {
+    chunk_range(elements, m, j)
+}
+
+const LEAF: &[u8] = b"byzcoll-audit-v1 leaf\0";
+const ROOT: &[u8] = b"byzcoll-audit-v1 root\0";
+const INPUTS: &[u8] = b"byzcoll-audit-v1 inputs\0";
+const PIECE: &[u8] = b"byzcoll-audit-v1 piece\0";
+const RESULT: &[u8] = b"byzcoll-audit-v1 result\0";
+
+/// The leaf of sub-chunk `j`: BLAKE3 of its index and bytes.
+pub fn leaf(j: usize, bytes: &[u8]) -> Digest {
+    let mut h = blake3::Hasher::new();
+    h.update(LEAF);
+    h.update(&(j as u64).to_le_bytes());
+    h.update(bytes);
+    h.finalize().into()
+}
+
+/// The leaves of a vector's bytes (`elem` bytes per element) cut into `m` sub-chunks.
+///
+/// # Panics
+/// If `bytes` is not a whole number of elements or `m` is 0.
+pub fn leaves(bytes: &[u8], elem: usize, m: usize) -> Vec<Digest> {
+    assert!(elem > 0 && bytes.len().is_multiple_of(elem), "whole elements");
+    let elements = bytes.len() / elem;
+    (0..m)
+        .map(|j| {
+            let r = sub_range(elements, m, j);
+            leaf(j, &bytes[r.start * elem..r.end * elem])
+        })
+        .collect()
+}
+
+/// The commitment to a list of leaves: BLAKE3 of their count and the leaves.
+pub fn root(leaves: &[Digest]) -> Digest {
+    let mut h = blake3::Hasher::new();
+    h.update(ROOT);
+    h.update(&(leaves.len() as u64).to_le_bytes());
+    for l in leaves {
+        h.update(l);
+    }
+    h.finalize().into()
+}
+
+fn statement(
+    domain: &[u8],
+    call: &CallId,
+    rank: Rank,
+    shard: usize,
+    digests: &[&Digest],
+) -> Vec<u8> {
+    let mut m = Vec::with_capacity(domain.len() + 56 + 32 * digests.len());
+    m.extend_from_slice(domain);
+    m.extend_from_slice(&call.job);
+    m.extend_from_slice(&call.collective.to_le_bytes());
+    m.extend_from_slice(&(rank as u64).to_le_bytes());
+    m.extend_from_slice(&(shard as u64).to_le_bytes());
+    for d in digests {
+        m.extend_from_slice(*d);
+    }
+    m
+}
+
+/// A sender's signed commitment to the piece of shard `shard` it sent the shard's owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedPiece {
+    /// The sender.
+    pub sender: Rank,
+    /// The piece's leaves ([`leaves`]).
+    pub leaves: Vec<Digest>,
+    /// The sender's signature over (call, sender, shard, [`root`] of the leaves).
+    pub signature: Signature,
+}
+
+impl SignedPiece {
+    /// Commits `sender`'s piece `bytes` of shard `shard`.
+    pub fn sign(
+        signer: &dyn Signer,
+        call: &CallId,
+        sender: Rank,
+        shard: usize,
+        bytes: &[u8],
+        elem: usize,
+        m: usize,
+    ) -> Self {
+        let leaves = leaves(bytes, elem, m);
+        let signature = signer.sign(&Self::statement(call, sender, shard, &leaves));
+        SignedPiece {
+            sender,
+            leaves,
+            signature,
+        }
+    }
+
+    fn statement(call: &CallId, sender: Rank, shard: usize, leaves: &[Digest]) -> Vec<u8> {
+        statement(PIECE, call, sender, shard, &[&root(leaves)])
+    }
+
+    /// Whether the signature is the sender's for this piece of `shard` in `call`.
+    pub fn signed(&self, verifier: &dyn Verifier, call: &CallId, shard: usize) -> bool {
+        verifier.verify(
+            self.sender,
+            &Self::statement(call, self.sender, shard, &self.leaves),
+            &self.signature,
+        )
+    }
+
+    /// Whether `bytes` (the piece, `elem` bytes per element) is what the sender committed to:
+    /// what an owner checks before it aggregates a piece.
+    pub fn matches(&self, bytes: &[u8], elem: usize) -> bool {
+        !self.leaves.is_empty() && leaves(bytes, elem, self.leaves.len()) == self.leaves
+    }
+}
+
+/// An owner's signed claim: its result for a shard, committed by leaves, and the signed pieces
+/// of the inputs it aggregated (ascending by sender).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerClaim {
+    /// The owner.
+    pub owner: Rank,
+    /// The shard.
+    pub shard: usize,
+    /// The leaves of its result for the shard.
+    pub result: Vec<Digest>,
+    /// The inputs it aggregated, ascending by sender.
+    pub inputs: Vec<SignedPiece>,
+    /// The owner's signature over (call, owner, shard, root of the result's leaves, the
+    /// commitment to the inputs: their senders and the roots of their leaves).
+    pub signature: Signature,
+}
+
+impl OwnerClaim {
+    /// `owner`'s claim that `result` (bytes, `elem` per element) is its aggregate of `inputs`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sign(
+        signer: &dyn Signer,
+        call: &CallId,
+        owner: Rank,
+        shard: usize,
+        result: &[u8],
+        elem: usize,
+        m: usize,
+        inputs: Vec<SignedPiece>,
+    ) -> Self {
+        let result = leaves(result, elem, m);
+        let signature = signer.sign(&Self::statement(call, owner, shard, &result, &inputs));
+        OwnerClaim {
+            owner,
+            shard,
+            result,
+            inputs,
+            signature,
+        }
+    }
+
+    fn statement(
+        call: &CallId,
+        owner: Rank,
+        shard: usize,
+        result: &[Digest],
+        inputs: &[SignedPiece],
+    ) -> Vec<u8> {
+        let mut h = blake3::Hasher::new();
+        h.update(INPUTS);
+        h.update(&(inputs.len() as u64).to_le_bytes());
+        for p in inputs {
+            h.update(&(p.sender as u64).to_le_bytes());
+            h.update(&root(&p.leaves));
+        }
+        let inputs: Digest = h.finalize().into();
+        statement(RESULT, call, owner, shard, &[&root(result), &inputs])
+    }
+
+    /// Why the claim does not stand as `owner`'s for `shard` of `call` over `n` ranks with
+    /// `m` sub-chunks: a bad owner signature, inputs out of order or from unknown ranks, or an
+    /// input signature that is not its sender's. `None`: it stands.
+    pub fn check(
+        &self,
+        verifier: &dyn Verifier,
+        call: &CallId,
+        n: usize,
+        m: usize,
+    ) -> Option<Refuted> {
+        if self.owner >= n || self.result.len() != m {
+            return Some(Refuted::Malformed("the claim's owner or leaves".into()));
+        }
+        if !verifier.verify(
+            self.owner,
+            &Self::statement(call, self.owner, self.shard, &self.result, &self.inputs),
+            &self.signature,
+        ) {
+            return Some(Refuted::OwnerSignature);
+        }
+        let mut last = None;
+        for p in &self.inputs {
+            if p.sender >= n || last.is_some_and(|l| p.sender <= l) || p.leaves.len() != m {
+                return Some(Refuted::Malformed(format!(
+                    "input of rank {} out of order, unknown or with {} leaves",
+                    p.sender,
+                    p.leaves.len()
+                )));
+            }
+            last = Some(p.sender);
+            // The owner signed over this piece, but only its sender's signature shows that
+            // the sender committed to it.
+            if !p.signed(verifier, call, self.shard) {
+                return Some(Refuted::InputSignature(p.sender));
+            }
+        }
+        None
+    }
+}
+
+/// Why an accusation does not convict.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refuted {
+    /// The bytes are not an accusation of the expected sizes.
+    #[error("malformed accusation: {0}")]
+    Malformed(String),
+    /// The claim does not carry the accused owner's signature.
+    #[error("the claim is not signed by the accused owner")]
+    OwnerSignature,
+    /// An input's commitment is not signed by its sender.
+    #[error("the input of rank {0} is not signed by rank {0}")]
+    InputSignature(Rank),
+    /// A sub-chunk's bytes are not what their leaf commits to.
+    #[error("the bytes of {0} do not match their commitment")]
+    Bytes(String),
+    /// The replay could not run (the rule's precondition, its error).
+    #[error("the replay failed: {0}")]
+    Replay(String),
+    /// The replay gives the owner's result: it did not lie on this sub-chunk.
+    #[error("the replay agrees with the owner's result")]
+    Agrees,
+}
+
+/// A proven lie: owner `owner`'s result for `shard` differs from the replay of its own
+/// inputs on sub-chunk `sub`, first at element `element` of the shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lie {
+    /// The owner that lied.
+    pub owner: Rank,
+    /// The shard.
+    pub shard: usize,
+    /// The sub-chunk replayed.
+    pub sub: usize,
+    /// The first element of the shard where the result differs from the replay.
+    pub element: usize,
+}
+
+/// What every rank expects of an accusation in a round: its world, the shard's length and the
+/// element size, and how commitments are cut. Decoding reads no length from the bytes that
+/// these do not bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expect {
+    /// The world size.
+    pub n: usize,
+    /// The elements of each shard, by shard (`chunk_range(d, n, s).len()`).
+    pub d: usize,
+    /// Bytes per element.
+    pub elem: usize,
+    /// Sub-chunks per shard.
+    pub m: usize,
+}
+
+impl Expect {
+    /// The elements of shard `s`.
+    pub fn shard_len(&self, s: usize) -> usize {
+        chunk_range(self.d, self.n, s).len()
+    }
+
+    /// The bytes of sub-chunk `j` of shard `s`.
+    pub fn sub_bytes(&self, s: usize, j: usize) -> usize {
+        sub_range(self.shard_len(s), self.m, j).len() * self.elem
+    }
+}
+
+/// The proof that an owner lied: its claim, and sub-chunk `sub` of its result and of every
+/// input it claims to have aggregated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accusation {
+    /// The owner's signed claim (with the senders' signed pieces).
+    pub claim: OwnerClaim,
+    /// The sub-chunk replayed.
+    pub sub: usize,
+    /// Sub-chunk `sub` of the owner's result.
+    pub result: Vec<u8>,
+    /// Sub-chunk `sub` of each input, in the claim's order.
+    pub inputs: Vec<Vec<u8>>,
+}
+
+impl Accusation {
+    /// The verdict on this accusation in `call`, any rank's alike: the lie it proves, or why
+    /// it proves none. `replay` runs the round's rule over the inputs' bytes (in the claim's
+    /// order) and returns the output's bytes ([`replay`]).
+    ///
+    /// # Errors
+    /// [`Refuted`]: a signature that is not its rank's, bytes that are not what their leaves
+    /// commit to, a replay that cannot run or that agrees with the owner.
+    pub fn verify(
+        &self,
+        verifier: &dyn Verifier,
+        call: &CallId,
+        expect: &Expect,
+        replay: impl FnOnce(&[&[u8]]) -> Result<Vec<u8>, String>,
+    ) -> Result<Lie, Refuted> {
+        let (claim, j) = (&self.claim, self.sub);
+        if claim.shard >= expect.n || j >= expect.m || self.inputs.len() != claim.inputs.len() {
+            return Err(Refuted::Malformed("shard, sub-chunk or input count".into()));
+        }
+        if let Some(why) = claim.check(verifier, call, expect.n, expect.m) {
+            return Err(why);
+        }
+        let want = expect.sub_bytes(claim.shard, j);
+        if self.result.len() != want || leaf(j, &self.result) != claim.result[j] {
+            return Err(Refuted::Bytes("the owner's result".into()));
+        }
+        for (p, bytes) in claim.inputs.iter().zip(&self.inputs) {
+            if bytes.len() != want || leaf(j, bytes) != p.leaves[j] {
+                return Err(Refuted::Bytes(format!("rank {}'s input", p.sender)));
+            }
+        }
+        let inputs: Vec<&[u8]> = self.inputs.iter().map(Vec::as_slice).collect();
+        let replayed = replay(&inputs).map_err(Refuted::Replay)?;
+        if replayed.len() != want {
+            return Err(Refuted::Replay(format!(
+                "{} bytes replayed for {want}",
+                replayed.len()
+            )));
+        }
+        let first = (0..want)
+            .step_by(expect.elem.max(1))
+            .find(|&b| replayed[b..b + expect.elem] != self.result[b..b + expect.elem]);
+        match first {
+            None => Err(Refuted::Agrees),
+            Some(b) => Ok(Lie {
+                owner: claim.owner,
+                shard: claim.shard,
+                sub: j,
+                element: sub_range(expect.shard_len(claim.shard), expect.m, j).start
+                    + b / expect.elem,
+            }),
+        }
+    }
+
+    /// The accusation's wire form: the sub-chunk, the claim, then the bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let c = &self.claim;
+        let mut out = Vec::new();
+        for v in [c.owner, c.shard, self.sub, c.inputs.len()] {
+            out.extend_from_slice(&(v as u64).to_le_bytes());
+        }
+        out.extend_from_slice(&c.signature);
+        c.result.iter().for_each(|l| out.extend_from_slice(l));
+        out.extend_from_slice(&self.result);
+        for (p, bytes) in c.inputs.iter().zip(&self.inputs) {
+            out.extend_from_slice(&(p.sender as u64).to_le_bytes());
+            out.extend_from_slice(&p.signature);
+            p.leaves.iter().for_each(|l| out.extend_from_slice(l));
+            out.extend_from_slice(bytes);
+        }
+        out
+    }
+
+    /// Reads an accusation's wire form, every length checked against `expect` before anything
+    /// is allocated (an input count above `n`, a sub-chunk or shard outside the world, bytes
+    /// short or left over: [`Refuted::Malformed`]).
+    ///
+    /// # Errors
+    /// [`Refuted::Malformed`].
+    pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Self, Refuted> {
+        let mut r = Reader(bytes);
+        let owner = r.index(expect.n, "owner")?;
+        let shard = r.index(expect.n, "shard")?;
+        let sub = r.index(expect.m, "sub-chunk")?;
+        let count = r.index(expect.n + 1, "input count")?;
+        let want = expect.sub_bytes(shard, sub);
+        let signature = r.signature()?;
+        let result_leaves = r.leaves(expect.m)?;
+        let result = r.take(want)?.to_vec();
+        let mut inputs = Vec::with_capacity(count);
+        let mut subs = Vec::with_capacity(count);
+        for _ in 0..count {
+            let sender = r.index(expect.n, "sender")?;
+            let signature = r.signature()?;
+            let leaves = r.leaves(expect.m)?;
+            subs.push(r.take(want)?.to_vec());
+            inputs.push(SignedPiece {
+                sender,
+                leaves,
+                signature,
+            });
+        }
+        if !r.0.is_empty() {
+            return Err(Refuted::Malformed(format!("{} bytes left over", r.0.len())));
+        }
+        Ok(Accusation {
+            claim: OwnerClaim {
+                owner,
+                shard,
+                result: result_leaves,
+                inputs,
+                signature,
+            },
+            sub,
+            result,
+            inputs: subs,
+        })
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, k: usize) -> Result<&'a [u8], Refuted> {
+        if self.0.len() < k {
+            return Err(Refuted::Malformed(format!(
+                "{} bytes where {k} more were expected",
+                self.0.len()
+            )));
+        }
+        let (head, rest) = self.0.split_at(k);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn index(&mut self, bound: usize, what: &str) -> Result<usize, Refuted> {
+        let v = u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes"));
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v < bound)
+            .ok_or_else(|| Refuted::Malformed(format!("{what} {v}, expected below {bound}")))
+    }
+
+    fn signature(&mut self) -> Result<Signature, Refuted> {
+        Ok(self.take(64)?.try_into().expect("64 bytes"))
+    }
+
+    fn leaves(&mut self, m: usize) -> Result<Vec<Digest>, Refuted> {
+        (0..m)
+            .map(|_| Ok(self.take(32)?.try_into().expect("32 bytes")))
+            .collect()
+    }
+}
+
+/// The replay of a coordinate-wise `rule` over inputs given as bytes of `dtype` elements (the
+/// [`Accusation::verify`] replay on the host): the output's bytes.
+///
+/// # Errors
+/// The rule's, or inputs that are not whole elements of one length.
+pub fn replay(rule: &dyn Aggregator, dtype: DType, inputs: &[&[u8]]) -> Result<Vec<u8>, String> {
+    match dtype {
+        DType::F32 => replay_as::<f32>(rule, inputs),
+        DType::F64 => replay_as::<f64>(rule, inputs),
+        DType::BF16 => replay_as::<half::bf16>(rule, inputs),
+        DType::F16 => replay_as::<half::f16>(rule, inputs),
+    }
+}
+
+fn replay_as<T: Element>(rule: &dyn Aggregator, inputs: &[&[u8]]) -> Result<Vec<u8>, String> {
+    let size = std::mem::size_of::<T>();
+    let len = inputs.first().map_or(0, |b| b.len());
+    if inputs.iter().any(|b| b.len() != len || !b.len().is_multiple_of(size)) {
+        return Err("inputs of different lengths or not whole elements".into());
+    }
+    // Copied: the bytes need not be aligned for `T`.
+    let owned: Vec<Vec<T>> = inputs
+        .iter()
+        .map(|b| bytemuck::pod_collect_to_vec(b))
+        .collect();
+    let views: Vec<&[T]> = owned.iter().map(Vec::as_slice).collect();
+    let mut out = vec![T::zeroed(); len / size];
+    aggregate_into(rule, &views, &mut out).map_err(|e| e.to_string())?;
+    Ok(bytemuck::cast_slice(&out).to_vec())
+}
+
+#[cfg(test)]
+mod tests;
