@@ -66,40 +66,55 @@ pub struct Audit {
     /// The parts each piece and each result is cut into for commitments; an audit replays
     /// whole sub-chunks.
     pub sub_chunks: usize,
-    /// How many owners each rank audits per round (at most `n − 1`: every other owner).
-    pub owners: usize,
-    /// How many sub-chunks of an audited owner's shard it replays.
+    /// How many sub-chunks of an audited owner's shard an auditor replays.
     pub samples: usize,
+    /// How many owners each rank audits per round (at most `n − 1`); `None`: the fewest that
+    /// catch an owner lying on every coordinate in its first round with probability at least
+    /// `1 − AUDIT_TARGET` ([`Audit::owners_per_rank`]).
+    pub owners: Option<usize>,
 }
 
+/// The default audit's bound on the chance that an owner lying on every coordinate of its
+/// shard goes uncaught in a round.
+pub const AUDIT_TARGET: f64 = 1e-6;
+
 impl Default for Audit {
-    /// Every rank audits every other owner on 4 of its 64 sub-chunks: an owner that lies on
-    /// every coordinate is caught in its first round whenever one other rank is honest, for
-    /// `4/64 · (n − 1)` of a shard's inputs per rank (`0.44·d` bytes at 8 ranks, `d` the
-    /// vector's: [`Audit::traffic`]).
+    /// 64 sub-chunks, one replayed per audit, and as many audits as [`AUDIT_TARGET`] needs.
     fn default() -> Self {
         Audit {
             sub_chunks: 64,
-            owners: usize::MAX,
-            samples: 4,
+            samples: 1,
+            owners: None,
         }
     }
 }
 
 impl Audit {
-    /// The owners a rank of `n` audits per round: [`Audit::owners`], at most `n − 1`.
-    pub fn owners_per_rank(&self, n: usize) -> usize {
-        self.owners.min(n.saturating_sub(1))
+    /// The owners a rank of `n` audits per round with `f` Byzantine ranks: [`Audit::owners`]
+    /// (at most `n − 1`), or the fewest `k` for which an owner lying on every coordinate
+    /// escapes the `n − f` honest ranks with probability `(1 − k/(n−1))^(n−f)` at most
+    /// [`AUDIT_TARGET`] (`n − 1`, every other owner, where no fewer do: 8 ranks).
+    pub fn owners_per_rank(&self, n: usize, f: usize) -> usize {
+        let others = n.saturating_sub(1);
+        match self.owners {
+            Some(k) => k.min(others),
+            None => (1..=others)
+                .find(|&k| {
+                    let audited = k as f64 / others as f64;
+                    (1.0 - audited).powf(n.saturating_sub(f) as f64) <= AUDIT_TARGET
+                })
+                .unwrap_or(others),
+        }
     }
 
     /// The probability that an owner lying on a fraction `p` of its sub-chunks (chosen by it,
-    /// before the audits) goes uncaught for `rounds` rounds, where `honest` ranks other than
-    /// it audit as this says in a world of `n`. Each honest rank audits it with probability
-    /// `k / (n − 1)` and then replays `samples` distinct sub-chunks of `m`, each missing every
-    /// lie with probability `C(m − ℓ, s) / C(m, s)` (`ℓ = ⌈p·m⌉` lied sub-chunks); the ranks
-    /// choose independently, and rounds are independent:
-    /// `(1 − k/(n−1) · (1 − C(m−ℓ, s)/C(m, s)))^(honest · rounds)`.
-    pub fn escape_probability(&self, n: usize, honest: usize, p: f64, rounds: u32) -> f64 {
+    /// before the audits) goes uncaught for `rounds` rounds in a world of `n` with `f`
+    /// Byzantine ranks, itself one of them. Each of the `n − f` honest ranks audits it with
+    /// probability `k / (n − 1)` ([`Audit::owners_per_rank`]) and then replays `s` distinct
+    /// sub-chunks of `m`, which all miss the `ℓ = ⌈p·m⌉` lied ones with probability
+    /// `C(m − ℓ, s) / C(m, s)`; ranks choose independently, and so do rounds:
+    /// `(1 − k/(n−1) · (1 − C(m−ℓ, s)/C(m, s)))^((n − f) · rounds)`.
+    pub fn escape_probability(&self, n: usize, f: usize, p: f64, rounds: u32) -> f64 {
         if n < 2 {
             return 1.0;
         }
@@ -110,18 +125,18 @@ impl Audit {
         let miss = (0..s)
             .map(|i| (m.saturating_sub(lied + i)) as f64 / (m - i) as f64)
             .product::<f64>();
-        let audited = self.owners_per_rank(n) as f64 / (n - 1) as f64;
+        let audited = self.owners_per_rank(n, f) as f64 / (n - 1) as f64;
         let per_rank = 1.0 - audited * (1.0 - miss);
-        per_rank.powf(honest as f64 * f64::from(rounds))
+        per_rank.powf(n.saturating_sub(f) as f64 * f64::from(rounds))
     }
 
-    /// The extra bytes a rank receives per round for its audits, as a fraction of the
-    /// vector's `d` elements: each audit replays `samples` sub-chunks of `n` inputs of a
-    /// shard of `d / n` elements (`samples / m · d`), plus the leaves of the `n` inputs
-    /// (32 bytes per sub-chunk each; about `32·m·n` bytes, counted separately by the bench).
-    pub fn traffic(&self, n: usize) -> f64 {
+    /// The bytes a rank receives per round for its audits, as a fraction of the vector's:
+    /// each audit replays `s` sub-chunks of the `n` inputs of a shard of `d / n` elements,
+    /// `s / m` of the vector, besides the leaves (32 bytes per sub-chunk of each input and of
+    /// the result: `32·m·(n + 1)` bytes per audit).
+    pub fn traffic(&self, n: usize, f: usize) -> f64 {
         let m = self.sub_chunks.max(1);
-        self.owners_per_rank(n) as f64 * self.samples.min(m) as f64 / m as f64
+        self.owners_per_rank(n, f) as f64 * self.samples.min(m) as f64 / m as f64
     }
 }
 

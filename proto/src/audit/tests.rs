@@ -301,22 +301,33 @@ fn a_sub_chunk_replays_bitwise_as_the_whole_shard_aggregates() {
 #[test]
 fn the_escape_probability_matches_its_derivation_and_a_monte_carlo() {
     let audit = Audit::default();
-    // Lying on every coordinate: any audit catches it; every other rank audits every owner.
-    assert_eq!(audit.escape_probability(8, 6, 1.0, 1), 0.0);
-    assert_eq!(audit.escape_probability(8, 0, 1.0, 1), 1.0);
+    // Lying on every coordinate: any audit catches it. At 8 ranks every other rank audits
+    // every owner; at 64 and 1024 a few owners each meet the target.
+    assert_eq!(audit.owners_per_rank(8, 2), 7);
+    assert_eq!(audit.escape_probability(8, 2, 1.0, 1), 0.0);
+    for (n, f) in [(64, 21), (1024, 341), (1024, 1)] {
+        let k = audit.owners_per_rank(n, f);
+        assert!(audit.escape_probability(n, f, 1.0, 1) <= AUDIT_TARGET, "{n} {f}");
+        let fewer = Audit {
+            owners: Some(k - 1),
+            ..audit
+        };
+        assert!(fewer.escape_probability(n, f, 1.0, 1) > AUDIT_TARGET, "{n} {f}");
+        assert!(k < n / 2, "{n} {f}: {k}");
+    }
     // One audited owner per rank, one sample, a lie on a quarter of the sub-chunks:
     // (1 − 1/7 · 1/4)^(6·2).
     let one = Audit {
         sub_chunks: 16,
-        owners: 1,
+        owners: Some(1),
         samples: 1,
     };
-    let p = one.escape_probability(8, 6, 0.25, 2);
+    let p = one.escape_probability(8, 2, 0.25, 2);
     assert!((p - (1.0 - 1.0 / 28.0f64).powi(12)).abs() < 1e-12, "{p}");
     // A Monte Carlo of the same audits (a fixed xorshift, 200 000 rounds) agrees within 1 %.
     let audit = Audit {
         sub_chunks: 16,
-        owners: 2,
+        owners: Some(2),
         samples: 3,
     };
     let (n, honest, lied) = (8usize, 5usize, 2usize);
@@ -334,7 +345,7 @@ fn the_escape_probability_matches_its_derivation_and_a_monte_carlo() {
         let caught = (0..honest).any(|_| {
             let mut owners: Vec<usize> = (1..n).collect();
             let mut chosen = Vec::new();
-            for _ in 0..audit.owners {
+            for _ in 0..2 {
                 chosen.push(owners.swap_remove(next(owners.len())));
             }
             // An auditor is not the liar; the others' owners are 1..n relabelled with 0.
@@ -346,7 +357,7 @@ fn the_escape_probability_matches_its_derivation_and_a_monte_carlo() {
         escaped += usize::from(!caught);
     }
     let measured = escaped as f64 / f64::from(trials);
-    let derived = audit.escape_probability(n, honest, lied as f64 / 16.0, 1);
+    let derived = audit.escape_probability(n, n - honest, lied as f64 / 16.0, 1);
     assert!(
         (measured - derived).abs() < 0.01,
         "measured {measured}, derived {derived}"
