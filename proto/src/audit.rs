@@ -165,7 +165,10 @@ pub fn leaf(j: usize, bytes: &[u8]) -> Digest {
 /// # Panics
 /// If `bytes` is not a whole number of elements or `m` is 0.
 pub fn leaves(bytes: &[u8], elem: usize, m: usize) -> Vec<Digest> {
-    assert!(elem > 0 && bytes.len().is_multiple_of(elem), "whole elements");
+    assert!(
+        elem > 0 && bytes.len().is_multiple_of(elem),
+        "whole elements"
+    );
     let elements = bytes.len() / elem;
     (0..m)
         .map(|j| {
@@ -604,7 +607,10 @@ pub fn replay(rule: &dyn Aggregator, dtype: DType, inputs: &[&[u8]]) -> Result<V
 fn replay_as<T: Element>(rule: &dyn Aggregator, inputs: &[&[u8]]) -> Result<Vec<u8>, String> {
     let size = std::mem::size_of::<T>();
     let len = inputs.first().map_or(0, |b| b.len());
-    if inputs.iter().any(|b| b.len() != len || !b.len().is_multiple_of(size)) {
+    if inputs
+        .iter()
+        .any(|b| b.len() != len || !b.len().is_multiple_of(size))
+    {
         return Err("inputs of different lengths or not whole elements".into());
     }
     // Copied: the bytes need not be aligned for `T`.

@@ -72,6 +72,7 @@
 //! assert!(run.time > 0.0);
 //! ```
 
+mod audits;
 mod data;
 mod engine;
 mod faults;
@@ -91,6 +92,7 @@ use byzcoll_proto::{
     Agreement, AgreementReport, Error, Grace, PeerFault, Rank, Replicas, Stragglers,
 };
 
+pub use audits::{AuditRun, AuditSim, Lying};
 pub use data::{DataSet, Mismatch, Reference, Verdict};
 pub use faults::{
     attack_by_name, Adversary, Crash, Deaths, Delay, Faults, Lie, Slow, Stall, ATTACKS, MAX_DELAY,

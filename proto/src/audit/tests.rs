@@ -307,12 +307,18 @@ fn the_escape_probability_matches_its_derivation_and_a_monte_carlo() {
     assert_eq!(audit.escape_probability(8, 2, 1.0, 1), 0.0);
     for (n, f) in [(64, 21), (1024, 341), (1024, 1)] {
         let k = audit.owners_per_rank(n, f);
-        assert!(audit.escape_probability(n, f, 1.0, 1) <= AUDIT_TARGET, "{n} {f}");
+        assert!(
+            audit.escape_probability(n, f, 1.0, 1) <= AUDIT_TARGET,
+            "{n} {f}"
+        );
         let fewer = Audit {
             owners: Some(k - 1),
             ..audit
         };
-        assert!(fewer.escape_probability(n, f, 1.0, 1) > AUDIT_TARGET, "{n} {f}");
+        assert!(
+            fewer.escape_probability(n, f, 1.0, 1) > AUDIT_TARGET,
+            "{n} {f}"
+        );
         assert!(k < n / 2, "{n} {f}: {k}");
     }
     // One audited owner per rank, one sample, a lie on a quarter of the sub-chunks:
