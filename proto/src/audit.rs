@@ -39,13 +39,13 @@ use crate::Rank;
 pub type Signature = [u8; 64];
 
 /// Signs the audit's statements with this rank's identity key.
-pub trait Signer {
+pub trait Signer: Send + Sync {
     /// The signature of `message`.
     fn sign(&self, message: &[u8]) -> Signature;
 }
 
 /// Checks the statements of any rank of the job against its public key.
-pub trait Verifier {
+pub trait Verifier: Send + Sync {
     /// Whether `signature` is `rank`'s over `message` (`false` for a rank the job lacks).
     fn verify(&self, rank: Rank, message: &[u8], signature: &Signature) -> bool;
 }
@@ -138,6 +138,24 @@ impl Audit {
         let m = self.sub_chunks.max(1);
         self.owners_per_rank(n, f) as f64 * self.samples.min(m) as f64 / m as f64
     }
+}
+
+/// What the audits of a round found, on this rank ([`RoundReport::audit`](crate::RoundReport)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditReport {
+    /// The owners this rank audited, each with the sub-chunks it replayed.
+    pub audited: Vec<(Rank, Vec<usize>)>,
+    /// Owners proven to have lied (by this rank's audits or by accusations it checked),
+    /// ascending by owner.
+    pub convicted: Vec<Lie>,
+    /// The shards this rank aggregated again from every rank's piece because their owner was
+    /// convicted: their part of the result is the true aggregate, not the owner's.
+    pub recomputed: Vec<usize>,
+    /// Owners this rank audited that did not let it replay (no audit data, a claim whose
+    /// signatures or leaves do not hold): a fault this rank saw and cannot prove.
+    pub refused: Vec<Rank>,
+    /// Ranks that sent this rank an accusation that does not stand, with why.
+    pub false_accusers: Vec<(Rank, String)>,
 }
 
 /// The elements of sub-chunk `j` of a vector of `elements` cut into `m` parts.
@@ -257,6 +275,33 @@ impl SignedPiece {
     pub fn matches(&self, bytes: &[u8], elem: usize) -> bool {
         !self.leaves.is_empty() && leaves(bytes, elem, self.leaves.len()) == self.leaves
     }
+
+    /// The wire form that travels with the piece: the signature, then the leaves
+    /// (`64 + 32·m` bytes, [`SignedPiece::len`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::len(self.leaves.len()));
+        out.extend_from_slice(&self.signature);
+        self.leaves.iter().for_each(|l| out.extend_from_slice(l));
+        out
+    }
+
+    /// The length of the wire form with `m` leaves.
+    pub fn len(m: usize) -> usize {
+        64 + 32 * m
+    }
+
+    /// `sender`'s signed piece from its wire form with `m` leaves (`None`: not that length).
+    pub fn decode(sender: Rank, bytes: &[u8], m: usize) -> Option<Self> {
+        if bytes.len() != Self::len(m) {
+            return None;
+        }
+        let mut r = Reader(bytes);
+        Some(SignedPiece {
+            sender,
+            signature: r.signature().ok()?,
+            leaves: r.leaves(m).ok()?,
+        })
+    }
 }
 
 /// An owner's signed claim: its result for a shard, committed by leaves, and the signed pieces
@@ -307,6 +352,13 @@ impl OwnerClaim {
         result: &[Digest],
         inputs: &[SignedPiece],
     ) -> Vec<u8> {
+        let inputs = Self::inputs_digest(inputs);
+        statement(RESULT, call, owner, shard, &[&root(result), &inputs])
+    }
+
+    /// The commitment to an input set the claim's signature covers: the senders, ascending,
+    /// and the roots of their leaves.
+    pub fn inputs_digest(inputs: &[SignedPiece]) -> Digest {
         let mut h = blake3::Hasher::new();
         h.update(INPUTS);
         h.update(&(inputs.len() as u64).to_le_bytes());
@@ -314,8 +366,84 @@ impl OwnerClaim {
             h.update(&(p.sender as u64).to_le_bytes());
             h.update(&root(&p.leaves));
         }
-        let inputs: Digest = h.finalize().into();
-        statement(RESULT, call, owner, shard, &[&root(result), &inputs])
+        h.finalize().into()
+    }
+
+    /// What an owner sends its auditor of sub-chunks `subs` ([`Expect::slot_len`] per rank):
+    /// for each rank, whether the owner aggregated its piece, the piece's signature and
+    /// leaves, and its bytes of each sub-chunk asked for (`sub_chunk(sender, j)`).
+    pub fn audit_data(
+        &self,
+        expect: &Expect,
+        subs: &[usize],
+        mut sub_chunk: impl FnMut(Rank, usize) -> Vec<u8>,
+    ) -> Vec<u8> {
+        let slot = expect.slot_len(self.shard, subs);
+        let mut out = Vec::with_capacity(expect.n * slot);
+        for rank in 0..expect.n {
+            match self.inputs.iter().find(|p| p.sender == rank) {
+                Some(p) => {
+                    out.push(1);
+                    out.extend_from_slice(&p.encode());
+                    for &j in subs {
+                        let b = sub_chunk(rank, j);
+                        debug_assert_eq!(b.len(), expect.sub_bytes(self.shard, j));
+                        out.extend_from_slice(&b);
+                    }
+                }
+                None => out.resize(out.len() + slot, 0),
+            }
+        }
+        out
+    }
+
+    /// Reads [`OwnerClaim::audit_data`] of `owner`'s shard `shard` for sub-chunks `subs`: the
+    /// inputs it claims (ascending) and each one's bytes of each sub-chunk. The claim still
+    /// needs its signature and result leaves ([`OwnerClaim::check`]).
+    ///
+    /// # Errors
+    /// [`Refuted::Malformed`] for a length or presence byte that is not the form's.
+    #[allow(clippy::type_complexity)]
+    pub fn read_audit_data(
+        bytes: &[u8],
+        expect: &Expect,
+        shard: usize,
+        subs: &[usize],
+    ) -> Result<(Vec<SignedPiece>, Vec<Vec<Vec<u8>>>), Refuted> {
+        let slot = expect.slot_len(shard, subs);
+        if bytes.len() != expect.n * slot {
+            return Err(Refuted::Malformed(format!(
+                "{} bytes of audit data, expected {}",
+                bytes.len(),
+                expect.n * slot
+            )));
+        }
+        let mut r = Reader(bytes);
+        let (mut inputs, mut chunks) = (Vec::new(), Vec::new());
+        for sender in 0..expect.n {
+            let present = r.take(1)?[0];
+            let piece = r.take(SignedPiece::len(expect.m))?;
+            let mut mine = Vec::with_capacity(subs.len());
+            for &j in subs {
+                mine.push(r.take(expect.sub_bytes(shard, j))?.to_vec());
+            }
+            match present {
+                0 => {}
+                1 => {
+                    inputs.push(
+                        SignedPiece::decode(sender, piece, expect.m)
+                            .expect("the length is checked"),
+                    );
+                    chunks.push(mine);
+                }
+                other => {
+                    return Err(Refuted::Malformed(format!(
+                        "presence byte {other} for rank {sender}"
+                    )))
+                }
+            }
+        }
+        Ok((inputs, chunks))
     }
 
     /// Why the claim does not stand as `owner`'s for `shard` of `call` over `n` ranks with
@@ -420,6 +548,17 @@ impl Expect {
     pub fn sub_bytes(&self, s: usize, j: usize) -> usize {
         sub_range(self.shard_len(s), self.m, j).len() * self.elem
     }
+
+    /// The bytes of one rank's slot in what an owner sends an auditor of sub-chunks `subs` of
+    /// its shard `s`, and in an accusation: presence, signature, leaves, sub-chunks.
+    pub fn slot_len(&self, s: usize, subs: &[usize]) -> usize {
+        1 + 64 + 32 * self.m + subs.iter().map(|&j| self.sub_bytes(s, j)).sum::<usize>()
+    }
+
+    /// The bytes of an accusation of sub-chunk `j` of shard `s` ([`Accusation::encode`]).
+    pub fn accusation_len(&self, s: usize, j: usize) -> usize {
+        24 + 64 + 32 * self.m + self.sub_bytes(s, j) + self.n * self.slot_len(s, &[j])
+    }
 }
 
 /// The proof that an owner lied: its claim, and sub-chunk `sub` of its result and of every
@@ -490,28 +629,39 @@ impl Accusation {
         }
     }
 
-    /// The accusation's wire form: the sub-chunk, the claim, then the bytes.
-    pub fn encode(&self) -> Vec<u8> {
+    /// The accusation's wire form, of a length every rank knows from the shard and the
+    /// sub-chunk ([`Expect::accusation_len`]): owner, shard and sub-chunk (u64 each), the
+    /// owner's signature and result leaves and sub-chunk, then one slot per rank of the world:
+    /// a presence byte (1: the owner aggregated that rank's piece), the sender's signature,
+    /// its leaves and its sub-chunk (all zero where absent).
+    pub fn encode(&self, expect: &Expect) -> Vec<u8> {
         let c = &self.claim;
-        let mut out = Vec::new();
-        for v in [c.owner, c.shard, self.sub, c.inputs.len()] {
+        let mut out = Vec::with_capacity(expect.accusation_len(c.shard, self.sub));
+        for v in [c.owner, c.shard, self.sub] {
             out.extend_from_slice(&(v as u64).to_le_bytes());
         }
         out.extend_from_slice(&c.signature);
         c.result.iter().for_each(|l| out.extend_from_slice(l));
         out.extend_from_slice(&self.result);
-        for (p, bytes) in c.inputs.iter().zip(&self.inputs) {
-            out.extend_from_slice(&(p.sender as u64).to_le_bytes());
-            out.extend_from_slice(&p.signature);
-            p.leaves.iter().for_each(|l| out.extend_from_slice(l));
-            out.extend_from_slice(bytes);
+        let want = self.result.len();
+        for rank in 0..expect.n {
+            match c.inputs.iter().position(|p| p.sender == rank) {
+                Some(k) => {
+                    let p = &c.inputs[k];
+                    out.push(1);
+                    out.extend_from_slice(&p.signature);
+                    p.leaves.iter().for_each(|l| out.extend_from_slice(l));
+                    out.extend_from_slice(&self.inputs[k]);
+                }
+                None => out.resize(out.len() + 1 + 64 + 32 * expect.m + want, 0),
+            }
         }
         out
     }
 
-    /// Reads an accusation's wire form, every length checked against `expect` before anything
-    /// is allocated (an input count above `n`, a sub-chunk or shard outside the world, bytes
-    /// short or left over: [`Refuted::Malformed`]).
+    /// Reads an accusation's wire form, its length checked against `expect` before anything
+    /// is read (a shard, sub-chunk or owner outside the world, a presence byte other than 0
+    /// or 1, bytes short or left over: [`Refuted::Malformed`]).
     ///
     /// # Errors
     /// [`Refuted::Malformed`].
@@ -520,26 +670,40 @@ impl Accusation {
         let owner = r.index(expect.n, "owner")?;
         let shard = r.index(expect.n, "shard")?;
         let sub = r.index(expect.m, "sub-chunk")?;
-        let count = r.index(expect.n + 1, "input count")?;
+        if bytes.len() != expect.accusation_len(shard, sub) {
+            return Err(Refuted::Malformed(format!(
+                "{} bytes, expected {}",
+                bytes.len(),
+                expect.accusation_len(shard, sub)
+            )));
+        }
         let want = expect.sub_bytes(shard, sub);
         let signature = r.signature()?;
         let result_leaves = r.leaves(expect.m)?;
         let result = r.take(want)?.to_vec();
-        let mut inputs = Vec::with_capacity(count);
-        let mut subs = Vec::with_capacity(count);
-        for _ in 0..count {
-            let sender = r.index(expect.n, "sender")?;
+        let mut inputs = Vec::new();
+        let mut subs = Vec::new();
+        for sender in 0..expect.n {
+            let present = r.take(1)?[0];
             let signature = r.signature()?;
             let leaves = r.leaves(expect.m)?;
-            subs.push(r.take(want)?.to_vec());
-            inputs.push(SignedPiece {
-                sender,
-                leaves,
-                signature,
-            });
-        }
-        if !r.0.is_empty() {
-            return Err(Refuted::Malformed(format!("{} bytes left over", r.0.len())));
+            let sub_bytes = r.take(want)?;
+            match present {
+                0 => {}
+                1 => {
+                    subs.push(sub_bytes.to_vec());
+                    inputs.push(SignedPiece {
+                        sender,
+                        leaves,
+                        signature,
+                    });
+                }
+                other => {
+                    return Err(Refuted::Malformed(format!(
+                        "presence byte {other} for rank {sender}"
+                    )))
+                }
+            }
         }
         Ok(Accusation {
             claim: OwnerClaim {

@@ -312,6 +312,9 @@ pub struct RoundReport {
     pub attribution: Option<Attribution>,
     /// Bytes moved and each step's time, the cross-check included.
     pub stats: RoundStats,
+    /// What the audits found in an audited sharded round (`PROTOCOL.md`, "Audited
+    /// sharding"); `None` in any other round.
+    pub audit: Option<crate::audit::AuditReport>,
 }
 
 /// The most bytes of the vector one sub-round of a sharded all-reduce of a coordinate-wise rule

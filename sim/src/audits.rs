@@ -313,7 +313,7 @@ impl AuditSim {
             // verdict is a function of the bytes alone, so equal bytes are checked once per
             // rank and round (auditors that catch the same lie send the same proof).
             let mut verdicts: Vec<Vec<Option<Rank>>> = Vec::new();
-            let wires: Vec<Vec<u8>> = sent.iter().map(|(acc, _)| acc.encode()).collect();
+            let wires: Vec<Vec<u8>> = sent.iter().map(|(acc, _)| acc.encode(&expect)).collect();
             for _ in &honest {
                 let mut seen: Vec<(&[u8], Option<Rank>)> = Vec::new();
                 let mine: Vec<Option<Rank>> = wires

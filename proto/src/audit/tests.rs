@@ -231,7 +231,7 @@ fn accusations_round_trip_and_bad_bytes_are_malformed_without_panic() {
     let (keys, _) = keys();
     let (c, pieces, result) = claim(&keys, 0, Some(3));
     let a = accuse(&c, &pieces, &result, 1);
-    let wire = a.encode();
+    let wire = a.encode(&expect());
     assert_eq!(Accusation::decode(&wire, &expect()).unwrap(), a);
     // Every truncation, and a byte more.
     for k in 0..wire.len() {
@@ -246,15 +246,15 @@ fn accusations_round_trip_and_bad_bytes_are_malformed_without_panic() {
         Accusation::decode(&longer, &expect()),
         Err(Refuted::Malformed(_))
     ));
-    // Counts and indices past the world: refused before anything is sized by them.
-    for (at, v) in [
-        (0, N as u64),
-        (8, u64::MAX),
-        (16, M as u64),
-        (24, N as u64 + 1),
-    ] {
+    // Indices past the world and a presence byte other than 0 or 1.
+    let presence = 24 + 64 + 32 * M + expect().sub_bytes(0, 1);
+    for (at, v) in [(0, N as u64), (8, u64::MAX), (16, M as u64), (presence, 2)] {
         let mut bad = wire.clone();
-        bad[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        if at == presence {
+            bad[at] = v as u8;
+        } else {
+            bad[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        }
         assert!(matches!(
             Accusation::decode(&bad, &expect()),
             Err(Refuted::Malformed(_))

@@ -30,6 +30,7 @@
 //! `cross_check` (the last step of [`Agreement::Detect`]). What a phase's handler alone needs
 //! travels in its `Phase` variant.
 
+mod audited;
 mod check;
 mod cross_check;
 mod eig;
@@ -55,6 +56,7 @@ use crate::{
     RoundReport, Tag, AUTO_GATHER_MAX_BYTES, AUTO_SHARDED_MIN_BYTES,
 };
 
+pub use audited::{sign_pieces, AuditCtx};
 pub use check::{commitment, input_digest, result_digest, Digest};
 use check::{Check, Seen};
 
@@ -284,6 +286,28 @@ pub trait Plane {
         false
     }
 
+    /// The bytes of `src` on the host: what an audited round hashes, cuts and forwards
+    /// (`PROTOCOL.md`, "Audited sharding"). `None` (the default): this plane does not run
+    /// audited rounds, which then fail with [`Error::Unsupported`].
+    fn host_bytes(&mut self, src: Src<'_, Self::Buf>) -> Option<Vec<u8>> {
+        let _ = src;
+        None
+    }
+
+    /// Elements `range` of the output on the host (an audited owner's result as this rank
+    /// took it). `None`: as [`Plane::host_bytes`].
+    fn output_bytes(&mut self, range: Range<usize>) -> Option<Vec<u8>> {
+        let _ = range;
+        None
+    }
+
+    /// Writes `bytes` over the output from element `at`: the shard an audited round
+    /// aggregated again after convicting its owner. `false`: as [`Plane::host_bytes`].
+    fn write_output(&mut self, at: usize, bytes: &[u8]) -> bool {
+        let _ = (at, bytes);
+        false
+    }
+
     /// The BLAKE3 digest of the output (all-reduce), what the cross-check compares.
     fn result_digest(&mut self) -> Digest;
 
@@ -434,6 +458,13 @@ enum Phase<B> {
         mine: Check,
         encoded: Vec<Bytes>,
     },
+    /// Audited sharding (`audited`): the audit requests, the audit data, the verdicts, the
+    /// proofs, and the convicted owners' shards aggregated again.
+    AuditRequest,
+    AuditData,
+    Verdicts,
+    Proofs,
+    Recompute,
     /// The confirmation step after the cross-check (gather mode, `Detect`, stragglers
     /// allowed): the result this rank ends with, and what the cross-check found.
     Confirm {
@@ -454,6 +485,11 @@ impl<B> Phase<B> {
             Phase::Resend(_) => "resend",
             Phase::Echo => "echo",
             Phase::Recover => "recover",
+            Phase::AuditRequest => "audit request",
+            Phase::AuditData => "audit data",
+            Phase::Verdicts => "verdicts",
+            Phase::Proofs => "proofs",
+            Phase::Recompute => "recompute",
             Phase::Check { .. } => "check",
             Phase::Confirm { .. } => "confirm",
             Phase::Done => "done",
@@ -513,6 +549,8 @@ pub struct Round<'r, B> {
     /// The plane's measurements of the inputs against the results this rank made, summed
     /// over its owned shards ([`RoundReport::attribution`]).
     measured: Option<Measure>,
+    /// An audited round's state (`audited`); `None` in any other round.
+    audit: Option<Box<audited::Auditing<'r>>>,
 }
 
 /// The digest an owner sends in place of a version it does not have (an owner that could not
@@ -569,6 +607,24 @@ impl<'r, B> Round<'r, B> {
     /// [`Round::new`] for a sub-round that follows another of the same call: it counts the
     /// peers `carry` erased as erasures, and waits `carry.lag` step timeouts more in each step.
     pub fn resuming(spec: Spec, rule: &'r dyn Aggregator, carry: &Carry) -> Self {
+        Self::start(spec, rule, carry, None)
+    }
+
+    /// An audited round (`PROTOCOL.md`, "Audited sharding"): `spec` a sharded all-reduce with
+    /// one owner per shard under [`Agreement::Detect`], without stragglers, of a
+    /// coordinate-wise rule; `ctx` this rank's keys, signed pieces and randomness. A spec or
+    /// context that does not allow it is the round's error ([`Error::InvalidUsage`]), and a
+    /// plane that cannot audit ([`Plane::host_bytes`]) fails it with [`Error::Unsupported`].
+    pub fn audited(spec: Spec, rule: &'r dyn Aggregator, ctx: AuditCtx<'r>) -> Self {
+        Self::start(spec, rule, &Carry::default(), Some(ctx))
+    }
+
+    fn start(
+        spec: Spec,
+        rule: &'r dyn Aggregator,
+        carry: &Carry,
+        audit: Option<AuditCtx<'r>>,
+    ) -> Self {
         let erased = &carry.erased;
         let n = spec.n;
         let f = rule.byzantine();
@@ -599,7 +655,17 @@ impl<'r, B> Round<'r, B> {
             lag_in: carry.lag,
             saw_missing: false,
             measured: None,
+            audit: None,
         };
+        if let Some(ctx) = audit {
+            if let Err(e) = round.audit_precondition(&ctx) {
+                round.r = 1;
+                round.seen = Seen::new(n, 1);
+                round.fail(e);
+                return round;
+            }
+            round.audit = Some(Box::new(audited::Auditing::new(ctx, n)));
+        }
         round.report.faults = erased.to_vec();
         round.report.stragglers = spec.stragglers;
         let start = match spec.shape {
@@ -721,6 +787,11 @@ impl<'r, B> Round<'r, B> {
             Phase::Resend(pending) => self.resent(plane, &plan, outcomes, pending),
             Phase::Echo => self.echoed(plane, &plan, outcomes),
             Phase::Recover => self.recovered(plane, &plan, outcomes),
+            Phase::AuditRequest => self.requests_in(plane, &plan, outcomes),
+            Phase::AuditData => self.data_in(plane, &plan, outcomes),
+            Phase::Verdicts => self.verdicts_in(plane, &plan, outcomes),
+            Phase::Proofs => self.proofs_in(plane, &plan, outcomes),
+            Phase::Recompute => self.recomputed(plane, &plan, outcomes),
             Phase::Check { mine, encoded } => self.checked(plane, &plan, outcomes, mine, encoded),
             Phase::Confirm { result, first } => {
                 self.confirmed(plane, &plan, outcomes, result, first)

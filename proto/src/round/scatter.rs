@@ -39,7 +39,7 @@ impl<'r, B> Round<'r, B> {
         let (me, n, r) = (self.spec.me, self.spec.n, self.r);
         self.arrived = (0..r).map(|_| (0..n).map(|_| None).collect()).collect();
         self.no_result = vec![false; r];
-        let sends = sharded::scatter_sends(me, n, r)
+        let mut sends = sharded::scatter_sends(me, n, r)
             .into_iter()
             .map(|(peer, s)| Send {
                 peer,
@@ -48,7 +48,7 @@ impl<'r, B> Round<'r, B> {
             })
             .collect();
         let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
-        let recvs = sharded::scatter_recvs(me, n, r)
+        let mut recvs = sharded::scatter_recvs(me, n, r)
             .into_iter()
             .filter(|(peer, _)| !erased.contains(peer))
             .map(|(peer, s)| RecvOp {
@@ -57,6 +57,9 @@ impl<'r, B> Round<'r, B> {
                 len: self.bytes(self.shard(s).len()),
             })
             .collect();
+        if self.audit.is_some() {
+            self.audit_scatter(&mut sends, &mut recvs);
+        }
         // Each sender sends this rank a piece of each of its `r` owned shards.
         self.post_inputs(Phase::Scatter, "robust_sharded", sends, recvs, r);
     }
@@ -83,11 +86,20 @@ impl<'r, B> Round<'r, B> {
         let (me, n) = (self.spec.me, self.spec.n);
         let owned = self.owned();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
+            if self.audit.is_some() && op.tag as usize >= n {
+                self.signed_piece_arrived(plane, op.peer, a);
+                continue;
+            }
             self.arrival_fault(op.peer, &a);
             if let Arrival::Received(b) = a {
                 self.received_bytes += op.len;
                 let i = owned_index(me, op.tag as usize, n);
                 self.arrived[i][op.peer] = Some(b);
+            }
+        }
+        if self.audit.is_some() {
+            if let Err(e) = self.check_pieces(plane) {
+                return self.fail(e);
             }
         }
         let mut digests = Vec::new();
@@ -150,6 +162,11 @@ impl<'r, B> Round<'r, B> {
                 }
                 non_finite.sort_unstable();
                 self.report.non_finite = non_finite;
+                if self.audit.is_some() {
+                    if let Err(e) = self.sign_claim(plane) {
+                        return self.fail(e);
+                    }
+                }
                 self.post_versions();
             }
             Statistics::Select(_) | Statistics::Mix(_) => {

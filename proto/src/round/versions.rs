@@ -12,10 +12,11 @@ impl<'r, B> Round<'r, B> {
         // The pieces are not needed any more, but where versions go by digest under a
         // coordinate-wise rule: there an owner whose version turns out not to be its
         // co-owners' tries its shard again without its own piece (`Round::rejoin_shard`).
-        if !(by_digest && self.rejoins()) {
+        // An audited owner keeps them for its auditors.
+        if !(by_digest && self.rejoins()) && self.audit.is_none() {
             self.arrived.clear();
         }
-        let sends = sharded::result_sends(me, n, r)
+        let mut sends: Vec<Send> = sharded::result_sends(me, n, r)
             .into_iter()
             .filter(|&(q, s)| self.takes(q, s))
             .map(|(peer, s)| {
@@ -36,7 +37,7 @@ impl<'r, B> Round<'r, B> {
         // Owners already erased this round (silent or malformed in an earlier step) are not
         // waited for again.
         let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
-        let recvs = sharded::result_recvs(me, n, r)
+        let mut recvs: Vec<RecvOp> = sharded::result_recvs(me, n, r)
             .into_iter()
             .filter(|&(o, s)| self.takes(me, s) && !erased.contains(&o))
             .map(|(peer, s)| RecvOp {
@@ -48,6 +49,9 @@ impl<'r, B> Round<'r, B> {
                 },
             })
             .collect();
+        if self.audit.is_some() {
+            self.audit_versions(&mut sends, &mut recvs);
+        }
         self.post(Phase::Versions, "robust_sharded", sends, recvs);
     }
 
@@ -68,12 +72,23 @@ impl<'r, B> Round<'r, B> {
         let mut versions: Vec<Vec<(Rank, Src<'_, B>)>> = (0..n).map(|_| Vec::new()).collect();
         let mut faults = Vec::new();
         let mut version_bytes = 0;
+        let auditing = self.audit.is_some();
+        let mut headers = Vec::new();
         let outcomes: Vec<(Rank, usize, Arrival<B>)> = plan
             .recvs
             .iter()
             .zip(outcomes)
-            .map(|(op, a)| (op.peer, op.tag as usize, a))
+            .filter_map(|(op, a)| match auditing && op.tag as usize >= n {
+                true => {
+                    headers.push((op.peer, a));
+                    None
+                }
+                false => Some((op.peer, op.tag as usize, a)),
+            })
             .collect();
+        for (o, a) in headers {
+            self.header_arrived(plane, o, a);
+        }
         for (o, s, a) in &outcomes {
             match a {
                 Arrival::Received(b) => {
@@ -528,6 +543,9 @@ impl<'r, B> Round<'r, B> {
         }
         if let Err(e) = combined {
             return self.fail(e);
+        }
+        if self.audit.is_some() {
+            return self.post_audit_requests(shards.unwrap_or_else(|| vec![None; n]));
         }
         let digest = match self.spec.shape {
             _ if !self.detect() => None,

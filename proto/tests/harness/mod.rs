@@ -31,6 +31,8 @@ pub struct TestPlane {
     input: Vec<f32>,
     output: Vec<f32>,
     results: Vec<Vec<f32>>,
+    /// An owner that lies: it adds this to every element of its results.
+    lie: Option<f32>,
 }
 
 fn floats(b: &[u8]) -> Vec<f32> {
@@ -54,7 +56,14 @@ impl TestPlane {
             output: input.clone(),
             input,
             results: Vec::new(),
+            lie: None,
         }
+    }
+
+    /// This rank, as an owner, adds `by` to every element of its results.
+    pub fn lying(mut self, by: f32) -> Self {
+        self.lie = Some(by);
+        self
     }
 
     /// The bytes of `msg` (what a driver makes where its data lives).
@@ -127,7 +136,8 @@ impl Plane for TestPlane {
                 if self.results.len() <= i {
                     self.results.resize(i + 1, Vec::new());
                 }
-                self.results[i] = out;
+                let lie = self.lie.unwrap_or(0.0);
+                self.results[i] = out.into_iter().map(|x| x + lie).collect();
             }
         }
         Ok(report)
@@ -195,6 +205,20 @@ impl Plane for TestPlane {
         true
     }
 
+    fn host_bytes(&mut self, src: Src<'_, Bytes>) -> Option<Vec<u8>> {
+        Some(bytes_of(&self.view(&src)).to_vec())
+    }
+
+    fn output_bytes(&mut self, range: Range<usize>) -> Option<Vec<u8>> {
+        Some(bytes_of(&self.output[range]).to_vec())
+    }
+
+    fn write_output(&mut self, at: usize, bytes: &[u8]) -> bool {
+        let v = floats(bytes);
+        self.output[at..at + v.len()].copy_from_slice(&v);
+        true
+    }
+
     fn result_digest(&mut self) -> Digest {
         result_digest::<f32>(&self.output)
     }
@@ -242,10 +266,21 @@ pub fn run(
     net: &Network<'_>,
 ) -> Vec<Ended> {
     let n = inputs.len();
-    let mut rounds: Vec<Round<'_, Bytes>> = (0..n).map(|r| Round::new(spec(r), rule)).collect();
-    let mut planes: Vec<TestPlane> = (0..n)
+    let planes = (0..n)
         .map(|r| TestPlane::new(r, n, inputs[r].clone()))
         .collect();
+    run_rounds(|r| Round::new(spec(r), rule), planes, starts, net)
+}
+
+/// [`run`] of the rounds `round(r)` makes, over `planes`.
+pub fn run_rounds<'a>(
+    round: impl Fn(Rank) -> Round<'a, Bytes>,
+    mut planes: Vec<TestPlane>,
+    starts: &[Duration],
+    net: &Network<'_>,
+) -> Vec<Ended> {
+    let n = planes.len();
+    let mut rounds: Vec<Round<'a, Bytes>> = (0..n).map(&round).collect();
     // (from, to, step, tag) -> message.
     let mut wire: HashMap<(Rank, Rank, u32, u32), InFlight> = HashMap::new();
     // Each rank's posted step: when it was posted (`None`: not started or done).
@@ -272,7 +307,7 @@ pub fn run(
         let Some((t, r)) = next else {
             return (0..n)
                 .map(|r| {
-                    let round = std::mem::replace(&mut rounds[r], Round::new(spec(r), rule));
+                    let round = std::mem::replace(&mut rounds[r], round(r));
                     Ended {
                         result: round.finish(),
                         output: planes[r].output().to_vec(),

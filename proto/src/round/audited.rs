@@ -1,0 +1,778 @@
+//! Audited sharding (`PROTOCOL.md`, "Audited sharding"; [`crate::audit`]): a sharded
+//! all-reduce with one owner per shard under [`Agreement::Detect`], whose owners are audited
+//! after they are bound to their results.
+//!
+//! The scatter step carries each sender's signed commitment beside its piece, and an owner
+//! aggregates only pieces that match theirs; the versions step carries each owner's signed
+//! claim (its signature and the commitment to the inputs it used) beside its result. Then
+//! four steps, every rank taking part in each (possibly with nothing to send), so that every
+//! rank numbers the steps alike:
+//! 1. *requests*: each rank asks the owners it chose, with randomness of its own, for sub-chunks;
+//! 2. *audit data*: each owner sends each of its auditors the signed pieces and the sub-chunks;
+//!    the auditor checks the claim and replays the rule;
+//! 3. *verdicts*: each rank tells every other which owners it accuses (and on which sub-chunk);
+//! 4. *proofs*: each accuser sends its accusations; every rank checks every one alike.
+//!
+//! A fifth step aggregates again, from every rank's piece, the shards of the owners
+//! convicted, so that the result holds no proven lie; then the cross-check compares the
+//! results, so that honest ranks that saw different verdicts (an accuser that sent its proof
+//! to some of them only) never end with different results silently.
+
+use byzcoll_aggregators::DType;
+
+use super::*;
+use crate::audit::{
+    leaves, replay, sub_range, Accusation, Audit, AuditReport, CallId, Expect, OwnerClaim,
+    Signature, SignedPiece, Signer, Verifier,
+};
+
+/// What an audited round needs beyond a sharded one: the audit's parameters, the call's name
+/// and element type, this rank's keys, its signed pieces and its randomness.
+pub struct AuditCtx<'a> {
+    /// How the round audits.
+    pub audit: Audit,
+    /// The call's name in the statements ([`CallId`]).
+    pub call: CallId,
+    /// The vectors' element type (the replay's).
+    pub dtype: DType,
+    /// Signs this rank's statements.
+    pub signer: &'a dyn Signer,
+    /// Checks every rank's statements.
+    pub verifier: &'a dyn Verifier,
+    /// This rank's signed piece of every shard (`own[s]`, [`sign_pieces`]), made where its
+    /// input lives.
+    pub own: Vec<SignedPiece>,
+    /// Fresh randomness for this rank's audit choices in this round (from the OS), which no
+    /// other rank learns before the choices are sent.
+    pub seed: [u8; 32],
+}
+
+impl std::fmt::Debug for AuditCtx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditCtx")
+            .field("audit", &self.audit)
+            .field("call", &self.call)
+            .field("dtype", &self.dtype)
+            .finish_non_exhaustive()
+    }
+}
+
+/// This rank's signed piece of each of the `n` shards of its input (`input`: bytes of `d`
+/// elements of `elem` bytes), for [`AuditCtx::own`].
+pub fn sign_pieces(
+    signer: &dyn Signer,
+    call: &CallId,
+    me: Rank,
+    n: usize,
+    input: &[u8],
+    elem: usize,
+    m: usize,
+) -> Vec<SignedPiece> {
+    let d = input.len() / elem.max(1);
+    (0..n)
+        .map(|s| {
+            let r = chunk_range(d, n, s);
+            SignedPiece::sign(
+                signer,
+                call,
+                me,
+                s,
+                &input[r.start * elem..r.end * elem],
+                elem,
+                m,
+            )
+        })
+        .collect()
+}
+
+/// The length of a claim header in the versions step: the owner's signature and the
+/// commitment to its inputs.
+const HEADER: usize = 64 + 32;
+
+/// No sub-chunk asked for, no accusation.
+const NONE: u32 = u32::MAX;
+
+/// An audited round's state across its steps.
+pub(super) struct Auditing<'a> {
+    ctx: AuditCtx<'a>,
+    /// The signed pieces of this rank's shard, by sender.
+    signed: Vec<Option<SignedPiece>>,
+    /// This rank's claim as the owner of its shard (none where it could not aggregate).
+    claim: Option<OwnerClaim>,
+    /// Each owner's claim header: its signature and input commitment.
+    headers: Vec<Option<(Signature, Digest)>>,
+    /// The owners this rank audits, each with its sub-chunks (ascending).
+    asked: Vec<(Rank, Vec<usize>)>,
+    /// The ranks that asked this rank for sub-chunks of its shard, with them.
+    askers: Vec<(Rank, Vec<usize>)>,
+    /// This rank's accusations, at most one per owner.
+    accusations: Vec<Accusation>,
+    /// The shard digests the versions step computed (`None`: to hash again).
+    known: Vec<Option<Digest>>,
+    /// The peers erased before the audit began: a convicted owner's shard is aggregated again
+    /// from every other rank's piece, whatever the audit steps showed of them (a false
+    /// accuser's input still counts, as it did in the owners' aggregation), so that ranks
+    /// that saw different audit faults still aggregate the same inputs.
+    erased: Vec<Rank>,
+    report: AuditReport,
+}
+
+impl<'a> Auditing<'a> {
+    pub(super) fn new(ctx: AuditCtx<'a>, n: usize) -> Self {
+        Auditing {
+            ctx,
+            signed: vec![None; n],
+            claim: None,
+            headers: vec![None; n],
+            asked: Vec::new(),
+            askers: Vec::new(),
+            accusations: Vec::new(),
+            known: Vec::new(),
+            erased: Vec::new(),
+            report: AuditReport::default(),
+        }
+    }
+}
+
+impl<'r, B> Round<'r, B> {
+    fn auditing(&self) -> &Auditing<'r> {
+        self.audit.as_deref().expect("an audited round")
+    }
+
+    fn auditing_mut(&mut self) -> &mut Auditing<'r> {
+        self.audit.as_deref_mut().expect("an audited round")
+    }
+
+    fn expect(&self) -> Expect {
+        Expect {
+            n: self.spec.n,
+            d: self.spec.d,
+            elem: self.spec.elem,
+            m: self.auditing().ctx.audit.sub_chunks,
+        }
+    }
+
+    /// Why this round cannot be audited, checked before any data moves: one owner per shard,
+    /// an all-reduce under `Detect` without stragglers, a coordinate-wise rule, the element
+    /// size of the context's type, a signed piece of every shard, an audit that replays at
+    /// least one of at least one sub-chunk.
+    pub(super) fn audit_precondition(&self, ctx: &AuditCtx<'_>) -> Result<(), Error> {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let refuse = |why: String| Err(Error::InvalidUsage(format!("an audited round {why}")));
+        match self.spec.shape {
+            Shape::Sharded(Replicas::Exactly(1)) => {}
+            other => {
+                return refuse(format!(
+                    "is sharded with one owner per shard, not {other:?}"
+                ))
+            }
+        }
+        if self.spec.agreement != Agreement::Detect {
+            return refuse(format!(
+                "runs under Agreement::Detect, not {:?}",
+                self.spec.agreement
+            ));
+        }
+        if self.spec.stragglers > 0 {
+            return refuse("waits for every input (stragglers 0)".into());
+        }
+        if self.rule.structure() != Structure::CoordinateWise {
+            return refuse(format!(
+                "replays a coordinate-wise rule, and {} is not one",
+                self.rule.name()
+            ));
+        }
+        if ctx.dtype.size() != self.spec.elem {
+            return refuse(format!(
+                "of {:?} elements has {}-byte elements, not {}",
+                ctx.dtype,
+                ctx.dtype.size(),
+                self.spec.elem
+            ));
+        }
+        let a = ctx.audit;
+        if a.sub_chunks == 0 || a.samples == 0 || a.samples > a.sub_chunks {
+            return refuse(format!(
+                "needs 1 <= samples <= sub-chunks, not {} of {}",
+                a.samples, a.sub_chunks
+            ));
+        }
+        if ctx.own.len() != n
+            || ctx
+                .own
+                .iter()
+                .any(|p| p.sender != me || p.leaves.len() != a.sub_chunks)
+        {
+            return refuse("needs this rank's signed piece of every shard".into());
+        }
+        Ok(())
+    }
+
+    /// The signed pieces beside the pieces: to each owner, this rank's; from each sender, its
+    /// piece of this rank's shard.
+    pub(super) fn audit_scatter(&self, sends: &mut Vec<Send>, recvs: &mut Vec<RecvOp>) {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let a = self.auditing();
+        for s in schedule::direct_peers(me, n) {
+            sends.push(Send {
+                peer: s,
+                tag: (n + s) as Tag,
+                msg: Msg::Bytes(Bytes::from(a.ctx.own[s].encode())),
+            });
+        }
+        let len = SignedPiece::len(a.ctx.audit.sub_chunks);
+        let pieces: Vec<Rank> = recvs.iter().map(|op| op.peer).collect();
+        for peer in pieces {
+            recvs.push(RecvOp {
+                peer,
+                tag: (n + me) as Tag,
+                len,
+            });
+        }
+    }
+
+    /// A signed piece's arrival in the scatter step.
+    pub(super) fn signed_piece_arrived<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &P,
+        peer: Rank,
+        a: Arrival<B>,
+    ) {
+        let m = self.auditing().ctx.audit.sub_chunks;
+        match a {
+            Arrival::Received(b) => {
+                self.auditing_mut().signed[peer] = SignedPiece::decode(peer, &plane.host(&b), m);
+            }
+            other => self.arrival_fault(peer, &other),
+        }
+    }
+
+    /// The owner's check before it aggregates: a piece whose bytes or signature are not its
+    /// sender's signed commitment is that sender's erasure (a fault this rank sees and cannot
+    /// prove, as a malformed message).
+    pub(super) fn check_pieces<P: Plane<Buf = B>>(&mut self, plane: &mut P) -> Result<(), Error> {
+        let (me, n, elem) = (self.spec.me, self.spec.n, self.spec.elem);
+        let own = self.auditing().ctx.own[me].clone();
+        self.auditing_mut().signed[me] = Some(own);
+        for p in schedule::direct_peers(me, n) {
+            let Some(piece) = self.arrived[0][p].as_ref() else {
+                continue;
+            };
+            let a = self.auditing();
+            let ok = match &a.signed[p] {
+                None => false,
+                Some(sp) => {
+                    sp.signed(a.ctx.verifier, &a.ctx.call, me) && {
+                        let bytes = plane.host(piece);
+                        sp.leaves == leaves(&bytes, elem, a.ctx.audit.sub_chunks)
+                    }
+                }
+            };
+            if !ok {
+                self.arrived[0][p] = None;
+                self.add_fault(
+                    p,
+                    Fault::Malformed(format!(
+                        "its piece of shard {me} does not match its signed commitment"
+                    )),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The owner signs its claim over the result it aggregated and the inputs it used.
+    pub(super) fn sign_claim<P: Plane<Buf = B>>(&mut self, plane: &mut P) -> Result<(), Error> {
+        let (me, n, elem) = (self.spec.me, self.spec.n, self.spec.elem);
+        if self.no_result[0] {
+            return Ok(());
+        }
+        let Some(result) = plane.host_bytes(Src::Owned(0)) else {
+            return Err(no_audits());
+        };
+        let present: Vec<Rank> = (0..n)
+            .filter(|&p| p == me || self.arrived[0][p].is_some())
+            .collect();
+        let a = self.auditing();
+        let inputs: Vec<SignedPiece> = present
+            .iter()
+            .map(|&p| a.signed[p].clone().expect("checked before aggregating"))
+            .collect();
+        let claim = OwnerClaim::sign(
+            a.ctx.signer,
+            &a.ctx.call,
+            me,
+            me,
+            &result,
+            elem,
+            a.ctx.audit.sub_chunks,
+            inputs,
+        );
+        self.auditing_mut().claim = Some(claim);
+        Ok(())
+    }
+
+    /// The claim headers beside the results: this rank's to every taker, each owner's from it.
+    pub(super) fn audit_versions(&self, sends: &mut Vec<Send>, recvs: &mut Vec<RecvOp>) {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let header = match &self.auditing().claim {
+            Some(c) => {
+                let mut h = c.signature.to_vec();
+                h.extend_from_slice(&OwnerClaim::inputs_digest(&c.inputs));
+                Bytes::from(h)
+            }
+            None => Bytes::from(vec![0u8; HEADER]),
+        };
+        for peer in schedule::direct_peers(me, n) {
+            sends.push(Send {
+                peer,
+                tag: (n + me) as Tag,
+                msg: Msg::Bytes(header.clone()),
+            });
+        }
+        let owners: Vec<Rank> = recvs.iter().map(|op| op.peer).collect();
+        for o in owners {
+            recvs.push(RecvOp {
+                peer: o,
+                tag: (n + o) as Tag,
+                len: HEADER,
+            });
+        }
+    }
+
+    /// A claim header's arrival in the versions step.
+    pub(super) fn header_arrived<P: Plane<Buf = B>>(&mut self, plane: &P, o: Rank, a: Arrival<B>) {
+        if let Arrival::Received(b) = a {
+            let h = plane.host(&b);
+            let sig: Signature = h[..64].try_into().expect("64 bytes");
+            let digest: Digest = h[64..HEADER].try_into().expect("32 bytes");
+            self.auditing_mut().headers[o] = Some((sig, digest));
+        }
+    }
+
+    /// After the versions: this rank's audit choices, made now with its own randomness, to
+    /// every owner (`NONE` where it audits none of that owner's sub-chunks).
+    pub(super) fn post_audit_requests(&mut self, known: Vec<Option<Digest>>) {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let f = self.rule.byzantine();
+        let erased = self.report.faults.iter().map(|f| f.rank).collect();
+        let a = self.auditing_mut();
+        a.known = known;
+        a.erased = erased;
+        let audit = a.ctx.audit;
+        let mut xof = blake3::Hasher::new_keyed(&a.ctx.seed)
+            .update(b"byzcoll-audit-v1 choice")
+            .finalize_xof();
+        // Uniform below `bound` up to a bias of `bound / 2^64`.
+        let mut below = |bound: usize| {
+            let mut b = [0u8; 8];
+            xof.fill(&mut b);
+            (u64::from_le_bytes(b) % bound as u64) as usize
+        };
+        let mut owners: Vec<Rank> = schedule::direct_peers(me, n).collect();
+        let k = audit.owners_per_rank(n, f).min(owners.len());
+        let mut asked = Vec::with_capacity(k);
+        for _ in 0..k {
+            let o = owners.swap_remove(below(owners.len()));
+            let mut subs: Vec<usize> = (0..audit.sub_chunks).collect();
+            let mut chosen: Vec<usize> = (0..audit.samples)
+                .map(|_| subs.swap_remove(below(subs.len())))
+                .collect();
+            chosen.sort_unstable();
+            asked.push((o, chosen));
+        }
+        asked.sort_unstable();
+        let request = |o: Rank| -> Bytes {
+            let mut b = Vec::with_capacity(4 * audit.samples);
+            match asked.iter().find(|(p, _)| *p == o) {
+                Some((_, subs)) => subs
+                    .iter()
+                    .for_each(|&j| b.extend_from_slice(&(j as u32).to_le_bytes())),
+                None => (0..audit.samples).for_each(|_| b.extend_from_slice(&NONE.to_le_bytes())),
+            }
+            Bytes::from(b)
+        };
+        let sends = schedule::direct_peers(me, n)
+            .map(|peer| Send {
+                peer,
+                tag: 0,
+                msg: Msg::Bytes(request(peer)),
+            })
+            .collect();
+        a.asked = asked;
+        let recvs = self.audit_peers(4 * audit.samples);
+        self.post(Phase::AuditRequest, "audit_request", sends, recvs);
+    }
+
+    /// One receive of `len` bytes (tag 0) from every peer not erased.
+    fn audit_peers(&self, len: usize) -> Vec<RecvOp> {
+        let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
+        schedule::direct_peers(self.spec.me, self.spec.n)
+            .filter(|p| !erased.contains(p))
+            .map(|peer| RecvOp { peer, tag: 0, len })
+            .collect()
+    }
+
+    pub(super) fn requests_in<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let (me, m, samples) = {
+            let a = self.auditing().ctx.audit;
+            (self.spec.me, a.sub_chunks, a.samples)
+        };
+        let mut askers = Vec::new();
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            let Arrival::Received(b) = a else {
+                self.arrival_fault(op.peer, &a);
+                continue;
+            };
+            let words: Vec<u32> = plane
+                .host(&b)
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            if words.iter().all(|&w| w == NONE) {
+                continue;
+            }
+            let subs: Vec<usize> = words.iter().map(|&w| w as usize).collect();
+            if subs.len() != samples
+                || subs.iter().any(|&j| j >= m)
+                || subs.windows(2).any(|w| w[0] >= w[1])
+            {
+                self.add_fault(
+                    op.peer,
+                    Fault::Malformed(format!("an audit request for sub-chunks {words:?} of {m}")),
+                );
+                continue;
+            }
+            askers.push((op.peer, subs));
+        }
+        // The audit data: each input's signed piece and its asked sub-chunks.
+        let expect = self.expect();
+        let shard = self.shard(me);
+        let mut inputs: Vec<Option<Vec<u8>>> = vec![None; self.spec.n];
+        if !askers.is_empty() && self.auditing().claim.is_some() {
+            for (p, slot) in inputs.iter_mut().enumerate() {
+                *slot = if p == me {
+                    plane.host_bytes(Src::Mine(shard.clone()))
+                } else {
+                    self.arrived[0][p]
+                        .as_ref()
+                        .map(|b| plane.host(b).into_owned())
+                };
+            }
+        }
+        let elem = self.spec.elem;
+        let shard_len = shard.len();
+        let sends = askers
+            .iter()
+            .map(|(peer, subs)| {
+                let bytes = match &self.auditing().claim {
+                    Some(c) => c.audit_data(&expect, subs, |sender, j| {
+                        let r = sub_range(shard_len, m, j);
+                        inputs[sender]
+                            .as_ref()
+                            .map(|b| b[r.start * elem..r.end * elem].to_vec())
+                            .unwrap_or_else(|| vec![0; r.len() * elem])
+                    }),
+                    None => vec![0; expect.n * expect.slot_len(me, subs)],
+                };
+                Send {
+                    peer: *peer,
+                    tag: 0,
+                    msg: Msg::Bytes(Bytes::from(bytes)),
+                }
+            })
+            .collect();
+        let recvs = self
+            .auditing()
+            .asked
+            .iter()
+            .map(|(o, subs)| RecvOp {
+                peer: *o,
+                tag: 0,
+                len: expect.n * expect.slot_len(*o, subs),
+            })
+            .collect();
+        self.auditing_mut().askers = askers;
+        self.post(Phase::AuditData, "audit_data", sends, recvs);
+    }
+
+    pub(super) fn data_in<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let expect = self.expect();
+        let (n, m, elem) = (self.spec.n, expect.m, self.spec.elem);
+        let dtype = self.auditing().ctx.dtype;
+        let asked = self.auditing().asked.clone();
+        for ((op, a), (o, subs)) in plan.recvs.iter().zip(outcomes).zip(&asked) {
+            debug_assert_eq!(op.peer, *o);
+            let o = *o;
+            self.auditing_mut().report.audited.push((o, subs.clone()));
+            let Arrival::Received(b) = a else {
+                self.auditing_mut().report.refused.push(o);
+                continue;
+            };
+            let shard = self.shard(o);
+            let (Some(result), Some((signature, digest))) = (
+                plane.output_bytes(shard.clone()),
+                self.auditing().headers[o],
+            ) else {
+                self.auditing_mut().report.refused.push(o);
+                continue;
+            };
+            let bytes = plane.host(&b);
+            let Ok((inputs, chunks)) = OwnerClaim::read_audit_data(&bytes, &expect, o, subs) else {
+                self.auditing_mut().report.refused.push(o);
+                continue;
+            };
+            drop(bytes);
+            let claim = OwnerClaim {
+                owner: o,
+                shard: o,
+                result: leaves(&result, elem, m),
+                inputs,
+                signature,
+            };
+            let a = self.auditing();
+            let holds = OwnerClaim::inputs_digest(&claim.inputs) == digest
+                && claim.check(a.ctx.verifier, &a.ctx.call, n, m).is_none();
+            if !holds {
+                self.auditing_mut().report.refused.push(o);
+                continue;
+            }
+            for (k, &j) in subs.iter().enumerate() {
+                let r = sub_range(shard.len(), m, j);
+                let mine = &result[r.start * elem..r.end * elem];
+                let theirs: Vec<&[u8]> = chunks.iter().map(|c| c[k].as_slice()).collect();
+                let committed = claim
+                    .inputs
+                    .iter()
+                    .zip(&theirs)
+                    .all(|(p, b)| crate::audit::leaf(j, b) == p.leaves[j]);
+                if !committed {
+                    self.auditing_mut().report.refused.push(o);
+                    break;
+                }
+                self.charge(theirs.len() * r.len() * elem);
+                // A replay that cannot run (the owner's input count below the rule's
+                // precondition) is no lie this rank can prove.
+                if let Ok(replayed) = replay(self.rule, dtype, &theirs) {
+                    if replayed != mine {
+                        let acc = Accusation {
+                            claim: claim.clone(),
+                            sub: j,
+                            result: mine.to_vec(),
+                            inputs: theirs.iter().map(|b| b.to_vec()).collect(),
+                        };
+                        self.auditing_mut().accusations.push(acc);
+                        break;
+                    }
+                }
+            }
+        }
+        // The verdicts: for each owner, the sub-chunk this rank accuses it on, or `NONE`.
+        let mut flags = vec![NONE; n];
+        for acc in &self.auditing().accusations {
+            flags[acc.claim.owner] = acc.sub as u32;
+        }
+        let flags: Bytes = flags.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let sends = to_every_peer(self.spec.me, n, &flags);
+        let recvs = self.audit_peers(4 * n);
+        self.post(Phase::Verdicts, "audit_verdicts", sends, recvs);
+    }
+
+    pub(super) fn verdicts_in<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let expect = self.expect();
+        let (me, n, m) = (self.spec.me, self.spec.n, expect.m);
+        let mut recvs = Vec::new();
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            let Arrival::Received(b) = a else {
+                self.arrival_fault(op.peer, &a);
+                continue;
+            };
+            let words: Vec<u32> = plane
+                .host(&b)
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            if words.iter().any(|&w| w != NONE && w as usize >= m) {
+                self.add_fault(
+                    op.peer,
+                    Fault::Malformed("a verdict on a sub-chunk past the audit's".into()),
+                );
+                continue;
+            }
+            for (o, &w) in words.iter().enumerate() {
+                if w != NONE {
+                    recvs.push(RecvOp {
+                        peer: op.peer,
+                        tag: o as Tag,
+                        len: expect.accusation_len(o, w as usize),
+                    });
+                }
+            }
+        }
+        let mut sends = Vec::new();
+        for acc in &self.auditing().accusations {
+            let proof = Bytes::from(acc.encode(&expect));
+            for peer in schedule::direct_peers(me, n) {
+                sends.push(Send {
+                    peer,
+                    tag: acc.claim.owner as Tag,
+                    msg: Msg::Bytes(proof.clone()),
+                });
+            }
+        }
+        self.post(Phase::Proofs, "audit_proofs", sends, recvs);
+    }
+
+    pub(super) fn proofs_in<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let expect = self.expect();
+        let (me, n) = (self.spec.me, self.spec.n);
+        let (dtype, call) = (self.auditing().ctx.dtype, self.auditing().ctx.call);
+        // Every accusation, this rank's own among them, checked alike.
+        let mut proofs: Vec<(Rank, Result<Accusation, crate::audit::Refuted>)> = self
+            .auditing()
+            .accusations
+            .iter()
+            .map(|a| (me, Ok(a.clone())))
+            .collect();
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            match a {
+                Arrival::Received(b) => {
+                    proofs.push((op.peer, Accusation::decode(&plane.host(&b), &expect)));
+                }
+                other => self.arrival_fault(op.peer, &other),
+            }
+        }
+        for (from, proof) in proofs {
+            let rule = self.rule;
+            let verdict = proof.and_then(|acc| {
+                acc.verify(self.auditing().ctx.verifier, &call, &expect, |inputs| {
+                    replay(rule, dtype, inputs)
+                })
+            });
+            match verdict {
+                Ok(lie) => {
+                    let report = &mut self.auditing_mut().report;
+                    if !report.convicted.iter().any(|l| l.owner == lie.owner) {
+                        report.convicted.push(lie);
+                    }
+                }
+                Err(why) => {
+                    let why = why.to_string();
+                    self.add_fault(from, Fault::Malformed(format!("a false accusation: {why}")));
+                    self.auditing_mut().report.false_accusers.push((from, why));
+                }
+            }
+        }
+        self.auditing_mut()
+            .report
+            .convicted
+            .sort_unstable_by_key(|l| l.owner);
+        // Every rank's piece of each convicted owner's shard, to every rank.
+        let shards: Vec<usize> = self
+            .auditing()
+            .report
+            .convicted
+            .iter()
+            .map(|l| l.shard)
+            .collect();
+        let erased = self.auditing().erased.clone();
+        let mut sends = Vec::new();
+        let mut recvs = Vec::new();
+        for &s in &shards {
+            for peer in schedule::direct_peers(me, n) {
+                sends.push(Send {
+                    peer,
+                    tag: s as Tag,
+                    msg: Msg::Piece(s),
+                });
+                if !erased.contains(&peer) {
+                    recvs.push(RecvOp {
+                        peer,
+                        tag: s as Tag,
+                        len: self.bytes(self.shard(s).len()),
+                    });
+                }
+            }
+        }
+        self.auditing_mut().report.recomputed = shards;
+        self.post(Phase::Recompute, "audit_recompute", sends, recvs);
+    }
+
+    pub(super) fn recomputed<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let me = self.spec.me;
+        let dtype = self.auditing().ctx.dtype;
+        let shards = self.auditing().report.recomputed.clone();
+        let mut pieces: Vec<Vec<(Rank, Vec<u8>)>> = vec![Vec::new(); shards.len()];
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            match a {
+                Arrival::Received(b) => {
+                    let k = shards
+                        .iter()
+                        .position(|&s| s == op.tag as usize)
+                        .expect("a receive per convicted shard");
+                    pieces[k].push((op.peer, plane.host(&b).into_owned()));
+                }
+                other => self.arrival_fault(op.peer, &other),
+            }
+        }
+        let mut known = std::mem::take(&mut self.auditing_mut().known);
+        for (k, &s) in shards.iter().enumerate() {
+            let range = self.shard(s);
+            let Some(own) = plane.host_bytes(Src::Mine(range.clone())) else {
+                return self.fail(no_audits());
+            };
+            pieces[k].push((me, own));
+            pieces[k].sort_by_key(|(p, _)| *p);
+            let inputs: Vec<&[u8]> = pieces[k].iter().map(|(_, b)| b.as_slice()).collect();
+            if let Err(e) = self.rule.check(inputs.len()) {
+                return self.fail(Error::Aggregation(e));
+            }
+            self.charge(inputs.len() * self.bytes(range.len()));
+            match replay(self.rule, dtype, &inputs) {
+                Ok(out) if plane.write_output(range.start, &out) => {}
+                Ok(_) => return self.fail(no_audits()),
+                Err(why) => {
+                    return self.fail(Error::InvalidUsage(format!(
+                        "shard {s} of a convicted owner could not be aggregated again: {why}"
+                    )))
+                }
+            }
+            if let Some(slot) = known.get_mut(s) {
+                *slot = None;
+            }
+        }
+        let report = std::mem::take(&mut self.auditing_mut().report);
+        self.report.audit = Some(report);
+        let digest = self.sharded_result_digest(plane, &known);
+        self.post_check(Some(digest));
+    }
+}
+
+fn no_audits() -> Error {
+    Error::Unsupported("this data plane does not run audited rounds (host vectors do)".into())
+}
