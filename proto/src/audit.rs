@@ -356,6 +356,24 @@ impl OwnerClaim {
         statement(RESULT, call, owner, shard, &[&root(result), &inputs])
     }
 
+    /// Whether `signature` is `owner`'s claim over a result with `result` leaves and inputs
+    /// committed as `inputs` ([`OwnerClaim::inputs_digest`]): what a taker checks of the
+    /// result it received, before it takes it, so that an owner is bound to the result it
+    /// sent (not only to one it signed).
+    #[allow(clippy::too_many_arguments)]
+    pub fn signed_over(
+        verifier: &dyn Verifier,
+        call: &CallId,
+        owner: Rank,
+        shard: usize,
+        result: &[Digest],
+        inputs: &Digest,
+        signature: &Signature,
+    ) -> bool {
+        let message = statement(RESULT, call, owner, shard, &[&root(result), inputs]);
+        verifier.verify(owner, &message, signature)
+    }
+
     /// The commitment to an input set the claim's signature covers: the senders, ascending,
     /// and the roots of their leaves.
     pub fn inputs_digest(inputs: &[SignedPiece]) -> Digest {

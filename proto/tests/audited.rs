@@ -261,3 +261,33 @@ fn rounds_the_audit_cannot_run_are_refused_up_front() {
     );
     assert!(round.has_failed());
 }
+
+#[test]
+fn a_result_the_owner_did_not_sign_is_not_taken() {
+    // Owner 2's result reaches rank 0 changed (an owner that signs one result and sends
+    // another): rank 0 does not take it, and the shard is lost there, loudly; the others take
+    // the signed one.
+    let n = 4;
+    let d = n * 64;
+    let net = |from: Rank, to: Rank, step: u32, tag: u32, b: &Bytes| {
+        if from == 2 && to == 0 && step == 1 && tag == 2 {
+            let mut other = b.to_vec();
+            other[0] ^= 0x40;
+            return Fate::Rewritten(Duration::from_micros(10), other.into());
+        }
+        Fate::After(Duration::from_micros(10))
+    };
+    let (ended, want) = audited(n, d, Audit::default(), &[], Agreement::Detect, &net);
+    match &ended[0].result {
+        Err(Error::ShardLost {
+            shard: 2, faults, ..
+        }) => {
+            assert!(faults.iter().any(|f| f.rank == 2), "{faults:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    for e in &ended[1..] {
+        assert!(e.result.is_ok(), "{:?}", e.result);
+        assert_eq!(bits(&e.output), bits(&want));
+    }
+}

@@ -350,6 +350,26 @@ impl<'r, B> Round<'r, B> {
         }
     }
 
+    /// Whether owner `o`'s result `b` for its shard is the one its claim header signs: an
+    /// owner is bound to the result it sent, and a taker does not take one it is not bound
+    /// to (the shard is then lost, the round's error, rather than unauditable).
+    pub(super) fn version_signed<P: Plane<Buf = B>>(&self, plane: &P, o: Rank, b: &B) -> bool {
+        let a = self.auditing();
+        let Some((signature, inputs)) = a.headers[o] else {
+            return false;
+        };
+        let result = leaves(&plane.host(b), self.spec.elem, a.ctx.audit.sub_chunks);
+        OwnerClaim::signed_over(
+            a.ctx.verifier,
+            &a.ctx.call,
+            o,
+            o,
+            &result,
+            &inputs,
+            &signature,
+        )
+    }
+
     /// After the versions: this rank's audit choices, made now with its own randomness, to
     /// every owner (`NONE` where it audits none of that owner's sub-chunks).
     pub(super) fn post_audit_requests(&mut self, known: Vec<Option<Digest>>) {

@@ -89,6 +89,22 @@ impl<'r, B> Round<'r, B> {
         for (o, a) in headers {
             self.header_arrived(plane, o, a);
         }
+        let outcomes: Vec<(Rank, usize, Arrival<B>)> = match auditing {
+            false => outcomes,
+            true => outcomes
+                .into_iter()
+                .map(|(o, s, a)| match a {
+                    Arrival::Received(b) if !self.version_signed(plane, o, &b) => (
+                        o,
+                        s,
+                        Arrival::Malformed(format!(
+                            "its result for shard {s} is not the one its claim signs"
+                        )),
+                    ),
+                    a => (o, s, a),
+                })
+                .collect(),
+        };
         for (o, s, a) in &outcomes {
             match a {
                 Arrival::Received(b) => {
