@@ -21,6 +21,13 @@ pub enum Policy {
     /// than `2f + 1` owners, which trusts the owners: that takes an explicit
     /// `Sharded(Replicas::Exactly(r))`.
     Auto,
+    /// Sharded with one owner per shard, whose owners are audited after they are bound to
+    /// their results (`PROTOCOL.md`, "Audited sharding"): signed pieces and claims, replays
+    /// of sub-chunks chosen by each rank's own randomness, proofs every rank checks alike,
+    /// and a convicted owner's shard aggregated again within the round
+    /// ([`RoundReport::audit`]). Needs [`Agreement::Detect`], a coordinate-wise rule, ranks
+    /// with identity keys (an authenticated membership) and a host plane.
+    Audited(crate::audit::Audit),
 }
 
 /// [`Policy::Auto`] shards vectors of at least this many bytes per rank, where the fewer

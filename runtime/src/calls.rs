@@ -58,18 +58,27 @@ pub fn all_reduce<T: Element>(op: &str, elements: usize, step: Option<u64>) -> u
 /// One robust round (a whole robust all-reduce or reduce-scatter, or one sub-round of a
 /// longer one) of `d` elements of `T` under `rule`, moved as `shape` says (the element
 /// type by its `DType` name, as in [`all_reduce`]).
-pub fn robust<T: Element>(rule: &dyn Aggregator, shape: Shape, d: usize, step: Option<u64>) -> u64 {
-    call_fingerprint(
-        "robust",
-        &[
-            T::DTYPE.name().as_bytes(),
-            rule.name().as_bytes(),
-            rule.parameters().as_bytes(),
-            format!("{shape:?}").as_bytes(),
-            &len(d),
-        ],
-        step,
-    )
+pub fn robust<T: Element>(
+    rule: &dyn Aggregator,
+    shape: Shape,
+    audit: Option<&crate::audit::Audit>,
+    d: usize,
+    step: Option<u64>,
+) -> u64 {
+    let (shape, d, parameters) = (format!("{shape:?}"), len(d), rule.parameters());
+    let mut parts: Vec<&[u8]> = vec![
+        T::DTYPE.name().as_bytes(),
+        rule.name().as_bytes(),
+        parameters.as_bytes(),
+        shape.as_bytes(),
+        &d,
+    ];
+    // An audited round takes other steps than the sharded round of its shape.
+    let audit = audit.map(|a| format!("{a:?}"));
+    if let Some(a) = &audit {
+        parts.push(a.as_bytes());
+    }
+    call_fingerprint("robust", &parts, step)
 }
 
 /// The fingerprint of a collective call: a digest of what the caller asked for (the
@@ -107,10 +116,10 @@ mod tests {
     #[test]
     fn element_types_have_their_own_fingerprints() {
         let robust = [
-            robust::<f32>(&Median::new(1), Shape::Gather, 8, None),
-            robust::<f64>(&Median::new(1), Shape::Gather, 8, None),
-            robust::<half::bf16>(&Median::new(1), Shape::Gather, 8, None),
-            robust::<half::f16>(&Median::new(1), Shape::Gather, 8, None),
+            robust::<f32>(&Median::new(1), Shape::Gather, None, 8, None),
+            robust::<f64>(&Median::new(1), Shape::Gather, None, 8, None),
+            robust::<half::bf16>(&Median::new(1), Shape::Gather, None, 8, None),
+            robust::<half::f16>(&Median::new(1), Shape::Gather, None, 8, None),
         ];
         let plain = [
             all_reduce::<f32>("Sum ring", 8, None),

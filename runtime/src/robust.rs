@@ -2,8 +2,12 @@
 
 use byzcoll_aggregators::{Aggregator, Element, Structure};
 
+use crate::audit::Audit;
 use crate::round::host::{HostPlane, Target};
-use crate::round::{check_agreement, stragglers_allowed, Arrival, Carry, Msg, Round, Shape, Spec};
+use crate::round::{
+    check_agreement, sign_pieces, stragglers_allowed, Arrival, AuditCtx, Carry, Msg, Round, Shape,
+    Spec,
+};
 use crate::schedule::chunk_range;
 use crate::{
     Agreement, Communicator, Error, Policy, RecvOutcome, Replicas, Result, RoundReport, SendOp,
@@ -40,6 +44,22 @@ fn merge_reports(merged: &mut RoundReport, next: RoundReport) {
     }
     match (&mut merged.attribution, next.attribution) {
         (Some(a), Some(b)) => a.merge(&b),
+        (a @ None, b) => *a = b,
+        (Some(_), None) => {}
+    }
+    match (&mut merged.audit, next.audit) {
+        (Some(a), Some(b)) => {
+            // Sub-rounds shard their parts alike: a shard index names the same owner in each.
+            a.audited.extend(b.audited);
+            for lie in b.convicted {
+                if !a.convicted.iter().any(|l| l.owner == lie.owner) {
+                    a.convicted.push(lie);
+                }
+            }
+            union(&mut a.recomputed, b.recomputed);
+            union(&mut a.refused, b.refused);
+            a.false_accusers.extend(b.false_accusers);
+        }
         (a @ None, b) => *a = b,
         (Some(_), None) => {}
     }
@@ -98,15 +118,26 @@ impl Communicator {
         let quorum = self.config().stragglers.requested() != Some(0)
             && self.transport().capabilities().quorum;
         let shape = Shape::all_reduce(policy, self.size(), d, size_of::<T>(), rule, quorum);
+        let audit = match policy {
+            Policy::Audited(audit) => Some(audit),
+            _ => None,
+        };
         let outcome = if matches!(shape, Shape::Sharded(_))
             && rule.structure() == Structure::CoordinateWise
             && self.agreement() != Agreement::Enforce
             && std::mem::size_of_val(buf) > self.config().sub_round_bytes.max(size_of::<T>())
         {
-            self.sub_rounds(buf, rule, shape).await
+            self.sub_rounds(buf, rule, shape, audit).await
         } else {
-            self.run_round(Target::All(buf), d, rule, shape, &mut Carry::default())
-                .await
+            self.run_round(
+                Target::All(buf),
+                d,
+                rule,
+                shape,
+                audit,
+                &mut Carry::default(),
+            )
+            .await
         };
         self.health.record(&outcome);
         outcome
@@ -127,6 +158,7 @@ impl Communicator {
         buf: &mut [T],
         rule: &dyn Aggregator,
         shape: Shape,
+        audit: Option<Audit>,
     ) -> Result<RoundReport> {
         self.round_agreement(shape, rule)?;
         let parts =
@@ -141,7 +173,14 @@ impl Communicator {
             let range = chunk_range(d, parts, k);
             let part = &mut buf[range.clone()];
             let outcome = self
-                .run_round(Target::All(part), range.len(), rule, shape, &mut carry)
+                .run_round(
+                    Target::All(part),
+                    range.len(),
+                    rule,
+                    shape,
+                    audit,
+                    &mut carry,
+                )
                 .await;
             let faults = match &outcome {
                 Ok(report) => &report.faults[..],
@@ -219,9 +258,22 @@ impl Communicator {
         d: usize,
         rule: &dyn Aggregator,
         shape: Shape,
+        audit: Option<Audit>,
         carry: &mut Carry,
     ) -> Result<RoundReport> {
         let agreement = self.round_agreement(shape, rule)?;
+        // An audited round signs with the membership the transport authenticated.
+        let membership = match audit {
+            None => None,
+            Some(_) => Some(self.transport().membership().ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "an audited round needs every rank's identity key, and this communicator \
+                     over {} has none (a communicator split or shrunk from another, or a \
+                     transport that keeps no membership)",
+                    self.transport().name()
+                ))
+            })?),
+        };
         self.take_stats();
         let spec = Spec {
             me: self.rank(),
@@ -234,12 +286,41 @@ impl Communicator {
             stragglers: self.stragglers(rule, shape)?,
             grace: self.config().grace,
         };
-        let mut round = Round::resuming(spec, rule, carry);
         let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone())
             .measuring(self.config().attribution)
-            .keeping_input(agreement == Agreement::Detect && shape == Shape::Gather);
-        let call = crate::calls::robust::<T>(rule, shape, d, self.step());
+            .keeping_input(agreement == Agreement::Detect && shape == Shape::Gather)
+            .auditing(audit.is_some());
+        let call = crate::calls::robust::<T>(rule, shape, audit.as_ref(), d, self.step());
         let mut seq = self.begin("robust", call);
+        let mut round = match (audit, &membership) {
+            (Some(audit), Some(m)) => {
+                let call = m.audit_call(seq.collective);
+                let own = sign_pieces(
+                    &m.identity,
+                    &call,
+                    spec.me,
+                    spec.n,
+                    &plane.input_bytes(),
+                    spec.elem,
+                    audit.sub_chunks.max(1),
+                );
+                let mut seed = [0u8; 32];
+                getrandom::getrandom(&mut seed).map_err(|e| {
+                    Error::Unsupported(format!("no randomness from the OS for the audit: {e}"))
+                })?;
+                let ctx = AuditCtx {
+                    audit,
+                    call,
+                    dtype: T::DTYPE,
+                    signer: &m.identity,
+                    verifier: &m.roster,
+                    own,
+                    seed,
+                };
+                Round::audited(spec, rule, ctx)
+            }
+            _ => Round::resuming(spec, rule, carry),
+        };
         while let Some(plan) = round.step() {
             let sends: Vec<SendOp> = plan
                 .sends
@@ -363,6 +444,7 @@ impl Communicator {
                 d,
                 rule,
                 Shape::ReduceScatter(replicas),
+                None,
                 &mut Carry::default(),
             )
             .await;

@@ -202,6 +202,15 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// freed memory; sends already queued may still be delivered.
     fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>>;
 
+    /// The job's membership this transport authenticated its peers with (every rank's identity
+    /// key, this rank's own): what an audited round signs and checks with
+    /// ([`Policy::Audited`](crate::Policy::Audited)). `None` (the default): the transport
+    /// keeps none, and a communicator over it audits only with one it is given
+    /// (`Communicator::set_membership`).
+    fn membership(&self) -> Option<std::sync::Arc<crate::bootstrap::Membership>> {
+        None
+    }
+
     /// The transport itself, for extensions that need more than this trait: the device-vector
     /// robust all-reduce (`byzcoll::cuda::robust_all_reduce_device`) finds the NCCL transport
     /// this way. `None` unless the transport offers it.

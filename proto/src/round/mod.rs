@@ -355,6 +355,7 @@ impl Shape {
     ) -> Shape {
         match policy.resolve(n, d, elem, rule, quorum) {
             Policy::Sharded(replicas) => Shape::Sharded(replicas),
+            Policy::Audited(_) => Shape::Sharded(Replicas::Exactly(1)),
             _ => Shape::Gather,
         }
     }

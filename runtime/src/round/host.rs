@@ -63,6 +63,8 @@ pub struct HostPlane<'a, T> {
     output_written: bool,
     /// [`HostPlane::keeping_input`].
     keep_input: bool,
+    /// The input's bytes, kept for an audited round ([`HostPlane::auditing`]).
+    audit_input: Option<Bytes>,
 }
 
 impl<T> std::fmt::Debug for HostPlane<'_, T> {
@@ -92,6 +94,25 @@ impl<'a, T: Element> HostPlane<'a, T> {
             tamper,
             output_written: false,
             keep_input: false,
+            audit_input: None,
+        }
+    }
+
+    /// Keeps a copy of the input's bytes for an audited round (`Policy::Audited`), where the
+    /// result overwrites the caller's vector shard by shard while the input is still needed:
+    /// the owner serves its own piece to its auditors, and every rank sends its piece of a
+    /// convicted owner's shard again. Off unless turned on here (it costs a copy of the
+    /// vector).
+    pub fn auditing(mut self, on: bool) -> Self {
+        self.audit_input = on.then(|| to_bytes(self.input()));
+        self
+    }
+
+    /// The input's bytes (an audited round's pieces are signed over them).
+    pub fn input_bytes(&self) -> Cow<'_, [u8]> {
+        match &self.audit_input {
+            Some(b) => Cow::Borrowed(&b[..]),
+            None => Cow::Borrowed(bytemuck::cast_slice(self.input())),
         }
     }
 
@@ -121,7 +142,16 @@ impl<'a, T: Element> HostPlane<'a, T> {
             Msg::Piece(s) => {
                 if self.pieces[*s].is_none() {
                     let range = chunk_range(self.input().len(), self.n, *s);
-                    self.pieces[*s] = Some(Payload::Host(to_bytes(&self.input()[range])));
+                    // An audited round sends pieces again after the result overwrote the
+                    // input: from the copy it keeps.
+                    let piece = match &self.audit_input {
+                        Some(b) => {
+                            let e = std::mem::size_of::<T>();
+                            b.slice(range.start * e..range.end * e)
+                        }
+                        None => to_bytes(&self.input()[range]),
+                    };
+                    self.pieces[*s] = Some(Payload::Host(piece));
                 }
                 self.pieces[*s].clone().expect("made above")
             }
@@ -495,6 +525,50 @@ impl<T: Element> Plane for HostPlane<'_, T> {
             .collect();
         let refs: Vec<Option<&[T]>> = views.iter().map(|v| v.as_deref()).collect();
         Some(evidence::measure(&refs, &cast_bytes(&self.results[i]), f))
+    }
+
+    fn host_bytes(&mut self, src: Src<'_, Payload>) -> Option<Vec<u8>> {
+        let e = std::mem::size_of::<T>();
+        match src {
+            // The input as it was, whatever the output overwrote since.
+            Src::Mine(range) => self
+                .audit_input
+                .as_ref()
+                .map(|b| b[range.start * e..range.end * e].to_vec()),
+            // The result as this rank sends it (a fault-injection owner's tamper, as it would
+            // send it to itself, included).
+            Src::Owned(i) => {
+                let honest = self.results.get(i).cloned().unwrap_or_default();
+                Some(match &self.tamper {
+                    Some(t) => t((self.me + self.n - i) % self.n, self.me, &honest).to_vec(),
+                    None => honest.to_vec(),
+                })
+            }
+            Src::Got(p) => Some(host_bytes(p).to_vec()),
+        }
+    }
+
+    fn output_bytes(&mut self, range: Range<usize>) -> Option<Vec<u8>> {
+        match &self.target {
+            Target::All(buf) => Some(bytemuck::cast_slice(&buf[range]).to_vec()),
+            Target::OwnShard { .. } => None,
+        }
+    }
+
+    fn write_output(&mut self, at: usize, bytes: &[u8]) -> bool {
+        match &mut self.target {
+            Target::All(buf) => {
+                let v: Vec<T> = bytemuck::pod_collect_to_vec(bytes);
+                match buf.get_mut(at..at + v.len()) {
+                    Some(out) => {
+                        out.copy_from_slice(&v);
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Target::OwnShard { .. } => false,
+        }
     }
 
     fn output_digest(&mut self, _s: usize, range: Range<usize>) -> Digest {

@@ -77,7 +77,7 @@ where
         let step = Step {
             collective: 0,
             step: 0,
-            call: byzcoll_runtime::calls::robust::<f32>(&Median::new(f), shape, d, None),
+            call: byzcoll_runtime::calls::robust::<f32>(&Median::new(f), shape, None, d, None),
             sends,
             recvs: vec![],
             deadline: tokio::time::Instant::now() + timeout,

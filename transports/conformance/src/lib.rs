@@ -60,6 +60,8 @@ macro_rules! conformance_suite {
             a_straggler_does_not_set_the_pace,
             outlying_ranks_are_named_in_every_report,
             narrow_types_reduce_bitwise_as_the_local_rule,
+            audited_rounds_of_honest_owners_match_gather,
+            an_audited_owner_that_lies_is_convicted_and_its_shard_recomputed,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -75,6 +77,7 @@ macro_rules! conformance_suite {
 // The bodies by topic, declared after the macro so that its name resolves in their docs.
 mod agreement;
 mod attribution;
+mod audited;
 mod collectives;
 mod faults;
 mod harness;
@@ -94,6 +97,10 @@ pub use agreement::{
     byzantine_owners_and_senders_are_agreed_on_under_enforce_in_sharded_mode,
 };
 pub use attribution::outlying_ranks_are_named_in_every_report;
+pub use audited::{
+    an_audited_owner_that_lies_is_convicted_and_its_shard_recomputed,
+    audited_rounds_of_honest_owners_match_gather,
+};
 pub use collectives::{
     a_split_with_an_equivocated_color_is_refused,
     all_reduce_is_exact_across_the_doubling_crossover, all_reduce_of_megabyte_chunks_is_exact,

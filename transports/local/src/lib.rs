@@ -32,6 +32,7 @@
 
 use std::sync::Arc;
 
+use byzcoll_runtime::bootstrap::{JobAuth, Membership};
 use byzcoll_runtime::{
     Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
@@ -44,16 +45,26 @@ pub struct LocalTransport {
     rank: Rank,
     /// `mailboxes[r]` receives for rank `r`.
     mailboxes: Arc<Vec<Mailbox>>,
+    /// The world's identity keys, made for it (audited rounds sign with them); `None` where
+    /// the OS gave no randomness for them.
+    membership: Option<Arc<Membership>>,
 }
 
 impl LocalTransport {
-    /// Creates the `size` ranks of a world; hand one to each task or thread.
+    /// Creates the `size` ranks of a world; hand one to each task or thread. Each rank gets an
+    /// identity key of its own and the world's roster ([`Transport::membership`]), as ranks
+    /// that joined through the store do (the ranks share a process: nothing authenticates).
     pub fn world(size: usize) -> Vec<LocalTransport> {
         let mailboxes = Arc::new((0..size).map(|_| Mailbox::new(size)).collect::<Vec<_>>());
+        let mut memberships = Membership::world(&JobAuth::Unauthenticated, &vec![Vec::new(); size])
+            .map(|m| m.into_iter().map(|m| Some(Arc::new(m))).collect())
+            .unwrap_or_else(|_| vec![None; size])
+            .into_iter();
         (0..size)
             .map(|rank| LocalTransport {
                 rank,
                 mailboxes: mailboxes.clone(),
+                membership: memberships.next().flatten(),
             })
             .collect()
     }
@@ -84,6 +95,10 @@ impl Transport for LocalTransport {
 
     fn size(&self) -> usize {
         self.mailboxes.len()
+    }
+
+    fn membership(&self) -> Option<Arc<Membership>> {
+        self.membership.clone()
     }
 
     fn capabilities(&self) -> Capabilities {

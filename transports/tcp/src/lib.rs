@@ -156,6 +156,8 @@ pub struct TcpTransport {
     runtime: tokio::runtime::Handle,
     options: TcpOptions,
     listening: Option<SocketAddr>,
+    /// The membership the connections were authenticated with (audited rounds sign with it).
+    membership: Arc<Membership>,
 }
 
 impl TcpTransport {
@@ -354,6 +356,7 @@ impl TcpTransport {
             runtime: tokio::runtime::Handle::current(),
             options,
             listening,
+            membership: Arc::new(membership.clone()),
         })
     }
 }
@@ -689,6 +692,10 @@ async fn skip(
 impl Transport for TcpTransport {
     fn name(&self) -> &'static str {
         "tcp"
+    }
+
+    fn membership(&self) -> Option<Arc<Membership>> {
+        Some(self.membership.clone())
     }
 
     fn rank(&self) -> Rank {

@@ -1,0 +1,111 @@
+//! Audited sharding (`Policy::Audited`, `PROTOCOL.md`, "Audited sharding") over the real
+//! transport, with the identity keys its membership holds: honest worlds of every size return
+//! the gather-mode result and convict nobody; a lying owner is convicted by every rank, and
+//! its shard aggregated again, so every rank still returns the honest result.
+
+use std::future::Future;
+use std::time::Duration;
+
+use byzcoll_aggregators::Median;
+use byzcoll_runtime::audit::Audit;
+use byzcoll_runtime::{Error, OwnerTamper, Policy, Transport};
+
+use crate::harness::{bits, comms, reference, run_ranks, vector};
+use crate::WORLD_SIZES;
+
+/// At every world size, with a vector of three sub-rounds: every rank returns the gather-mode
+/// median bitwise, audited every other owner (8 ranks and fewer), and convicted nobody. A
+/// transport that keeps no membership refuses the policy with a typed error.
+pub async fn audited_rounds_of_honest_owners_match_gather<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    for n in WORLD_SIZES {
+        let f = (n - 1) / 3;
+        let d = 2 * 1000 + 3 * n;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, d)).collect();
+        let want = bits(&reference(&Median::new(f), &inputs));
+        let comms = comms(factory(n).await, Duration::from_secs(20));
+        if comms[0].transport().membership().is_none() {
+            let mut c = comms.into_iter().next().unwrap();
+            let mut v = vector(0, d);
+            let refused = c
+                .robust_all_reduce(&mut v, &Median::new(f), Policy::Audited(Audit::default()))
+                .await;
+            assert!(matches!(refused, Err(Error::Unsupported(_))), "{refused:?}");
+            return;
+        }
+        let results = run_ranks(comms, move |mut c| async move {
+            c.set_sub_round_bytes(4000);
+            let mut v = vector(c.rank(), d);
+            let report = c
+                .robust_all_reduce(&mut v, &Median::new(f), Policy::Audited(Audit::default()))
+                .await;
+            (report, v)
+        })
+        .await;
+        for (r, (report, v)) in results.into_iter().enumerate() {
+            let report = report.unwrap_or_else(|e| panic!("n {n} rank {r}: {e}"));
+            assert_eq!(bits(&v), want, "n {n} rank {r}");
+            let audit = report.audit.unwrap();
+            assert!(
+                audit.convicted.is_empty() && audit.refused.is_empty(),
+                "{audit:?}"
+            );
+            // Sub-rounds of 4000 bytes, each auditing every other owner.
+            let parts = (4 * d).div_ceil(4000);
+            assert_eq!(
+                audit.audited.len(),
+                parts * (n - 1),
+                "n {n} rank {r}: {audit:?}"
+            );
+        }
+    }
+}
+
+/// Seven ranks, f = 2; rank 5 lies as a shard owner (its result's signs flipped and scaled,
+/// alike to every taker, and signed so). Every rank convicts it, aggregates its shard again
+/// from every rank's piece, and returns the honest median bitwise: the price of the lie is
+/// its conviction, not a wrong result.
+pub async fn an_audited_owner_that_lies_is_convicted_and_its_shard_recomputed<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f, d) = (7usize, 2usize, 7 * 64 * 3 + 5);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, d)).collect();
+    let honest = bits(&reference(&Median::new(f), &inputs));
+    let comms = comms(factory(n).await, Duration::from_secs(20));
+    if comms[0].transport().membership().is_none() {
+        return; // refused with a typed error: `audited_rounds_of_honest_owners_match_gather`
+    }
+    let results = run_ranks(comms, move |mut c| async move {
+        if c.rank() == 5 {
+            let lie: OwnerTamper = std::sync::Arc::new(|_s: usize, _dest: usize, b: &[u8]| {
+                b.chunks_exact(4)
+                    .flat_map(|x| {
+                        (-1000.0 * f32::from_le_bytes([x[0], x[1], x[2], x[3]])).to_le_bytes()
+                    })
+                    .collect::<Vec<u8>>()
+                    .into()
+            });
+            c.inject_owner_fault(Some(lie));
+        }
+        let mut v = vector(c.rank(), d);
+        let report = c
+            .robust_all_reduce(&mut v, &Median::new(f), Policy::Audited(Audit::default()))
+            .await;
+        (report, v)
+    })
+    .await;
+    for (r, (report, v)) in results.into_iter().enumerate() {
+        let report = report.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(bits(&v), honest, "rank {r} returns the honest median");
+        let audit = report.audit.unwrap();
+        let convicted: Vec<usize> = audit.convicted.iter().map(|l| l.owner).collect();
+        assert_eq!(convicted, vec![5], "rank {r}: {audit:?}");
+        assert_eq!(audit.recomputed, vec![5], "rank {r}");
+        assert!(audit.false_accusers.is_empty(), "rank {r}: {audit:?}");
+    }
+}
