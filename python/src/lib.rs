@@ -717,6 +717,7 @@ impl PyCommunicator {
                 d.set_item("outlying", p.outlying)?;
                 d.set_item("score", p.score)?;
                 d.set_item("not_selected", p.not_selected)?;
+                d.set_item("convicted", p.convicted)?;
                 Ok(d)
             })
             .collect()

@@ -374,7 +374,9 @@ impl Communicator {
     /// when at least half of the inputs that entered say they heard from it. So honest ranks
     /// agree on the same set, and no `f` ranks can have an honest rank that the others heard
     /// from dropped, or a dead one kept. The new communicator's stream is agreed in the same
-    /// vector.
+    /// vector. A rank does not vouch for a peer it convicted of lying as an audited shard
+    /// owner ([`PeerHealth::convicted`](crate::PeerHealth)): honest ranks checked the same
+    /// proof, so a convicted owner is ejected this way.
     ///
     /// # Errors
     /// [`Error::Excluded`](crate::Error::Excluded) on a rank the others did not keep;
@@ -398,6 +400,13 @@ impl Communicator {
                 if matches!(o, RecvOutcome::Received(_)) {
                     heard[p] = 1.0;
                 }
+            }
+        }
+        // A peer this rank convicted of lying as an audited owner is not vouched for: every
+        // honest rank checked the same proof, so they leave it out alike.
+        for p in self.health() {
+            if p.convicted > 0 {
+                heard[p.rank] = 0.0;
             }
         }
         heard[n] = self.shared.streams.load(Ordering::Relaxed) as f64;

@@ -36,6 +36,11 @@ pub struct PeerHealth {
     pub score: Option<f64>,
     /// Selection rules: rounds in which the rule left its input out (Krum, Multi-Krum, Bulyan).
     pub not_selected: u64,
+    /// Audited rounds in which it was proven to have lied as a shard owner
+    /// ([`AuditReport::convicted`](crate::audit::AuditReport): a proof every honest rank checks
+    /// alike, not an observation). [`Communicator::shrink`](crate::Communicator::shrink)
+    /// leaves a convicted peer out.
+    pub convicted: u64,
 }
 
 /// How a peer was at fault in a round.
@@ -109,6 +114,16 @@ impl Health {
         }) = outcome
         {
             self.record_evidence(&attribution.ranks);
+        }
+        if let Ok(RoundReport {
+            audit: Some(audit), ..
+        }) = outcome
+        {
+            for lie in &audit.convicted {
+                if let Some(peer) = self.peers.get_mut(lie.owner) {
+                    peer.convicted += 1;
+                }
+            }
         }
         for peer in &mut self.peers {
             let symptom = faults

@@ -109,6 +109,11 @@ pub(super) struct Auditing<'a> {
     accusations: Vec<Accusation>,
     /// The shard digests the versions step computed (`None`: to hash again).
     known: Vec<Option<Digest>>,
+    /// The results of the owners this rank audits, as it took them: their bytes and leaves.
+    kept: Vec<Option<(Vec<u8>, Vec<Digest>)>>,
+    /// Shards whose result was not finite here (the first error): the round fails with it
+    /// unless the audit convicts their owners and aggregates them again.
+    non_finite: Option<(Vec<usize>, Error)>,
     /// The peers erased before the audit began: a convicted owner's shard is aggregated again
     /// from every other rank's piece, whatever the audit steps showed of them (a false
     /// accuser's input still counts, as it did in the owners' aggregation), so that ranks
@@ -128,6 +133,8 @@ impl<'a> Auditing<'a> {
             askers: Vec::new(),
             accusations: Vec::new(),
             known: Vec::new(),
+            kept: vec![None; n],
+            non_finite: None,
             erased: Vec::new(),
             report: AuditReport::default(),
         }
@@ -352,14 +359,16 @@ impl<'r, B> Round<'r, B> {
 
     /// Whether owner `o`'s result `b` for its shard is the one its claim header signs: an
     /// owner is bound to the result it sent, and a taker does not take one it is not bound
-    /// to (the shard is then lost, the round's error, rather than unauditable).
-    pub(super) fn version_signed<P: Plane<Buf = B>>(&self, plane: &P, o: Rank, b: &B) -> bool {
+    /// to (the shard is then lost, the round's error, rather than unauditable). The result of
+    /// an owner this rank audits is kept as taken, with its leaves.
+    pub(super) fn version_signed<P: Plane<Buf = B>>(&mut self, plane: &P, o: Rank, b: &B) -> bool {
         let a = self.auditing();
         let Some((signature, inputs)) = a.headers[o] else {
             return false;
         };
-        let result = leaves(&plane.host(b), self.spec.elem, a.ctx.audit.sub_chunks);
-        OwnerClaim::signed_over(
+        let bytes = plane.host(b);
+        let result = leaves(&bytes, self.spec.elem, a.ctx.audit.sub_chunks);
+        let signed = OwnerClaim::signed_over(
             a.ctx.verifier,
             &a.ctx.call,
             o,
@@ -367,18 +376,21 @@ impl<'r, B> Round<'r, B> {
             &result,
             &inputs,
             &signature,
-        )
+        );
+        if signed && a.asked.iter().any(|(p, _)| *p == o) {
+            let kept = (bytes.into_owned(), result);
+            self.auditing_mut().kept[o] = Some(kept);
+        }
+        signed
     }
 
-    /// After the versions: this rank's audit choices, made now with its own randomness, to
-    /// every owner (`NONE` where it audits none of that owner's sub-chunks).
-    pub(super) fn post_audit_requests(&mut self, known: Vec<Option<Digest>>) {
+    /// This rank's audit choices, made with its own randomness when the owners' results and
+    /// claims arrive (every owner is bound to its result by then, and no other rank learns the
+    /// choices before they are sent).
+    pub(super) fn choose_audits(&mut self) {
         let (me, n) = (self.spec.me, self.spec.n);
         let f = self.rule.byzantine();
-        let erased = self.report.faults.iter().map(|f| f.rank).collect();
         let a = self.auditing_mut();
-        a.known = known;
-        a.erased = erased;
         let audit = a.ctx.audit;
         let mut xof = blake3::Hasher::new_keyed(&a.ctx.seed)
             .update(b"byzcoll-audit-v1 choice")
@@ -402,6 +414,25 @@ impl<'r, B> Round<'r, B> {
             asked.push((o, chosen));
         }
         asked.sort_unstable();
+        a.asked = asked;
+    }
+
+    /// A shard whose result was not finite here: the round goes on to the audit, which may
+    /// convict its owner and aggregate it again; otherwise the round fails with `e`.
+    pub(super) fn defer_non_finite(&mut self, shards: Vec<usize>, e: Error) {
+        self.auditing_mut().non_finite = Some((shards, e));
+    }
+
+    /// After the versions: this rank's audit requests ([`Round::choose_audits`]) to every
+    /// owner (`NONE` where it audits none of that owner's sub-chunks).
+    pub(super) fn post_audit_requests(&mut self, known: Vec<Option<Digest>>) {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let erased = self.report.faults.iter().map(|f| f.rank).collect();
+        let a = self.auditing_mut();
+        a.known = known;
+        a.erased = erased;
+        let audit = a.ctx.audit;
+        let asked = a.asked.clone();
         let request = |o: Rank| -> Bytes {
             let mut b = Vec::with_capacity(4 * audit.samples);
             match asked.iter().find(|(p, _)| *p == o) {
@@ -419,7 +450,6 @@ impl<'r, B> Round<'r, B> {
                 msg: Msg::Bytes(request(peer)),
             })
             .collect();
-        a.asked = asked;
         let recvs = self.audit_peers(4 * audit.samples);
         self.post(Phase::AuditRequest, "audit_request", sends, recvs);
     }
@@ -540,8 +570,8 @@ impl<'r, B> Round<'r, B> {
                 continue;
             };
             let shard = self.shard(o);
-            let (Some(result), Some((signature, digest))) = (
-                plane.output_bytes(shard.clone()),
+            let (Some((result, result_leaves)), Some((signature, digest))) = (
+                self.auditing_mut().kept[o].take(),
                 self.auditing().headers[o],
             ) else {
                 self.auditing_mut().report.refused.push(o);
@@ -556,7 +586,7 @@ impl<'r, B> Round<'r, B> {
             let claim = OwnerClaim {
                 owner: o,
                 shard: o,
-                result: leaves(&result, elem, m),
+                result: result_leaves,
                 inputs,
                 signature,
             };
@@ -787,6 +817,13 @@ impl<'r, B> Round<'r, B> {
             }
         }
         let report = std::mem::take(&mut self.auditing_mut().report);
+        // A shard whose result was not finite here stands unless it was aggregated again.
+        if let Some((failed, e)) = self.auditing_mut().non_finite.take() {
+            if failed.iter().any(|s| !report.recomputed.contains(s)) {
+                self.report.audit = Some(report);
+                return self.fail(e);
+            }
+        }
         self.report.audit = Some(report);
         let digest = self.sharded_result_digest(plane, &known);
         self.post_check(Some(digest));

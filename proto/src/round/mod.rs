@@ -294,13 +294,6 @@ pub trait Plane {
         None
     }
 
-    /// Elements `range` of the output on the host (an audited owner's result as this rank
-    /// took it). `None`: as [`Plane::host_bytes`].
-    fn output_bytes(&mut self, range: Range<usize>) -> Option<Vec<u8>> {
-        let _ = range;
-        None
-    }
-
     /// Writes `bytes` over the output from element `at`: the shard an audited round
     /// aggregated again after convicting its owner. `false`: as [`Plane::host_bytes`].
     fn write_output(&mut self, at: usize, bytes: &[u8]) -> bool {

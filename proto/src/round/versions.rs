@@ -89,6 +89,9 @@ impl<'r, B> Round<'r, B> {
         for (o, a) in headers {
             self.header_arrived(plane, o, a);
         }
+        if auditing {
+            self.choose_audits();
+        }
         let outcomes: Vec<(Rank, usize, Arrival<B>)> = match auditing {
             false => outcomes,
             true => outcomes
@@ -136,7 +139,7 @@ impl<'r, B> Round<'r, B> {
                 }
             }
         }
-        let (lost, combined) = self.combine_versions(plane, &mut versions);
+        let (lost, combined, non_finite) = self.combine_versions(plane, &mut versions);
         drop(versions);
         drop(outcomes);
         for (rank, fault) in faults {
@@ -152,6 +155,13 @@ impl<'r, B> Round<'r, B> {
             self.seen.versions[at] = Some(d);
         }
         self.report.peak_bytes = peak;
+        let combined = match combined {
+            Err(e) if !non_finite.is_empty() => {
+                self.defer_non_finite(non_finite, e);
+                Ok(())
+            }
+            other => other,
+        };
         self.end_versions(plane, lost, combined, Some(shards));
     }
 
@@ -423,7 +433,7 @@ impl<'r, B> Round<'r, B> {
             versions[s].extend(others.map(|(o, _, b)| (*o, Src::Got(b))));
         }
         let peak = self.versions_peak(version_bytes);
-        let (lost, combined) = self.combine_versions(plane, &mut versions);
+        let (lost, combined, _) = self.combine_versions(plane, &mut versions);
         drop(versions);
         self.report.peak_bytes = peak;
         self.end_versions(plane, lost, combined, Some(shards));
@@ -497,13 +507,16 @@ impl<'r, B> Round<'r, B> {
         &self,
         plane: &mut P,
         versions: &mut [Vec<(Rank, Src<'_, B>)>],
-    ) -> (Option<usize>, Result<(), Error>) {
+    ) -> (Option<usize>, Result<(), Error>, Vec<usize>) {
         let me = self.spec.me;
         let taken = |s: usize| !self.shard(s).is_empty() && self.takes(me, s);
         let lost = (0..versions.len()).find(|&s| taken(s) && versions[s].is_empty());
         if lost.is_some() {
-            return (lost, Ok(()));
+            return (lost, Ok(()), Vec::new());
         }
+        // An audited round combines every shard whatever one gave: a non-finite result waits
+        // for the audit, which may convict its owner and aggregate it again.
+        let mut first_error = None;
         for (s, vs) in versions.iter_mut().enumerate() {
             if !taken(s) {
                 continue;
@@ -516,25 +529,30 @@ impl<'r, B> Round<'r, B> {
             }
             let start = range.start;
             if let Err(e) = plane.combine(s, range, &srcs) {
-                return (
-                    None,
-                    Err(match e {
-                        AggError::NonFiniteResult { f, coordinate, .. } => {
-                            Error::Aggregation(AggError::NonFiniteResult {
-                                rule: format!(
-                                    "median of the {} owner versions of shard {s}",
-                                    srcs.len()
-                                ),
-                                f,
-                                coordinate: start + coordinate,
-                            })
-                        }
-                        other => Error::Aggregation(other),
-                    }),
-                );
+                let e = match e {
+                    AggError::NonFiniteResult { f, coordinate, .. } => {
+                        Error::Aggregation(AggError::NonFiniteResult {
+                            rule: format!(
+                                "median of the {} owner versions of shard {s}",
+                                srcs.len()
+                            ),
+                            f,
+                            coordinate: start + coordinate,
+                        })
+                    }
+                    other => Error::Aggregation(other),
+                };
+                match (&self.audit, &mut first_error) {
+                    (None, _) => return (None, Err(e), Vec::new()),
+                    (Some(_), None) => first_error = Some((vec![s], e)),
+                    (Some(_), Some((shards, _))) => shards.push(s),
+                }
             }
         }
-        (None, Ok(()))
+        match first_error {
+            None => (None, Ok(()), Vec::new()),
+            Some((shards, e)) => (None, Err(e), shards),
+        }
     }
 
     /// The end of the versions (a lost shard or a failed median fails the round), then the
@@ -688,7 +706,7 @@ impl<'r, B> Round<'r, B> {
                 }
             }
         }
-        let (lost, combined) = self.combine_versions(plane, &mut versions);
+        let (lost, combined, _) = self.combine_versions(plane, &mut versions);
         drop(versions);
         drop(held);
         for (rank, why) in erased {

@@ -209,10 +209,6 @@ impl Plane for TestPlane {
         Some(bytes_of(&self.view(&src)).to_vec())
     }
 
-    fn output_bytes(&mut self, range: Range<usize>) -> Option<Vec<u8>> {
-        Some(bytes_of(&self.output[range]).to_vec())
-    }
-
     fn write_output(&mut self, at: usize, bytes: &[u8]) -> bool {
         let v = floats(bytes);
         self.output[at..at + v.len()].copy_from_slice(&v);

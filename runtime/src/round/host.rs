@@ -548,13 +548,6 @@ impl<T: Element> Plane for HostPlane<'_, T> {
         }
     }
 
-    fn output_bytes(&mut self, range: Range<usize>) -> Option<Vec<u8>> {
-        match &self.target {
-            Target::All(buf) => Some(bytemuck::cast_slice(&buf[range]).to_vec()),
-            Target::OwnShard { .. } => None,
-        }
-    }
-
     fn write_output(&mut self, at: usize, bytes: &[u8]) -> bool {
         match &mut self.target {
             Target::All(buf) => {

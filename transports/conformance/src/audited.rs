@@ -109,3 +109,66 @@ where
         assert!(audit.false_accusers.is_empty(), "rank {r}: {audit:?}");
     }
 }
+
+/// After a round that convicts owner 5 (as above), a shrink ejects it: the other six ranks
+/// keep each other and renumber, rank 5 learns it was excluded, and an audited round of the
+/// six (whose own membership is the shrunk communicator's) is refused with a typed error, not
+/// run with the wrong keys.
+pub async fn a_convicted_owner_is_ejected_by_a_shrink<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f, d) = (7usize, 2usize, 7 * 64);
+    let comms = comms(factory(n).await, Duration::from_secs(20));
+    if comms[0].transport().membership().is_none() {
+        return;
+    }
+    let results = run_ranks(comms, move |mut c| async move {
+        if c.rank() == 5 {
+            let lie: OwnerTamper = std::sync::Arc::new(|_s: usize, _dest: usize, b: &[u8]| {
+                b.iter().map(|x| x ^ 0x40).collect::<Vec<u8>>().into()
+            });
+            c.inject_owner_fault(Some(lie));
+        }
+        let mut v = vector(c.rank(), d);
+        c.robust_all_reduce(&mut v, &Median::new(f), Policy::Audited(Audit::default()))
+            .await
+            .unwrap();
+        let convicted: Vec<usize> = c
+            .health()
+            .iter()
+            .filter(|p| p.convicted > 0)
+            .map(|p| p.rank)
+            .collect();
+        let shrunk = c.shrink().await;
+        let after = match shrunk {
+            Ok(mut s) => {
+                let mut v = vector(s.rank(), d);
+                let audited = s
+                    .robust_all_reduce(&mut v, &Median::new(1), Policy::Audited(Audit::default()))
+                    .await;
+                Ok((s.size(), audited.map(|_| ()).map_err(|e| e.to_string())))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        (c.rank(), convicted, after)
+    })
+    .await;
+    for (r, convicted, after) in results {
+        if r == 5 {
+            assert!(
+                after.is_err_and(|e| e.contains("without this rank")),
+                "rank 5"
+            );
+            continue;
+        }
+        assert_eq!(convicted, vec![5], "rank {r}");
+        let (size, audited) = after.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(size, 6, "rank {r}");
+        assert!(
+            audited.is_err_and(|e| e.contains("identity key")),
+            "rank {r}"
+        );
+    }
+}

@@ -62,6 +62,7 @@ macro_rules! conformance_suite {
             narrow_types_reduce_bitwise_as_the_local_rule,
             audited_rounds_of_honest_owners_match_gather,
             an_audited_owner_that_lies_is_convicted_and_its_shard_recomputed,
+            a_convicted_owner_is_ejected_by_a_shrink,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -98,6 +99,7 @@ pub use agreement::{
 };
 pub use attribution::outlying_ranks_are_named_in_every_report;
 pub use audited::{
+    a_convicted_owner_is_ejected_by_a_shrink,
     an_audited_owner_that_lies_is_convicted_and_its_shard_recomputed,
     audited_rounds_of_honest_owners_match_gather,
 };
