@@ -40,6 +40,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use byzcoll::aggregators::Median;
+use byzcoll::audit::Audit;
 use byzcoll::{Communicator, Policy, ReduceOp, Replicas, TRANSPORTS};
 use byzcoll_cli::launch::{launch, LaunchOptions};
 use serde_json::json;
@@ -178,6 +179,7 @@ enum Collective {
     Gather,
     Sharded1,
     Sharded,
+    Audited,
 }
 
 /// The command line (the launcher's ranks get the same one).
@@ -202,7 +204,7 @@ struct Cli {
     mpi_btl: String,
     /// byzcoll collectives to run, comma-separated (default: all): `all_reduce`,
     /// `all_gather`, `gather` (robust, gather mode), `sharded1` (r = 1), `sharded`
-    /// (r = 2f+1). Running one alone measures its peak RSS without the receive buffers that
+    /// (r = 2f+1), `audited` (r = 1 with audits, `Policy::Audited`). Running one alone measures its peak RSS without the receive buffers that
     /// the others left idle in the transport's pool.
     #[arg(long, value_delimiter = ',', value_enum)]
     collectives: Vec<Collective>,
@@ -509,6 +511,12 @@ async fn worker(args: &Args) -> Result<(), String> {
                 format!("robust_all_reduce sharded r={}", 2 * f + 1),
                 2.0 * (2 * f + 1) as f64 * (nf - 1.0) / nf,
             ),
+            (
+                Collective::Audited,
+                Policy::Audited(Audit::default()),
+                "robust_all_reduce audited r=1".to_string(),
+                2.0 * (nf - 1.0) / nf + Audit::default().traffic(n, f),
+            ),
         ] {
             if !runs(collective) || (enforce && policy != Policy::Gather) {
                 continue;
@@ -689,6 +697,11 @@ fn print_ratios(
             "MPI Allreduce",
             format!("sharded r={} median / Allreduce SUM", owners),
         ),
+        (
+            "robust_all_reduce audited r=1",
+            "MPI Allreduce",
+            "audited median / Allreduce SUM".into(),
+        ),
     ];
     let mut sizes: Vec<usize> = ours.iter().filter(|r| r.4 != IDLE).map(|r| r.1).collect();
     sizes.sort_unstable();
@@ -723,6 +736,24 @@ fn print_ratios(
             }
             println!();
         }
+        // The price of the audits: byzcoll against itself, same run.
+        print!("{:>12}   {:<40}", d * 4, "audited / sharded r=1 median");
+        for t in transports {
+            let time = |label: &str| {
+                ours.iter()
+                    .find(|(tr, e, _, _, l)| tr == t && *e == d && l == label)
+                    .map(|r| r.2)
+            };
+            let cell = match (
+                time("robust_all_reduce audited r=1"),
+                time("robust_all_reduce sharded r=1"),
+            ) {
+                (Some(a), Some(r1)) => format!("{:.2}", a / r1),
+                _ => "-".to_string(),
+            };
+            print!(" {cell:>10}");
+        }
+        println!();
         // Memory against the vector: the goal is 3x (input, output, working shards). Only a
         // collective run alone (`--collectives sharded1`) is measured without the buffers the
         // others left idle.

@@ -44,12 +44,12 @@ pub use byzcoll_aggregators as aggregators;
 #[cfg(feature = "cuda")]
 pub use byzcoll_cuda as cuda;
 pub use byzcoll_runtime::{
-    bootstrap, schedule, step_timeout_ms, Agreement, AgreementReport, Attribution, BootstrapError,
-    Capabilities, CommHandle, Communicator, Config, Error, ErrorKind, Fault, Grace, IdentityMode,
-    InputEvidence, MemoryKind, Payload, PeerFault, PeerHealth, Pending, Policy, Quorum, Rank,
-    RecvOp, RecvOutcome, ReduceOp, Replicas, Result, RoundReport, RoundStats, SendOp, Step,
-    Stragglers, Symptom, Transport, TransportError, AUTO_GATHER_MAX_BYTES, AUTO_SHARDED_MIN_BYTES,
-    OUTLYING_SCORE,
+    audit, bootstrap, schedule, step_timeout_ms, Agreement, AgreementReport, Attribution,
+    BootstrapError, Capabilities, CommHandle, Communicator, Config, Error, ErrorKind, Fault, Grace,
+    IdentityMode, InputEvidence, MemoryKind, Payload, PeerFault, PeerHealth, Pending, Policy,
+    Quorum, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas, Result, RoundReport, RoundStats, SendOp,
+    Step, Stragglers, Symptom, Transport, TransportError, AUTO_GATHER_MAX_BYTES,
+    AUTO_SHARDED_MIN_BYTES, OUTLYING_SCORE,
 };
 
 /// The transports of this build, re-exported.

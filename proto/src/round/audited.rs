@@ -92,6 +92,9 @@ const HEADER: usize = 64 + 32;
 /// No sub-chunk asked for, no accusation.
 const NONE: u32 = u32::MAX;
 
+/// An audited owner's result as this rank took it: the sub-chunks it asks for, and the leaves.
+type Kept = (Vec<Vec<u8>>, Vec<Digest>);
+
 /// An audited round's state across its steps.
 pub(super) struct Auditing<'a> {
     ctx: AuditCtx<'a>,
@@ -109,8 +112,12 @@ pub(super) struct Auditing<'a> {
     accusations: Vec<Accusation>,
     /// The shard digests the versions step computed (`None`: to hash again).
     known: Vec<Option<Digest>>,
-    /// The results of the owners this rank audits, as it took them: their bytes and leaves.
-    kept: Vec<Option<(Vec<u8>, Vec<Digest>)>>,
+    /// The results of the owners this rank audits, as it took them: the sub-chunks it asks
+    /// for (in its order) and the leaves.
+    kept: Vec<Option<Kept>>,
+    /// The root of each owner's result's leaves (this rank's own included): the result's
+    /// digest in the cross-check, in place of a second hash of the same bytes.
+    pub(super) roots: Vec<Option<Digest>>,
     /// Shards whose result was not finite here (the first error): the round fails with it
     /// unless the audit convicts their owners and aggregates them again.
     non_finite: Option<(Vec<usize>, Error)>,
@@ -134,6 +141,7 @@ impl<'a> Auditing<'a> {
             accusations: Vec::new(),
             known: Vec::new(),
             kept: vec![None; n],
+            roots: vec![None; n],
             non_finite: None,
             erased: Vec::new(),
             report: AuditReport::default(),
@@ -315,7 +323,10 @@ impl<'r, B> Round<'r, B> {
             a.ctx.audit.sub_chunks,
             inputs,
         );
-        self.auditing_mut().claim = Some(claim);
+        let root = crate::audit::root(&claim.result);
+        let a = self.auditing_mut();
+        a.roots[me] = Some(root);
+        a.claim = Some(claim);
         Ok(())
     }
 
@@ -366,8 +377,9 @@ impl<'r, B> Round<'r, B> {
         let Some((signature, inputs)) = a.headers[o] else {
             return false;
         };
+        let (elem, m) = (self.spec.elem, a.ctx.audit.sub_chunks);
         let bytes = plane.host(b);
-        let result = leaves(&bytes, self.spec.elem, a.ctx.audit.sub_chunks);
+        let result = leaves(&bytes, elem, m);
         let signed = OwnerClaim::signed_over(
             a.ctx.verifier,
             &a.ctx.call,
@@ -377,9 +389,18 @@ impl<'r, B> Round<'r, B> {
             &inputs,
             &signature,
         );
-        if signed && a.asked.iter().any(|(p, _)| *p == o) {
-            let kept = (bytes.into_owned(), result);
-            self.auditing_mut().kept[o] = Some(kept);
+        if let Some((_, subs)) = a.asked.iter().find(|(p, _)| *p == o).filter(|_| signed) {
+            let cut = subs
+                .iter()
+                .map(|&j| {
+                    let r = sub_range(bytes.len() / elem, m, j);
+                    bytes[r.start * elem..r.end * elem].to_vec()
+                })
+                .collect();
+            self.auditing_mut().kept[o] = Some((cut, result.clone()));
+        }
+        if signed {
+            self.auditing_mut().roots[o] = Some(crate::audit::root(&result));
         }
         signed
     }
@@ -500,33 +521,26 @@ impl<'r, B> Round<'r, B> {
             }
             askers.push((op.peer, subs));
         }
-        // The audit data: each input's signed piece and its asked sub-chunks.
+        // The audit data: each input's signed piece and its asked sub-chunks, cut where the
+        // input lies (this rank's own from the plane's copy of its input).
         let expect = self.expect();
         let shard = self.shard(me);
-        let mut inputs: Vec<Option<Vec<u8>>> = vec![None; self.spec.n];
-        if !askers.is_empty() && self.auditing().claim.is_some() {
-            for (p, slot) in inputs.iter_mut().enumerate() {
-                *slot = if p == me {
-                    plane.host_bytes(Src::Mine(shard.clone()))
-                } else {
-                    self.arrived[0][p]
-                        .as_ref()
-                        .map(|b| plane.host(b).into_owned())
-                };
-            }
-        }
         let elem = self.spec.elem;
-        let shard_len = shard.len();
         let sends = askers
             .iter()
             .map(|(peer, subs)| {
                 let bytes = match &self.auditing().claim {
                     Some(c) => c.audit_data(&expect, subs, |sender, j| {
-                        let r = sub_range(shard_len, m, j);
-                        inputs[sender]
-                            .as_ref()
-                            .map(|b| b[r.start * elem..r.end * elem].to_vec())
-                            .unwrap_or_else(|| vec![0; r.len() * elem])
+                        let r = sub_range(shard.len(), m, j);
+                        let cut = if sender == me {
+                            let at = shard.start;
+                            plane.host_bytes(Src::Mine(at + r.start..at + r.end))
+                        } else {
+                            self.arrived[0][sender]
+                                .as_ref()
+                                .map(|b| plane.host(b)[r.start * elem..r.end * elem].to_vec())
+                        };
+                        cut.unwrap_or_else(|| vec![0; r.len() * elem])
                     }),
                     None => vec![0; expect.n * expect.slot_len(me, subs)],
                 };
@@ -590,16 +604,16 @@ impl<'r, B> Round<'r, B> {
                 inputs,
                 signature,
             };
-            let a = self.auditing();
-            let holds = OwnerClaim::inputs_digest(&claim.inputs) == digest
-                && claim.check(a.ctx.verifier, &a.ctx.call, n, m).is_none();
-            if !holds {
+            // The owner's signature over the result and this input set was checked when the
+            // result came (`version_signed`): the set must be the one it signed. The senders'
+            // signatures matter only to a proof, and are checked before accusing.
+            if OwnerClaim::inputs_digest(&claim.inputs) != digest {
                 self.auditing_mut().report.refused.push(o);
                 continue;
             }
             for (k, &j) in subs.iter().enumerate() {
                 let r = sub_range(shard.len(), m, j);
-                let mine = &result[r.start * elem..r.end * elem];
+                let mine = &result[k];
                 let theirs: Vec<&[u8]> = chunks.iter().map(|c| c[k].as_slice()).collect();
                 let committed = claim
                     .inputs
@@ -614,11 +628,17 @@ impl<'r, B> Round<'r, B> {
                 // A replay that cannot run (the owner's input count below the rule's
                 // precondition) is no lie this rank can prove.
                 if let Ok(replayed) = replay(self.rule, dtype, &theirs) {
-                    if replayed != mine {
+                    if replayed != *mine {
+                        let a = self.auditing();
+                        if claim.check(a.ctx.verifier, &a.ctx.call, n, m).is_some() {
+                            // Inputs its senders did not sign: no proof can stand on them.
+                            self.auditing_mut().report.refused.push(o);
+                            break;
+                        }
                         let acc = Accusation {
                             claim: claim.clone(),
                             sub: j,
-                            result: mine.to_vec(),
+                            result: mine.clone(),
                             inputs: theirs.iter().map(|b| b.to_vec()).collect(),
                         };
                         self.auditing_mut().accusations.push(acc);
