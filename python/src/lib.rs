@@ -177,6 +177,8 @@ struct Report {
     /// The ranks whose score exceeds `OUTLYING_SCORE`.
     #[pyo3(get)]
     outlying: Vec<usize>,
+    /// What the audits of an audited round found (see `audit`).
+    audit: Option<byzcoll::audit::AuditReport>,
 }
 
 #[pymethods]
@@ -230,6 +232,38 @@ impl Report {
             .map(Some)
     }
 
+    /// What the audits found in a round of policy "audited" (None in any other round): a
+    /// dict of `audited` (a list of `(owner, [sub-chunks])` this rank replayed), `convicted`
+    /// (dicts of `owner`, `shard`, `sub`, `element`: owners proven to have lied, by a proof
+    /// every honest rank checks alike), `recomputed` (shards aggregated again from every
+    /// rank's piece because their owner was convicted), `refused` (owners that did not let
+    /// this rank replay) and `false_accusers` (`(rank, why)`: accusations that did not stand).
+    #[getter]
+    fn audit<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(a) = &self.audit else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("audited", a.audited.clone())?;
+        let convicted = a
+            .convicted
+            .iter()
+            .map(|l| {
+                let c = PyDict::new(py);
+                c.set_item("owner", l.owner)?;
+                c.set_item("shard", l.shard)?;
+                c.set_item("sub", l.sub)?;
+                c.set_item("element", l.element)?;
+                Ok(c)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        d.set_item("convicted", convicted)?;
+        d.set_item("recomputed", a.recomputed.clone())?;
+        d.set_item("refused", a.refused.clone())?;
+        d.set_item("false_accusers", a.false_accusers.clone())?;
+        Ok(Some(d))
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Report(inputs={}, faults={:?}, non_finite={:?}, selected={:?}, replicas={:?}, \
@@ -257,6 +291,7 @@ impl From<RoundReport> for Report {
         Report {
             attribution,
             outlying,
+            audit: r.audit,
             inputs: r.inputs,
             faults: faults_list(&r.faults),
             non_finite: r.non_finite,
@@ -477,11 +512,12 @@ fn policy(name: &str, replicas: Option<usize>) -> PyResult<Policy> {
         ("sharded", None) => Ok(Policy::Sharded(Replicas::Tolerant)),
         ("sharded", Some(r)) => Ok(Policy::Sharded(Replicas::Exactly(r))),
         ("auto", None) => Ok(Policy::Auto),
-        ("auto", Some(_)) => Err(InvalidUsage::new_err(
+        ("audited", None) => Ok(Policy::Audited(byzcoll::audit::Audit::default())),
+        ("auto" | "audited", Some(_)) => Err(InvalidUsage::new_err(
             "replicas apply to policy=\"sharded\" only",
         )),
         (other, _) => Err(InvalidUsage::new_err(format!(
-            "policy {other:?}: expected \"gather\", \"sharded\" or \"auto\""
+            "policy {other:?}: expected \"gather\", \"sharded\", \"auto\" or \"audited\""
         ))),
     }
 }

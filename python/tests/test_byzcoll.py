@@ -99,6 +99,19 @@ def test_a_byzantine_rank_does_not_move_the_median():
     assert outs[0]["attribution"] == outs[1]["attribution"] == outs[2]["attribution"]
 
 
+def test_audited_owners_are_audited_and_honest_ones_never_convicted():
+    outs = run_job(4, "audited")
+    want = [float(np.median(np.arange(4) + i)) for i in range(4)]
+    for o in outs:
+        assert o["result"] == want, o
+        assert o["replicas"] == 1, o
+        audit = o["audit"]
+        assert sorted(owner for owner, _ in audit["audited"]) == [
+            p for p in range(4) if p != o["rank"]
+        ], o
+        assert audit["convicted"] == [] and audit["false_accusers"] == [], o
+
+
 def test_a_straggler_does_not_set_the_pace():
     outs = run_job(4, "straggler", BYZCOLL_AGREEMENT="enforce")
     for o in outs[:3]:

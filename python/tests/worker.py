@@ -28,6 +28,16 @@ def main():
         comm.close()
         print(json.dumps(out), flush=True)
         return
+    if scenario == "audited":
+        # Sharded with one owner per shard, audited: every rank audits every other owner.
+        x = np.arange(1000, dtype=dtype) + r
+        report = comm.robust_all_reduce(x, "median", 1, policy="audited")
+        out["result"] = x[:4].tolist()
+        out["audit"] = report.audit
+        out["replicas"] = report.replicas
+        comm.close()
+        print(json.dumps(out), flush=True)
+        return
     if scenario == "straggler":
         # The last rank calls 1.5 s after the others; stragglers "auto" (s = 1 at 4 ranks).
         import time

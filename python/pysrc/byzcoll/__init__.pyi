@@ -40,6 +40,7 @@ class Report:
     step_times_us: list[int]
     attribution: Optional[list[dict[str, Any]]]
     outlying: list[int]
+    audit: Optional[dict[str, Any]]
 
 class Communicator:
     @property
