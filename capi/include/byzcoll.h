@@ -67,6 +67,14 @@
 #define BYZCOLL_POLICY_AUTO 2
 
 /**
+ * Sharded with one owner per shard, whose owners are audited after they are bound to their
+ * results (`PROTOCOL.md`, "Audited sharding"): a lying owner is convicted by every rank and
+ * its shard aggregated again within the round (the report's text names convictions). Needs
+ * agreement detect, a coordinate-wise rule, and ranks with identity keys (the TCP transport).
+ */
+#define BYZCOLL_POLICY_AUDITED 3
+
+/**
  * Agreement as `BYZCOLL_AGREEMENT` says, else detect (the default).
  */
 #define BYZCOLL_AGREEMENT_FROM_ENV 0

@@ -61,6 +61,11 @@ pub const BYZCOLL_POLICY_SHARDED: i32 = 1;
 /// bytes and the rule, alike on every rank; the report's `replicas` says which ran (0:
 /// gather). Never sharded with fewer than 2f + 1 owners.
 pub const BYZCOLL_POLICY_AUTO: i32 = 2;
+/// Sharded with one owner per shard, whose owners are audited after they are bound to their
+/// results (`PROTOCOL.md`, "Audited sharding"): a lying owner is convicted by every rank and
+/// its shard aggregated again within the round (the report's text names convictions). Needs
+/// agreement detect, a coordinate-wise rule, and ranks with identity keys (the TCP transport).
+pub const BYZCOLL_POLICY_AUDITED: i32 = 3;
 
 /// Agreement as `BYZCOLL_AGREEMENT` says, else detect (the default).
 pub const BYZCOLL_AGREEMENT_FROM_ENV: i32 = 0;
@@ -845,14 +850,21 @@ unsafe fn read_rule_spec(
         (BYZCOLL_POLICY_SHARDED, 0) => Policy::Sharded(Replicas::Tolerant),
         (BYZCOLL_POLICY_SHARDED, r) => Policy::Sharded(Replicas::Exactly(r as usize)),
         (BYZCOLL_POLICY_AUTO, 0) => Policy::Auto,
+        (BYZCOLL_POLICY_AUDITED, 0) => Policy::Audited(byzcoll_rs::audit::Audit::default()),
         (BYZCOLL_POLICY_AUTO, r) => {
             return Err(Failure::invalid(format!(
                 "params->replicas is {r} with the auto policy: replicas are for BYZCOLL_POLICY_SHARDED"
             )))
         }
+        (BYZCOLL_POLICY_AUDITED, r) => {
+            return Err(Failure::invalid(format!(
+                "params->replicas is {r} with the audited policy: one owner per shard, audited"
+            )))
+        }
         (other, _) => {
             return Err(Failure::invalid(format!(
-                "params->policy is {other}: expected BYZCOLL_POLICY_GATHER, _SHARDED or _AUTO"
+                "params->policy is {other}: expected BYZCOLL_POLICY_GATHER, _SHARDED, _AUTO or \
+                 _AUDITED"
             )))
         }
     };

@@ -239,9 +239,26 @@ impl Out {
             }
             if !a.realigned.is_empty() {
                 text.push_str(&format!(
-                    "realigned: left out the inputs of {:?} to take the result the others                      hold (they went without them); ",
+                    "realigned: left out the inputs of {:?} to take the result the others \
+                     hold (they went without them); ",
                     a.realigned
                 ));
+            }
+        }
+        if let Some(a) = &round.audit {
+            if !a.convicted.is_empty() {
+                let owners: Vec<usize> = a.convicted.iter().map(|l| l.owner).collect();
+                text.push_str(&format!(
+                    "convicted owners {owners:?} (proven lies; shards {:?} aggregated again); ",
+                    a.recomputed
+                ));
+            }
+            if !a.refused.is_empty() {
+                text.push_str(&format!("audits refused by {:?}; ", a.refused));
+            }
+            if !a.false_accusers.is_empty() {
+                let ranks: Vec<usize> = a.false_accusers.iter().map(|(r, _)| *r).collect();
+                text.push_str(&format!("false accusations from {ranks:?}; "));
             }
         }
         if round.erased_self {

@@ -176,6 +176,14 @@ int main(void) {
     memset(out, 0, sizeof out);
     EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "median", &p2, NULL), BYZCOLL_OK, NULL);
     if (memcmp(out, v, sizeof out)) { fprintf(stderr, "FAILED: median with the auto policy\n"); return 1; }
+    p2.policy = BYZCOLL_POLICY_AUDITED;
+    p2.replicas = 1;
+    EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "median", &p2, NULL), BYZCOLL_INVALID_ARGUMENT, "audited policy");
+    /* Audited on one rank: its own shard, audited by nobody. */
+    p2.replicas = 0;
+    memset(out, 0, sizeof out);
+    EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "median", &p2, NULL), BYZCOLL_OK, NULL);
+    if (memcmp(out, v, sizeof out)) { fprintf(stderr, "FAILED: median with the audited policy\n"); return 1; }
     p2 = params;
     p2.tau = -1;
     EXPECT(byzcoll_robust_allreduce(comm, v, out, 8, BYZCOLL_FLOAT64, "centered-clipping", &p2, NULL), BYZCOLL_INVALID_ARGUMENT, "tau");
