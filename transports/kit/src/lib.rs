@@ -26,5 +26,6 @@ pub use byzcoll_runtime::pool;
 #[cfg(feature = "sealed")]
 #[doc(hidden)]
 pub mod __private {
+    pub use byzcoll_runtime::bootstrap::Membership;
     pub use byzcoll_runtime::{Capabilities, Rank, Step, Transport};
 }

@@ -8,7 +8,7 @@ use byzcoll_runtime::bootstrap::StoreClient;
 use byzcoll_runtime::{Rank, TransportError};
 use byzcoll_transport_kit::progress::Signal;
 use byzcoll_transport_kit::tagged::{
-    check_world, gather_addresses, Core, CoreConfig, Shell, TagLayout,
+    check_world, gather_addresses, local_memberships, Core, CoreConfig, Shell, TagLayout,
 };
 use byzcoll_transport_kit::wire::FrameKeys;
 
@@ -220,7 +220,7 @@ impl LibfabricTransport {
         let info = choose()?;
         let endpoint = open(&info, size)?;
         // The frame key is published with the name (see Authentication above).
-        let (names, keys) = gather_addresses(
+        let (names, keys, membership) = gather_addresses(
             store,
             "byzcoll/libfabric",
             "libfabric addresses",
@@ -229,7 +229,9 @@ impl LibfabricTransport {
             endpoint.name(),
         )
         .await?;
-        Self::start(&info, endpoint, &names, keys, rank, size, options, None)
+        let mut t = Self::start(&info, endpoint, &names, keys, rank, size, options, None)?;
+        t.shell.set_membership(Some(membership));
+        Ok(t)
     }
 
     /// Builds a whole world in this process (for tests and threads-as-ranks): one fabric,
@@ -277,9 +279,10 @@ impl LibfabricTransport {
         let ranks = endpoints
             .into_iter()
             .zip(keys)
+            .zip(local_memberships(size))
             .enumerate()
-            .map(|(rank, (ep, keys))| {
-                Self::start(
+            .map(|(rank, ((ep, keys), membership))| {
+                let mut t = Self::start(
                     &info,
                     ep,
                     &names,
@@ -288,9 +291,11 @@ impl LibfabricTransport {
                     size,
                     options.clone(),
                     keeper.clone(),
-                )
+                )?;
+                t.shell.set_membership(membership);
+                Ok(t)
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, TransportError>>()?;
         Ok((ranks, names))
     }
 

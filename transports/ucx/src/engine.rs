@@ -63,8 +63,8 @@ use byzcoll_runtime::bootstrap::StoreClient;
 use byzcoll_runtime::{Rank, TransportError};
 use byzcoll_transport_kit::progress::{Idle, Signal};
 use byzcoll_transport_kit::tagged::{
-    check_world, gather_addresses, Core, CoreConfig, Frame, HeaderArrival, Kind, PayloadPoll,
-    Shell, Started, TagLayout, TaggedNet,
+    check_world, gather_addresses, local_memberships, Core, CoreConfig, Frame, HeaderArrival, Kind,
+    PayloadPoll, Shell, Started, TagLayout, TaggedNet,
 };
 use byzcoll_transport_kit::wire::{FrameKeys, SEALED_LEN};
 use byzcoll_ucx_sys as sys;
@@ -138,9 +138,11 @@ impl UcxTransport {
         let worker = context.worker().map_err(setup)?;
         let address = worker.address().map_err(setup)?;
         // The frame key is published with the address (see the module docs).
-        let (addresses, keys) =
+        let (addresses, keys, membership) =
             gather_addresses(store, "byzcoll/ucx", "UCX addresses", rank, size, &address).await?;
-        Self::start(context, worker, &addresses, keys, rank, size, options)
+        let mut t = Self::start(context, worker, &addresses, keys, rank, size, options)?;
+        t.shell.set_membership(Some(membership));
+        Ok(t)
     }
 
     /// Connects a world whose worker addresses are known (for tests that build all ranks in
@@ -174,9 +176,10 @@ impl UcxTransport {
         parts
             .into_iter()
             .zip(keys)
+            .zip(local_memberships(size))
             .enumerate()
-            .map(|(rank, ((context, worker, _), keys))| {
-                Self::start(
+            .map(|(rank, (((context, worker, _), keys), membership))| {
+                let mut t = Self::start(
                     context,
                     worker,
                     addresses,
@@ -184,7 +187,9 @@ impl UcxTransport {
                     rank,
                     size,
                     options.clone(),
-                )
+                )?;
+                t.shell.set_membership(membership);
+                Ok(t)
             })
             .collect()
     }

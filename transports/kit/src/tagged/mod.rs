@@ -31,7 +31,7 @@ mod shell;
 mod tests;
 
 pub use machine::{Core, CoreConfig, Frame, Outgoing};
-pub use shell::{check_world, gather_addresses, Exchange, Shell};
+pub use shell::{check_world, gather_addresses, local_memberships, Exchange, Shell};
 
 use byzcoll_runtime::Rank;
 

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use byzcoll_runtime::bootstrap::{FrameSecret, StoreClient};
+use byzcoll_runtime::bootstrap::{FrameSecret, JobAuth, Membership, StoreClient};
 use byzcoll_runtime::{Capabilities, MemoryKind, Rank, RecvOutcome, Step, TransportError};
 use tokio::sync::mpsc;
 
@@ -32,6 +32,8 @@ pub struct Shell<E: Engine> {
     commands: Option<mpsc::Sender<SendCommand>>,
     progress: Progress<E>,
     max_message_bytes: u64,
+    /// The job's membership ([`Shell::set_membership`]): what audited rounds sign with.
+    membership: Option<Arc<Membership>>,
 }
 
 impl<E: Engine> std::fmt::Debug for Shell<E> {
@@ -72,7 +74,19 @@ impl<E: Engine> Shell<E> {
             commands: Some(tx),
             progress,
             max_message_bytes,
+            membership: None,
         })
+    }
+
+    /// Gives the transport the job's membership ([`gather_addresses`], [`local_memberships`]).
+    pub fn set_membership(&mut self, membership: Option<Arc<Membership>>) {
+        self.membership = membership;
+    }
+
+    /// The job's membership, where the transport was given one
+    /// ([`Transport::membership`](byzcoll_runtime::Transport::membership)).
+    pub fn membership(&self) -> Option<Arc<Membership>> {
+        self.membership.clone()
     }
 
     /// Closes the command queue and stops the progress thread, which shuts the engine down
@@ -145,9 +159,10 @@ pub fn check_world(transport: &str, rank: Rank, size: usize) -> Result<(), Trans
     Ok(())
 }
 
-/// Publishes this rank's network `address` with a fresh frame key through `store` (under
-/// `label`) and gathers every rank's: their addresses, by rank, and this rank's frame keys.
-/// The store is authenticated, so the table of keys is the job's.
+/// Publishes this rank's network `address` with a fresh frame key and its identity key through
+/// `store` (under `label`) and gathers every rank's: their addresses, by rank, this rank's
+/// frame keys, and the job's membership (every rank's identity key: what audited rounds check
+/// signatures with). The store is authenticated, so the table of keys is the job's.
 ///
 /// # Errors
 /// [`TransportError::Setup`] when the store fails, a rank publishes an unusable value, or the
@@ -159,11 +174,12 @@ pub async fn gather_addresses(
     rank: Rank,
     size: usize,
     address: &[u8],
-) -> Result<(Vec<Bytes>, FrameKeys), TransportError> {
+) -> Result<(Vec<Bytes>, FrameKeys, Arc<Membership>), TransportError> {
     let setup = |e: String| TransportError::Setup(e);
     let secret = FrameSecret::generate().map_err(|e| setup(e.to_string()))?;
+    let identity = store.auth().identity().map_err(|e| setup(e.to_string()))?;
     let published = store
-        .all_gather(label, &wire::publish(&secret, address))
+        .all_gather(label, &wire::publish(&secret, &identity.public(), address))
         .await
         .map_err(|e| setup(e.to_string()))?;
     if published.len() != size {
@@ -173,15 +189,28 @@ pub async fn gather_addresses(
         )));
     }
     let mut publics = Vec::with_capacity(size);
+    let mut identities = Vec::with_capacity(size);
     let mut addresses = Vec::with_capacity(size);
     for (peer, value) in published.iter().enumerate() {
-        let (key, address) =
+        let (key, id, address) =
             wire::published(value).map_err(|e| setup(format!("rank {peer}: {e}")))?;
         publics.push(key);
+        identities.push((id, address));
         addresses.push(value.slice_ref(address));
     }
     let keys = FrameKeys::new(store.auth(), rank, &secret, &publics).map_err(setup)?;
-    Ok((addresses, keys))
+    // Under per-rank keys each identity must be the one the roster binds to its rank.
+    let membership = Membership::new(store.auth().clone(), identity, &identities)
+        .map_err(|e| setup(e.to_string()))?;
+    Ok((addresses, keys, Arc::new(membership)))
+}
+
+/// The memberships of a world that lives in this process: a fresh identity key per rank and
+/// the world's roster (`None` each where the OS gave no randomness for them).
+pub fn local_memberships(size: usize) -> Vec<Option<Arc<Membership>>> {
+    Membership::world(&JobAuth::Unauthenticated, &vec![Vec::new(); size])
+        .map(|m| m.into_iter().map(|m| Some(Arc::new(m))).collect())
+        .unwrap_or_else(|_| vec![None; size])
 }
 
 /// Implements [`byzcoll_runtime::Transport`] for a type whose field `shell` is a
@@ -208,6 +237,10 @@ macro_rules! shell_transport {
 
             fn exchange(&self, step: $crate::__private::Step) -> $crate::tagged::Exchange<'_> {
                 self.shell.exchange(step)
+            }
+
+            fn membership(&self) -> Option<::std::sync::Arc<$crate::__private::Membership>> {
+                self.shell.membership()
             }
 
             fn as_any(&self) -> Option<&dyn ::std::any::Any> {

@@ -256,28 +256,34 @@ impl FrameKeys {
 }
 
 /// What a rank publishes through the store for a tag-matched transport: its X25519 public
-/// key followed by its transport address.
-pub fn publish(secret: &FrameSecret, address: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(32 + address.len());
+/// key, its Ed25519 identity key (what audited rounds check its signatures with), then its
+/// transport address.
+pub fn publish(secret: &FrameSecret, identity: &[u8; 32], address: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(64 + address.len());
     v.extend_from_slice(&secret.public());
+    v.extend_from_slice(identity);
     v.extend_from_slice(address);
     v
 }
 
-/// Splits what a rank published ([`publish`]) into its public key and its address.
+/// Splits what a rank published ([`publish`]) into its frame key, its identity key and its
+/// address.
 ///
 /// # Errors
-/// When it is too short to hold a key.
-pub fn published(value: &[u8]) -> Result<([u8; 32], &[u8]), String> {
-    if value.len() < 32 {
+/// When it is too short to hold the keys.
+#[allow(clippy::type_complexity)]
+pub fn published(value: &[u8]) -> Result<([u8; 32], [u8; 32], &[u8]), String> {
+    if value.len() < 64 {
         return Err(format!(
-            "{} bytes published, expected a 32-byte key and an address",
+            "{} bytes published, expected two 32-byte keys and an address",
             value.len()
         ));
     }
     let mut key = [0u8; 32];
     key.copy_from_slice(&value[..32]);
-    Ok((key, &value[32..]))
+    let mut identity = [0u8; 32];
+    identity.copy_from_slice(&value[32..64]);
+    Ok((key, identity, &value[64..]))
 }
 
 #[cfg(test)]
@@ -381,8 +387,11 @@ mod tests {
         assert!(FrameKeys::new(&auth, 0, &secrets[0], &low)
             .unwrap_err()
             .contains("rank 1"));
-        let v = publish(&secrets[0], b"addr");
-        assert_eq!(published(&v).unwrap(), (secrets[0].public(), &b"addr"[..]));
-        assert!(published(b"short").is_err());
+        let v = publish(&secrets[0], &[7; 32], b"addr");
+        assert_eq!(
+            published(&v).unwrap(),
+            (secrets[0].public(), [7; 32], &b"addr"[..])
+        );
+        assert!(published(&[0; 63]).is_err());
     }
 }
