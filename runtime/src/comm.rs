@@ -51,6 +51,9 @@ pub struct Communicator {
     /// in use.
     shared: Arc<Shared>,
     pub(crate) owner_tamper: Option<crate::round::host::Tamper>,
+    /// Rewrites the bytes this rank sends in robust steps of one name (a test double's
+    /// Byzantine rank: feature `fault-injection`).
+    pub(crate) step_tamper: Option<(&'static str, crate::round::host::Tamper)>,
     identity: crate::IdentityMode,
     /// The caller's step id ([`Communicator::set_step`]), part of every call's fingerprint.
     step_id: Option<u64>,
@@ -95,6 +98,7 @@ impl Communicator {
             next_collective: 0,
             shared: Arc::default(),
             owner_tamper: None,
+            step_tamper: None,
             identity: crate::IdentityMode::Local,
             step_id: None,
             health,
@@ -354,6 +358,7 @@ impl Communicator {
             next_collective: 0,
             shared: self.shared.clone(),
             owner_tamper: None,
+            step_tamper: None,
             identity: self.identity,
             step_id: None,
             health: crate::health::Health::new(n_members),

@@ -291,6 +291,7 @@ impl Communicator {
             .keeping_input(agreement == Agreement::Detect && shape == Shape::Gather)
             .auditing(audit.is_some());
         let call = crate::calls::robust::<T>(rule, shape, audit.as_ref(), d, self.step());
+        let step_tamper = self.step_tamper.clone();
         let mut seq = self.begin("robust", call);
         let mut round = match (audit, &membership) {
             (Some(audit), Some(m)) => {
@@ -328,12 +329,15 @@ impl Communicator {
                 .map(|s| SendOp {
                     peer: s.peer,
                     tag: s.tag,
-                    payload: match s.msg {
-                        Msg::Forward(j) => round
+                    payload: match (s.msg.clone(), &step_tamper) {
+                        (Msg::Bytes(b), Some((op, t))) if *op == plan.op => {
+                            crate::Payload::Host(t(s.tag as usize, s.peer, &b))
+                        }
+                        (Msg::Forward(j), _) => round
                             .held(j)
                             .cloned()
                             .expect("the round holds what it forwards"),
-                        ref msg => plane.payload(msg, s.peer),
+                        (ref msg, _) => plane.payload(msg, s.peer),
                     },
                 })
                 .collect();
@@ -458,5 +462,15 @@ impl Communicator {
     #[cfg(feature = "fault-injection")]
     pub fn inject_owner_fault(&mut self, tamper: Option<OwnerTamper>) {
         self.owner_tamper = tamper;
+    }
+
+    /// Makes this rank rewrite what it sends in the robust rounds' steps named `op` (a
+    /// [`StepPlan::op`](crate::round::StepPlan), such as `audit_proofs`): `tamper(tag, dest,
+    /// bytes)` gives the bytes sent instead (`None`: honest again). For tests of what the
+    /// protocol does with a Byzantine rank's messages (feature `fault-injection`; never in a
+    /// production build).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_step_fault(&mut self, op: &'static str, tamper: Option<OwnerTamper>) {
+        self.step_tamper = tamper.map(|t| (op, t));
     }
 }

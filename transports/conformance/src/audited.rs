@@ -161,3 +161,57 @@ where
         );
     }
 }
+
+/// Seven ranks, f = 2; owner 2 lies, and rank 5 sends forged proofs (one byte of each changed,
+/// as a rank framing the owner it accuses would): every other rank refutes rank 5's proofs
+/// and names it a false accuser, still convicts owner 2 on the honest ranks' proofs, and
+/// returns the honest median. A forgery never convicts.
+pub async fn a_forged_proof_is_refuted_and_the_liar_still_convicted<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, f, d) = (7usize, 2usize, 7 * 64 * 2);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| vector(r, d)).collect();
+    let honest = bits(&reference(&Median::new(f), &inputs));
+    let comms = comms(factory(n).await, Duration::from_secs(20));
+    let results = run_ranks(comms, move |mut c| async move {
+        match c.rank() {
+            2 => {
+                let lie: OwnerTamper = std::sync::Arc::new(|_s: usize, _d: usize, b: &[u8]| {
+                    b.iter().map(|x| x ^ 0x01).collect::<Vec<u8>>().into()
+                });
+                c.inject_owner_fault(Some(lie));
+            }
+            5 => {
+                let forge: OwnerTamper = std::sync::Arc::new(|_t: usize, _d: usize, b: &[u8]| {
+                    let mut v = b.to_vec();
+                    if let Some(last) = v.last_mut() {
+                        *last ^= 0x01;
+                    }
+                    v.into()
+                });
+                c.inject_step_fault("audit_proofs", Some(forge));
+            }
+            _ => {}
+        }
+        let mut v = vector(c.rank(), d);
+        let report = c
+            .robust_all_reduce(&mut v, &Median::new(f), Policy::Audited(Audit::default()))
+            .await;
+        (report, v)
+    })
+    .await;
+    for (r, (report, v)) in results.into_iter().enumerate() {
+        if r == 5 {
+            continue;
+        }
+        let report = report.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(bits(&v), honest, "rank {r}");
+        let audit = report.audit.unwrap();
+        let convicted: Vec<usize> = audit.convicted.iter().map(|l| l.owner).collect();
+        assert_eq!(convicted, vec![2], "rank {r}: {audit:?}");
+        let accusers: Vec<usize> = audit.false_accusers.iter().map(|(a, _)| *a).collect();
+        assert_eq!(accusers, vec![5], "rank {r}: {audit:?}");
+    }
+}

@@ -63,6 +63,7 @@ macro_rules! conformance_suite {
             audited_rounds_of_honest_owners_match_gather,
             an_audited_owner_that_lies_is_convicted_and_its_shard_recomputed,
             a_convicted_owner_is_ejected_by_a_shrink,
+            a_forged_proof_is_refuted_and_the_liar_still_convicted,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -100,6 +101,7 @@ pub use agreement::{
 pub use attribution::outlying_ranks_are_named_in_every_report;
 pub use audited::{
     a_convicted_owner_is_ejected_by_a_shrink,
+    a_forged_proof_is_refuted_and_the_liar_still_convicted,
     an_audited_owner_that_lies_is_convicted_and_its_shard_recomputed,
     audited_rounds_of_honest_owners_match_gather,
 };
