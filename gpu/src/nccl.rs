@@ -67,6 +67,14 @@ pub async fn robust_all_reduce_nccl<E: GpuElement, N: DeviceExchange>(
     timeout: Duration,
 ) -> Result<RoundReport> {
     let ((me, n), d) = (net.world(), buf.len());
+    if let Policy::Audited(_) = policy {
+        // Never a silent r = 1 round: the device plane cannot serve auditors.
+        return Err(Error::Unsupported(
+            "Policy::Audited over NCCL: audited rounds run on host vectors (over NCCL, copy \
+             the vector to the host, or use a host transport, which stages f32 vectors)"
+                .into(),
+        ));
+    }
     // NCCL cannot end a step early: no quorum.
     let shape = Shape::all_reduce(policy, n, d, std::mem::size_of::<E>(), rule, false);
     let gpu = rule.gpu().clone();

@@ -141,6 +141,42 @@ fn honest_owners_are_audited_and_never_convicted() {
 }
 
 #[test]
+fn vectors_shorter_than_the_sub_chunks_or_the_world_are_audited_too() {
+    // Empty shards and sub-chunks: nothing to replay there, and nothing goes wrong.
+    for (n, d) in [(7, 0), (7, 3), (3, 5), (8, 64)] {
+        let (ended, want) = audited(n, d, Audit::default(), &[], Agreement::Detect, &on_time);
+        for (r, e) in ended.iter().enumerate() {
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|e| panic!("n {n} d {d} rank {r}: {e}"));
+            assert_eq!(bits(&e.output), bits(&want), "n {n} d {d} rank {r}");
+            assert!(report.audit.as_ref().unwrap().convicted.is_empty());
+        }
+    }
+    // A liar is convicted even where its shard has fewer elements than sub-chunks: the
+    // auditors ask only for sub-chunks with elements.
+    let (ended, want) = audited(
+        7,
+        7 * 5,
+        Audit::default(),
+        &[3],
+        Agreement::Detect,
+        &on_time,
+    );
+    for e in &ended {
+        let audit = e.result.as_ref().unwrap().audit.as_ref().unwrap();
+        assert_eq!(bits(&e.output), bits(&want));
+        let owners: Vec<Rank> = audit.convicted.iter().map(|l| l.owner).collect();
+        assert_eq!(owners, vec![3]);
+        assert!(audit
+            .audited
+            .iter()
+            .all(|(_, subs)| subs.iter().all(|&j| j < 5)));
+    }
+}
+
+#[test]
 fn a_lying_owner_is_convicted_everywhere_and_its_shard_aggregated_again() {
     let n = 7;
     let d = n * 64 * 2;

@@ -409,7 +409,7 @@ impl<'r, B> Round<'r, B> {
     /// claims arrive (every owner is bound to its result by then, and no other rank learns the
     /// choices before they are sent).
     pub(super) fn choose_audits(&mut self) {
-        let (me, n) = (self.spec.me, self.spec.n);
+        let (me, n, d) = (self.spec.me, self.spec.n, self.spec.d);
         let f = self.rule.byzantine();
         let a = self.auditing_mut();
         let audit = a.ctx.audit;
@@ -422,13 +422,17 @@ impl<'r, B> Round<'r, B> {
             xof.fill(&mut b);
             (u64::from_le_bytes(b) % bound as u64) as usize
         };
+        let m = audit.sub_chunks;
         let mut owners: Vec<Rank> = schedule::direct_peers(me, n).collect();
         let k = audit.owners_per_rank(n, f).min(owners.len());
         let mut asked = Vec::with_capacity(k);
         for _ in 0..k {
             let o = owners.swap_remove(below(owners.len()));
-            let mut subs: Vec<usize> = (0..audit.sub_chunks).collect();
-            let mut chosen: Vec<usize> = (0..audit.samples)
+            // Only sub-chunks with elements: a shard shorter than `m` has its first `len`
+            // sub-chunks of one element each, and the others empty.
+            let live = chunk_range(d, n, o).len().clamp(1, m);
+            let mut subs: Vec<usize> = (0..live).collect();
+            let mut chosen: Vec<usize> = (0..audit.samples.min(live))
                 .map(|_| subs.swap_remove(below(subs.len())))
                 .collect();
             chosen.sort_unstable();
@@ -505,12 +509,17 @@ impl<'r, B> Round<'r, B> {
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
                 .collect();
-            if words.iter().all(|&w| w == NONE) {
+            // The sub-chunks asked for, ascending, then `NONE` to the end (an owner whose
+            // shard has fewer elements than `samples` non-empty sub-chunks is asked for fewer).
+            let asked = words.iter().take_while(|&&w| w != NONE).count();
+            if asked == 0 {
                 continue;
             }
-            let subs: Vec<usize> = words.iter().map(|&w| w as usize).collect();
-            if subs.len() != samples
-                || subs.iter().any(|&j| j >= m)
+            let subs: Vec<usize> = words[..asked].iter().map(|&w| w as usize).collect();
+            let live = self.shard(me).len().clamp(1, m);
+            if words[asked..].iter().any(|&w| w != NONE)
+                || subs.len() > samples
+                || subs.iter().any(|&j| j >= live)
                 || subs.windows(2).any(|w| w[0] >= w[1])
             {
                 self.add_fault(
