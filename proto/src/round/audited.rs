@@ -504,11 +504,7 @@ impl<'r, B> Round<'r, B> {
                 self.arrival_fault(op.peer, &a);
                 continue;
             };
-            let words: Vec<u32> = plane
-                .host(&b)
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect();
+            let words = words(&plane.host(&b));
             // The sub-chunks asked for, ascending, then `NONE` to the end (an owner whose
             // shard has fewer elements than `samples` non-empty sub-chunks is asked for fewer).
             let asked = words.iter().take_while(|&&w| w != NONE).count();
@@ -681,11 +677,7 @@ impl<'r, B> Round<'r, B> {
                 self.arrival_fault(op.peer, &a);
                 continue;
             };
-            let words: Vec<u32> = plane
-                .host(&b)
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect();
+            let words = words(&plane.host(&b));
             if words.iter().any(|&w| w != NONE && w as usize >= m) {
                 self.add_fault(
                     op.peer,
@@ -857,6 +849,14 @@ impl<'r, B> Round<'r, B> {
         let digest = self.sharded_result_digest(plane, &known);
         self.post_check(Some(digest));
     }
+}
+
+/// The little-endian `u32` words of a request or a verdict.
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect()
 }
 
 fn no_audits() -> Error {

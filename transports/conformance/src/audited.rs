@@ -8,10 +8,24 @@ use std::time::Duration;
 
 use byzcoll_aggregators::Median;
 use byzcoll_runtime::audit::Audit;
-use byzcoll_runtime::{OwnerTamper, Policy, Transport};
+use byzcoll_runtime::{Communicator, OwnerTamper, Policy, RoundReport, Transport};
 
 use crate::harness::{bits, comms, reference, run_ranks, vector};
 use crate::WORLD_SIZES;
+
+/// This rank's audited median of its test vector of `d` elements, tolerating `f`: the report
+/// and the result.
+async fn audited_round(
+    c: &mut Communicator,
+    d: usize,
+    f: usize,
+) -> (byzcoll_runtime::Result<RoundReport>, Vec<f32>) {
+    let mut v = vector(c.rank(), d);
+    let report = c
+        .robust_all_reduce(&mut v, &Median::new(f), Policy::Audited(Audit::default()))
+        .await;
+    (report, v)
+}
 
 /// At every world size, with a vector of three sub-rounds: every rank returns the gather-mode
 /// median bitwise, audited every other owner (8 ranks and fewer), and convicted nobody. Every
@@ -33,11 +47,7 @@ where
         );
         let results = run_ranks(comms, move |mut c| async move {
             c.set_sub_round_bytes(4000);
-            let mut v = vector(c.rank(), d);
-            let report = c
-                .robust_all_reduce(&mut v, &Median::new(f), Policy::Audited(Audit::default()))
-                .await;
-            (report, v)
+            audited_round(&mut c, d, f).await
         })
         .await;
         for (r, (report, v)) in results.into_iter().enumerate() {
@@ -84,11 +94,7 @@ where
             });
             c.inject_owner_fault(Some(lie));
         }
-        let mut v = vector(c.rank(), d);
-        let report = c
-            .robust_all_reduce(&mut v, &Median::new(f), Policy::Audited(Audit::default()))
-            .await;
-        (report, v)
+        audited_round(&mut c, d, f).await
     })
     .await;
     for (r, (report, v)) in results.into_iter().enumerate() {
@@ -120,10 +126,7 @@ where
             });
             c.inject_owner_fault(Some(lie));
         }
-        let mut v = vector(c.rank(), d);
-        c.robust_all_reduce(&mut v, &Median::new(f), Policy::Audited(Audit::default()))
-            .await
-            .unwrap();
+        audited_round(&mut c, d, f).await.0.unwrap();
         let convicted: Vec<usize> = c
             .health()
             .iter()
@@ -195,11 +198,7 @@ where
             }
             _ => {}
         }
-        let mut v = vector(c.rank(), d);
-        let report = c
-            .robust_all_reduce(&mut v, &Median::new(f), Policy::Audited(Audit::default()))
-            .await;
-        (report, v)
+        audited_round(&mut c, d, f).await
     })
     .await;
     for (r, (report, v)) in results.into_iter().enumerate() {
