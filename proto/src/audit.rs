@@ -375,7 +375,8 @@ impl OwnerClaim {
     }
 
     /// The commitment to an input set the claim's signature covers: the senders, ascending,
-    /// and the roots of their leaves.
+    /// the roots of their leaves and their signatures (so that an owner answers for every
+    /// signature it hands an auditor: one that does not hold is the owner's proven lie).
     pub fn inputs_digest(inputs: &[SignedPiece]) -> Digest {
         let mut h = blake3::Hasher::new();
         h.update(INPUTS);
@@ -383,6 +384,7 @@ impl OwnerClaim {
         for p in inputs {
             h.update(&(p.sender as u64).to_le_bytes());
             h.update(&root(&p.leaves));
+            h.update(&p.signature);
         }
         h.finalize().into()
     }
@@ -527,9 +529,8 @@ pub enum Refuted {
     Agrees,
 }
 
-/// A proven lie: owner `owner`'s result for `shard` differs from the replay of its own
-/// inputs on sub-chunk `sub`, first at element `element` of the shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A proven lie of owner `owner` about its shard, found on sub-chunk `sub`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lie {
     /// The owner that lied.
     pub owner: Rank,
@@ -537,8 +538,46 @@ pub struct Lie {
     pub shard: usize,
     /// The sub-chunk replayed.
     pub sub: usize,
-    /// The first element of the shard where the result differs from the replay.
-    pub element: usize,
+    /// What the owner signed that an honest owner never does.
+    pub proof: Proof,
+}
+
+/// What a signed claim proves against its owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Proof {
+    /// Its result differs from the replay of its inputs, first at this element of the shard.
+    Differs {
+        /// The element of the shard.
+        element: usize,
+    },
+    /// It claims an input its sender did not sign (an honest owner checks each piece's
+    /// signature before it aggregates it).
+    UnsignedInput {
+        /// The sender whose signature does not hold.
+        sender: Rank,
+    },
+    /// The rule cannot aggregate the inputs it claims (too few for its precondition, say):
+    /// an honest owner that cannot aggregate sends no result and signs no claim.
+    CannotAggregate {
+        /// The rule's error.
+        why: String,
+    },
+}
+
+impl std::fmt::Display for Proof {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Proof::Differs { element } => {
+                write!(f, "its result differs from the replay at element {element}")
+            }
+            Proof::UnsignedInput { sender } => {
+                write!(f, "it claims an input rank {sender} did not sign")
+            }
+            Proof::CannotAggregate { why } => {
+                write!(f, "the rule cannot aggregate the inputs it claims: {why}")
+            }
+        }
+    }
 }
 
 /// What every rank expects of an accusation in a round: its world, the shard's length and the
@@ -609,11 +648,30 @@ impl Accusation {
         replay: impl FnOnce(&[&[u8]]) -> Result<Vec<u8>, String>,
     ) -> Result<Lie, Refuted> {
         let (claim, j) = (&self.claim, self.sub);
-        if claim.shard >= expect.n || j >= expect.m || self.inputs.len() != claim.inputs.len() {
-            return Err(Refuted::Malformed("shard, sub-chunk or input count".into()));
+        // One owner per shard: owner `o` owns shard `o`.
+        if claim.shard != claim.owner
+            || claim.shard >= expect.n
+            || j >= expect.m
+            || self.inputs.len() != claim.inputs.len()
+        {
+            return Err(Refuted::Malformed(
+                "owner, shard, sub-chunk or input count".into(),
+            ));
         }
-        if let Some(why) = claim.check(verifier, call, expect.n, expect.m) {
-            return Err(why);
+        let lie = |proof| Lie {
+            owner: claim.owner,
+            shard: claim.shard,
+            sub: j,
+            proof,
+        };
+        // The owner's signature covers its result, the inputs and their signatures: what
+        // follows is what the owner itself vouched for.
+        match claim.check(verifier, call, expect.n, expect.m) {
+            None => {}
+            Some(Refuted::InputSignature(sender)) => {
+                return Ok(lie(Proof::UnsignedInput { sender }))
+            }
+            Some(why) => return Err(why),
         }
         let want = expect.sub_bytes(claim.shard, j);
         if self.result.len() != want || leaf(j, &self.result) != claim.result[j] {
@@ -625,7 +683,10 @@ impl Accusation {
             }
         }
         let inputs: Vec<&[u8]> = self.inputs.iter().map(Vec::as_slice).collect();
-        let replayed = replay(&inputs).map_err(Refuted::Replay)?;
+        let replayed = match replay(&inputs) {
+            Ok(r) => r,
+            Err(why) => return Ok(lie(Proof::CannotAggregate { why })),
+        };
         if replayed.len() != want {
             return Err(Refuted::Replay(format!(
                 "{} bytes replayed for {want}",
@@ -637,13 +698,10 @@ impl Accusation {
             .find(|&b| replayed[b..b + expect.elem] != self.result[b..b + expect.elem]);
         match first {
             None => Err(Refuted::Agrees),
-            Some(b) => Ok(Lie {
-                owner: claim.owner,
-                shard: claim.shard,
-                sub: j,
+            Some(b) => Ok(lie(Proof::Differs {
                 element: sub_range(expect.shard_len(claim.shard), expect.m, j).start
                     + b / expect.elem,
-            }),
+            })),
         }
     }
 

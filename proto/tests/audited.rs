@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use byzcoll_aggregators::{aggregate_into, by_name, DType, Median};
 use byzcoll_proto::audit::{Audit, CallId, Signature, Signer, Verifier};
-use byzcoll_proto::round::{sign_pieces, AuditCtx, Round, Shape};
+use byzcoll_proto::round::{sign_pieces, AuditCtx, Carry, Round, Shape};
 use byzcoll_proto::{Agreement, Error, Rank, Replicas};
 use ed25519_dalek::{Signer as _, SigningKey, VerifyingKey};
 use harness::{input, run_rounds, spec, Ended, Fate, TestPlane};
@@ -109,6 +109,7 @@ fn audited(
         Round::audited(
             spec(r, n, d, Shape::Sharded(Replicas::Exactly(1)), agreement),
             &rule,
+            &Carry::default(),
             ctx,
         )
     };
@@ -285,6 +286,7 @@ fn rounds_the_audit_cannot_run_are_refused_up_front() {
             Agreement::Detect,
         ),
         &*krum,
+        &Carry::default(),
         AuditCtx {
             audit: Audit::default(),
             call: CALL,
@@ -322,8 +324,54 @@ fn a_result_the_owner_did_not_sign_is_not_taken() {
         }
         other => panic!("{other:?}"),
     }
-    for e in &ended[1..] {
-        assert!(e.result.is_ok(), "{:?}", e.result);
-        assert_eq!(bits(&e.output), bits(&want));
+    for (r, e) in ended.iter().enumerate().skip(1) {
+        let report = e.result.as_ref().unwrap();
+        assert_eq!(bits(&e.output), bits(&want), "rank {r}: {report:?}");
+        // Rank 0 walked the audit's steps like everyone: nobody counts it at fault.
+        assert!(
+            report.faults.iter().all(|f| f.rank != 0),
+            "rank {r}: {report:?}"
+        );
+    }
+}
+
+#[test]
+fn a_liar_that_will_not_be_audited_has_its_shard_aggregated_again() {
+    // Owner 2 lies, then withholds or spoils its audit data (step 3): no proof can be made,
+    // so the auditors say so in their verdicts and every rank aggregates shard 2 again from
+    // every rank's piece. The lie never reaches a result.
+    let n = 7;
+    let d = n * 64;
+    for spoil in [false, true] {
+        let net = move |from: Rank, _to: Rank, step: u32, _tag: u32, b: &Bytes| {
+            if from == 2 && step == 3 {
+                if !spoil {
+                    return Fate::Dropped;
+                }
+                let mut other = b.to_vec();
+                let last = other.len() - 1;
+                other[last] ^= 0x01;
+                return Fate::Rewritten(Duration::from_micros(10), other.into());
+            }
+            Fate::After(Duration::from_micros(10))
+        };
+        let (ended, want) = audited(n, d, Audit::default(), &[2], Agreement::Detect, &net);
+        for (r, e) in ended.iter().enumerate() {
+            if r == 2 {
+                continue;
+            }
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+            let audit = report.audit.as_ref().unwrap();
+            assert_eq!(bits(&e.output), bits(&want), "spoil {spoil} rank {r}");
+            assert_eq!(
+                audit.recomputed,
+                vec![2],
+                "spoil {spoil} rank {r}: {audit:?}"
+            );
+            assert_eq!(audit.refused, vec![2], "spoil {spoil} rank {r}: {audit:?}");
+        }
     }
 }

@@ -234,8 +234,9 @@ impl Report {
 
     /// What the audits found in a round of policy "audited" (None in any other round): a
     /// dict of `audited` (a list of `(owner, [sub-chunks])` this rank replayed), `convicted`
-    /// (dicts of `owner`, `shard`, `sub`, `element`: owners proven to have lied, by a proof
-    /// every honest rank checks alike), `recomputed` (shards aggregated again from every
+    /// (dicts of `owner`, `shard`, `sub`, `proof` (what its signed claim proves) and `element`
+    /// (where its result differs, or None): owners proven to have lied, by a proof every honest
+    /// rank checks alike), `recomputed` (shards aggregated again from every
     /// rank's piece because their owner was convicted), `refused` (owners that did not let
     /// this rank replay) and `false_accusers` (`(rank, why)`: accusations that did not stand).
     #[getter]
@@ -253,7 +254,12 @@ impl Report {
                 c.set_item("owner", l.owner)?;
                 c.set_item("shard", l.shard)?;
                 c.set_item("sub", l.sub)?;
-                c.set_item("element", l.element)?;
+                let element = match l.proof {
+                    byzcoll::audit::Proof::Differs { element } => Some(element),
+                    _ => None,
+                };
+                c.set_item("element", element)?;
+                c.set_item("proof", l.proof.to_string())?;
                 Ok(c)
             })
             .collect::<PyResult<Vec<_>>>()?;

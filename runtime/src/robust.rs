@@ -318,7 +318,7 @@ impl Communicator {
                     own,
                     seed,
                 };
-                Round::audited(spec, rule, ctx)
+                Round::audited(spec, rule, carry, ctx)
             }
             _ => Round::resuming(spec, rule, carry),
         };

@@ -137,7 +137,7 @@ fn a_lie_is_proven_on_its_sub_chunk_and_only_there() {
                 owner: 2,
                 shard: 2,
                 sub: j,
-                element: lied,
+                proof: Proof::Differs { element: lied },
             };
             assert_eq!(v, Ok(want));
         } else {
@@ -368,4 +368,38 @@ fn the_escape_probability_matches_its_derivation_and_a_monte_carlo() {
         (measured - derived).abs() < 0.01,
         "measured {measured}, derived {derived}"
     );
+}
+
+#[test]
+fn what_an_owner_signs_and_no_honest_owner_would_is_proven_too() {
+    let (keys, public) = keys();
+    let (c, pieces, result) = claim(&keys, 2, None);
+    // An input whose signature its sender never made, in a claim the owner signed over it.
+    let mut inputs = c.inputs.clone();
+    inputs[1].signature[5] ^= 1;
+    let unsigned = OwnerClaim::sign(&keys[2], &CALL, 2, 2, &result, 4, M, inputs);
+    let v = verdict(&accuse(&unsigned, &pieces, &result, 0), &public);
+    assert_eq!(v.map(|l| l.proof), Ok(Proof::UnsignedInput { sender: 1 }));
+    // The same change made by an accuser breaks the owner's signature instead: no framing.
+    let mut a = accuse(&c, &pieces, &result, 0);
+    a.claim.inputs[1].signature[5] ^= 1;
+    assert_eq!(verdict(&a, &public), Err(Refuted::OwnerSignature));
+    // Too few inputs for the rule (f = 1 needs three): an honest owner sends no result.
+    let few = c.inputs[..2].to_vec();
+    let short = OwnerClaim::sign(&keys[2], &CALL, 2, 2, &result, 4, M, few);
+    let v = verdict(&accuse(&short, &pieces, &result, 0), &public);
+    assert!(
+        matches!(
+            v.as_ref().map(|l| &l.proof),
+            Ok(Proof::CannotAggregate { .. })
+        ),
+        "{v:?}"
+    );
+    // An owner is accused on its own shard only.
+    let mut other = accuse(&c, &pieces, &result, 0);
+    other.claim.owner = 3;
+    assert!(matches!(
+        verdict(&other, &public),
+        Err(Refuted::Malformed(_))
+    ));
 }

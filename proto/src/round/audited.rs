@@ -92,6 +92,11 @@ const HEADER: usize = 64 + 32;
 /// No sub-chunk asked for, no accusation.
 const NONE: u32 = u32::MAX;
 
+/// A verdict that this rank could not replay an owner's shard (no audit data, data that its
+/// claim does not commit to): every rank aggregates that shard again, since a refusal cannot
+/// be proven and must not leave a possible lie in the result.
+const REFUSED: u32 = u32::MAX - 1;
+
 /// An audited owner's result as this rank took it: the sub-chunks it asks for, and the leaves.
 type Kept = (Vec<Vec<u8>>, Vec<Digest>);
 
@@ -121,10 +126,12 @@ pub(super) struct Auditing<'a> {
     /// Shards whose result was not finite here (the first error): the round fails with it
     /// unless the audit convicts their owners and aggregates them again.
     non_finite: Option<(Vec<usize>, Error)>,
-    /// The peers erased before the audit began: a convicted owner's shard is aggregated again
-    /// from every other rank's piece, whatever the audit steps showed of them (a false
-    /// accuser's input still counts, as it did in the owners' aggregation), so that ranks
-    /// that saw different audit faults still aggregate the same inputs.
+    /// The shards other ranks (or this one) could not replay: aggregated again by every rank.
+    again: Vec<usize>,
+    /// The peers found silent before the audit began: a shard aggregated again takes every
+    /// other rank's piece, whatever the audit steps showed of them (a false accuser's input
+    /// still counts), so that ranks that saw different audit faults still aggregate the same
+    /// inputs.
     erased: Vec<Rank>,
     report: AuditReport,
 }
@@ -142,6 +149,7 @@ impl<'a> Auditing<'a> {
             known: Vec::new(),
             kept: vec![None; n],
             roots: vec![None; n],
+            again: Vec::new(),
             non_finite: None,
             erased: Vec::new(),
             report: AuditReport::default(),
@@ -442,6 +450,18 @@ impl<'r, B> Round<'r, B> {
         a.asked = asked;
     }
 
+    /// The round failed before its audit (a shard lost here, say): it still takes part in the
+    /// audit's steps, asking for nothing, so that every rank numbers its steps alike and the
+    /// others' audits of this rank as an owner are served; the cross-check then ends it.
+    pub(super) fn fail_through_audit(&mut self, e: Error) {
+        if self.failed.is_none() {
+            self.failed = Some(e);
+        }
+        let n = self.spec.n;
+        self.auditing_mut().asked.clear();
+        self.post_audit_requests(vec![None; n]);
+    }
+
     /// A shard whose result was not finite here: the round goes on to the audit, which may
     /// convict its owner and aggregate it again; otherwise the round fails with `e`.
     pub(super) fn defer_non_finite(&mut self, shards: Vec<usize>, e: Error) {
@@ -452,7 +472,7 @@ impl<'r, B> Round<'r, B> {
     /// owner (`NONE` where it audits none of that owner's sub-chunks).
     pub(super) fn post_audit_requests(&mut self, known: Vec<Option<Digest>>) {
         let (me, n) = (self.spec.me, self.spec.n);
-        let erased = self.report.faults.iter().map(|f| f.rank).collect();
+        let erased = self.silent();
         let a = self.auditing_mut();
         a.known = known;
         a.erased = erased;
@@ -479,11 +499,25 @@ impl<'r, B> Round<'r, B> {
         self.post(Phase::AuditRequest, "audit_request", sends, recvs);
     }
 
-    /// One receive of `len` bytes (tag 0) from every peer not erased.
+    /// The peers found silent (missing or late) so far: the audit's steps do not wait for
+    /// them. A peer that sent something malformed is alive and still heard: a rank whose
+    /// shard was lost here (an owner's result it would not take) still serves that owner's
+    /// audit and hears its verdicts, as every other rank does.
+    fn silent(&self) -> Vec<Rank> {
+        self.report
+            .faults
+            .iter()
+            .filter(|f| matches!(f.fault, Fault::Missing | Fault::Late))
+            .map(|f| f.rank)
+            .chain(self.carried.iter().copied())
+            .collect()
+    }
+
+    /// One receive of `len` bytes (tag 0) from every peer not found silent.
     fn audit_peers(&self, len: usize) -> Vec<RecvOp> {
-        let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
+        let silent = self.silent();
         schedule::direct_peers(self.spec.me, self.spec.n)
-            .filter(|p| !erased.contains(p))
+            .filter(|p| !silent.contains(p))
             .map(|peer| RecvOp { peer, tag: 0, len })
             .collect()
     }
@@ -578,14 +612,15 @@ impl<'r, B> Round<'r, B> {
     ) {
         let expect = self.expect();
         let (n, m, elem) = (self.spec.n, expect.m, self.spec.elem);
-        let dtype = self.auditing().ctx.dtype;
         let asked = self.auditing().asked.clone();
+        let mut refused = Vec::new();
         for ((op, a), (o, subs)) in plan.recvs.iter().zip(outcomes).zip(&asked) {
             debug_assert_eq!(op.peer, *o);
             let o = *o;
             self.auditing_mut().report.audited.push((o, subs.clone()));
             let Arrival::Received(b) = a else {
-                self.auditing_mut().report.refused.push(o);
+                self.arrival_fault(o, &a);
+                refused.push(o);
                 continue;
             };
             let shard = self.shard(o);
@@ -593,12 +628,14 @@ impl<'r, B> Round<'r, B> {
                 self.auditing_mut().kept[o].take(),
                 self.auditing().headers[o],
             ) else {
-                self.auditing_mut().report.refused.push(o);
+                refused.push(o);
                 continue;
             };
             let bytes = plane.host(&b);
             let Ok((inputs, chunks)) = OwnerClaim::read_audit_data(&bytes, &expect, o, subs) else {
-                self.auditing_mut().report.refused.push(o);
+                drop(bytes);
+                self.add_fault(o, Fault::Malformed("audit data not in its form".into()));
+                refused.push(o);
                 continue;
             };
             drop(bytes);
@@ -609,54 +646,64 @@ impl<'r, B> Round<'r, B> {
                 inputs,
                 signature,
             };
-            // The owner's signature over the result and this input set was checked when the
-            // result came (`version_signed`): the set must be the one it signed. The senders'
-            // signatures matter only to a proof, and are checked before accusing.
+            // The owner's signature over its result and input set (the senders' signatures
+            // included) was checked when the result came (`version_signed`): the inputs it
+            // hands over must be that set.
             if OwnerClaim::inputs_digest(&claim.inputs) != digest {
-                self.auditing_mut().report.refused.push(o);
+                refused.push(o);
                 continue;
             }
             for (k, &j) in subs.iter().enumerate() {
                 let r = sub_range(shard.len(), m, j);
-                let mine = &result[k];
                 let theirs: Vec<&[u8]> = chunks.iter().map(|c| c[k].as_slice()).collect();
-                let committed = claim
+                if !claim
                     .inputs
                     .iter()
                     .zip(&theirs)
-                    .all(|(p, b)| crate::audit::leaf(j, b) == p.leaves[j]);
-                if !committed {
-                    self.auditing_mut().report.refused.push(o);
+                    .all(|(p, b)| crate::audit::leaf(j, b) == p.leaves[j])
+                {
+                    // Bytes the owner sent and did not commit to: seen here, not provable.
+                    refused.push(o);
                     break;
                 }
                 self.charge(theirs.len() * r.len() * elem);
-                // A replay that cannot run (the owner's input count below the rule's
-                // precondition) is no lie this rank can prove.
-                if let Ok(replayed) = replay(self.rule, dtype, &theirs) {
-                    if replayed != *mine {
-                        let a = self.auditing();
-                        if claim.check(a.ctx.verifier, &a.ctx.call, n, m).is_some() {
-                            // Inputs its senders did not sign: no proof can stand on them.
-                            self.auditing_mut().report.refused.push(o);
-                            break;
-                        }
-                        let acc = Accusation {
-                            claim: claim.clone(),
-                            sub: j,
-                            result: mine.clone(),
-                            inputs: theirs.iter().map(|b| b.to_vec()).collect(),
-                        };
-                        self.auditing_mut().accusations.push(acc);
-                        break;
-                    }
+                let dtype = self.auditing().ctx.dtype;
+                let agrees =
+                    matches!(replay(self.rule, dtype, &theirs), Ok(out) if out == result[k]);
+                if agrees {
+                    continue;
                 }
+                // The replay differs or cannot run: the full check (signatures included)
+                // decides whether this is a proof, as every other rank will.
+                let acc = Accusation {
+                    claim: claim.clone(),
+                    sub: j,
+                    result: result[k].clone(),
+                    inputs: theirs.iter().map(|b| b.to_vec()).collect(),
+                };
+                let a = self.auditing();
+                let rule = self.rule;
+                match acc.verify(a.ctx.verifier, &a.ctx.call, &expect, |inputs| {
+                    replay(rule, dtype, inputs)
+                }) {
+                    Ok(_) => self.auditing_mut().accusations.push(acc),
+                    Err(_) => refused.push(o),
+                }
+                break;
             }
         }
-        // The verdicts: for each owner, the sub-chunk this rank accuses it on, or `NONE`.
+        // The verdicts: for each owner, the sub-chunk this rank accuses it on, `REFUSED` where
+        // it could not replay (every rank aggregates that shard again), or `NONE`.
         let mut flags = vec![NONE; n];
+        for &o in &refused {
+            flags[o] = REFUSED;
+        }
         for acc in &self.auditing().accusations {
             flags[acc.claim.owner] = acc.sub as u32;
         }
+        refused.sort_unstable();
+        refused.dedup();
+        self.auditing_mut().report.refused = refused;
         let flags: Bytes = flags.iter().flat_map(|w| w.to_le_bytes()).collect();
         let sends = to_every_peer(self.spec.me, n, &flags);
         let recvs = self.audit_peers(4 * n);
@@ -671,30 +718,49 @@ impl<'r, B> Round<'r, B> {
     ) {
         let expect = self.expect();
         let (me, n, m) = (self.spec.me, self.spec.n, expect.m);
+        // An honest rank flags at most the owners it audits.
+        let most = self
+            .auditing()
+            .ctx
+            .audit
+            .owners_per_rank(n, self.rule.byzantine());
         let mut recvs = Vec::new();
+        let mut again: Vec<usize> = self.auditing().report.refused.clone();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             let Arrival::Received(b) = a else {
                 self.arrival_fault(op.peer, &a);
                 continue;
             };
             let words = words(&plane.host(&b));
-            if words.iter().any(|&w| w != NONE && w as usize >= m) {
+            let flagged = words.iter().filter(|&&w| w != NONE).count();
+            if flagged > most
+                || words
+                    .iter()
+                    .any(|&w| w != NONE && w != REFUSED && w as usize >= m)
+            {
                 self.add_fault(
                     op.peer,
-                    Fault::Malformed("a verdict on a sub-chunk past the audit's".into()),
+                    Fault::Malformed(format!(
+                        "verdicts on {flagged} owners (at most {most}) or past the sub-chunks"
+                    )),
                 );
                 continue;
             }
             for (o, &w) in words.iter().enumerate() {
-                if w != NONE {
-                    recvs.push(RecvOp {
+                match w {
+                    NONE => {}
+                    REFUSED => again.push(o),
+                    j => recvs.push(RecvOp {
                         peer: op.peer,
                         tag: o as Tag,
-                        len: expect.accusation_len(o, w as usize),
-                    });
+                        len: expect.accusation_len(o, j as usize),
+                    }),
                 }
             }
         }
+        again.sort_unstable();
+        again.dedup();
+        self.auditing_mut().again = again;
         let mut sends = Vec::new();
         for acc in &self.auditing().accusations {
             let proof = Bytes::from(acc.encode(&expect));
@@ -718,7 +784,8 @@ impl<'r, B> Round<'r, B> {
         let expect = self.expect();
         let (me, n) = (self.spec.me, self.spec.n);
         let (dtype, call) = (self.auditing().ctx.dtype, self.auditing().ctx.call);
-        // Every accusation, this rank's own among them, checked alike.
+        // Every accusation, this rank's own among them, checked alike; one about another
+        // owner than the one its sender flagged (the receive's tag) proves nothing here.
         let mut proofs: Vec<(Rank, Result<Accusation, crate::audit::Refuted>)> = self
             .auditing()
             .accusations
@@ -728,7 +795,16 @@ impl<'r, B> Round<'r, B> {
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             match a {
                 Arrival::Received(b) => {
-                    proofs.push((op.peer, Accusation::decode(&plane.host(&b), &expect)));
+                    let acc =
+                        Accusation::decode(&plane.host(&b), &expect).and_then(|acc| {
+                            match acc.claim.owner == op.tag as usize {
+                                true => Ok(acc),
+                                false => Err(crate::audit::Refuted::Malformed(
+                                    "a proof about another owner than the one flagged".into(),
+                                )),
+                            }
+                        });
+                    proofs.push((op.peer, acc));
                 }
                 other => self.arrival_fault(op.peer, &other),
             }
@@ -758,14 +834,18 @@ impl<'r, B> Round<'r, B> {
             .report
             .convicted
             .sort_unstable_by_key(|l| l.owner);
-        // Every rank's piece of each convicted owner's shard, to every rank.
-        let shards: Vec<usize> = self
+        // Every rank's piece of each shard to aggregate again (a convicted owner's, or one an
+        // auditor could not replay), to every rank.
+        let mut shards: Vec<usize> = self
             .auditing()
             .report
             .convicted
             .iter()
             .map(|l| l.shard)
+            .chain(self.auditing().again.iter().copied())
             .collect();
+        shards.sort_unstable();
+        shards.dedup();
         let erased = self.auditing().erased.clone();
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
@@ -805,13 +885,24 @@ impl<'r, B> Round<'r, B> {
                     let k = shards
                         .iter()
                         .position(|&s| s == op.tag as usize)
-                        .expect("a receive per convicted shard");
+                        .expect("a receive per shard aggregated again");
                     pieces[k].push((op.peer, plane.host(&b).into_owned()));
                 }
+                // A rank that saw no reason to aggregate this shard again sent nothing: not a
+                // fault (the verdicts that asked for it may have reached only some ranks); the
+                // cross-check compares what each rank ends with.
+                Arrival::Missing | Arrival::Late => {}
                 other => self.arrival_fault(op.peer, &other),
             }
         }
+        let report = std::mem::take(&mut self.auditing_mut().report);
         let mut known = std::mem::take(&mut self.auditing_mut().known);
+        // A round that failed before the audit walked its steps with nothing to say, so that
+        // every rank numbers them alike: it ends here.
+        if self.failed.is_some() {
+            self.report.audit = Some(report);
+            return self.post_check(None);
+        }
         for (k, &s) in shards.iter().enumerate() {
             let range = self.shard(s);
             let Some(own) = plane.host_bytes(Src::Mine(range.clone())) else {
@@ -821,6 +912,7 @@ impl<'r, B> Round<'r, B> {
             pieces[k].sort_by_key(|(p, _)| *p);
             let inputs: Vec<&[u8]> = pieces[k].iter().map(|(_, b)| b.as_slice()).collect();
             if let Err(e) = self.rule.check(inputs.len()) {
+                self.report.audit = Some(report);
                 return self.fail(Error::Aggregation(e));
             }
             self.charge(inputs.len() * self.bytes(range.len()));
@@ -828,16 +920,16 @@ impl<'r, B> Round<'r, B> {
                 Ok(out) if plane.write_output(range.start, &out) => {}
                 Ok(_) => return self.fail(no_audits()),
                 Err(why) => {
+                    self.report.audit = Some(report);
                     return self.fail(Error::InvalidUsage(format!(
-                        "shard {s} of a convicted owner could not be aggregated again: {why}"
-                    )))
+                        "shard {s}, aggregated again after its audit, could not be: {why}"
+                    )));
                 }
             }
             if let Some(slot) = known.get_mut(s) {
                 *slot = None;
             }
         }
-        let report = std::mem::take(&mut self.auditing_mut().report);
         // A shard whose result was not finite here stands unless it was aggregated again.
         if let Some((failed, e)) = self.auditing_mut().non_finite.take() {
             if failed.iter().any(|s| !report.recomputed.contains(s)) {

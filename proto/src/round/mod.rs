@@ -606,11 +606,12 @@ impl<'r, B> Round<'r, B> {
 
     /// An audited round (`PROTOCOL.md`, "Audited sharding"): `spec` a sharded all-reduce with
     /// one owner per shard under [`Agreement::Detect`], without stragglers, of a
-    /// coordinate-wise rule; `ctx` this rank's keys, signed pieces and randomness. A spec or
+    /// coordinate-wise rule; `carry` as [`Round::resuming`]; `ctx` this rank's keys, signed
+    /// pieces and randomness. A spec or
     /// context that does not allow it is the round's error ([`Error::InvalidUsage`]), and a
     /// plane that cannot audit ([`Plane::host_bytes`]) fails it with [`Error::Unsupported`].
-    pub fn audited(spec: Spec, rule: &'r dyn Aggregator, ctx: AuditCtx<'r>) -> Self {
-        Self::start(spec, rule, &Carry::default(), Some(ctx))
+    pub fn audited(spec: Spec, rule: &'r dyn Aggregator, carry: &Carry, ctx: AuditCtx<'r>) -> Self {
+        Self::start(spec, rule, carry, Some(ctx))
     }
 
     fn start(

@@ -572,14 +572,21 @@ impl<'r, B> Round<'r, B> {
         let (n, r) = (self.spec.n, self.r);
         if let Some(s) = lost {
             let faults = self.report.faults.clone();
-            return self.fail(Error::ShardLost {
+            let e = Error::ShardLost {
                 shard: s,
                 owners: sharded::owners(s, n, r).collect(),
                 faults,
-            });
+            };
+            return match self.audit.is_some() {
+                true => self.fail_through_audit(e),
+                false => self.fail(e),
+            };
         }
         if let Err(e) = combined {
-            return self.fail(e);
+            return match self.audit.is_some() {
+                true => self.fail_through_audit(e),
+                false => self.fail(e),
+            };
         }
         if self.audit.is_some() {
             return self.post_audit_requests(shards.unwrap_or_else(|| vec![None; n]));
