@@ -117,6 +117,15 @@ fn audited(
     (ended, reference(&inputs, &rule))
 }
 
+/// `b` with its last byte changed, on time: a message a Byzantine rank forged.
+fn last_byte_flipped(b: &Bytes) -> Fate {
+    let mut forged = b.to_vec();
+    if let Some(last) = forged.last_mut() {
+        *last ^= 0x01;
+    }
+    Fate::Rewritten(Duration::from_micros(10), forged.into())
+}
+
 fn on_time(_: Rank, _: Rank, _: u32, _: u32, _: &Bytes) -> Fate {
     Fate::After(Duration::from_micros(10))
 }
@@ -226,14 +235,10 @@ fn a_forged_proof_is_refuted_and_its_sender_named() {
     let n = 7;
     let d = n * 64;
     // Steps: scatter 0, versions 1, requests 2, audit data 3, verdicts 4, proofs 5.
-    let net = |from: Rank, _to: Rank, step: u32, _tag: u32, b: &Bytes| {
-        if from == 5 && step == 5 {
-            let mut forged = b.to_vec();
-            let last = forged.len() - 1;
-            forged[last] ^= 0x01;
-            return Fate::Rewritten(Duration::from_micros(10), forged.into());
-        }
-        Fate::After(Duration::from_micros(10))
+    let net = |from: Rank, _to: Rank, step: u32, _tag: u32, b: &Bytes| match from == 5 && step == 5
+    {
+        true => last_byte_flipped(b),
+        false => Fate::After(Duration::from_micros(10)),
     };
     let (ended, want) = audited(n, d, Audit::default(), &[2], Agreement::Detect, &net);
     for (r, e) in ended.iter().enumerate() {
@@ -343,17 +348,13 @@ fn a_liar_that_will_not_be_audited_has_its_shard_aggregated_again() {
     let n = 7;
     let d = n * 64;
     for spoil in [false, true] {
-        let net = move |from: Rank, _to: Rank, step: u32, _tag: u32, b: &Bytes| {
-            if from == 2 && step == 3 {
-                if !spoil {
-                    return Fate::Dropped;
-                }
-                let mut other = b.to_vec();
-                let last = other.len() - 1;
-                other[last] ^= 0x01;
-                return Fate::Rewritten(Duration::from_micros(10), other.into());
-            }
-            Fate::After(Duration::from_micros(10))
+        let net = move |from: Rank, _to: Rank, step: u32, _tag: u32, b: &Bytes| match (
+            from == 2 && step == 3,
+            spoil,
+        ) {
+            (true, false) => Fate::Dropped,
+            (true, true) => last_byte_flipped(b),
+            (false, _) => Fate::After(Duration::from_micros(10)),
         };
         let (ended, want) = audited(n, d, Audit::default(), &[2], Agreement::Detect, &net);
         for (r, e) in ended.iter().enumerate() {

@@ -273,7 +273,7 @@ impl<'r, B> Round<'r, B> {
     /// The owner's check before it aggregates: a piece whose bytes or signature are not its
     /// sender's signed commitment is that sender's erasure (a fault this rank sees and cannot
     /// prove, as a malformed message).
-    pub(super) fn check_pieces<P: Plane<Buf = B>>(&mut self, plane: &mut P) -> Result<(), Error> {
+    pub(super) fn check_pieces<P: Plane<Buf = B>>(&mut self, plane: &mut P) {
         let (me, n, elem) = (self.spec.me, self.spec.n, self.spec.elem);
         let own = self.auditing().ctx.own[me].clone();
         self.auditing_mut().signed[me] = Some(own);
@@ -301,7 +301,6 @@ impl<'r, B> Round<'r, B> {
                 );
             }
         }
-        Ok(())
     }
 
     /// The owner signs its claim over the result it aggregated and the inputs it used.
