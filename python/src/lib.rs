@@ -500,6 +500,18 @@ fn refused_to_py(py: Python<'_>, refused: Refused) -> PyErr {
     }
 }
 
+/// A plain all-reduce's operation by its Python name.
+fn reduce_op(name: &str) -> PyResult<ReduceOp> {
+    match name {
+        "sum" => Ok(ReduceOp::Sum),
+        "min" => Ok(ReduceOp::Min),
+        "max" => Ok(ReduceOp::Max),
+        other => Err(InvalidUsage::new_err(format!(
+            "op {other:?}: expected \"sum\", \"min\" or \"max\""
+        ))),
+    }
+}
+
 fn runtime() -> PyResult<tokio::runtime::Runtime> {
     byzcoll::blocking::runtime(1).map_err(|e| Error::new_err(format!("cannot start threads: {e}")))
 }
@@ -681,16 +693,7 @@ impl PyCommunicator {
     /// offer: one faulty rank corrupts every result.
     #[pyo3(signature = (x, op="sum"))]
     fn all_reduce(&self, py: Python<'_>, x: &Bound<'_, PyAny>, op: &str) -> PyResult<()> {
-        let op = match op {
-            "sum" => ReduceOp::Sum,
-            "min" => ReduceOp::Min,
-            "max" => ReduceOp::Max,
-            other => {
-                return Err(InvalidUsage::new_err(format!(
-                    "op {other:?}: expected \"sum\", \"min\" or \"max\""
-                )))
-            }
-        };
+        let op = reduce_op(op)?;
         let Array { ptr, len, dtype } = array(x, true)?;
         with_element!(dtype, T => self.run(py, move |c| {
             Box::pin(async move {
@@ -699,6 +702,41 @@ impl PyCommunicator {
                 c.all_reduce(buf, op).await
             })
         }))
+    }
+
+    /// Starts `all_reduce(x, op)` after the calls made before it and returns at once;
+    /// `done(error)` is called once it has run, on a thread of byzcoll's, with None or the
+    /// exception, and `x` is kept alive until then. (What the `byzcoll` torch process group's
+    /// `allreduce` runs on.)
+    fn _start_all_reduce(&self, x: &Bound<'_, PyAny>, op: &str, done: Py<PyAny>) -> PyResult<()> {
+        let op = reduce_op(op)?;
+        let kept = x.clone().unbind();
+        let finish = move |result: Result<(), Refused>| {
+            Python::attach(|py| {
+                let error = match result {
+                    Ok(()) => py.None(),
+                    Err(refused) => refused_to_py(py, refused).into_value(py).into_any(),
+                };
+                if let Err(e) = done.call1(py, (error,)) {
+                    e.write_unraisable(py, None);
+                }
+                // The array is released with the interpreter's lock held.
+                drop(kept);
+            });
+        };
+        let Array { ptr, len, dtype } = array(x, true)?;
+        with_element!(dtype, T => self.inner.start(
+            move |c| {
+                Box::pin(async move {
+                    // SAFETY: `x` is a live, writable, contiguous array of `len` elements of
+                    // `T`, kept alive until `done` has run.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) };
+                    c.all_reduce(buf, op).await
+                })
+            },
+            finish,
+        ));
+        Ok(())
     }
 
     /// How many inputs a robust round (gather policy) may go without for their lateness

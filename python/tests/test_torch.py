@@ -221,3 +221,72 @@ def test_init_under_torchrun_names_init_from_process_group_at_once():
         assert "torch.distributed's process group is initialized" in o["init_after"]["message"]
         assert "torchrun's agent" in o["init_before"]["message"]
         assert o["median"] == 1.5, o
+
+
+def run_pg_workers(argvs, env):
+    """Runs pg_worker.py once per argv, concurrently, and returns each one's JSON line."""
+    procs = [
+        subprocess.Popen([sys.executable, os.path.join(HERE, "pg_worker.py"), *argv], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for argv in argvs
+    ]
+    outs = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        lines = [l for l in stdout.splitlines() if l.startswith("{")]
+        assert p.returncode == 0 and lines, stdout + stderr
+        outs.append(json.loads(lines[-1]))
+    return outs
+
+
+def test_byzcoll_backend_sums_and_averages_plainly_and_is_robust_only_when_asked():
+    n = 3
+    env = clean_env(BYZCOLL_TCP_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    port = free_port()
+    outs = run_pg_workers([["init", str(r), str(n), str(port)] for r in range(n)], env)
+    values = [[r + 1.0, -2.0 * (r + 1)] for r in range(n)]
+    total = [sum(v[i] for v in values) for i in range(2)]
+    for o in outs:
+        assert o["backend"] == "byzcoll" and o["is_byzcoll"], o
+        assert o["SUM"] == total
+        assert o["AVG"] == [x / n for x in total]
+        assert o["MIN"] == [1.0, -2.0 * n] and o["MAX"] == [float(n), -2.0]
+        assert o["bf16"] == total
+        assert o["async"] == [True, total, [total]]
+        assert o["two"] == [total, [10 * x for x in total]]
+        # Never silently robust, never silently something else: a PRODUCT is refused by type.
+        assert o["product"]["type"] == "UnsupportedError" and "SUM, AVG, MIN or MAX" in o["product"]["message"]
+        assert o["broadcast"]["type"] == "UnsupportedError", o["broadcast"]
+        # The robust aggregate when asked: the last rank's 1e9 moves nothing.
+        assert o["median"] == [1.0] * 3 and o["median_faults"] == 0
+
+
+def test_torchft_contract_reconfigures_through_fresh_store_prefixes_as_quorums_change():
+    """What torchft's Manager does with a process group: configure() at each quorum change with
+    a fresh store prefix. Three replicas (values 1, 2, 4) form quorum 1; the third leaves and
+    quorum 2 is the other two; a restarted replica (value 8) takes the free rank in quorum 3."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = clean_env(BYZCOLL_TCP_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    p = str(store.port)
+    a, b, c, d = run_pg_workers(
+        [
+            ["quorums", "1", p, "1:0:3,2:0:2,3:0:3"],
+            ["quorums", "2", p, "1:1:3,2:1:2,3:1:3"],
+            ["quorums", "4", p, "1:2:3"],
+            ["quorums", "8", p, "3:2:3"],
+        ],
+        env,
+    )
+    for o in (a, b, c, d):
+        assert o["unconfigured"]["type"] == "InvalidUsage" and "configure" in o["unconfigured"]["message"]
+    assert [q["sum"] for q in a["quorums"]] == [7.0, 3.0, 11.0]
+    assert [q["sum"] for q in b["quorums"]] == [7.0, 3.0, 11.0]
+    assert [q["sum"] for q in c["quorums"]] == [7.0]
+    assert [q["sum"] for q in d["quorums"]] == [11.0]
+    assert [(q["size"], q["comm_size"], q["generation"]) for q in a["quorums"]] == [(3, 3, 1), (2, 2, 2), (3, 3, 3)]
+    assert [q["rank"] for q in d["quorums"]] == [2]

@@ -39,6 +39,26 @@ gets the robust aggregate of its own shard, at about the traffic of the sharded 
 The same rule applies: a whole-vector rule needs the whole gradient in one reduce-scatter, so it
 is refused on a model with more than one ``fully_shard`` group.
 
+``torch.distributed`` and torchft: importing this module registers the backend ``"byzcoll"``
+(:class:`ProcessGroupByzcoll`), so ``dist.init_process_group("byzcoll", ...)`` makes a process
+group whose ``all_reduce`` with SUM, AVG, MIN or MAX is that plain reduction (never silently
+robust) and whose ``robust_all_reduce`` is byzcoll's. It keeps torchft's process-group contract
+(``configure(store_addr, replica_id, rank, world_size, ...)`` joins a fresh communicator at each
+quorum change), so torchft's ``Manager`` decides the membership: a rank that dies is left out of
+the next quorum, and one that restarts is let in and fetches the model state from a healthy
+replica (torchft's checkpoint transport)::
+
+    pg = bt.ProcessGroupByzcoll()
+    manager = torchft.Manager(pg=pg, min_replica_size=2, ...)
+    ...                                                 # each step:
+    manager.start_quorum()
+    loss.backward()
+    pg.robust_all_reduce(flat_grads, "median", f=1)     # the robust step, on this quorum
+    if manager.should_commit():
+        opt.step()
+
+``examples/python/torchft_train.py`` trains this way with a replica killed and restarted.
+
 Tensors are CPU tensors of float32, float64, float16 or bfloat16 (the 16-bit ones travel as two
 bytes per element; sums and distances are taken in f64 and rounded once); other dtypes and
 CUDA tensors are refused with :class:`byzcoll.InvalidUsage`.
@@ -50,6 +70,7 @@ import torch
 import torch.distributed as dist
 
 from . import Communicator, InvalidUsage, UnsupportedError, _array, init_with_allgather
+from ._process_group import ProcessGroupByzcoll, register as _register_backend
 
 try:  # FSDP2's custom-collective interface (PyTorch >= 2.8), not re-exported publicly
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatter
@@ -59,6 +80,7 @@ except ImportError:  # pragma: no cover - older PyTorch
 __all__ = [
     "COORDINATE_WISE",
     "HookState",
+    "ProcessGroupByzcoll",
     "RobustReduceScatter",
     "ddp_comm_hook",
     "fsdp_robust_reduce_scatter",
@@ -66,6 +88,8 @@ __all__ = [
     "register_ddp_comm_hook",
     "robust_all_reduce_async",
 ]
+
+_register_backend()
 
 #: Rules whose aggregate of a slice is the slice of the aggregate.
 COORDINATE_WISE = frozenset({"median", "trimmed-mean", "trimmed_mean", "mean"})
