@@ -93,9 +93,10 @@ cargo fmt --manifest-path python/Cargo.toml -- --check
 CARGO_TARGET_DIR="$PWD/target/python" cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
 [ -x target/pyvenv/bin/python ] || python3 -m venv target/pyvenv
 # torch (PyPI's, with its CUDA libraries: about 2 minutes and 5 GiB here) for the DDP hook tests;
-# scikit-learn (its digits data set) and matplotlib for examples/python/train_under_attack.py.
+# scikit-learn (its digits data set) and matplotlib for examples/python/train_under_attack.py;
+# torchft (its lighthouse and Manager, pinned) for examples/python/torchft_train.py.
 target/pyvenv/bin/pip install -q --no-cache-dir --disable-pip-version-check maturin numpy pytest mpi4py torch \
-    scikit-learn matplotlib
+    scikit-learn matplotlib torchft==0.2.0
 CARGO_TARGET_DIR="$PWD/target/python" target/pyvenv/bin/pip install -q --no-cache-dir --disable-pip-version-check ./python
 BYZCOLL_BIN="$PWD/target/debug/byzcoll" target/pyvenv/bin/python -m pytest python/tests -q -rs -p no:cacheprovider 2>&1 |
     tee -a "$log"

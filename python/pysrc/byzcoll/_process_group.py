@@ -108,13 +108,16 @@ class ProcessGroupByzcoll(dist.ProcessGroup):
     :attr:`comm`; :attr:`generation` counts the communicators joined.
 
     Each rank listens for its peers on ``BYZCOLL_TCP_ADDR`` (an IP address), else on the
-    address this host's name resolves to.
+    address this host's name resolves to. `timeout` bounds a join's wait in the store;
+    `step_timeout_ms` is the communicators' step deadline (default ``BYZCOLL_TIMEOUT_MS``, else
+    byzcoll's), after which a silent rank is an erasure of the round.
     """
 
-    def __init__(self, store=None, rank=0, world_size=1, timeout=DEFAULT_TIMEOUT):
+    def __init__(self, store=None, rank=0, world_size=1, timeout=DEFAULT_TIMEOUT, *, step_timeout_ms=None):
         super().__init__(rank, world_size)
         self._rank, self._size = rank, world_size
         self._timeout = timeout
+        self._step_timeout_ms = step_timeout_ms
         self._comm = None
         self._error = None
         self.generation = 0
@@ -252,7 +255,7 @@ class ProcessGroupByzcoll(dist.ProcessGroup):
             raise InvalidUsage(f"rank {rank} of a world of {world_size}")
         self._close()
         gather = store_allgather(store, rank, world_size, self._timeout)
-        self._comm = init_with_allgather(rank, world_size, gather)
+        self._comm = init_with_allgather(rank, world_size, gather, timeout_ms=self._step_timeout_ms)
         self._rank, self._size = rank, world_size
         self._error = None
         self.generation += 1
