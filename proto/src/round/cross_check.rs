@@ -97,11 +97,14 @@ impl<'r, B> Round<'r, B> {
         }
         if self.failed.is_some() {
             if self.confirms() {
-                self.post_confirm(None, Err(None), heard);
+                self.post_confirm(None, AgreementReport::default(), heard);
             }
             return;
         }
         let f = self.rule.byzantine();
+        if self.confirms() {
+            return self.converge(plane, mine, &theirs, &same, heard);
+        }
         let outcome = match check::evaluate(me, n, f, &mine, &theirs, &same) {
             Ok(mut found) => {
                 found.differing_inputs.append(&mut self.echo_differs);
@@ -114,18 +117,88 @@ impl<'r, B> Round<'r, B> {
                 None => Err(e),
             },
         };
-        if !self.confirms() {
-            match outcome {
-                Ok((found, _)) => self.report.agreement = Some(found),
-                Err(e) => self.failed = Some(e),
-            }
-            return;
-        }
         match outcome {
-            Ok((found, result)) => self.post_confirm(result, Ok(found), heard),
-            // Outvoted for now: the ranks that realign may still take this result.
-            Err(e) => self.post_confirm(mine.result, Err(Some(e)), heard),
+            Ok((found, _)) => self.report.agreement = Some(found),
+            Err(e) => self.failed = Some(e),
         }
+    }
+
+    /// With the confirmation step: every rank moves to the aggregate of the *common inputs*,
+    /// those that every rank it heard used (each with the digest this rank's copy has), and
+    /// the confirmation decides (`PROTOCOL.md`, "Common inputs"). The common inputs are a
+    /// subset of what this rank used, so it never lacks one; ranks that heard the same checks
+    /// compute the same set, whichever late inputs reached each of them in time.
+    fn converge<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        mine: Check,
+        theirs: &[Option<Check>],
+        same: &[bool],
+        heard: Vec<Rank>,
+    ) {
+        let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
+        let mut found = match check::evaluate(me, n, f, &mine, theirs, same) {
+            Ok(found) => found,
+            Err(Error::Disagreement {
+                disagreeing,
+                unconfirmed,
+                differing_inputs,
+                ..
+            }) => AgreementReport {
+                disagreeing,
+                unconfirmed,
+                differing_inputs,
+                ..AgreementReport::default()
+            },
+            Err(e) => {
+                self.failed = Some(e);
+                return self.post_confirm(None, AgreementReport::default(), heard);
+            }
+        };
+        found.differing_inputs.append(&mut self.echo_differs);
+        found.differing_inputs.sort_unstable();
+        found.differing_inputs.dedup();
+        let used: Vec<Rank> = (0..n).filter(|&j| mine.seen.inputs[j].is_some()).collect();
+        let common = self.common_inputs(&mine, theirs);
+        // Where this rank cannot aggregate them (no copy of its inputs kept, or too few for
+        // the rule), it keeps its result and the confirmation decides.
+        if common == used || self.kept.is_empty() || self.rule.check(common.len()).is_err() {
+            return self.post_confirm(mine.result, found, heard);
+        }
+        let kept = std::mem::take(&mut self.kept);
+        let again = self.aggregate_set(plane, &kept, &common);
+        self.kept = kept;
+        if let Err(e) = again {
+            self.failed = Some(e);
+            return self.post_confirm(None, AgreementReport::default(), heard);
+        }
+        found.realigned = used.iter().copied().filter(|j| !common.contains(j)).collect();
+        self.report.erased_self = !common.contains(&me);
+        let result = plane.result_digest();
+        self.post_confirm(Some(result), found, heard)
+    }
+
+    /// The inputs this rank used that every rank whose check it heard with a result used
+    /// too, with the same digest. A check naming fewer than this rank's inputs less `s` is
+    /// left out: no honest rank's quorum misses more than `s` of the inputs another's got
+    /// (a Byzantine rank cannot erase every input by claiming it got none).
+    fn common_inputs(&self, mine: &Check, theirs: &[Option<Check>]) -> Vec<Rank> {
+        let count = |c: &Check| c.seen.inputs.iter().flatten().count();
+        let floor = count(mine).saturating_sub(self.spec.stragglers);
+        let lists: Vec<&[Option<Digest>]> = theirs
+            .iter()
+            .flatten()
+            .filter(|c| c.result.is_some() && count(c) >= floor)
+            .map(|c| &c.seen.inputs[..])
+            .collect();
+        (0..self.spec.n)
+            .filter(|&j| match mine.seen.inputs[j] {
+                Some(d) => lists
+                    .iter()
+                    .all(|l| matches!(l[j], Some(e) if e[..16] == d[..16])),
+                None => false,
+            })
+            .collect()
     }
 
     /// Whether the cross-check is followed by the confirmation step: under
@@ -137,15 +210,9 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// The confirmation step: every rank sends every other the digest of the result it
-    /// ends with (after realigning; none where its round failed), and waits for those whose
-    /// cross-check it heard. `first`: what the cross-check found (`Err(None)`: the round had
-    /// failed already).
-    fn post_confirm(
-        &mut self,
-        result: Option<Digest>,
-        first: Result<AgreementReport, Option<Error>>,
-        heard: Vec<Rank>,
-    ) {
+    /// ends with (after moving to the common inputs; none where its round failed), and waits
+    /// for those whose cross-check it heard. `found`: what the cross-check found.
+    fn post_confirm(&mut self, result: Option<Digest>, found: AgreementReport, heard: Vec<Rank>) {
         let (me, n) = (self.spec.me, self.spec.n);
         let mut bytes = Vec::with_capacity(CONFIRM_LEN);
         bytes.push(u8::from(result.is_some()));
@@ -160,7 +227,7 @@ impl<'r, B> Round<'r, B> {
                 len: CONFIRM_LEN,
             })
             .collect();
-        self.post(Phase::Confirm { result, first }, "confirm", sends, recvs);
+        self.post(Phase::Confirm { result, found }, "confirm", sends, recvs);
     }
 
     /// The end of the confirmation step: this rank's result stands where at least `n − f`
@@ -171,10 +238,10 @@ impl<'r, B> Round<'r, B> {
         plan: &StepPlan,
         outcomes: Vec<Arrival<B>>,
         result: Option<Digest>,
-        first: Result<AgreementReport, Option<Error>>,
+        previous: AgreementReport,
     ) {
         let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
-        let (Some(result), mut found) = (result, first) else {
+        let Some(result) = result else {
             return;
         };
         if self.failed.is_some() {
@@ -197,20 +264,6 @@ impl<'r, B> Round<'r, B> {
             }
         }
         agreeing.sort_unstable();
-        let previous = match &mut found {
-            Ok(found) => Some(found.clone()),
-            Err(Some(Error::Disagreement {
-                unconfirmed,
-                differing_inputs,
-                ..
-            })) => Some(AgreementReport {
-                unconfirmed: std::mem::take(unconfirmed),
-                differing_inputs: std::mem::take(differing_inputs),
-                ..AgreementReport::default()
-            }),
-            Err(_) => None,
-        };
-        let previous = previous.unwrap_or_default();
         // Silent in either step: unconfirmed.
         unconfirmed.extend(
             (0..n)
@@ -237,19 +290,9 @@ impl<'r, B> Round<'r, B> {
         });
     }
 
-    /// Another result than this rank's that enough of the others hold to take it. Without
-    /// the confirmation step, `n − f` of them (then no rank could return another result,
-    /// `PROTOCOL.md`, "Realignment"). With it, where the ranks' final results decide: of the
-    /// results held by more than `f` ranks (so by an honest one), this rank's among them, the
-    /// one made of the fewest inputs (the smaller digest among equals), so that the ranks an
-    /// input reached in time leave it out as those it reached late did, and a rank takes
-    /// more inputs only where no such result exists.
-    fn common_result(
-        &self,
-        mine: &Check,
-        theirs: &[Option<Check>],
-        same: &[bool],
-    ) -> Option<Digest> {
+    /// Another result than this rank's that at least `n − f` of the others hold (then no
+    /// rank could return another result, `PROTOCOL.md`, "Realignment").
+    fn common_result(&self, mine: &Check, theirs: &[Option<Check>]) -> Option<Digest> {
         let (n, f) = (self.spec.n, self.rule.byzantine());
         let held_by = |d: &Digest| {
             theirs
@@ -258,28 +301,12 @@ impl<'r, B> Round<'r, B> {
                 .filter(|c| c.result == Some(*d))
                 .count()
         };
-        let others = theirs
+        theirs
             .iter()
             .flatten()
-            .filter(|c| c.result.is_some() && c.result != mine.result);
-        if !self.confirms() {
-            return others
-                .filter_map(|c| c.result)
-                .find(|d| held_by(d) >= n.saturating_sub(f).max(f + 1));
-        }
-        let inputs = |c: &Check| c.seen.inputs.iter().flatten().count();
-        let mine_held =
-            1 + same.iter().filter(|&&s| s).count() + mine.result.map_or(0, |d| held_by(&d));
-        let own = mine
-            .result
-            .filter(|_| mine_held > f)
-            .map(|d| (inputs(mine), d));
-        let best = others
-            .filter_map(|c| c.result.map(|d| (inputs(c), d)))
-            .filter(|(_, d)| held_by(d) > f)
-            .chain(own)
-            .min()?;
-        (Some(best.1) != mine.result).then_some(best.1)
+            .filter_map(|c| c.result)
+            .filter(|d| Some(*d) != mine.result)
+            .find(|d| held_by(d) >= n.saturating_sub(f).max(f + 1))
     }
 
     /// Where this rank's result is not the one at least `n − f` ranks hold (gather mode,
@@ -300,7 +327,7 @@ impl<'r, B> Round<'r, B> {
         if self.kept.is_empty() || self.r != 0 || self.spec.agreement != Agreement::Detect {
             return None;
         }
-        let target = self.common_result(mine, theirs, same)?;
+        let target = self.common_result(mine, theirs)?;
         let used: Vec<Rank> = (0..n).filter(|&j| mine.seen.inputs[j].is_some()).collect();
         let mut tried: Vec<&[Option<Digest>]> = Vec::new();
         for c in theirs.iter().flatten().filter(|c| c.result == Some(target)) {
@@ -341,22 +368,10 @@ impl<'r, B> Round<'r, B> {
                         false => theirs[p].clone(),
                     })
                     .collect();
-                // Without the confirmation step, the others' checks must show n − f ranks with
-                // this result; with it, the ranks' final results decide.
-                let mut found = match check::evaluate(me, n, f, &now, &theirs, &vec![false; n]) {
-                    Ok(found) => found,
-                    Err(Error::Disagreement {
-                        disagreeing,
-                        unconfirmed,
-                        differing_inputs,
-                        ..
-                    }) if self.confirms() => AgreementReport {
-                        disagreeing,
-                        unconfirmed,
-                        differing_inputs,
-                        ..AgreementReport::default()
-                    },
-                    Err(_) => return None,
+                // The others' checks must show n − f ranks with this result.
+                let Ok(mut found) = check::evaluate(me, n, f, &now, &theirs, &vec![false; n])
+                else {
+                    return None;
                 };
                 found.realigned = realigned;
                 self.report.erased_self = !set.contains(&me);

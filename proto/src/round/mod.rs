@@ -460,10 +460,11 @@ enum Phase<B> {
     Proofs,
     Recompute,
     /// The confirmation step after the cross-check (gather mode, `Detect`, stragglers
-    /// allowed): the result this rank ends with, and what the cross-check found.
+    /// allowed): the result this rank ends with (none where the round failed), and what the
+    /// cross-check found.
     Confirm {
         result: Option<Digest>,
-        first: Result<crate::AgreementReport, Option<Error>>,
+        found: crate::AgreementReport,
     },
     Done,
 }
@@ -788,8 +789,8 @@ impl<'r, B> Round<'r, B> {
             Phase::Proofs => self.proofs_in(plane, &plan, outcomes),
             Phase::Recompute => self.recomputed(plane, &plan, outcomes),
             Phase::Check { mine, encoded } => self.checked(plane, &plan, outcomes, mine, encoded),
-            Phase::Confirm { result, first } => {
-                self.confirmed(plane, &plan, outcomes, result, first)
+            Phase::Confirm { result, found } => {
+                self.confirmed(plane, &plan, outcomes, result, found)
             }
             Phase::Done => unreachable!("no step is posted when done"),
         }
