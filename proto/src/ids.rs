@@ -48,7 +48,8 @@ impl MsgKey {
 }
 
 /// When a step may end before every receive has an outcome: once `receives` of them have one
-/// (the quorum) and the [`Grace`] that follows has passed. Receives still open then are *late*:
+/// (the quorum) and the [`Grace`] that follows has passed, or once the quorum has formed and
+/// the first `awaited` receives all have an outcome. Receives still open then are *late*:
 /// erasures for that step, named apart from the missing ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quorum {
@@ -56,6 +57,10 @@ pub struct Quorum {
     pub receives: usize,
     /// How long the step waits past the quorum.
     pub grace: Grace,
+    /// The grace waits for the step's first `awaited` receives only: the receives after them
+    /// are from *laggards*, peers late in each of this rank's last rounds, which it waits for
+    /// only up to the quorum (fault memory). The step's receive count where there are none.
+    pub awaited: usize,
 }
 
 /// How long a quorum step waits past its quorum. It adapts to what the step sees: at least

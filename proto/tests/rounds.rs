@@ -373,6 +373,59 @@ fn two_stragglers_late_to_different_ranks_leave_every_rank_with_one_result() {
     }
 }
 
+/// Fault memory: a laggard (a peer late in each of this rank's last rounds) is waited for
+/// only up to the quorum. Rank 3's input comes 0.5 ms after the others', within their grace:
+/// taken where ranks 0 to 2 do not count rank 3 a laggard, late where they do (the step ends
+/// as soon as the others' inputs are in), and rank 3 then ends with their result.
+#[test]
+fn a_laggard_is_waited_for_only_up_to_the_quorum() {
+    use byzcoll_proto::round::{Carry, Round};
+    let (n, d) = (4, 6);
+    let rule = Median::new(1);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let net = |from, _to, step, _tag, _: &bytes::Bytes| match (from, step) {
+        (3, 0) => Fate::After(MS + MS / 2),
+        _ => Fate::After(MS),
+    };
+    for laggard in [false, true] {
+        let carry = |me: usize| Carry {
+            laggards: if laggard && me != 3 { vec![3] } else { vec![] },
+            ..Carry::default()
+        };
+        let planes = (0..n)
+            .map(|r| harness::TestPlane::new(r, n, inputs[r].clone()))
+            .collect();
+        let ended = harness::run_rounds(
+            |me| {
+                let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
+                s.stragglers = 1;
+                Round::resuming(s, &rule, &carry(me))
+            },
+            planes,
+            &vec![Duration::ZERO; n],
+            &net,
+        );
+        let want = match laggard {
+            false => bits(&reference(&inputs, &rule)),
+            true => bits(&reference(&inputs[..3], &rule)),
+        };
+        for (me, e) in ended.iter().enumerate() {
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|err| panic!("laggard {laggard} rank {me}: {err}"));
+            assert_eq!(bits(&e.output), want, "laggard {laggard} rank {me}");
+            if me < 3 {
+                let late = report
+                    .faults
+                    .iter()
+                    .any(|f| f.rank == 3 && f.fault == Fault::Late);
+                assert_eq!(late, laggard, "rank {me}: {:?}", report.faults);
+            }
+        }
+    }
+}
+
 /// A rank that starts past the others' deadline in a sharded round with `2f + 1` owners
 /// (versions by digest) returns their result, not another one: its co-owners erased its
 /// pieces, every one of them contradicts its version alike, and it makes its shards again

@@ -65,6 +65,12 @@ impl PeerHealth {
     }
 }
 
+/// How many robust rounds in a row a peer must have been late to be a *laggard*: a quorum
+/// step waits for its input only up to the quorum, not through the grace
+/// ([`Carry::laggards`](byzcoll_proto::round::Carry::laggards)), so a rank that is always
+/// late does not cost every round a grace. One round in time makes it a peer like any other.
+pub const LAGGARD_ROUNDS: u32 = 2;
+
 /// The health of every peer of a communicator.
 #[derive(Debug, Clone)]
 pub(crate) struct Health {
@@ -89,6 +95,15 @@ impl Health {
             .iter()
             .filter(|p| p.rank != me)
             .cloned()
+            .collect()
+    }
+
+    /// The peers late in each of the last [`LAGGARD_ROUNDS`] robust rounds or more.
+    pub(crate) fn laggards(&self) -> Vec<Rank> {
+        self.peers
+            .iter()
+            .filter(|p| matches!(p.streak, Some((Symptom::Late, k)) if k >= LAGGARD_ROUNDS))
+            .map(|p| p.rank)
             .collect()
     }
 
@@ -216,5 +231,21 @@ mod tests {
         // A round that failed for this rank's own reasons teaches nothing of the others.
         h.record(&Err(crate::Error::InvalidUsage("x".into())));
         assert_eq!(h.of_peers(0), peers);
+    }
+
+    #[test]
+    fn a_peer_late_round_after_round_is_a_laggard_until_it_is_in_time() {
+        let mut h = Health::new(4);
+        for _ in 0..LAGGARD_ROUNDS - 1 {
+            h.record(&report(&[(2, Fault::Late), (3, Fault::Missing)], &[]));
+        }
+        assert_eq!(h.laggards(), Vec::<Rank>::new());
+        h.record(&report(&[(2, Fault::Late), (3, Fault::Missing)], &[]));
+        // Late in each of the last LAGGARD_ROUNDS rounds; missing is not late.
+        assert_eq!(h.laggards(), [2]);
+        h.record(&report(&[(2, Fault::Late)], &[]));
+        assert_eq!(h.laggards(), [2]);
+        h.record(&report(&[], &[]));
+        assert_eq!(h.laggards(), Vec::<Rank>::new());
     }
 }

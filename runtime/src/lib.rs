@@ -35,7 +35,7 @@ pub use calls::call_fingerprint;
 pub use comm::{Communicator, ReduceOp, DOUBLING_MAX_BYTES, RING_PARTS, RING_PART_BYTES};
 pub use config::{step_timeout_ms, Config, JOB_RECORD_LEN, MAX_PART_BYTES, MAX_STEP_TIMEOUT};
 pub use handle::{CommHandle, Pending, QUEUED};
-pub use health::{PeerHealth, Symptom};
+pub use health::{PeerHealth, Symptom, LAGGARD_ROUNDS};
 #[cfg(feature = "fault-injection")]
 pub use robust::OwnerTamper;
 pub use round::sum_of_shard_medians;

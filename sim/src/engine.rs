@@ -994,6 +994,7 @@ mod tests {
                 min: std::time::Duration::from_micros(min_us),
                 factor,
             },
+            awaited: usize::MAX,
         })
     }
 

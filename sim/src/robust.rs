@@ -291,6 +291,9 @@ impl Program for Robust<'_> {
         self.lens[rank] = plan.recvs.iter().map(|op| op.len as u64).collect();
         let mut posted = Posted::new(plan.recvs.len(), plan.recvs.len());
         posted.timeouts = plan.timeout.as_secs_f64();
+        // The simulated rounds keep no fault memory, so no step has laggards: a quorum's
+        // grace waits for every receive, and the engine models no `awaited` cut.
+        debug_assert!(plan.quorum.is_none_or(|q| q.awaited >= plan.recvs.len()));
         posted.quorum = plan.quorum;
         posted
     }

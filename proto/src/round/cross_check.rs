@@ -172,7 +172,11 @@ impl<'r, B> Round<'r, B> {
             self.failed = Some(e);
             return self.post_confirm(None, AgreementReport::default(), heard);
         }
-        found.realigned = used.iter().copied().filter(|j| !common.contains(j)).collect();
+        found.realigned = used
+            .iter()
+            .copied()
+            .filter(|j| !common.contains(j))
+            .collect();
         self.report.erased_self = !common.contains(&me);
         let result = plane.result_digest();
         self.post_confirm(Some(result), found, heard)

@@ -536,6 +536,8 @@ pub struct Round<'r, B> {
     echo_differs: Vec<Rank>,
     /// Peers an earlier sub-round of the same call erased ([`Carry::erased`]).
     carried: Vec<Rank>,
+    /// [`Carry::laggards`].
+    laggards: Vec<Rank>,
     /// The step timeouts an honest rank may start this round later than this one
     /// ([`Carry::lag`]).
     lag_in: u32,
@@ -577,6 +579,11 @@ pub struct Carry {
     /// How many step timeouts later than this rank an honest rank may start the next
     /// sub-round ([`Round::lag`] of the one before): each of its steps waits that many more.
     pub lag: u32,
+    /// *Laggards*: peers this rank saw late in each of its last rounds (its own observations,
+    /// never a peer's word). A quorum step waits for their inputs only up to its quorum: its
+    /// grace waits for the other senders alone, so a rank that is always late does not cost
+    /// a grace every round. A laggard whose input comes in time is taken as any other.
+    pub laggards: Vec<Rank>,
 }
 
 impl<B> std::fmt::Debug for Round<'_, B> {
@@ -648,6 +655,7 @@ impl<'r, B> Round<'r, B> {
             agreed: Vec::new(),
             echo_differs: Vec::new(),
             carried: erased.iter().map(|f| f.rank).collect(),
+            laggards: carry.laggards.clone(),
             lag_in: carry.lag,
             saw_missing: false,
             measured: None,
@@ -849,25 +857,33 @@ impl<'r, B> Round<'r, B> {
                 min: Duration::ZERO,
                 factor: 0,
             },
+            awaited: recvs.len(),
         });
         self.post_quorum(phase, op, sends, recvs, quorum);
     }
 
     /// [`Round::post`] of a step that carries inputs: with stragglers allowed, it may end
     /// once all but `s` senders' receives are in (`per_sender` receives each) and the grace
-    /// has passed.
+    /// has passed, the grace waiting for no laggard ([`Carry::laggards`]; their receives go
+    /// last).
     fn post_inputs(
         &mut self,
         phase: Phase<B>,
         op: &'static str,
         sends: Vec<Send>,
-        recvs: Vec<RecvOp>,
+        mut recvs: Vec<RecvOp>,
         per_sender: usize,
     ) {
         let s = self.spec.stragglers;
+        let laggards = &self.laggards;
+        if s > 0 && !laggards.is_empty() {
+            recvs.sort_by_key(|r| laggards.contains(&r.peer));
+        }
+        let awaited = recvs.iter().filter(|r| !laggards.contains(&r.peer)).count();
         let quorum = (s > 0).then(|| Quorum {
             receives: recvs.len().saturating_sub(s.saturating_mul(per_sender)),
             grace: self.spec.grace,
+            awaited,
         });
         self.post_quorum(phase, op, sends, recvs, quorum);
     }

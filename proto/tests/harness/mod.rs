@@ -403,7 +403,8 @@ fn completes_at(
     }
 }
 
-/// When the step's quorum and grace end it (`None` without a quorum, or before it forms).
+/// When the step's quorum and grace end it, or its quorum and the last of its awaited
+/// receives (`None` without a quorum, or before it forms).
 fn quorum_cut(
     plan: &byzcoll_proto::round::StepPlan,
     at: Duration,
@@ -424,7 +425,17 @@ fn quorum_cut(
         0 => at,
         k => *times.get(k - 1)?,
     };
-    let cut = formed + q.grace.after(formed - at);
+    let mut cut = formed + q.grace.after(formed - at);
+    let awaited_in = plan.recvs[..q.awaited.min(plan.recvs.len())]
+        .iter()
+        .map(|op| {
+            wire.get(&(op.peer, me, plan.index, op.tag))
+                .map(|m| m.at.max(at))
+        })
+        .try_fold(at, |t, a| a.map(|a| t.max(a)));
+    if let Some(all) = awaited_in {
+        cut = cut.min(all.max(formed));
+    }
     (cut < at + plan.timeout).then_some(cut)
 }
 

@@ -626,8 +626,8 @@ mod round_tests {
         let mut v = vec![1.0f32; 8];
         let mut plane = HostPlane::new(Target::All(&mut v), 0, 4, None);
         let carry = Carry {
-            erased: Vec::new(),
             lag,
+            ..Carry::default()
         };
         let mut round = Round::resuming(spec, &rule, &carry);
         let mut stretches = Vec::new();

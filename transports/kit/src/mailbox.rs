@@ -322,9 +322,10 @@ async fn until_deadline(
 }
 
 /// Every receive's outcome until `quorum` of them have one and its grace has passed (or the
-/// deadline, whichever is first); those still open then are late (missing at the deadline).
-/// A receive whose peer is gone counts towards the quorum at once: a dead peer is not
-/// waited for.
+/// deadline, whichever is first), or until the quorum has formed and the first
+/// `quorum.awaited` receives (all but the laggards') have an outcome; those still open then
+/// are late (missing at the deadline). A receive whose peer is gone counts towards the quorum
+/// at once: a dead peer is not waited for.
 async fn until_quorum(
     receivers: Vec<oneshot::Receiver<RecvOutcome>>,
     deadline: Instant,
@@ -344,15 +345,23 @@ async fn until_quorum(
         _ => deadline,
     };
     let mut have = 0;
+    let mut awaited_open = quorum.awaited.min(outcomes.len());
     loop {
         tokio::select! {
             next = open.next() => match next {
                 Some((i, outcome)) => {
                     outcomes[i] = Some(outcome);
                     have += 1;
+                    if i < quorum.awaited {
+                        awaited_open -= 1;
+                    }
                     if have == quorum.receives {
                         let now = Instant::now();
                         end = end.min(now + quorum.grace.after(now - posted));
+                    }
+                    if have >= quorum.receives && awaited_open == 0 {
+                        end = end.min(Instant::now());
+                        break;
                     }
                 }
                 None => break,
@@ -544,6 +553,16 @@ mod tests {
     /// message arrives after `at[p - 1]` (never for `None`). Its outcomes (received or not)
     /// and when it ended.
     async fn quorum_step(receives: usize, at: [Option<u64>; 3]) -> (Vec<RecvOutcome>, Duration) {
+        laggard_step(receives, 3, at).await
+    }
+
+    /// [`quorum_step`] whose grace waits for the first `awaited` receives only (rank 3 a
+    /// laggard where `awaited` is 2).
+    async fn laggard_step(
+        receives: usize,
+        awaited: usize,
+        at: [Option<u64>; 3],
+    ) -> (Vec<RecvOutcome>, Duration) {
         use byzcoll_runtime::{Grace, RecvOp};
         let mb = std::sync::Arc::new(Mailbox::new(4));
         let start = Instant::now();
@@ -566,6 +585,7 @@ mod tests {
                     min: Duration::from_millis(10),
                     factor: 1,
                 },
+                awaited,
             }),
         };
         let posted = mb.post_step(&step);
@@ -605,5 +625,25 @@ mod tests {
             vec![got, RecvOutcome::Missing, RecvOutcome::Missing]
         );
         assert_eq!(took, Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quorum_step_spends_no_grace_on_a_laggard_and_takes_it_when_in_time() {
+        let got = RecvOutcome::Received(Payload::Host(Bytes::from_static(b"x")));
+        // Rank 3 a laggard: the quorum of 2 forms at 20 ms with every other receive in, and
+        // the step ends there (a grace would have taken rank 3's message at 35 ms).
+        let (outcomes, took) = laggard_step(2, 2, [Some(5), Some(20), Some(35)]).await;
+        assert_eq!(outcomes, vec![got.clone(), got.clone(), RecvOutcome::Late]);
+        assert_eq!(took, Duration::from_millis(20));
+        // A laggard in time is taken as any other: rank 3 at 3 ms forms the quorum with rank
+        // 1 at 5 ms, and the grace (to 15 ms) waits for rank 2, in at 12 ms.
+        let (outcomes, took) = laggard_step(2, 2, [Some(5), Some(12), Some(3)]).await;
+        assert_eq!(outcomes, vec![got.clone(), got.clone(), got.clone()]);
+        assert_eq!(took, Duration::from_millis(12));
+        // The grace still bounds the wait for the others: the same quorum, rank 2 at 30 ms is
+        // late at the grace's end.
+        let (outcomes, took) = laggard_step(2, 2, [Some(5), Some(30), Some(3)]).await;
+        assert_eq!(outcomes, vec![got.clone(), RecvOutcome::Late, got]);
+        assert_eq!(took, Duration::from_millis(15));
     }
 }
