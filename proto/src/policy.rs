@@ -152,11 +152,15 @@ impl Agreement {
 /// whatever `s` (the ranks start apart, and none has been seen late yet).
 ///
 /// Under [`Agreement::Detect`] a straggler's input can reach some honest ranks before their
-/// quorum and others after it: a rank that held it and is outvoted realigns to the others'
-/// result ([`AgreementReport::realigned`](crate::AgreementReport::realigned)), but one that
-/// went without it while the others used it fails its round (loudly, never silently);
+/// quorum and others after it: every rank moves to the *common inputs*, those every rank it
+/// heard in the cross-check used, and names the inputs it left out
+/// ([`AgreementReport::realigned`](crate::AgreementReport::realigned)); a confirmation step
+/// turns ranks that still end apart into an error, never a silent split.
 /// [`Agreement::Enforce`] agrees on the inputs and keeps them all in step (`PROTOCOL.md`,
-/// "Quorum rounds").
+/// "Quorum rounds", "Common inputs").
+///
+/// A peer late round after round (a *laggard*, [`Carry::laggards`](crate::round::Carry)) is
+/// waited for only up to the quorum, not through the grace.
 ///
 /// Off by default (`Exactly(0)`): with `s > 0` an honest rank's input can be left out of a
 /// round for its timing alone, which changes a mean's result; that stays the user's call.
@@ -269,10 +273,11 @@ pub struct AgreementReport {
     /// Shard owners whose result for a shard differed between the ranks that received it
     /// (sharded mode): they sent different ranks different versions.
     pub differing_versions: Vec<Rank>,
-    /// Senders whose input this rank received but left out, to take the result that at
-    /// least `n − f` ranks hold: they aggregated without it (it reached them late or not at
-    /// all), so this rank aggregated again over the inputs they used, each as it holds them
-    /// (gather mode under [`Agreement::Detect`]; `PROTOCOL.md`, "Realignment").
+    /// Senders whose input this rank received but left out, aggregating again without it:
+    /// to take the result that at least `n − f` ranks hold (`s = 0`; `PROTOCOL.md`,
+    /// "Realignment"), or, in quorum rounds, because a rank it heard went without it (it
+    /// reached that rank late or not at all; "Common inputs"). Gather mode under
+    /// [`Agreement::Detect`].
     pub realigned: Vec<Rank>,
 }
 

@@ -217,8 +217,8 @@ impl Communicator {
     fn stragglers(&self, rule: &dyn Aggregator, shape: Shape) -> Result<usize> {
         let requested = self.config().stragglers.requested();
         // Under Detect a communicator's first collective waits for every input: the ranks
-        // started apart, and a rank that went without an input the others used cannot
-        // realign to their result (Enforce's echo passes such inputs on).
+        // started apart, and a quorum there would leave inputs out for their start-up alone
+        // (Enforce's echo passes late inputs on).
         let first = self.collectives_begun() == 0 && self.agreement() == Agreement::Detect;
         if requested == Some(0) || first {
             return Ok(0);

@@ -207,8 +207,8 @@ impl<'r, B> Round<'r, B> {
 
     /// Whether the cross-check is followed by the confirmation step: under
     /// [`Agreement::Detect`] in gather mode with stragglers allowed, where an input late to
-    /// some ranks and not others splits them and the ranks that realign say so
-    /// (`PROTOCOL.md`, "Realignment"). Alike on every rank (the spec's).
+    /// some ranks and not others splits them until they move to the common inputs
+    /// (`PROTOCOL.md`, "Common inputs"). Alike on every rank (the spec's).
     pub(super) fn confirms(&self) -> bool {
         self.spec.agreement == Agreement::Detect && self.r == 0 && self.spec.stragglers > 0
     }
