@@ -373,6 +373,49 @@ fn two_stragglers_late_to_different_ranks_leave_every_rank_with_one_result() {
     }
 }
 
+/// A straggler's own view does not shrink the others' set: rank 6 is late for ranks 0 to 2,
+/// and rank 7's input is late for rank 6 alone. Ranks 3 to 5 hear rank 6's check (which lacks
+/// rank 7's input) and ranks 0 to 2 do not; both leave rank 6's list out (its input was late
+/// for some rank), keep rank 7's input and end alike. Rank 6 lacks it and says so, loudly.
+#[test]
+fn a_stragglers_view_of_another_straggler_does_not_split_the_others() {
+    let (n, d) = (8, 5);
+    let rule = Median::new(2);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let spec = |me| {
+        let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
+        s.stragglers = 2;
+        s
+    };
+    let ended = run(
+        spec,
+        &rule,
+        &inputs,
+        &vec![Duration::ZERO; n],
+        &|from, to, step, _, _| match (from, to, step) {
+            (6, 0..=2, 0) | (7, 6, 0) => Fate::After(Duration::from_millis(200)),
+            _ => Fate::After(MS),
+        },
+    );
+    let kept: Vec<Vec<f32>> = (0..n)
+        .filter(|&r| r != 6)
+        .map(|r| inputs[r].clone())
+        .collect();
+    let want = bits(&reference(&kept, &rule));
+    for (me, e) in ended.iter().enumerate() {
+        match (me, &e.result) {
+            (6, Err(Error::Disagreement { .. })) => {}
+            (6, other) => panic!("rank 6: {other:?}"),
+            (_, Ok(report)) => {
+                assert_eq!(bits(&e.output), want, "rank {me}");
+                assert_eq!(report.inputs, 7, "rank {me}");
+            }
+            (_, Err(err)) => panic!("rank {me}: {err}"),
+        }
+        assert!(e.at < Duration::from_millis(100), "rank {me}: {:?}", e.at);
+    }
+}
+
 /// Fault memory: a laggard (a peer late in each of this rank's last rounds) is waited for
 /// only up to the quorum. Rank 3's input comes 0.5 ms after the others', within their grace:
 /// taken where ranks 0 to 2 do not count rank 3 a laggard, late where they do (the step ends

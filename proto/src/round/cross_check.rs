@@ -183,26 +183,40 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// The inputs this rank used that every rank whose check it heard with a result used
-    /// too, with the same digest. A check naming fewer than this rank's inputs less `s` is
-    /// left out: no honest rank's quorum misses more than `s` of the inputs another's got
-    /// (a Byzantine rank cannot erase every input by claiming it got none).
+    /// too, with the same digest; where a rank's own input is not among them (it was late
+    /// for some rank), its list is then left out and the set taken again, so that a slow
+    /// rank's view (which may miss another slow rank's input) counts for none of the ranks
+    /// that heard it, as for those that erased it and never did. This rank's own list always
+    /// counts: it never lacks a common input. A check naming fewer than this rank's inputs
+    /// less `s` is left out: no honest rank's quorum misses more than `s` of the inputs
+    /// another's got (a Byzantine rank cannot erase every input by claiming it got none).
     fn common_inputs(&self, mine: &Check, theirs: &[Option<Check>]) -> Vec<Rank> {
+        let n = self.spec.n;
         let count = |c: &Check| c.seen.inputs.iter().flatten().count();
         let floor = count(mine).saturating_sub(self.spec.stragglers);
-        let lists: Vec<&[Option<Digest>]> = theirs
+        let lists: Vec<(Rank, &[Option<Digest>])> = theirs
             .iter()
-            .flatten()
-            .filter(|c| c.result.is_some() && count(c) >= floor)
-            .map(|c| &c.seen.inputs[..])
+            .enumerate()
+            .filter_map(|(p, c)| c.as_ref().map(|c| (p, c)))
+            .filter(|(_, c)| c.result.is_some() && count(c) >= floor)
+            .map(|(p, c)| (p, &c.seen.inputs[..]))
             .collect();
-        (0..self.spec.n)
-            .filter(|&j| match mine.seen.inputs[j] {
-                Some(d) => lists
-                    .iter()
-                    .all(|l| matches!(l[j], Some(e) if e[..16] == d[..16])),
-                None => false,
-            })
-            .collect()
+        let named_by = |lists: &[(Rank, &[Option<Digest>])]| -> Vec<Rank> {
+            (0..n)
+                .filter(|&j| match mine.seen.inputs[j] {
+                    Some(d) => lists
+                        .iter()
+                        .all(|(_, l)| matches!(l[j], Some(e) if e[..16] == d[..16])),
+                    None => false,
+                })
+                .collect()
+        };
+        let everyone = named_by(&lists);
+        let timely: Vec<(Rank, &[Option<Digest>])> = lists
+            .into_iter()
+            .filter(|(p, _)| everyone.contains(p))
+            .collect();
+        named_by(&timely)
     }
 
     /// Whether the cross-check is followed by the confirmation step: under
