@@ -4,7 +4,8 @@ its Rust twin, `examples/overhead.rs`, alternating, and prints the ratios):
 1. `--part allreduce`: `comm.robust_all_reduce` (median f = 1, gather) from Python at 4 KiB,
    1 MiB and 64 MiB per rank, the same loop as `examples/overhead.rs`;
 2. `--part ddp`: a DistributedDataParallel step with byzcoll's median hook against PyTorch's own
-   gloo all-reduce (no hook) on the same model, in the same job.
+   gloo all-reduce (no hook) on the same model, in the same job; and the hook on the same model
+   in bfloat16 (two bytes per gradient element), with its ratio to the float32 hook.
 
     target/release/byzcoll launch -n 4 -- python python/bench/overhead.py --port 29611
 
@@ -64,11 +65,13 @@ def main():
     width = 512
     x = torch.randn(64, width, generator=torch.Generator().manual_seed(r))
     results = {}
-    for name in ["gloo all-reduce", "byzcoll median"]:
+    for name in ["gloo all-reduce", "byzcoll median", "byzcoll median bf16"]:
         torch.manual_seed(0)
         net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])  # ~1M parameters
+        dtype = torch.bfloat16 if name.endswith("bf16") else torch.float32
+        net, x = net.to(dtype), x.to(dtype)
         model = DistributedDataParallel(net)
-        if name == "byzcoll median":
+        if name.startswith("byzcoll"):
             model.register_comm_hook(bt.HookState(comm, "median", 1), bt.ddp_comm_hook)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         times = []
@@ -88,6 +91,7 @@ def main():
         for name, t in results.items():
             print(f"{name:>16} {t * 1e3:>10.2f}")
         print(f"{'ratio':>16} {results['byzcoll median'] / results['gloo all-reduce']:>10.2f}")
+        print(f"{'bf16 / f32 hook':>16} {results['byzcoll median bf16'] / results['byzcoll median']:>10.2f}")
     dist.destroy_process_group()
     comm.close()
 

@@ -320,3 +320,30 @@ def test_torchft_manager_trains_over_byzcoll_through_a_replica_killed_and_restar
     for r in results:
         if not r["byzantine"]:
             assert r["loss"] < r["initial_loss"] / 5, r
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="SKIPPED: no CUDA device here (CUDA tensors are staged through pinned host memory)")
+def test_cuda_tensors_are_staged_through_pinned_host_memory(world_of_one):
+    """A CUDA tensor in every entry point: the call works on a pinned host copy and writes the
+    result back to the device tensor (a world of one: the median of one vector is itself)."""
+    comm = world_of_one
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        want = torch.arange(1000, device="cuda", dtype=torch.float32).to(dtype)
+        x = torch.empty_like(want)
+        x.copy_(want)  # queued on the stream: the staging copy must wait for it
+        report = comm.robust_all_reduce(x, "median", f=0)
+        assert x.is_cuda and torch.equal(x, want) and report.inputs == 1, dtype
+        fut = bt.robust_all_reduce_async(comm, x, "median", 0)
+        assert fut.wait() is x and torch.equal(x, want)
+        out = torch.empty(1000, device="cuda", dtype=dtype)
+        comm.robust_reduce_scatter(x, out, "median", 0)
+        assert torch.equal(out, want)
+        comm.all_reduce(x, "sum")
+        assert torch.equal(x, want)
+    with pytest.raises(byzcoll.InvalidUsage, match="contiguous"):
+        comm.robust_all_reduce(torch.zeros(4, 4, device="cuda").t(), "median", f=0)
+
+
+def test_tensors_on_other_devices_are_refused_by_type(world_of_one):
+    with pytest.raises(byzcoll.InvalidUsage, match="tensor on meta"):
+        world_of_one.robust_all_reduce(torch.zeros(4, device="meta"), "median", f=0)

@@ -10,8 +10,10 @@ or stall::
     report = comm.robust_all_reduce(grad, rule="median", f=1)   # in place, zero copy
     print(report.faults)
 
-There is no default rule. Arrays are numpy arrays (float32/float64, C-contiguous, writable) or
-torch CPU tensors, updated in place without a copy.
+There is no default rule. Arrays are numpy arrays (float32/float64, float16, C-contiguous,
+writable) or torch CPU tensors, updated in place without a copy; torch CUDA tensors are staged
+through pinned host memory (one blocking copy each way per call; the result is written back
+only when the call succeeds).
 """
 
 import os
@@ -72,7 +74,8 @@ def _array(x):
     if module.startswith("torch"):
         if x.device.type != "cpu":
             raise InvalidUsage(
-                f"tensor on {x.device}: this build takes CPU tensors (CUDA tensors need the cuda feature)"
+                f"tensor on {x.device}: byzcoll takes CPU tensors, and CUDA tensors through "
+                "its calls (staged through pinned host memory), not this device"
             )
         if not x.is_contiguous():
             raise InvalidUsage("the tensor is not contiguous: pass x.contiguous() and copy the result back")
@@ -87,6 +90,36 @@ def _array(x):
                 f"dtype {x.dtype}: byzcoll takes float32, float64, float16 or bfloat16 tensors"
             ) from None
     return x
+
+
+class _Staged:
+    """`x` as the host side sees it: :attr:`array`, the numpy view of `x` itself, or for a CUDA
+    tensor of a pinned host copy made once the work queued on the tensor's stream is done
+    (the copy blocks until then). :meth:`write_back` copies a result from the host copy into
+    the CUDA tensor (blocking); nothing to do for host memory. The host copy lives as long as
+    this object."""
+
+    def __init__(self, x):
+        self._device, self._host = None, None
+        if type(x).__module__.startswith("torch") and x.device.type == "cuda":
+            import torch
+
+            if not x.is_contiguous():
+                raise InvalidUsage("the tensor is not contiguous: pass x.contiguous() and copy the result back")
+            self._device = x
+            self._host = torch.empty(x.shape, dtype=x.dtype, device="cpu", pin_memory=True)
+            self._host.copy_(x)
+            x = self._host
+        self.array = _array(x)
+
+    @property
+    def staged(self):
+        """Whether the data went through a host copy."""
+        return self._device is not None
+
+    def write_back(self):
+        if self._device is not None:
+            self._device.copy_(self._host)
 
 
 class Communicator:
@@ -116,9 +149,12 @@ class Communicator:
         None for gather). The GIL is released while the ranks talk. Returns a :class:`Report`; raises
         :class:`TooManyFaults`, :class:`PreconditionError`, :class:`DisagreementError`, ...
         """
-        return self._inner.robust_all_reduce(
-            _array(x), rule, f, policy=policy, replicas=replicas, m=m, tau=tau
+        staged = _Staged(x)
+        report = self._inner.robust_all_reduce(
+            staged.array, rule, f, policy=policy, replicas=replicas, m=m, tau=tau
         )
+        staged.write_back()
+        return report
 
     def robust_reduce_scatter(self, input, output, rule, f, *, replicas=None, m=None, tau=None):
         """Robust reduce-scatter: `input` (every rank's whole vector) is cut into :attr:`size`
@@ -128,14 +164,19 @@ class Communicator:
         owners (default 2f + 1) and combined by the median of their versions, as in the sharded
         all-reduce: bitwise its shard of ``robust_all_reduce(..., policy="sharded")``. `output`
         is written in place; `input` is not modified. Returns a :class:`Report`."""
-        return self._inner.robust_reduce_scatter(
-            _array(input), _array(output), rule, f, replicas=replicas, m=m, tau=tau
+        source, target = _Staged(input), _Staged(output)
+        report = self._inner.robust_reduce_scatter(
+            source.array, target.array, rule, f, replicas=replicas, m=m, tau=tau
         )
+        target.write_back()
+        return report
 
     def all_reduce(self, x, op="sum"):
         """Non-robust all-reduce in place ("sum", "min", "max"): one faulty rank corrupts every
         result. For comparison with :meth:`robust_all_reduce`."""
-        self._inner.all_reduce(_array(x), op)
+        staged = _Staged(x)
+        self._inner.all_reduce(staged.array, op)
+        staged.write_back()
 
     def set_stragglers(self, stragglers):
         """How many inputs a robust round (gather policy) may go without for their lateness

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import AllreduceOptions, PrefixStore, ReduceOp, TCPStore
 
-from . import Communicator, InvalidUsage, UnsupportedError, _array, init_with_allgather
+from . import Communicator, InvalidUsage, UnsupportedError, _Staged, init_with_allgather
 
 BACKEND = "byzcoll"
 
@@ -193,19 +193,20 @@ class ProcessGroupByzcoll(dist.ProcessGroup):
         size = comm.size
         futures = []
         for t in tensors:
-            arr = _array(t)
+            staged = _Staged(t)
             fut = torch.futures.Future()
 
-            def done(error, fut=fut, t=t):
+            def done(error, fut=fut, t=t, staged=staged):
                 if error is not None:
                     self._error = self._error or error
                     fut.set_exception(error)
                     return
+                staged.write_back()
                 if op == ReduceOp.AVG:
                     t.div_(size)
                 fut.set_result(t)
 
-            comm._inner._start_all_reduce(arr, name, done)
+            comm._inner._start_all_reduce(staged.array, name, done)
             futures.append(fut)
         if len(futures) == 1:
             return _Work(futures[0].then(lambda f: [f.value()]))
@@ -275,6 +276,7 @@ def _create(store, rank, world_size, timeout):
 
 
 def register():
-    """Registers the ``"byzcoll"`` backend with ``torch.distributed`` (once; CPU tensors)."""
+    """Registers the ``"byzcoll"`` backend with ``torch.distributed`` (once): CPU tensors, and
+    CUDA tensors staged through pinned host memory."""
     if BACKEND not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])

@@ -59,9 +59,12 @@ replica (torchft's checkpoint transport)::
 
 ``examples/python/torchft_train.py`` trains this way with a replica killed and restarted.
 
-Tensors are CPU tensors of float32, float64, float16 or bfloat16 (the 16-bit ones travel as two
-bytes per element; sums and distances are taken in f64 and rounded once); other dtypes and
-CUDA tensors are refused with :class:`byzcoll.InvalidUsage`.
+Tensors are float32, float64, float16 or bfloat16 (the 16-bit ones travel as two bytes per
+element; sums and distances are taken in f64 and rounded once), on the CPU or on a CUDA device:
+a CUDA tensor (a CUDA model's DDP bucket, say) is staged through pinned host memory, one
+blocking copy each way per call, after the work queued on its stream; its result is written
+back before the call (or the future) completes. Other dtypes and devices are refused with
+:class:`byzcoll.InvalidUsage`.
 """
 
 import math
@@ -69,7 +72,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import Communicator, InvalidUsage, UnsupportedError, _array, init_with_allgather
+from . import Communicator, InvalidUsage, UnsupportedError, _Staged, init_with_allgather
 from ._process_group import ProcessGroupByzcoll, register as _register_backend
 
 try:  # FSDP2's custom-collective interface (PyTorch >= 2.8), not re-exported publicly
@@ -98,20 +101,25 @@ COORDINATE_WISE = frozenset({"median", "trimmed-mean", "trimmed_mean", "mean"})
 def _start(comm: Communicator, tensor, rule, f, kwargs, on_report):
     """Starts ``comm.robust_all_reduce(tensor, rule, f, **kwargs)`` after the calls made on
     `comm` before it (the communicator's own queue, in Rust: no thread of ours) and returns a
-    ``torch.futures.Future`` that completes with ``on_report(report)``, or with the exception."""
+    ``torch.futures.Future`` that completes with ``on_report(report)``, or with the exception.
+    A CUDA tensor is staged through pinned host memory, its result copied back before the
+    future completes."""
     fut = torch.futures.Future()
+    staged = None
 
     def done(report, error):
         if error is not None:
             fut.set_exception(error)
             return
         try:
+            staged.write_back()
             fut.set_result(on_report(report))
         except BaseException as e:  # the future carries it to the waiter
             fut.set_exception(e)
 
     try:
-        comm._inner._start_robust_all_reduce(_array(tensor), rule, f, done, **kwargs)
+        staged = _Staged(tensor)
+        comm._inner._start_robust_all_reduce(staged.array, rule, f, done, **kwargs)
     except BaseException as e:  # refused before it started: the future says so
         fut.set_exception(e)
     return fut
@@ -284,7 +292,8 @@ def register_ddp_comm_hook(
     Refuses, before training, what the rounds would refuse: an unknown rule or invalid parameters
     (:class:`byzcoll.InvalidUsage`), a precondition the world does not meet, such as Krum's
     n > 2f + 2 (:class:`byzcoll.PreconditionError`), gradients that are not float32, float64, float16
-    or bfloat16 CPU tensors (:class:`byzcoll.InvalidUsage`), and a whole-vector rule (not in
+    or bfloat16 tensors on the CPU or a CUDA device (:class:`byzcoll.InvalidUsage`), and a
+    whole-vector rule (not in
     :data:`COORDINATE_WISE`) on a model whose gradients DDP would split into several buckets at
     some step (:class:`byzcoll.InvalidUsage` naming the ``bucket_cap_mb`` to pass)."""
     state = HookState(comm, rule, f, policy=policy, replicas=replicas, m=m, tau=tau)
