@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 build() {
     mkdir -p .gpu
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
-    rm -rf .gpu/*.bin .gpu/out
+    rm -rf .gpu/*.bin .gpu/out .gpu/wheel
     # Test binaries of the GPU crates, named after their test target.
     cargo test --release -p byzcoll-cuda -p byzcoll-transport-nccl --features byzcoll-cuda/nccl,byzcoll-transport-nccl/nccl \
         --no-run --message-format=json 2>/dev/null |
@@ -36,6 +36,15 @@ for line in sys.stdin:
     cargo build --release --features cuda,nccl --example gpu_allreduce --bin byzcoll
     cp target/release/examples/gpu_allreduce .gpu/example-gpu.bin
     cp target/release/byzcoll .gpu/byzcoll.bin
+    # The Python package as a wheel (abi3: the GPU machine's python3 with its PyTorch takes
+    # it), for CUDA tensors staged through pinned host memory; maturin from the test venv.
+    local maturin=${MATURIN:-target/pyvenv/bin/maturin}
+    if [ -x "$maturin" ]; then
+        CARGO_TARGET_DIR="$PWD/target/python" "$maturin" build --release -q -m python/Cargo.toml \
+            --compatibility linux --strip -o .gpu/wheel
+    else
+        echo "no maturin at $maturin (run scripts/test.sh once, or set MATURIN): no Python wheel"
+    fi
     # Debug info would make them ~160 MB; the device run carries at most 64 MiB.
     for f in .gpu/*.bin; do strip --strip-debug "$f"; done
     sources >.gpu/SOURCES
@@ -44,7 +53,7 @@ for line in sys.stdin:
 
 # A hash of the sources the binaries are built from, so a run refuses stale binaries.
 sources() {
-    find Cargo.toml Cargo.lock gpu transports runtime aggregators src examples benches \
+    find Cargo.toml Cargo.lock gpu transports runtime proto aggregators src examples benches python \
         -type f \( -name '*.rs' -o -name '*.cu' -o -name '*.h' -o -name '*.c' -o -name '*.cpp' \
         -o -name Cargo.toml -o -name Cargo.lock -o -name '*.py' \) -not -path '*/target/*' |
         LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1
@@ -107,6 +116,31 @@ run() {
         .gpu/example-gpu.bin --d 33554432 --byzantine 0 --bf16
     example gpu-tcp-5-processes .gpu/byzcoll.bin launch -n 5 -- .gpu/example-gpu.bin --d 4194304 \
         --byzantine 1
+    # Python: CUDA tensors through every entry point (the staging test), then the training
+    # example on CUDA models under 5 processes sharing the GPU over TCP, f32 and bf16, the
+    # median against a sign-flipping rank (steps/s and accuracy in the logs).
+    if ls .gpu/wheel/byzcoll-*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/byzcoll-site .gpu/wheel/byzcoll-*.whl
+        if PYTHONPATH=/tmp/byzcoll-site timeout 150 python3 -m pytest -q -rs -p no:cacheprovider \
+            python/tests/test_torch.py -k "cuda or staged" >"$out/python-cuda.log" 2>&1 &&
+            ! grep -q SKIPPED "$out/python-cuda.log"; then
+            echo "PASS python-cuda: $(grep -E '[0-9]+ passed' "$out/python-cuda.log" | tail -1)"
+        else
+            echo "FAIL python-cuda (log: $out/python-cuda.log)"
+            tail -30 "$out/python-cuda.log"
+            status=1
+        fi
+        for dtype in float32 bfloat16; do
+            example "train-cuda-$dtype" env PYTHONPATH=/tmp/byzcoll-site OMP_NUM_THREADS=1 \
+                .gpu/byzcoll.bin launch -n 5 -- python3 examples/python/train_under_attack.py \
+                --device cuda --dtype "$dtype" --rules median --attacks none,sign-flip --steps 100 \
+                --out "$out/train-cuda-$dtype.json"
+        done
+    else
+        echo "FAIL python: no wheel in .gpu/wheel (scripts/gpu-check.sh build needs maturin)"
+        status=1
+    fi
     if [ -x .gpu/bench-kernels.bin ]; then
         timeout 400 .gpu/bench-kernels.bin --n 8,16,32,64,128 --exp 25 \
             --rules median,trimmed-mean,krum \

@@ -16,11 +16,16 @@ A straggler: `--straggler-ms MS` makes one honest rank (the third from last) sle
 each step's all-reduce; `--stragglers auto` lets the rounds go on without it (quorum rounds,
 `Communicator.set_stragglers`), `0` (the default) waits for it. Rank 0 prints each run's steps
 per second.
+
+Precision and device: `--dtype bfloat16` (or `float16`) trains the model in that type, so the
+gradients travel as two bytes per element; `--device cuda` trains on the GPU, its gradients
+staged through pinned host memory for each all-reduce.
 """
 
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -33,21 +38,25 @@ ATTACKS = ["none", "sign-flip", "alie", "nan"]
 RULES = ["mean", "median", "trimmed-mean", "krum"]
 
 
-def load(seed):
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load(seed, dtype=torch.float32, device="cpu"):
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x / 16.0, dtype=torch.float32)
-    y = torch.tensor(y)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    x = torch.tensor(x / 16.0, dtype=dtype, device=device)
+    y = torch.tensor(y, device=device)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed)).to(device)
     x, y = x[order], y[order]
     split = int(0.8 * len(y))
     return (x[:split], y[:split]), (x[split:], y[split:])
 
 
-def model():
+def model(dtype=torch.float32, device="cpu"):
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    return net.to(device=device, dtype=dtype)
 
 
 def flat_grad(net, x, y):
@@ -75,7 +84,8 @@ def alie_z(n, f):
 def run(comm, rule, attack, steps, lr, train, test, byzantine, straggler_ms=0.0):
     n, r = comm.size, comm.rank
     straggler = n - len(byzantine) - 1
-    net = model()
+    x0 = train[0]
+    net = model(x0.dtype, x0.device)
     (x, y), (xt, yt) = train, test
     shards = [(x[i::n], y[i::n]) for i in range(n)]
     f = len(byzantine)
@@ -111,6 +121,8 @@ def run(comm, rule, attack, steps, lr, train, test, byzantine, straggler_ms=0.0)
             out = net(xt)
             history["loss"].append(float(torch.nn.functional.cross_entropy(out, yt)))
             history["accuracy"].append(float((out.argmax(1) == yt).float().mean()))
+    if x0.is_cuda:
+        torch.cuda.synchronize()
     history["steps_per_second"] = len(history["loss"]) / (time.monotonic() - start)
     return history
 
@@ -127,7 +139,12 @@ def main():
                     help="one honest rank sleeps this long before each step's all-reduce")
     ap.add_argument("--stragglers", default="0",
                     help='inputs a round may go without for lateness: "auto" or a count')
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                    help="the model's (and so the gradients') element type")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device here")
     if not 1 <= args.steps <= 100_000 or not (0 < args.lr < 100):
         sys.exit("--steps must be 1..100000 and --lr in (0, 100)")
     if not 0 <= args.straggler_ms <= 60_000:
@@ -142,7 +159,9 @@ def main():
         sys.exit("run with at least 4 ranks (8 by default: byzcoll launch -n 8)")
     comm.set_stragglers(args.stragglers)
     byzantine = {comm.size - 2, comm.size - 1}
-    train, test = load(seed=1)
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("BYZCOLL_LOCAL_RANK", "0")) % torch.cuda.device_count())
+    train, test = load(seed=1, dtype=DTYPES[args.dtype], device=args.device)
     results = {}
     for rule in rules:
         for attack in attacks:
@@ -161,7 +180,8 @@ def main():
     comm.close()
     if comm.rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"ranks": comm.size, "byzantine": sorted(byzantine), "results": results}, f)
+            json.dump({"ranks": comm.size, "byzantine": sorted(byzantine), "dtype": args.dtype,
+                       "device": args.device, "results": results}, f)
         if args.plot:
             import matplotlib
 

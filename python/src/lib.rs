@@ -3,6 +3,8 @@
 //! talk), reports, and an exception hierarchy mirroring `byzcoll::Error`. The Python package
 //! (`pysrc/byzcoll`) wraps it: torch tensors, mpi4py bootstrap, type stubs.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use byzcoll::aggregators::{self, Aggregator, Params};
 use byzcoll::blocking::{BlockingComm, BoxFuture as CallFuture, Refused};
 use byzcoll::{
@@ -179,6 +181,9 @@ struct Report {
     outlying: Vec<usize>,
     /// What the audits of an audited round found (see `audit`).
     audit: Option<byzcoll::audit::AuditReport>,
+    /// Bytes copied between CUDA tensors and pinned host memory for this call, both ways
+    /// (see `staged_bytes`); noted by the Python layer that staged them.
+    staged: AtomicU64,
 }
 
 #[pymethods]
@@ -270,6 +275,19 @@ impl Report {
         Ok(Some(d))
     }
 
+    /// Bytes this call copied between CUDA tensors and pinned host memory, both ways added (a
+    /// CUDA tensor is staged through the host: `2 * x.nbytes` for `robust_all_reduce`); 0 for
+    /// host memory.
+    #[getter]
+    fn staged_bytes(&self) -> u64 {
+        self.staged.load(Ordering::Relaxed)
+    }
+
+    /// Adds `bytes` to `staged_bytes` (the Python layer's staging; not for applications).
+    fn _note_staged(&self, bytes: u64) {
+        self.staged.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Report(inputs={}, faults={:?}, non_finite={:?}, selected={:?}, replicas={:?}, \
@@ -297,6 +315,7 @@ impl From<RoundReport> for Report {
         Report {
             attribution,
             outlying,
+            staged: AtomicU64::new(0),
             audit: r.audit,
             inputs: r.inputs,
             faults: faults_list(&r.faults),

@@ -43,3 +43,28 @@ def test_robust_rules_train_through_attacks_the_mean_does_not(tmp_path):
             h = results[rule][attack]
             assert "error" not in h, (rule, attack, h.get("error"))
             assert h["accuracy"][-1] >= clean - 0.06, (rule, attack, h["accuracy"][-1], clean)
+
+
+def test_a_bfloat16_model_trains_through_the_attacks_as_a_float32_one_does(tmp_path):
+    """`--dtype bfloat16`: the model, its gradients and the rounds in bf16 (two bytes per
+    element on the wire); the median holds under the sign-flip and NaN attacks as in f32."""
+    cli = os.environ.get("BYZCOLL_BIN")
+    if not cli or not os.path.exists(cli):
+        assert not os.environ.get("BYZCOLL_REQUIRE_MPI"), "BYZCOLL_BIN must name the byzcoll binary in CI"
+        pytest.skip("BYZCOLL_BIN (the byzcoll CLI) is not set")
+    out = tmp_path / "results.json"
+    p = subprocess.run(
+        [cli, "launch", "-n", "8", "--", sys.executable, EXAMPLE, "--steps", "50", "--dtype", "bfloat16",
+         "--rules", "median", "--attacks", "none,sign-flip,nan", "--out", str(out)],
+        env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = json.loads(out.read_text())
+    assert run["dtype"] == "bfloat16"
+    results = run["results"]["median"]
+    clean = results["none"]["accuracy"][-1]
+    assert clean > 0.85, results["none"]
+    for attack in ["sign-flip", "nan"]:
+        h = results[attack]
+        assert "error" not in h, (attack, h.get("error"))
+        assert h["accuracy"][-1] >= clean - 0.06, (attack, h["accuracy"][-1], clean)

@@ -333,15 +333,23 @@ def test_cuda_tensors_are_staged_through_pinned_host_memory(world_of_one):
         x.copy_(want)  # queued on the stream: the staging copy must wait for it
         report = comm.robust_all_reduce(x, "median", f=0)
         assert x.is_cuda and torch.equal(x, want) and report.inputs == 1, dtype
+        assert report.staged_bytes == 2 * x.nbytes, "one copy each way, counted"
         fut = bt.robust_all_reduce_async(comm, x, "median", 0)
         assert fut.wait() is x and torch.equal(x, want)
         out = torch.empty(1000, device="cuda", dtype=dtype)
-        comm.robust_reduce_scatter(x, out, "median", 0)
+        report = comm.robust_reduce_scatter(x, out, "median", 0)
         assert torch.equal(out, want)
+        assert report.staged_bytes == 2 * x.nbytes, "the input in, the output back"
         comm.all_reduce(x, "sum")
         assert torch.equal(x, want)
     with pytest.raises(byzcoll.InvalidUsage, match="contiguous"):
         comm.robust_all_reduce(torch.zeros(4, 4, device="cuda").t(), "median", f=0)
+
+
+def test_host_tensors_are_not_staged(world_of_one):
+    x = torch.arange(8, dtype=torch.bfloat16)
+    assert world_of_one.robust_all_reduce(x, "median", f=0).staged_bytes == 0
+    assert torch.equal(x, torch.arange(8, dtype=torch.bfloat16))
 
 
 def test_tensors_on_other_devices_are_refused_by_type(world_of_one):

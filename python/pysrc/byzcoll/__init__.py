@@ -12,8 +12,8 @@ or stall::
 
 There is no default rule. Arrays are numpy arrays (float32/float64, float16, C-contiguous,
 writable) or torch CPU tensors, updated in place without a copy; torch CUDA tensors are staged
-through pinned host memory (one blocking copy each way per call; the result is written back
-only when the call succeeds).
+through pinned host memory (one blocking copy each way per call, counted in the report's
+``staged_bytes``; the result is written back only when the call succeeds).
 """
 
 import os
@@ -95,12 +95,14 @@ def _array(x):
 class _Staged:
     """`x` as the host side sees it: :attr:`array`, the numpy view of `x` itself, or for a CUDA
     tensor of a pinned host copy made once the work queued on the tensor's stream is done
-    (the copy blocks until then). :meth:`write_back` copies a result from the host copy into
+    (the copy blocks until then; not made for an output, ``read=False``). :meth:`write_back` copies a result from the host copy into
     the CUDA tensor (blocking); nothing to do for host memory. The host copy lives as long as
     this object."""
 
-    def __init__(self, x):
+    def __init__(self, x, read=True):
         self._device, self._host = None, None
+        #: Bytes copied between the device and the host copy so far (both ways added).
+        self.copied = 0
         if type(x).__module__.startswith("torch") and x.device.type == "cuda":
             import torch
 
@@ -108,18 +110,24 @@ class _Staged:
                 raise InvalidUsage("the tensor is not contiguous: pass x.contiguous() and copy the result back")
             self._device = x
             self._host = torch.empty(x.shape, dtype=x.dtype, device="cpu", pin_memory=True)
-            self._host.copy_(x)
+            if read:
+                self._host.copy_(x)
+                self.copied += self._host.nbytes
             x = self._host
         self.array = _array(x)
-
-    @property
-    def staged(self):
-        """Whether the data went through a host copy."""
-        return self._device is not None
 
     def write_back(self):
         if self._device is not None:
             self._device.copy_(self._host)
+            self.copied += self._host.nbytes
+
+
+def _noted(report, *staged):
+    """`report` with the bytes `staged` copied counted in its ``staged_bytes``."""
+    copied = sum(s.copied for s in staged)
+    if copied:
+        report._note_staged(copied)
+    return report
 
 
 class Communicator:
@@ -154,7 +162,7 @@ class Communicator:
             staged.array, rule, f, policy=policy, replicas=replicas, m=m, tau=tau
         )
         staged.write_back()
-        return report
+        return _noted(report, staged)
 
     def robust_reduce_scatter(self, input, output, rule, f, *, replicas=None, m=None, tau=None):
         """Robust reduce-scatter: `input` (every rank's whole vector) is cut into :attr:`size`
@@ -164,12 +172,12 @@ class Communicator:
         owners (default 2f + 1) and combined by the median of their versions, as in the sharded
         all-reduce: bitwise its shard of ``robust_all_reduce(..., policy="sharded")``. `output`
         is written in place; `input` is not modified. Returns a :class:`Report`."""
-        source, target = _Staged(input), _Staged(output)
+        source, target = _Staged(input), _Staged(output, read=False)
         report = self._inner.robust_reduce_scatter(
             source.array, target.array, rule, f, replicas=replicas, m=m, tau=tau
         )
         target.write_back()
-        return report
+        return _noted(report, source, target)
 
     def all_reduce(self, x, op="sum"):
         """Non-robust all-reduce in place ("sum", "min", "max"): one faulty rank corrupts every

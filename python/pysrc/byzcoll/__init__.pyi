@@ -41,6 +41,7 @@ class Report:
     attribution: Optional[list[dict[str, Any]]]
     outlying: list[int]
     audit: Optional[dict[str, Any]]
+    staged_bytes: int
 
 class Communicator:
     @property

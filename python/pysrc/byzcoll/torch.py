@@ -72,7 +72,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import Communicator, InvalidUsage, UnsupportedError, _Staged, init_with_allgather
+from . import Communicator, InvalidUsage, UnsupportedError, _noted, _Staged, init_with_allgather
 from ._process_group import ProcessGroupByzcoll, register as _register_backend
 
 try:  # FSDP2's custom-collective interface (PyTorch >= 2.8), not re-exported publicly
@@ -113,7 +113,7 @@ def _start(comm: Communicator, tensor, rule, f, kwargs, on_report):
             return
         try:
             staged.write_back()
-            fut.set_result(on_report(report))
+            fut.set_result(on_report(_noted(report, staged)))
         except BaseException as e:  # the future carries it to the waiter
             fut.set_exception(e)
 
