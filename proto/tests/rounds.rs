@@ -373,6 +373,56 @@ fn two_stragglers_late_to_different_ranks_leave_every_rank_with_one_result() {
     }
 }
 
+/// Under `Enforce`, inputs late to one rank do not cost it the echo: ranks 1 and 4's inputs
+/// reach rank 0 after its quorum (`f = 2`, `s = 2`, rank 7 dead), but their relays come in
+/// time, and rank 0 waits for them (through the quorum's grace) rather than counting two more
+/// relays as "none" (with rank 7's, three of the seven, where the echo's majorities need at
+/// least four of six at its deepest level: rank 0 used to agree on no input of most ranks and
+/// fail). The echo decides both inputs in, rank 0 recovers them, and every rank returns the
+/// median of ranks 0 to 6.
+#[test]
+fn inputs_late_to_one_rank_under_enforce_leave_its_echo_whole() {
+    let (n, d) = (8, 5);
+    let rule = Median::new(2);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let spec = |me| {
+        let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
+        s.stragglers = 2;
+        s
+    };
+    let ended = run(
+        spec,
+        &rule,
+        &inputs,
+        &vec![Duration::ZERO; n],
+        &|from, to, step, _, _| match (from, to, step) {
+            // Rank 7's connections are gone (its receives are `Missing` at once).
+            (7, _, _) => Fate::Closed,
+            (1 | 4, 0, 0) => Fate::After(Duration::from_millis(50)),
+            _ => Fate::After(MS),
+        },
+    );
+    let want = bits(&reference(&inputs[..7], &rule));
+    for (me, e) in ended.iter().enumerate().take(7) {
+        let report = e
+            .result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), want, "rank {me}");
+        assert_eq!(report.inputs, 7, "rank {me}");
+        let late: Vec<usize> = report
+            .faults
+            .iter()
+            .filter(|f| f.fault == Fault::Late)
+            .map(|f| f.rank)
+            .collect();
+        if me == 0 {
+            assert_eq!(late, [1, 4], "rank 0: {:?}", report.faults);
+        }
+        assert!(e.at < Duration::from_millis(500), "rank {me}: {:?}", e.at);
+    }
+}
+
 /// A straggler's own view does not shrink the others' set: rank 6 is late for ranks 0 to 2,
 /// and rank 7's input is late for rank 6 alone. Ranks 3 to 5 hear rank 6's check (which lacks
 /// rank 7's input) and ranks 0 to 2 do not; both leave rank 6's list out (its input was late

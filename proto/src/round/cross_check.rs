@@ -45,11 +45,21 @@ impl<'r, B> Round<'r, B> {
             }
             _ => &[],
         };
+        // Under `Enforce` a peer that was only late is waited for through a quorum
+        // ([`Round::post_awaiting_late`]): the echo agreed on its input, and the check's
+        // `n - f` need it.
+        let enforce = self.spec.agreement == Agreement::Enforce && self.failed.is_none();
         let erased: Vec<Rank> = self
             .carried
             .iter()
             .copied()
-            .chain(self.report.faults.iter().map(|f| f.rank))
+            .chain(
+                self.report
+                    .faults
+                    .iter()
+                    .filter(|f| !(enforce && f.fault == Fault::Late))
+                    .map(|f| f.rank),
+            )
             .chain(failed_faults.iter().map(|f| f.rank))
             .collect();
         let encoded = mine.encode_for_all(me);
@@ -68,7 +78,7 @@ impl<'r, B> Round<'r, B> {
                 len: Check::len_between(me, peer, n, r),
             })
             .collect();
-        self.post(Phase::Check { mine, encoded }, "cross_check", sends, recvs);
+        self.post_awaiting_late(Phase::Check { mine, encoded }, "cross_check", sends, recvs);
     }
 
     pub(super) fn checked<P: Plane<Buf = B>>(

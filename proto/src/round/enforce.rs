@@ -4,8 +4,13 @@ use super::*;
 
 impl<'r, B> Round<'r, B> {
     /// The next relay step of the echo ([`eig`]), or the recovery step once none is left.
-    /// Ranks this rank has already counted at fault are not waited for (their relays count as
-    /// "none").
+    /// Ranks this rank has already counted missing, malformed or out of step (or an earlier
+    /// sub-round erased) are not waited for (their relays count as "none"). Ranks whose input was only *late* here (a quorum
+    /// step's cut) are waited for through a quorum: the step may end once the others' relays
+    /// are in and the grace has passed, and the grace waits for no laggard
+    /// ([`Carry::laggards`]). Their inputs are often in time at other ranks, and the echo's
+    /// majorities need their relays: counting them "none" at once cost a rank that saw two
+    /// inputs late among eight ranks (`f = 2`, one rank dead) the decision on most inputs.
     pub(super) fn post_echo(&mut self) {
         let (me, n) = (self.spec.me, self.spec.n);
         let echo = &self.echo;
@@ -23,10 +28,12 @@ impl<'r, B> Round<'r, B> {
         };
         let sends = to_every_peer(me, n, &bytes);
         let recvs = schedule::direct_peers(me, n)
-            .filter(|&p| !self.report.faults.iter().any(|f| f.rank == p))
+            .filter(|&p| {
+                !self.carried.contains(&p) && self.fault_of(p).is_none_or(|f| *f == Fault::Late)
+            })
             .map(|peer| RecvOp { peer, tag: 0, len })
             .collect();
-        self.post(Phase::Echo, "enforce_echo", sends, recvs);
+        self.post_awaiting_late(Phase::Echo, "enforce_echo", sends, recvs);
     }
 
     pub(super) fn echoed<P: Plane<Buf = B>>(

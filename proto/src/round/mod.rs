@@ -888,6 +888,44 @@ impl<'r, B> Round<'r, B> {
         self.post_quorum(phase, op, sends, recvs, quorum);
     }
 
+    /// [`Round::post`] of a step whose receives include peers that were only late this round
+    /// (a quorum step's cut, [`Fault::Late`]): it may end once the other receives are in and
+    /// the grace has passed, the grace waiting for no laggard ([`Carry::laggards`]). Under
+    /// [`Agreement::Enforce`] the echo and the cross-check need the relays and checks of such
+    /// peers (their inputs were often in time elsewhere), but must not wait a deadline for a
+    /// straggler.
+    fn post_awaiting_late(
+        &mut self,
+        phase: Phase<B>,
+        op: &'static str,
+        sends: Vec<Send>,
+        mut recvs: Vec<RecvOp>,
+    ) {
+        let late = |p: Rank| self.fault_of(p) == Some(&Fault::Late);
+        let laggard = |p: Rank| late(p) && self.laggards.contains(&p);
+        // The peers in time first, then the late ones, the laggards last.
+        recvs.sort_by_key(|r| (late(r.peer), laggard(r.peer)));
+        let late_ones = recvs.iter().filter(|r| late(r.peer)).count();
+        if late_ones == 0 {
+            return self.post(phase, op, sends, recvs);
+        }
+        let quorum = Quorum {
+            receives: recvs.len() - late_ones,
+            grace: self.spec.grace,
+            awaited: recvs.len() - recvs.iter().filter(|r| laggard(r.peer)).count(),
+        };
+        self.post_quorum(phase, op, sends, recvs, Some(quorum));
+    }
+
+    /// The fault this round has counted `rank` at, if any.
+    fn fault_of(&self, rank: Rank) -> Option<&Fault> {
+        self.report
+            .faults
+            .iter()
+            .find(|f| f.rank == rank)
+            .map(|f| &f.fault)
+    }
+
     fn post_quorum(
         &mut self,
         phase: Phase<B>,

@@ -232,6 +232,9 @@ pub enum Fate {
     Dropped,
     /// Arrives after this delay with these bytes instead (a Byzantine sender).
     Rewritten(Duration, Bytes),
+    /// The sender's connection is gone: the receive is `Missing` at once (a closed
+    /// connection, which counts towards a quorum as soon as the receive is posted).
+    Closed,
 }
 
 /// The network: `fate(from, to, step, tag, bytes)` says what happens to each message.
@@ -241,6 +244,8 @@ pub type Network<'a> = dyn Fn(Rank, Rank, u32, u32, &Bytes) -> Fate + 'a;
 struct InFlight {
     at: Duration,
     bytes: Bytes,
+    /// [`Fate::Closed`]: the receive's outcome is `Missing`, from `at` on.
+    closed: bool,
 }
 
 /// Every rank's outcome: its report or error, its output, and when its round ended.
@@ -321,6 +326,7 @@ pub fn run_rounds<'a>(
                 .recvs
                 .iter()
                 .map(|op| match wire.get(&(op.peer, r, plan.index, op.tag)) {
+                    Some(m) if m.at <= now && m.closed => Arrival::Missing,
                     Some(m) if m.at <= now && m.bytes.len() == op.len => {
                         Arrival::Received(m.bytes.clone())
                     }
@@ -349,6 +355,7 @@ pub fn run_rounds<'a>(
                                 InFlight {
                                     at: now + delay,
                                     bytes,
+                                    closed: false,
                                 },
                             );
                         }
@@ -359,6 +366,17 @@ pub fn run_rounds<'a>(
                                 InFlight {
                                     at: now + delay,
                                     bytes: other,
+                                    closed: false,
+                                },
+                            );
+                        }
+                        Fate::Closed => {
+                            wire.insert(
+                                key,
+                                InFlight {
+                                    at: now,
+                                    bytes: Bytes::new(),
+                                    closed: true,
                                 },
                             );
                         }
