@@ -423,6 +423,44 @@ fn inputs_late_to_one_rank_under_enforce_leave_its_echo_whole() {
     }
 }
 
+/// The same under `Enforce`, with ranks 1 and 4's cross-checks late to rank 0 as well (after
+/// the gather step, the echo's two relay steps and its recovery step): rank 0 hears only four
+/// checks in time (rank 7 is dead), too few for the `n - f = 6` a result needs, so it waits
+/// for the late ones until it has heard enough, rather than failing with them unconfirmed.
+#[test]
+fn a_cross_check_under_enforce_waits_for_late_checks_it_needs() {
+    let (n, d) = (8, 5);
+    let rule = Median::new(2);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let spec = |me| {
+        let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
+        s.stragglers = 2;
+        s
+    };
+    let ended = run(
+        spec,
+        &rule,
+        &inputs,
+        &vec![Duration::ZERO; n],
+        &|from, to, step, _, _| match (from, to, step) {
+            (7, _, _) => Fate::Closed,
+            (1 | 4, 0, 0 | 4) => Fate::After(Duration::from_millis(50)),
+            _ => Fate::After(MS),
+        },
+    );
+    let want = bits(&reference(&inputs[..7], &rule));
+    for (me, e) in ended.iter().enumerate().take(7) {
+        let report = e
+            .result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), want, "rank {me}");
+        let found = report.agreement.as_ref().expect("a cross-check");
+        assert_eq!(found.unconfirmed, [7], "rank {me}");
+        assert!(e.at < Duration::from_millis(500), "rank {me}: {:?}", e.at);
+    }
+}
+
 /// A straggler's own view does not shrink the others' set: rank 6 is late for ranks 0 to 2,
 /// and rank 7's input is late for rank 6 alone. Ranks 3 to 5 hear rank 6's check (which lacks
 /// rank 7's input) and ranks 0 to 2 do not; both leave rank 6's list out (its input was late

@@ -46,8 +46,8 @@ impl<'r, B> Round<'r, B> {
             _ => &[],
         };
         // Under `Enforce` a peer that was only late is waited for through a quorum
-        // ([`Round::post_awaiting_late`]): the echo agreed on its input, and the check's
-        // `n - f` need it.
+        // ([`Round::post_awaiting_late`]): the echo agreed on its input, and the check may
+        // need it among its `n - f`.
         let enforce = self.spec.agreement == Agreement::Enforce && self.failed.is_none();
         let erased: Vec<Rank> = self
             .carried
@@ -78,7 +78,11 @@ impl<'r, B> Round<'r, B> {
                 len: Check::len_between(me, peer, n, r),
             })
             .collect();
-        self.post_awaiting_late(Phase::Check { mine, encoded }, "cross_check", sends, recvs);
+        // A result stands with `n - f` ranks agreeing (this one among them): a check waits
+        // for the late peers until it has heard that many, where the others are too few.
+        let needed = n.saturating_sub(self.rule.byzantine() + 1);
+        let phase = Phase::Check { mine, encoded };
+        self.post_awaiting_late(phase, "cross_check", sends, recvs, needed);
     }
 
     pub(super) fn checked<P: Plane<Buf = B>>(

@@ -33,7 +33,7 @@ impl<'r, B> Round<'r, B> {
             })
             .map(|peer| RecvOp { peer, tag: 0, len })
             .collect();
-        self.post_awaiting_late(Phase::Echo, "enforce_echo", sends, recvs);
+        self.post_awaiting_late(Phase::Echo, "enforce_echo", sends, recvs, 0);
     }
 
     pub(super) fn echoed<P: Plane<Buf = B>>(

@@ -889,17 +889,18 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// [`Round::post`] of a step whose receives include peers that were only late this round
-    /// (a quorum step's cut, [`Fault::Late`]): it may end once the other receives are in and
-    /// the grace has passed, the grace waiting for no laggard ([`Carry::laggards`]). Under
-    /// [`Agreement::Enforce`] the echo and the cross-check need the relays and checks of such
-    /// peers (their inputs were often in time elsewhere), but must not wait a deadline for a
-    /// straggler.
+    /// (a quorum step's cut, [`Fault::Late`]): it may end once the other receives are in, and
+    /// at least `at_least` in all, and the grace has passed, the grace waiting for no laggard
+    /// ([`Carry::laggards`]). Under [`Agreement::Enforce`] the echo and the cross-check need
+    /// the relays and checks of such peers (their inputs were often in time elsewhere), but
+    /// must not wait a deadline for a straggler where they do not need it.
     fn post_awaiting_late(
         &mut self,
         phase: Phase<B>,
         op: &'static str,
         sends: Vec<Send>,
         mut recvs: Vec<RecvOp>,
+        at_least: usize,
     ) {
         let late = |p: Rank| self.fault_of(p) == Some(&Fault::Late);
         let laggard = |p: Rank| late(p) && self.laggards.contains(&p);
@@ -910,7 +911,7 @@ impl<'r, B> Round<'r, B> {
             return self.post(phase, op, sends, recvs);
         }
         let quorum = Quorum {
-            receives: recvs.len() - late_ones,
+            receives: (recvs.len() - late_ones).max(at_least.min(recvs.len())),
             grace: self.spec.grace,
             awaited: recvs.len() - recvs.iter().filter(|r| laggard(r.peer)).count(),
         };
