@@ -45,7 +45,12 @@ impl<'r, B> Round<'r, B> {
         let n = self.spec.n;
         let mut kept: Vec<(Rank, B)> = Vec::new();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
-            self.arrival_fault(op.peer, &a);
+            // A relay the step's grace cut (it waited for late peers, `post_echo`) counts
+            // "none" and is no fault of its sender: its input is in, and a fault here would
+            // feed the sender's fault memory (a laggard is not waited for).
+            if !matches!(a, Arrival::Late) {
+                self.arrival_fault(op.peer, &a);
+            }
             if let Arrival::Received(b) = a {
                 kept.push((op.peer, b));
             }
