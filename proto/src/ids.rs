@@ -47,10 +47,10 @@ impl MsgKey {
     }
 }
 
-/// When a step may end before every receive has an outcome: once `receives` of them have one
-/// (the quorum) and the [`Grace`] that follows has passed, or once the quorum has formed and
-/// the first `awaited` receives all have an outcome. Receives still open then are *late*:
-/// erasures for that step, named apart from the missing ones.
+/// When a step may end before every receive has an outcome: once `receives` of them have one,
+/// the first `core` among them (the quorum), and the [`Grace`] that follows has passed, or
+/// once the quorum has formed and the first `awaited` receives all have an outcome. Receives
+/// still open then are *late*: erasures for that step, named apart from the missing ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quorum {
     /// Receives that must have an outcome before the step may end early.
@@ -61,6 +61,12 @@ pub struct Quorum {
     /// are from *laggards*, peers late in each of this rank's last rounds, which it waits for
     /// only up to the quorum (fault memory). The step's receive count where there are none.
     pub awaited: usize,
+    /// The quorum forms only once the step's first `core` receives have an outcome too (0:
+    /// any `receives` outcomes form it). Under [`Agreement::Enforce`](crate::Agreement) the
+    /// echo and the cross-check wait for every peer in time this round and, through the
+    /// grace only, for those that were late: a late peer's message that comes first must not
+    /// start the grace that cuts one in time.
+    pub core: usize,
 }
 
 /// How long a quorum step waits past its quorum. It adapts to what the step sees: at least

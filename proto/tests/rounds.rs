@@ -423,6 +423,44 @@ fn inputs_late_to_one_rank_under_enforce_leave_its_echo_whole() {
     }
 }
 
+/// The same, where the late ranks' relays come to rank 0 before those of two ranks in time
+/// (ranks 2 and 3, 20 ms into the echo's last relay step, whose relays are the leaves its
+/// majorities start from): the step's quorum forms only once every rank in time is in
+/// (`Quorum::core`), so the late relays arriving first do not start the grace that would cut
+/// those two ranks' relays and leave rank 0 three short again.
+#[test]
+fn late_relays_coming_first_do_not_cut_relays_in_time() {
+    let (n, d) = (8, 5);
+    let rule = Median::new(2);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let spec = |me| {
+        let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
+        s.stragglers = 2;
+        s
+    };
+    let ended = run(
+        spec,
+        &rule,
+        &inputs,
+        &vec![Duration::ZERO; n],
+        &|from, to, step, _, _| match (from, to, step) {
+            (7, _, _) => Fate::Closed,
+            (1 | 4, 0, 0) => Fate::After(Duration::from_millis(50)),
+            (2 | 3, 0, 2) => Fate::After(Duration::from_millis(20)),
+            _ => Fate::After(MS),
+        },
+    );
+    let want = bits(&reference(&inputs[..7], &rule));
+    for (me, e) in ended.iter().enumerate().take(7) {
+        let report = e
+            .result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), want, "rank {me}");
+        assert_eq!(report.inputs, 7, "rank {me}");
+    }
+}
+
 /// The same under `Enforce`, with ranks 1 and 4's cross-checks late to rank 0 as well (after
 /// the gather step, the echo's two relay steps and its recovery step): rank 0 hears only four
 /// checks in time (rank 7 is dead), too few for the `n - f = 6` a result needs, so it waits

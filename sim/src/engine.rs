@@ -560,7 +560,11 @@ impl<P: Program> Engine<'_, '_, P> {
         let Some((quorum, formed_at)) = rs.quorum else {
             return;
         };
-        if rs.pending != formed_at || rs.pending == 0 || rs.by_quorum {
+        // Formed once `receives` are in, the first `core` of them among them.
+        let core_open = rs.got[..quorum.core.min(rs.got.len())]
+            .iter()
+            .any(|g| *g == P::ABSENT);
+        if rs.pending > formed_at || core_open || rs.pending == 0 || rs.by_quorum {
             return;
         }
         let formed = at.max(rs.posted);
@@ -995,6 +999,7 @@ mod tests {
                 factor,
             },
             awaited: usize::MAX,
+            core: 0,
         })
     }
 

@@ -858,6 +858,7 @@ impl<'r, B> Round<'r, B> {
                 factor: 0,
             },
             awaited: recvs.len(),
+            core: 0,
         });
         self.post_quorum(phase, op, sends, recvs, quorum);
     }
@@ -884,14 +885,15 @@ impl<'r, B> Round<'r, B> {
             receives: recvs.len().saturating_sub(s.saturating_mul(per_sender)),
             grace: self.spec.grace,
             awaited,
+            core: 0,
         });
         self.post_quorum(phase, op, sends, recvs, quorum);
     }
 
     /// [`Round::post`] of a step whose receives include peers that were only late this round
-    /// (a quorum step's cut, [`Fault::Late`]): it may end once the other receives are in, and
-    /// at least `at_least` in all, and the grace has passed, the grace waiting for no laggard
-    /// ([`Carry::laggards`]). Under [`Agreement::Enforce`] the echo and the cross-check need
+    /// (a quorum step's cut, [`Fault::Late`]): it may end once the other receives are all in
+    /// ([`Quorum::core`]), and at least `at_least` in all, and the grace has passed, the grace
+    /// waiting for no laggard ([`Carry::laggards`]). Under [`Agreement::Enforce`] the echo and the cross-check need
     /// the relays and checks of such peers (their inputs were often in time elsewhere), but
     /// must not wait a deadline for a straggler where they do not need it.
     fn post_awaiting_late(
@@ -914,6 +916,7 @@ impl<'r, B> Round<'r, B> {
             receives: (recvs.len() - late_ones).max(at_least.min(recvs.len())),
             grace: self.spec.grace,
             awaited: recvs.len() - recvs.iter().filter(|r| laggard(r.peer)).count(),
+            core: recvs.len() - late_ones,
         };
         self.post_quorum(phase, op, sends, recvs, Some(quorum));
     }

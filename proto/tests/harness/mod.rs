@@ -439,10 +439,19 @@ fn quorum_cut(
         })
         .collect();
     times.sort_unstable();
-    let formed = match q.receives {
+    let kth = match q.receives {
         0 => at,
         k => *times.get(k - 1)?,
     };
+    // The first `core` receives must be in as well.
+    let core = plan.recvs[..q.core.min(plan.recvs.len())]
+        .iter()
+        .map(|op| {
+            wire.get(&(op.peer, me, plan.index, op.tag))
+                .map(|m| m.at.max(at))
+        })
+        .try_fold(at, |t, a| a.map(|a| t.max(a)))?;
+    let formed = kth.max(core);
     let mut cut = formed + q.grace.after(formed - at);
     let awaited_in = plan.recvs[..q.awaited.min(plan.recvs.len())]
         .iter()

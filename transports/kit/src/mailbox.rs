@@ -321,9 +321,9 @@ async fn until_deadline(
     futures::future::join_all(waits).await
 }
 
-/// Every receive's outcome until `quorum` of them have one and its grace has passed (or the
-/// deadline, whichever is first), or until the quorum has formed and the first
-/// `quorum.awaited` receives (all but the laggards') have an outcome; those still open then
+/// Every receive's outcome until `quorum` of them have one (the first `quorum.core` among
+/// them) and its grace has passed (or the deadline, whichever is first), or until the quorum
+/// has formed and the first `quorum.awaited` receives (all but the laggards') have an outcome; those still open then
 /// are late (missing at the deadline). A receive whose peer is gone counts towards the quorum
 /// at once: a dead peer is not waited for.
 async fn until_quorum(
@@ -339,10 +339,12 @@ async fn until_quorum(
         .enumerate()
         .map(|(i, rx)| async move { (i, rx.await.unwrap_or(RecvOutcome::Missing)) })
         .collect();
+    let mut core_open = quorum.core.min(outcomes.len());
     // A quorum of none forms at once.
-    let mut end = match quorum.receives {
-        0 => deadline.min(posted + quorum.grace.after(Duration::ZERO)),
-        _ => deadline,
+    let mut formed = quorum.receives == 0 && core_open == 0;
+    let mut end = match formed {
+        true => deadline.min(posted + quorum.grace.after(Duration::ZERO)),
+        false => deadline,
     };
     let mut have = 0;
     let mut awaited_open = quorum.awaited.min(outcomes.len());
@@ -355,11 +357,15 @@ async fn until_quorum(
                     if i < quorum.awaited {
                         awaited_open -= 1;
                     }
-                    if have == quorum.receives {
+                    if i < quorum.core {
+                        core_open -= 1;
+                    }
+                    if !formed && have >= quorum.receives && core_open == 0 {
+                        formed = true;
                         let now = Instant::now();
                         end = end.min(now + quorum.grace.after(now - posted));
                     }
-                    if have >= quorum.receives && awaited_open == 0 {
+                    if formed && awaited_open == 0 {
                         end = end.min(Instant::now());
                         break;
                     }
@@ -556,11 +562,22 @@ mod tests {
         laggard_step(receives, 3, at).await
     }
 
-    /// [`quorum_step`] whose grace waits for the first `awaited` receives only (rank 3 a
-    /// laggard where `awaited` is 2).
+    /// [`laggard_step`] whose quorum forms only once its first `core` receives are in.
     async fn laggard_step(
         receives: usize,
         awaited: usize,
+        at: [Option<u64>; 3],
+    ) -> (Vec<RecvOutcome>, Duration) {
+        core_step(receives, awaited, 0, at).await
+    }
+
+    /// [`quorum_step`] whose grace waits for the first `awaited` receives only (rank 3 a
+    /// laggard where `awaited` is 2), and whose quorum forms only once the first `core`
+    /// receives are in.
+    async fn core_step(
+        receives: usize,
+        awaited: usize,
+        core: usize,
         at: [Option<u64>; 3],
     ) -> (Vec<RecvOutcome>, Duration) {
         use byzcoll_runtime::{Grace, RecvOp};
@@ -586,6 +603,7 @@ mod tests {
                     factor: 1,
                 },
                 awaited,
+                core,
             }),
         };
         let posted = mb.post_step(&step);
@@ -625,6 +643,25 @@ mod tests {
             vec![got, RecvOutcome::Missing, RecvOutcome::Missing]
         );
         assert_eq!(took, Duration::from_secs(1));
+    }
+
+    /// `Quorum::core`: ranks 1 and 2 in time, rank 3 late (an `Enforce` echo step). Rank 3's
+    /// message coming first does not form the quorum of 2: it forms when rank 2's is in too.
+    #[tokio::test(start_paused = true)]
+    async fn a_quorum_forms_only_with_its_core_in() {
+        let got = RecvOutcome::Received(Payload::Host(Bytes::from_static(b"x")));
+        // Without a core, ranks 3 (5 ms) and 1 (10 ms) form it; the grace cuts rank 2.
+        let (outcomes, took) = core_step(2, 3, 0, [Some(10), Some(100), Some(5)]).await;
+        assert_eq!(outcomes[1], RecvOutcome::Late);
+        assert_eq!(took, Duration::from_millis(20));
+        // With ranks 1 and 2 the core, it forms at 100 ms, with every receive in.
+        let (outcomes, took) = core_step(2, 3, 2, [Some(10), Some(100), Some(5)]).await;
+        assert_eq!(outcomes, vec![got.clone(), got.clone(), got.clone()]);
+        assert_eq!(took, Duration::from_millis(100));
+        // And rank 3 gets the grace after it, no more.
+        let (outcomes, took) = core_step(2, 3, 2, [Some(10), Some(20), Some(900)]).await;
+        assert_eq!(outcomes, vec![got.clone(), got, RecvOutcome::Late]);
+        assert_eq!(took, Duration::from_millis(40));
     }
 
     #[tokio::test(start_paused = true)]
