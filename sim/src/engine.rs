@@ -561,9 +561,7 @@ impl<P: Program> Engine<'_, '_, P> {
             return;
         };
         // Formed once `receives` are in, the first `core` of them among them.
-        let core_open = rs.got[..quorum.core.min(rs.got.len())]
-            .iter()
-            .any(|g| *g == P::ABSENT);
+        let core_open = rs.got[..quorum.core.min(rs.got.len())].contains(&P::ABSENT);
         if rs.pending > formed_at || core_open || rs.pending == 0 || rs.by_quorum {
             return;
         }
