@@ -461,6 +461,56 @@ fn late_relays_coming_first_do_not_cut_relays_in_time() {
     }
 }
 
+/// Under `Enforce` nothing is passed on to a laggard late this round: it got the inputs before
+/// it posted its steps, and passing each one on to it, round after round, was what cut a 10x
+/// slower rank off (the fast ranks' send budgets). Rank 3 of 4, a laggard at the others,
+/// starts 500 ms late: the others send it no input in the recovery step, and every rank,
+/// rank 3 included, returns the median of ranks 0 to 2.
+#[test]
+fn nothing_is_passed_on_to_a_late_laggard() {
+    use byzcoll_proto::round::{Carry, Round};
+    use std::cell::Cell;
+    let (n, d) = (4, 6);
+    let rule = Median::new(1);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let carry = |me: usize| Carry {
+        laggards: if me != 3 { vec![3] } else { vec![] },
+        ..Carry::default()
+    };
+    let planes = (0..n)
+        .map(|r| harness::TestPlane::new(r, n, inputs[r].clone()))
+        .collect();
+    let mut starts = vec![Duration::ZERO; n];
+    starts[3] = Duration::from_millis(500);
+    // Whole inputs sent to rank 3 after the gather step (step 2 is the recovery).
+    let passed_on = Cell::new(0);
+    let ended = harness::run_rounds(
+        |me| {
+            let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
+            s.stragglers = 1;
+            Round::resuming(s, &rule, &carry(me))
+        },
+        planes,
+        &starts,
+        &|_from, to, step, _, bytes| {
+            if to == 3 && step == 2 && bytes.len() == 4 * d {
+                passed_on.set(passed_on.get() + 1);
+            }
+            Fate::After(MS)
+        },
+    );
+    assert_eq!(passed_on.get(), 0);
+    let want = bits(&reference(&inputs[..3], &rule));
+    for (me, e) in ended.iter().enumerate() {
+        let report = e
+            .result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), want, "rank {me}");
+        assert_eq!(report.erased_self, me == 3, "rank {me}");
+    }
+}
+
 /// The same under `Enforce`, with ranks 1 and 4's cross-checks late to rank 0 as well (after
 /// the gather step, the echo's two relay steps and its recovery step): rank 0 hears only four
 /// checks in time (rank 7 is dead), too few for the `n - f = 6` a result needs, so it waits
