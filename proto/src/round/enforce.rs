@@ -5,12 +5,13 @@ use super::*;
 impl<'r, B> Round<'r, B> {
     /// The next relay step of the echo ([`eig`]), or the recovery step once none is left.
     /// Ranks this rank has already counted missing, malformed or out of step (or an earlier
-    /// sub-round erased) are not waited for (their relays count as "none"). Ranks whose input was only *late* here (a quorum
-    /// step's cut) are waited for through a quorum: the step may end once the others' relays
-    /// are in and the grace has passed, and the grace waits for no laggard
-    /// ([`Carry::laggards`]). Their inputs are often in time at other ranks, and the echo's
-    /// majorities need their relays: counting them "none" at once cost a rank that saw two
-    /// inputs late among eight ranks (`f = 2`, one rank dead) the decision on most inputs.
+    /// sub-round erased) are not waited for (their relays count as "none"). Ranks whose input
+    /// was only *late* here (a quorum step's cut) are waited for through a quorum: the step
+    /// may end once the others' relays are in and the grace has passed, and the grace waits
+    /// for no laggard ([`Carry::laggards`]). Their inputs are often in time at other ranks,
+    /// and the echo's majorities need their relays: counting them "none" at once cost a rank
+    /// that saw two inputs late among eight ranks (`f = 2`, one rank dead) the decision on
+    /// most inputs.
     pub(super) fn post_echo(&mut self) {
         let (me, n) = (self.spec.me, self.spec.n);
         let echo = &self.echo;

@@ -893,9 +893,10 @@ impl<'r, B> Round<'r, B> {
     /// [`Round::post`] of a step whose receives include peers that were only late this round
     /// (a quorum step's cut, [`Fault::Late`]): it may end once the other receives are all in
     /// ([`Quorum::core`]), and at least `at_least` in all, and the grace has passed, the grace
-    /// waiting for no laggard ([`Carry::laggards`]). Under [`Agreement::Enforce`] the echo and the cross-check need
-    /// the relays and checks of such peers (their inputs were often in time elsewhere), but
-    /// must not wait a deadline for a straggler where they do not need it.
+    /// waiting for no laggard ([`Carry::laggards`]). Under [`Agreement::Enforce`] the echo
+    /// and the cross-check need the relays and checks of such peers (their inputs were often
+    /// in time elsewhere), but must not wait a deadline for a straggler where they do not
+    /// need it.
     fn post_awaiting_late(
         &mut self,
         phase: Phase<B>,

@@ -323,9 +323,9 @@ async fn until_deadline(
 
 /// Every receive's outcome until `quorum` of them have one (the first `quorum.core` among
 /// them) and its grace has passed (or the deadline, whichever is first), or until the quorum
-/// has formed and the first `quorum.awaited` receives (all but the laggards') have an outcome; those still open then
-/// are late (missing at the deadline). A receive whose peer is gone counts towards the quorum
-/// at once: a dead peer is not waited for.
+/// has formed and the first `quorum.awaited` receives (all but the laggards') have an
+/// outcome; those still open then are late (missing at the deadline). A receive whose peer is
+/// gone counts towards the quorum at once: a dead peer is not waited for.
 async fn until_quorum(
     receivers: Vec<oneshot::Receiver<RecvOutcome>>,
     deadline: Instant,
@@ -562,7 +562,8 @@ mod tests {
         laggard_step(receives, 3, at).await
     }
 
-    /// [`laggard_step`] whose quorum forms only once its first `core` receives are in.
+    /// [`quorum_step`] whose grace waits for the first `awaited` receives only (rank 3 a
+    /// laggard where `awaited` is 2).
     async fn laggard_step(
         receives: usize,
         awaited: usize,
@@ -571,9 +572,7 @@ mod tests {
         core_step(receives, awaited, 0, at).await
     }
 
-    /// [`quorum_step`] whose grace waits for the first `awaited` receives only (rank 3 a
-    /// laggard where `awaited` is 2), and whose quorum forms only once the first `core`
-    /// receives are in.
+    /// [`laggard_step`] whose quorum forms only once its first `core` receives are in.
     async fn core_step(
         receives: usize,
         awaited: usize,
