@@ -24,8 +24,10 @@ A step whose robust round fails (``TooManyFaults``, ...) is reported to the Mana
 business as in any torchft job: here torchft's HTTP transport gives it the model and optimizer
 state of a replica that was in the last quorum.
 
-Everything binds to or is reached on 127.0.0.1, except torchft's manager server, which listens
-on all interfaces (torchft does not offer to choose); it is only ever addressed on 127.0.0.1.
+Everything binds to and is reached on 127.0.0.1. torchft 0.2.0 binds its manager server and
+its HTTP checkpoint server to all interfaces and offers no setting for either, so each replica
+wraps the two classes torchft builds them from (`loopback_only`) to bind them to 127.0.0.1;
+torch's `TCPStore` server gets a socket already bound to 127.0.0.1 (`master_listen_fd`).
 """
 
 import argparse
@@ -34,6 +36,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -63,6 +66,33 @@ def digest(model):
     return h.hexdigest()
 
 
+def loopback_only():
+    """Makes torchft bind its manager server and HTTP checkpoint server to 127.0.0.1 (it binds
+    both to every interface, `[::]`, with no setting to choose): wraps the classes that
+    `torchft.manager` and `torchft.checkpointing.http_transport` build them from."""
+    import socket
+    from http.server import ThreadingHTTPServer
+
+    import torchft.checkpointing.http_transport as http_transport
+    import torchft.manager as manager
+
+    server = manager.ManagerServer
+
+    def manager_server(**kwargs):
+        port = kwargs["bind"].rsplit(":", 1)[1]
+        return server(**{**kwargs, "bind": f"{LOOPBACK}:{port}"})
+
+    class LoopbackHTTPServer(ThreadingHTTPServer):
+        address_family = socket.AF_INET
+        request_queue_size = 1024
+
+        def __init__(self, address, handler):
+            super().__init__((LOOPBACK, address[1]), handler)
+
+    manager.ManagerServer = manager_server
+    http_transport._IPv6HTTPServer = LoopbackHTTPServer
+
+
 def replica(args):
     """One replica group of one process: its own store, a Manager, the robust step."""
     import torch.distributed as dist
@@ -79,8 +109,16 @@ def replica(args):
         def address(self):
             return f"http://{LOOPBACK}:{self._server.socket.getsockname()[1]}/checkpoint/"
 
+    loopback_only()
     torch.set_num_threads(1)
-    store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
+    # The Manager's store, listening on 127.0.0.1 only (a socket bound here, handed over).
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((LOOPBACK, 0))
+    listener.listen(1024)
+    store = dist.TCPStore(
+        LOOPBACK, listener.getsockname()[1], is_master=True, wait_for_workers=False,
+        master_listen_fd=listener.fileno(),
+    )
     model = net()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     pg = bt.ProcessGroupByzcoll(step_timeout_ms=args.step_timeout_ms)

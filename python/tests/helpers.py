@@ -13,6 +13,25 @@ def is_launcher_var(name):
     return name.startswith(LAUNCHER_PREFIXES) or name in LAUNCHER_VARS
 
 
+_LISTENERS = []
+
+
+def loopback_store():
+    """A torch ``TCPStore`` server listening on 127.0.0.1 only (``TCPStore(is_master=True)``
+    alone listens on every interface): its socket is bound here and handed over as
+    ``master_listen_fd``. Returns the store; ``store.port`` is its port."""
+    import torch.distributed as dist
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(1024)
+    store = dist.TCPStore(
+        "127.0.0.1", s.getsockname()[1], is_master=True, wait_for_workers=False, master_listen_fd=s.fileno()
+    )
+    _LISTENERS.append(s)  # open as long as the test process
+    return store
+
+
 def free_port():
     """A port on 127.0.0.1 that was free a moment ago, drawn below the kernel's ephemeral
     range: a launcher (torchrun, mpirun) started between the pick and the bind opens its own

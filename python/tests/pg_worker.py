@@ -1,8 +1,8 @@
 """One rank of a job on the ``"byzcoll"`` torch.distributed backend, for test_torch.py; prints
 what it saw as one JSON line.
 
-``pg_worker.py init RANK SIZE PORT``: joins through ``init_process_group("byzcoll")`` and runs
-torch's collectives, a robust call (the last rank lies) and an unsupported op.
+``pg_worker.py init RANK SIZE STORE_PORT``: joins through ``init_process_group("byzcoll")`` with
+a client of the test's store (on 127.0.0.1) and runs torch's collectives, a robust call (the last rank lies) and an unsupported op.
 
 ``pg_worker.py quorums VALUE STORE_PORT QID:RANK:SIZE,...``: an unconfigured process group
 configured as torchft's Manager does it, once per quorum listed (a fresh store prefix each), and
@@ -26,7 +26,8 @@ def outcome(call):
 
 
 def init(rank, size, port):
-    dist.init_process_group("byzcoll", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+    dist.init_process_group("byzcoll", store=store, rank=rank, world_size=size)
     pg = dist.group.WORLD
     out = {"rank": rank, "backend": dist.get_backend(), "is_byzcoll": isinstance(pg, bt.ProcessGroupByzcoll)}
     base = torch.tensor([rank + 1.0, -2.0 * (rank + 1)])

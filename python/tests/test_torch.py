@@ -21,7 +21,7 @@ import byzcoll.torch as bt  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import torch_worker  # noqa: E402
-from helpers import clean_env, free_port  # noqa: E402
+from helpers import clean_env, free_port, loopback_store  # noqa: E402
 
 
 def run_ddp(n, rule, f, steps, bucket_mb, byzantine, mode="ddp"):
@@ -247,8 +247,8 @@ def run_pg_workers(argvs, env):
 def test_byzcoll_backend_sums_and_averages_plainly_and_is_robust_only_when_asked():
     n = 3
     env = clean_env(BYZCOLL_TCP_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
-    port = free_port()
-    outs = run_pg_workers([["init", str(r), str(n), str(port)] for r in range(n)], env)
+    store = loopback_store()
+    outs = run_pg_workers([["init", str(r), str(n), str(store.port)] for r in range(n)], env)
     values = [[r + 1.0, -2.0 * (r + 1)] for r in range(n)]
     total = [sum(v[i] for v in values) for i in range(2)]
     for o in outs:
@@ -270,7 +270,7 @@ def test_torchft_contract_reconfigures_through_fresh_store_prefixes_as_quorums_c
     """What torchft's Manager does with a process group: configure() at each quorum change with
     a fresh store prefix. Three replicas (values 1, 2, 4) form quorum 1; the third leaves and
     quorum 2 is the other two; a restarted replica (value 8) takes the free rank in quorum 3."""
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = loopback_store()
     env = clean_env(BYZCOLL_TCP_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
     p = str(store.port)
     a, b, c, d = run_pg_workers(
