@@ -14,6 +14,7 @@ Times are the slowest rank's (MAX over ranks), median over the reps, in ms.
 
 import argparse
 import os
+import socket
 import statistics
 import time
 
@@ -61,7 +62,16 @@ def main():
     if args.part == "allreduce":
         comm.close()
         return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=r, world_size=n)
+    # torch's store, listening on 127.0.0.1 only: rank 0 binds the socket and hands it over.
+    if r == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", args.port))
+        listener.listen(1024)
+        store = dist.TCPStore("127.0.0.1", args.port, is_master=True, wait_for_workers=False,
+                              master_listen_fd=listener.fileno())
+    else:
+        store = dist.TCPStore("127.0.0.1", args.port, is_master=False, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=r, world_size=n)
     width = 512
     x = torch.randn(64, width, generator=torch.Generator().manual_seed(r))
     results = {}

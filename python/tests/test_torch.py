@@ -21,11 +21,12 @@ import byzcoll.torch as bt  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import torch_worker  # noqa: E402
-from helpers import clean_env, free_port, loopback_store  # noqa: E402
+from helpers import clean_env, loopback_store  # noqa: E402
 
 
 def run_ddp(n, rule, f, steps, bucket_mb, byzantine, mode="ddp"):
-    env = clean_env(WORLD_SIZE=str(n), TEST_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    store = loopback_store()
+    env = clean_env(WORLD_SIZE=str(n), TEST_PORT=str(store.port), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     procs = [
         subprocess.Popen(
             [sys.executable, os.path.join(HERE, "torch_worker.py"), rule, str(f), str(steps), str(bucket_mb), str(int(byzantine)), mode],

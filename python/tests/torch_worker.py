@@ -71,9 +71,9 @@ def main():
     mode = sys.argv[6] if len(sys.argv) > 6 else "ddp"
     torch.set_num_threads(1)
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{os.environ['TEST_PORT']}", rank=rank, world_size=size
-    )
+    # A client of the test's store, which listens on 127.0.0.1 only.
+    store = dist.TCPStore("127.0.0.1", int(os.environ["TEST_PORT"]), is_master=False, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
     comm = bt.init_from_process_group(listen="127.0.0.1")
     if mode.startswith("fsdp"):
         fsdp(rule, f, steps, int(mode[4:] or 1), byzantine, rank, size, comm)
