@@ -61,8 +61,16 @@ async fn main() -> ExitCode {
         let took = start.elapsed().as_millis();
         let line = match result {
             Ok(report) => {
-                let erased: Vec<usize> = report.faults.iter().map(|f| f.rank).collect();
-                let unconfirmed = report.agreement.map(|a| a.unconfirmed).unwrap_or_default();
+                // The inputs the round went without: its faults, and under `Detect` the inputs
+                // it left out to end with the others' result (`realigned`; its own is said
+                // apart).
+                let me = comm.rank();
+                let agreement = report.agreement.unwrap_or_default();
+                let mut erased: Vec<usize> = report.faults.iter().map(|f| f.rank).collect();
+                erased.extend(agreement.realigned.iter().filter(|&&r| r != me));
+                erased.sort_unstable();
+                erased.dedup();
+                let unconfirmed = agreement.unconfirmed;
                 let own = if report.erased_self {
                     " (own input left out)"
                 } else {

@@ -261,6 +261,11 @@ impl<'r, B> Round<'r, B> {
                 );
             }
         }
+        // An input late here that the echo agreed on and this rank then recovered is in the
+        // aggregate: no erasure, so not a fault (nor, through the fault memory, a laggard's).
+        self.report
+            .faults
+            .retain(|f| !(f.fault == Fault::Late && ranks.contains(&f.rank)));
         self.aggregate_inputs(plane, &held, ranks);
     }
 }
