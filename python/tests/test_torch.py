@@ -144,12 +144,15 @@ def test_async_all_reduce_completes_in_order(world_of_one):
 
 
 def torchrun(case, n=4, **env):
-    """Runs torchrun_cases.py CASE under ``torchrun --standalone`` (loopback) with `n` ranks and
-    the variables `env`; each rank's JSON, in rank order."""
+    """Runs torchrun_cases.py CASE under torchrun with `n` ranks and the variables `env`; each
+    rank's JSON, in rank order. Its rendezvous is a store of this test's on 127.0.0.1, which
+    torchrun joins and does not host (``--standalone`` would host one on every interface)."""
+    store = loopback_store()
     with tempfile.TemporaryDirectory() as out:
         env = clean_env(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **env)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-               os.path.join(HERE, "torchrun_cases.py"), case, out]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={n}",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{store.port}", "--rdzv-conf=is_host=false",
+               f"--rdzv-id={case}-{store.port}", os.path.join(HERE, "torchrun_cases.py"), case, out]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         outs = []
         for r in range(n):

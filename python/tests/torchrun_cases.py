@@ -1,5 +1,5 @@
-"""The PyTorch user's path, one rank of it, run under torchrun (``torchrun --standalone
---nproc-per-node 4 torchrun_cases.py CASE OUT``): each case does what a training script does and
+"""The PyTorch user's path, one rank of it, run under torchrun (``torchrun --nproc-per-node 4
+torchrun_cases.py CASE OUT``, its rendezvous on a store of the test's on 127.0.0.1): each case does what a training script does and
 writes what each call did (its exception's type and message, or what it returned) to
 ``OUT/RANK.json`` for test_torch.py to check."""
 
