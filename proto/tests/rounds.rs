@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use byzcoll_aggregators::{aggregate_into, Median};
 use byzcoll_proto::round::Shape;
-use byzcoll_proto::{Agreement, Error, Fault, PeerFault, Replicas};
-use harness::{input, run, spec, Fate, WORLD_SIZES};
+use byzcoll_proto::{Agreement, Error, Fault, PeerFault, Replicas, RoundReport};
+use harness::{input, run, spec, Fate, Network, WORLD_SIZES};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -373,6 +373,35 @@ fn two_stragglers_late_to_different_ranks_leave_every_rank_with_one_result() {
     }
 }
 
+/// One `Enforce` round of 8 ranks (`f = 2`, `s = 2`) whose rank 7's connections are gone (its
+/// receives `Missing` at once), over `net` for every other message: checks that ranks 0 to 6
+/// each return the median of their 7 inputs, within 500 ms, and returns their reports.
+fn enforce_round_with_rank_7_dead(net: &Network<'_>) -> Vec<RoundReport> {
+    let (n, d) = (8, 5);
+    let rule = Median::new(2);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let spec = |me| {
+        let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
+        s.stragglers = 2;
+        s
+    };
+    let dead = |from, to, step, tag, bytes: &bytes::Bytes| match from {
+        7 => Fate::Closed,
+        _ => net(from, to, step, tag, bytes),
+    };
+    let ended = run(spec, &rule, &inputs, &vec![Duration::ZERO; n], &dead);
+    let want = bits(&reference(&inputs[..7], &rule));
+    let mut reports = Vec::new();
+    for (me, e) in ended.into_iter().enumerate().take(7) {
+        let report = e.result.unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), want, "rank {me}");
+        assert_eq!(report.inputs, 7, "rank {me}");
+        assert!(e.at < Duration::from_millis(500), "rank {me}: {:?}", e.at);
+        reports.push(report);
+    }
+    reports
+}
+
 /// Under `Enforce`, inputs late to one rank do not cost it the echo: ranks 1 and 4's inputs
 /// reach rank 0 after its quorum (`f = 2`, `s = 2`, rank 7 dead), but their relays come in
 /// time, and rank 0 waits for them (through the quorum's grace) rather than counting two more
@@ -382,41 +411,17 @@ fn two_stragglers_late_to_different_ranks_leave_every_rank_with_one_result() {
 /// median of ranks 0 to 6.
 #[test]
 fn inputs_late_to_one_rank_under_enforce_leave_its_echo_whole() {
-    let (n, d) = (8, 5);
-    let rule = Median::new(2);
-    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-    let spec = |me| {
-        let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
-        s.stragglers = 2;
-        s
+    let reports = enforce_round_with_rank_7_dead(&|from, to, step, _, _| match (from, to, step) {
+        (1 | 4, 0, 0) => Fate::After(Duration::from_millis(50)),
+        _ => Fate::After(MS),
+    });
+    // Ranks 1 and 4's inputs, late to rank 0, were recovered and used: no fault of theirs.
+    let dead = PeerFault {
+        rank: 7,
+        fault: Fault::Missing,
     };
-    let ended = run(
-        spec,
-        &rule,
-        &inputs,
-        &vec![Duration::ZERO; n],
-        &|from, to, step, _, _| match (from, to, step) {
-            // Rank 7's connections are gone (its receives are `Missing` at once).
-            (7, _, _) => Fate::Closed,
-            (1 | 4, 0, 0) => Fate::After(Duration::from_millis(50)),
-            _ => Fate::After(MS),
-        },
-    );
-    let want = bits(&reference(&inputs[..7], &rule));
-    for (me, e) in ended.iter().enumerate().take(7) {
-        let report = e
-            .result
-            .as_ref()
-            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
-        assert_eq!(bits(&e.output), want, "rank {me}");
-        assert_eq!(report.inputs, 7, "rank {me}");
-        // Ranks 1 and 4's inputs, late to rank 0, were recovered and used: no fault of theirs.
-        let dead = PeerFault {
-            rank: 7,
-            fault: Fault::Missing,
-        };
-        assert_eq!(report.faults, [dead], "rank {me}");
-        assert!(e.at < Duration::from_millis(500), "rank {me}: {:?}", e.at);
+    for (me, report) in reports.iter().enumerate() {
+        assert_eq!(report.faults, std::slice::from_ref(&dead), "rank {me}");
     }
 }
 
@@ -427,35 +432,11 @@ fn inputs_late_to_one_rank_under_enforce_leave_its_echo_whole() {
 /// those two ranks' relays and leave rank 0 three short again.
 #[test]
 fn late_relays_coming_first_do_not_cut_relays_in_time() {
-    let (n, d) = (8, 5);
-    let rule = Median::new(2);
-    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-    let spec = |me| {
-        let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
-        s.stragglers = 2;
-        s
-    };
-    let ended = run(
-        spec,
-        &rule,
-        &inputs,
-        &vec![Duration::ZERO; n],
-        &|from, to, step, _, _| match (from, to, step) {
-            (7, _, _) => Fate::Closed,
-            (1 | 4, 0, 0) => Fate::After(Duration::from_millis(50)),
-            (2 | 3, 0, 2) => Fate::After(Duration::from_millis(20)),
-            _ => Fate::After(MS),
-        },
-    );
-    let want = bits(&reference(&inputs[..7], &rule));
-    for (me, e) in ended.iter().enumerate().take(7) {
-        let report = e
-            .result
-            .as_ref()
-            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
-        assert_eq!(bits(&e.output), want, "rank {me}");
-        assert_eq!(report.inputs, 7, "rank {me}");
-    }
+    enforce_round_with_rank_7_dead(&|from, to, step, _, _| match (from, to, step) {
+        (1 | 4, 0, 0) => Fate::After(Duration::from_millis(50)),
+        (2 | 3, 0, 2) => Fate::After(Duration::from_millis(20)),
+        _ => Fate::After(MS),
+    });
 }
 
 /// Under `Enforce` nothing is passed on to a laggard late this round: it got the inputs before
@@ -514,35 +495,13 @@ fn nothing_is_passed_on_to_a_late_laggard() {
 /// for the late ones until it has heard enough, rather than failing with them unconfirmed.
 #[test]
 fn a_cross_check_under_enforce_waits_for_late_checks_it_needs() {
-    let (n, d) = (8, 5);
-    let rule = Median::new(2);
-    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-    let spec = |me| {
-        let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
-        s.stragglers = 2;
-        s
-    };
-    let ended = run(
-        spec,
-        &rule,
-        &inputs,
-        &vec![Duration::ZERO; n],
-        &|from, to, step, _, _| match (from, to, step) {
-            (7, _, _) => Fate::Closed,
-            (1 | 4, 0, 0 | 4) => Fate::After(Duration::from_millis(50)),
-            _ => Fate::After(MS),
-        },
-    );
-    let want = bits(&reference(&inputs[..7], &rule));
-    for (me, e) in ended.iter().enumerate().take(7) {
-        let report = e
-            .result
-            .as_ref()
-            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
-        assert_eq!(bits(&e.output), want, "rank {me}");
+    let reports = enforce_round_with_rank_7_dead(&|from, to, step, _, _| match (from, to, step) {
+        (1 | 4, 0, 0 | 4) => Fate::After(Duration::from_millis(50)),
+        _ => Fate::After(MS),
+    });
+    for (me, report) in reports.iter().enumerate() {
         let found = report.agreement.as_ref().expect("a cross-check");
         assert_eq!(found.unconfirmed, [7], "rank {me}");
-        assert!(e.at < Duration::from_millis(500), "rank {me}: {:?}", e.at);
     }
 }
 
