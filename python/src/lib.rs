@@ -3,6 +3,7 @@
 //! talk), reports, and an exception hierarchy mirroring `byzcoll::Error`. The Python package
 //! (`pysrc/byzcoll`) wraps it: torch tensors, mpi4py bootstrap, type stubs.
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use byzcoll::aggregators::{self, Aggregator, Params};
@@ -476,14 +477,27 @@ fn array(x: &Bound<'_, PyAny>, writable: bool) -> PyResult<Array> {
 #[pyclass(module = "byzcoll", name = "Communicator")]
 struct PyCommunicator {
     /// The communicator and its runtime (shared with the communicators made from this one,
-    /// `shrink`).
-    inner: BlockingComm,
+    /// `shrink`); dropped by `Drop` alone.
+    inner: ManuallyDrop<BlockingComm>,
+}
+
+impl Drop for PyCommunicator {
+    /// Drops the communicator, and the runtime with the last one, with the GIL released:
+    /// dropping a runtime waits for its blocking threads, and a started call's callback runs
+    /// on one of them and takes the GIL (it completes a torch future, say). Dropped with the
+    /// GIL held, the last communicator of a process group deadlocked with the callback of its
+    /// last `allreduce` (`test_torchft_contract_...`, about one run in four).
+    fn drop(&mut self) {
+        // SAFETY: `inner` is taken once, here, and never used again.
+        let inner = unsafe { ManuallyDrop::take(&mut self.inner) };
+        Python::attach(|py| py.detach(move || drop(inner)));
+    }
 }
 
 impl PyCommunicator {
     fn new(runtime: std::sync::Arc<tokio::runtime::Runtime>, comm: Communicator) -> Self {
         PyCommunicator {
-            inner: BlockingComm::new(runtime, comm),
+            inner: ManuallyDrop::new(BlockingComm::new(runtime, comm)),
         }
     }
 
