@@ -34,18 +34,25 @@ def run_ddp(n, rule, f, steps, bucket_mb, byzantine, mode="ddp"):
         )
         for r in range(n)
     ]
+    return sorted(last_json_lines(procs, 180, require_success=False), key=lambda o: o["rank"])
+
+
+def last_json_lines(procs, timeout, require_success):
+    """Each process's last JSON line, in order, once they have all ended (each within
+    `timeout` s; all are killed where one is not); with `require_success`, each must also
+    have exited with status 0."""
     outs = []
     for p in procs:
         try:
-            stdout, stderr = p.communicate(timeout=180)
+            stdout, stderr = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
             raise
         lines = [l for l in stdout.splitlines() if l.startswith("{")]
-        assert lines, stdout + stderr
+        assert (p.returncode == 0 or not require_success) and lines, stdout + stderr
         outs.append(json.loads(lines[-1]))
-    return sorted(outs, key=lambda o: o["rank"])
+    return outs
 
 
 def reference(n, steps, byzantine):
@@ -234,18 +241,7 @@ def run_pg_workers(argvs, env):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for argv in argvs
     ]
-    outs = []
-    for p in procs:
-        try:
-            stdout, stderr = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        lines = [l for l in stdout.splitlines() if l.startswith("{")]
-        assert p.returncode == 0 and lines, stdout + stderr
-        outs.append(json.loads(lines[-1]))
-    return outs
+    return last_json_lines(procs, 120, require_success=True)
 
 
 def test_byzcoll_backend_sums_and_averages_plainly_and_is_robust_only_when_asked():
