@@ -10,7 +10,9 @@ use byzcoll_runtime::bootstrap::keys::{self, KeyRoster};
 use byzcoll_runtime::bootstrap::{Identity, JobAuth, LaunchEnv, Launcher, MAX_WORLD};
 pub use byzcoll_runtime::MAX_STEP_TIMEOUT;
 
-use crate::registry::{self, TransportInfo};
+use byzcoll_runtime::{parse_flag, parse_var, Lookup};
+
+use crate::registry::{self, Chosen, TransportInfo};
 use crate::{Agreement, BootstrapError, Config, Error, Rank, Result};
 
 /// The transport a job uses when nothing names one.
@@ -58,11 +60,17 @@ pub enum Bootstrap {
 /// | `BYZCOLL_SUB_ROUND_BYTES` | most bytes one sub-round of a sharded all-reduce covers, 1 B to 1 TiB (job-wide) | 4 MiB |
 /// | `BYZCOLL_RING_PART_BYTES` | smallest part of a ring step sent as a step of its own, 1 B to 1 TiB (job-wide) | the runtime's |
 /// | `BYZCOLL_DOUBLING_MAX_BYTES` | largest all-reduce (bytes per rank) done by recursive doubling rather than the ring, 0 B to 1 TiB (job-wide) | 16 KiB |
-/// | `BYZCOLL_TCP_ADDR` | IP address TCP listens on | the host name's address |
-/// | `BYZCOLL_TCP_SPIN_US` | how long a waiting TCP exchange polls before sleeping, at most 1 s | the transport's |
-/// | `BYZCOLL_FRAME_MAC` | `1`: TCP frames carry MACs; `0`: not (UCX and libfabric always seal theirs) | `0` |
-/// | `BYZCOLL_UCX_PEER_FAILURE` | `on`/`off`: UCX endpoints report dead peers | on unless `UCX_TLS` is shared memory only |
 /// | `BYZCOLL_STORE_HOSTED` | `1`: the launcher hosts the store, rank 0 does not; `0`: rank 0 does | `0` |
+///
+/// The transport parses its own options, read here and handed over ([`TransportInfo::vars`]
+/// lists them; setting one of another transport's is an error):
+///
+/// | variable | transport | meaning | default |
+/// |---|---|---|---|
+/// | `BYZCOLL_TCP_ADDR` | tcp | IP address TCP listens on | the host name's address |
+/// | `BYZCOLL_TCP_SPIN_US` | tcp | how long a waiting TCP exchange polls before sleeping, at most 1 s | the transport's |
+/// | `BYZCOLL_FRAME_MAC` | tcp, ucx, libfabric | `1`: TCP frames carry MACs; `0`: not (UCX and libfabric always seal theirs, and refuse `0`) | `0` |
+/// | `BYZCOLL_UCX_PEER_FAILURE` | ucx | `on`/`off`: UCX endpoints report dead peers | on unless `UCX_TLS` is shared memory only |
 #[derive(Debug, Clone)]
 pub struct JobConfig {
     launch: LaunchEnv,
@@ -79,11 +87,9 @@ pub struct JobConfig {
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) transport: &'static TransportInfo,
+    /// The transport with the options the configuration chose for it.
+    pub(crate) chosen: Chosen,
     pub(crate) comm: Config,
-    pub(crate) tcp_listen: Option<IpAddr>,
-    pub(crate) tcp_spin: Option<Duration>,
-    pub(crate) frame_mac: Option<bool>,
-    pub(crate) ucx_peer_failure: Option<bool>,
     pub(crate) store_hosted: bool,
 }
 
@@ -102,10 +108,7 @@ impl JobConfig {
             agreement: Agreement::default(),
             sub_round_bytes: None,
             ring_part_bytes: None,
-            tcp_listen: None,
-            tcp_spin: None,
-            frame_mac: None,
-            ucx_peer_failure: None,
+            transport_vars: Vec::new(),
             store_hosted: false,
         }
     }
@@ -180,10 +183,17 @@ impl JobConfig {
     ///
     /// # Errors
     /// [`Error::Unsupported`] when the transport is not TCP.
+    #[cfg_attr(not(feature = "tcp"), allow(unused_mut))]
     pub fn with_tcp_listen(mut self, ip: IpAddr) -> Result<Self> {
-        self.settings.tcp_listen = Some(ip);
-        self.check()?;
-        Ok(self)
+        #[cfg(feature = "tcp")]
+        if let Some(tcp) = self.settings.chosen.tcp() {
+            tcp.listen = Some(ip);
+            return Ok(self);
+        }
+        Err(Error::Unsupported(format!(
+            "listening on {ip}: an option of TCP, and the transport is {}",
+            self.settings.transport.name
+        )))
     }
 
     /// How the ranks find each other.
@@ -251,9 +261,9 @@ impl JobConfig {
         self.settings.store_hosted
     }
 
-    #[cfg_attr(not(any(feature = "tcp", feature = "ucx")), allow(dead_code))]
-    pub(crate) fn settings(&self) -> &Settings {
-        &self.settings
+    /// The transport with the options the configuration chose for it.
+    pub(crate) fn chosen(&self) -> &Chosen {
+        &self.settings.chosen
     }
 
     /// The checks that involve more than one value.
@@ -289,7 +299,7 @@ impl JobConfig {
 }
 
 impl Settings {
-    pub(crate) fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Self> {
+    pub(crate) fn from_lookup(get: Lookup<'_>) -> Result<Self> {
         let transport_name = get("BYZCOLL_TRANSPORT").unwrap_or_else(|| DEFAULT_TRANSPORT.into());
         let transport = registry::find(&transport_name).ok_or_else(|| {
             Error::Unsupported(format!(
@@ -298,36 +308,6 @@ impl Settings {
             ))
         })?;
         let comm = Config::from_lookup(get)?;
-        let tcp_listen = parse_var(get, "BYZCOLL_TCP_ADDR", "expected an IP address", |v| {
-            v.parse::<IpAddr>().ok()
-        })?;
-        let tcp_spin = parse_var(
-            get,
-            "BYZCOLL_TCP_SPIN_US",
-            "expected microseconds, an integer from 0 to 1000000",
-            |v| {
-                v.parse::<u64>()
-                    .ok()
-                    .filter(|&us| us <= 1_000_000)
-                    .map(Duration::from_micros)
-            },
-        )?;
-        let frame_mac = parse_var(
-            get,
-            "BYZCOLL_FRAME_MAC",
-            "expected 1 (frames carry MACs) or 0",
-            parse_flag,
-        )?;
-        let ucx_peer_failure = parse_var(
-            get,
-            "BYZCOLL_UCX_PEER_FAILURE",
-            "expected on or off (or unset: on unless UCX_TLS names only shared-memory transports)",
-            |v| match v {
-                "on" => Some(true),
-                "off" => Some(false),
-                _ => None,
-            },
-        )?;
         let store_hosted = parse_var(
             get,
             "BYZCOLL_STORE_HOSTED",
@@ -335,27 +315,24 @@ impl Settings {
             parse_flag,
         )?
         .unwrap_or(false);
-        let settings = Settings {
-            transport,
-            comm,
-            tcp_listen,
-            tcp_spin,
-            frame_mac,
-            ucx_peer_failure,
-            store_hosted,
-        };
-        // Name the variables when the combination is what is wrong.
-        settings.check().map_err(|e| match e {
+        // Name the variable when the transport is what refuses a value.
+        let chosen = transport.choose(get).map_err(|e| match e {
             Error::Unsupported(why) => {
                 Error::Unsupported(format!("BYZCOLL_TRANSPORT={transport_name}: {why}"))
             }
             other => other,
         })?;
+        let settings = Settings {
+            transport,
+            chosen,
+            comm,
+            store_hosted,
+        };
+        settings.check()?;
         Ok(settings)
     }
 
     fn check(&self) -> Result<()> {
-        let name = self.transport.name;
         if self.comm.step_timeout.is_zero() || self.comm.step_timeout > MAX_STEP_TIMEOUT {
             return Err(Error::InvalidUsage(format!(
                 "step timeout {:?}: between 1 ms and one day",
@@ -372,34 +349,6 @@ impl Settings {
                     byzcoll_runtime::MAX_PART_BYTES
                 )));
             }
-        }
-        match (name, self.frame_mac) {
-            (_, None) | ("tcp", _) | ("ucx" | "libfabric", Some(true)) => {}
-            ("ucx" | "libfabric", Some(false)) => {
-                return Err(Error::Unsupported(format!(
-                    "BYZCOLL_FRAME_MAC=0: frames over {name} are always sealed (its tag \
-                     matching cannot tell senders apart otherwise)"
-                )))
-            }
-            (_, Some(_)) => {
-                return Err(Error::Unsupported(format!(
-                    "BYZCOLL_FRAME_MAC: frame MACs are a TCP option, and {name} has none; unset it"
-                )))
-            }
-        }
-        if name != "tcp" && (self.tcp_listen.is_some() || self.tcp_spin.is_some()) {
-            return Err(Error::Unsupported(format!(
-                "BYZCOLL_TCP_ADDR and BYZCOLL_TCP_SPIN_US are TCP options, and the transport is \
-                 {name}; unset them"
-            )));
-        }
-        if name != "ucx" && self.ucx_peer_failure.is_some() {
-            return Err(Error::Unsupported(format!(
-                "BYZCOLL_UCX_PEER_FAILURE is a UCX option, and the transport is {name}; unset it"
-            )));
-        }
-        if !self.transport.available {
-            return Err(Error::Unsupported(self.transport.about.to_string()));
         }
         Ok(())
     }
@@ -419,10 +368,9 @@ pub struct JobConfigBuilder {
     agreement: Agreement,
     sub_round_bytes: Option<usize>,
     ring_part_bytes: Option<usize>,
-    tcp_listen: Option<IpAddr>,
-    tcp_spin: Option<Duration>,
-    frame_mac: Option<bool>,
-    ucx_peer_failure: Option<bool>,
+    /// The transport options set, as the variables they stand for (the transport parses
+    /// them as it parses the environment's).
+    transport_vars: Vec<(&'static str, String)>,
     store_hosted: bool,
 }
 
@@ -479,29 +427,37 @@ impl JobConfigBuilder {
         self
     }
 
-    /// The IP address the TCP transport listens on.
-    pub fn tcp_listen(mut self, ip: IpAddr) -> Self {
-        self.tcp_listen = Some(ip);
+    /// The transport option `var`, as if the environment set it to `value`; the transport
+    /// checks it in [`build`](JobConfigBuilder::build).
+    fn transport_var(mut self, var: &'static str, value: String) -> Self {
+        self.transport_vars.retain(|(v, _)| *v != var);
+        self.transport_vars.push((var, value));
         self
     }
 
-    /// How long a waiting TCP exchange polls before sleeping (at most 1 s).
-    pub fn tcp_spin(mut self, spin: Duration) -> Self {
-        self.tcp_spin = Some(spin);
-        self
+    /// The IP address the TCP transport listens on (`BYZCOLL_TCP_ADDR`).
+    pub fn tcp_listen(self, ip: IpAddr) -> Self {
+        self.transport_var("BYZCOLL_TCP_ADDR", ip.to_string())
     }
 
-    /// Whether TCP frames carry MACs (UCX and libfabric always seal theirs).
-    pub fn frame_mac(mut self, on: bool) -> Self {
-        self.frame_mac = Some(on);
-        self
+    /// How long a waiting TCP exchange polls before sleeping, at most 1 s, in whole
+    /// microseconds rounded up (`BYZCOLL_TCP_SPIN_US`).
+    pub fn tcp_spin(self, spin: Duration) -> Self {
+        let us = spin.as_nanos().div_ceil(1000);
+        self.transport_var("BYZCOLL_TCP_SPIN_US", us.to_string())
+    }
+
+    /// Whether TCP frames carry MACs (UCX and libfabric always seal theirs, and refuse
+    /// `false`) (`BYZCOLL_FRAME_MAC`).
+    pub fn frame_mac(self, on: bool) -> Self {
+        self.transport_var("BYZCOLL_FRAME_MAC", u8::from(on).to_string())
     }
 
     /// Whether UCX endpoints ask UCX to report dead peers (default: on unless `UCX_TLS`
-    /// names only shared-memory transports, which cannot).
-    pub fn ucx_peer_failure(mut self, on: bool) -> Self {
-        self.ucx_peer_failure = Some(on);
-        self
+    /// names only shared-memory transports, which cannot) (`BYZCOLL_UCX_PEER_FAILURE`).
+    pub fn ucx_peer_failure(self, on: bool) -> Self {
+        let value = if on { "on" } else { "off" };
+        self.transport_var("BYZCOLL_UCX_PEER_FAILURE", value.into())
     }
 
     /// The launcher hosts the rendezvous store, so rank 0 does not.
@@ -514,10 +470,11 @@ impl JobConfigBuilder {
     ///
     /// # Errors
     /// [`Error::InvalidUsage`] for a rank outside the world, a world above the largest
-    /// supported, a step timeout of zero or above one day, a TCP spin above 1 s, or a world
-    /// larger than one without a store; [`Error::Bootstrap`] for such a world without
-    /// [`auth`](JobConfigBuilder::auth); [`Error::Unsupported`] for a transport that is unknown
-    /// or not in this build, or an option the transport does not have.
+    /// supported, a step timeout of zero or above one day, or a world larger than one without
+    /// a store; [`Error::Bootstrap`] for such a world without [`auth`](JobConfigBuilder::auth),
+    /// or a transport option the transport refuses (a TCP spin above 1 s), naming the
+    /// variable it stands for; [`Error::Unsupported`] for a transport that is unknown or not
+    /// in this build, or an option the transport does not have.
     pub fn build(self) -> Result<JobConfig> {
         let transport = registry::find(&self.transport).ok_or_else(|| {
             Error::Unsupported(format!(
@@ -526,12 +483,13 @@ impl JobConfigBuilder {
                 registry::names()
             ))
         })?;
-        if self.tcp_spin.is_some_and(|s| s > Duration::from_secs(1)) {
-            return Err(Error::InvalidUsage(format!(
-                "TCP spin {:?}: at most 1 s",
-                self.tcp_spin
-            )));
-        }
+        let vars = &self.transport_vars;
+        let get = |var: &str| {
+            vars.iter()
+                .find(|(v, _)| *v == var)
+                .map(|(_, value)| value.clone())
+        };
+        let chosen = transport.choose(&get)?;
         let config = JobConfig {
             launch: LaunchEnv {
                 launcher: Launcher::Code,
@@ -545,6 +503,7 @@ impl JobConfigBuilder {
             rank_key: None,
             settings: Settings {
                 transport,
+                chosen,
                 comm: {
                     let mut comm = Config::default();
                     comm.step_timeout = self.step_timeout;
@@ -557,10 +516,6 @@ impl JobConfigBuilder {
                     }
                     comm
                 },
-                tcp_listen: self.tcp_listen,
-                tcp_spin: self.tcp_spin,
-                frame_mac: self.frame_mac,
-                ucx_peer_failure: self.ucx_peer_failure,
                 store_hosted: self.store_hosted,
             },
         };
@@ -605,38 +560,6 @@ impl EnvReport {
             ucx_vars,
             fi_provider: process_env("FI_PROVIDER"),
         }
-    }
-}
-
-fn invalid(var: &'static str, value: &str, why: impl Into<String>) -> Error {
-    Error::Bootstrap(BootstrapError::InvalidVar {
-        var,
-        value: value.to_string(),
-        why: why.into(),
-    })
-}
-
-/// The value of `var` through `parse`, `None` when unset, an error naming `var` when `parse`
-/// refuses it.
-fn parse_var<T>(
-    get: &impl Fn(&str) -> Option<String>,
-    var: &'static str,
-    expected: &str,
-    parse: impl Fn(&str) -> Option<T>,
-) -> Result<Option<T>> {
-    match get(var) {
-        None => Ok(None),
-        Some(v) => parse(v.trim())
-            .map(Some)
-            .ok_or_else(|| invalid(var, &v, expected)),
-    }
-}
-
-fn parse_flag(v: &str) -> Option<bool> {
-    match v {
-        "1" => Some(true),
-        "0" => Some(false),
-        _ => None,
     }
 }
 
@@ -701,9 +624,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.comm().step_timeout, Duration::from_millis(250));
         assert_eq!(c.agreement(), Agreement::Off);
-        let s = c.settings();
-        assert_eq!(s.tcp_listen, Some([127, 0, 0, 2].into()));
-        assert_eq!(s.tcp_spin, Some(Duration::from_secs(1)));
+        let mut chosen = c.chosen().clone();
+        let s = chosen.tcp().unwrap();
+        assert_eq!(s.listen, Some([127, 0, 0, 2].into()));
+        assert_eq!(s.spin, Some(Duration::from_secs(1)));
         assert_eq!(s.frame_mac, Some(true));
         assert!(c.store_hosted());
     }
@@ -711,7 +635,7 @@ mod tests {
     /// Every variable, at values just past what it accepts, is an error naming it.
     #[test]
     fn an_invalid_value_names_its_variable() {
-        let cases: [(&str, &[&str]); 8] = [
+        let cases: [(&str, &[&str]); 7] = [
             (
                 "BYZCOLL_TIMEOUT_MS",
                 &["0", "-1", "1.5", "", "86400001", "18446744073709551616"],
@@ -724,12 +648,20 @@ mod tests {
             ),
             ("BYZCOLL_FRAME_MAC", &["yes", "2", ""]),
             ("BYZCOLL_STORE_HOSTED", &["true", "2", ""]),
-            ("BYZCOLL_UCX_PEER_FAILURE", &["ON", "yes", "1", ""]),
             ("BYZCOLL_WORLD_SIZE", &["0", "x", "-4"]),
         ];
         for (var, values) in cases {
             for value in values {
                 let e = with(&[(var, value)]).unwrap_err();
+                let shown = e.to_string();
+                assert_eq!(named(e), var, "{var}={value:?}: {shown}");
+            }
+        }
+        // A transport's own options are checked by that transport, when it is the one chosen.
+        if registry::find("ucx").is_some_and(|t| t.available) {
+            for value in ["ON", "yes", "1", ""] {
+                let var = "BYZCOLL_UCX_PEER_FAILURE";
+                let e = with(&[("BYZCOLL_TRANSPORT", "ucx"), (var, value)]).unwrap_err();
                 let shown = e.to_string();
                 assert_eq!(named(e), var, "{var}={value:?}: {shown}");
             }
@@ -774,6 +706,19 @@ mod tests {
         ])
         .unwrap_err();
         assert!(matches!(e, Error::Unsupported(_)), "{e}");
+        // Whether or not this build has the transport whose option it is.
+        let e = with(&[("BYZCOLL_UCX_PEER_FAILURE", "on")]).unwrap_err();
+        assert!(
+            matches!(&e, Error::Unsupported(m) if m.contains("BYZCOLL_UCX_PEER_FAILURE is an option of ucx, and the transport is tcp")),
+            "{e}"
+        );
+        if registry::find("ucx").is_some_and(|t| t.available) {
+            let e = with(&[("BYZCOLL_TRANSPORT", "ucx"), ("BYZCOLL_FRAME_MAC", "0")]).unwrap_err();
+            assert!(
+                matches!(&e, Error::Unsupported(m) if m.contains("always sealed")),
+                "{e}"
+            );
+        }
     }
 
     #[test]
@@ -876,7 +821,6 @@ mod tests {
             JobConfig::builder(0, MAX_WORLD + 1),
             JobConfig::builder(0, 1).step_timeout(Duration::ZERO),
             JobConfig::builder(0, 1).step_timeout(MAX_STEP_TIMEOUT + Duration::from_millis(1)),
-            JobConfig::builder(0, 1).tcp_spin(Duration::from_secs(2)),
         ] {
             let shown = format!("{bad:?}");
             assert!(
@@ -884,6 +828,19 @@ mod tests {
                 "{shown}"
             );
         }
+        // A transport option is checked by the transport, as the variable it stands for.
+        let spin = JobConfig::builder(0, 1).tcp_spin(Duration::from_secs(2));
+        assert_eq!(named(spin.build().unwrap_err()), "BYZCOLL_TCP_SPIN_US");
+        let c = JobConfig::builder(0, 1)
+            .tcp_spin(Duration::from_nanos(1500))
+            .build()
+            .unwrap();
+        let mut chosen = c.chosen().clone();
+        assert_eq!(
+            chosen.tcp().unwrap().spin,
+            Some(Duration::from_micros(2)),
+            "a spin is never rounded down to none"
+        );
         assert!(matches!(
             JobConfig::builder(0, 1).transport("nope").build(),
             Err(Error::Unsupported(_))

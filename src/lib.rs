@@ -92,9 +92,6 @@ pub async fn init_with(config: &JobConfig) -> Result<Communicator> {
         transport = transport.name,
         "byzcoll: initialising"
     );
-    let connect = transport
-        .connect
-        .ok_or_else(|| Error::Unsupported(format!("{}: {}", transport.name, transport.about)))?;
     if config.bootstrap() != Bootstrap::Store {
         return Err(Error::InvalidUsage(
             "init_with takes a configuration made by JobConfig::from_env or the builder; one \
@@ -112,7 +109,10 @@ pub async fn init_with(config: &JobConfig) -> Result<Communicator> {
             .await?;
         config.comm().check_job(&records)?;
     }
-    let t = connect(config, store).await?;
+    let t = config
+        .chosen()
+        .connect(launch, config.comm(), store)
+        .await?;
     let mut comm = Communicator::new(t, config.comm().clone());
     if let Some((store, server)) = rendezvous {
         comm.set_identity(store.auth().mode());

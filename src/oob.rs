@@ -66,10 +66,14 @@ pub fn init_with_allgather(
         ));
     }
     let (rank, size) = (config.launch().rank, config.launch().size);
-    let settings = config.settings();
-    let options =
-        crate::registry::tcp::options(settings, crate::registry::setup_timeout(config.comm()));
-    let ip = match settings.tcp_listen {
+    let mut chosen = config.chosen().clone();
+    let Some(tcp) = chosen.tcp() else {
+        return Err(Error::Unsupported(
+            "the all-gather join connects over TCP only".into(),
+        ));
+    };
+    let options = tcp.options(crate::registry::setup_timeout(config.comm()));
+    let ip = match tcp.listen {
         Some(ip) => ip,
         None => host_address()?,
     };

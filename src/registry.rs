@@ -1,26 +1,21 @@
 //! The transports byzcoll knows, by name, built from the enabled cargo features.
 //!
-//! Adding a transport takes its crate (an implementation of [`crate::Transport`]), an optional
-//! dependency and feature in `Cargo.toml`, a `connect` function below and one line in
-//! [`TRANSPORTS`]. A transport whose feature is off stays listed, with what enables it, so
-//! asking for it is an error that says how to get it, never a switch to another one.
+//! Adding a transport takes its crate (an implementation of [`crate::Transport`] whose options
+//! parse themselves from a [`Lookup`]), an optional dependency and feature in `Cargo.toml`, a
+//! variant of [`Chosen`] with its `connect` below, and one line in [`TRANSPORTS`]. A transport
+//! whose feature is off stays listed, with what enables it and the variables it takes, so
+//! asking for it (or setting one of its options for another transport) is an error that says
+//! so, never a switch to another one.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
-use byzcoll_runtime::bootstrap::StoreClient;
+use byzcoll_runtime::bootstrap::{LaunchEnv, StoreClient};
+use byzcoll_runtime::{Lookup, OptionError};
 
-use crate::config::JobConfig;
-use crate::{Result, Transport};
+use crate::{Config, Error, Result, Transport};
 
-/// Joins the job `config` describes: `store` is its rendezvous store, `None` in a world of
-/// one.
-pub(crate) type Connect = for<'a> fn(&'a JobConfig, Option<&'a StoreClient>) -> Connecting<'a>;
-
-/// A transport being connected.
-pub(crate) type Connecting<'a> =
-    Pin<Box<dyn Future<Output = Result<Box<dyn Transport>>> + Send + 'a>>;
+/// Parses a transport's options from a job's configuration.
+type Parse = fn(Lookup<'_>) -> std::result::Result<Chosen, OptionError>;
 
 /// A transport byzcoll knows of, and whether this build has it.
 #[derive(Debug, Clone, Copy)]
@@ -31,8 +26,10 @@ pub struct TransportInfo {
     pub available: bool,
     /// One line on what it is, or on what is missing.
     pub about: &'static str,
-    /// How it joins a job; `None` when this build cannot.
-    pub(crate) connect: Option<Connect>,
+    /// The `BYZCOLL_*` variables that are its options (known even when this build lacks it).
+    pub vars: &'static [&'static str],
+    /// How its options are parsed; `None` when this build cannot use it.
+    parse: Option<Parse>,
 }
 
 impl TransportInfo {
@@ -42,58 +39,149 @@ impl TransportInfo {
         name: &'static str,
         available: bool,
         about: &'static str,
-        connect: Connect,
+        vars: &'static [&'static str],
+        parse: Parse,
     ) -> Self {
         TransportInfo {
             name,
             available,
             about,
-            connect: Some(connect),
+            vars,
+            parse: Some(parse),
         }
     }
 
     /// A transport this build leaves out: `about` says how to get it.
-    const fn missing(name: &'static str, about: &'static str) -> Self {
+    const fn missing(
+        name: &'static str,
+        about: &'static str,
+        vars: &'static [&'static str],
+    ) -> Self {
         TransportInfo {
             name,
             available: false,
             about,
-            connect: None,
+            vars,
+            parse: None,
+        }
+    }
+
+    /// This transport with the options `get` sets.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when this build cannot use it, when `get` sets an option of
+    /// another transport that this one lacks, or an option value this one cannot honour;
+    /// [`Error::Bootstrap`] naming a variable whose value is invalid.
+    pub(crate) fn choose(&self, get: Lookup<'_>) -> Result<Chosen> {
+        let foreign = TRANSPORTS.iter().flat_map(|t| t.vars.iter());
+        for var in foreign.filter(|v| !self.vars.contains(v)) {
+            if get(var).is_some() {
+                let owners: Vec<&str> = TRANSPORTS
+                    .iter()
+                    .filter(|t| t.vars.contains(var))
+                    .map(|t| t.name)
+                    .collect();
+                return Err(Error::Unsupported(format!(
+                    "{var} is an option of {}, and the transport is {}; unset it",
+                    owners.join(", "),
+                    self.name
+                )));
+            }
+        }
+        let parse = match self.parse {
+            Some(parse) if self.available => parse,
+            _ => return Err(Error::Unsupported(self.about.to_string())),
+        };
+        parse(get).map_err(|e| match e {
+            OptionError::Invalid(e) => Error::Bootstrap(e),
+            other => Error::Unsupported(other.to_string()),
+        })
+    }
+}
+
+/// A transport of this build, with the options a job's configuration chose for it.
+#[derive(Debug, Clone)]
+pub(crate) enum Chosen {
+    #[cfg(feature = "tcp")]
+    Tcp(byzcoll_transport_tcp::TcpSettings),
+    #[cfg(feature = "ucx")]
+    Ucx(byzcoll_transport_ucx::UcxOptions),
+    #[cfg(feature = "libfabric")]
+    Libfabric(byzcoll_transport_libfabric::LibfabricOptions),
+    #[cfg(feature = "nccl")]
+    Nccl,
+}
+
+impl Chosen {
+    /// The TCP settings, when TCP is the transport.
+    #[cfg(feature = "tcp")]
+    pub(crate) fn tcp(&mut self) -> Option<&mut byzcoll_transport_tcp::TcpSettings> {
+        match self {
+            Chosen::Tcp(s) => Some(s),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// Joins the job `launch` describes with these options: `store` is its rendezvous store,
+    /// `None` in a world of one.
+    pub(crate) async fn connect(
+        &self,
+        launch: &LaunchEnv,
+        comm: &Config,
+        store: Option<&StoreClient>,
+    ) -> Result<Box<dyn Transport>> {
+        // Unused without any transport feature, where this enum has no variant.
+        let _ = (launch, comm, store);
+        // By place, so that a build without transports (an empty enum) needs no arm.
+        match *self {
+            #[cfg(feature = "tcp")]
+            Chosen::Tcp(ref s) => tcp::connect(s, launch, comm, store).await,
+            #[cfg(feature = "ucx")]
+            Chosen::Ucx(ref o) => ucx::connect(o, launch, store).await,
+            #[cfg(feature = "libfabric")]
+            Chosen::Libfabric(ref o) => libfabric::connect(o, launch, store).await,
+            #[cfg(feature = "nccl")]
+            Chosen::Nccl => nccl::connect(launch, store).await,
         }
     }
 }
 
-/// One line of [`TRANSPORTS`]: the transport `$name`, built when feature `$feature` is on
-/// (then `$available`, `$about` and `$connect`), otherwise listed with `$missing`.
+/// One line of [`TRANSPORTS`]: the transport `$name` taking the variables `$vars`, built when
+/// feature `$feature` is on (then `$available`, `$about` and `$parse`), otherwise listed with
+/// `$missing`.
 macro_rules! transport {
-    ($name:literal, $feature:literal, $available:expr, $about:expr, $connect:path, $missing:literal) => {{
+    ($name:literal, $feature:literal, $vars:expr, $available:expr, $about:expr, $parse:expr, $missing:literal) => {{
         #[cfg(feature = $feature)]
-        let info = TransportInfo::built($name, $available, $about, $connect);
+        let info = TransportInfo::built($name, $available, $about, $vars, $parse);
         #[cfg(not(feature = $feature))]
-        let info = TransportInfo::missing($name, $missing);
+        let info = TransportInfo::missing($name, $missing, $vars);
         info
     }};
 }
 
 /// Every transport byzcoll knows of.
 pub const TRANSPORTS: &[TransportInfo] = &[
-    transport!("tcp", "tcp", true,
+    transport!("tcp", "tcp", &["BYZCOLL_TCP_ADDR", "BYZCOLL_TCP_SPIN_US", "BYZCOLL_FRAME_MAC"], true,
         "tokio TCP, the embedded default; BYZCOLL_TCP_ADDR picks the address to listen on",
-        tcp::connect,
+        |get| Ok(Chosen::Tcp(byzcoll_transport_tcp::TcpSettings::from_lookup(get)?)),
         "not in this build: rebuild with the `tcp` feature (on by default)"),
     TransportInfo::missing("local",
-        "ranks as tasks of one process (byzcoll::transports::local); not for separate processes"),
-    transport!("ucx", "ucx", byzcoll_transport_ucx::AVAILABLE,
+        "ranks as tasks of one process (byzcoll::transports::local); not for separate processes",
+        &[]),
+    transport!("ucx", "ucx", &["BYZCOLL_UCX_PEER_FAILURE", "BYZCOLL_FRAME_MAC"],
+        byzcoll_transport_ucx::AVAILABLE,
         "UCX over the system libucp; UCX_TLS and UCX_NET_DEVICES choose its transports",
-        ucx::connect,
+        |get| Ok(Chosen::Ucx(byzcoll_transport_ucx::UcxOptions::from_lookup(get)?)),
         "not in this build: rebuild with `--features ucx` (needs libucx-dev, pkg-config and libclang-dev)"),
-    transport!("libfabric", "libfabric", byzcoll_transport_libfabric::AVAILABLE,
+    transport!("libfabric", "libfabric", &["BYZCOLL_FRAME_MAC"],
+        byzcoll_transport_libfabric::AVAILABLE,
         "libfabric RDM tagged messaging; FI_PROVIDER chooses the provider (tcp;ofi_rxm, shm, verbs, cxi)",
-        libfabric::connect,
+        |get| Ok(Chosen::Libfabric(byzcoll_transport_libfabric::LibfabricOptions::from_lookup(get)?)),
         "not in this build: rebuild with `--features libfabric` (needs libfabric-dev, pkg-config and libclang-dev)"),
-    transport!("nccl", "nccl", byzcoll_transport_nccl::AVAILABLE,
+    transport!("nccl", "nccl", &[], byzcoll_transport_nccl::AVAILABLE,
         "NCCL grouped send/recv (one rank per GPU; a deadline aborts the communicator)",
-        nccl::connect,
+        |_| Ok(Chosen::Nccl),
         "not in this build: rebuild with `--features nccl` (NCCL and the CUDA driver are loaded at run time)"),
 ];
 
@@ -113,150 +201,132 @@ pub(crate) fn names() -> String {
 
 /// How long joining may take: as long as a step, and at least a minute (ranks start at
 /// different times).
-pub(crate) fn setup_timeout(comm: &crate::Config) -> Duration {
+pub(crate) fn setup_timeout(comm: &Config) -> Duration {
     comm.step_timeout.max(Duration::from_secs(60))
 }
 
 #[cfg(feature = "tcp")]
-pub(crate) mod tcp {
-    use byzcoll_runtime::bootstrap::{JobAuth, Membership, StoreClient};
-    use byzcoll_transport_tcp::{TcpOptions, TcpTransport};
+mod tcp {
+    use byzcoll_runtime::bootstrap::{JobAuth, LaunchEnv, Membership, StoreClient};
+    use byzcoll_transport_tcp::{TcpSettings, TcpTransport};
 
-    use super::{setup_timeout, Connecting};
-    use crate::config::{JobConfig, Settings};
-    use crate::{Transport, TransportError};
+    use super::setup_timeout;
+    use crate::{Config, Result, Transport, TransportError};
 
-    /// The TCP transport's options for `settings`, with `setup` to join.
-    pub(crate) fn options(settings: &Settings, setup: std::time::Duration) -> TcpOptions {
-        let defaults = TcpOptions::default();
-        TcpOptions {
-            setup_timeout: setup,
-            spin: settings.tcp_spin.unwrap_or(defaults.spin),
-            frame_mac: settings.frame_mac.unwrap_or(false),
-            ..defaults
-        }
-    }
-
-    pub(crate) fn connect<'a>(
-        config: &'a JobConfig,
-        store: Option<&'a StoreClient>,
-    ) -> Connecting<'a> {
-        Box::pin(async move {
-            let settings = config.settings();
-            let options = options(settings, setup_timeout(config.comm()));
-            let ip = settings.tcp_listen;
-            let Some(store) = store else {
-                // A world of one: nothing to rendezvous with, and nobody to authenticate.
-                let listener =
-                    tokio::net::TcpListener::bind((ip.unwrap_or([127, 0, 0, 1].into()), 0))
-                        .await
-                        .map_err(TransportError::from)?;
-                let addr = listener.local_addr().map_err(TransportError::from)?;
-                let me = Membership::world(&JobAuth::Unauthenticated, &[Vec::new()])?;
-                let t =
-                    TcpTransport::connect_mesh(0, 1, listener, &[addr], &me[0], options).await?;
-                return Ok(Box::new(t) as Box<dyn Transport>);
-            };
-            let launch = config.launch();
-            let t = TcpTransport::from_store(store, launch.rank, launch.size, ip, options).await?;
-            Ok(Box::new(t) as Box<dyn Transport>)
-        })
+    pub(super) async fn connect(
+        settings: &TcpSettings,
+        launch: &LaunchEnv,
+        comm: &Config,
+        store: Option<&StoreClient>,
+    ) -> Result<Box<dyn Transport>> {
+        let options = settings.options(setup_timeout(comm));
+        let ip = settings.listen;
+        let Some(store) = store else {
+            // A world of one: nothing to rendezvous with, and nobody to authenticate.
+            let listener = tokio::net::TcpListener::bind((ip.unwrap_or([127, 0, 0, 1].into()), 0))
+                .await
+                .map_err(TransportError::from)?;
+            let addr = listener.local_addr().map_err(TransportError::from)?;
+            let me = Membership::world(&JobAuth::Unauthenticated, &[Vec::new()])?;
+            let t = TcpTransport::connect_mesh(0, 1, listener, &[addr], &me[0], options).await?;
+            return Ok(Box::new(t));
+        };
+        let t = TcpTransport::from_store(store, launch.rank, launch.size, ip, options).await?;
+        Ok(Box::new(t))
     }
 }
 
 #[cfg(feature = "ucx")]
 mod ucx {
-    use byzcoll_runtime::bootstrap::StoreClient;
+    use byzcoll_runtime::bootstrap::{LaunchEnv, StoreClient};
     use byzcoll_transport_ucx::{UcxOptions, UcxTransport};
 
-    use super::Connecting;
-    use crate::config::JobConfig;
-    use crate::{Error, Transport};
+    use crate::{Error, Result, Transport};
 
-    pub(super) fn connect<'a>(
-        config: &'a JobConfig,
-        store: Option<&'a StoreClient>,
-    ) -> Connecting<'a> {
-        Box::pin(async move {
-            let options = UcxOptions {
-                peer_failure: config.settings().ucx_peer_failure,
-                ..UcxOptions::default()
-            };
-            let Some(store) = store else {
-                let t = UcxTransport::local_world(1, options)?
-                    .pop()
-                    .ok_or_else(|| Error::Unsupported("empty UCX world".into()))?;
-                return Ok(Box::new(t) as Box<dyn Transport>);
-            };
-            let launch = config.launch();
-            let t = UcxTransport::from_store(store, launch.rank, launch.size, options).await?;
-            Ok(Box::new(t) as Box<dyn Transport>)
-        })
+    pub(super) async fn connect(
+        options: &UcxOptions,
+        launch: &LaunchEnv,
+        store: Option<&StoreClient>,
+    ) -> Result<Box<dyn Transport>> {
+        let options = options.clone();
+        let Some(store) = store else {
+            let t = UcxTransport::local_world(1, options)?
+                .pop()
+                .ok_or_else(|| Error::Unsupported("empty UCX world".into()))?;
+            return Ok(Box::new(t));
+        };
+        let t = UcxTransport::from_store(store, launch.rank, launch.size, options).await?;
+        Ok(Box::new(t))
     }
 }
 
 #[cfg(feature = "libfabric")]
 mod libfabric {
-    use byzcoll_runtime::bootstrap::StoreClient;
+    use byzcoll_runtime::bootstrap::{LaunchEnv, StoreClient};
     use byzcoll_transport_libfabric::{LibfabricOptions, LibfabricTransport};
 
-    use super::Connecting;
-    use crate::config::JobConfig;
-    use crate::{Error, Transport};
+    use crate::{Error, Result, Transport};
 
-    pub(super) fn connect<'a>(
-        config: &'a JobConfig,
-        store: Option<&'a StoreClient>,
-    ) -> Connecting<'a> {
-        Box::pin(async move {
-            let Some(store) = store else {
-                let t = LibfabricTransport::local_world(1, LibfabricOptions::default())?
-                    .pop()
-                    .ok_or_else(|| Error::Unsupported("empty libfabric world".into()))?;
-                return Ok(Box::new(t) as Box<dyn Transport>);
-            };
-            let launch = config.launch();
-            let t = LibfabricTransport::from_store(
-                store,
-                launch.rank,
-                launch.size,
-                LibfabricOptions::default(),
-            )
-            .await?;
-            tracing::info!(provider = t.provider(), "libfabric transport connected");
-            Ok(Box::new(t) as Box<dyn Transport>)
-        })
+    pub(super) async fn connect(
+        options: &LibfabricOptions,
+        launch: &LaunchEnv,
+        store: Option<&StoreClient>,
+    ) -> Result<Box<dyn Transport>> {
+        let options = options.clone();
+        let Some(store) = store else {
+            let t = LibfabricTransport::local_world(1, options)?
+                .pop()
+                .ok_or_else(|| Error::Unsupported("empty libfabric world".into()))?;
+            return Ok(Box::new(t));
+        };
+        let t = LibfabricTransport::from_store(store, launch.rank, launch.size, options).await?;
+        tracing::info!(provider = t.provider(), "libfabric transport connected");
+        Ok(Box::new(t))
     }
 }
 
 #[cfg(feature = "nccl")]
 mod nccl {
-    use byzcoll_runtime::bootstrap::StoreClient;
+    use byzcoll_runtime::bootstrap::{LaunchEnv, StoreClient};
     use byzcoll_transport_nccl::{NcclOptions, NcclTransport};
 
-    use super::Connecting;
-    use crate::config::JobConfig;
     use crate::{Result, Transport};
 
     /// This rank's NCCL transport: one GPU per rank, picked by the local rank.
-    async fn transport(config: &JobConfig, store: Option<&StoreClient>) -> Result<NcclTransport> {
-        let launch = config.launch();
+    pub(super) async fn connect(
+        launch: &LaunchEnv,
+        store: Option<&StoreClient>,
+    ) -> Result<Box<dyn Transport>> {
         let options = NcclOptions {
             local_rank: launch.local_rank,
             ..NcclOptions::default()
         };
         let Some(store) = store else {
-            return Ok(NcclTransport::single(options).await?);
+            return Ok(Box::new(NcclTransport::single(options).await?));
         };
         let t = NcclTransport::from_store(store, launch.rank, launch.size, options).await?;
         tracing::info!(device = t.device(), "NCCL transport connected");
-        Ok(t)
+        Ok(Box::new(t))
     }
+}
 
-    pub(super) fn connect<'a>(
-        config: &'a JobConfig,
-        store: Option<&'a StoreClient>,
-    ) -> Connecting<'a> {
-        Box::pin(async move { Ok(Box::new(transport(config, store).await?) as Box<dyn Transport>) })
+#[cfg(test)]
+mod tests {
+    /// The registry lists, for each transport of this build, exactly the variables its crate
+    /// parses (the list is what refuses them for other transports).
+    #[test]
+    fn each_transport_lists_the_variables_its_crate_reads() {
+        let vars = |name| super::find(name).map(|t| t.vars);
+        #[cfg(feature = "tcp")]
+        assert_eq!(vars("tcp"), Some(byzcoll_transport_tcp::TcpSettings::VARS));
+        #[cfg(feature = "ucx")]
+        assert_eq!(vars("ucx"), Some(byzcoll_transport_ucx::UcxOptions::VARS));
+        #[cfg(feature = "libfabric")]
+        assert_eq!(
+            vars("libfabric"),
+            Some(byzcoll_transport_libfabric::LibfabricOptions::VARS)
+        );
+        assert_eq!(vars("nccl"), Some(&[][..]));
+        assert_eq!(vars("local"), Some(&[][..]));
     }
 }

@@ -240,6 +240,60 @@ impl Config {
     }
 }
 
+/// A job's configuration, one variable at a time: the process environment (read by
+/// `byzcoll::JobConfig` alone), a test's table, or what a builder set. Transports parse their own
+/// variables through it ([`Config::from_lookup`] parses the communicator's).
+pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// Why a transport refuses the options a job's configuration gives it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptionError {
+    /// A variable holds a value it does not take ([`BootstrapError::InvalidVar`]).
+    #[error(transparent)]
+    Invalid(#[from] BootstrapError),
+    /// A variable is set that this transport cannot honour.
+    #[error("{var}: {why}")]
+    Unsupported {
+        /// The variable.
+        var: &'static str,
+        /// Why the transport cannot honour it.
+        why: String,
+    },
+}
+
+/// The value of `var` through `parse`: `None` when unset, [`BootstrapError::InvalidVar`] naming
+/// `var` and what it takes (`expected`) when `parse` refuses it. The value is trimmed first.
+///
+/// # Errors
+/// As said.
+pub fn parse_var<T>(
+    get: Lookup<'_>,
+    var: &'static str,
+    expected: &str,
+    parse: impl FnOnce(&str) -> Option<T>,
+) -> Result<Option<T>, BootstrapError> {
+    match get(var) {
+        None => Ok(None),
+        Some(v) => parse(v.trim())
+            .map(Some)
+            .ok_or_else(|| BootstrapError::InvalidVar {
+                var,
+                value: v,
+                why: expected.to_string(),
+            }),
+    }
+}
+
+/// `1` is on and `0` off; anything else is not a flag.
+pub fn parse_flag(v: &str) -> Option<bool> {
+    match v {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    }
+}
+
 /// A step deadline of `ms` milliseconds, checked against the one bound (1 ms to
 /// [`MAX_STEP_TIMEOUT`]) that every way of setting it applies.
 ///

@@ -33,7 +33,10 @@ pub use byzcoll_proto::{
 };
 pub use calls::call_fingerprint;
 pub use comm::{Communicator, ReduceOp, DOUBLING_MAX_BYTES, RING_PARTS, RING_PART_BYTES};
-pub use config::{step_timeout_ms, Config, JOB_RECORD_LEN, MAX_PART_BYTES, MAX_STEP_TIMEOUT};
+pub use config::{
+    parse_flag, parse_var, step_timeout_ms, Config, Lookup, OptionError, JOB_RECORD_LEN,
+    MAX_PART_BYTES, MAX_STEP_TIMEOUT,
+};
 pub use handle::{CommHandle, Pending, QUEUED};
 pub use health::{PeerHealth, Symptom, LAGGARD_ROUNDS};
 #[cfg(feature = "fault-injection")]

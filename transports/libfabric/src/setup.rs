@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use byzcoll_runtime::bootstrap::StoreClient;
-use byzcoll_runtime::{Rank, TransportError};
+use byzcoll_runtime::{Lookup, OptionError, Rank, TransportError};
 use byzcoll_transport_kit::progress::Signal;
 use byzcoll_transport_kit::tagged::{
     check_world, gather_addresses, local_memberships, Core, CoreConfig, Shell, TagLayout,
@@ -43,6 +43,23 @@ pub struct LibfabricOptions {
     pub always_register: bool,
     /// Most bytes of idle receive buffers kept for reuse (see [`BufferPool`](byzcoll_transport_kit::pool::BufferPool)).
     pub pool_bytes: usize,
+}
+
+impl LibfabricOptions {
+    /// The variables [`LibfabricOptions::from_lookup`] reads.
+    pub const VARS: &'static [&'static str] = &["BYZCOLL_FRAME_MAC"];
+
+    /// The default options, with what `get` sets: `BYZCOLL_FRAME_MAC` may only say `1`
+    /// (frames over libfabric are always sealed). The provider is libfabric's own business
+    /// (`FI_PROVIDER`).
+    ///
+    /// # Errors
+    /// [`OptionError::Unsupported`] for `BYZCOLL_FRAME_MAC=0`; [`OptionError::Invalid`] for
+    /// a value that is not a flag.
+    pub fn from_lookup(get: Lookup<'_>) -> Result<Self, OptionError> {
+        byzcoll_transport_kit::wire::always_sealed(get, "libfabric")?;
+        Ok(LibfabricOptions::default())
+    }
 }
 
 impl Default for LibfabricOptions {

@@ -28,7 +28,10 @@
 //! given directly ([`TcpTransport::connect_mesh`]).
 
 pub mod send;
+mod settings;
 pub mod wire;
+
+pub use settings::{TcpSettings, MAX_SPIN};
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, PoisonError};

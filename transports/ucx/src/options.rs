@@ -1,6 +1,9 @@
-//! The UCX transport's options, and the one place it reads UCX's own variables (`UCX_TLS`,
-//! `UCX_TCP_*_SEG_SIZE`) to choose their defaults. byzcoll's `BYZCOLL_*` variables are read by
-//! `byzcoll::JobConfig`, which fills these options.
+//! The UCX transport's options, parsed from a job's configuration here
+//! ([`UcxOptions::from_lookup`]: `byzcoll::JobConfig` reads the `BYZCOLL_*` variables and hands
+//! them over), and the one place it reads UCX's own variables (`UCX_TLS`,
+//! `UCX_TCP_*_SEG_SIZE`) to choose their defaults.
+
+use byzcoll_runtime::{parse_var, Lookup, OptionError};
 
 /// TCP segment sizes byzcoll sets on its own context (`UCX_TCP_TX_SEG_SIZE` and
 /// `UCX_TCP_RX_SEG_SIZE`, 8 and 64 KiB by default) unless the environment sets either.
@@ -57,6 +60,34 @@ impl Default for UcxOptions {
 }
 
 impl UcxOptions {
+    /// The variables [`UcxOptions::from_lookup`] reads.
+    pub const VARS: &'static [&'static str] = &["BYZCOLL_UCX_PEER_FAILURE", "BYZCOLL_FRAME_MAC"];
+
+    /// The default options with what `get` sets: `BYZCOLL_UCX_PEER_FAILURE` (`on` or `off`,
+    /// [`UcxOptions::peer_failure`]); `BYZCOLL_FRAME_MAC` may only say `1` (frames over UCX
+    /// are always sealed).
+    ///
+    /// # Errors
+    /// [`OptionError::Invalid`] naming a variable whose value is not one of those;
+    /// [`OptionError::Unsupported`] for `BYZCOLL_FRAME_MAC=0`.
+    pub fn from_lookup(get: Lookup<'_>) -> Result<Self, OptionError> {
+        byzcoll_transport_kit::wire::always_sealed(get, "ucx")?;
+        let peer_failure = parse_var(
+            get,
+            "BYZCOLL_UCX_PEER_FAILURE",
+            "expected on or off (or unset: on unless UCX_TLS names only shared-memory transports)",
+            |v| match v {
+                "on" => Some(true),
+                "off" => Some(false),
+                _ => None,
+            },
+        )?;
+        Ok(UcxOptions {
+            peer_failure,
+            ..UcxOptions::default()
+        })
+    }
+
     /// Whether endpoints handle peer failures: [`UcxOptions::peer_failure`], or its default.
     pub(crate) fn peer_failure_handling(&self) -> bool {
         if let Some(on) = self.peer_failure {

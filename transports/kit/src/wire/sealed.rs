@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use byzcoll_runtime::bootstrap::{FrameSecret, JobAuth, JobSecret};
-use byzcoll_runtime::Rank;
+use byzcoll_runtime::{parse_flag, parse_var, Lookup, OptionError, Rank};
 
 use super::{FrameHeader, HEADER_LEN};
 
@@ -284,6 +284,26 @@ pub fn published(value: &[u8]) -> Result<([u8; 32], [u8; 32], &[u8]), String> {
     let mut identity = [0u8; 32];
     identity.copy_from_slice(&value[32..64]);
     Ok((key, identity, &value[64..]))
+}
+
+/// `BYZCOLL_FRAME_MAC` for a transport whose frames are always sealed (`name`): `1` says what
+/// is true anyway, `0` asks for what it cannot do.
+///
+/// # Errors
+/// [`OptionError::Unsupported`] for `0`; [`OptionError::Invalid`] for a value that is not a
+/// flag.
+pub fn always_sealed(get: Lookup<'_>, name: &str) -> Result<(), OptionError> {
+    const VAR: &str = "BYZCOLL_FRAME_MAC";
+    match parse_var(get, VAR, "expected 1 (frames carry MACs) or 0", parse_flag)? {
+        Some(false) => Err(OptionError::Unsupported {
+            var: VAR,
+            why: format!(
+                "0: frames over {name} are always sealed (its tag matching cannot tell senders \
+                 apart otherwise)"
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
