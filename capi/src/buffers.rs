@@ -27,7 +27,7 @@ impl DType {
         }
     }
 
-    fn size(self) -> usize {
+    pub(crate) fn size(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::F64 => 8,

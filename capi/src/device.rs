@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use byzcoll_rs::cuda::cudarc::driver::{result, sys, DriverError};
-use byzcoll_rs::cuda::{CudaRule, Gpu, GpuError};
+use byzcoll_rs::cuda::cudarc::driver::{result, sys, CudaSlice, DriverError};
+use byzcoll_rs::cuda::{CudaRule, DeviceCollectives, Gpu, GpuElement, GpuError};
 use byzcoll_rs::Policy;
 
 use crate::buffers::DType;
@@ -76,7 +76,50 @@ fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Failure> {
     Ok(g)
 }
 
-/// See `byzcoll_robust_allreduce_device`.
+/// A caller's device buffer as a `CudaSlice`, for the length of one call: dropping it gives the
+/// memory back to its owner (leaks the slice) rather than freeing it.
+struct Borrowed<E: GpuElement>(Option<CudaSlice<E>>);
+
+impl<E: GpuElement> Drop for Borrowed<E> {
+    fn drop(&mut self) {
+        if let Some(slice) = self.0.take() {
+            slice.leak();
+        }
+    }
+}
+
+/// `recvbuf` (`count` elements of `E` on `gpu`'s device) all-reduced with `rule` through the
+/// communicator's device entry point ([`DeviceCollectives`]).
+///
+/// # Safety
+/// `recvbuf` is device memory of `gpu`'s device, valid for `count` elements of `E`, and
+/// nothing else uses it during the call.
+unsafe fn all_reduce<E: GpuElement>(
+    comm: &byzcoll_comm_t,
+    gpu: &Arc<Gpu>,
+    recvbuf: *mut c_void,
+    count: usize,
+    rule: &CudaRule,
+    policy: Policy,
+) -> Result<byzcoll_rs::RoundReport, Failure> {
+    // SAFETY: the caller's word; `Borrowed` never frees it.
+    let mut buf = Borrowed(Some(unsafe {
+        gpu.stream()
+            .upgrade_device_ptr::<E>(recvbuf as sys::CUdeviceptr, count)
+    }));
+    let slice = buf
+        .0
+        .as_mut()
+        .ok_or_else(|| Failure::new(BYZCOLL_INTERNAL, "the device buffer went away"))?;
+    let report = comm.run(async |c| c.robust_all_reduce_device(slice, rule, policy).await)?;
+    gpu.stream()
+        .synchronize()
+        .map_err(|e| driver("waiting for the result in recvbuf", e))?;
+    Ok(report)
+}
+
+/// See `byzcoll_robust_allreduce_device`: checks the caller's pointers, then calls the
+/// communicator's device entry point ([`DeviceCollectives::robust_all_reduce_device`]).
 ///
 /// # Safety
 /// As `byzcoll_robust_allreduce_device`.
@@ -96,19 +139,27 @@ pub(crate) unsafe fn robust_allreduce(
     let mut report = unsafe { report::Out::new(report)? };
     // SAFETY: forwarded.
     let (name, spec, policy): (String, _, Policy) = unsafe { crate::read_rule_spec(rule, params)? };
-    if let DType::F64 = DType::parse(dtype)? {
+    let dtype = DType::parse(dtype)?;
+    if let DType::F64 = dtype {
         return Err(Failure::new(
             BYZCOLL_UNSUPPORTED,
-            "device vectors are BYZCOLL_FLOAT32 (the CUDA rules' element type)",
+            "device vectors are BYZCOLL_FLOAT32, BYZCOLL_BFLOAT16 or BYZCOLL_FLOAT16 (the CUDA \
+             rules' element types)",
         ));
     }
     let bytes = count
-        .checked_mul(4)
+        .checked_mul(dtype.size())
         .ok_or_else(|| Failure::invalid(format!("count {count} is too large")))?;
     for (p, what) in [(sendbuf, "sendbuf"), (recvbuf.cast_const(), "recvbuf")] {
         if p.is_null() {
             return Err(Failure::invalid(format!("{what} is NULL")));
         }
+    }
+    let (s, r) = (sendbuf as usize, recvbuf as usize);
+    if s != r && s < r.saturating_add(bytes) && r < s.saturating_add(bytes) {
+        return Err(Failure::invalid(
+            "sendbuf and recvbuf overlap without being the same buffer",
+        ));
     }
     // SAFETY: only tries to open the library.
     if !unsafe { sys::is_culib_present() } {
@@ -134,40 +185,36 @@ pub(crate) unsafe fn robust_allreduce(
     gpu.context()
         .bind_to_thread()
         .map_err(|e| driver("binding the device's context", e))?;
-    let rule =
-        CudaRule::new(gpu, &name, &spec).map_err(|e| Failure::from(byzcoll_rs::Error::from(e)))?;
-    let mut host: Vec<f32> = Vec::new();
-    host.try_reserve_exact(count).map_err(|_| {
-        Failure::new(
-            BYZCOLL_INTERNAL,
-            format!("no host memory for {bytes} bytes"),
-        )
-    })?;
-    host.resize(count, 0.0);
-    // SAFETY: `stream` is NULL (the default stream) or the caller's live stream; the copies
-    // are synchronous, between device buffers of `bytes` bytes (the caller's word) and `host`.
+    let rule = CudaRule::new(gpu.clone(), &name, &spec)
+        .map_err(|e| Failure::from(byzcoll_rs::Error::from(e)))?;
+    // SAFETY: `stream` is NULL (the default stream) or the caller's live stream; the copy is
+    // between two device buffers of `bytes` bytes (the caller's word), checked not to overlap.
     unsafe {
         sys::cuStreamSynchronize(stream as sys::CUstream)
             .result()
             .map_err(|e| driver("waiting for the caller's stream", e))?;
-        sys::cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), sendbuf as sys::CUdeviceptr, bytes)
+        if s != r {
+            sys::cuMemcpyDtoD_v2(
+                recvbuf as sys::CUdeviceptr,
+                sendbuf as sys::CUdeviceptr,
+                bytes,
+            )
             .result()
-            .map_err(|e| driver("copying sendbuf from the device", e))?;
+            .map_err(|e| driver("copying sendbuf to recvbuf", e))?;
+            sys::cuCtxSynchronize()
+                .result()
+                .map_err(|e| driver("waiting for the copy to recvbuf", e))?;
+        }
     }
-    let round = comm
-        .run(async |c| c.robust_all_reduce(&mut host, &rule, policy).await)
-        .and_then(|r| {
-            // SAFETY: as above.
-            unsafe {
-                sys::cuMemcpyHtoD_v2(recvbuf as sys::CUdeviceptr, host.as_ptr().cast(), bytes)
-                    .result()
-                    .map_err(|e| driver("copying the result to recvbuf", e))?;
-                // From pageable memory the copy may return before the DMA lands.
-                sys::cuCtxSynchronize()
-                    .result()
-                    .map_err(|e| driver("waiting for the copy to recvbuf", e))?;
-            }
-            Ok(r)
-        });
+    // SAFETY: `recvbuf` is the caller's device memory of `bytes` bytes on `gpu`'s device
+    // (checked above), the caller's to lend for the call.
+    let round = unsafe {
+        match dtype {
+            DType::F32 => all_reduce::<f32>(comm, &gpu, recvbuf, count, &rule, policy),
+            DType::BF16 => all_reduce::<half::bf16>(comm, &gpu, recvbuf, count, &rule, policy),
+            DType::F16 => all_reduce::<half::f16>(comm, &gpu, recvbuf, count, &rule, policy),
+            DType::F64 => Err(Failure::new(BYZCOLL_UNSUPPORTED, "f64 device vectors")),
+        }
+    };
     report.record(round)
 }

@@ -588,10 +588,13 @@ pub unsafe extern "C" fn byzcoll_robust_allreduce(
 
 /// Robust all-reduce of device vectors: as `byzcoll_robust_allreduce`, with `sendbuf` and
 /// `recvbuf` in CUDA device memory (cudaMalloc, same device) and the rule run by byzcoll's
-/// CUDA kernels ("median", "trimmed-mean", "krum", "multi-krum", "bulyan"; `BYZCOLL_FLOAT32`).
-/// Work queued on `stream` (a `cudaStream_t`; NULL: the default stream) is waited for first;
-/// the call returns when `recvbuf` holds the result. The vectors cross the network from host
-/// memory. Without the `cuda` build feature, a CUDA driver or a device: `BYZCOLL_UNSUPPORTED`.
+/// CUDA kernels ("median", "trimmed-mean", "krum", "multi-krum", "bulyan"). Work queued on
+/// `stream` (a `cudaStream_t`; NULL: the default stream) is waited for first; the call returns
+/// when `recvbuf` holds the result. It runs the communicator's device entry point: over NCCL
+/// the vectors go device to device (`BYZCOLL_FLOAT32`, `_BFLOAT16`, `_FLOAT16`); over a host
+/// transport a `BYZCOLL_FLOAT32` vector crosses the network from host memory (other types:
+/// `BYZCOLL_UNSUPPORTED`). Without the `cuda` build feature, a CUDA driver or a device:
+/// `BYZCOLL_UNSUPPORTED`.
 ///
 /// Thread safety: as `byzcoll_robust_allreduce`.
 ///

@@ -55,7 +55,7 @@ pub use cudarc;
 pub use device::Gpu;
 #[cfg(feature = "nccl")]
 pub use nccl::robust_all_reduce_nccl;
-pub use rules::{robust_all_reduce_device, CudaRule, GpuElement};
+pub use rules::{robust_all_reduce_device, CudaRule, DeviceCollectives, GpuElement};
 
 use byzcoll_aggregators::AggError;
 

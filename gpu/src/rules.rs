@@ -600,6 +600,32 @@ fn nccl_transport(comm: &Communicator) -> Option<&byzcoll_transport_nccl::NcclTr
         .and_then(|t| t.downcast_ref::<byzcoll_transport_nccl::NcclTransport>())
 }
 
+/// The device collectives as methods of the communicator (`use byzcoll_cuda::DeviceCollectives`):
+/// what Rust callers, the C ABI's `byzcoll_robust_allreduce_device` and any other binding call.
+pub trait DeviceCollectives {
+    /// [`robust_all_reduce_device`] on this communicator.
+    ///
+    /// # Errors
+    /// As [`robust_all_reduce_device`].
+    fn robust_all_reduce_device<'a, E: GpuElement>(
+        &'a mut self,
+        buf: &'a mut CudaSlice<E>,
+        rule: &'a CudaRule,
+        policy: Policy,
+    ) -> impl std::future::Future<Output = byzcoll_runtime::Result<RoundReport>> + 'a;
+}
+
+impl DeviceCollectives for Communicator {
+    fn robust_all_reduce_device<'a, E: GpuElement>(
+        &'a mut self,
+        buf: &'a mut CudaSlice<E>,
+        rule: &'a CudaRule,
+        policy: Policy,
+    ) -> impl std::future::Future<Output = byzcoll_runtime::Result<RoundReport>> + 'a {
+        robust_all_reduce_device(self, buf, rule, policy)
+    }
+}
+
 /// `Communicator::robust_all_reduce` for a vector on the device, the one entry point for
 /// device vectors whatever the transport: every rank's `buf` becomes `rule` applied to all
 /// ranks' vectors, moved according to `policy`, with the communicator's numbering, deadline
