@@ -147,4 +147,5 @@ mod tests {
     }
 
     byzcoll_conformance::conformance_suite!(world);
+    byzcoll_conformance::protocol_suite!(world);
 }
