@@ -704,3 +704,110 @@ fn auto_picks_gather_or_tolerant_sharding_by_size_world_and_rule() {
         Policy::Gather
     );
 }
+
+/// Byzantine shard owners (seven ranks, `f = 2`, ranks 5 and 6 adding 1000 to every result they
+/// own): with `2f + 1` owners per shard every honest rank gets the honest result bitwise under
+/// every agreement; with one owner per shard and no cross-check the liars' shards come out
+/// corrupted and the others exact, the documented price of trusting owners.
+#[test]
+fn lying_owners_are_outvoted_only_with_replication() {
+    use byzcoll_proto::round::Round;
+    use byzcoll_proto::schedule::chunk_range;
+    let (n, f) = (7, 2);
+    let d = 3 * n + 2;
+    let rule = Median::new(f);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let want = bits(&reference(&inputs, &rule));
+    let liar = |r| r >= 5;
+    let cases = [
+        (Replicas::Tolerant, Agreement::Off),
+        (Replicas::Tolerant, Agreement::Detect),
+        (Replicas::Tolerant, Agreement::Enforce),
+        (Replicas::Exactly(1), Agreement::Off),
+    ];
+    for (replicas, agreement) in cases {
+        let planes = (0..n)
+            .map(|r| {
+                let p = harness::TestPlane::new(r, n, inputs[r].clone());
+                if liar(r) {
+                    p.lying(1000.0)
+                } else {
+                    p
+                }
+            })
+            .collect();
+        let shape = Shape::Sharded(replicas);
+        let ended = harness::run_rounds(
+            |me| Round::new(spec(me, n, d, shape, agreement), &rule),
+            planes,
+            &vec![Duration::ZERO; n],
+            &|_, _, _, _, _| Fate::After(MS),
+        );
+        for (me, e) in ended.iter().enumerate().filter(|(me, _)| !liar(*me)) {
+            let case = format!("{replicas:?} {agreement:?} rank {me}");
+            e.result
+                .as_ref()
+                .unwrap_or_else(|err| panic!("{case}: {err}"));
+            let got = bits(&e.output);
+            if replicas == Replicas::Tolerant {
+                assert_eq!(got, want, "{case}");
+                continue;
+            }
+            for s in 0..n {
+                let range = chunk_range(d, n, s);
+                let exact = got[range.clone()] == want[range];
+                assert_eq!(exact, !liar(s), "{case}, shard {s}: r = 1 trusts its owner");
+            }
+        }
+    }
+}
+
+/// A robust reduce-scatter gives each rank shard `rank` of the all-reduce's reference,
+/// bitwise, at every world size, with one owner per shard or `2f + 1`, with or without the
+/// cross-check; `Enforce` (no common result to agree on) is refused up front.
+#[test]
+fn a_reduce_scatter_gives_each_rank_its_shard_of_the_reference() {
+    use byzcoll_proto::schedule::chunk_range;
+    for n in WORLD_SIZES {
+        let f = (n - 1) / 3;
+        let rule = Median::new(f);
+        let d = 2 * n + 3;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+        let want = bits(&reference(&inputs, &rule));
+        for replicas in [Replicas::Exactly(1), Replicas::Tolerant] {
+            let ended = run(
+                |me| spec(me, n, d, Shape::ReduceScatter(replicas), Agreement::Enforce),
+                &rule,
+                &inputs,
+                &vec![Duration::ZERO; n],
+                &|_, _, _, _, _| Fate::After(MS),
+            );
+            for e in &ended {
+                assert!(
+                    matches!(&e.result, Err(Error::Unsupported(why)) if why.contains("reduce-scatter")),
+                    "n = {n} {replicas:?}: {:?}",
+                    e.result
+                );
+            }
+            for agreement in [Agreement::Off, Agreement::Detect] {
+                let ended = run(
+                    |me| spec(me, n, d, Shape::ReduceScatter(replicas), agreement),
+                    &rule,
+                    &inputs,
+                    &vec![Duration::ZERO; n],
+                    &|_, _, _, _, _| Fate::After(MS),
+                );
+                for (me, e) in ended.iter().enumerate() {
+                    let case = format!("n = {n} {replicas:?} {agreement:?} rank {me}");
+                    let report = e
+                        .result
+                        .as_ref()
+                        .unwrap_or_else(|err| panic!("{case}: {err}"));
+                    assert!(report.faults.is_empty(), "{case}: {:?}", report.faults);
+                    let mine = chunk_range(d, n, me);
+                    assert_eq!(bits(&e.output[mine.clone()]), want[mine], "{case}");
+                }
+            }
+        }
+    }
+}
