@@ -388,7 +388,10 @@ pub struct Round<'r, B> {
     /// The plane's measurements of the inputs against the results this rank made, summed
     /// over its owned shards ([`RoundReport::attribution`]).
     measured: Option<Measure>,
-    /// An audited round's state (`audited`); `None` in any other round.
+    /// An audited round's state (`audited`); `None` in any other round. Not a `Phase`
+    /// variant's: it lives across the scatter and versions phases that audited and plain
+    /// rounds share, and the audit-only phases are entered only when it is `Some` (the
+    /// constructor's choice), which is what `Round::auditing` relies on.
     audit: Option<Box<audited::Auditing<'r>>>,
 }
 
