@@ -13,14 +13,15 @@
 
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::keys::{hex, parse_hex32, read_private_hex, Credentials};
-use crate::BootstrapError;
+use super::keys::{hex, parse_hex32, read_private_hex, Credentials, KeyRoster};
+use crate::{BootstrapError, Rank};
 
 /// The version of byzcoll's wire protocol (store, handshake, frames).
 pub const PROTOCOL_VERSION: u16 = 2;
@@ -228,6 +229,50 @@ impl JobAuth {
             }),
             _ => Identity::generate(),
         }
+    }
+
+    /// This job's authentication for a world of `members` (its ranks, ascending) renumbered
+    /// `0..members.len()` in that order, as a rejoined communicator's transport sees it: under
+    /// per-rank keys the roster of the members' keys, this process's key at its new rank;
+    /// otherwise as it is.
+    ///
+    /// # Errors
+    /// [`BootstrapError::Auth`] when `members` is not ascending, names a rank outside the
+    /// roster, or (under per-rank keys) does not hold this process's rank.
+    pub fn among(&self, members: &[Rank]) -> Result<JobAuth, BootstrapError> {
+        if members.is_empty() || members.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(BootstrapError::Auth(format!(
+                "members {members:?}: expected ranks in ascending order"
+            )));
+        }
+        let JobAuth::PerRank(c) = self else {
+            return Ok(self.clone());
+        };
+        let keys = members
+            .iter()
+            .map(|&r| c.roster.key(r).map(|k| k.to_bytes()))
+            .collect::<Option<Vec<[u8; 32]>>>()
+            .ok_or_else(|| {
+                BootstrapError::Auth(format!(
+                    "members {members:?}: not all in the key roster of {} ranks",
+                    c.roster.len()
+                ))
+            })?;
+        let roster = Arc::new(KeyRoster::new(&keys).map_err(BootstrapError::Auth)?);
+        let own = match &c.own {
+            Some((rank, key)) => {
+                let at = members.iter().position(|r| r == rank).ok_or_else(|| {
+                    BootstrapError::Auth(format!("rank {rank} is not among {members:?}"))
+                })?;
+                Some((at, key.clone()))
+            }
+            None => None,
+        };
+        Ok(JobAuth::PerRank(Credentials {
+            secret: c.secret.clone(),
+            roster,
+            own,
+        }))
     }
 
     fn key(&self) -> [u8; 32] {

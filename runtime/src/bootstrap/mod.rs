@@ -12,7 +12,8 @@ pub use auth::{FrameSecret, Identity, JobAuth, JobSecret, Membership, Roster, PR
 pub use env::{LaunchEnv, Launcher};
 pub use keys::{keygen, Credentials, KeyRoster};
 pub use store::{
-    connect_with_retry, StoreClient, StoreServer, MAX_KEY, MAX_OPEN_ROUNDS, MAX_VALUE, MAX_WORLD,
+    connect_with_retry, StoreClient, StoreServer, MAX_KEY, MAX_OPEN_ROUNDS, MAX_POSTS, MAX_VALUE,
+    MAX_WORLD,
 };
 
 /// The device (GPU) a launched rank uses by default among `count > 0` visible ones: its local

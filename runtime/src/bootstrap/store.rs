@@ -1,16 +1,21 @@
-//! The rendezvous store: a small TCP service, hosted by rank 0 (or by `byzcoll launch`), whose
-//! one operation is an all-gather of short values. Transports publish their addresses (and
-//! identity keys) through it before they connect to each other.
+//! The rendezvous store: a small TCP service, hosted by rank 0 (or by `byzcoll launch`). Its
+//! main operation is an all-gather of short values: transports publish their addresses (and
+//! identity keys) through it before they connect to each other. Beside it, each rank may post
+//! a few values under its own name ([`MAX_POSTS`]), which any rank of the job can read without
+//! waiting: a restarted rank asks to rejoin that way, and the members answer, and the ranks of
+//! a rejoined world all-gather through posts ([`StoreClient::among`]), since the store's own
+//! rounds take every rank of the job.
 //!
 //! Every request starts with the handshake of [`super::auth`] (purpose store), which
 //! authenticates the client as a process of this job and names its rank; the request and the
 //! answer are then each followed by an HMAC under the session key. After the handshake,
-//! little-endian: request `key_len u16`, key, `value_len u32`, value, MAC; answer status `u8`
-//! (0 ok), then either `count u32` and `count` times (`len u32`, bytes), or an error message
-//! (`len u16`, UTF-8), then the MAC. Nothing is allocated for a client before it has proven
-//! the secret; after that, only within fixed limits ([`MAX_KEY`], [`MAX_VALUE`],
-//! [`MAX_OPEN_ROUNDS`] per rank) and the job's own world size, never a size from a request;
-//! a failed round is freed at once.
+//! little-endian: request `op u8` (0 all-gather, 1 post, 2 read a post, then the poster's rank
+//! `u32`), `key_len u16`, key, `value_len u32`, value, MAC; answer status `u8` (0 ok), then
+//! either `count u32` and `count` times (`len u32`, bytes), or an error message (`len u16`,
+//! UTF-8), then the MAC. Nothing is allocated for a client before it has proven the secret;
+//! after that, only within fixed limits ([`MAX_KEY`], [`MAX_VALUE`], [`MAX_OPEN_ROUNDS`] and
+//! [`MAX_POSTS`] per rank) and the job's own world size, never a size from a request; a failed
+//! round is freed at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -40,8 +45,36 @@ pub const MAX_WORLD: usize = 1 << 20;
 /// [`MAX_VALUE`] and the bookkeeping of as many rounds. Honest ranks run their rounds one
 /// after another.
 pub const MAX_OPEN_ROUNDS: usize = 8;
-const REQUEST_LABEL: &[u8] = b"byzcoll-v2 store request";
-const ANSWER_LABEL: &[u8] = b"byzcoll-v2 store answer";
+/// Most values one rank keeps posted: a new key beyond them replaces its oldest.
+pub const MAX_POSTS: usize = 8;
+const REQUEST_LABEL: &[u8] = b"byzcoll-v3 store request";
+const ANSWER_LABEL: &[u8] = b"byzcoll-v3 store answer";
+
+/// What a request asks of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Join the all-gather round of the key.
+    Gather,
+    /// Post the value under the key, in this rank's name.
+    Post,
+    /// Read what rank `from` posted under the key, without waiting.
+    Read { from: Rank },
+}
+
+impl Op {
+    /// The request's leading bytes.
+    fn header(self) -> Vec<u8> {
+        match self {
+            Op::Gather => vec![0],
+            Op::Post => vec![1],
+            Op::Read { from } => {
+                let mut h = vec![2];
+                h.extend_from_slice(&(from as u32).to_le_bytes());
+                h
+            }
+        }
+    }
+}
 
 type Gathered = Result<Arc<Vec<Bytes>>, String>;
 
@@ -63,6 +96,8 @@ struct Rounds {
     failed: VecDeque<(String, String)>,
     /// Rounds each rank joined that are still open ([`MAX_OPEN_ROUNDS`] at most).
     joined: Vec<usize>,
+    /// Each rank's posts, oldest first ([`MAX_POSTS`] at most).
+    posts: Vec<VecDeque<(String, Bytes)>>,
 }
 
 impl Rounds {
@@ -73,7 +108,25 @@ impl Rounds {
             completed: VecDeque::new(),
             failed: VecDeque::new(),
             joined: vec![0; world],
+            posts: vec![VecDeque::new(); world],
         }
+    }
+
+    /// Posts `value` under `key` in `rank`'s name, replacing what it posted there before, or
+    /// its oldest post when it has [`MAX_POSTS`].
+    fn post(&mut self, rank: Rank, key: String, value: Bytes) {
+        let posts = &mut self.posts[rank];
+        posts.retain(|(k, _)| *k != key);
+        if posts.len() == MAX_POSTS {
+            posts.pop_front();
+        }
+        posts.push_back((key, value));
+    }
+
+    /// What `rank` posted under `key`.
+    fn read(&self, rank: Rank, key: &str) -> Option<Bytes> {
+        let posts = self.posts.get(rank)?;
+        posts.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
     }
 
     /// Closes `key`'s round: the ranks that joined it are charged for it no more.
@@ -195,9 +248,28 @@ async fn serve(mut stream: TcpStream, session: Session, rounds: &Mutex<Rounds>) 
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "request not received in time"))?;
     let (key, rx) = match request {
-        Ok((key, value)) => {
+        Ok((Op::Gather, key, value)) => {
             let rx = join_round(rounds, rank, &key, value);
             (Some(key), rx)
+        }
+        Ok((op, key, value)) => {
+            let answer = {
+                let mut rounds = rounds.lock().unwrap_or_else(PoisonError::into_inner);
+                match op {
+                    Op::Read { from } if from >= rounds.world => Err(format!(
+                        "rank {from} is not in a job of {} ranks",
+                        rounds.world
+                    )),
+                    Op::Read { from } => Ok(rounds.read(from, &key).into_iter().collect()),
+                    _ => {
+                        rounds.post(rank, key, value);
+                        Ok(Vec::new())
+                    }
+                }
+            };
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(answer.map(Arc::new));
+            (None, rx)
         }
         Err(e) => {
             let (tx, rx) = oneshot::channel();
@@ -242,7 +314,18 @@ async fn serve(mut stream: TcpStream, session: Session, rounds: &Mutex<Rounds>) 
     outcome
 }
 
-async fn read_request(stream: &mut TcpStream, session: &Session) -> io::Result<(String, Bytes)> {
+async fn read_request(
+    stream: &mut TcpStream,
+    session: &Session,
+) -> io::Result<(Op, String, Bytes)> {
+    let op = match stream.read_u8().await? {
+        0 => Op::Gather,
+        1 => Op::Post,
+        2 => Op::Read {
+            from: stream.read_u32_le().await? as Rank,
+        },
+        other => return Err(invalid(format!("unknown request {other}"))),
+    };
     let key_len = stream.read_u16_le().await?;
     if key_len as usize > MAX_KEY {
         return Err(invalid(format!("key of {key_len} bytes exceeds {MAX_KEY}")));
@@ -259,7 +342,8 @@ async fn read_request(stream: &mut TcpStream, session: &Session) -> io::Result<(
     stream.read_exact(&mut value).await?;
     let mut mac = [0u8; 32];
     stream.read_exact(&mut mac).await?;
-    let parts: [&[u8]; 4] = [
+    let parts: [&[u8]; 5] = [
+        &op.header(),
         &key_len.to_le_bytes(),
         &key,
         &value_len.to_le_bytes(),
@@ -269,7 +353,7 @@ async fn read_request(stream: &mut TcpStream, session: &Session) -> io::Result<(
         return Err(invalid("the request's MAC does not match"));
     }
     let key = String::from_utf8(key).map_err(|_| invalid("key is not UTF-8"))?;
-    Ok((key, value.into()))
+    Ok((op, key, value.into()))
 }
 
 fn join_round(
@@ -375,6 +459,20 @@ pub struct StoreClient {
     timeout: Duration,
     auth: JobAuth,
     rounds: Mutex<HashMap<String, u64>>,
+    /// A world of some of the job's ranks ([`StoreClient::among`]); `None`: the job's.
+    among: Option<Among>,
+}
+
+/// The world of a [`StoreClient::among`].
+#[derive(Debug)]
+struct Among {
+    /// The members (job ranks, ascending); this rank is `members[at]`.
+    members: Vec<Rank>,
+    at: usize,
+    /// Prefixed to every key, so that no two worlds' values meet.
+    prefix: String,
+    /// The job's authentication renumbered for the members ([`JobAuth::among`]).
+    auth: JobAuth,
 }
 
 impl StoreClient {
@@ -394,7 +492,54 @@ impl StoreClient {
             timeout,
             auth,
             rounds: Mutex::new(HashMap::new()),
+            among: None,
         }
+    }
+
+    /// A client for the world of `members` (ranks of this job, ascending, this one among
+    /// them), renumbered `0..members.len()` in that order, named `world` (distinct from every
+    /// other such world of the job: values of another never meet it): its all-gathers go
+    /// through posts and reads of the members alone, so transports connect through it as
+    /// through the job's store, and its [`auth`](StoreClient::auth) is the job's for that world
+    /// ([`JobAuth::among`]). Each read that finds nothing is tried again every 10 ms until the
+    /// timeout. Requests still authenticate as this rank of the job.
+    ///
+    /// # Errors
+    /// [`BootstrapError::Auth`] when `members` is not ascending, lies outside the job, or does
+    /// not hold this rank.
+    pub fn among(&self, members: &[Rank], world: &str) -> Result<StoreClient, BootstrapError> {
+        let at = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .ok_or_else(|| {
+                BootstrapError::Auth(format!("rank {} is not among {members:?}", self.rank))
+            })?;
+        if members.iter().any(|&r| r >= self.world) {
+            return Err(BootstrapError::Auth(format!(
+                "members {members:?}: not all in a job of {} ranks",
+                self.world
+            )));
+        }
+        Ok(StoreClient {
+            addr: self.addr.clone(),
+            rank: self.rank,
+            world: self.world,
+            timeout: self.timeout,
+            auth: self.auth.clone(),
+            rounds: Mutex::new(HashMap::new()),
+            among: Some(Among {
+                members: members.to_vec(),
+                at,
+                prefix: format!("{world}/"),
+                auth: self.auth.among(members)?,
+            }),
+        })
+    }
+
+    /// This client with each operation giving up after `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// The store's address as configured.
@@ -402,9 +547,28 @@ impl StoreClient {
         &self.addr
     }
 
-    /// How this client authenticates (transports authenticate their connections the same way).
+    /// How this client's world authenticates (transports authenticate their connections the
+    /// same way): the job's, or for a world of some of its ranks the job's renumbered.
     pub fn auth(&self) -> &JobAuth {
-        &self.auth
+        self.among.as_ref().map_or(&self.auth, |a| &a.auth)
+    }
+
+    /// Posts `value` under `key` in this rank's name (replacing what it posted there before;
+    /// a rank keeps [`MAX_POSTS`]), for any rank of the job to [`read`](StoreClient::read).
+    ///
+    /// # Errors
+    /// As [`StoreClient::all_gather`].
+    pub async fn post(&self, key: &str, value: &[u8]) -> Result<(), BootstrapError> {
+        self.request(Op::Post, key, value).await.map(drop)
+    }
+
+    /// What rank `from` of the job posted under `key`, if anything: does not wait.
+    ///
+    /// # Errors
+    /// As [`StoreClient::all_gather`].
+    pub async fn read(&self, from: Rank, key: &str) -> Result<Option<Bytes>, BootstrapError> {
+        let mut values = self.request(Op::Read { from }, key, &[]).await?;
+        Ok(values.pop())
     }
 
     /// Contributes `value` under `key` and returns every rank's value, indexed by rank.
@@ -425,7 +589,52 @@ impl StoreClient {
             *n += 1;
             *n
         };
-        let key = format!("{key}#{round}");
+        if let Some(among) = &self.among {
+            return self
+                .gather_among(among, &format!("{}{key}#{round}", among.prefix), value)
+                .await;
+        }
+        self.request(Op::Gather, &format!("{key}#{round}"), value)
+            .await
+    }
+
+    /// The all-gather of a world of some of the job's ranks: post, then read every other
+    /// member's post until all are there or the timeout.
+    async fn gather_among(
+        &self,
+        among: &Among,
+        key: &str,
+        value: &[u8],
+    ) -> Result<Vec<Bytes>, BootstrapError> {
+        let deadline = Instant::now() + self.timeout;
+        self.post(key, value).await?;
+        let mut values: Vec<Option<Bytes>> = vec![None; among.members.len()];
+        values[among.at] = Some(Bytes::copy_from_slice(value));
+        loop {
+            for (i, &member) in among.members.iter().enumerate() {
+                if values[i].is_none() {
+                    values[i] = self.read(member, key).await?;
+                }
+            }
+            let missing: Vec<Rank> = (0..values.len())
+                .filter(|&i| values[i].is_none())
+                .map(|i| among.members[i])
+                .collect();
+            if missing.is_empty() {
+                return Ok(values.into_iter().flatten().collect());
+            }
+            if Instant::now() >= deadline {
+                return Err(BootstrapError::Store(format!(
+                    "ranks {missing:?} posted nothing under {key:?} at {} within {:?}",
+                    self.addr, self.timeout
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Sends one request and returns the answer's values.
+    async fn request(&self, op: Op, key: &str, value: &[u8]) -> Result<Vec<Bytes>, BootstrapError> {
         if key.len() > MAX_KEY || value.len() > MAX_VALUE || self.world > MAX_WORLD {
             return Err(BootstrapError::Store(format!(
                 "key, value or world too large ({} / {} bytes, {} ranks)",
@@ -435,7 +644,7 @@ impl StoreClient {
             )));
         }
         let deadline = Instant::now() + self.timeout;
-        tokio::time::timeout_at(deadline, self.exchange(&key, value, deadline))
+        tokio::time::timeout_at(deadline, self.exchange(op, key, value, deadline))
             .await
             .map_err(|_| {
                 BootstrapError::Store(format!(
@@ -447,6 +656,7 @@ impl StoreClient {
 
     async fn exchange(
         &self,
+        op: Op,
         key: &str,
         value: &[u8],
         deadline: Instant,
@@ -468,9 +678,10 @@ impl StoreClient {
                 HandshakeError::Io(e) => BootstrapError::Io(e),
                 e => BootstrapError::Auth(format!("store at {}: {e}", self.addr)),
             })?;
+        let header = op.header();
         let key_len = (key.len() as u16).to_le_bytes();
         let value_len = (value.len() as u32).to_le_bytes();
-        let parts: [&[u8]; 4] = [&key_len, key.as_bytes(), &value_len, value];
+        let parts: [&[u8]; 5] = [&header, &key_len, key.as_bytes(), &value_len, value];
         let mut req = parts.concat();
         req.extend_from_slice(&session.mac(REQUEST_LABEL, &parts));
         stream.write_all(&req).await?;
@@ -490,13 +701,17 @@ impl StoreClient {
         }
         let count = stream.read_u32_le().await?;
         body.extend_from_slice(&count.to_le_bytes());
-        if count as usize != self.world {
+        let expected = match op {
+            Op::Gather => self.world,
+            Op::Post => 0,
+            Op::Read { .. } => count.min(1) as usize,
+        };
+        if count as usize != expected {
             return Err(bad(format!(
-                "answer has {count} values for a world of {}",
-                self.world
+                "answer has {count} values, expected {expected}"
             )));
         }
-        let mut values = Vec::with_capacity(self.world);
+        let mut values = Vec::with_capacity(expected);
         for _ in 0..count {
             let len = stream.read_u32_le().await?;
             if len as usize > MAX_VALUE {
@@ -512,7 +727,7 @@ impl StoreClient {
         // What every rank builds its roster from must hold this rank as it registered: a
         // store (rank 0, or whoever hosts it) that swapped this rank's entry would otherwise
         // hand the others an impostor's key for it.
-        if values.get(self.rank).map(|v| &v[..]) != Some(value) {
+        if op == Op::Gather && values.get(self.rank).map(|v| &v[..]) != Some(value) {
             return Err(bad(format!(
                 "its answer does not hold this rank's own value at position {}: the store \
                  replaced it",
@@ -616,7 +831,7 @@ mod tests {
                 frame_macs: false,
             };
             let session = auth::respond(&mut stream, me, |_| Ok(())).await.unwrap();
-            let (_key, value) = read_request(&mut stream, &session).await.unwrap();
+            let (_op, _key, value) = read_request(&mut stream, &session).await.unwrap();
             assert_eq!(&value[..], b"mine");
             let mut body = vec![0u8];
             body.extend_from_slice(&2u32.to_le_bytes());
@@ -819,5 +1034,89 @@ mod tests {
         let c = StoreClient::new("127.0.0.1:9", 1, 2, Duration::from_millis(200), secret());
         let err = c.all_gather("k", b"").await.unwrap_err().to_string();
         assert!(err.contains("127.0.0.1:9"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn posts_are_read_without_waiting_and_bounded_per_rank() {
+        let server = StoreServer::bind("127.0.0.1:0", 3, secret()).await.unwrap();
+        let addr = server.local_addr().to_string();
+        let (zero, two) = (client(&addr, 0, 3, secret()), client(&addr, 2, 3, secret()));
+        assert_eq!(two.read(0, "knock").await.unwrap(), None);
+        zero.post("knock", b"first").await.unwrap();
+        zero.post("knock", b"again").await.unwrap();
+        assert_eq!(&two.read(0, "knock").await.unwrap().unwrap()[..], b"again");
+        // Posts are in the poster's name: rank 2 reads nothing of its own there.
+        assert_eq!(two.read(2, "knock").await.unwrap(), None);
+        // A rank keeps MAX_POSTS: one more key pushes its oldest out.
+        for k in 0..MAX_POSTS {
+            zero.post(&format!("k{k}"), b"v").await.unwrap();
+        }
+        assert_eq!(two.read(0, "knock").await.unwrap(), None);
+        assert!(two.read(0, "k0").await.unwrap().is_some());
+        let err = two.read(3, "knock").await.unwrap_err().to_string();
+        assert!(err.contains("rank 3 is not in a job of 3"), "{err}");
+    }
+
+    /// Ranks 0, 2 and 3 of a job of four all-gather among themselves through posts, under
+    /// per-rank keys renumbered for their world; rank 1 (gone) is never waited for.
+    #[tokio::test]
+    async fn a_world_of_some_ranks_gathers_through_posts() {
+        let (ids, roster) = crate::bootstrap::keys::keygen(4).unwrap();
+        let roster = Arc::new(roster);
+        let job_secret = JobSecret::from_hex(&"ab".repeat(32)).unwrap();
+        let host = JobAuth::PerRank(crate::bootstrap::Credentials::host(
+            job_secret.clone(),
+            roster.clone(),
+        ));
+        let rank_auth = |r: Rank| {
+            JobAuth::PerRank(
+                crate::bootstrap::Credentials::rank(
+                    job_secret.clone(),
+                    roster.clone(),
+                    r,
+                    ids[r].clone(),
+                )
+                .unwrap(),
+            )
+        };
+        let server = StoreServer::bind("127.0.0.1:0", 4, host).await.unwrap();
+        let addr = server.local_addr().to_string();
+        let members = [0, 2, 3];
+        let tasks: Vec<_> = members
+            .iter()
+            .map(|&r| {
+                let c = client(&addr, r, 4, rank_auth(r))
+                    .among(&members, "epoch1")
+                    .unwrap();
+                let public = ids[r].public();
+                tokio::spawn(async move {
+                    let renumbered = c.auth().credentials().unwrap().own().unwrap().public();
+                    assert_eq!(renumbered, public);
+                    let got = c.all_gather("k", format!("v{r}").as_bytes()).await.unwrap();
+                    let again = c.all_gather("k", &[r as u8]).await.unwrap();
+                    (got, again)
+                })
+            })
+            .collect();
+        for t in tasks {
+            let (got, again) = t.await.unwrap();
+            let got: Vec<&[u8]> = got.iter().map(|v| &v[..]).collect();
+            assert_eq!(got, [&b"v0"[..], b"v2", b"v3"]);
+            assert_eq!(again, [&[0u8][..], &[2], &[3]]);
+        }
+        // A member that never posts is named at the timeout.
+        let lone = client(&addr, 0, 4, rank_auth(0))
+            .with_timeout(Duration::from_millis(300))
+            .among(&[0, 1], "epoch2")
+            .unwrap();
+        let err = lone.all_gather("k", b"x").await.unwrap_err().to_string();
+        assert!(err.contains("ranks [1] posted nothing"), "{err}");
+        // Not a member, or members out of order: refused.
+        assert!(client(&addr, 1, 4, rank_auth(1))
+            .among(&[0, 2], "e")
+            .is_err());
+        assert!(client(&addr, 2, 4, rank_auth(2))
+            .among(&[2, 0], "e")
+            .is_err());
     }
 }
