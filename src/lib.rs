@@ -29,6 +29,7 @@ mod config;
 #[cfg(feature = "tcp")]
 mod oob;
 mod registry;
+mod rejoin;
 
 pub use config::{
     Bootstrap, EnvReport, JobConfig, JobConfigBuilder, DEFAULT_TRANSPORT, MAX_STEP_TIMEOUT,
@@ -36,6 +37,7 @@ pub use config::{
 #[cfg(feature = "tcp")]
 pub use oob::{init_with_allgather, AllGather, MAX_OOB_WORLD};
 pub use registry::{TransportInfo, TRANSPORTS};
+pub use rejoin::{admit, rejoin, Admission};
 
 use std::time::Duration;
 

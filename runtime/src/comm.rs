@@ -61,6 +61,10 @@ pub struct Communicator {
     pub(crate) health: crate::health::Health,
     /// What the steps since the last [`Communicator::take_stats`] moved and took.
     stats: RoundStats,
+    /// Each rank's rank in the job ([`Communicator::job_ranks`]).
+    job_ranks: Arc<[Rank]>,
+    /// The job's membership epoch ([`Communicator::epoch`]).
+    epoch: u64,
 }
 
 /// What every communicator over one transport shares.
@@ -72,7 +76,7 @@ struct Shared {
     streams: AtomicU64,
     /// Bootstrap resources (such as a rendezvous store hosted by this rank), kept as long as
     /// any communicator over the transport lives.
-    keep_alive: StdMutex<Vec<Box<dyn std::any::Any + Send + Sync>>>,
+    keep_alive: StdMutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -91,6 +95,7 @@ impl Communicator {
     /// A communicator over `transport`.
     pub fn new(transport: Box<dyn Transport>, config: Config) -> Self {
         let health = crate::health::Health::new(transport.size());
+        let job_ranks = (0..transport.size()).collect();
         Communicator {
             transport: Arc::from(transport),
             config,
@@ -103,7 +108,40 @@ impl Communicator {
             step_id: None,
             health,
             stats: RoundStats::default(),
+            job_ranks,
+            epoch: 0,
         }
+    }
+
+    /// Each rank's rank in the job, in this communicator's rank order: `0..n` for the
+    /// communicator a job starts with; a split or shrink keeps its members' job ranks, and a
+    /// world a restarted rank rejoined (`byzcoll::admit`) gives them too.
+    pub fn job_ranks(&self) -> &[Rank] {
+        &self.job_ranks
+    }
+
+    /// The job's membership epoch: 0 for the communicator a job starts with, and one more for
+    /// each world a rejoin made (`byzcoll::admit`); splits and shrinks keep it.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Sets [`Communicator::job_ranks`] and [`Communicator::epoch`], for a communicator that a
+    /// rejoin built over a fresh transport (`byzcoll::admit` and `byzcoll::rejoin` call it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUsage`] when `job_ranks` does not hold one rank per member.
+    pub fn set_job_world(&mut self, job_ranks: Vec<Rank>, epoch: u64) -> Result<()> {
+        if job_ranks.len() != self.size() {
+            return Err(Error::InvalidUsage(format!(
+                "{} job ranks for a communicator of {}",
+                job_ranks.len(),
+                self.size()
+            )));
+        }
+        self.job_ranks = job_ranks.into();
+        self.epoch = epoch;
+        Ok(())
     }
 
     /// What this rank has seen of each other rank in its robust rounds, in rank order: how
@@ -207,7 +245,27 @@ impl Communicator {
             .keep_alive
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(Box::new(resource));
+            .push(Arc::new(resource));
+    }
+
+    /// Ties what keeps `other` alive ([`Communicator::keep_alive`]) to this communicator too:
+    /// for a communicator that replaces `other` over a new transport (a rejoin), so that a
+    /// store this rank hosts outlives the old one.
+    pub fn keep_alive_of(&mut self, other: &Communicator) {
+        if Arc::ptr_eq(&self.shared, &other.shared) {
+            return;
+        }
+        let theirs = other
+            .shared
+            .keep_alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        self.shared
+            .keep_alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(theirs);
     }
 
     /// Closes the communicator. When no other communicator shares its transport (those split
@@ -347,6 +405,7 @@ impl Communicator {
         let me = self.rank();
         let rank = members.iter().position(|&r| r == me).unwrap_or_default();
         let n_members = members.len();
+        let job_ranks = members.iter().map(|&m| self.job_ranks[m]).collect();
         Communicator {
             transport: Arc::new(SubTransport {
                 parent: self.transport.clone(),
@@ -363,6 +422,8 @@ impl Communicator {
             step_id: None,
             health: crate::health::Health::new(n_members),
             stats: RoundStats::default(),
+            job_ranks,
+            epoch: self.epoch,
         }
     }
 
