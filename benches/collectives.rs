@@ -819,6 +819,7 @@ fn run_transport(
         grace: Duration::from_secs(5),
         env,
         identity: Default::default(),
+        restarts: 0,
     }));
     spinner.finish_and_clear();
     let failed = match outcome {

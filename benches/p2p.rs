@@ -443,6 +443,7 @@ fn main() -> ExitCode {
             grace: Duration::from_secs(5),
             env,
             identity: Default::default(),
+            restarts: 0,
         }));
         match outcome {
             Ok(o) if o.exit_code == 0 => {}

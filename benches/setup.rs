@@ -148,6 +148,7 @@ fn one_launch(n: usize, mode: Mode) -> Result<Duration, String> {
                 Mode::PerRank => LaunchIdentity::PerRank,
                 _ => LaunchIdentity::SharedSecret,
             },
+            restarts: 0,
         }))
         .map_err(|e| e.to_string())?;
     if outcome.exit_code != 0 {

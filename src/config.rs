@@ -61,6 +61,7 @@ pub enum Bootstrap {
 /// | `BYZCOLL_RING_PART_BYTES` | smallest part of a ring step sent as a step of its own, 1 B to 1 TiB (job-wide) | the runtime's |
 /// | `BYZCOLL_DOUBLING_MAX_BYTES` | largest all-reduce (bytes per rank) done by recursive doubling rather than the ring, 0 B to 1 TiB (job-wide) | 16 KiB |
 /// | `BYZCOLL_STORE_HOSTED` | `1`: the launcher hosts the store, rank 0 does not; `0`: rank 0 does | `0` |
+/// | `BYZCOLL_REJOIN` | `1`: this process restarts a rank that died, and [`crate::init_with`] rejoins the members' world ([`crate::rejoin`]); `0`: it starts with the job | `0` |
 ///
 /// The transport parses its own options, read here and handed over ([`TransportInfo::vars`]
 /// lists them; setting one of another transport's is an error):
@@ -91,6 +92,7 @@ pub(crate) struct Settings {
     pub(crate) chosen: Chosen,
     pub(crate) comm: Config,
     pub(crate) store_hosted: bool,
+    pub(crate) rejoins: bool,
 }
 
 impl JobConfig {
@@ -110,6 +112,7 @@ impl JobConfig {
             ring_part_bytes: None,
             transport_vars: Vec::new(),
             store_hosted: false,
+            rejoins: false,
         }
     }
 
@@ -261,6 +264,12 @@ impl JobConfig {
         self.settings.store_hosted
     }
 
+    /// Whether this process restarts a rank that died: [`crate::init_with`] then rejoins the
+    /// members' world ([`crate::rejoin`]) rather than starting the job's.
+    pub fn rejoins(&self) -> bool {
+        self.settings.rejoins
+    }
+
     /// The transport with the options the configuration chose for it.
     pub(crate) fn chosen(&self) -> &Chosen {
         &self.settings.chosen
@@ -315,6 +324,13 @@ impl Settings {
             parse_flag,
         )?
         .unwrap_or(false);
+        let rejoins = parse_var(
+            get,
+            "BYZCOLL_REJOIN",
+            "expected 1 (this process restarts a rank, and rejoins) or 0",
+            parse_flag,
+        )?
+        .unwrap_or(false);
         // Name the variable when the transport is what refuses a value.
         let chosen = transport.choose(get).map_err(|e| match e {
             Error::Unsupported(why) => {
@@ -327,6 +343,7 @@ impl Settings {
             chosen,
             comm,
             store_hosted,
+            rejoins,
         };
         settings.check()?;
         Ok(settings)
@@ -372,6 +389,7 @@ pub struct JobConfigBuilder {
     /// them as it parses the environment's).
     transport_vars: Vec<(&'static str, String)>,
     store_hosted: bool,
+    rejoins: bool,
 }
 
 impl JobConfigBuilder {
@@ -466,6 +484,13 @@ impl JobConfigBuilder {
         self
     }
 
+    /// This process restarts a rank that died: [`crate::init_with`] rejoins the members'
+    /// world ([`crate::rejoin`]).
+    pub fn rejoins(mut self, rejoins: bool) -> Self {
+        self.rejoins = rejoins;
+        self
+    }
+
     /// Checks every value and their combination.
     ///
     /// # Errors
@@ -517,6 +542,7 @@ impl JobConfigBuilder {
                     comm
                 },
                 store_hosted: self.store_hosted,
+                rejoins: self.rejoins,
             },
         };
         config.check()?;
@@ -620,8 +646,10 @@ mod tests {
             ("BYZCOLL_TCP_SPIN_US", "1000000"),
             ("BYZCOLL_FRAME_MAC", "1"),
             ("BYZCOLL_STORE_HOSTED", "1"),
+            ("BYZCOLL_REJOIN", "1"),
         ])
         .unwrap();
+        assert!(c.rejoins());
         assert_eq!(c.comm().step_timeout, Duration::from_millis(250));
         assert_eq!(c.agreement(), Agreement::Off);
         let mut chosen = c.chosen().clone();
@@ -635,7 +663,7 @@ mod tests {
     /// Every variable, at values just past what it accepts, is an error naming it.
     #[test]
     fn an_invalid_value_names_its_variable() {
-        let cases: [(&str, &[&str]); 7] = [
+        let cases: [(&str, &[&str]); 8] = [
             (
                 "BYZCOLL_TIMEOUT_MS",
                 &["0", "-1", "1.5", "", "86400001", "18446744073709551616"],
@@ -648,6 +676,7 @@ mod tests {
             ),
             ("BYZCOLL_FRAME_MAC", &["yes", "2", ""]),
             ("BYZCOLL_STORE_HOSTED", &["true", "2", ""]),
+            ("BYZCOLL_REJOIN", &["yes", "2", ""]),
             ("BYZCOLL_WORLD_SIZE", &["0", "x", "-4"]),
         ];
         for (var, values) in cases {

@@ -79,7 +79,9 @@ pub async fn init() -> Result<Communicator> {
 
 /// Creates the communicator `config` describes: joins the rendezvous store (which rank 0
 /// hosts unless the launcher does), connects the transport it names, and sets its agreement
-/// policy.
+/// policy. A configuration that [`rejoins`](JobConfig::rejoins) (a restarted rank) rejoins the
+/// members' world instead ([`rejoin`], waiting as long as a setup may take: a step timeout,
+/// and at least a minute).
 ///
 /// # Errors
 /// [`Error::Bootstrap`] when the store cannot be reached or the membership check fails;
@@ -100,6 +102,9 @@ pub async fn init_with(config: &JobConfig) -> Result<Communicator> {
              made by JobConfig::for_allgather joins through init_with_allgather"
                 .into(),
         ));
+    }
+    if config.rejoins() {
+        return rejoin(config, registry::setup_timeout(config.comm())).await;
     }
     let rendezvous = rendezvous(config, registry::setup_timeout(config.comm())).await?;
     let store = rendezvous.as_ref().map(|(client, _)| client);

@@ -3,7 +3,10 @@
 //! The launcher hosts the rendezvous store itself on 127.0.0.1 (so no rank has to, and no
 //! port has to be guessed), prefixes every line the ranks print with `[rank]`, and, as soon as
 //! one rank fails, ends the others (SIGTERM to each rank's process group, SIGKILL after a grace
-//! period), so no orphan is left behind. Its own exit status is the first failure's.
+//! period), so no orphan is left behind. Its own exit status is the first failure's. With
+//! [`LaunchOptions::restarts`], a rank that fails is started again instead (with
+//! `BYZCOLL_REJOIN=1`, so that `byzcoll::init` rejoins the members' world at their next
+//! `byzcoll::admit`), until the restarts are used up.
 //!
 //! The launcher leaves nothing behind however it ends:
 //! - SIGTERM, SIGHUP or SIGINT to the launcher end every rank's process group the same way
@@ -27,7 +30,9 @@ use std::time::Duration;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use byzcoll::bootstrap::{keygen, Credentials, JobAuth, JobSecret, KeyRoster, StoreServer};
+use byzcoll::bootstrap::{
+    keygen, Credentials, Identity, JobAuth, JobSecret, KeyRoster, StoreServer,
+};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
@@ -46,6 +51,9 @@ pub struct LaunchOptions {
     pub env: Vec<(String, String)>,
     /// How the ranks prove who they are.
     pub identity: LaunchIdentity,
+    /// How many times in all a rank that fails is started again (with `BYZCOLL_REJOIN=1`)
+    /// rather than ending the job; 0: the first failure ends it.
+    pub restarts: u32,
 }
 
 /// How launched ranks prove who they are.
@@ -159,58 +167,24 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
     let store_addr = store.local_addr().to_string();
 
     let (exits, mut exited) = mpsc::channel::<(usize, i32)>(options.ranks);
+    let spawner = Spawner {
+        program,
+        args: &options.command[1..],
+        ranks: options.ranks,
+        store: &store_addr,
+        secret: secret.to_hex(),
+        keys: keys.as_ref().map(|(ids, dir)| (&ids[..], &dir.roster)),
+        env: &options.env,
+        launcher_pid,
+    };
     let mut groups: Vec<i32> = Vec::with_capacity(options.ranks);
     let mut printers = Vec::new();
     for rank in 0..options.ranks {
-        let mut cmd = Command::new(program);
-        cmd.args(&options.command[1..])
-            .env("BYZCOLL_RANK", rank.to_string())
-            .env("BYZCOLL_WORLD_SIZE", options.ranks.to_string())
-            .env("BYZCOLL_LOCAL_RANK", rank.to_string())
-            .env("BYZCOLL_STORE", &store_addr)
-            .env("BYZCOLL_STORE_HOSTED", "1")
-            .env("BYZCOLL_SECRET", secret.to_hex())
-            .env_remove("BYZCOLL_SECRET_FILE")
-            .env_remove("BYZCOLL_ALLOW_UNAUTHENTICATED")
-            .env_remove("BYZCOLL_KEY_FILE")
-            .env_remove("BYZCOLL_KEY")
-            .env_remove("BYZCOLL_ROSTER_FILE");
-        if let Some((ids, dir)) = &keys {
-            cmd.env("BYZCOLL_KEY", ids[rank].to_hex())
-                .env("BYZCOLL_ROSTER_FILE", &dir.roster);
-        }
-        cmd.envs(options.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Each rank leads its own process group, so ending a rank ends what it started.
-            .process_group(0)
-            .kill_on_drop(true);
-        // SAFETY: the closure runs in the child between fork and exec, and calls only
-        // async-signal-safe functions (prctl, getppid, _exit) on values copied in; it does not
-        // allocate or take locks.
-        unsafe {
-            cmd.pre_exec(move || {
-                // The kernel SIGKILLs this rank when the launcher's spawning thread ends.
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The launcher died between fork and prctl: the signal will never come.
-                if libc::getppid() != launcher_pid {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
+        match spawner.start(rank, false, &exits, &mut printers) {
+            Ok(pgid) => {
+                groups.push(pgid);
+                watchdog.watch(pgid);
+            }
             Err(source) => {
                 signal_groups(&groups, libc::SIGKILL);
                 return Err(LaunchError::Spawn {
@@ -219,23 +193,9 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
                     source,
                 });
             }
-        };
-        let pgid = child.id().map_or(0, |pid| pid as i32);
-        groups.push(pgid);
-        watchdog.watch(pgid);
-        if let Some(out) = child.stdout.take() {
-            printers.push(tokio::spawn(prefix_lines(rank, out, false)));
         }
-        if let Some(err) = child.stderr.take() {
-            printers.push(tokio::spawn(prefix_lines(rank, err, true)));
-        }
-        let exits = exits.clone();
-        tokio::spawn(async move {
-            let code = child.wait().await.map(exit_code).unwrap_or(1);
-            let _ = exits.send((rank, code)).await;
-        });
     }
-    drop(exits);
+    let mut restarts = options.restarts;
 
     let mut outcome = LaunchOutcome {
         exit_code: 0,
@@ -254,6 +214,26 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
         tokio::select! {
             Some((rank, code)) = exited.recv() => {
                 running -= 1;
+                if code != 0 && !ending && restarts > 0 {
+                    restarts -= 1;
+                    report(&format!(
+                        "byzcoll launch: rank {rank} exited with status {code}; starting it again \
+                         to rejoin ({} restart{} left)",
+                        restarts,
+                        if restarts == 1 { "" } else { "s" }
+                    ));
+                    match spawner.start(rank, true, &exits, &mut printers) {
+                        Ok(pgid) => {
+                            groups[rank] = pgid;
+                            watchdog.watch(pgid);
+                            running += 1;
+                            continue;
+                        }
+                        Err(e) => report(&format!(
+                            "byzcoll launch: cannot start rank {rank} again: {e}"
+                        )),
+                    }
+                }
                 if code != 0 && !ending {
                     ending = true;
                     outcome = LaunchOutcome { exit_code: code, failed_rank: Some(rank) };
@@ -299,6 +279,96 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
     watchdog.done();
     drop(store);
     Ok(outcome)
+}
+
+/// What starting a rank takes: the command, the bootstrap environment and the keys.
+struct Spawner<'a> {
+    program: &'a OsString,
+    args: &'a [OsString],
+    ranks: usize,
+    store: &'a str,
+    secret: String,
+    /// Each rank's private key and the roster's path, under per-rank keys.
+    keys: Option<(&'a [Identity], &'a PathBuf)>,
+    env: &'a [(String, String)],
+    launcher_pid: libc::pid_t,
+}
+
+impl Spawner<'_> {
+    /// Starts rank `rank` (`rejoin`: again, after it failed), its output printed with its
+    /// prefix by tasks added to `printers` and its exit code sent to `exits`; returns its
+    /// process group. Runs in [`launch`]'s own body (see the module docs).
+    fn start(
+        &self,
+        rank: usize,
+        rejoin: bool,
+        exits: &mpsc::Sender<(usize, i32)>,
+        printers: &mut Vec<tokio::task::JoinHandle<()>>,
+    ) -> std::io::Result<i32> {
+        let mut cmd = Command::new(self.program);
+        cmd.args(self.args)
+            .env("BYZCOLL_RANK", rank.to_string())
+            .env("BYZCOLL_WORLD_SIZE", self.ranks.to_string())
+            .env("BYZCOLL_LOCAL_RANK", rank.to_string())
+            .env("BYZCOLL_STORE", self.store)
+            .env("BYZCOLL_STORE_HOSTED", "1")
+            .env("BYZCOLL_SECRET", &self.secret)
+            .env("BYZCOLL_REJOIN", if rejoin { "1" } else { "0" })
+            .env_remove("BYZCOLL_SECRET_FILE")
+            .env_remove("BYZCOLL_ALLOW_UNAUTHENTICATED")
+            .env_remove("BYZCOLL_KEY_FILE")
+            .env_remove("BYZCOLL_KEY")
+            .env_remove("BYZCOLL_ROSTER_FILE");
+        if let Some((ids, roster)) = self.keys {
+            cmd.env("BYZCOLL_KEY", ids[rank].to_hex())
+                .env("BYZCOLL_ROSTER_FILE", roster);
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Each rank leads its own process group, so ending a rank ends what it started.
+            .process_group(0)
+            .kill_on_drop(true);
+        let launcher_pid = self.launcher_pid;
+        // SAFETY: the closure runs in the child between fork and exec, and calls only
+        // async-signal-safe functions (prctl, getppid, _exit) on values copied in; it does not
+        // allocate or take locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                // The kernel SIGKILLs this rank when the launcher's spawning thread ends.
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The launcher died between fork and prctl: the signal will never come.
+                if libc::getppid() != launcher_pid {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let pgid = child.id().map_or(0, |pid| pid as i32);
+        if let Some(out) = child.stdout.take() {
+            printers.push(tokio::spawn(prefix_lines(rank, out, false)));
+        }
+        if let Some(err) = child.stderr.take() {
+            printers.push(tokio::spawn(prefix_lines(rank, err, true)));
+        }
+        let exits = exits.clone();
+        tokio::spawn(async move {
+            let code = child.wait().await.map(exit_code).unwrap_or(1);
+            let _ = exits.send((rank, code)).await;
+        });
+        Ok(pgid)
+    }
 }
 
 /// When the grace period that starts now ends; now when it cannot be represented.

@@ -46,6 +46,12 @@ enum Cmd {
         /// can; reports say so).
         #[arg(long, value_enum, default_value = "per-rank")]
         identity: IdentityArg,
+        /// How many times in all a rank that fails (exits non-zero or is killed) is started
+        /// again rather than ending the job: 0 to 1000. A restarted rank gets BYZCOLL_REJOIN=1
+        /// and rejoins at the others' next byzcoll::admit (the program calls it at a boundary
+        /// of its choice).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
+        restarts: u32,
         /// The command and its arguments (after `--`).
         #[arg(last = true, required = true, num_args = 1..)]
         command: Vec<OsString>,
@@ -254,6 +260,7 @@ fn main() -> ExitCode {
             ranks,
             grace_secs,
             identity,
+            restarts,
             command,
         } => {
             // A current-thread runtime, driven by `block_on` on the main thread: the ranks are
@@ -278,6 +285,7 @@ fn main() -> ExitCode {
                     IdentityArg::PerRank => LaunchIdentity::PerRank,
                     IdentityArg::SharedSecret => LaunchIdentity::SharedSecret,
                 },
+                restarts,
             };
             match runtime.block_on(launch(options)) {
                 Ok(outcome) => ExitCode::from(outcome.exit_code.clamp(0, 255) as u8),
