@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use byzcoll::aggregators::{self, Aggregator, Params};
 use byzcoll::blocking::{BlockingComm, BoxFuture as CallFuture, Refused};
 use byzcoll::{
-    Communicator, Fault, JobConfig, Policy, ReduceOp, Replicas, RoundReport, Stragglers, Symptom,
+    Admission, Communicator, Fault, JobConfig, Policy, ReduceOp, Replicas, RoundReport, Stragglers,
+    Symptom,
 };
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyTypeError};
+use pyo3::exceptions::{PyException, PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -849,6 +850,52 @@ impl PyCommunicator {
             })
         })?;
         Ok(PyCommunicator::new(self.inner.runtime().clone(), sub))
+    }
+
+    /// Admits the restarted ranks that knocked (a process started with BYZCOLL_REJOIN=1, as
+    /// `byzcoll launch --restarts` starts one, whose `byzcoll.init()` knocks and waits): every
+    /// member calls it at the same point of its calls, a boundary of the application's choice.
+    /// The members agree, tolerating f = (n - 1) / 3 Byzantine members, on whom to admit.
+    /// Returns None when nobody knocked, else `(communicator, admitted, epoch)`: the new
+    /// communicator of the members and the admitted job ranks, in job-rank order (`job_ranks`),
+    /// at the new `epoch`. This communicator stays usable. The job's configuration is read from
+    /// the environment, as `byzcoll.init()` read it.
+    #[allow(clippy::type_complexity)]
+    fn admit(&self, py: Python<'_>) -> PyResult<Option<(PyCommunicator, Vec<usize>, u64)>> {
+        let config = JobConfig::from_env().map_err(|e| to_py(py, e))?;
+        let admission = self.run(py, move |c| {
+            Box::pin(async move {
+                let r = byzcoll::admit(c, &config).await;
+                r
+            })
+        })?;
+        match admission {
+            Admission::Nobody => Ok(None),
+            Admission::Admitted {
+                comm,
+                admitted,
+                epoch,
+            } => {
+                let comm = PyCommunicator::new(self.inner.runtime().clone(), *comm);
+                Ok(Some((comm, admitted, epoch)))
+            }
+            other => Err(PyRuntimeError::new_err(format!(
+                "admit: an outcome this module does not know: {other:?}"
+            ))),
+        }
+    }
+
+    /// Each rank's rank in the job, in this communicator's rank order (0..n at the start; a
+    /// shrink keeps its members', an admit gives the members' and the admitted ranks').
+    #[getter]
+    fn job_ranks(&self) -> PyResult<Vec<usize>> {
+        self.with_comm(|c| c.job_ranks().to_vec())
+    }
+
+    /// The job's membership epoch: 0 at the start, one more for each admit that admitted a rank.
+    #[getter]
+    fn epoch(&self) -> PyResult<u64> {
+        self.with_comm(|c| c.epoch())
     }
 
     /// Blocks until every rank has entered the barrier.

@@ -135,6 +135,40 @@ def test_shrink_drops_a_rank_that_left_and_renumbers_the_rest():
         assert o["median"] == 2.0 and o["faults"] == [], o  # median of {1, 2, 4}
 
 
+def test_a_rank_that_died_rejoins_when_the_launcher_restarts_it():
+    """`byzcoll launch --restarts 1`: rank 3 exits at round 3, the launcher starts it again with
+    BYZCOLL_REJOIN=1 (its `byzcoll.init()` knocks), and the others shrink and admit it at a
+    boundary: from there the four agree again, and every rank finishes the twelve rounds."""
+    cli = os.environ.get("BYZCOLL_BIN")
+    if not cli or not os.path.exists(cli):
+        assert not os.environ.get("BYZCOLL_REQUIRE_MPI"), "BYZCOLL_BIN must name the byzcoll binary in CI"
+        pytest.skip("BYZCOLL_BIN (the byzcoll CLI) is not set")
+    done = subprocess.run(
+        [cli, "launch", "-n", "4", "--restarts", "1", "--", sys.executable, WORKER, "rejoin", "float32"],
+        env=clean_env(BYZCOLL_TIMEOUT_MS="5000"), capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 3 exited with status 3; starting it again to rejoin" in done.stderr, done.stderr
+    outs = {}
+    for line in done.stdout.splitlines():
+        rank, _, body = line.partition("] ")
+        if body.startswith("{"):
+            outs[int(rank.lstrip("["))] = json.loads(body)
+    assert sorted(outs) == [0, 1, 2, 3], done.stdout
+    (rejoined,) = [e for e in outs[3]["events"] if e[0] == "rejoined"]
+    at = rejoined[1]
+    assert rejoined[2:] == [[0, 1, 2, 3], 1], rejoined
+    for r in range(3):
+        admitted = [e for e in outs[r]["events"] if e[0] == "admitted"]
+        assert admitted == [["admitted", at, [3], 1]], outs[r]
+        rounds = {e[1]: e for e in outs[r]["events"] if e[0] == "round"}
+        assert rounds[3][2:] == [2.0, [0, 1, 2, 3], [3]], rounds[3]  # median of 1, 2, 3
+    for r in range(4):
+        rounds = {e[1]: e for e in outs[r]["events"] if e[0] == "round"}
+        assert rounds[at][2:] == [2.5, [0, 1, 2, 3], []], (r, rounds[at])  # median of 1..4
+        assert outs[r]["job_ranks"] == [0, 1, 2, 3]
+
+
 def test_a_rank_out_of_step_is_named_never_mixed_in():
     outs = run_job(4, "out_of_step")
     for o in outs[:3]:

@@ -62,6 +62,40 @@ def main():
         comm.close()
         print(json.dumps(out), flush=True)
         return
+    if scenario == "rejoin":
+        # Under `byzcoll launch --restarts 1`: rank 3 exits at round 3 in its first life; the
+        # others shrink and admit at every boundary (rounds 2, 4, 6, ...) and tell a rank they
+        # admitted the round (a max all-reduce, where it contributes 0).
+        rounds, rnd, events = 12, 0, []
+        restarted = os.environ.get("BYZCOLL_REJOIN") == "1"
+        if restarted:
+            at = np.zeros(1)
+            comm.all_reduce(at, "max")
+            rnd = int(at[0])
+            events.append(["rejoined", rnd, comm.job_ranks, comm.epoch])
+        admitted_at = rnd if restarted else None
+        while rnd < rounds:
+            if rnd > 0 and rnd % 2 == 0 and rnd != admitted_at:
+                comm = comm.shrink()
+                for _ in range(300):
+                    grown = comm.admit()
+                    if grown is not None:
+                        comm, ranks, epoch = grown
+                        events.append(["admitted", rnd, ranks, epoch])
+                        comm.all_reduce(np.full(1, float(rnd)), "max")
+                    if comm.size == 4:
+                        break
+            if r == 3 and rnd == 3 and not restarted:
+                sys.stdout.flush()
+                os._exit(3)
+            x = np.full(8, comm.job_ranks[comm.rank] + 1, dtype=dtype)
+            report = comm.robust_all_reduce(x, "median", 1)
+            events.append(["round", rnd, float(x[0]), comm.job_ranks, [f[0] for f in report.faults]])
+            rnd += 1
+        out["events"], out["job_ranks"] = events, comm.job_ranks
+        comm.close()
+        print(json.dumps(out), flush=True)
+        return
     if scenario == "shrink":
         # Rank 2 leaves right after joining; the others shrink the communicator and go on.
         if r == 2:

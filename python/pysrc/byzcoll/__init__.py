@@ -220,6 +220,34 @@ class Communicator:
         :class:`ExcludedError` (``kept`` lists the ranks kept)."""
         return Communicator(self._inner.shrink())
 
+    def admit(self):
+        """Admits the restarted ranks that knocked: a process started with ``BYZCOLL_REJOIN=1``
+        (``byzcoll launch --restarts N`` starts a failed rank again that way) knocks in
+        :func:`init` and waits. Every member calls this at the same point of its calls, a
+        boundary of the application's choice; the members agree, tolerating ``f = (n - 1) // 3``
+        Byzantine members, on whom to admit. Returns None when nobody knocked, else
+        ``(communicator, admitted, epoch)``: a new :class:`Communicator` of the members and the
+        admitted job ranks in job-rank order (:attr:`job_ranks`), at the new :attr:`epoch`.
+        This communicator stays usable. The admitted rank's state (the model, the step) is the
+        application's to hand over, e.g. by a broadcast from a member."""
+        admitted = self._inner.admit()
+        if admitted is None:
+            return None
+        inner, ranks, epoch = admitted
+        return Communicator(inner), ranks, epoch
+
+    @property
+    def job_ranks(self):
+        """Each rank's rank in the job, in this communicator's rank order: ``range(n)`` at the
+        start; a shrink keeps its members', an admit gives the members' and the admitted ranks'."""
+        return self._inner.job_ranks
+
+    @property
+    def epoch(self):
+        """The job's membership epoch: 0 at the start, one more for each admit that admitted a
+        rank."""
+        return self._inner.epoch
+
     def barrier(self):
         """Blocks until every rank has entered the barrier."""
         self._inner.barrier()
