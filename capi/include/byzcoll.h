@@ -761,6 +761,47 @@ enum byzcoll_status_t byzcoll_comm_shrink(struct byzcoll_comm_t *comm,
                                           struct byzcoll_comm_t **newcomm);
 
 /**
+ * Admits the restarted ranks that knocked: a process started with `BYZCOLL_REJOIN=1`
+ * (`byzcoll launch --restarts N` starts a failed rank again that way), whose
+ * `byzcoll_init_from_env` knocks in the job's store and waits. Every member of `comm` calls
+ * this at the same point of its calls, a boundary of the application's choice; the members
+ * agree, tolerating `f = (size - 1) / 3` Byzantine members, on whom to admit. On success
+ * `*newcomm` is NULL when nobody knocked, else a communicator of the members and the admitted
+ * ranks in job-rank order (`byzcoll_comm_job_rank`) at the next epoch (`byzcoll_comm_epoch`),
+ * over new connections (finalize it as any other). `comm` stays usable. The admitted rank's
+ * state is the application's to hand over (a broadcast from a member, say).
+ *
+ * Thread safety: as `byzcoll_robust_allreduce`.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator; `newcomm` is writable.
+ */
+enum byzcoll_status_t byzcoll_comm_admit(struct byzcoll_comm_t *comm,
+                                         struct byzcoll_comm_t **newcomm);
+
+/**
+ * The job rank of `comm`'s rank `rank` (0 to size - 1): the rank it was launched as, which
+ * shrinks and admits keep; -1 when `comm` is NULL or `rank` is out of range.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator.
+ */
+int32_t byzcoll_comm_job_rank(const struct byzcoll_comm_t *comm, int32_t rank);
+
+/**
+ * The job's membership epoch in `comm`: 0 at the start, one more for each admit that
+ * admitted a rank; -1 when `comm` is NULL.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `comm` is NULL or a live communicator.
+ */
+int64_t byzcoll_comm_epoch(const struct byzcoll_comm_t *comm);
+
+/**
  * Sets the step id every later collective call on `comm` carries in its fingerprint, until
  * it is set again (`BYZCOLL_NO_STEP`: none), e.g. the training step.
  *

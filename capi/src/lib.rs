@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use byzcoll_rs::aggregators::{self, Params};
 use byzcoll_rs::blocking::{BlockingComm, Refused};
-use byzcoll_rs::{Agreement, Communicator, JobConfig, Policy, ReduceOp, Replicas};
+use byzcoll_rs::{Admission, Agreement, Communicator, JobConfig, Policy, ReduceOp, Replicas};
 
 pub use abi::BYZCOLL_ABI_VERSION;
 use buffers::{with_buffer, Buffer, DType};
@@ -143,6 +143,10 @@ pub struct byzcoll_comm_t {
     /// `byzcoll_comm_shrink`).
     inner: BlockingComm,
     last_error: Mutex<std::ffi::CString>,
+    /// The job configuration it joined with (`byzcoll_init_from_env`; shared with the
+    /// communicators made from it), which `byzcoll_comm_admit` rejoins through; `None` for an
+    /// out-of-band join, which has no store.
+    job: Option<Arc<JobConfig>>,
 }
 
 /// The caller's all-gather for `byzcoll_init_oob`: gathers `bytes` bytes from every rank of
@@ -205,7 +209,14 @@ impl byzcoll_comm_t {
         Box::new(byzcoll_comm_t {
             inner: BlockingComm::new(runtime, comm),
             last_error: Mutex::default(),
+            job: None,
         })
+    }
+
+    /// This communicator, joined with `job`.
+    fn with_job(mut self: Box<Self>, job: Option<Arc<JobConfig>>) -> Box<Self> {
+        self.job = job;
+        self
     }
 
     /// Runs one collective on the communicator, unless it is or gets aborted.
@@ -355,7 +366,7 @@ pub unsafe extern "C" fn byzcoll_init_from_env(
             let job = overrides.apply(JobConfig::from_env()?)?;
             let runtime = runtime()?;
             let c = runtime.block_on(byzcoll_rs::init_with(&job))?;
-            Ok(byzcoll_comm_t::new(Arc::new(runtime), c))
+            Ok(byzcoll_comm_t::new(Arc::new(runtime), c).with_job(Some(Arc::new(job))))
         })
     }
 }
@@ -743,9 +754,94 @@ pub unsafe extern "C" fn byzcoll_comm_shrink(
                 return Err(Failure::invalid("comm is NULL"));
             };
             let sub = parent.run(async |c| c.shrink().await)?;
-            Ok(byzcoll_comm_t::new(parent.inner.runtime().clone(), sub))
+            Ok(byzcoll_comm_t::new(parent.inner.runtime().clone(), sub)
+                .with_job(parent.job.clone()))
         })
     }
+}
+
+/// Admits the restarted ranks that knocked: a process started with `BYZCOLL_REJOIN=1`
+/// (`byzcoll launch --restarts N` starts a failed rank again that way), whose
+/// `byzcoll_init_from_env` knocks in the job's store and waits. Every member of `comm` calls
+/// this at the same point of its calls, a boundary of the application's choice; the members
+/// agree, tolerating `f = (size - 1) / 3` Byzantine members, on whom to admit. On success
+/// `*newcomm` is NULL when nobody knocked, else a communicator of the members and the admitted
+/// ranks in job-rank order (`byzcoll_comm_job_rank`) at the next epoch (`byzcoll_comm_epoch`),
+/// over new connections (finalize it as any other). `comm` stays usable. The admitted rank's
+/// state is the application's to hand over (a broadcast from a member, say).
+///
+/// Thread safety: as `byzcoll_robust_allreduce`.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator; `newcomm` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_comm_admit(
+    comm: *mut byzcoll_comm_t,
+    newcomm: *mut *mut byzcoll_comm_t,
+) -> byzcoll_status_t {
+    if newcomm.is_null() || !(newcomm as usize).is_multiple_of(align_of::<*mut byzcoll_comm_t>()) {
+        return guard(|| Err(Failure::invalid("newcomm is NULL or misaligned")));
+    }
+    // SAFETY: non-null and aligned; the caller passes a writable pointer.
+    unsafe { newcomm.write(ptr::null_mut()) };
+    // SAFETY: the caller passes NULL or a live communicator.
+    unsafe {
+        guard_comm(comm, |parent| {
+            let Some(job) = parent.job.clone() else {
+                return Err(Failure::invalid(
+                    "comm was not joined through the job's store (byzcoll_init_from_env): \
+                     nothing to admit through",
+                ));
+            };
+            let admission = parent.run(async |c| byzcoll_rs::admit(c, &job).await)?;
+            if let Admission::Admitted { comm: grown, .. } = admission {
+                let grown =
+                    byzcoll_comm_t::new(parent.inner.runtime().clone(), *grown).with_job(Some(job));
+                // SAFETY: as above.
+                newcomm.write(Box::into_raw(grown));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The job rank of `comm`'s rank `rank` (0 to size - 1): the rank it was launched as, which
+/// shrinks and admits keep; -1 when `comm` is NULL or `rank` is out of range.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_comm_job_rank(comm: *const byzcoll_comm_t, rank: i32) -> i32 {
+    // SAFETY: null or live.
+    let Some(c) = (unsafe { comm.as_ref() }) else {
+        return -1;
+    };
+    let Ok(rank) = usize::try_from(rank) else {
+        return -1;
+    };
+    c.inner
+        .with_comm(|c| c.job_ranks().get(rank).map_or(-1, |&r| r as i32))
+        .unwrap_or(-1)
+}
+
+/// The job's membership epoch in `comm`: 0 at the start, one more for each admit that
+/// admitted a rank; -1 when `comm` is NULL.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// `comm` is NULL or a live communicator.
+#[no_mangle]
+pub unsafe extern "C" fn byzcoll_comm_epoch(comm: *const byzcoll_comm_t) -> i64 {
+    // SAFETY: null or live.
+    let Some(c) = (unsafe { comm.as_ref() }) else {
+        return -1;
+    };
+    c.inner
+        .with_comm(|c| i64::try_from(c.epoch()).unwrap_or(i64::MAX))
+        .unwrap_or(-1)
 }
 
 /// `byzcoll_comm_set_step`'s value for "no step id".

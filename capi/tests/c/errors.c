@@ -221,9 +221,27 @@ int main(void) {
         return 1;
     }
     EXPECT(byzcoll_robust_allreduce(sub, v, out, 8, BYZCOLL_FLOAT64, "median", &params, NULL), BYZCOLL_OK, NULL);
+    checks++;
+    if (byzcoll_comm_job_rank(sub, 0) != 0 || byzcoll_comm_job_rank(sub, 1) != -1 ||
+        byzcoll_comm_job_rank(sub, -1) != -1 || byzcoll_comm_job_rank(NULL, 0) != -1 ||
+        byzcoll_comm_epoch(sub) != 0 || byzcoll_comm_epoch(NULL) != -1) {
+        fprintf(stderr, "FAILED: job ranks or epoch\n");
+        return 1;
+    }
     EXPECT(byzcoll_comm_finalize(sub), BYZCOLL_OK, NULL);
+
     if (!strstr(byzcoll_comm_last_error(comm), "op is 17") && !strstr(byzcoll_comm_last_error(comm), "overlap")) {
         fprintf(stderr, "FAILED: comm last error \"%s\"\n", byzcoll_comm_last_error(comm));
+        return 1;
+    }
+
+    /* Admit: a communicator joined out of band has no store to admit through. */
+    EXPECT(byzcoll_comm_admit(NULL, &sub), BYZCOLL_INVALID_ARGUMENT, "comm is NULL");
+    EXPECT(byzcoll_comm_admit(comm, NULL), BYZCOLL_INVALID_ARGUMENT, "newcomm is NULL");
+    EXPECT(byzcoll_comm_admit(comm, &sub), BYZCOLL_INVALID_ARGUMENT, "byzcoll_init_from_env");
+    checks++;
+    if (sub != NULL) {
+        fprintf(stderr, "FAILED: a refused admit left *newcomm set\n");
         return 1;
     }
 
