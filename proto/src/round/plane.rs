@@ -27,11 +27,11 @@ pub trait Plane {
     /// A received message's bytes on the host (statistics and cross-checks: small).
     fn host<'b>(&'b self, buf: &'b Self::Buf) -> Cow<'b, [u8]>;
 
-    /// The digest of an input as this rank used it (XXH3-128, [`check::input_digest`]).
+    /// The digest of an input as this rank used it (XXH3-128, [`input_digest`](super::input_digest)).
     fn digest(&mut self, src: Src<'_, Self::Buf>) -> Digest;
 
     /// A collision-resistant digest of a whole input (BLAKE3 of its bytes): what the ranks
-    /// agree on under [`Agreement::Enforce`], where a sender could otherwise craft two vectors
+    /// agree on under [`Agreement::Enforce`](crate::Agreement::Enforce), where a sender could otherwise craft two vectors
     /// with one [`Plane::digest`].
     fn commitment(&mut self, src: Src<'_, Self::Buf>) -> Digest;
 
@@ -123,17 +123,17 @@ pub trait Plane {
     ) -> Result<(), AggError>;
 
     /// Whether [`Src::Mine`] still reads this rank's input once [`Dest::Output`] was written
-    /// (the caller's vector is both): then a gather-mode round under [`Agreement::Detect`] can
+    /// (the caller's vector is both): then a gather-mode round under [`Agreement::Detect`](crate::Agreement::Detect) can
     /// aggregate again over the inputs that the ranks holding the common result used
     /// ([`AgreementReport::realigned`](crate::AgreementReport::realigned)). `false` (the
-    /// default): such a rank gets [`Error::Disagreement`] instead.
+    /// default): such a rank gets [`Error::Disagreement`](crate::Error::Disagreement) instead.
     fn keeps_input(&self) -> bool {
         false
     }
 
     /// The bytes of `src` on the host: what an audited round hashes, cuts and forwards
     /// (`PROTOCOL.md`, "Audited sharding"). `None` (the default): this plane does not run
-    /// audited rounds, which then fail with [`Error::Unsupported`].
+    /// audited rounds, which then fail with [`Error::Unsupported`](crate::Error::Unsupported).
     fn host_bytes(&mut self, src: Src<'_, Self::Buf>) -> Option<Vec<u8>> {
         let _ = src;
         None
@@ -149,13 +149,13 @@ pub trait Plane {
     /// The BLAKE3 digest of the output (all-reduce), what the cross-check compares.
     fn result_digest(&mut self) -> Digest;
 
-    /// The BLAKE3 digest ([`check::commitment`] of its bytes) of shard `s` of the output
+    /// The BLAKE3 digest ([`commitment`](super::commitment) of its bytes) of shard `s` of the output
     /// (its elements `range`) as [`Plane::combine`] wrote it.
     fn output_digest(&mut self, s: usize, range: Range<usize>) -> Digest;
 
     /// Measures `inputs` (rank order; `None`: erased) against the result the rule (tolerating
     /// `f`) made of them at `of` ([`byzcoll_aggregators::evidence::measure`]): the
-    /// [`RoundReport::attribution`]. `None` where this plane does not measure (the default).
+    /// [`RoundReport::attribution`](crate::RoundReport::attribution). `None` where this plane does not measure (the default).
     fn measure(
         &mut self,
         inputs: &[Option<Src<'_, Self::Buf>>],
