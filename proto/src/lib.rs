@@ -18,6 +18,7 @@
 mod attribution;
 pub mod audit;
 mod error;
+mod health;
 mod ids;
 mod policy;
 pub mod round;
@@ -27,6 +28,7 @@ pub use attribution::{Attribution, InputEvidence, OUTLYING_SCORE};
 pub use error::{
     BootstrapError, Error, ErrorKind, Fault, Faults, PeerFault, Result, TransportError,
 };
+pub use health::{Health, PeerHealth, Symptom, LAGGARD_PROBE, LAGGARD_ROUNDS};
 pub use ids::{Grace, MsgKey, Quorum, Rank, RecvOp, Tag, STREAM_BITS};
 pub use policy::{
     Agreement, AgreementReport, IdentityMode, Policy, Replicas, RoundReport, RoundStats,

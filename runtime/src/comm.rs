@@ -58,7 +58,7 @@ pub struct Communicator {
     /// The caller's step id ([`Communicator::set_step`]), part of every call's fingerprint.
     step_id: Option<u64>,
     /// What this rank has seen of each peer in its robust rounds.
-    pub(crate) health: crate::health::Health,
+    pub(crate) health: byzcoll_proto::Health,
     /// What the steps since the last [`Communicator::take_stats`] moved and took.
     stats: RoundStats,
     /// Each rank's rank in the job ([`Communicator::job_ranks`]).
@@ -94,7 +94,7 @@ impl std::fmt::Debug for Communicator {
 impl Communicator {
     /// A communicator over `transport`.
     pub fn new(transport: Box<dyn Transport>, config: Config) -> Self {
-        let health = crate::health::Health::new(transport.size());
+        let health = byzcoll_proto::Health::new(transport.size());
         let job_ranks = (0..transport.size()).collect();
         Communicator {
             transport: Arc::from(transport),
@@ -420,7 +420,7 @@ impl Communicator {
             step_tamper: None,
             identity: self.identity,
             step_id: None,
-            health: crate::health::Health::new(n_members),
+            health: byzcoll_proto::Health::new(n_members),
             stats: RoundStats::default(),
             job_ranks,
             epoch: self.epoch,

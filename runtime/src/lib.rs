@@ -17,7 +17,6 @@ pub mod calls;
 mod comm;
 mod config;
 mod handle;
-mod health;
 pub mod pool;
 mod robust;
 pub mod round;
@@ -31,6 +30,7 @@ pub use byzcoll_proto::{
     Result, RoundReport, RoundStats, Stragglers, Tag, TransportError, AUTO_GATHER_MAX_BYTES,
     AUTO_SHARDED_MIN_BYTES, OUTLYING_SCORE, STREAM_BITS, SUB_ROUND_BYTES,
 };
+pub use byzcoll_proto::{PeerHealth, Symptom, LAGGARD_PROBE, LAGGARD_ROUNDS};
 pub use calls::call_fingerprint;
 pub use comm::{Communicator, ReduceOp, DOUBLING_MAX_BYTES, RING_PARTS, RING_PART_BYTES};
 pub use config::{
@@ -38,7 +38,6 @@ pub use config::{
     MAX_PART_BYTES, MAX_STEP_TIMEOUT,
 };
 pub use handle::{CommHandle, Pending, QUEUED};
-pub use health::{PeerHealth, Symptom, LAGGARD_ROUNDS};
 #[cfg(feature = "fault-injection")]
 pub use robust::OwnerTamper;
 pub use round::sum_of_shard_medians;

@@ -568,11 +568,34 @@ impl<P: Program> Engine<'_, '_, P> {
         let formed = at.max(rs.posted);
         let took = std::time::Duration::try_from_secs_f64(formed - rs.posted)
             .unwrap_or(std::time::Duration::MAX);
-        let end = formed + quorum.grace.after(took).as_secs_f64();
+        // The grace waits for the awaited receives (all but the laggards'): when they are in
+        // already, the step ends as the quorum forms.
+        let end = match rs.awaited_in(quorum.awaited, P::ABSENT) {
+            true => formed,
+            false => formed + quorum.grace.after(took).as_secs_f64(),
+        };
         if end < rs.deadline {
             rs.cut = end;
             rs.by_quorum = true;
             self.push(end - alpha, Kind::Quorum(rank as u32));
+        }
+    }
+
+    /// A receive of `rank`'s quorum step came in at `at` during the grace: when the awaited
+    /// receives are all in now, the step ends here rather than at the grace's end (the rest
+    /// are laggards', `Quorum::awaited`).
+    fn awaited_arrived(&mut self, rank: Rank, at: f64) {
+        let alpha = self.params.network.alpha;
+        let rs = &mut self.ranks[rank];
+        let Some((quorum, _)) = rs.quorum else {
+            return;
+        };
+        if !rs.by_quorum || rs.pending == 0 || at >= rs.cut {
+            return;
+        }
+        if rs.awaited_in(quorum.awaited, P::ABSENT) {
+            rs.cut = at;
+            self.push(at - alpha, Kind::Quorum(rank as u32));
         }
     }
 
@@ -760,7 +783,11 @@ impl<P: Program> Engine<'_, '_, P> {
         rs.pending -= 1;
         rs.last = rs.last.max(done);
         let all = rs.pending == 0;
+        let formed_before = rs.by_quorum;
         self.quorum_formed(rank, done);
+        if formed_before {
+            self.awaited_arrived(rank, done);
+        }
         Ok(all)
     }
 
@@ -782,6 +809,14 @@ impl<P: Program> Engine<'_, '_, P> {
             Some(next) => self.post(rank, next),
             None => Ok(()),
         }
+    }
+}
+
+impl<M: PartialEq> RankSim<M> {
+    /// Whether the first `awaited` receives of the current step are in (`absent`: a slot
+    /// still empty).
+    fn awaited_in(&self, awaited: usize, absent: M) -> bool {
+        !self.got[..awaited.min(self.got.len())].contains(&absent)
     }
 }
 

@@ -561,6 +561,7 @@ impl Scenario {
         plane: Option<Plane>,
         starts: &[Start],
         round: usize,
+        laggards: &[Vec<Rank>],
     ) -> Result<(Run, Vec<Start>), SimError> {
         self.validate()?;
         let n = self.ranks;
@@ -608,7 +609,13 @@ impl Scenario {
                 stragglers,
                 grace: self.grace,
             };
-            Robust::new(common, rule.unwrap_or(any.as_ref()), &self.adversary, spec)
+            Robust::new(
+                common,
+                rule.unwrap_or(any.as_ref()),
+                &self.adversary,
+                spec,
+                laggards,
+            )
         };
         let (ends, stats, common, reports) = match algorithm {
             Algorithm::Gather | Algorithm::Sharded { .. } => {

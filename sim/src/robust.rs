@@ -9,7 +9,9 @@ use bytes::Bytes;
 use byzcoll_aggregators::{
     aggregate_into, AggError, AggReport, Aggregator, DistanceMixing, DistanceSelection, Median,
 };
-use byzcoll_proto::round::{Arrival, Dest, Digest, Msg, Plane as RoundPlane, Round, Spec, Src};
+use byzcoll_proto::round::{
+    Arrival, Carry, Dest, Digest, Msg, Plane as RoundPlane, Round, Spec, Src,
+};
 use byzcoll_proto::schedule::chunk_range;
 use byzcoll_proto::{Error, Rank, RoundReport, Tag};
 
@@ -91,16 +93,29 @@ impl std::fmt::Debug for Robust<'_> {
 }
 
 impl<'a> Robust<'a> {
-    /// Every rank's round of `rule` as `spec(rank)` says.
+    /// Every rank's round of `rule` as `spec(rank)` says, rank `r` waiting for the peers of
+    /// `laggards[r]` only up to a quorum (its fault memory, as the host communicator's).
     pub(crate) fn new(
         common: Common,
         rule: &'a dyn Aggregator,
         adversary: &'a Adversary,
         spec: impl Fn(Rank) -> Spec,
+        laggards: &[Vec<Rank>],
     ) -> Self {
         let n = common.n;
+        let round = |r: Rank| match laggards.get(r).filter(|l| !l.is_empty()) {
+            Some(l) => Round::resuming(
+                spec(r),
+                rule,
+                &Carry {
+                    laggards: l.clone(),
+                    ..Carry::default()
+                },
+            ),
+            None => Round::new(spec(r), rule),
+        };
         Robust {
-            rounds: (0..n).map(|r| Some(Round::new(spec(r), rule))).collect(),
+            rounds: (0..n).map(|r| Some(round(r))).collect(),
             slots: vec![Vec::new(); n],
             lens: vec![Vec::new(); n],
             ranks: (0..n).map(|_| RankData::default()).collect(),
@@ -291,9 +306,6 @@ impl Program for Robust<'_> {
         self.lens[rank] = plan.recvs.iter().map(|op| op.len as u64).collect();
         let mut posted = Posted::new(plan.recvs.len(), plan.recvs.len());
         posted.timeouts = plan.timeout.as_secs_f64();
-        // The simulated rounds keep no fault memory, so no step has laggards: a quorum's
-        // grace waits for every receive, and the engine models no `awaited` cut.
-        debug_assert!(plan.quorum.is_none_or(|q| q.awaited >= plan.recvs.len()));
         posted.quorum = plan.quorum;
         posted
     }

@@ -8,7 +8,7 @@
 use std::fmt;
 
 use byzcoll_aggregators::Aggregator;
-use byzcoll_proto::{Agreement, Fault, Grace, Rank};
+use byzcoll_proto::{Agreement, Error, Fault, Grace, Health, Rank, RoundReport};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -285,6 +285,7 @@ impl Scenario {
             dying.contains(&r) && self.faults.deaths.is_some_and(|d| d.dead_in(round))
         };
         let mut delays = StdRng::seed_from_u64(mix(self.seed, SLOW_SALT));
+        let mut health: Vec<Health> = (0..n).map(|_| Health::new(n)).collect();
         let mut starts: Vec<Start> = (0..n)
             .map(|r| Start {
                 at: self
@@ -334,7 +335,27 @@ impl Scenario {
                 }
             }
             let plane = data.map(Plane::new);
-            let (run, next) = self.run_round(algorithm, d, rule, plane, &starts, round)?;
+            let laggards: Vec<Vec<Rank>> = health.iter().map(Health::laggards).collect();
+            let (run, next) =
+                self.run_round(algorithm, d, rule, plane, &starts, round, &laggards)?;
+            // Each rank's fault memory, as the host communicator keeps it: a peer late round
+            // after round is waited for only up to the quorum.
+            for (h, o) in health.iter_mut().zip(&run.ranks) {
+                let report = RoundReport {
+                    faults: o.faults.clone(),
+                    agreement: o.agreement.clone(),
+                    ..RoundReport::default()
+                };
+                match &o.result {
+                    // A round failed for its peers' faults teaches what they were; one failed
+                    // for this rank's own reasons teaches nothing (as `Health::record`).
+                    RankResult::Done(_)
+                    | RankResult::Failed(Error::TooManyFaults { .. } | Error::ShardLost { .. }) => {
+                        h.record(&Ok(report));
+                    }
+                    RankResult::Failed(_) | RankResult::Crashed => {}
+                }
+            }
             each(&starts, run);
             for (start, next) in starts.iter_mut().zip(next) {
                 *start = Start {

@@ -140,6 +140,7 @@ fn with_f_below_the_late_ranks_detect_fails_the_honest_round() {
 
 #[test]
 fn dead_ranks_cost_one_deadline_or_the_grace_and_count_again_after_the_rejoin() {
+    use byzcoll_proto::LAGGARD_PROBE;
     for n in WORLDS {
         let mut s = scenario(n);
         s.faults.deaths = Some(Deaths {
@@ -149,7 +150,7 @@ fn dead_ranks_cost_one_deadline_or_the_grace_and_count_again_after_the_rejoin() 
         });
         for stragglers in [0, 2] {
             s.stragglers = Stragglers::Exactly(stragglers);
-            let (rounds, healthy) = run(&s, 2, 5);
+            let (rounds, healthy) = run(&s, 2, 3 + LAGGARD_PROBE as usize);
             assert_eq!(
                 rounds.check(healthy),
                 Ok(()),
@@ -174,6 +175,13 @@ fn dead_ranks_cost_one_deadline_or_the_grace_and_count_again_after_the_rejoin() 
                     } else {
                         assert!(r.time <= 2.0 * healthy, "{n}: {r:?}");
                     }
+                } else if stragglers > 0 && (3..=LAGGARD_PROBE as usize).contains(&r.round) {
+                    // Late in both rounds they were dead, they are laggards when they come
+                    // back: not waited for past the others, until the probe (the round after
+                    // the LAGGARD_PROBE-th of their streak) waits for them again.
+                    assert_eq!((r.dead, r.missing.count), (0, 0), "{r:?}");
+                    assert!(r.inputs >= n - 2, "{n}: {r:?}");
+                    assert!(r.time <= healthy * (1.0 + TIME_TOLERANCE), "{n}: {r:?}");
                 } else {
                     assert_eq!((r.dead, r.late.count, r.missing.count), (0, 0, 0), "{r:?}");
                     assert_eq!(r.inputs, n, "{n}: {r:?}");
@@ -290,4 +298,33 @@ fn round_parameters_are_refused_with_what_is_wrong() {
     let run = |alg| t.run_rounds(alg, 1, &data, rule.as_ref()).unwrap();
     assert_eq!(run(Algorithm::Gather).stragglers, 1);
     assert_eq!(run(Algorithm::Sharded { replicas: 3 }).stragglers, 0);
+}
+
+/// Fault memory, as the host communicator keeps it: a rank late round after round is a laggard
+/// after `LAGGARD_ROUNDS` rounds, and its peers stop waiting the grace for it, but every
+/// `LAGGARD_PROBE`-th round of its streak, which waits for it again.
+#[test]
+fn a_laggard_costs_no_grace_but_at_the_probes() {
+    use byzcoll_proto::{LAGGARD_PROBE, LAGGARD_ROUNDS};
+    for n in WORLDS {
+        let mut s = scenario(n);
+        let healthy = run(&s, 1, 1).1;
+        slow(&mut s, 9.0 * healthy);
+        s.stragglers = Stragglers::Exactly(1);
+        let count = 3 * LAGGARD_PROBE as usize;
+        let (rounds, _) = run(&s, 1, count);
+        let times: Vec<f64> = rounds.rounds.iter().map(|r| r.time).collect();
+        for (k, r) in rounds.rounds.iter().enumerate() {
+            assert_eq!(r.late.first, [0], "{n}: {r:?}");
+            // The streak before round k is k rounds long.
+            let streak = k as u32;
+            let waited = streak < LAGGARD_ROUNDS || streak.is_multiple_of(LAGGARD_PROBE);
+            let grace = times[k] - times[LAGGARD_ROUNDS as usize];
+            if waited {
+                assert!(grace > 0.1 * healthy, "{n} round {k}: {times:?}");
+            } else {
+                assert!(grace.abs() < 0.01 * healthy, "{n} round {k}: {times:?}");
+            }
+        }
+    }
 }

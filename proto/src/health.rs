@@ -1,4 +1,6 @@
-//! Fault memory: what this rank has seen of each peer in its recent robust rounds.
+//! Fault memory: what this rank has seen of each peer in its recent robust rounds. The host
+//! communicator keeps one (`Communicator::health`), and so does each rank the simulator runs,
+//! so that both wait for laggards alike.
 //!
 //! Only this rank's own observations go in (a peer's lateness, silence or malformed messages
 //! as they reached this rank, and the cross-check's verdict of which results differ from the
@@ -8,7 +10,7 @@
 
 use crate::{Fault, InputEvidence, PeerFault, Rank, Result, RoundReport, OUTLYING_SCORE};
 
-/// What this rank has seen of one peer ([`Communicator::health`](crate::Communicator::health)).
+/// What this rank has seen of one peer (`Communicator::health`).
 #[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct PeerHealth {
@@ -38,8 +40,7 @@ pub struct PeerHealth {
     pub not_selected: u64,
     /// Audited rounds in which it was proven to have lied as a shard owner
     /// ([`AuditReport::convicted`](crate::audit::AuditReport): a proof every honest rank checks
-    /// alike, not an observation). [`Communicator::shrink`](crate::Communicator::shrink)
-    /// leaves a convicted peer out.
+    /// alike, not an observation). `Communicator::shrink` leaves a convicted peer out.
     pub convicted: u64,
 }
 
@@ -67,18 +68,26 @@ impl PeerHealth {
 
 /// How many robust rounds in a row a peer must have been late to be a *laggard*: a quorum
 /// step waits for its input only up to the quorum, not through the grace
-/// ([`Carry::laggards`](byzcoll_proto::round::Carry::laggards)), so a rank that is always
+/// ([`Carry::laggards`](crate::round::Carry::laggards)), so a rank that is always
 /// late does not cost every round a grace. One round in time makes it a peer like any other.
 pub const LAGGARD_ROUNDS: u32 = 2;
 
-/// The health of every peer of a communicator.
+/// Every this many rounds of a laggard's streak, a round waits for it through the grace again
+/// (a probe): a rank that was merely the last to arrive (the farthest one, or one back from a
+/// stall, whose input comes a moment after the others') is taken again once it arrives within
+/// the grace, rather than left out for as long as it stays the last. A rank that is really slow
+/// costs a grace every this many rounds.
+pub const LAGGARD_PROBE: u32 = 4;
+
+/// The health of every peer of a communicator, as one rank saw it.
 #[derive(Debug, Clone)]
-pub(crate) struct Health {
+pub struct Health {
     peers: Vec<PeerHealth>,
 }
 
 impl Health {
-    pub(crate) fn new(size: usize) -> Self {
+    /// Every one of `size` ranks healthy.
+    pub fn new(size: usize) -> Self {
         Health {
             peers: (0..size)
                 .map(|rank| PeerHealth {
@@ -90,7 +99,7 @@ impl Health {
     }
 
     /// Every peer but `me`.
-    pub(crate) fn of_peers(&self, me: Rank) -> Vec<PeerHealth> {
+    pub fn of_peers(&self, me: Rank) -> Vec<PeerHealth> {
         self.peers
             .iter()
             .filter(|p| p.rank != me)
@@ -98,17 +107,19 @@ impl Health {
             .collect()
     }
 
-    /// The peers late in each of the last [`LAGGARD_ROUNDS`] robust rounds or more.
-    pub(crate) fn laggards(&self) -> Vec<Rank> {
+    /// The peers late in each of the last [`LAGGARD_ROUNDS`] robust rounds or more, but for
+    /// those due a probe ([`LAGGARD_PROBE`]).
+    pub fn laggards(&self) -> Vec<Rank> {
+        let laggard = |k: u32| k >= LAGGARD_ROUNDS && !k.is_multiple_of(LAGGARD_PROBE);
         self.peers
             .iter()
-            .filter(|p| matches!(p.streak, Some((Symptom::Late, k)) if k >= LAGGARD_ROUNDS))
+            .filter(|p| matches!(p.streak, Some((Symptom::Late, k)) if laggard(k)))
             .map(|p| p.rank)
             .collect()
     }
 
     /// Records what one robust call (all its sub-rounds) showed of the peers.
-    pub(crate) fn record(&mut self, outcome: &Result<RoundReport>) {
+    pub fn record(&mut self, outcome: &Result<RoundReport>) {
         let (faults, disagreeing): (&[PeerFault], &[Rank]) = match outcome {
             Ok(report) => (
                 &report.faults,
@@ -245,6 +256,18 @@ mod tests {
         assert_eq!(h.laggards(), [2]);
         h.record(&report(&[(2, Fault::Late)], &[]));
         assert_eq!(h.laggards(), [2]);
+        // Late round after round: every LAGGARD_PROBE-th round waits for it again.
+        let mut probes = Vec::new();
+        for k in LAGGARD_ROUNDS + 2..=3 * LAGGARD_PROBE {
+            h.record(&report(&[(2, Fault::Late)], &[]));
+            if h.laggards().is_empty() {
+                probes.push(k);
+            }
+        }
+        assert_eq!(
+            probes,
+            [LAGGARD_PROBE, 2 * LAGGARD_PROBE, 3 * LAGGARD_PROBE]
+        );
         h.record(&report(&[], &[]));
         assert_eq!(h.laggards(), Vec::<Rank>::new());
     }
