@@ -553,6 +553,7 @@ impl Scenario {
 
     /// One round of `algorithm`, rank `r` starting as `starts[r]` says; round `round` of a
     /// series (its random draws). Returns the run and where each rank's NIC is free again.
+    #[allow(clippy::too_many_arguments)]
     fn run_round(
         &self,
         algorithm: Algorithm,
