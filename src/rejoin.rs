@@ -8,14 +8,15 @@
 //! [`Agreement::Enforce`](crate::Agreement::Enforce), as [`Communicator::shrink`] agrees on
 //! whom to keep: a rank is admitted when at least half of the members' inputs that entered
 //! saw its knock, so `f` Byzantine members can neither keep a knocking rank out nor let a
-//! silent one in. Each member then posts the new roster (epoch, the members' and admitted
-//! ranks, the knock each saw), and the restarted rank takes the roster that `n - f` of the
-//! members it names posted with its own knock in it (and that holds more than half of the
-//! job, so that the `f` Byzantine ranks of the job cannot make one up). Then all of them
+//! silent one in. Each member then posts the new roster (the agreed epoch and a nonce that
+//! names the new world's keys, the members' and admitted ranks, the knock each saw), and the
+//! restarted rank takes the roster that `f + 1` ranks of the job posted alike with its own
+//! knock in it (the job's `f` Byzantine ranks cannot make one up). Then all of them
 //! connect a fresh transport, the one the configuration names, through the store's posts
 //! ([`StoreClient::among`]): ranks renumbered in job-rank order, the job-wide parameters
 //! compared as at setup, [`Communicator::job_ranks`] and [`Communicator::epoch`] saying who
-//! is who. The old communicator stays usable until the caller drops it.
+//! is who; the members agree on the old communicator that all of them joined before any takes
+//! the new one. The old communicator stays usable until the caller drops it.
 //!
 //! What the restarted rank's model state should be is the application's business (torchft
 //! sends it from a healthy replica; a checkpoint does too): byzcoll admits the rank, it does
@@ -23,6 +24,13 @@
 //!
 //! The store must outlive the restarted rank's death: the launcher hosts it
 //! (`BYZCOLL_STORE_HOSTED=1`, what `byzcoll launch` does), or rank 0 does and did not die.
+//!
+//! Knocks and rosters are posted in the poster's authenticated name: under per-rank keys no
+//! process can knock or post as another rank. Under the shared secret alone an insider can,
+//! as it can register as another rank at setup. A rank ejected as a convicted shard owner
+//! (`Communicator::shrink`) that knocks is admitted like any other: the members' fault memory
+//! does not outlive the communicator, so an application that must keep it out does not admit
+//! at all, or checks [`Admission::Admitted`]'s ranks.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -40,8 +48,10 @@ const KNOCK: &str = "byzcoll/rejoin";
 const ROSTER: &str = "byzcoll/admit";
 const KNOCK_MAGIC: &[u8; 4] = b"BZKN";
 const ROSTER_MAGIC: &[u8; 4] = b"BZAD";
-/// How often a restarted rank reads the members' rosters while it waits.
-const POLL: Duration = Duration::from_millis(50);
+/// How soon a restarted rank reads the members' rosters again while it waits, at first; the
+/// pause doubles up to [`MAX_POLL`].
+const POLL: Duration = Duration::from_millis(20);
+const MAX_POLL: Duration = Duration::from_millis(500);
 
 /// What [`admit`] did.
 #[derive(Debug)]
@@ -83,54 +93,109 @@ pub async fn admit(comm: &mut Communicator, config: &JobConfig) -> Result<Admiss
             comm.job_ranks().get(comm.rank())
         )));
     }
-    let members = comm.job_ranks().to_vec();
-    // What this member saw: a 1 for each job rank outside the communicator that knocks, and
-    // its epoch (the same on every member).
-    let mut seen = vec![0.0f64; job + 1];
+    let mut member = vec![false; job];
+    for &r in comm.job_ranks() {
+        if let Some(m) = member.get_mut(r) {
+            *m = true;
+        }
+    }
+    // What this member saw: a 1 for each job rank outside the communicator that knocks, then
+    // its epoch (the same on every member) and a random number, whose agreed median names the
+    // new world's keys in the store (a retry never meets a failed attempt's posts). A read
+    // that fails votes no: every member takes part in the agreement whatever its store did.
+    let mut seen = vec![0.0f64; job + 2];
     let mut knocks: HashMap<Rank, Vec<u8>> = HashMap::new();
-    for r in (0..job).filter(|r| !members.contains(r)) {
-        if let Some(knock) = store.read(r, KNOCK).await? {
-            if knock.len() == 4 + 32 && &knock[..4] == KNOCK_MAGIC {
-                seen[r] = 1.0;
-                knocks.insert(r, knock.to_vec());
-            }
+    for r in (0..job).filter(|&r| !member[r]) {
+        if let Some(knock) = read_knock(&store, r).await {
+            seen[r] = 1.0;
+            knocks.insert(r, knock);
         }
     }
     seen[job] = comm.epoch() as f64;
+    let nonce = JobSecret::generate()?.to_bytes();
+    seen[job + 1] = (u64::from_le_bytes(nonce[..8].try_into().unwrap_or_default()) >> 12) as f64;
+    agree(comm, &mut seen).await?;
+    let admitted: Vec<Rank> = (0..job).filter(|&r| !member[r] && seen[r] >= 0.5).collect();
+    if admitted.is_empty() {
+        return Ok(Admission::Nobody);
+    }
+    // A knock this member had not seen yet (it came while the members read): read it again,
+    // so that the roster it posts names it as the others' do.
+    for &r in &admitted {
+        if let std::collections::hash_map::Entry::Vacant(entry) = knocks.entry(r) {
+            if let Some(knock) = read_knock(&store, r).await {
+                entry.insert(knock);
+            }
+        }
+    }
+    let roster = Roster {
+        epoch: (seen[job].max(0.0).round() as u64).saturating_add(1),
+        nonce: seen[job + 1].max(0.0).round() as u64,
+        world: (0..job)
+            .filter(|&r| member[r] || admitted.contains(&r))
+            .collect(),
+        knocks: admitted
+            .iter()
+            .filter_map(|r| Some((*r, knocks.get(r)?.clone())))
+            .collect(),
+    };
+    let posted = store.post(ROSTER, &roster.encode()).await;
+    tracing::info!(
+        rank = me,
+        ?admitted,
+        epoch = roster.epoch,
+        "admitting restarted ranks"
+    );
+    let joined = match posted {
+        Ok(()) => join_world(config, &store, &roster).await,
+        Err(e) => Err(e.into()),
+    };
+    // Whether every member joined, agreed on the old communicator: members never go on in
+    // different communicators (one whose join failed while the others' succeeded, say).
+    let mut ok = [f64::from(u8::from(joined.is_ok()))];
+    agree(comm, &mut ok).await?;
+    match (joined, ok[0] >= 0.5) {
+        (Ok(mut grown), true) => {
+            grown.keep_alive_of(comm);
+            Ok(Admission::Admitted {
+                comm: Box::new(grown),
+                admitted,
+                epoch: roster.epoch,
+            })
+        }
+        (Err(e), _) => Err(e),
+        (Ok(_), false) => Err(BootstrapError::Store(format!(
+            "admit: the members could not all join the world {:?} at epoch {}; they keep \
+             this communicator",
+            roster.world, roster.epoch
+        ))
+        .into()),
+    }
+}
+
+/// A gather-mode robust all-reduce of `v` under [`Agreement::Enforce`](crate::Agreement),
+/// median with `f = (n - 1) / 3`: every honest member ends with the same vector.
+async fn agree(comm: &mut Communicator, v: &mut [f64]) -> Result<()> {
     let f = comm.size().saturating_sub(1) / 3;
     let saved = comm.config().agreement;
     comm.set_agreement(crate::Agreement::Enforce);
     let agreed = comm
-        .robust_all_reduce(&mut seen, &Median::new(f), crate::Policy::Gather)
+        .robust_all_reduce(v, &Median::new(f), crate::Policy::Gather)
         .await;
     comm.set_agreement(saved);
-    agreed?;
-    let admitted: Vec<Rank> = (0..job)
-        .filter(|r| !members.contains(r) && seen[*r] >= 0.5)
-        .collect();
-    if admitted.is_empty() {
-        return Ok(Admission::Nobody);
+    agreed.map(drop)
+}
+
+/// Job rank `r`'s knock, if it has one posted (a failed read is none).
+async fn read_knock(store: &StoreClient, r: Rank) -> Option<Vec<u8>> {
+    match store.read(r, KNOCK).await {
+        Ok(Some(k)) if k.len() == 4 + 32 && &k[..4] == KNOCK_MAGIC => Some(k.to_vec()),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(rank = r, error = %e, "admit: cannot read its knock");
+            None
+        }
     }
-    let epoch = (seen[job].max(0.0).round() as u64).saturating_add(1);
-    let mut world: Vec<Rank> = members.iter().copied().chain(admitted.clone()).collect();
-    world.sort_unstable();
-    let roster = Roster {
-        epoch,
-        world: world.clone(),
-        knocks: admitted
-            .iter()
-            .map(|r| (*r, knocks.get(r).cloned().unwrap_or_default()))
-            .collect(),
-    };
-    store.post(ROSTER, &roster.encode()).await?;
-    tracing::info!(rank = me, ?admitted, epoch, "admitting restarted ranks");
-    let mut grown = join_world(config, &store, &world, epoch).await?;
-    grown.keep_alive_of(comm);
-    Ok(Admission::Admitted {
-        comm: Box::new(grown),
-        admitted,
-        epoch,
-    })
 }
 
 /// Rejoins the job `config` describes as its rank, after a restart: knocks in the store and
@@ -152,10 +217,15 @@ pub async fn rejoin(config: &JobConfig, wait: Duration) -> Result<Communicator> 
     store.post(KNOCK, &knock).await?;
     tracing::info!(rank = me, "knocking to rejoin");
     let deadline = Instant::now() + wait;
+    // A roster that at least `f + 1` ranks of the job posted alike (the job's `f` Byzantine
+    // ranks cannot make one up) with this rank's knock in it.
+    let needed = (job - 1) / 3 + 1;
+    let mut pause = POLL;
     let roster = loop {
-        let mut votes: HashMap<(u64, Vec<Rank>), Vec<Rank>> = HashMap::new();
+        let mut votes: HashMap<(u64, u64, Vec<Rank>), usize> = HashMap::new();
+        let mut rosters: HashMap<(u64, u64, Vec<Rank>), Roster> = HashMap::new();
         for r in (0..job).filter(|&r| r != me) {
-            let Some(posted) = store.read(r, ROSTER).await? else {
+            let Ok(Some(posted)) = store.read(r, ROSTER).await else {
                 continue;
             };
             let Some(roster) = Roster::decode(&posted, job) else {
@@ -163,33 +233,37 @@ pub async fn rejoin(config: &JobConfig, wait: Duration) -> Result<Communicator> 
             };
             let mine = roster.knocks.iter().any(|(k, n)| *k == me && *n == knock);
             if mine && roster.world.contains(&r) && roster.world.contains(&me) {
-                votes
-                    .entry((roster.epoch, roster.world))
-                    .or_default()
-                    .push(r);
+                let key = (roster.epoch, roster.nonce, roster.world.clone());
+                *votes.entry(key.clone()).or_default() += 1;
+                rosters.entry(key).or_insert(roster);
             }
         }
-        let enough = votes.into_iter().find(|((_, world), voters)| {
-            let n = world.len();
-            2 * n > job && voters.len() >= n - 1 - (n - 1) / 3
-        });
-        if let Some(((epoch, world), _)) = enough {
-            break (epoch, world);
+        let enough = votes
+            .into_iter()
+            .filter(|(_, voters)| *voters >= needed)
+            .max_by_key(|((epoch, ..), _)| *epoch);
+        if let Some((key, _)) = enough {
+            if let Some(roster) = rosters.remove(&key) {
+                break roster;
+            }
         }
         if Instant::now() >= deadline {
+            // Not admitted: withdraw the knock, so that no later boundary admits a rank that
+            // is not waiting.
+            let _ = store.post(KNOCK, &[]).await;
             return Err(BootstrapError::Store(format!(
-                "rank {me}: no roster admitting it was posted by enough members within {wait:?} \
+                "rank {me}: no roster admitting it was posted by {needed} ranks within {wait:?} \
                  (the members admit at a boundary of theirs: byzcoll::admit)"
             ))
             .into());
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_POLL);
     };
     // Admitted: the knock is answered, so a later admit does not take this rank for a new one.
     store.post(KNOCK, &[]).await?;
-    let (epoch, world) = roster;
-    tracing::info!(rank = me, ?world, epoch, "rejoining");
-    join_world(config, &store, &world, epoch).await
+    tracing::info!(rank = me, world = ?roster.world, epoch = roster.epoch, "rejoining");
+    join_world(config, &store, &roster).await
 }
 
 /// This rank's client of the job's store, for a job joined through it.
@@ -211,15 +285,16 @@ fn store_of(config: &JobConfig) -> Result<StoreClient> {
     }
 }
 
-/// The communicator of the job ranks `world` (ascending, this one among them) at `epoch`,
-/// over a fresh transport of the configuration's kind, connected through the store's posts.
+/// The communicator of the world `roster` names (job ranks ascending, this one among them) at
+/// its epoch, over a fresh transport of the configuration's kind, connected through the
+/// store's posts under keys of that epoch and nonce.
 async fn join_world(
     config: &JobConfig,
     store: &StoreClient,
-    world: &[Rank],
-    epoch: u64,
+    roster: &Roster,
 ) -> Result<Communicator> {
-    let view = store.among(world, &format!("byzcoll/epoch{epoch}"))?;
+    let (world, epoch) = (&roster.world[..], roster.epoch);
+    let view = store.among(world, &format!("byzcoll/epoch{epoch}-{:x}", roster.nonce))?;
     let me = config.launch().rank;
     let rank = world.iter().position(|&r| r == me).ok_or_else(|| {
         Error::InvalidUsage(format!("job rank {me} is not in the world {world:?}"))
@@ -243,11 +318,12 @@ async fn join_world(
     Ok(comm)
 }
 
-/// A member's roster for the ranks it admits: the epoch, the new world (job ranks, ascending)
-/// and the knock it saw of each admitted rank.
+/// A member's roster for the ranks it admits: the epoch and the nonce (agreed), the new world
+/// (job ranks, ascending) and the knock it saw of each admitted rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Roster {
     epoch: u64,
+    nonce: u64,
     world: Vec<Rank>,
     knocks: Vec<(Rank, Vec<u8>)>,
 }
@@ -256,6 +332,7 @@ impl Roster {
     fn encode(&self) -> Vec<u8> {
         let mut out = ROSTER_MAGIC.to_vec();
         out.extend_from_slice(&self.epoch.to_le_bytes());
+        out.extend_from_slice(&self.nonce.to_le_bytes());
         out.extend_from_slice(&(self.world.len() as u32).to_le_bytes());
         for &r in &self.world {
             out.extend_from_slice(&(r as u32).to_le_bytes());
@@ -280,6 +357,7 @@ impl Roster {
         };
         let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
         let epoch = u64::from_le_bytes(take(8)?.try_into().ok()?);
+        let nonce = u64::from_le_bytes(take(8)?.try_into().ok()?);
         let count = word(take(4)?);
         if count == 0 || count > job {
             return None;
@@ -302,6 +380,7 @@ impl Roster {
         }
         at.is_empty().then_some(Roster {
             epoch,
+            nonce,
             world,
             knocks,
         })
@@ -316,6 +395,7 @@ mod tests {
     fn rosters_round_trip_and_garbage_is_refused() {
         let roster = Roster {
             epoch: 3,
+            nonce: 0xfeed,
             world: vec![0, 2, 5],
             knocks: vec![(5, b"BZKNxyz".to_vec())],
         };
@@ -336,6 +416,7 @@ mod tests {
         assert_eq!(Roster::decode(&unordered.encode(), 6), None);
         // A count no job holds is refused before anything is allocated for it.
         let mut huge = ROSTER_MAGIC.to_vec();
+        huge.extend_from_slice(&0u64.to_le_bytes());
         huge.extend_from_slice(&0u64.to_le_bytes());
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(Roster::decode(&huge, 6), None);

@@ -76,13 +76,18 @@ fn gpu(ordinal: usize) -> Result<Arc<Gpu>, Failure> {
     Ok(g)
 }
 
-/// A caller's device buffer as a `CudaSlice`, for the length of one call: dropping it gives the
-/// memory back to its owner (leaks the slice) rather than freeing it.
+/// A caller's device buffer as a `CudaSlice`, for the length of one call: dropping it waits for
+/// the work queued on it (an aborted or failed call may have left kernels writing to it) and
+/// gives the memory back to its owner (leaks the slice) rather than freeing it.
 struct Borrowed<E: GpuElement>(Option<CudaSlice<E>>);
 
 impl<E: GpuElement> Drop for Borrowed<E> {
     fn drop(&mut self) {
         if let Some(slice) = self.0.take() {
+            // On success the call has synchronized already and reported any error; on
+            // failure it reports its own, and this wait only keeps the buffer from being
+            // handed back while kernels still write to it.
+            let _ = slice.stream().synchronize();
             slice.leak();
         }
     }

@@ -222,6 +222,8 @@ pub async fn launch(options: LaunchOptions) -> Result<LaunchOutcome, LaunchError
                         restarts,
                         if restarts == 1 { "" } else { "s" }
                     ));
+                    // What the dead rank started goes with it.
+                    signal_groups(&groups[rank..=rank], libc::SIGKILL);
                     match spawner.start(rank, true, &exits, &mut printers) {
                         Ok(pgid) => {
                             groups[rank] = pgid;
@@ -313,7 +315,6 @@ impl Spawner<'_> {
             .env("BYZCOLL_STORE", self.store)
             .env("BYZCOLL_STORE_HOSTED", "1")
             .env("BYZCOLL_SECRET", &self.secret)
-            .env("BYZCOLL_REJOIN", if rejoin { "1" } else { "0" })
             .env_remove("BYZCOLL_SECRET_FILE")
             .env_remove("BYZCOLL_ALLOW_UNAUTHENTICATED")
             .env_remove("BYZCOLL_KEY_FILE")
@@ -324,6 +325,9 @@ impl Spawner<'_> {
                 .env("BYZCOLL_ROSTER_FILE", roster);
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            // After the caller's environment: whether this start is a restart is the
+            // launcher's to say.
+            .env("BYZCOLL_REJOIN", if rejoin { "1" } else { "0" })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -480,6 +480,9 @@ struct PyCommunicator {
     /// The communicator and its runtime (shared with the communicators made from this one,
     /// `shrink`); dropped by `Drop` alone.
     inner: ManuallyDrop<BlockingComm>,
+    /// The job configuration it joined with (`init`; kept by the communicators made from it),
+    /// which `admit` admits through; `None` for an all-gather join, which has no store.
+    job: Option<std::sync::Arc<JobConfig>>,
 }
 
 impl Drop for PyCommunicator {
@@ -499,7 +502,14 @@ impl PyCommunicator {
     fn new(runtime: std::sync::Arc<tokio::runtime::Runtime>, comm: Communicator) -> Self {
         PyCommunicator {
             inner: ManuallyDrop::new(BlockingComm::new(runtime, comm)),
+            job: None,
         }
+    }
+
+    /// This communicator, joined with `job`.
+    fn with_job(mut self, job: Option<std::sync::Arc<JobConfig>>) -> Self {
+        self.job = job;
+        self
     }
 
     /// Runs a collective with the GIL released, as a task on the runtime's worker threads (as a
@@ -849,7 +859,7 @@ impl PyCommunicator {
                 r
             })
         })?;
-        Ok(PyCommunicator::new(self.inner.runtime().clone(), sub))
+        Ok(PyCommunicator::new(self.inner.runtime().clone(), sub).with_job(self.job.clone()))
     }
 
     /// Admits the restarted ranks that knocked (a process started with BYZCOLL_REJOIN=1, as
@@ -858,11 +868,16 @@ impl PyCommunicator {
     /// The members agree, tolerating f = (n - 1) / 3 Byzantine members, on whom to admit.
     /// Returns None when nobody knocked, else `(communicator, admitted, epoch)`: the new
     /// communicator of the members and the admitted job ranks, in job-rank order (`job_ranks`),
-    /// at the new `epoch`. This communicator stays usable. The job's configuration is read from
-    /// the environment, as `byzcoll.init()` read it.
+    /// at the new `epoch`. This communicator stays usable. A communicator joined through
+    /// `init_with_allgather` has no store to admit through (InvalidUsage).
     #[allow(clippy::type_complexity)]
     fn admit(&self, py: Python<'_>) -> PyResult<Option<(PyCommunicator, Vec<usize>, u64)>> {
-        let config = JobConfig::from_env().map_err(|e| to_py(py, e))?;
+        let Some(job) = self.job.clone() else {
+            return Err(InvalidUsage::new_err(
+                "admit: this communicator was not joined through the job's store (byzcoll.init)",
+            ));
+        };
+        let config = job.clone();
         let admission = self.run(py, move |c| {
             Box::pin(async move {
                 let r = byzcoll::admit(c, &config).await;
@@ -876,7 +891,8 @@ impl PyCommunicator {
                 admitted,
                 epoch,
             } => {
-                let comm = PyCommunicator::new(self.inner.runtime().clone(), *comm);
+                let comm =
+                    PyCommunicator::new(self.inner.runtime().clone(), *comm).with_job(Some(job));
                 Ok(Some((comm, admitted, epoch)))
             }
             other => Err(PyRuntimeError::new_err(format!(
@@ -929,10 +945,11 @@ impl PyCommunicator {
 #[pyfunction]
 fn init(py: Python<'_>) -> PyResult<PyCommunicator> {
     let rt = runtime()?;
+    let job = JobConfig::from_env().map_err(|e| to_py(py, e))?;
     let comm = py
-        .detach(|| rt.block_on(byzcoll::init()))
+        .detach(|| rt.block_on(byzcoll::init_with(&job)))
         .map_err(|e| to_py(py, e))?;
-    Ok(PyCommunicator::new(std::sync::Arc::new(rt), comm))
+    Ok(PyCommunicator::new(std::sync::Arc::new(rt), comm).with_job(Some(std::sync::Arc::new(job))))
 }
 
 /// Joins a `size`-rank job as `rank` through `allgather(record: bytes) -> list[bytes]`, which

@@ -501,8 +501,10 @@ impl StoreClient {
     /// other such world of the job: values of another never meet it): its all-gathers go
     /// through posts and reads of the members alone, so transports connect through it as
     /// through the job's store, and its [`auth`](StoreClient::auth) is the job's for that world
-    /// ([`JobAuth::among`]). Each read that finds nothing is tried again every 10 ms until the
-    /// timeout. Requests still authenticate as this rank of the job.
+    /// ([`JobAuth::among`]). A read that finds nothing is tried again after a pause that
+    /// doubles from 5 ms to 100 ms, until the timeout. Requests still authenticate as this
+    /// rank of the job (each read is a connection and a handshake: fine for the worlds a
+    /// rejoin builds, not for thousands of ranks).
     ///
     /// # Errors
     /// [`BootstrapError::Auth`] when `members` is not ascending, lies outside the job, or does
@@ -610,6 +612,7 @@ impl StoreClient {
         self.post(key, value).await?;
         let mut values: Vec<Option<Bytes>> = vec![None; among.members.len()];
         values[among.at] = Some(Bytes::copy_from_slice(value));
+        let mut pause = Duration::from_millis(5);
         loop {
             for (i, &member) in among.members.iter().enumerate() {
                 if values[i].is_none() {
@@ -629,7 +632,8 @@ impl StoreClient {
                     self.addr, self.timeout
                 )));
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
         }
     }
 
