@@ -51,7 +51,7 @@ pub use byzcoll_runtime::{
     IdentityMode, InputEvidence, MemoryKind, Payload, PeerFault, PeerHealth, Pending, Policy,
     Quorum, Rank, RecvOp, RecvOutcome, ReduceOp, Replicas, Result, RoundReport, RoundStats, SendOp,
     Step, Stragglers, Symptom, Transport, TransportError, AUTO_GATHER_MAX_BYTES,
-    AUTO_SHARDED_MIN_BYTES, LAGGARD_PROBE, LAGGARD_ROUNDS, OUTLYING_SCORE,
+    AUTO_SHARDED_MIN_BYTES, LAGGARD_PROBE, LAGGARD_PROBE_MAX, LAGGARD_ROUNDS, OUTLYING_SCORE,
 };
 
 /// The transports of this build, re-exported.

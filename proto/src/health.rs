@@ -72,12 +72,25 @@ impl PeerHealth {
 /// late does not cost every round a grace. One round in time makes it a peer like any other.
 pub const LAGGARD_ROUNDS: u32 = 2;
 
-/// Every this many rounds of a laggard's streak, a round waits for it through the grace again
-/// (a probe): a rank that was merely the last to arrive (the farthest one, or one back from a
-/// stall, whose input comes a moment after the others') is taken again once it arrives within
-/// the grace, rather than left out for as long as it stays the last. A rank that is really slow
-/// costs a grace every this many rounds.
+/// A laggard is probed after this many rounds of its streak, then after twice as many, and so
+/// on up to every [`LAGGARD_PROBE_MAX`] rounds ([`is_probe`]): the probe round waits for it
+/// through the grace again, so a rank that was merely the last to arrive (the farthest one, or
+/// one back from a stall, whose input comes a moment after the others') is taken again once it
+/// arrives within the grace, rather than left out for as long as it stays the last. A rank that
+/// is really slow costs a grace at each probe: rarely, once its streak is long.
 pub const LAGGARD_PROBE: u32 = 4;
+
+/// The longest gap between two probes of a laggard ([`LAGGARD_PROBE`]).
+pub const LAGGARD_PROBE_MAX: u32 = 32;
+
+/// Whether a laggard late in each of its last `streak` rounds is probed in the next one:
+/// `streak` is [`LAGGARD_PROBE`] times a power of two, or a multiple of [`LAGGARD_PROBE_MAX`].
+pub fn is_probe(streak: u32) -> bool {
+    streak.is_multiple_of(LAGGARD_PROBE_MAX)
+        || (streak >= LAGGARD_PROBE
+            && streak.is_multiple_of(LAGGARD_PROBE)
+            && (streak / LAGGARD_PROBE).is_power_of_two())
+}
 
 /// The health of every peer of a communicator, as one rank saw it.
 #[derive(Debug, Clone)]
@@ -108,9 +121,9 @@ impl Health {
     }
 
     /// The peers late in each of the last [`LAGGARD_ROUNDS`] robust rounds or more, but for
-    /// those due a probe ([`LAGGARD_PROBE`]).
+    /// those due a probe ([`is_probe`]).
     pub fn laggards(&self) -> Vec<Rank> {
-        let laggard = |k: u32| k >= LAGGARD_ROUNDS && !k.is_multiple_of(LAGGARD_PROBE);
+        let laggard = |k: u32| k >= LAGGARD_ROUNDS && !is_probe(k);
         self.peers
             .iter()
             .filter(|p| matches!(p.streak, Some((Symptom::Late, k)) if laggard(k)))
@@ -256,18 +269,15 @@ mod tests {
         assert_eq!(h.laggards(), [2]);
         h.record(&report(&[(2, Fault::Late)], &[]));
         assert_eq!(h.laggards(), [2]);
-        // Late round after round: every LAGGARD_PROBE-th round waits for it again.
+        // Late round after round: probed after 4, 8, 16, then every 32 rounds of its streak.
         let mut probes = Vec::new();
-        for k in LAGGARD_ROUNDS + 2..=3 * LAGGARD_PROBE {
+        for k in LAGGARD_ROUNDS + 2..=100 {
             h.record(&report(&[(2, Fault::Late)], &[]));
             if h.laggards().is_empty() {
                 probes.push(k);
             }
         }
-        assert_eq!(
-            probes,
-            [LAGGARD_PROBE, 2 * LAGGARD_PROBE, 3 * LAGGARD_PROBE]
-        );
+        assert_eq!(probes, [4, 8, 16, 32, 64, 96]);
         h.record(&report(&[], &[]));
         assert_eq!(h.laggards(), Vec::<Rank>::new());
     }

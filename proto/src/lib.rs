@@ -28,7 +28,9 @@ pub use attribution::{Attribution, InputEvidence, OUTLYING_SCORE};
 pub use error::{
     BootstrapError, Error, ErrorKind, Fault, Faults, PeerFault, Result, TransportError,
 };
-pub use health::{Health, PeerHealth, Symptom, LAGGARD_PROBE, LAGGARD_ROUNDS};
+pub use health::{
+    is_probe, Health, PeerHealth, Symptom, LAGGARD_PROBE, LAGGARD_PROBE_MAX, LAGGARD_ROUNDS,
+};
 pub use ids::{Grace, MsgKey, Quorum, Rank, RecvOp, Tag, STREAM_BITS};
 pub use policy::{
     Agreement, AgreementReport, IdentityMode, Policy, Replicas, RoundReport, RoundStats,

@@ -30,7 +30,7 @@ pub use byzcoll_proto::{
     Result, RoundReport, RoundStats, Stragglers, Tag, TransportError, AUTO_GATHER_MAX_BYTES,
     AUTO_SHARDED_MIN_BYTES, OUTLYING_SCORE, STREAM_BITS, SUB_ROUND_BYTES,
 };
-pub use byzcoll_proto::{PeerHealth, Symptom, LAGGARD_PROBE, LAGGARD_ROUNDS};
+pub use byzcoll_proto::{PeerHealth, Symptom, LAGGARD_PROBE, LAGGARD_PROBE_MAX, LAGGARD_ROUNDS};
 pub use calls::call_fingerprint;
 pub use comm::{Communicator, ReduceOp, DOUBLING_MAX_BYTES, RING_PARTS, RING_PART_BYTES};
 pub use config::{
