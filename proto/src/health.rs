@@ -8,6 +8,8 @@
 //! one marked unhealthy by lying about it. It is evidence for the application and for the
 //! communicator's own choices, never an accusation acted on by itself.
 
+use std::collections::BTreeMap;
+
 use crate::{Fault, InputEvidence, PeerFault, Rank, Result, RoundReport, OUTLYING_SCORE};
 
 /// What this rank has seen of one peer (`Communicator::health`).
@@ -92,31 +94,34 @@ pub fn is_probe(streak: u32) -> bool {
             && (streak / LAGGARD_PROBE).is_power_of_two())
 }
 
-/// The health of every peer of a communicator, as one rank saw it.
+/// The health of every peer of a communicator, as one rank saw it. Only the peers ever at
+/// fault or measured are held (a simulated job of thousands of ranks keeps one per rank); the
+/// others are healthy with nothing counted.
 #[derive(Debug, Clone)]
 pub struct Health {
-    peers: Vec<PeerHealth>,
+    size: usize,
+    peers: BTreeMap<Rank, PeerHealth>,
 }
 
 impl Health {
     /// Every one of `size` ranks healthy.
     pub fn new(size: usize) -> Self {
         Health {
-            peers: (0..size)
-                .map(|rank| PeerHealth {
-                    rank,
-                    ..PeerHealth::default()
-                })
-                .collect(),
+            size,
+            peers: BTreeMap::new(),
         }
     }
 
-    /// Every peer but `me`.
+    /// Every peer but `me`, in rank order.
     pub fn of_peers(&self, me: Rank) -> Vec<PeerHealth> {
-        self.peers
-            .iter()
-            .filter(|p| p.rank != me)
-            .cloned()
+        (0..self.size)
+            .filter(|&r| r != me)
+            .map(|rank| {
+                self.peers.get(&rank).cloned().unwrap_or(PeerHealth {
+                    rank,
+                    ..PeerHealth::default()
+                })
+            })
             .collect()
     }
 
@@ -125,10 +130,20 @@ impl Health {
     pub fn laggards(&self) -> Vec<Rank> {
         let laggard = |k: u32| k >= LAGGARD_ROUNDS && !is_probe(k);
         self.peers
-            .iter()
+            .values()
             .filter(|p| matches!(p.streak, Some((Symptom::Late, k)) if laggard(k)))
             .map(|p| p.rank)
             .collect()
+    }
+
+    /// Peer `rank`'s entry, made healthy if it had none; `None` outside the communicator.
+    fn peer(&mut self, rank: Rank) -> Option<&mut PeerHealth> {
+        (rank < self.size).then(|| {
+            self.peers.entry(rank).or_insert_with(|| PeerHealth {
+                rank,
+                ..PeerHealth::default()
+            })
+        })
     }
 
     /// Records what one robust call (all its sub-rounds) showed of the peers.
@@ -159,27 +174,31 @@ impl Health {
         }) = outcome
         {
             for lie in &audit.convicted {
-                if let Some(peer) = self.peers.get_mut(lie.owner) {
+                if let Some(peer) = self.peer(lie.owner) {
                     peer.convicted += 1;
                 }
             }
         }
-        for peer in &mut self.peers {
-            let symptom = faults
-                .iter()
-                .find(|f| f.rank == peer.rank)
-                .map(|f| match f.fault {
-                    Fault::Late => Symptom::Late,
-                    Fault::Missing => Symptom::Missing,
-                    Fault::Malformed(_) | Fault::OutOfStep => Symptom::Malformed,
-                })
-                .or_else(|| {
-                    disagreeing
-                        .contains(&peer.rank)
-                        .then_some(Symptom::Disagreeing)
-                });
-            let Some(symptom) = symptom else {
+        // Each peer's symptom in this round (its first fault, else a disagreement).
+        let mut symptoms: BTreeMap<Rank, Symptom> = BTreeMap::new();
+        for &r in disagreeing {
+            symptoms.insert(r, Symptom::Disagreeing);
+        }
+        for f in faults.iter().rev() {
+            let symptom = match f.fault {
+                Fault::Late => Symptom::Late,
+                Fault::Missing => Symptom::Missing,
+                Fault::Malformed(_) | Fault::OutOfStep => Symptom::Malformed,
+            };
+            symptoms.insert(f.rank, symptom);
+        }
+        for peer in self.peers.values_mut() {
+            if !symptoms.contains_key(&peer.rank) {
                 peer.streak = None;
+            }
+        }
+        for (rank, symptom) in symptoms {
+            let Some(peer) = self.peer(rank) else {
                 continue;
             };
             match symptom {
@@ -194,14 +213,15 @@ impl Health {
             };
         }
     }
-}
 
-impl Health {
     fn record_evidence(&mut self, evidence: &[InputEvidence]) {
-        for (peer, e) in self.peers.iter_mut().zip(evidence) {
+        for (rank, e) in evidence.iter().enumerate() {
             if e.coordinates == 0 {
                 continue;
             }
+            let Some(peer) = self.peer(rank) else {
+                continue;
+            };
             peer.outlying += u64::from(e.score > OUTLYING_SCORE);
             peer.not_selected += u64::from(e.selected == Some(false));
             peer.score = Some(match peer.score {
