@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use byzcoll_runtime::bootstrap::keys::{self, KeyRoster};
-use byzcoll_runtime::bootstrap::{Identity, JobAuth, LaunchEnv, Launcher, MAX_WORLD};
+use byzcoll_runtime::bootstrap::{Identity, JobAuth, LaunchEnv, Launcher, StoreClient, MAX_WORLD};
 pub use byzcoll_runtime::MAX_STEP_TIMEOUT;
 
 use byzcoll_runtime::{parse_flag, parse_var, Lookup};
@@ -231,6 +231,19 @@ impl JobConfig {
     /// Rank, world size, local rank and store address.
     pub fn launch(&self) -> &LaunchEnv {
         &self.launch
+    }
+
+    /// A client of the job's rendezvous store as this rank, each request waiting as long as a
+    /// setup may ([`registry::setup_timeout`]); `None` without a store address or the job's
+    /// authentication (a world of one, an all-gather join).
+    pub(crate) fn store_client(&self) -> Option<StoreClient> {
+        Some(StoreClient::new(
+            self.launch.store.clone()?,
+            self.launch.rank,
+            self.launch.size,
+            registry::setup_timeout(&self.settings.comm),
+            self.auth.clone()?,
+        ))
     }
 
     /// The job's authentication; `None` in a world of one, which connects to nobody.

@@ -39,8 +39,6 @@ pub use oob::{init_with_allgather, AllGather, MAX_OOB_WORLD};
 pub use registry::{TransportInfo, TRANSPORTS};
 pub use rejoin::{admit, rejoin, Admission};
 
-use std::time::Duration;
-
 pub use byzcoll_aggregators as aggregators;
 /// CUDA aggregation rules (feature `cuda`).
 #[cfg(feature = "cuda")]
@@ -106,7 +104,7 @@ pub async fn init_with(config: &JobConfig) -> Result<Communicator> {
     if config.rejoins() {
         return rejoin(config, registry::setup_timeout(config.comm())).await;
     }
-    let rendezvous = rendezvous(config, registry::setup_timeout(config.comm())).await?;
+    let rendezvous = rendezvous(config).await?;
     let store = rendezvous.as_ref().map(|(client, _)| client);
     if let Some(store) = store {
         // Before any transport connects: a rank that chose a job-wide parameter differently
@@ -132,14 +130,12 @@ pub async fn init_with(config: &JobConfig) -> Result<Communicator> {
 
 /// The rendezvous store for a world larger than one, authenticated by the job's secret:
 /// hosted here when this is rank 0 and the launcher does not host it, and a client for it.
-async fn rendezvous(
-    config: &JobConfig,
-    timeout: Duration,
-) -> Result<Option<(StoreClient, Option<StoreServer>)>> {
+async fn rendezvous(config: &JobConfig) -> Result<Option<(StoreClient, Option<StoreServer>)>> {
     let launch = config.launch();
-    let (Some(store_addr), Some(auth)) = (launch.store.clone(), config.auth()) else {
+    let Some(client) = config.store_client() else {
         return Ok(None);
     };
+    let (store_addr, auth) = (client.addr(), client.auth());
     if !auth.is_authenticated() {
         tracing::warn!(
             rank = launch.rank,
@@ -149,7 +145,7 @@ async fn rendezvous(
     }
     let server = if launch.rank == 0 && !config.store_hosted() {
         Some(
-            StoreServer::bind(&store_addr, launch.size, auth.clone())
+            StoreServer::bind(store_addr, launch.size, auth.clone())
                 .await
                 .map_err(|e| {
                     BootstrapError::Store(format!(
@@ -160,10 +156,7 @@ async fn rendezvous(
     } else {
         None
     };
-    Ok(Some((
-        StoreClient::new(store_addr, launch.rank, launch.size, timeout, auth.clone()),
-        server,
-    )))
+    Ok(Some((client, server)))
 }
 
 /// The README's code blocks, compiled as doc tests so the embedding example cannot rot.

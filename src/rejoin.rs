@@ -222,8 +222,8 @@ pub async fn rejoin(config: &JobConfig, wait: Duration) -> Result<Communicator> 
     let needed = (job - 1) / 3 + 1;
     let mut pause = POLL;
     let roster = loop {
-        let mut votes: HashMap<(u64, u64, Vec<Rank>), usize> = HashMap::new();
-        let mut rosters: HashMap<(u64, u64, Vec<Rank>), Roster> = HashMap::new();
+        // The rosters posted with this rank's knock, by (epoch, nonce, world), and their posters.
+        let mut votes: HashMap<(u64, u64, Vec<Rank>), (usize, Roster)> = HashMap::new();
         for r in (0..job).filter(|&r| r != me) {
             let Ok(Some(posted)) = store.read(r, ROSTER).await else {
                 continue;
@@ -234,18 +234,15 @@ pub async fn rejoin(config: &JobConfig, wait: Duration) -> Result<Communicator> 
             let mine = roster.knocks.iter().any(|(k, n)| *k == me && *n == knock);
             if mine && roster.world.contains(&r) && roster.world.contains(&me) {
                 let key = (roster.epoch, roster.nonce, roster.world.clone());
-                *votes.entry(key.clone()).or_default() += 1;
-                rosters.entry(key).or_insert(roster);
+                votes.entry(key).or_insert((0, roster)).0 += 1;
             }
         }
         let enough = votes
-            .into_iter()
-            .filter(|(_, voters)| *voters >= needed)
-            .max_by_key(|((epoch, ..), _)| *epoch);
-        if let Some((key, _)) = enough {
-            if let Some(roster) = rosters.remove(&key) {
-                break roster;
-            }
+            .into_values()
+            .filter(|(voters, _)| *voters >= needed)
+            .max_by_key(|(_, roster)| roster.epoch);
+        if let Some((_, roster)) = enough {
+            break roster;
         }
         if Instant::now() >= deadline {
             // Not admitted: withdraw the knock, so that no later boundary admits a rank that
@@ -268,15 +265,8 @@ pub async fn rejoin(config: &JobConfig, wait: Duration) -> Result<Communicator> 
 
 /// This rank's client of the job's store, for a job joined through it.
 fn store_of(config: &JobConfig) -> Result<StoreClient> {
-    let launch = config.launch();
-    match (config.bootstrap(), &launch.store, config.auth()) {
-        (Bootstrap::Store, Some(addr), Some(auth)) => Ok(StoreClient::new(
-            addr.clone(),
-            launch.rank,
-            launch.size,
-            crate::registry::setup_timeout(config.comm()),
-            auth.clone(),
-        )),
+    match config.store_client() {
+        Some(client) if config.bootstrap() == Bootstrap::Store => Ok(client),
         _ => Err(Error::InvalidUsage(
             "a rejoin goes through the job's rendezvous store: a configuration of a job of \
              more than one rank joined with JobConfig::from_env or the builder"
