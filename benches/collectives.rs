@@ -8,6 +8,7 @@
 //! cargo bench --features ucx,libfabric --bench collectives -- --transports tcp,ucx,libfabric
 //! cargo bench --bench collectives -- --transports tcp,tcp+mac,tcp+off   # frame MACs, agreement off
 //! cargo bench --bench collectives -- --transports tcp+off,tcp,tcp+enforce  # agreement cost
+//! cargo bench --bench collectives -- --transports tcp,tcp+mt   # ranks on a multi-threaded runtime
 //! UCX_TLS=sm,self FI_PROVIDER=shm cargo bench --features ucx,libfabric --bench collectives -- --mpi-btl vader
 //! ```
 //!
@@ -19,7 +20,8 @@
 //! the caller's `UCX_TLS`, `UCX_NET_DEVICES`, `FI_PROVIDER` and `FI_*_IFACE` are honoured, and
 //! where unset the ranks get `UCX_TLS=tcp,self UCX_NET_DEVICES=lo` and
 //! `FI_PROVIDER='tcp;ofi_rxm'` with `FI_TCP_IFACE`, `FI_NET_IFACE`, `FI_SOCKETS_IFACE` and
-//! `FI_UDP_IFACE` set to `lo`. Each rep is timed as the slowest rank's time (an all-reduce MAX
+//! `FI_UDP_IFACE` set to `lo`. Each rank runs on a current-thread tokio runtime (the `+mt`
+//! variant: the multi-threaded one). Each rep is timed as the slowest rank's time (an all-reduce MAX
 //! of the per-rank times) after a barrier, after three untimed calls; the table shows the
 //! median of at least seven reps.
 //!
@@ -100,11 +102,11 @@ fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
         for variant in parts {
             match variant {
                 "mac" if name == "tcp" => {}
-                "off" | "enforce" | "ring" => {}
+                "off" | "enforce" | "ring" | "mt" => {}
                 _ => {
                     return Err(format!(
                         "--transports {spec}: unknown variant {variant:?} (tcp+mac, NAME+off, \
-                         NAME+enforce, NAME+ring)"
+                         NAME+enforce, NAME+ring, NAME+mt)"
                     ))
                 }
             }
@@ -145,6 +147,7 @@ fn transport_env(spec: &str) -> Vec<(String, String)> {
             "off" => env.push(("BYZCOLL_AGREEMENT".into(), "off".into())),
             "enforce" => env.push(("BYZCOLL_AGREEMENT".into(), "enforce".into())),
             "ring" => env.push(("BYZCOLL_DOUBLING_MAX_BYTES".into(), "0".into())),
+            "mt" => env.push(("BYZCOLL_BENCH_RUNTIME".into(), "multi_thread".into())),
             _ => {}
         }
     }
@@ -196,7 +199,9 @@ struct Cli {
     #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u32).range(0..=28))]
     max_exp: u32,
     /// Transports, comma-separated, each with optional variants: `tcp`, `tcp+mac`, `tcp+off`,
-    /// `ucx`, `libfabric` (default: every transport of this build but nccl).
+    /// `NAME+enforce`, `NAME+ring` (no recursive doubling), `NAME+mt` (the ranks on tokio's
+    /// multi-threaded runtime instead of a current-thread one), `ucx`, `libfabric` (default:
+    /// every transport of this build but nccl).
     #[arg(long)]
     transports: Option<String>,
     /// Open MPI's byte transfer layer for the anchor.
@@ -851,6 +856,22 @@ fn run_transport(
     }
 }
 
+/// The runtime a rank runs on: a current-thread runtime, where the collective and its
+/// transport's reader and writer tasks share the calling thread (what the README recommends),
+/// or with the `+mt` variant (`BYZCOLL_BENCH_RUNTIME=multi_thread`) tokio's multi-threaded
+/// one with two workers, where every frame crosses from a worker to the caller.
+fn rank_runtime() -> tokio::runtime::Runtime {
+    let mut builder = match std::env::var("BYZCOLL_BENCH_RUNTIME").as_deref() {
+        Ok("multi_thread") => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(2);
+            b
+        }
+        _ => tokio::runtime::Builder::new_current_thread(),
+    };
+    builder.enable_all().build().expect("tokio runtime")
+}
+
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
@@ -859,12 +880,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
     if std::env::var_os("BYZCOLL_RANK").is_some() {
+        let runtime = rank_runtime();
         return match runtime.block_on(worker(&args)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -873,6 +890,11 @@ fn main() -> ExitCode {
             }
         };
     }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     // A transport that fails does not stop the others; the bench still exits with its code.
     let mut ours = Vec::new();
     let mut first_failure = None;

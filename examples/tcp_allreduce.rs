@@ -124,7 +124,9 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-#[tokio::main]
+// One collective at a time: on a current-thread runtime the frames are read on the thread that
+// awaits them (the README's "Which runtime").
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     // byzcoll's warnings (refused connections, an unauthenticated job) on stderr; BYZCOLL_LOG
     // (e.g. `info`, `byzcoll=debug`) for more.

@@ -3,19 +3,27 @@
 //! on, runs each call to completion on it, aborts, and closes.
 //!
 //! A call runs in one of two ways: [`BlockingComm::run`] drives it on the calling thread (it
-//! may borrow the caller's buffers), [`BlockingComm::run_task`] as a task on the runtime's
-//! worker threads while the calling thread sleeps once until it is done (the caller hands
-//! over what it needs; Python releases the GIL meanwhile). Either way, one call at a time
-//! holds the communicator, [`BlockingComm::abort`] from another thread ends a call in
-//! progress and every later one, and a call that panicked closes the communicator (its
-//! numbering and mailboxes are mid-round, so it cannot go on in step with the other ranks).
+//! may borrow the caller's buffers), [`BlockingComm::run_task`] as a task that the calling
+//! thread drives until it is done (the caller hands over what it needs; Python releases the
+//! GIL meanwhile). Either way, one call at a time holds the communicator,
+//! [`BlockingComm::abort`] from another thread ends a call in progress and every later one,
+//! and a call that panicked closes the communicator (its numbering and mailboxes are
+//! mid-round, so it cannot go on in step with the other ranks).
+//!
+//! The runtime is a current-thread one ([`Runtime`]): the thread that makes a call runs the
+//! collective *and* the transport's reader and writer tasks, so no frame crosses a thread on
+//! its way from the socket to the round. A thread of the runtime's own drives it while a
+//! started call ([`BlockingComm::start`]) runs and no call does. On tokio's multi-threaded
+//! runtime every step of a small collective woke a worker thread for each frame and handed it
+//! to the caller: a 4-byte `all_reduce` on 4 ranks took 113-176 us against 29 us on a
+//! current-thread runtime (`docs/bench/PROFILE.md`, item 16).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use tokio::runtime::Runtime;
+use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
 use crate::{Communicator, Error, Rank};
@@ -57,16 +65,178 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// A tokio runtime for [`BlockingComm`]s: `worker_threads` threads named `byzcoll`.
+/// The runtime of [`BlockingComm`]s: a current-thread tokio runtime that the thread making a
+/// call drives while the call runs ([`Runtime::block_on`]), and a thread of its own, named
+/// `byzcoll`, drives while it has work in the background ([`Runtime::background`]: a started
+/// call, an all-gather join's connections) and no call drives it (see the module docs).
 ///
-/// # Errors
-/// When the threads cannot be started.
-pub fn runtime(worker_threads: usize) -> std::io::Result<Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(worker_threads.max(1))
-        .thread_name("byzcoll")
-        .enable_all()
-        .build()
+/// Between calls, with nothing in the background, nobody drives it: what peers send waits in
+/// the sockets, and what a quorum step left queued for a straggler is written during the next
+/// call. Handing the runtime over between threads at every call cost more than the call
+/// itself on an oversubscribed machine (a 4-byte all-reduce from Python, 4 ranks on 2 cores:
+/// 167 us against 79).
+///
+/// Dropping it stops its thread and then the runtime, which waits for its blocking threads.
+#[derive(Debug)]
+pub struct Runtime {
+    tokio: Arc<tokio::runtime::Runtime>,
+    control: Arc<Control>,
+    driver: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How the callers and the driving thread take turns at the runtime.
+#[derive(Debug, Default)]
+struct Control {
+    /// Callers that drive the runtime now or wait to: the driving thread hands it over while
+    /// there are any.
+    wanted: AtomicUsize,
+    /// Work in the background ([`Runtime::background`]): the driving thread drives the
+    /// runtime while there is some and no caller wants it.
+    background: AtomicUsize,
+    stop: AtomicBool,
+    /// Wakes the driving thread's future when it must hand the runtime over or stop.
+    hand_over: Notify,
+    /// Wakes the idle driving thread when it may have to drive again, or stop.
+    idle: Mutex<()>,
+    resume: Condvar,
+}
+
+impl Control {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Whether the driving thread should drive the runtime now.
+    fn drives(&self) -> bool {
+        self.background.load(Ordering::SeqCst) > 0 && self.wanted.load(Ordering::SeqCst) == 0
+    }
+
+    /// The driving thread: waits (off the runtime) until there is work in the background and
+    /// no caller drives, drives the runtime until that changes, and again, until stopped.
+    fn drive(&self, tokio: &tokio::runtime::Runtime) {
+        loop {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            while !self.stopped() && !self.drives() {
+                idle = self
+                    .resume
+                    .wait(idle)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            drop(idle);
+            if self.stopped() {
+                return;
+            }
+            tokio.block_on(async {
+                loop {
+                    let mut handed = pin!(self.hand_over.notified());
+                    handed.as_mut().enable();
+                    if self.stopped() || !self.drives() {
+                        return;
+                    }
+                    handed.await;
+                }
+            });
+        }
+    }
+
+    /// Wakes the driving thread wherever it is, to look again at what it should do.
+    fn wake(&self) {
+        self.hand_over.notify_one();
+        let _idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        self.resume.notify_all();
+    }
+}
+
+/// A caller's claim on the runtime ([`Runtime::block_on`]); dropping it, also by a panic,
+/// lets the driving thread take the runtime back if there is work in the background.
+struct Claim<'a>(&'a Control);
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let last = self.0.wanted.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last && self.0.background.load(Ordering::SeqCst) > 0 {
+            self.0.wake();
+        }
+    }
+}
+
+/// Work in the background ([`Runtime::background`]); dropping it ends it.
+#[derive(Debug)]
+pub struct Background(Arc<Control>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if self.0.background.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.wake();
+        }
+    }
+}
+
+impl Runtime {
+    /// A runtime with its driving thread started.
+    ///
+    /// # Errors
+    /// When the runtime or its thread cannot be started.
+    pub fn new() -> std::io::Result<Self> {
+        let tokio = Arc::new(
+            tokio::runtime::Builder::new_current_thread()
+                .thread_name("byzcoll")
+                .enable_all()
+                .build()?,
+        );
+        let control = Arc::new(Control::default());
+        let driver = std::thread::Builder::new().name("byzcoll".into()).spawn({
+            let (tokio, control) = (tokio.clone(), control.clone());
+            move || control.drive(&tokio)
+        })?;
+        Ok(Runtime {
+            tokio,
+            control,
+            driver: Some(driver),
+        })
+    }
+
+    /// Runs `future` to completion on the calling thread, which drives the runtime (its tasks
+    /// included) meanwhile: it takes the runtime over from the driving thread or another
+    /// caller as soon as they hand it over, and until then waits on `future` as a plain
+    /// thread would.
+    ///
+    /// # Panics
+    /// Inside an async context, as tokio's `block_on` does; and where `future` panics.
+    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        self.control.wanted.fetch_add(1, Ordering::SeqCst);
+        let _claim = Claim(&self.control);
+        if self.control.background.load(Ordering::SeqCst) > 0 {
+            self.control.hand_over.notify_one();
+        }
+        self.tokio.block_on(future)
+    }
+
+    /// Work in the background until the returned value is dropped: meanwhile the runtime's
+    /// own thread drives it whenever no call does, for tasks that no call awaits (a started
+    /// call, the connections that `Handle::block_on` waits for while the caller's thread
+    /// cannot drive the runtime).
+    pub fn background(&self) -> Background {
+        if self.control.background.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.control.wake();
+        }
+        Background(self.control.clone())
+    }
+
+    /// The runtime's handle (to spawn on it, or enter it).
+    pub fn handle(&self) -> &Handle {
+        self.tokio.handle()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.control.stop.store(true, Ordering::SeqCst);
+        self.control.wake();
+        if let Some(driver) = self.driver.take() {
+            let _ = driver.join();
+        }
+    }
 }
 
 /// A [`Communicator`] with the runtime it runs on, for blocking callers (see the module docs).
@@ -224,9 +394,8 @@ impl BlockingComm {
         }
     }
 
-    /// Runs a call as a task on the runtime's worker threads, as a Rust caller's would run,
-    /// after the calls made before it: the calling thread sleeps once until it is done,
-    /// rather than being woken at every step.
+    /// Runs a call as a task, after the calls made before it, and drives the runtime on the
+    /// calling thread until it is done.
     ///
     /// # Errors
     /// As [`BlockingComm::run`]; [`Refused::Panicked`] for a call that panicked, which closes
@@ -236,12 +405,13 @@ impl BlockingComm {
         T: Send + 'static,
         F: for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, crate::Result<T>> + Send + 'static,
     {
-        let call = self.spawn_call(op);
-        self.runtime.block_on(call)
+        // Spawned once this thread has claimed the runtime, so that the task waits for it
+        // rather than starting on the runtime's own thread.
+        self.runtime.block_on(async { self.spawn_call(op).await })
     }
 
-    /// Starts a call as a task on the runtime's worker threads, after the calls made before
-    /// it, and returns at once; `done` gets its outcome on a thread of the runtime's blocking
+    /// Starts a call as a task, after the calls made before it, and returns at once (the
+    /// runtime's own thread drives it while no call does); `done` gets its outcome on a thread of the runtime's blocking
     /// pool (where it may wait, say for an interpreter's lock, without holding up the
     /// transport).
     pub fn start<T, F>(&self, op: F, done: impl FnOnce(Result<T, Refused>) + Send + 'static)
@@ -249,10 +419,12 @@ impl BlockingComm {
         T: Send + 'static,
         F: for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, crate::Result<T>> + Send + 'static,
     {
+        let background = self.runtime.background();
         let call = self.spawn_call(op);
         let handle = self.runtime.handle().clone();
-        self.runtime.spawn(async move {
+        self.runtime.handle().spawn(async move {
             let result = call.await;
+            drop(background);
             let _ = handle.spawn_blocking(move || done(result)).await;
         });
     }
@@ -268,6 +440,7 @@ impl BlockingComm {
         let shared = self.shared.clone();
         let call = self
             .runtime
+            .handle()
             .spawn(async move { shared.call(ticket, async move |c| op(c).await).await });
         async move {
             match call.await {
@@ -316,7 +489,7 @@ impl BlockingComm {
         self.shared.aborted.store(true, Ordering::SeqCst);
         self.shared.abort.notify_waiters();
         let comm = self.shared.slot().take();
-        let _entered = self.runtime.enter();
+        let _entered = self.runtime.handle().enter();
         drop(comm);
     }
 
@@ -347,7 +520,7 @@ mod tests {
         LocalTransport::world(2)
             .into_iter()
             .map(|t| {
-                let rt = Arc::new(runtime(1).unwrap());
+                let rt = Arc::new(Runtime::new().unwrap());
                 let c = Communicator::new(Box::new(t), crate::Config::default());
                 BlockingComm::new(rt, c)
             })

@@ -9,7 +9,9 @@
 //! use byzcoll::aggregators::Median;
 //! use byzcoll::Policy;
 //!
-//! #[tokio::main]
+//! // One collective at a time: a current-thread runtime reads the frames on the thread that
+//! // awaits them (the README's "Which runtime").
+//! #[tokio::main(flavor = "current_thread")]
 //! async fn main() -> Result<(), byzcoll::Error> {
 //!     // Rank, world size and store address come from byzcoll launch, srun, mpirun or torchrun.
 //!     let mut comm = byzcoll::init().await?;

@@ -50,6 +50,10 @@ pub const MAX_OOB_WORLD: usize = byzcoll_runtime::bootstrap::MAX_WORLD;
 /// connections are authenticated with a secret that rank 0 draws and the all-gather
 /// distributes, so the job needs no `BYZCOLL_SECRET`.
 ///
+/// The calling thread waits on `runtime` (`Handle::block_on`) and cannot drive it: another
+/// thread must, as tokio's multi-threaded runtime does, or a [`crate::blocking::Runtime`]
+/// while it has work in the [`background`](crate::blocking::Runtime::background).
+///
 /// # Errors
 /// [`Error::InvalidUsage`] for a configuration made for another bootstrap than
 /// [`Bootstrap::AllGather`]; [`Error::Bootstrap`] when the callback fails, returns records out

@@ -205,7 +205,7 @@ unsafe fn guard_comm(
 }
 
 impl byzcoll_comm_t {
-    fn new(runtime: Arc<tokio::runtime::Runtime>, comm: Communicator) -> Box<Self> {
+    fn new(runtime: Arc<byzcoll_rs::blocking::Runtime>, comm: Communicator) -> Box<Self> {
         Box::new(byzcoll_comm_t {
             inner: BlockingComm::new(runtime, comm),
             last_error: Mutex::default(),
@@ -235,8 +235,8 @@ impl byzcoll_comm_t {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
-    byzcoll_rs::blocking::runtime(2)
+fn runtime() -> Result<byzcoll_rs::blocking::Runtime, Failure> {
+    byzcoll_rs::blocking::Runtime::new()
         .map_err(|e| Failure::new(BYZCOLL_INTERNAL, format!("cannot start threads: {e}")))
 }
 
@@ -420,7 +420,11 @@ pub unsafe extern "C" fn byzcoll_init_oob(
                     Err(format!("the allgather callback returned {rc}"))
                 }
             };
+            // The join waits on the runtime from this thread (`Handle::block_on`), which
+            // cannot drive it: the runtime's own thread does meanwhile.
+            let background = runtime.background();
             let c = byzcoll_rs::init_with_allgather(&job, &mut gather, runtime.handle())?;
+            drop(background);
             Ok(byzcoll_comm_t::new(Arc::new(runtime), c))
         })
     }

@@ -499,7 +499,7 @@ impl Drop for PyCommunicator {
 }
 
 impl PyCommunicator {
-    fn new(runtime: std::sync::Arc<tokio::runtime::Runtime>, comm: Communicator) -> Self {
+    fn new(runtime: std::sync::Arc<byzcoll::blocking::Runtime>, comm: Communicator) -> Self {
         PyCommunicator {
             inner: ManuallyDrop::new(BlockingComm::new(runtime, comm)),
             job: None,
@@ -512,9 +512,9 @@ impl PyCommunicator {
         self
     }
 
-    /// Runs a collective with the GIL released, as a task on the runtime's worker threads (as a
-    /// Rust caller's would run): the calling thread sleeps once until it is done, instead of
-    /// being woken at every step of the collective. `op` gets the communicator and gives it back.
+    /// Runs a collective with the GIL released, as a task that the calling thread drives, with
+    /// the transport's tasks, until it is done (`BlockingComm::run_task`). `op` gets the
+    /// communicator and gives it back.
     fn run<T, F>(&self, py: Python<'_>, op: F) -> PyResult<T>
     where
         T: Send + 'static,
@@ -556,8 +556,9 @@ fn reduce_op(name: &str) -> PyResult<ReduceOp> {
     }
 }
 
-fn runtime() -> PyResult<tokio::runtime::Runtime> {
-    byzcoll::blocking::runtime(1).map_err(|e| Error::new_err(format!("cannot start threads: {e}")))
+fn runtime() -> PyResult<byzcoll::blocking::Runtime> {
+    byzcoll::blocking::Runtime::new()
+        .map_err(|e| Error::new_err(format!("cannot start threads: {e}")))
 }
 
 fn rule(name: &str, f: usize, m: Option<usize>, tau: Option<f64>) -> PyResult<Box<dyn Aggregator>> {
@@ -989,8 +990,12 @@ fn init_with_allgather(
             .map_err(|e| format!("allgather returned something else than a list of bytes: {e}"))?;
         Ok(parts.concat())
     };
+    // The join waits on the runtime from this thread (`Handle::block_on`), which cannot drive
+    // it: the runtime's own thread does meanwhile.
+    let background = rt.background();
     let comm = byzcoll::init_with_allgather(&config, &mut gather, rt.handle())
         .map_err(|e| to_py(py, e))?;
+    drop(background);
     Ok(PyCommunicator::new(std::sync::Arc::new(rt), comm))
 }
 
