@@ -6,7 +6,10 @@
 //! cargo bench --features ucx,libfabric --bench p2p       # 8 B .. 64 MiB
 //! cargo bench --features ucx --bench p2p -- --max-exp 22 --no-anchor
 //! cargo bench --features ucx,libfabric --bench p2p -- --only ucx-sm,fi-shm --window 1
+//! cargo bench --features ucx,libfabric --bench p2p -- --max-exp 3 --multi-thread
 //! ```
+//!
+//! The ranks run on a current-thread tokio runtime (`--multi-thread`: the multi-threaded one).
 //!
 //! Two ranks on 127.0.0.1 (UCX pinned with `UCX_NET_DEVICES=lo`). Latency: ping-pong of 8-byte
 //! messages, reported one way (half the round trip). Bandwidth: rank 0 sends windows of 8
@@ -44,6 +47,10 @@ struct Args {
     /// Skip ucx_perftest and fi_pingpong.
     #[arg(long = "no-anchor", action = clap::ArgAction::SetFalse)]
     anchor: bool,
+    /// Run the ranks on tokio's multi-threaded runtime (two workers) instead of a
+    /// current-thread one, where the awaiting task reads its frames itself.
+    #[arg(long)]
+    multi_thread: bool,
     /// Messages per step in the bandwidth test.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     window: u32,
@@ -374,11 +381,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = if args.multi_thread || std::env::var_os("BYZCOLL_RANK").is_none() {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+    .expect("tokio runtime");
     if std::env::var_os("BYZCOLL_RANK").is_some() {
         return match runtime.block_on(worker(&args)) {
             Ok(()) => ExitCode::SUCCESS,
