@@ -424,8 +424,9 @@ impl BlockingComm {
         let handle = self.runtime.handle().clone();
         self.runtime.handle().spawn(async move {
             let result = call.await;
+            // Not awaited: nothing may need to drive the runtime once the call is done.
+            drop(handle.spawn_blocking(move || done(result)));
             drop(background);
-            let _ = handle.spawn_blocking(move || done(result)).await;
         });
     }
 
@@ -581,6 +582,35 @@ mod tests {
             ));
             assert!(matches!(c.run_task(sum(1.0)), Err(Refused::Closed)));
             assert_eq!((c.rank(), c.size()), (me, 2));
+        }
+    }
+
+    /// A started call completes with no other call to drive the runtime: its own thread
+    /// does, on every rank; and a call made meanwhile takes the runtime over and runs after it.
+    #[test]
+    fn started_calls_complete_on_the_runtime_s_own_thread() {
+        let comms = pair();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let (tx, rx) = std::sync::mpsc::channel();
+                        let x = 1.0 + c.rank() as f32;
+                        c.start(sum(x), move |r| tx.send(r.unwrap()).unwrap());
+                        let started = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+                        let (tx, rx) = std::sync::mpsc::channel();
+                        c.start(sum(10.0 * x), move |r| tx.send(r.unwrap()).unwrap());
+                        let after = c.run_task(sum(100.0 * x)).unwrap();
+                        let second = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+                        (started, second, after)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in &results {
+            assert_eq!(*r, (3.0, 30.0, 300.0));
         }
     }
 
