@@ -59,7 +59,7 @@ pub enum Bootstrap {
 /// | `BYZCOLL_AGREEMENT` | `off`, `detect`, `enforce` (job-wide) | `detect` |
 /// | `BYZCOLL_SUB_ROUND_BYTES` | most bytes one sub-round of a sharded all-reduce covers, 1 B to 1 TiB (job-wide) | 4 MiB |
 /// | `BYZCOLL_RING_PART_BYTES` | smallest part of a ring step sent as a step of its own, 1 B to 1 TiB (job-wide) | the runtime's |
-/// | `BYZCOLL_DOUBLING_MAX_BYTES` | largest all-reduce (bytes per rank) done by recursive doubling rather than the ring, 0 B to 1 TiB (job-wide) | 16 KiB |
+/// | `BYZCOLL_DOUBLING_MAX_BYTES` | largest all-reduce (bytes per rank) done by recursive doubling rather than the ring, 0 B to 1 TiB (job-wide) | 64 KiB |
 /// | `BYZCOLL_STORE_HOSTED` | `1`: the launcher hosts the store, rank 0 does not; `0`: rank 0 does | `0` |
 /// | `BYZCOLL_REJOIN` | `1`: this process restarts a rank that died, and [`crate::init_with`] rejoins the members' world ([`crate::rejoin`]); `0`: it starts with the job | `0` |
 ///

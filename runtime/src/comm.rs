@@ -583,7 +583,7 @@ impl Communicator {
 /// The largest vector (bytes per rank) [`Communicator::all_reduce`] reduces by recursive
 /// doubling rather than the ring: the crossover measured in `docs/bench/PROFILE.md`. Every rank
 /// passes the same length (the call's fingerprint holds it), so every rank picks alike.
-pub const DOUBLING_MAX_BYTES: usize = 16 << 10;
+pub const DOUBLING_MAX_BYTES: usize = 64 << 10;
 
 /// Recursive doubling: with `p` the largest power of two up to `n`, rank `p + i` first hands
 /// its vector to rank `i`; the `p` ranks then exchange with the partner at distance 1, 2, 4, ...
