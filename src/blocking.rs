@@ -541,34 +541,38 @@ mod tests {
         }
     }
 
+    /// `rank` run on every communicator, each on a thread of its own; their results in rank
+    /// order.
+    fn on_each<T: Send>(
+        comms: &[BlockingComm],
+        rank: impl Fn(&BlockingComm) -> T + Sync,
+    ) -> Vec<T> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = comms.iter().map(|c| s.spawn(|| rank(c))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
     /// Calls run in the order they are made, whichever way: three started (returning at once)
     /// then one on the caller's thread and one as a task; every rank's k-th call meets the
     /// other's. A closed communicator refuses calls and keeps its rank and size.
     #[test]
     fn calls_run_in_the_order_they_are_made_and_a_closed_communicator_refuses_them() {
         let comms = pair();
-        let results: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .iter()
-                .map(|c| {
-                    s.spawn(move || {
-                        let (tx, rx) = std::sync::mpsc::channel();
-                        for k in 0..3 {
-                            let tx = tx.clone();
-                            let x = (10 * k + c.rank()) as f32;
-                            c.start(sum(x), move |r| tx.send((k, r.unwrap())).unwrap());
-                        }
-                        let mut v = [100.0 + c.rank() as f32];
-                        c.run(async |comm| comm.all_reduce(&mut v, ReduceOp::Sum).await)
-                            .unwrap();
-                        let last = c.run_task(sum(1000.0)).unwrap();
-                        let mut started: Vec<_> = rx.iter().take(3).collect();
-                        started.sort_by_key(|&(k, _)| k);
-                        (started, v[0], last)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let results = on_each(&comms, |c| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            for k in 0..3 {
+                let tx = tx.clone();
+                let x = (10 * k + c.rank()) as f32;
+                c.start(sum(x), move |r| tx.send((k, r.unwrap())).unwrap());
+            }
+            let mut v = [100.0 + c.rank() as f32];
+            c.run(async |comm| comm.all_reduce(&mut v, ReduceOp::Sum).await)
+                .unwrap();
+            let last = c.run_task(sum(1000.0)).unwrap();
+            let mut started: Vec<_> = rx.iter().take(3).collect();
+            started.sort_by_key(|&(k, _)| k);
+            (started, v[0], last)
         });
         for (started, v, last) in &results {
             assert_eq!(started, &vec![(0, 1.0), (1, 21.0), (2, 41.0)]);
@@ -590,24 +594,16 @@ mod tests {
     #[test]
     fn started_calls_complete_on_the_runtime_s_own_thread() {
         let comms = pair();
-        let results: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .iter()
-                .map(|c| {
-                    s.spawn(move || {
-                        let (tx, rx) = std::sync::mpsc::channel();
-                        let x = 1.0 + c.rank() as f32;
-                        c.start(sum(x), move |r| tx.send(r.unwrap()).unwrap());
-                        let started = rx.recv_timeout(Duration::from_secs(30)).unwrap();
-                        let (tx, rx) = std::sync::mpsc::channel();
-                        c.start(sum(10.0 * x), move |r| tx.send(r.unwrap()).unwrap());
-                        let after = c.run_task(sum(100.0 * x)).unwrap();
-                        let second = rx.recv_timeout(Duration::from_secs(30)).unwrap();
-                        (started, second, after)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let results = on_each(&comms, |c| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let x = 1.0 + c.rank() as f32;
+            c.start(sum(x), move |r| tx.send(r.unwrap()).unwrap());
+            let started = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            c.start(sum(10.0 * x), move |r| tx.send(r.unwrap()).unwrap());
+            let after = c.run_task(sum(100.0 * x)).unwrap();
+            let second = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+            (started, second, after)
         });
         for r in &results {
             assert_eq!(*r, (3.0, 30.0, 300.0));
