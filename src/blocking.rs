@@ -76,10 +76,14 @@ impl std::fmt::Display for Refused {
 /// itself on an oversubscribed machine (a 4-byte all-reduce from Python, 4 ranks on 2 cores:
 /// 167 us against 79).
 ///
-/// Dropping it stops its thread and then the runtime, which waits for its blocking threads.
+/// Dropping it stops its thread and then the runtime, which cancels the tasks still running
+/// (started calls whose callbacks will not run, closes in the background) and waits for its
+/// blocking threads, unless it is dropped inside a runtime's context (on one of its blocking
+/// threads, say in a started call's callback), where it lets them finish on their own.
 #[derive(Debug)]
 pub struct Runtime {
-    tokio: Arc<tokio::runtime::Runtime>,
+    /// `None` only once dropped.
+    tokio: Option<Arc<tokio::runtime::Runtime>>,
     control: Arc<Control>,
     driver: Option<std::thread::JoinHandle<()>>,
 }
@@ -164,6 +168,15 @@ impl Drop for Claim<'_> {
 #[derive(Debug)]
 pub struct Background(Arc<Control>);
 
+impl Background {
+    fn new(control: Arc<Control>) -> Self {
+        if control.background.fetch_add(1, Ordering::SeqCst) == 0 {
+            control.wake();
+        }
+        Background(control)
+    }
+}
+
 impl Drop for Background {
     fn drop(&mut self) {
         if self.0.background.fetch_sub(1, Ordering::SeqCst) == 1 {
@@ -190,7 +203,7 @@ impl Runtime {
             move || control.drive(&tokio)
         })?;
         Ok(Runtime {
-            tokio,
+            tokio: Some(tokio),
             control,
             driver: Some(driver),
         })
@@ -209,7 +222,7 @@ impl Runtime {
         if self.control.background.load(Ordering::SeqCst) > 0 {
             self.control.hand_over.notify_one();
         }
-        self.tokio.block_on(future)
+        self.tokio().block_on(future)
     }
 
     /// Work in the background until the returned value is dropped: meanwhile the runtime's
@@ -217,15 +230,26 @@ impl Runtime {
     /// call, the connections that `Handle::block_on` waits for while the caller's thread
     /// cannot drive the runtime).
     pub fn background(&self) -> Background {
-        if self.control.background.fetch_add(1, Ordering::SeqCst) == 0 {
-            self.control.wake();
-        }
-        Background(self.control.clone())
+        Background::new(self.control.clone())
     }
 
     /// The runtime's handle (to spawn on it, or enter it).
     pub fn handle(&self) -> &Handle {
-        self.tokio.handle()
+        self.tokio().handle()
+    }
+
+    fn tokio(&self) -> &tokio::runtime::Runtime {
+        self.tokio
+            .as_deref()
+            .expect("the runtime is taken only when dropped")
+    }
+
+    /// What closes communicators in the background ([`Closer`]).
+    fn closer(&self) -> Closer {
+        Closer {
+            handle: self.handle().clone(),
+            control: self.control.clone(),
+        }
     }
 }
 
@@ -236,6 +260,35 @@ impl Drop for Runtime {
         if let Some(driver) = self.driver.take() {
             let _ = driver.join();
         }
+        let Some(tokio) = self.tokio.take().and_then(|t| Arc::try_unwrap(t).ok()) else {
+            return;
+        };
+        if Handle::try_current().is_ok() {
+            // Inside a runtime's context: on one of this runtime's own blocking threads (a
+            // started call's callback that dropped the last communicator), waiting for them
+            // would wait for itself, and in an async context tokio refuses to wait at all.
+            tokio.shutdown_background();
+        }
+    }
+}
+
+/// Closes communicators in the background ([`Communicator::close`]): the runtime's own thread
+/// drives the close while no call does, so that a communicator dropped by an abort or with
+/// its [`BlockingComm`] shuts its connections down (its peers then see this rank as missing
+/// at once) and writes what its last calls left queued, for as long as the runtime lives.
+#[derive(Debug, Clone)]
+struct Closer {
+    handle: Handle,
+    control: Arc<Control>,
+}
+
+impl Closer {
+    fn close(&self, comm: Communicator) {
+        let background = Background::new(self.control.clone());
+        self.handle.spawn(async move {
+            comm.close().await;
+            drop(background);
+        });
     }
 }
 
@@ -262,6 +315,7 @@ struct Shared {
     turn: Notify,
     aborted: AtomicBool,
     abort: Notify,
+    closer: Closer,
 }
 
 impl Shared {
@@ -307,8 +361,10 @@ impl Shared {
         tokio::select! {
             r = op(comm) => r.map_err(Refused::Failed),
             () = aborted => {
-                // Dropped mid-call: out of step with the other ranks, so it closes.
-                turn.comm = None;
+                // Ended mid-call: out of step with the other ranks, so it closes.
+                if let Some(comm) = turn.comm.take() {
+                    self.closer.close(comm);
+                }
                 Err(Refused::Aborted)
             }
         }
@@ -326,11 +382,12 @@ impl Drop for Turn<'_> {
     fn drop(&mut self) {
         match self.comm.take() {
             // A call that panicked leaves the communicator mid-round: it closes.
-            Some(_) if std::thread::panicking() => {}
+            Some(comm) if std::thread::panicking() => self.shared.closer.close(comm),
             Some(comm) if !self.shared.aborted.load(Ordering::SeqCst) => {
                 *self.shared.slot() = Some(comm);
             }
-            _ => {}
+            Some(comm) => self.shared.closer.close(comm),
+            None => {}
         }
         self.shared.serving.fetch_add(1, Ordering::SeqCst);
         self.shared.turn.notify_waiters();
@@ -343,7 +400,6 @@ impl BlockingComm {
         BlockingComm {
             rank: comm.rank(),
             size: comm.size(),
-            runtime,
             shared: Arc::new(Shared {
                 comm: Mutex::new(Some(comm)),
                 next: AtomicU64::new(0),
@@ -351,7 +407,9 @@ impl BlockingComm {
                 turn: Notify::new(),
                 aborted: AtomicBool::new(false),
                 abort: Notify::new(),
+                closer: runtime.closer(),
             }),
+            runtime,
         }
     }
 
@@ -405,8 +463,9 @@ impl BlockingComm {
         T: Send + 'static,
         F: for<'a> FnOnce(&'a mut Communicator) -> BoxFuture<'a, crate::Result<T>> + Send + 'static,
     {
-        // Spawned once this thread has claimed the runtime, so that the task waits for it
-        // rather than starting on the runtime's own thread.
+        // Spawned once this thread has claimed the runtime, so that the task usually runs on
+        // it (unless the runtime's own thread, driving a started call, starts it before it
+        // hands the runtime over).
         self.runtime.block_on(async { self.spawn_call(op).await })
     }
 
@@ -484,19 +543,32 @@ impl BlockingComm {
     }
 
     /// Aborts: a call in progress on another thread returns [`Refused::Aborted`], the
-    /// connections close at once (peers see this rank as missing), and every later call, and
-    /// every call waiting its turn, is refused the same way.
+    /// connections are shut down at once in the background (peers see this rank as missing),
+    /// and every later call, and every call waiting its turn, is refused the same way.
     pub fn abort(&self) {
         self.shared.aborted.store(true, Ordering::SeqCst);
         self.shared.abort.notify_waiters();
         let comm = self.shared.slot().take();
-        let _entered = self.runtime.handle().enter();
-        drop(comm);
+        if let Some(comm) = comm {
+            self.shared.closer.close(comm);
+        }
     }
 
     /// Whether [`BlockingComm::abort`] was called.
     pub fn is_aborted(&self) -> bool {
         self.shared.aborted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for BlockingComm {
+    /// A communicator not closed yet closes in the background ([`Closer`]), for as long as
+    /// its runtime lives: dropping the last communicator of a runtime drops the runtime too,
+    /// which cuts what is left.
+    fn drop(&mut self) {
+        let comm = self.shared.slot().take();
+        if let Some(comm) = comm {
+            self.shared.closer.close(comm);
+        }
     }
 }
 
@@ -607,6 +679,30 @@ mod tests {
         });
         for r in &results {
             assert_eq!(*r, (3.0, 30.0, 300.0));
+        }
+    }
+
+    /// A started call's callback may drop the last communicator of its runtime: the runtime
+    /// then shuts down without waiting for the blocking thread the callback runs on.
+    #[test]
+    fn a_callback_may_drop_the_last_communicator() {
+        let slots: Vec<_> = pair()
+            .into_iter()
+            .map(|c| Arc::new(Mutex::new(Some(c))))
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for slot in &slots {
+            let (mine, tx) = (slot.clone(), tx.clone());
+            let guard = slot.lock().unwrap();
+            let comm = guard.as_ref().unwrap();
+            comm.start(sum(1.0), move |r| {
+                let last = mine.lock().unwrap().take();
+                drop(last);
+                tx.send(r.unwrap()).unwrap();
+            });
+        }
+        for _ in 0..2 {
+            assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), 2.0);
         }
     }
 

@@ -276,7 +276,8 @@ impl Communicator {
     /// most `TcpOptions::linger`). Call it before the process exits: a call can return
     /// before its last sends have reached every peer (a quorum step does not wait for them),
     /// and exiting would cut them. Dropping the communicator instead finishes the same in the
-    /// background while the async runtime lives.
+    /// background while the async runtime runs its tasks (a current-thread runtime runs them
+    /// only while something awaits on it).
     pub async fn close(self) {
         if Arc::strong_count(&self.transport) == 1 {
             self.transport.close().await;

@@ -392,7 +392,8 @@ async fn linger_then_stop(mut tasks: Vec<JoinHandle<()>>, linger: Duration) {
 }
 
 /// Dropping the transport without [`Transport::close`] finishes the connections in the
-/// background, for at most [`TcpOptions::linger`], as long as the runtime lives.
+/// background, for at most [`TcpOptions::linger`], while the runtime runs its tasks (a
+/// current-thread runtime runs them only while something awaits on it).
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         let tasks = self.finish();
