@@ -561,9 +561,9 @@ impl BlockingComm {
 }
 
 impl Drop for BlockingComm {
-    /// A communicator not closed yet closes in the background ([`Closer`]), for as long as
-    /// its runtime lives: dropping the last communicator of a runtime drops the runtime too,
-    /// which cuts what is left.
+    /// A communicator not closed yet closes in the background ([`Communicator::close`], driven
+    /// by the runtime's own thread) for as long as its runtime lives: dropping the last
+    /// communicator of a runtime drops the runtime too, which cuts what is left.
     fn drop(&mut self) {
         let comm = self.shared.slot().take();
         if let Some(comm) = comm {
