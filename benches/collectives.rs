@@ -856,22 +856,6 @@ fn run_transport(
     }
 }
 
-/// The runtime a rank runs on: a current-thread runtime, where the collective and its
-/// transport's reader and writer tasks share the calling thread (what the README recommends),
-/// or with the `+mt` variant (`BYZCOLL_BENCH_RUNTIME=multi_thread`) tokio's multi-threaded
-/// one with two workers, where every frame crosses from a worker to the caller.
-fn rank_runtime() -> tokio::runtime::Runtime {
-    let mut builder = match std::env::var("BYZCOLL_BENCH_RUNTIME").as_deref() {
-        Ok("multi_thread") => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(2);
-            b
-        }
-        _ => tokio::runtime::Builder::new_current_thread(),
-    };
-    builder.enable_all().build().expect("tokio runtime")
-}
-
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
@@ -881,7 +865,10 @@ fn main() -> ExitCode {
         }
     };
     if std::env::var_os("BYZCOLL_RANK").is_some() {
-        let runtime = rank_runtime();
+        // `+mt`: the ranks on the multi-threaded runtime, where every frame crosses from a
+        // worker to the caller.
+        let multi = std::env::var("BYZCOLL_BENCH_RUNTIME").as_deref() == Ok("multi_thread");
+        let runtime = rows::runtime(multi);
         return match runtime.block_on(worker(&args)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -890,11 +877,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = rows::runtime(true);
     // A transport that fails does not stop the others; the bench still exits with its code.
     let mut ours = Vec::new();
     let mut first_failure = None;

@@ -381,17 +381,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = if args.multi_thread || std::env::var_os("BYZCOLL_RANK").is_none() {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    }
-    .expect("tokio runtime");
+    let runtime = rows::runtime(args.multi_thread || std::env::var_os("BYZCOLL_RANK").is_none());
     if std::env::var_os("BYZCOLL_RANK").is_some() {
         return match runtime.block_on(worker(&args)) {
             Ok(()) => ExitCode::SUCCESS,

@@ -13,7 +13,8 @@
 //! The runtime is a current-thread one ([`Runtime`]): the thread that makes a call runs the
 //! collective *and* the transport's reader and writer tasks, so no frame crosses a thread on
 //! its way from the socket to the round. A thread of the runtime's own drives it while a
-//! started call ([`BlockingComm::start`]) runs and no call does. On tokio's multi-threaded
+//! started call ([`BlockingComm::start`]) or a close in the background (after an abort, or of
+//! a dropped communicator) runs and no call does. On tokio's multi-threaded
 //! runtime every step of a small collective woke a worker thread for each frame and handed it
 //! to the caller: a 4-byte `all_reduce` on 4 ranks took 113-176 us against 29 us on a
 //! current-thread runtime (`docs/bench/PROFILE.md`, item 16).
@@ -380,14 +381,13 @@ struct Turn<'a> {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        match self.comm.take() {
-            // A call that panicked leaves the communicator mid-round: it closes.
-            Some(comm) if std::thread::panicking() => self.shared.closer.close(comm),
-            Some(comm) if !self.shared.aborted.load(Ordering::SeqCst) => {
+        if let Some(comm) = self.comm.take() {
+            // A call that panicked or was aborted leaves the communicator mid-round: it closes.
+            if std::thread::panicking() || self.shared.aborted.load(Ordering::SeqCst) {
+                self.shared.closer.close(comm);
+            } else {
                 *self.shared.slot() = Some(comm);
             }
-            Some(comm) => self.shared.closer.close(comm),
-            None => {}
         }
         self.shared.serving.fetch_add(1, Ordering::SeqCst);
         self.shared.turn.notify_waiters();
@@ -470,9 +470,9 @@ impl BlockingComm {
     }
 
     /// Starts a call as a task, after the calls made before it, and returns at once (the
-    /// runtime's own thread drives it while no call does); `done` gets its outcome on a thread of the runtime's blocking
-    /// pool (where it may wait, say for an interpreter's lock, without holding up the
-    /// transport).
+    /// runtime's own thread drives it while no call does); `done` gets its outcome on a
+    /// thread of the runtime's blocking pool (where it may wait, say for an interpreter's
+    /// lock, without holding up the transport).
     pub fn start<T, F>(&self, op: F, done: impl FnOnce(Result<T, Refused>) + Send + 'static)
     where
         T: Send + 'static,

@@ -63,6 +63,21 @@ pub(crate) fn progress(len: Option<u64>, what: &str) -> indicatif::ProgressBar {
     bar
 }
 
+/// A tokio runtime for a bench: the multi-threaded one with two workers, or a current-thread
+/// one, where the task awaiting a collective also runs the transport's tasks (what ranks run
+/// on unless a bench is told otherwise).
+#[allow(dead_code)]
+pub(crate) fn runtime(multi_thread: bool) -> tokio::runtime::Runtime {
+    let mut builder = if multi_thread {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    builder.enable_all().build().expect("tokio runtime")
+}
+
 /// The command line as `T`: `--help` prints and exits 0; a bad value is clap's message, for
 /// the bench to print and exit with status 2.
 #[allow(dead_code)]
