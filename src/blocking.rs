@@ -234,6 +234,21 @@ impl Runtime {
         Background::new(self.control.clone())
     }
 
+    /// [`crate::init_with_allgather`] on this runtime: its own thread drives the connections
+    /// while the calling thread, which waits on them and runs `allgather`, cannot.
+    ///
+    /// # Errors
+    /// As [`crate::init_with_allgather`].
+    #[cfg(feature = "tcp")]
+    pub fn init_with_allgather(
+        &self,
+        config: &crate::JobConfig,
+        allgather: &mut crate::AllGather<'_>,
+    ) -> crate::Result<Communicator> {
+        let _background = self.background();
+        crate::init_with_allgather(config, allgather, self.handle())
+    }
+
     /// The runtime's handle (to spawn on it, or enter it).
     pub fn handle(&self) -> &Handle {
         self.tokio().handle()

@@ -51,8 +51,8 @@ pub const MAX_OOB_WORLD: usize = byzcoll_runtime::bootstrap::MAX_WORLD;
 /// distributes, so the job needs no `BYZCOLL_SECRET`.
 ///
 /// The calling thread waits on `runtime` (`Handle::block_on`) and cannot drive it: another
-/// thread must, as tokio's multi-threaded runtime does, or a [`crate::blocking::Runtime`]
-/// while it has work in the [`background`](crate::blocking::Runtime::background).
+/// thread must, as tokio's multi-threaded runtime does; a [`crate::blocking::Runtime`] does it
+/// in [`init_with_allgather`](crate::blocking::Runtime::init_with_allgather).
 ///
 /// # Errors
 /// [`Error::InvalidUsage`] for a configuration made for another bootstrap than

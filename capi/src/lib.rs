@@ -420,11 +420,7 @@ pub unsafe extern "C" fn byzcoll_init_oob(
                     Err(format!("the allgather callback returned {rc}"))
                 }
             };
-            // The join waits on the runtime from this thread (`Handle::block_on`), which
-            // cannot drive it: the runtime's own thread does meanwhile.
-            let background = runtime.background();
-            let c = byzcoll_rs::init_with_allgather(&job, &mut gather, runtime.handle())?;
-            drop(background);
+            let c = runtime.init_with_allgather(&job, &mut gather)?;
             Ok(byzcoll_comm_t::new(Arc::new(runtime), c))
         })
     }

@@ -991,12 +991,9 @@ fn init_with_allgather(
             .map_err(|e| format!("allgather returned something else than a list of bytes: {e}"))?;
         Ok(parts.concat())
     };
-    // The join waits on the runtime from this thread (`Handle::block_on`), which cannot drive
-    // it: the runtime's own thread does meanwhile.
-    let background = rt.background();
-    let comm = byzcoll::init_with_allgather(&config, &mut gather, rt.handle())
+    let comm = rt
+        .init_with_allgather(&config, &mut gather)
         .map_err(|e| to_py(py, e))?;
-    drop(background);
     Ok(PyCommunicator::new(std::sync::Arc::new(rt), comm))
 }
 
