@@ -1,10 +1,10 @@
-//! A rank dies and comes back. Every rank runs `ROUNDS` robust rounds (median, `f = 1`) of a
-//! vector holding its job rank + 1, `ROUND_MS` apart; rank `VICTIM` (default the last) exits
-//! with status 3 at round `KILL_AT` in its first life. Every `EVERY` rounds the live ranks reach
+//! A rank dies and comes back. Every rank runs `--rounds` robust rounds (median, `f = 1`) of a
+//! vector holding its job rank + 1, `--round-ms` apart; rank `--victim` (default the last) exits
+//! with status 3 at round `--kill-at` in its first life. Every `--every` rounds the live ranks reach
 //! a boundary: they shrink (the dead leave) and admit whoever knocked (`byzcoll::admit`), and
 //! tell the ranks they admitted the round to resume at (a broadcast from the first member: the
 //! application's state is the application's to hand over). After the last round they wait up
-//! to `FINAL_WAIT_MS` for missing ranks to knock, so that a rank restarted late still finishes
+//! to `--final-wait-ms` for missing ranks to knock, so that a rank restarted late still finishes
 //! with them. Under `byzcoll launch --restarts 1` the launcher starts the dead rank again with
 //! `BYZCOLL_REJOIN=1`, and its `byzcoll::init_with` knocks and rejoins at the next boundary.
 //!
@@ -32,13 +32,39 @@ use std::time::Duration;
 use byzcoll::aggregators::Median;
 use byzcoll::{Admission, Communicator, JobConfig, Policy};
 
-/// A whole number from the environment variable `var`, at most `max`, else `default`.
-fn setting(var: &str, default: u64, max: u64) -> u64 {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&v| v <= max)
-        .unwrap_or(default)
+#[path = "common/flags.rs"]
+mod flags;
+
+/// The example's settings, from its flags.
+struct Settings {
+    rounds: u64,
+    every: u64,
+    victim: u64,
+    kill_at: u64,
+    pause: Duration,
+    final_wait: Duration,
+}
+
+impl Settings {
+    fn parse(job: u64) -> Result<Self, String> {
+        let f = flags::Flags::parse(&[
+            "rounds",
+            "every",
+            "victim",
+            "kill-at",
+            "round-ms",
+            "final-wait-ms",
+        ])?;
+        let last = job.saturating_sub(1);
+        Ok(Settings {
+            rounds: f.number("rounds", 30, 0, 10_000)?,
+            every: f.number("every", 5, 1, 10_000)?,
+            victim: f.number("victim", last, 0, last)?,
+            kill_at: f.number("kill-at", 7, 0, 10_000)?,
+            pause: Duration::from_millis(f.number("round-ms", 50, 0, 10_000)?),
+            final_wait: Duration::from_millis(f.number("final-wait-ms", 10_000, 0, 600_000)?),
+        })
+    }
 }
 
 #[tokio::main]
@@ -55,14 +81,14 @@ async fn main() -> ExitCode {
 async fn run() -> byzcoll::Result<()> {
     let config = JobConfig::from_env()?;
     let job = config.launch().size as u64;
-    let (rounds, every) = (
-        setting("ROUNDS", 30, 10_000),
-        setting("EVERY", 5, 10_000).max(1),
-    );
-    let victim = setting("VICTIM", job.saturating_sub(1), job);
-    let kill_at = setting("KILL_AT", 7, 10_000);
-    let pause = Duration::from_millis(setting("ROUND_MS", 50, 10_000));
-    let final_wait = Duration::from_millis(setting("FINAL_WAIT_MS", 10_000, 600_000));
+    let Settings {
+        rounds,
+        every,
+        victim,
+        kill_at,
+        pause,
+        final_wait,
+    } = Settings::parse(job).map_err(byzcoll::Error::InvalidUsage)?;
     let me = config.launch().rank as u64;
 
     let mut comm = byzcoll::init_with(&config).await?;

@@ -1,17 +1,21 @@
 //! Repeated robust rounds, one line per round on every rank: rank `r` contributes `r + 1` in
 //! every coordinate, the rule is the median with `f = 1`, and each line says what the rank got
 //! (`ok <value>` with the ranks it erased and those the cross-check could not confirm, or the
-//! error). With `ROUNDS_OP=reduce-scatter` each round is a `robust_reduce_scatter` (2f + 1
+//! error); `--rounds N` of them (10 unless given). With `--op reduce-scatter` each round is a
+//! `robust_reduce_scatter` (2f + 1
 //! owners per shard) and the value is the first of the rank's own shard. `cli/tests/agreement.rs`
 //! stops one rank with SIGSTOP in the middle to check that no rank presents another result as
 //! success.
 //!
 //! ```sh
 //! cargo build --release --bins --examples
-//! ROUNDS=20 BYZCOLL_TIMEOUT_MS=1000 target/release/byzcoll launch -n 4 -- target/release/examples/rounds
+//! BYZCOLL_TIMEOUT_MS=1000 target/release/byzcoll launch -n 4 -- target/release/examples/rounds --rounds 20
 //! ```
 
 #![allow(clippy::print_stdout)]
+
+#[path = "common/flags.rs"]
+mod flags;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -21,11 +25,24 @@ use byzcoll::{Policy, Replicas};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let rounds: usize = std::env::var("ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&r| r <= 10_000)
-        .unwrap_or(10);
+    let flags = flags::Flags::parse(&["rounds", "op"]);
+    let rounds = flags.and_then(|f| {
+        let rounds = f.number("rounds", 10, 0, 10_000)?;
+        match f.word("op") {
+            None | Some("all-reduce") => Ok((rounds, false)),
+            Some("reduce-scatter") => Ok((rounds, true)),
+            Some(other) => Err(format!(
+                "--op {other:?}: expected all-reduce or reduce-scatter"
+            )),
+        }
+    });
+    let (rounds, scatter) = match rounds {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rounds: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let mut comm = match byzcoll::init().await {
         Ok(c) => c,
         Err(e) => {
@@ -34,14 +51,6 @@ async fn main() -> ExitCode {
         }
     };
     let me = comm.rank();
-    let scatter = match std::env::var("ROUNDS_OP").as_deref() {
-        Err(_) | Ok("all-reduce") => false,
-        Ok("reduce-scatter") => true,
-        Ok(other) => {
-            eprintln!("rounds: ROUNDS_OP={other:?}: expected all-reduce or reduce-scatter");
-            return ExitCode::FAILURE;
-        }
-    };
     let n = comm.size();
     for k in 0..rounds {
         let mut v = vec![(me + 1) as f32; 16];

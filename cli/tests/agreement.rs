@@ -29,6 +29,7 @@ fn run_op(agreement: &str, op: &str) -> (Outcomes, Vec<String>) {
     let ranks: Vec<Child> = (0..4)
         .map(|r| {
             Command::new(example("rounds"))
+                .args(["--rounds", "12", "--op", op])
                 .env("BYZCOLL_LAUNCHER", "byzcoll")
                 .env("BYZCOLL_RANK", r.to_string())
                 .env("BYZCOLL_WORLD_SIZE", "4")
@@ -36,8 +37,6 @@ fn run_op(agreement: &str, op: &str) -> (Outcomes, Vec<String>) {
                 .env("BYZCOLL_SECRET", &secret)
                 .env("BYZCOLL_TIMEOUT_MS", "1000")
                 .env("BYZCOLL_AGREEMENT", agreement)
-                .env("ROUNDS", "12")
-                .env("ROUNDS_OP", op)
                 .env_remove("BYZCOLL_STORE_HOSTED")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())

@@ -43,14 +43,15 @@ fn median_without(erased: &[usize]) -> f32 {
     }
 }
 
-/// Starts 4 ranks of the `rounds` example with `env` on top of a fresh job.
-fn start(env: &[(&str, &str)]) -> Vec<Child> {
+/// Starts 4 ranks of the `rounds` example for `rounds` rounds with `env` on top of a fresh job.
+fn start(env: &[(&str, &str)], rounds: usize) -> Vec<Child> {
     let store = format!("127.0.0.1:{}", free_port());
     let secret = JobSecret::generate().unwrap().to_hex();
     (0..4)
         .map(|r| {
             let mut cmd = Command::new(example("rounds"));
-            cmd.env("BYZCOLL_LAUNCHER", "byzcoll")
+            cmd.args(["--rounds", &rounds.to_string()])
+                .env("BYZCOLL_LAUNCHER", "byzcoll")
                 .env("BYZCOLL_RANK", r.to_string())
                 .env("BYZCOLL_WORLD_SIZE", "4")
                 .env("BYZCOLL_STORE", &store)
@@ -141,8 +142,14 @@ fn finish(ranks: Vec<Child>, mut outs: Vec<(mpsc::Receiver<String>, Vec<String>)
 
 /// Starts the job, waits for rank 2's line of `round`, signals it with `signal`, and (for
 /// SIGSTOP) resumes it after `stop`.
-fn run(env: &[(&str, &str)], round: usize, signal: i32, stop: Duration) -> Vec<Rounds> {
-    let mut ranks = start(env);
+fn run(
+    env: &[(&str, &str)],
+    rounds: usize,
+    round: usize,
+    signal: i32,
+    stop: Duration,
+) -> Vec<Rounds> {
+    let mut ranks = start(env, rounds);
     let mut outs: Vec<_> = ranks
         .iter_mut()
         .map(|c| (lines(c.stdout.take().unwrap()), Vec::new()))
@@ -192,9 +199,8 @@ fn a_killed_rank_costs_no_deadline_after_it_is_gone() {
     let timeout = 2000;
     let t = timeout.to_string();
     let rounds = 12;
-    let r = rounds.to_string();
-    let env = [("BYZCOLL_TIMEOUT_MS", t.as_str()), ("ROUNDS", r.as_str())];
-    let outcomes = run(&env, 2, libc::SIGKILL, Duration::ZERO);
+    let env = [("BYZCOLL_TIMEOUT_MS", t.as_str())];
+    let outcomes = run(&env, rounds, 2, libc::SIGKILL, Duration::ZERO);
     let mut gone_from = None;
     for (k, _, erased) in the_others_rounds(&outcomes, rounds, timeout) {
         if erased {
@@ -225,14 +231,18 @@ fn stopped_for_ten_deadlines(agreement: &str) {
     let t = timeout.to_string();
     // 200 ms apart: the others are still at it when rank 2 resumes.
     let rounds = 40;
-    let r = rounds.to_string();
     let env = [
         ("BYZCOLL_TIMEOUT_MS", t.as_str()),
-        ("ROUNDS", r.as_str()),
         ("BYZCOLL_STRAGGLERS", "auto"),
         ("BYZCOLL_AGREEMENT", agreement),
     ];
-    let outcomes = run(&env, 2, libc::SIGSTOP, Duration::from_millis(10 * timeout));
+    let outcomes = run(
+        &env,
+        rounds,
+        2,
+        libc::SIGSTOP,
+        Duration::from_millis(10 * timeout),
+    );
     let mut erased_rounds = 0;
     for (_, _, erased) in the_others_rounds(&outcomes, rounds, timeout) {
         erased_rounds += usize::from(erased);

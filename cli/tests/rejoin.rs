@@ -14,11 +14,17 @@ fn launch(restarts: &str) -> (bool, String, String) {
     let mut cmd = Command::new(byzcoll());
     cmd.args(["launch", "-n", "4", "--restarts", restarts, "--"])
         .arg(example("rejoin"))
-        .env("ROUNDS", "30")
-        .env("EVERY", "5")
-        .env("KILL_AT", "7")
-        .env("ROUND_MS", "20")
-        .env("FINAL_WAIT_MS", "30000")
+        .args([
+            "--rounds",
+            "30",
+            "--every",
+            "5",
+            "--kill-at",
+            "7",
+            "--round-ms",
+            "20",
+        ])
+        .args(["--final-wait-ms", "30000"])
         .env("BYZCOLL_TIMEOUT_MS", "5000");
     let (out, _) = run_with_limit(&mut cmd, Duration::from_secs(180));
     let (stdout, stderr) = text(&out);

@@ -354,7 +354,7 @@ mod tests {
         /// own, as a process that learnt the name would, and waits until they are out. The
         /// endpoint is returned to be kept until the world is gone (`shm` maps it).
         fn inject(name: &[u8], messages: &[(u64, Vec<u8>)]) -> Endpoint {
-            let mut ep = open(&choose().unwrap(), 2).unwrap();
+            let mut ep = open(&choose(&LibfabricOptions::default()).unwrap(), 2).unwrap();
             let dest = ep.insert_address(name).unwrap();
             let mut contexts: Vec<Box<sys::fi_context2>> =
                 messages.iter().map(|_| Box::default()).collect();

@@ -216,14 +216,6 @@ fn getinfo(want: Want) -> Result<Option<Info>, FabricError> {
     }
 }
 
-/// The providers `FI_PROVIDER` allows, for messages.
-fn selected_providers() -> String {
-    match std::env::var("FI_PROVIDER") {
-        Ok(p) if !p.is_empty() => format!("provider {p:?} (FI_PROVIDER)"),
-        _ => "the installed providers".to_string(),
-    }
-}
-
 /// The providers that offer reliable datagram (`FI_EP_RDM`) endpoints with tagged messages as
 /// the transport uses them, in `fi_getinfo`'s order of preference, each named once (layered
 /// providers as `tcp;ofi_rxm`). `FI_PROVIDER` narrows the list.
@@ -317,10 +309,7 @@ impl Info {
         } else {
             format!("usable: {usable:?}")
         };
-        Err(FabricError::Unsupported(format!(
-            "{}: {why}; {hint}",
-            selected_providers()
-        )))
+        Err(FabricError::Unsupported(format!("{why}; {hint}")))
     }
 
     fn first(&self) -> &sys::fi_info {

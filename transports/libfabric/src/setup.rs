@@ -43,6 +43,9 @@ pub struct LibfabricOptions {
     pub always_register: bool,
     /// Most bytes of idle receive buffers kept for reuse (see [`BufferPool`](byzcoll_transport_kit::pool::BufferPool)).
     pub pool_bytes: usize,
+    /// `FI_PROVIDER` as the job's configuration read it (libfabric reads it itself and picks
+    /// the provider by it; the transport only names it when no provider is usable).
+    pub fi_provider: Option<String>,
 }
 
 impl LibfabricOptions {
@@ -50,15 +53,18 @@ impl LibfabricOptions {
     pub const VARS: &'static [&'static str] = &["BYZCOLL_FRAME_MAC"];
 
     /// The default options, with what `get` sets: `BYZCOLL_FRAME_MAC` may only say `1`
-    /// (frames over libfabric are always sealed). The provider is libfabric's own business
-    /// (`FI_PROVIDER`).
+    /// (frames over libfabric are always sealed). The provider is libfabric's own business:
+    /// `FI_PROVIDER` is kept only to name it in errors ([`LibfabricOptions::fi_provider`]).
     ///
     /// # Errors
     /// [`OptionError::Unsupported`] for `BYZCOLL_FRAME_MAC=0`; [`OptionError::Invalid`] for
     /// a value that is not a flag.
     pub fn from_lookup(get: Lookup<'_>) -> Result<Self, OptionError> {
         byzcoll_transport_kit::wire::always_sealed(get, "libfabric")?;
-        Ok(LibfabricOptions::default())
+        Ok(LibfabricOptions {
+            fi_provider: get("FI_PROVIDER").filter(|p| !p.is_empty()),
+            ..LibfabricOptions::default()
+        })
     }
 }
 
@@ -68,6 +74,7 @@ impl Default for LibfabricOptions {
             max_message_bytes: 1 << 40,
             always_register: false,
             pool_bytes: 256 << 20,
+            fi_provider: None,
         }
     }
 }
@@ -192,8 +199,14 @@ fn setup(e: FabricError) -> TransportError {
 }
 
 /// Chooses the provider and checks that the tag layout fits it.
-pub(crate) fn choose() -> Result<Info, TransportError> {
-    let info = Info::rdm_tagged().map_err(setup)?;
+pub(crate) fn choose(options: &LibfabricOptions) -> Result<Info, TransportError> {
+    let info = Info::rdm_tagged().map_err(|e| {
+        let among = match &options.fi_provider {
+            Some(p) => format!("provider {p:?} (FI_PROVIDER)"),
+            None => "the installed providers".to_string(),
+        };
+        TransportError::Setup(format!("libfabric, {among}: {e}"))
+    })?;
     if info.tag_bits() < TAGS.bits() {
         return Err(TransportError::Setup(format!(
             "libfabric provider {} matches {} tag bits; the transport needs {}",
@@ -234,7 +247,7 @@ impl LibfabricTransport {
         options: LibfabricOptions,
     ) -> Result<Self, TransportError> {
         check_world("libfabric", rank, size)?;
-        let info = choose()?;
+        let info = choose(&options)?;
         let endpoint = open(&info, size)?;
         // The frame key is published with the name (see Authentication above).
         let (names, keys, membership) = gather_addresses(
@@ -276,7 +289,7 @@ impl LibfabricTransport {
                 "a world of {size}: the libfabric transport addresses at most {MAX_RANKS} ranks"
             )));
         }
-        let info = choose()?;
+        let info = choose(&options)?;
         let endpoints = (0..size)
             .map(|_| open(&info, size))
             .collect::<Result<Vec<_>, _>>()?;

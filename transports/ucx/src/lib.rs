@@ -32,8 +32,14 @@ mod tests {
     use super::*;
     use byzcoll_runtime::Transport;
 
+    /// The options a job would get from this environment: the suite runs under `UCX_TLS=tcp`
+    /// and under `UCX_TLS=sm`, where peer failure handling must be off.
+    fn options() -> UcxOptions {
+        UcxOptions::from_lookup(&|v| std::env::var(v).ok()).expect("UCX options")
+    }
+
     async fn world(n: usize) -> Vec<Box<dyn Transport>> {
-        UcxTransport::local_world(n, UcxOptions::default())
+        UcxTransport::local_world(n, options())
             .expect("UCX world")
             .into_iter()
             .map(|t| Box::new(t) as Box<dyn Transport>)
@@ -70,7 +76,7 @@ mod tests {
                 // while it awaits the store (they are not `Send`).
                 async move {
                     let store = StoreClient::new(addr, rank, n, Duration::from_secs(10), auth);
-                    UcxTransport::from_store(&store, rank, n, UcxOptions::default()).await
+                    UcxTransport::from_store(&store, rank, n, options()).await
                 }
             });
             let ranks: Vec<UcxTransport> = futures::future::join_all(joins)
@@ -125,12 +131,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "a measurement, not a check"]
     async fn p2p_bandwidth() {
-        let ranks = UcxTransport::local_world(2, UcxOptions::default())
+        let ranks = UcxTransport::local_world(2, options())
             .unwrap()
             .into_iter()
             .map(|t| Box::new(t) as Box<dyn byzcoll_runtime::Transport>)
             .collect();
-        let label = std::env::var("UCX_TLS").unwrap_or_default();
+        let label = options().tls.unwrap_or_default();
         byzcoll_conformance::p2p_bandwidth(ranks, &format!("ucx {label}")).await;
     }
 
@@ -150,7 +156,7 @@ mod tests {
         const LEN: usize = 1000;
 
         fn parts() -> (Context, Worker, Bytes) {
-            let context = Context::with_settings(context_settings(&UcxOptions::default())).unwrap();
+            let context = Context::with_settings(context_settings(&options())).unwrap();
             let worker = context.worker().unwrap();
             let address = Bytes::from(worker.address().unwrap());
             (context, worker, address)
@@ -161,13 +167,8 @@ mod tests {
             let parts: Vec<_> = (0..n).map(|_| parts()).collect();
             let addresses: Vec<Bytes> = parts.iter().map(|p| p.2.clone()).collect();
             let keys = FrameKeys::local_world(n).unwrap();
-            let ranks = UcxTransport::local_world_of(
-                parts,
-                &addresses,
-                keys.clone(),
-                UcxOptions::default(),
-            )
-            .unwrap();
+            let ranks =
+                UcxTransport::local_world_of(parts, &addresses, keys.clone(), options()).unwrap();
             (ranks, addresses, keys)
         }
 

@@ -1,7 +1,7 @@
 //! The UCX transport's options, parsed from a job's configuration here
 //! ([`UcxOptions::from_lookup`]: `byzcoll::JobConfig` reads the `BYZCOLL_*` variables and hands
-//! them over), and the one place it reads UCX's own variables (`UCX_TLS`,
-//! `UCX_TCP_*_SEG_SIZE`) to choose their defaults.
+//! them over). UCX's own variables (`UCX_TLS`, `UCX_TCP_*_SEG_SIZE`) come through the same
+//! lookup: UCX reads them itself, and the transport only looks at them to choose its defaults.
 
 use byzcoll_runtime::{parse_var, Lookup, OptionError};
 
@@ -24,10 +24,7 @@ const TCP_SEGMENTS: &[(&str, &str)] = &[("TX_SEG_SIZE", "64k"), ("RX_SEG_SIZE", 
 /// Without failure handling TCP rendezvous uses the zero-copy put, large messages gain
 /// nothing from larger segments, and 16 KiB messages measured slower.
 pub(crate) fn context_settings(options: &UcxOptions) -> &'static [(&'static str, &'static str)] {
-    let user_set = ["UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some());
-    if user_set || !options.peer_failure_handling() {
+    if options.segments_set || !options.peer_failure_handling() {
         &[]
     } else {
         TCP_SEGMENTS
@@ -44,9 +41,15 @@ pub struct UcxOptions {
     /// Whether endpoints ask UCX to report peer failures (`BYZCOLL_UCX_PEER_FAILURE`, read by
     /// `byzcoll::JobConfig`). UCX can only do so over transports that support it (TCP,
     /// InfiniBand), not over shared memory, and refuses the endpoint otherwise; so `None` (the
-    /// default) means on unless `UCX_TLS` names only shared-memory transports. Without it, a
+    /// default) means on unless [`UcxOptions::tls`] names only shared-memory transports. Without it, a
     /// dead peer is noticed at the step deadline.
     pub peer_failure: Option<bool>,
+    /// `UCX_TLS` as the job's configuration read it: UCX chooses its transports by it, and
+    /// [`UcxOptions::peer_failure`]'s default follows it. `None`: unset.
+    pub tls: Option<String>,
+    /// Whether `UCX_TCP_TX_SEG_SIZE` or `UCX_TCP_RX_SEG_SIZE` is set: then the segment sizes
+    /// are the user's, not the transport's (see the note on `TCP_SEGMENTS`).
+    pub segments_set: bool,
 }
 
 impl Default for UcxOptions {
@@ -55,6 +58,8 @@ impl Default for UcxOptions {
             max_message_bytes: 1 << 40,
             pool_bytes: 256 << 20,
             peer_failure: None,
+            tls: None,
+            segments_set: false,
         }
     }
 }
@@ -65,7 +70,8 @@ impl UcxOptions {
 
     /// The default options with what `get` sets: `BYZCOLL_UCX_PEER_FAILURE` (`on` or `off`,
     /// [`UcxOptions::peer_failure`]); `BYZCOLL_FRAME_MAC` may only say `1` (frames over UCX
-    /// are always sealed).
+    /// are always sealed); and what the transport needs to know of UCX's own variables
+    /// ([`UcxOptions::tls`], [`UcxOptions::segments_set`]).
     ///
     /// # Errors
     /// [`OptionError::Invalid`] naming a variable whose value is not one of those;
@@ -84,6 +90,10 @@ impl UcxOptions {
         )?;
         Ok(UcxOptions {
             peer_failure,
+            tls: get("UCX_TLS"),
+            segments_set: ["UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"]
+                .iter()
+                .any(|v| get(v).is_some()),
             ..UcxOptions::default()
         })
     }
@@ -93,12 +103,52 @@ impl UcxOptions {
         if let Some(on) = self.peer_failure {
             return on;
         }
-        let Ok(tls) = std::env::var("UCX_TLS") else {
+        let Some(tls) = &self.tls else {
             return true;
         };
         let shared_memory = ["sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"];
         !tls.trim_start_matches('^')
             .split(',')
             .all(|t| shared_memory.contains(&t.trim()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn options(vars: &[(&str, &str)]) -> UcxOptions {
+        UcxOptions::from_lookup(&|k| {
+            vars.iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn peer_failure_follows_ucx_tls_unless_chosen() {
+        assert!(options(&[]).peer_failure_handling());
+        assert!(options(&[("UCX_TLS", "tcp,self")]).peer_failure_handling());
+        assert!(!options(&[("UCX_TLS", "sm,self")]).peer_failure_handling());
+        assert!(!options(&[("UCX_TLS", "^posix, cma")]).peer_failure_handling());
+        let chosen = [("UCX_TLS", "sm,self"), ("BYZCOLL_UCX_PEER_FAILURE", "on")];
+        assert!(options(&chosen).peer_failure_handling());
+        let off = [("BYZCOLL_UCX_PEER_FAILURE", "off")];
+        assert!(!options(&off).peer_failure_handling());
+    }
+
+    #[test]
+    fn segment_sizes_are_the_user_s_once_either_is_set() {
+        assert_eq!(context_settings(&options(&[])), TCP_SEGMENTS);
+        for var in ["UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"] {
+            let o = options(&[(var, "16k")]);
+            assert!(o.segments_set);
+            assert!(context_settings(&o).is_empty());
+        }
+        let off = [("BYZCOLL_UCX_PEER_FAILURE", "off")];
+        assert!(context_settings(&options(&off)).is_empty());
     }
 }
