@@ -125,7 +125,7 @@ pub(super) struct Auditing<'a> {
     pub(super) roots: Vec<Option<Digest>>,
     /// Shards whose result was not finite here (the first error): the round fails with it
     /// unless the audit convicts their owners and aggregates them again.
-    non_finite: Option<(Vec<usize>, Error)>,
+    pub(super) non_finite: Option<(Vec<usize>, Error)>,
     /// The shards other ranks (or this one) could not replay: aggregated again by every rank.
     again: Vec<usize>,
     /// The peers found silent before the audit began: a shard aggregated again takes every
@@ -158,20 +158,12 @@ impl<'a> Auditing<'a> {
 }
 
 impl<'r, B> Round<'r, B> {
-    fn auditing(&self) -> &Auditing<'r> {
-        self.audit.as_deref().expect("an audited round")
-    }
-
-    fn auditing_mut(&mut self) -> &mut Auditing<'r> {
-        self.audit.as_deref_mut().expect("an audited round")
-    }
-
-    fn expect(&self) -> Expect {
+    fn expect(&self, audit: &Auditing<'r>) -> Expect {
         Expect {
             n: self.spec.n,
             d: self.spec.d,
             elem: self.spec.elem,
-            m: self.auditing().ctx.audit.sub_chunks,
+            m: audit.ctx.audit.sub_chunks,
         }
     }
 
@@ -233,17 +225,21 @@ impl<'r, B> Round<'r, B> {
 
     /// The signed pieces beside the pieces: to each owner, this rank's; from each sender, its
     /// piece of this rank's shard.
-    pub(super) fn audit_scatter(&self, sends: &mut Vec<Send>, recvs: &mut Vec<RecvOp>) {
+    pub(super) fn audit_scatter(
+        &self,
+        audit: &Auditing<'r>,
+        sends: &mut Vec<Send>,
+        recvs: &mut Vec<RecvOp>,
+    ) {
         let (me, n) = (self.spec.me, self.spec.n);
-        let a = self.auditing();
         for s in schedule::direct_peers(me, n) {
             sends.push(Send {
                 peer: s,
                 tag: (n + s) as Tag,
-                msg: Msg::Bytes(Bytes::from(a.ctx.own[s].encode())),
+                msg: Msg::Bytes(Bytes::from(audit.ctx.own[s].encode())),
             });
         }
-        let len = SignedPiece::len(a.ctx.audit.sub_chunks);
+        let len = SignedPiece::len(audit.ctx.audit.sub_chunks);
         let pieces: Vec<Rank> = recvs.iter().map(|op| op.peer).collect();
         for peer in pieces {
             recvs.push(RecvOp {
@@ -257,14 +253,15 @@ impl<'r, B> Round<'r, B> {
     /// A signed piece's arrival in the scatter step.
     pub(super) fn signed_piece_arrived<P: Plane<Buf = B>>(
         &mut self,
+        audit: &mut Auditing<'r>,
         plane: &P,
         peer: Rank,
         a: Arrival<B>,
     ) {
-        let m = self.auditing().ctx.audit.sub_chunks;
+        let m = audit.ctx.audit.sub_chunks;
         match a {
             Arrival::Received(b) => {
-                self.auditing_mut().signed[peer] = SignedPiece::decode(peer, &plane.host(&b), m);
+                audit.signed[peer] = SignedPiece::decode(peer, &plane.host(&b), m);
             }
             other => self.arrival_fault(peer, &other),
         }
@@ -273,15 +270,19 @@ impl<'r, B> Round<'r, B> {
     /// The owner's check before it aggregates: a piece whose bytes or signature are not its
     /// sender's signed commitment is that sender's erasure (a fault this rank sees and cannot
     /// prove, as a malformed message).
-    pub(super) fn check_pieces<P: Plane<Buf = B>>(&mut self, plane: &mut P) {
+    pub(super) fn check_pieces<P: Plane<Buf = B>>(
+        &mut self,
+        audit: &mut Auditing<'r>,
+        plane: &mut P,
+    ) {
         let (me, n, elem) = (self.spec.me, self.spec.n, self.spec.elem);
-        let own = self.auditing().ctx.own[me].clone();
-        self.auditing_mut().signed[me] = Some(own);
+        let own = audit.ctx.own[me].clone();
+        audit.signed[me] = Some(own);
         for p in schedule::direct_peers(me, n) {
             let Some(piece) = self.arrived[0][p].as_ref() else {
                 continue;
             };
-            let a = self.auditing();
+            let a = &*audit;
             let ok = match &a.signed[p] {
                 None => false,
                 Some(sp) => {
@@ -304,7 +305,11 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// The owner signs its claim over the result it aggregated and the inputs it used.
-    pub(super) fn sign_claim<P: Plane<Buf = B>>(&mut self, plane: &mut P) -> Result<(), Error> {
+    pub(super) fn sign_claim<P: Plane<Buf = B>>(
+        &mut self,
+        audit: &mut Auditing<'r>,
+        plane: &mut P,
+    ) -> Result<(), Error> {
         let (me, n, elem) = (self.spec.me, self.spec.n, self.spec.elem);
         if self.no_result[0] {
             return Ok(());
@@ -315,7 +320,7 @@ impl<'r, B> Round<'r, B> {
         let present: Vec<Rank> = (0..n)
             .filter(|&p| p == me || self.arrived[0][p].is_some())
             .collect();
-        let a = self.auditing();
+        let a = &*audit;
         let inputs: Vec<SignedPiece> = present
             .iter()
             .map(|&p| a.signed[p].clone().expect("checked before aggregating"))
@@ -331,16 +336,20 @@ impl<'r, B> Round<'r, B> {
             inputs,
         );
         let root = crate::audit::root(&claim.result);
-        let a = self.auditing_mut();
-        a.roots[me] = Some(root);
-        a.claim = Some(claim);
+        audit.roots[me] = Some(root);
+        audit.claim = Some(claim);
         Ok(())
     }
 
     /// The claim headers beside the results: this rank's to every taker, each owner's from it.
-    pub(super) fn audit_versions(&self, sends: &mut Vec<Send>, recvs: &mut Vec<RecvOp>) {
+    pub(super) fn audit_versions(
+        &self,
+        audit: &Auditing<'r>,
+        sends: &mut Vec<Send>,
+        recvs: &mut Vec<RecvOp>,
+    ) {
         let (me, n) = (self.spec.me, self.spec.n);
-        let header = match &self.auditing().claim {
+        let header = match &audit.claim {
             Some(c) => {
                 let mut h = c.signature.to_vec();
                 h.extend_from_slice(&OwnerClaim::inputs_digest(&c.inputs));
@@ -366,12 +375,18 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// A claim header's arrival in the versions step.
-    pub(super) fn header_arrived<P: Plane<Buf = B>>(&mut self, plane: &P, o: Rank, a: Arrival<B>) {
+    pub(super) fn header_arrived<P: Plane<Buf = B>>(
+        &self,
+        audit: &mut Auditing<'r>,
+        plane: &P,
+        o: Rank,
+        a: Arrival<B>,
+    ) {
         if let Arrival::Received(b) = a {
             let h = plane.host(&b);
             let sig: Signature = h[..64].try_into().expect("64 bytes");
             let digest: Digest = h[64..HEADER].try_into().expect("32 bytes");
-            self.auditing_mut().headers[o] = Some((sig, digest));
+            audit.headers[o] = Some((sig, digest));
         }
     }
 
@@ -379,8 +394,14 @@ impl<'r, B> Round<'r, B> {
     /// owner is bound to the result it sent, and a taker does not take one it is not bound
     /// to (the shard is then lost, the round's error, rather than unauditable). The result of
     /// an owner this rank audits is kept as taken, with its leaves.
-    pub(super) fn version_signed<P: Plane<Buf = B>>(&mut self, plane: &P, o: Rank, b: &B) -> bool {
-        let a = self.auditing();
+    pub(super) fn version_signed<P: Plane<Buf = B>>(
+        &self,
+        audit: &mut Auditing<'r>,
+        plane: &P,
+        o: Rank,
+        b: &B,
+    ) -> bool {
+        let a = &*audit;
         let Some((signature, inputs)) = a.headers[o] else {
             return false;
         };
@@ -404,10 +425,10 @@ impl<'r, B> Round<'r, B> {
                     bytes[r.start * elem..r.end * elem].to_vec()
                 })
                 .collect();
-            self.auditing_mut().kept[o] = Some((cut, result.clone()));
+            audit.kept[o] = Some((cut, result.clone()));
         }
         if signed {
-            self.auditing_mut().roots[o] = Some(crate::audit::root(&result));
+            audit.roots[o] = Some(crate::audit::root(&result));
         }
         signed
     }
@@ -415,12 +436,11 @@ impl<'r, B> Round<'r, B> {
     /// This rank's audit choices, made with its own randomness when the owners' results and
     /// claims arrive (every owner is bound to its result by then, and no other rank learns the
     /// choices before they are sent).
-    pub(super) fn choose_audits(&mut self) {
+    pub(super) fn choose_audits(&self, audit: &mut Auditing<'r>) {
         let (me, n, d) = (self.spec.me, self.spec.n, self.spec.d);
         let f = self.rule.byzantine();
-        let a = self.auditing_mut();
-        let audit = a.ctx.audit;
-        let mut xof = blake3::Hasher::new_keyed(&a.ctx.seed)
+        let settings = audit.ctx.audit;
+        let mut xof = blake3::Hasher::new_keyed(&audit.ctx.seed)
             .update(b"byzcoll-audit-v1 choice")
             .finalize_xof();
         // Uniform below `bound` up to a bias of `bound / 2^64`.
@@ -429,9 +449,9 @@ impl<'r, B> Round<'r, B> {
             xof.fill(&mut b);
             (u64::from_le_bytes(b) % bound as u64) as usize
         };
-        let m = audit.sub_chunks;
+        let m = settings.sub_chunks;
         let mut owners: Vec<Rank> = schedule::direct_peers(me, n).collect();
-        let k = audit.owners_per_rank(n, f).min(owners.len());
+        let k = settings.owners_per_rank(n, f).min(owners.len());
         let mut asked = Vec::with_capacity(k);
         for _ in 0..k {
             let o = owners.swap_remove(below(owners.len()));
@@ -439,51 +459,48 @@ impl<'r, B> Round<'r, B> {
             // sub-chunks of one element each, and the others empty.
             let live = chunk_range(d, n, o).len().clamp(1, m);
             let mut subs: Vec<usize> = (0..live).collect();
-            let mut chosen: Vec<usize> = (0..audit.samples.min(live))
+            let mut chosen: Vec<usize> = (0..settings.samples.min(live))
                 .map(|_| subs.swap_remove(below(subs.len())))
                 .collect();
             chosen.sort_unstable();
             asked.push((o, chosen));
         }
         asked.sort_unstable();
-        a.asked = asked;
+        audit.asked = asked;
     }
 
     /// The round failed before its audit (a shard lost here, say): it still takes part in the
     /// audit's steps, asking for nothing, so that every rank numbers its steps alike and the
     /// others' audits of this rank as an owner are served; the cross-check then ends it.
-    pub(super) fn fail_through_audit(&mut self, e: Error) {
+    pub(super) fn fail_through_audit(&mut self, mut audit: Box<Auditing<'r>>, e: Error) {
         if self.failed.is_none() {
             self.failed = Some(e);
         }
         let n = self.spec.n;
-        self.auditing_mut().asked.clear();
-        self.post_audit_requests(vec![None; n]);
-    }
-
-    /// A shard whose result was not finite here: the round goes on to the audit, which may
-    /// convict its owner and aggregate it again; otherwise the round fails with `e`.
-    pub(super) fn defer_non_finite(&mut self, shards: Vec<usize>, e: Error) {
-        self.auditing_mut().non_finite = Some((shards, e));
+        audit.asked.clear();
+        self.post_audit_requests(audit, vec![None; n]);
     }
 
     /// After the versions: this rank's audit requests ([`Round::choose_audits`]) to every
     /// owner (`NONE` where it audits none of that owner's sub-chunks).
-    pub(super) fn post_audit_requests(&mut self, known: Vec<Option<Digest>>) {
+    pub(super) fn post_audit_requests(
+        &mut self,
+        mut audit: Box<Auditing<'r>>,
+        known: Vec<Option<Digest>>,
+    ) {
         let (me, n) = (self.spec.me, self.spec.n);
         let erased = self.silent();
-        let a = self.auditing_mut();
-        a.known = known;
-        a.erased = erased;
-        let audit = a.ctx.audit;
-        let asked = a.asked.clone();
+        audit.known = known;
+        audit.erased = erased;
+        let samples = audit.ctx.audit.samples;
+        let asked = &audit.asked;
         let request = |o: Rank| -> Bytes {
-            let mut b = Vec::with_capacity(4 * audit.samples);
+            let mut b = Vec::with_capacity(4 * samples);
             match asked.iter().find(|(p, _)| *p == o) {
                 Some((_, subs)) => subs
                     .iter()
                     .for_each(|&j| b.extend_from_slice(&(j as u32).to_le_bytes())),
-                None => (0..audit.samples).for_each(|_| b.extend_from_slice(&NONE.to_le_bytes())),
+                None => (0..samples).for_each(|_| b.extend_from_slice(&NONE.to_le_bytes())),
             }
             Bytes::from(b)
         };
@@ -494,8 +511,8 @@ impl<'r, B> Round<'r, B> {
                 msg: Msg::Bytes(request(peer)),
             })
             .collect();
-        let recvs = self.audit_peers(4 * audit.samples);
-        self.post(Phase::AuditRequest, "audit_request", sends, recvs);
+        let recvs = self.audit_peers(4 * samples);
+        self.post(Phase::AuditRequest(audit), "audit_request", sends, recvs);
     }
 
     /// The peers found silent (missing or late) so far: the audit's steps do not wait for
@@ -523,12 +540,13 @@ impl<'r, B> Round<'r, B> {
 
     pub(super) fn requests_in<P: Plane<Buf = B>>(
         &mut self,
+        mut audit: Box<Auditing<'r>>,
         plane: &mut P,
         plan: &StepPlan,
         outcomes: Vec<Arrival<B>>,
     ) {
         let (me, m, samples) = {
-            let a = self.auditing().ctx.audit;
+            let a = audit.ctx.audit;
             (self.spec.me, a.sub_chunks, a.samples)
         };
         let mut askers = Vec::new();
@@ -561,13 +579,13 @@ impl<'r, B> Round<'r, B> {
         }
         // The audit data: each input's signed piece and its asked sub-chunks, cut where the
         // input lies (this rank's own from the plane's copy of its input).
-        let expect = self.expect();
+        let expect = self.expect(&audit);
         let shard = self.shard(me);
         let elem = self.spec.elem;
         let sends = askers
             .iter()
             .map(|(peer, subs)| {
-                let bytes = match &self.auditing().claim {
+                let bytes = match &audit.claim {
                     Some(c) => c.audit_data(&expect, subs, |sender, j| {
                         let r = sub_range(shard.len(), m, j);
                         let cut = if sender == me {
@@ -589,8 +607,7 @@ impl<'r, B> Round<'r, B> {
                 }
             })
             .collect();
-        let recvs = self
-            .auditing()
+        let recvs = audit
             .asked
             .iter()
             .map(|(o, subs)| RecvOp {
@@ -599,34 +616,34 @@ impl<'r, B> Round<'r, B> {
                 len: expect.n * expect.slot_len(*o, subs),
             })
             .collect();
-        self.auditing_mut().askers = askers;
-        self.post(Phase::AuditData, "audit_data", sends, recvs);
+        audit.askers = askers;
+        self.post(Phase::AuditData(audit), "audit_data", sends, recvs);
     }
 
     pub(super) fn data_in<P: Plane<Buf = B>>(
         &mut self,
+        mut audit: Box<Auditing<'r>>,
         plane: &mut P,
         plan: &StepPlan,
         outcomes: Vec<Arrival<B>>,
     ) {
-        let expect = self.expect();
+        let expect = self.expect(&audit);
         let (n, m, elem) = (self.spec.n, expect.m, self.spec.elem);
-        let asked = self.auditing().asked.clone();
+        let asked = audit.asked.clone();
         let mut refused = Vec::new();
         for ((op, a), (o, subs)) in plan.recvs.iter().zip(outcomes).zip(&asked) {
             debug_assert_eq!(op.peer, *o);
             let o = *o;
-            self.auditing_mut().report.audited.push((o, subs.clone()));
+            audit.report.audited.push((o, subs.clone()));
             let Arrival::Received(b) = a else {
                 self.arrival_fault(o, &a);
                 refused.push(o);
                 continue;
             };
             let shard = self.shard(o);
-            let (Some((result, result_leaves)), Some((signature, digest))) = (
-                self.auditing_mut().kept[o].take(),
-                self.auditing().headers[o],
-            ) else {
+            let (Some((result, result_leaves)), Some((signature, digest))) =
+                (audit.kept[o].take(), audit.headers[o])
+            else {
                 refused.push(o);
                 continue;
             };
@@ -666,7 +683,7 @@ impl<'r, B> Round<'r, B> {
                     break;
                 }
                 self.charge(theirs.len() * r.len() * elem);
-                let dtype = self.auditing().ctx.dtype;
+                let dtype = audit.ctx.dtype;
                 let agrees =
                     matches!(replay(self.rule, dtype, &theirs), Ok(out) if out == result[k]);
                 if agrees {
@@ -680,12 +697,12 @@ impl<'r, B> Round<'r, B> {
                     result: result[k].clone(),
                     inputs: theirs.iter().map(|b| b.to_vec()).collect(),
                 };
-                let a = self.auditing();
+                let a = &*audit;
                 let rule = self.rule;
                 match acc.verify(a.ctx.verifier, &a.ctx.call, &expect, |inputs| {
                     replay(rule, dtype, inputs)
                 }) {
-                    Ok(_) => self.auditing_mut().accusations.push(acc),
+                    Ok(_) => audit.accusations.push(acc),
                     Err(_) => refused.push(o),
                 }
                 break;
@@ -697,34 +714,31 @@ impl<'r, B> Round<'r, B> {
         for &o in &refused {
             flags[o] = REFUSED;
         }
-        for acc in &self.auditing().accusations {
+        for acc in &audit.accusations {
             flags[acc.claim.owner] = acc.sub as u32;
         }
         refused.sort_unstable();
         refused.dedup();
-        self.auditing_mut().report.refused = refused;
+        audit.report.refused = refused;
         let flags: Bytes = flags.iter().flat_map(|w| w.to_le_bytes()).collect();
         let sends = to_every_peer(self.spec.me, n, &flags);
         let recvs = self.audit_peers(4 * n);
-        self.post(Phase::Verdicts, "audit_verdicts", sends, recvs);
+        self.post(Phase::Verdicts(audit), "audit_verdicts", sends, recvs);
     }
 
     pub(super) fn verdicts_in<P: Plane<Buf = B>>(
         &mut self,
+        mut audit: Box<Auditing<'r>>,
         plane: &mut P,
         plan: &StepPlan,
         outcomes: Vec<Arrival<B>>,
     ) {
-        let expect = self.expect();
+        let expect = self.expect(&audit);
         let (me, n, m) = (self.spec.me, self.spec.n, expect.m);
         // An honest rank flags at most the owners it audits.
-        let most = self
-            .auditing()
-            .ctx
-            .audit
-            .owners_per_rank(n, self.rule.byzantine());
+        let most = audit.ctx.audit.owners_per_rank(n, self.rule.byzantine());
         let mut recvs = Vec::new();
-        let mut again: Vec<usize> = self.auditing().report.refused.clone();
+        let mut again: Vec<usize> = audit.report.refused.clone();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             let Arrival::Received(b) = a else {
                 self.arrival_fault(op.peer, &a);
@@ -759,9 +773,9 @@ impl<'r, B> Round<'r, B> {
         }
         again.sort_unstable();
         again.dedup();
-        self.auditing_mut().again = again;
+        audit.again = again;
         let mut sends = Vec::new();
-        for acc in &self.auditing().accusations {
+        for acc in &audit.accusations {
             let proof = Bytes::from(acc.encode(&expect));
             for peer in schedule::direct_peers(me, n) {
                 sends.push(Send {
@@ -771,22 +785,22 @@ impl<'r, B> Round<'r, B> {
                 });
             }
         }
-        self.post(Phase::Proofs, "audit_proofs", sends, recvs);
+        self.post(Phase::Proofs(audit), "audit_proofs", sends, recvs);
     }
 
     pub(super) fn proofs_in<P: Plane<Buf = B>>(
         &mut self,
+        mut audit: Box<Auditing<'r>>,
         plane: &mut P,
         plan: &StepPlan,
         outcomes: Vec<Arrival<B>>,
     ) {
-        let expect = self.expect();
+        let expect = self.expect(&audit);
         let (me, n) = (self.spec.me, self.spec.n);
-        let (dtype, call) = (self.auditing().ctx.dtype, self.auditing().ctx.call);
+        let (dtype, call) = (audit.ctx.dtype, audit.ctx.call);
         // Every accusation, this rank's own among them, checked alike; one about another
         // owner than the one its sender flagged (the receive's tag) proves nothing here.
-        let mut proofs: Vec<(Rank, Result<Accusation, crate::audit::Refuted>)> = self
-            .auditing()
+        let mut proofs: Vec<(Rank, Result<Accusation, crate::audit::Refuted>)> = audit
             .accusations
             .iter()
             .map(|a| (me, Ok(a.clone())))
@@ -811,13 +825,13 @@ impl<'r, B> Round<'r, B> {
         for (from, proof) in proofs {
             let rule = self.rule;
             let verdict = proof.and_then(|acc| {
-                acc.verify(self.auditing().ctx.verifier, &call, &expect, |inputs| {
+                acc.verify(audit.ctx.verifier, &call, &expect, |inputs| {
                     replay(rule, dtype, inputs)
                 })
             });
             match verdict {
                 Ok(lie) => {
-                    let report = &mut self.auditing_mut().report;
+                    let report = &mut audit.report;
                     if !report.convicted.iter().any(|l| l.owner == lie.owner) {
                         report.convicted.push(lie);
                     }
@@ -825,27 +839,23 @@ impl<'r, B> Round<'r, B> {
                 Err(why) => {
                     let why = why.to_string();
                     self.add_fault(from, Fault::Malformed(format!("a false accusation: {why}")));
-                    self.auditing_mut().report.false_accusers.push((from, why));
+                    audit.report.false_accusers.push((from, why));
                 }
             }
         }
-        self.auditing_mut()
-            .report
-            .convicted
-            .sort_unstable_by_key(|l| l.owner);
+        audit.report.convicted.sort_unstable_by_key(|l| l.owner);
         // Every rank's piece of each shard to aggregate again (a convicted owner's, or one an
         // auditor could not replay), to every rank.
-        let mut shards: Vec<usize> = self
-            .auditing()
+        let mut shards: Vec<usize> = audit
             .report
             .convicted
             .iter()
             .map(|l| l.shard)
-            .chain(self.auditing().again.iter().copied())
+            .chain(audit.again.iter().copied())
             .collect();
         shards.sort_unstable();
         shards.dedup();
-        let erased = self.auditing().erased.clone();
+        let erased = audit.erased.clone();
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
         for &s in &shards {
@@ -864,19 +874,20 @@ impl<'r, B> Round<'r, B> {
                 }
             }
         }
-        self.auditing_mut().report.recomputed = shards;
-        self.post(Phase::Recompute, "audit_recompute", sends, recvs);
+        audit.report.recomputed = shards;
+        self.post(Phase::Recompute(audit), "audit_recompute", sends, recvs);
     }
 
     pub(super) fn recomputed<P: Plane<Buf = B>>(
         &mut self,
+        mut audit: Box<Auditing<'r>>,
         plane: &mut P,
         plan: &StepPlan,
         outcomes: Vec<Arrival<B>>,
     ) {
         let me = self.spec.me;
-        let dtype = self.auditing().ctx.dtype;
-        let shards = self.auditing().report.recomputed.clone();
+        let dtype = audit.ctx.dtype;
+        let shards = audit.report.recomputed.clone();
         let mut pieces: Vec<Vec<(Rank, Vec<u8>)>> = vec![Vec::new(); shards.len()];
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             match a {
@@ -894,8 +905,8 @@ impl<'r, B> Round<'r, B> {
                 other => self.arrival_fault(op.peer, &other),
             }
         }
-        let report = std::mem::take(&mut self.auditing_mut().report);
-        let mut known = std::mem::take(&mut self.auditing_mut().known);
+        let report = std::mem::take(&mut audit.report);
+        let mut known = std::mem::take(&mut audit.known);
         // A round that failed before the audit walked its steps with nothing to say, so that
         // every rank numbers them alike: it ends here.
         if self.failed.is_some() {
@@ -930,7 +941,7 @@ impl<'r, B> Round<'r, B> {
             }
         }
         // A shard whose result was not finite here stands unless it was aggregated again.
-        if let Some((failed, e)) = self.auditing_mut().non_finite.take() {
+        if let Some((failed, e)) = audit.non_finite.take() {
             if failed.iter().any(|s| !report.recomputed.contains(s)) {
                 self.report.audit = Some(report);
                 return self.fail(e);

@@ -272,7 +272,7 @@ enum Statistics<'a> {
 
 /// Where the round is: the step whose outcomes it waits for, with what that step's handler
 /// alone needs.
-enum Phase<B> {
+enum Phase<'r, B> {
     Gather,
     Scatter,
     /// A statistic round; `k` counts iterations of an iterative rule.
@@ -295,12 +295,13 @@ enum Phase<B> {
         encoded: Vec<Bytes>,
     },
     /// Audited sharding (`audited`): the audit requests, the audit data, the verdicts, the
-    /// proofs, and the convicted owners' shards aggregated again.
-    AuditRequest,
-    AuditData,
-    Verdicts,
-    Proofs,
-    Recompute,
+    /// proofs, and the convicted owners' shards aggregated again, each with the audit's state
+    /// (which moves here from [`Round`]'s `audit` at the audit's first step).
+    AuditRequest(Box<audited::Auditing<'r>>),
+    AuditData(Box<audited::Auditing<'r>>),
+    Verdicts(Box<audited::Auditing<'r>>),
+    Proofs(Box<audited::Auditing<'r>>),
+    Recompute(Box<audited::Auditing<'r>>),
     /// The confirmation step after the cross-check (gather mode, `Detect`, stragglers
     /// allowed): the result this rank ends with (none where the round failed), and what the
     /// cross-check found.
@@ -311,7 +312,7 @@ enum Phase<B> {
     Done,
 }
 
-impl<B> Phase<B> {
+impl<B> Phase<'_, B> {
     fn name(&self) -> &'static str {
         match self {
             Phase::Gather => "gather",
@@ -322,11 +323,11 @@ impl<B> Phase<B> {
             Phase::Resend(_) => "resend",
             Phase::Echo => "echo",
             Phase::Recover => "recover",
-            Phase::AuditRequest => "audit request",
-            Phase::AuditData => "audit data",
-            Phase::Verdicts => "verdicts",
-            Phase::Proofs => "proofs",
-            Phase::Recompute => "recompute",
+            Phase::AuditRequest(_) => "audit request",
+            Phase::AuditData(_) => "audit data",
+            Phase::Verdicts(_) => "verdicts",
+            Phase::Proofs(_) => "proofs",
+            Phase::Recompute(_) => "recompute",
             Phase::Check { .. } => "check",
             Phase::Confirm { .. } => "confirm",
             Phase::Done => "done",
@@ -341,7 +342,7 @@ pub struct Round<'r, B> {
     /// Owners per shard (0 in gather mode).
     r: usize,
     statistics: Statistics<'r>,
-    phase: Phase<B>,
+    phase: Phase<'r, B>,
     plan: Option<StepPlan>,
     steps: u32,
     report: RoundReport,
@@ -388,10 +389,9 @@ pub struct Round<'r, B> {
     /// The plane's measurements of the inputs against the results this rank made, summed
     /// over its owned shards ([`RoundReport::attribution`]).
     measured: Option<Measure>,
-    /// An audited round's state (`audited`); `None` in any other round. Not a `Phase`
-    /// variant's: it lives across the scatter and versions phases that audited and plain
-    /// rounds share, and the audit-only phases are entered only when it is `Some` (the
-    /// constructor's choice), which is what `Round::auditing` relies on.
+    /// An audited round's state (`audited`) through the scatter and versions phases, which
+    /// audited and plain rounds share; `None` in any other round, and once the audit's own
+    /// phases begin: their [`Phase`] variants carry it from there.
     audit: Option<Box<audited::Auditing<'r>>>,
 }
 
@@ -636,11 +636,11 @@ impl<'r, B> Round<'r, B> {
             Phase::Resend(pending) => self.resent(plane, &plan, outcomes, pending),
             Phase::Echo => self.echoed(plane, &plan, outcomes),
             Phase::Recover => self.recovered(plane, &plan, outcomes),
-            Phase::AuditRequest => self.requests_in(plane, &plan, outcomes),
-            Phase::AuditData => self.data_in(plane, &plan, outcomes),
-            Phase::Verdicts => self.verdicts_in(plane, &plan, outcomes),
-            Phase::Proofs => self.proofs_in(plane, &plan, outcomes),
-            Phase::Recompute => self.recomputed(plane, &plan, outcomes),
+            Phase::AuditRequest(a) => self.requests_in(a, plane, &plan, outcomes),
+            Phase::AuditData(a) => self.data_in(a, plane, &plan, outcomes),
+            Phase::Verdicts(a) => self.verdicts_in(a, plane, &plan, outcomes),
+            Phase::Proofs(a) => self.proofs_in(a, plane, &plan, outcomes),
+            Phase::Recompute(a) => self.recomputed(a, plane, &plan, outcomes),
             Phase::Check { mine, encoded } => self.checked(plane, &plan, outcomes, mine, encoded),
             Phase::Confirm { result, found } => {
                 self.confirmed(plane, &plan, outcomes, result, found)
@@ -692,7 +692,13 @@ impl<'r, B> Round<'r, B> {
         self.lag_in.saturating_add(index).saturating_add(1)
     }
 
-    fn post(&mut self, phase: Phase<B>, op: &'static str, sends: Vec<Send>, recvs: Vec<RecvOp>) {
+    fn post(
+        &mut self,
+        phase: Phase<'r, B>,
+        op: &'static str,
+        sends: Vec<Send>,
+        recvs: Vec<RecvOp>,
+    ) {
         // With stragglers allowed, no step waits for its sends to a straggler to leave (a
         // rendezvous transport would hold it until the straggler posts the step): each ends
         // with its receives, all of them.
@@ -714,7 +720,7 @@ impl<'r, B> Round<'r, B> {
     /// last).
     fn post_inputs(
         &mut self,
-        phase: Phase<B>,
+        phase: Phase<'r, B>,
         op: &'static str,
         sends: Vec<Send>,
         mut recvs: Vec<RecvOp>,
@@ -744,7 +750,7 @@ impl<'r, B> Round<'r, B> {
     /// need it.
     fn post_awaiting_late(
         &mut self,
-        phase: Phase<B>,
+        phase: Phase<'r, B>,
         op: &'static str,
         sends: Vec<Send>,
         mut recvs: Vec<RecvOp>,
@@ -778,7 +784,7 @@ impl<'r, B> Round<'r, B> {
 
     fn post_quorum(
         &mut self,
-        phase: Phase<B>,
+        phase: Phase<'r, B>,
         op: &'static str,
         sends: Vec<Send>,
         recvs: Vec<RecvOp>,

@@ -57,8 +57,8 @@ impl<'r, B> Round<'r, B> {
                 len: self.bytes(self.shard(s).len()),
             })
             .collect();
-        if self.audit.is_some() {
-            self.audit_scatter(&mut sends, &mut recvs);
+        if let Some(audit) = &self.audit {
+            self.audit_scatter(audit, &mut sends, &mut recvs);
         }
         // Each sender sends this rank a piece of each of its `r` owned shards.
         self.post_inputs(Phase::Scatter, "robust_sharded", sends, recvs, r);
@@ -85,9 +85,11 @@ impl<'r, B> Round<'r, B> {
     ) {
         let (me, n) = (self.spec.me, self.spec.n);
         let owned = self.owned();
+        // An audited round's state, out of the round while the pieces are taken in.
+        let mut audit = self.audit.take();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
-            if self.audit.is_some() && op.tag as usize >= n {
-                self.signed_piece_arrived(plane, op.peer, a);
+            if let Some(audit) = audit.as_deref_mut().filter(|_| op.tag as usize >= n) {
+                self.signed_piece_arrived(audit, plane, op.peer, a);
                 continue;
             }
             self.arrival_fault(op.peer, &a);
@@ -97,9 +99,10 @@ impl<'r, B> Round<'r, B> {
                 self.arrived[i][op.peer] = Some(b);
             }
         }
-        if self.audit.is_some() {
-            self.check_pieces(plane);
+        if let Some(audit) = audit.as_deref_mut() {
+            self.check_pieces(audit, plane);
         }
+        self.audit = audit;
         let mut digests = Vec::new();
         let mut non_finite = Vec::new();
         let mut inputs = n;
@@ -160,8 +163,10 @@ impl<'r, B> Round<'r, B> {
                 }
                 non_finite.sort_unstable();
                 self.report.non_finite = non_finite;
-                if self.audit.is_some() {
-                    if let Err(e) = self.sign_claim(plane) {
+                if let Some(mut audit) = self.audit.take() {
+                    let signed = self.sign_claim(&mut audit, plane);
+                    self.audit = Some(audit);
+                    if let Err(e) = signed {
                         return self.fail(e);
                     }
                 }

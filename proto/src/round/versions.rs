@@ -49,8 +49,8 @@ impl<'r, B> Round<'r, B> {
                 },
             })
             .collect();
-        if self.audit.is_some() {
-            self.audit_versions(&mut sends, &mut recvs);
+        if let Some(audit) = &self.audit {
+            self.audit_versions(audit, &mut sends, &mut recvs);
         }
         self.post(Phase::Versions, "robust_sharded", sends, recvs);
     }
@@ -72,7 +72,9 @@ impl<'r, B> Round<'r, B> {
         let mut versions: Vec<Vec<(Rank, Src<'_, B>)>> = (0..n).map(|_| Vec::new()).collect();
         let mut faults = Vec::new();
         let mut version_bytes = 0;
-        let auditing = self.audit.is_some();
+        // An audited round's state, out of the round while the results are taken in.
+        let mut audit = self.audit.take();
+        let auditing = audit.is_some();
         let mut headers = Vec::new();
         let outcomes: Vec<(Rank, usize, Arrival<B>)> = plan
             .recvs
@@ -86,27 +88,27 @@ impl<'r, B> Round<'r, B> {
                 false => Some((op.peer, op.tag as usize, a)),
             })
             .collect();
-        for (o, a) in headers {
-            self.header_arrived(plane, o, a);
-        }
-        if auditing {
-            self.choose_audits();
-        }
-        let outcomes: Vec<(Rank, usize, Arrival<B>)> = match auditing {
-            false => outcomes,
-            true => outcomes
-                .into_iter()
-                .map(|(o, s, a)| match a {
-                    Arrival::Received(b) if !self.version_signed(plane, o, &b) => (
-                        o,
-                        s,
-                        Arrival::Malformed(format!(
-                            "its result for shard {s} is not the one its claim signs"
-                        )),
-                    ),
-                    a => (o, s, a),
-                })
-                .collect(),
+        let outcomes: Vec<(Rank, usize, Arrival<B>)> = match audit.as_deref_mut() {
+            None => outcomes,
+            Some(audit) => {
+                for (o, a) in headers {
+                    self.header_arrived(audit, plane, o, a);
+                }
+                self.choose_audits(audit);
+                outcomes
+                    .into_iter()
+                    .map(|(o, s, a)| match a {
+                        Arrival::Received(b) if !self.version_signed(audit, plane, o, &b) => (
+                            o,
+                            s,
+                            Arrival::Malformed(format!(
+                                "its result for shard {s} is not the one its claim signs"
+                            )),
+                        ),
+                        a => (o, s, a),
+                    })
+                    .collect()
+            }
         };
         for (o, s, a) in &outcomes {
             match a {
@@ -135,13 +137,14 @@ impl<'r, B> Round<'r, B> {
                 for (k, o) in sharded::owners(s, n, r).enumerate() {
                     if let Some((_, src)) = vs.iter().find(|(from, _)| *from == o) {
                         // An audited round hashed each result already (its leaves' root).
-                        let root = self.audit.as_ref().and_then(|a| a.roots[o]);
+                        let root = audit.as_ref().and_then(|a| a.roots[o]);
                         let digest = root.unwrap_or_else(|| plane.commitment(src.clone()));
                         digests.push((s * r + k, digest));
                     }
                 }
             }
         }
+        self.audit = audit;
         let (lost, combined, non_finite) = self.combine_versions(plane, &mut versions);
         drop(versions);
         drop(outcomes);
@@ -158,12 +161,14 @@ impl<'r, B> Round<'r, B> {
             self.seen.versions[at] = Some(d);
         }
         self.report.peak_bytes = peak;
-        let combined = match combined {
-            Err(e) if !non_finite.is_empty() => {
-                self.defer_non_finite(non_finite, e);
+        // A shard whose result was not finite here: an audited round goes on to the audit,
+        // which may convict its owner and aggregate it again, and fails with `e` otherwise.
+        let combined = match (combined, self.audit.as_deref_mut()) {
+            (Err(e), Some(audit)) if !non_finite.is_empty() => {
+                audit.non_finite = Some((non_finite, e));
                 Ok(())
             }
-            other => other,
+            (other, _) => other,
         };
         self.end_versions(plane, lost, combined, Some(shards));
     }
@@ -577,19 +582,19 @@ impl<'r, B> Round<'r, B> {
                 owners: sharded::owners(s, n, r).collect(),
                 faults,
             };
-            return match self.audit.is_some() {
-                true => self.fail_through_audit(e),
-                false => self.fail(e),
+            return match self.audit.take() {
+                Some(audit) => self.fail_through_audit(audit, e),
+                None => self.fail(e),
             };
         }
         if let Err(e) = combined {
-            return match self.audit.is_some() {
-                true => self.fail_through_audit(e),
-                false => self.fail(e),
+            return match self.audit.take() {
+                Some(audit) => self.fail_through_audit(audit, e),
+                None => self.fail(e),
             };
         }
-        if self.audit.is_some() {
-            return self.post_audit_requests(shards.unwrap_or_else(|| vec![None; n]));
+        if let Some(audit) = self.audit.take() {
+            return self.post_audit_requests(audit, shards.unwrap_or_else(|| vec![None; n]));
         }
         let digest = match self.spec.shape {
             _ if !self.detect() => None,
