@@ -12,10 +12,11 @@
 //! UCX_TLS=sm,self FI_PROVIDER=shm cargo bench --features ucx,libfabric --bench collectives -- --mpi-btl vader
 //! ```
 //!
-//! Without `BYZCOLL_RANK` in its environment the binary is the launcher: for each transport of
+//! Without the hidden `--rank-results` flag the binary is the launcher: for each transport of
 //! `--transports` (default: `tcp` and every other transport in `byzcoll::TRANSPORTS` that this
 //! build has, except `nccl`, which needs one GPU per rank) it starts `--ranks` copies of itself
-//! through `byzcoll_cli::launch` with `BYZCOLL_TRANSPORT` set, then runs the MPI anchor. A transport
+//! through `byzcoll_cli::launch` with `BYZCOLL_TRANSPORT` set and its own command line plus
+//! `--rank-results`, `--rank-label` and `--rank-runtime`, then runs the MPI anchor. A transport
 //! this build lacks is an error naming the cargo feature. UCX and libfabric stay on loopback:
 //! the caller's `UCX_TLS`, `UCX_NET_DEVICES`, `FI_PROVIDER` and `FI_*_IFACE` are honoured, and
 //! where unset the ranks get `UCX_TLS=tcp,self UCX_NET_DEVICES=lo` and
@@ -38,6 +39,7 @@
 
 #![allow(clippy::print_stdout)]
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -66,6 +68,26 @@ struct Args {
     f: Option<usize>,
     /// `--bf16`: the robust rows again on `bf16` vectors of the same length.
     bf16: bool,
+    /// Set when this process is one of the launched ranks.
+    rank: Option<RankArgs>,
+}
+
+/// What the launcher tells one of its ranks, on the rank's command line.
+struct RankArgs {
+    /// The file rank 0 appends its results to.
+    results: PathBuf,
+    /// The transport spec (`tcp+mt`, ...) that labels the rows; `None`: the transport's name.
+    label: Option<String>,
+    runtime: RankRuntime,
+}
+
+/// The tokio runtime a rank runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RankRuntime {
+    /// The task awaiting a collective also runs the transport's tasks.
+    CurrentThread,
+    /// The `+mt` variant: every frame crosses from a worker to the caller.
+    MultiThread,
 }
 
 /// The transports run when `--transports` is not given: every one this build has across
@@ -121,8 +143,8 @@ fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
     Ok(chosen)
 }
 
-/// The environment one transport's ranks get: `BYZCOLL_TRANSPORT` (and the variants' settings),
-/// and loopback defaults for the UCX and libfabric settings the caller left unset.
+/// The environment one transport's ranks get: `BYZCOLL_TRANSPORT` (and the variants' library
+/// settings), and loopback defaults for the UCX and libfabric settings the caller left unset.
 fn transport_env(spec: &str) -> Vec<(String, String)> {
     let mut parts = spec.split('+');
     let name = parts.next().unwrap_or_default();
@@ -137,27 +159,34 @@ fn transport_env(spec: &str) -> Vec<(String, String)> {
         ],
         _ => &[],
     };
-    let mut env = vec![
-        ("BYZCOLL_TRANSPORT".to_string(), name.to_string()),
-        ("BYZCOLL_BENCH_LABEL".to_string(), spec.to_string()),
-    ];
+    let mut env = vec![("BYZCOLL_TRANSPORT".to_string(), name.to_string())];
     for variant in parts {
         match variant {
             "mac" => env.push(("BYZCOLL_FRAME_MAC".into(), "1".into())),
             "off" => env.push(("BYZCOLL_AGREEMENT".into(), "off".into())),
             "enforce" => env.push(("BYZCOLL_AGREEMENT".into(), "enforce".into())),
             "ring" => env.push(("BYZCOLL_DOUBLING_MAX_BYTES".into(), "0".into())),
-            "mt" => env.push(("BYZCOLL_BENCH_RUNTIME".into(), "multi_thread".into())),
+            // `mt` is the bench's own: see `rank_runtime`.
             _ => {}
         }
     }
     env.extend(
         defaults
             .iter()
+            // The caller's own UCX/libfabric settings win over the loopback defaults.
             .filter(|(k, _)| std::env::var_os(k).is_none())
             .map(|(k, v)| (k.to_string(), v.to_string())),
     );
     env
+}
+
+/// The runtime one transport spec's ranks run on: the multi-threaded one under `+mt`.
+fn rank_runtime(spec: &str) -> RankRuntime {
+    if spec.split('+').skip(1).any(|v| v == "mt") {
+        RankRuntime::MultiThread
+    } else {
+        RankRuntime::CurrentThread
+    }
 }
 
 /// The transport's own settings as the ranks see them, for the table header.
@@ -168,6 +197,7 @@ fn transport_settings(name: &str) -> String {
         _ => &[],
     };
     vars.iter()
+        // What the libraries will read: the caller's values or the launcher's defaults.
         .filter_map(|v| std::env::var(v).ok().map(|x| format!(" {v}={x}")))
         .collect()
 }
@@ -232,6 +262,16 @@ struct Cli {
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
+    /// Set by the launcher on its ranks' command lines, never by hand: the file rank 0 appends
+    /// its results to. A process is one of the launched ranks iff it is given this flag.
+    #[arg(long, hide = true, value_name = "PATH")]
+    rank_results: Option<PathBuf>,
+    /// Set by the launcher with `--rank-results`: the transport spec that labels the rows.
+    #[arg(long, hide = true, value_name = "SPEC", requires = "rank_results")]
+    rank_label: Option<String>,
+    /// Set by the launcher with `--rank-results`: the rank's tokio runtime.
+    #[arg(long, hide = true, value_enum, requires = "rank_results")]
+    rank_runtime: Option<RankRuntime>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -260,6 +300,11 @@ fn parse_args() -> Result<Args, String> {
         sub_round_bytes: cli.sub_round_bytes,
         f: cli.f,
         bf16: cli.bf16,
+        rank: cli.rank_results.map(|results| RankArgs {
+            results,
+            label: cli.rank_label,
+            runtime: cli.rank_runtime.unwrap_or(RankRuntime::CurrentThread),
+        }),
     })
 }
 
@@ -340,62 +385,73 @@ fn status_mib(field: &str) -> f64 {
 /// The label of the results-file line that carries the idle rank's resident set.
 const IDLE: &str = "idle";
 
-/// Prints one table row, labelled with the transport; rank 0 also appends
-/// `elements-per-rank seconds rss label` to the results file the launcher named for this
-/// transport, for the ratio table.
-#[allow(clippy::too_many_arguments)]
-fn row(
-    size: usize,
-    count: usize,
-    ty: &str,
-    redop: &str,
-    (seconds, rss): (f64, f64),
-    bus_factor: f64,
-    transport: &str,
-    label: &str,
-) {
-    let algbw = size as f64 / seconds / 1e9;
-    let per_rank = if label == "all_gather" {
-        size / 4 / ranks()
-    } else {
-        count
-    };
-    record(per_rank, seconds, rss, label);
-    println!(
-        "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3} {rss:>9.1}   {transport:<9} {label}",
-        ty,
-        seconds * 1e6,
-        algbw * bus_factor
-    );
+/// Where rank 0 reports one transport's results: the table on stdout and the results file the
+/// launcher named for this transport, for the ratio table.
+struct Report<'a> {
+    /// The results file (`--rank-results`).
+    results: &'a Path,
+    /// The label of the table's transport column.
+    transport: &'a str,
+    /// The world size.
+    n: usize,
 }
 
-/// Appends `elements-per-rank seconds rss label` to the results file the launcher named.
-fn record(per_rank: usize, seconds: f64, rss: f64, label: &str) {
-    if let Some(path) = std::env::var_os("BYZCOLL_BENCH_RESULTS") {
+impl Report<'_> {
+    /// Prints one table row, labelled with the transport, and records it.
+    #[allow(clippy::too_many_arguments)]
+    fn row(
+        &self,
+        size: usize,
+        count: usize,
+        ty: &str,
+        redop: &str,
+        (seconds, rss): (f64, f64),
+        bus_factor: f64,
+        label: &str,
+    ) {
+        let algbw = size as f64 / seconds / 1e9;
+        let per_rank = if label == "all_gather" {
+            size / 4 / self.n
+        } else {
+            count
+        };
+        self.record(per_rank, seconds, rss, label);
+        let transport = self.transport;
+        println!(
+            "{size:>12} {count:>10} {:>6} {redop:>7} {:>12.1} {algbw:>8.3} {:>8.3} {rss:>9.1}   {transport:<9} {label}",
+            ty,
+            seconds * 1e6,
+            algbw * bus_factor
+        );
+    }
+
+    /// Appends `elements-per-rank seconds rss label` to the results file.
+    fn record(&self, per_rank: usize, seconds: f64, rss: f64, label: &str) {
         use std::io::Write;
         if let Ok(mut f) = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
-            .open(path)
+            .open(self.results)
         {
             let _ = writeln!(f, "{per_rank} {seconds} {rss} {label}");
         }
     }
 }
 
-fn ranks() -> usize {
-    std::env::var("BYZCOLL_WORLD_SIZE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
-}
-
-async fn worker(args: &Args) -> Result<(), String> {
+async fn worker(args: &Args, rank: &RankArgs) -> Result<(), String> {
     let mut comm = byzcoll::init().await.map_err(|e| e.to_string())?;
     if let Some(bytes) = args.sub_round_bytes {
         comm.set_sub_round_bytes(bytes);
     }
     let (me, n) = (comm.rank(), comm.size());
+    let report = Report {
+        results: &rank.results,
+        transport: rank
+            .label
+            .as_deref()
+            .unwrap_or_else(|| comm.transport().name()),
+        n,
+    };
     // The largest resident set of a connected rank before any vector is allocated: what the
     // second memory line of the ratio table leaves out.
     let mut idle = [status_mib("VmRSS:")];
@@ -403,7 +459,7 @@ async fn worker(args: &Args) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     if me == 0 {
-        record(0, 0.0, idle[0], IDLE);
+        report.record(0, 0.0, idle[0], IDLE);
     }
     let nf = n as f64;
     let enforce = comm.agreement() == byzcoll::Agreement::Enforce;
@@ -416,14 +472,10 @@ async fn worker(args: &Args) -> Result<(), String> {
         None => most,
     };
     let median = Median::new(f);
-    let label = std::env::var("BYZCOLL_BENCH_LABEL").ok();
-    let transport: &str = match &label {
-        Some(l) => l,
-        None => comm.transport().name(),
-    };
     if me == 0 {
         println!(
-            "# byzcoll over {transport}{} on loopback, {n} ranks, median f = {f}, agreement {:?}",
+            "# byzcoll over {}{} on loopback, {n} ranks, median f = {f}, agreement {:?}",
+            report.transport,
             transport_settings(comm.transport().name()),
             comm.agreement()
         );
@@ -456,14 +508,13 @@ async fn worker(args: &Args) -> Result<(), String> {
             )
             .await;
             if me == 0 {
-                row(
+                report.row(
                     bytes,
                     d,
                     "float",
                     "sum",
                     t,
                     2.0 * (nf - 1.0) / nf,
-                    transport,
                     "all_reduce",
                 );
             }
@@ -484,14 +535,13 @@ async fn worker(args: &Args) -> Result<(), String> {
             )
             .await;
             if me == 0 {
-                row(
+                report.row(
                     bytes * n,
                     d * n,
                     "float",
                     "none",
                     t,
                     (nf - 1.0) / nf,
-                    transport,
                     "all_gather",
                 );
             }
@@ -539,7 +589,7 @@ async fn worker(args: &Args) -> Result<(), String> {
             )
             .await;
             if me == 0 {
-                row(bytes, d, "float", "median", t, received, transport, &label);
+                report.row(bytes, d, "float", "median", t, received, &label);
             }
             if !args.bf16 {
                 continue;
@@ -560,16 +610,7 @@ async fn worker(args: &Args) -> Result<(), String> {
             .await;
             if me == 0 {
                 let label = format!("{label} bf16");
-                row(
-                    bytes / 2,
-                    d,
-                    "bf16",
-                    "median",
-                    t,
-                    received,
-                    transport,
-                    &label,
-                );
+                report.row(bytes / 2, d, "bf16", "median", t, received, &label);
             }
         }
     }
@@ -809,12 +850,18 @@ fn run_transport(
     let exe = std::env::current_exe().expect("current exe");
     let mut command = vec![exe.into_os_string()];
     command.extend(std::env::args_os().skip(1));
+    let runtime_flag = clap::ValueEnum::to_possible_value(&rank_runtime(transport))
+        .expect("RankRuntime skips no variant");
+    command.extend([
+        "--rank-results".into(),
+        results.as_os_str().to_owned(),
+        "--rank-label".into(),
+        transport.into(),
+        "--rank-runtime".into(),
+        runtime_flag.get_name().into(),
+    ]);
     let mut env = transport_env(transport);
     env.push(("BYZCOLL_TIMEOUT_MS".into(), "120000".into()));
-    env.push((
-        "BYZCOLL_BENCH_RESULTS".into(),
-        results.to_string_lossy().into_owned(),
-    ));
     println!();
     let spinner = rows::progress(None, transport);
     spinner.set_message(format!("{} ranks", args.ranks));
@@ -864,12 +911,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if std::env::var_os("BYZCOLL_RANK").is_some() {
-        // `+mt`: the ranks on the multi-threaded runtime, where every frame crosses from a
-        // worker to the caller.
-        let multi = std::env::var("BYZCOLL_BENCH_RUNTIME").as_deref() == Ok("multi_thread");
-        let runtime = rows::runtime(multi);
-        return match runtime.block_on(worker(&args)) {
+    if let Some(rank) = &args.rank {
+        let runtime = rows::runtime(rank.runtime == RankRuntime::MultiThread);
+        return match runtime.block_on(worker(&args, rank)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("collectives bench: {e}");

@@ -10,6 +10,8 @@
 //! ```
 //!
 //! The ranks run on a current-thread tokio runtime (`--multi-thread`: the multi-threaded one).
+//! They are copies of this binary that `byzcoll_cli::launch` starts with the launcher's command
+//! line plus the hidden `--rank-results` and `--rank-label`.
 //!
 //! Two ranks on 127.0.0.1 (UCX pinned with `UCX_NET_DEVICES=lo`). Latency: ping-pong of 8-byte
 //! messages, reported one way (half the round trip). Bandwidth: rank 0 sends windows of 8
@@ -24,6 +26,7 @@
 
 #![allow(clippy::print_stdout)]
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -57,9 +60,20 @@ struct Args {
     /// Which configurations to run, comma-separated (`tcp,ucx-sm,...`; all when absent).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Print each `ucx_perftest` client's exit status and full output on stderr.
+    #[arg(long)]
+    debug: bool,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
+    /// Set by the launcher on its ranks' command lines, never by hand: the file rank 0 appends
+    /// its results to. A process is one of the launched ranks iff it is given this flag.
+    #[arg(long, hide = true, value_name = "PATH")]
+    rank_results: Option<PathBuf>,
+    /// Set by the launcher with `--rank-results`: the configuration (`tcp`, `ucx-sm`, ...) that
+    /// labels the results (default: the transport's name).
+    #[arg(long, hide = true, value_name = "LABEL", requires = "rank_results")]
+    rank_label: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -170,11 +184,14 @@ async fn bandwidth(
     (size * window as usize * windows) as f64 / secs / (1 << 20) as f64
 }
 
-async fn worker(args: &Args) -> Result<(), String> {
+/// One launched rank: measures, and rank 0 appends the results to `results`.
+async fn worker(args: &Args, results: &Path) -> Result<(), String> {
     let mut comm: Communicator = byzcoll::init().await.map_err(|e| e.to_string())?;
     comm.barrier().await.map_err(|e| e.to_string())?;
-    let label =
-        std::env::var("BYZCOLL_BENCH_LABEL").unwrap_or_else(|_| comm.transport().name().into());
+    let label = args
+        .rank_label
+        .as_deref()
+        .unwrap_or_else(|| comm.transport().name());
     let t = comm.transport();
     let mut keys = Keys(1 << 40);
     let mut lines = Vec::new();
@@ -191,24 +208,23 @@ async fn worker(args: &Args) -> Result<(), String> {
         lines.push(format!("{label} bw {size} {bw:.1}"));
     }
     if t.rank() == 0 {
-        if let Some(path) = std::env::var_os("BYZCOLL_BENCH_RESULTS") {
-            use std::io::Write;
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(path)
-                .map_err(|e| e.to_string())?;
-            for l in lines {
-                writeln!(f, "{l}").map_err(|e| e.to_string())?;
-            }
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(results)
+            .map_err(|e| e.to_string())?;
+        for l in lines {
+            writeln!(f, "{l}").map_err(|e| e.to_string())?;
         }
     }
     Ok(())
 }
 
 /// Runs `ucx_perftest` (server and client on 127.0.0.1) and returns the "Final:" row's
-/// (average latency in µs, overall bandwidth in MiB/s).
-fn perftest(tls: &str, test: &str, size: usize) -> Option<(f64, f64)> {
+/// (average latency in µs, overall bandwidth in MiB/s); `debug`: prints the client's status
+/// and output on stderr.
+fn perftest(tls: &str, test: &str, size: usize, debug: bool) -> Option<(f64, f64)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .ok()?
@@ -252,7 +268,7 @@ fn perftest(tls: &str, test: &str, size: usize) -> Option<(f64, f64)> {
     let _ = server.wait();
     let out = out.ok()?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    if std::env::var_os("BYZCOLL_BENCH_DEBUG").is_some() {
+    if debug {
         eprintln!("ucx_perftest {test} {size}: {}\n{text}", out.status);
     }
     // The last row of numbers: iterations, overhead p50/average/overall (µs), bandwidth
@@ -381,9 +397,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = rows::runtime(args.multi_thread || std::env::var_os("BYZCOLL_RANK").is_none());
-    if std::env::var_os("BYZCOLL_RANK").is_some() {
-        return match runtime.block_on(worker(&args)) {
+    if let Some(results) = &args.rank_results {
+        let runtime = rows::runtime(args.multi_thread);
+        return match runtime.block_on(worker(&args, results)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("p2p bench: {e}");
@@ -391,6 +407,7 @@ fn main() -> ExitCode {
             }
         };
     }
+    let runtime = rows::runtime(true);
     let mut configs: Vec<(&str, Vec<(String, String)>)> = vec![("tcp", vec![])];
     if available("ucx") {
         for tls in ["tcp", "sm"] {
@@ -432,14 +449,15 @@ fn main() -> ExitCode {
     );
     for (label, env) in configs.iter().filter(|(label, _)| wanted(label)) {
         let mut env = env.clone();
-        env.push(("BYZCOLL_BENCH_LABEL".into(), (*label).into()));
         env.push(("BYZCOLL_TIMEOUT_MS".into(), "120000".into()));
-        env.push((
-            "BYZCOLL_BENCH_RESULTS".into(),
-            results.to_string_lossy().into_owned(),
-        ));
         let mut command = vec![exe.clone().into_os_string()];
         command.extend(std::env::args_os().skip(1));
+        command.extend([
+            "--rank-results".into(),
+            results.as_os_str().to_owned(),
+            "--rank-label".into(),
+            (*label).into(),
+        ]);
         let outcome = runtime.block_on(launch(LaunchOptions {
             ranks: 2,
             command,
@@ -470,13 +488,13 @@ fn main() -> ExitCode {
             if !wanted(&format!("ucx-{tls}")) {
                 continue;
             }
-            match perftest(&tls_full, "tag_lat", 8) {
+            match perftest(&tls_full, "tag_lat", 8, args.debug) {
                 Some((lat, _)) => rows.push((label.clone(), "lat".into(), 8, lat)),
                 None => println!("# ucx_perftest not available (apt-get install ucx-utils)"),
             }
             for exp in (args.min_exp..=args.max_exp).step_by(2) {
                 let size = 1usize << exp;
-                if let Some((_, bw)) = perftest(&tls_full, "tag_bw", size) {
+                if let Some((_, bw)) = perftest(&tls_full, "tag_bw", size, args.debug) {
                     rows.push((label.clone(), "bw".into(), size, bw));
                 }
             }

@@ -1,8 +1,9 @@
 //! Setup benchmark: the time from nothing to a connected TCP world of `n` ranks, median of
 //! `--reps` worlds, for each `--ranks`:
 //! - in this process: rendezvous store, identity keys, every pair's authenticated handshake;
-//! - `--processes`: `byzcoll launch` of `n` copies of this binary, each `byzcoll::init()`,
-//!   one barrier, exit (what a job pays before its first collective, process start included).
+//! - `--processes`: `byzcoll launch` of `n` copies of this binary (given the hidden
+//!   `--launched-rank`), each `byzcoll::init()`, one barrier, exit (what a job pays before its
+//!   first collective, process start included).
 //!
 //! Per-rank keys (the default of `byzcoll launch`), the shared secret alone and (in one process)
 //! no authentication (the explicit opt-out) alternate, and each is printed with its ratio to
@@ -141,7 +142,7 @@ fn one_launch(n: usize, mode: Mode) -> Result<Duration, String> {
     let outcome = rt
         .block_on(launch(LaunchOptions {
             ranks: n,
-            command: vec![exe.into_os_string()],
+            command: vec![exe.into_os_string(), "--launched-rank".into()],
             grace: Duration::from_secs(5),
             env: Vec::new(),
             identity: match mode {
@@ -177,19 +178,25 @@ struct Args {
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
+    /// Set by `--processes` on its ranks' command lines, never by hand: this process is one of
+    /// the launched ranks (join the world, one barrier, exit). A process is a rank iff it is
+    /// given this flag.
+    #[arg(long, hide = true)]
+    launched_rank: bool,
 }
 
 fn main() -> ExitCode {
-    if std::env::var_os("BYZCOLL_RANK").is_some() {
-        return rank_main();
-    }
     let Args {
         ranks,
         reps,
         processes,
         unauthenticated,
+        launched_rank,
         ..
     } = <Args as clap::Parser>::parse();
+    if launched_rank {
+        return rank_main();
+    }
     // The modes alternate, so all see the same machine; `byzcoll launch` always hands out a
     // secret.
     let modes: Vec<Mode> = if processes {
