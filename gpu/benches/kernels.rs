@@ -713,9 +713,6 @@ fn run_torch(
 fn find_script() -> Option<PathBuf> {
     const REL: &str = "benches/anchors/torch_aggregators.py";
     let mut candidates = vec![PathBuf::from(REL), PathBuf::from("..").join(REL)];
-    if let Ok(dir) = std::env::var("CARGO_MANIFEST_DIR") {
-        candidates.push(PathBuf::from(dir).join("..").join(REL));
-    }
     candidates.push(
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("..")
@@ -737,16 +734,14 @@ fn torch_ms(torch: &Json, n: usize, rule: &str) -> Option<f64> {
         .as_f64()
 }
 
-/// `$CARGO_TARGET_DIR` or the target directory this binary was built in, else `target/`.
+/// The target directory this binary was built in (`<target>/<profile>/deps/`), else `target/`.
 fn default_out() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let exe = std::env::current_exe().ok()?;
-            let deps = exe.parent()?;
-            (deps.file_name()? == "deps").then(|| deps.parent()?.parent().map(PathBuf::from))?
-        })
-        .unwrap_or_else(|| PathBuf::from("target"));
+    let built_in = || {
+        let exe = std::env::current_exe().ok()?;
+        let deps = exe.parent()?;
+        (deps.file_name()? == "deps").then(|| deps.parent()?.parent().map(PathBuf::from))?
+    };
+    let target = built_in().unwrap_or_else(|| PathBuf::from("target"));
     target.join("byzcoll-bench").join("kernels.md")
 }
 
