@@ -14,7 +14,8 @@ accuracy for every rule and attack as JSON, and a plot with --plot (matplotlib).
 
 A straggler: `--straggler-ms MS` makes one honest rank (the third from last) sleep MS before
 each step's all-reduce; `--stragglers auto` lets the rounds go on without it (quorum rounds,
-`Communicator.set_stragglers`), `0` (the default) waits for it. Rank 0 prints each run's steps
+`Communicator.set_stragglers`), `0` waits for it, and without the flag the library's default
+holds (`auto`, or `BYZCOLL_STRAGGLERS`). Rank 0 prints each run's steps
 per second.
 
 Precision and device: `--dtype bfloat16` (or `float16`) trains the model in that type, so the
@@ -137,8 +138,9 @@ def main():
     ap.add_argument("--plot", default=None, help="write a PNG of accuracy vs step per rule")
     ap.add_argument("--straggler-ms", type=float, default=0.0,
                     help="one honest rank sleeps this long before each step's all-reduce")
-    ap.add_argument("--stragglers", default="0",
-                    help='inputs a round may go without for lateness: "auto" or a count')
+    ap.add_argument("--stragglers", default=None,
+                    help='inputs a round may go without for lateness: "auto" or a count '
+                         '(default: the library\'s, auto unless BYZCOLL_STRAGGLERS says)')
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                     help="the model's (and so the gradients') element type")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -157,7 +159,8 @@ def main():
     comm = byzcoll.init()
     if comm.size < 4:
         sys.exit("run with at least 4 ranks (8 by default: byzcoll launch -n 8)")
-    comm.set_stragglers(args.stragglers)
+    if args.stragglers is not None:
+        comm.set_stragglers(args.stragglers)
     byzantine = {comm.size - 2, comm.size - 1}
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("BYZCOLL_LOCAL_RANK", "0")) % torch.cuda.device_count())

@@ -162,8 +162,16 @@ impl Agreement {
 /// A peer late round after round (a *laggard*, [`Carry::laggards`](crate::round::Carry)) is
 /// waited for only up to the quorum, not through the grace.
 ///
-/// Off by default (`Exactly(0)`): with `s > 0` an honest rank's input can be left out of a
-/// round for its timing alone, which changes a mean's result; that stays the user's call.
+/// [`Stragglers::Auto`] by default, so that out of the box one late rank does not set the pace:
+/// `s` is the largest count up to the rule's `f` that its precondition allows at this `n` (0
+/// for a rule with `f = 0`, such as the mean, and in the rounds that cannot end a step early:
+/// sharded rounds, NCCL). An honest rank's input can then be left out of a round for its
+/// timing alone, which a robust rule tolerates as it tolerates `f` faulty inputs; the report
+/// names it `Late`. `Exactly(0)` waits for every input until the deadline.
+///
+/// Under `Auto` the schedule is chosen as without stragglers ([`Policy::resolve`]): a vector
+/// large enough for sharded mode goes sharded, with `s = 0`. Only an explicit count above 0
+/// makes [`Policy::Auto`] choose gather mode, the one whose input step is a quorum step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stragglers {
     /// The largest `s` up to the rule's `f` that keeps its precondition with `n - s` inputs
@@ -177,7 +185,7 @@ pub enum Stragglers {
 
 impl Default for Stragglers {
     fn default() -> Self {
-        Stragglers::Exactly(0)
+        Stragglers::Auto
     }
 }
 
@@ -202,6 +210,13 @@ impl Stragglers {
             Stragglers::Auto => None,
             Stragglers::Exactly(s) => Some(s),
         }
+    }
+
+    /// Whether the count asked for is above 0: then [`Policy::Auto`] runs gather mode, whose
+    /// input step can end early. Under [`Stragglers::Auto`] the schedule is chosen first, and
+    /// `s` follows from it.
+    pub fn forces_quorum(self) -> bool {
+        matches!(self, Stragglers::Exactly(s) if s > 0)
     }
 }
 

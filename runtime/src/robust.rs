@@ -115,8 +115,8 @@ impl Communicator {
         policy: Policy,
     ) -> Result<RoundReport> {
         let d = buf.len();
-        let quorum = self.config().stragglers.requested() != Some(0)
-            && self.transport().capabilities().quorum;
+        let quorum =
+            self.config().stragglers.forces_quorum() && self.transport().capabilities().quorum;
         let shape = Shape::all_reduce(policy, self.size(), d, size_of::<T>(), rule, quorum);
         let audit = match policy {
             Policy::Audited(audit) => Some(audit),

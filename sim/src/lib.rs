@@ -316,7 +316,7 @@ pub struct Scenario {
     /// one more step, whose findings land in each rank's [`RankOutcome::agreement`].
     pub agreement: Agreement,
     /// The inputs a gather-mode round may go without for their lateness alone, as the
-    /// runtime's `BYZCOLL_STRAGGLERS` (none by default): its input step ends once all but `s`
+    /// runtime's `BYZCOLL_STRAGGLERS` (`auto` by default): its input step ends once all but `s`
     /// inputs are in plus [`Scenario::grace`], the rest are late. Sharded and ring runs allow
     /// none (`auto` is 0 there, a count is refused), as in the runtime.
     pub stragglers: Stragglers,
@@ -337,7 +337,7 @@ impl Scenario {
             timeout: 30.0,
             seed: 0,
             agreement: Agreement::Detect,
-            stragglers: Stragglers::Exactly(0),
+            stragglers: Stragglers::Auto,
             grace: Grace::DEFAULT,
         }
     }

@@ -4,7 +4,7 @@
 use byzcoll_aggregators::attacks::Attack;
 use byzcoll_aggregators::{by_name, Aggregator};
 use byzcoll_proto::schedule::{chunk_range, sharded};
-use byzcoll_proto::{Agreement, Error};
+use byzcoll_proto::{Agreement, Error, Stragglers};
 use byzcoll_sim::{
     Adversary, Algorithm, Crash, DataSet, Lie, Network, Preset, RankResult, Role, Run, Scenario,
     SimError, Stall, Verdict,
@@ -556,9 +556,17 @@ fn equivocation_toward_one_rank_is_recovered_under_enforce_and_detected_under_de
     };
     let data = DataSet::generate(&s, 2 * n + 1).unwrap();
     let rule = by_name("median", f).unwrap();
-    // Detect: rank 0 is out of step and told so. The other four honest ranks agree, but
-    // with the two liars (whose own results differ) that is fewer than n - f = 5: they are
-    // told too. Nobody is apart silently.
+    // Detect with stragglers allowed (the default): the ranks move to the common inputs,
+    // those every rank they heard used, which leaves the forged ones out, and every honest
+    // rank ends with one result inside the honest range.
+    let run = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
+    assert_eq!(run.silent_split(), None);
+    assert_eq!(run.divergence(), None);
+    assert!(data.reference(rule.as_ref()).check(&run).is_ok());
+    // Detect waiting for every input: rank 0 is out of step and told so. The other four
+    // honest ranks agree, but with the two liars (whose own results differ) that is fewer
+    // than n - f = 5: they are told too. Nobody is apart silently.
+    s.stragglers = Stragglers::Exactly(0);
     let run = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
     assert_eq!(run.silent_split(), None);
     for (r, o) in run.ranks.iter().enumerate().take(n - f) {

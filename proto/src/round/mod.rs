@@ -200,8 +200,10 @@ impl Policy {
     /// What [`Policy::Auto`] runs for an all-reduce of `d` elements of `elem` bytes by `rule`
     /// over `n` ranks (any other policy is itself). A function of what every rank of a call
     /// shares, so every rank chooses alike:
-    /// - gather where sharded mode cannot run the rule, where the round may end its input
-    ///   step early (`quorum`: stragglers allowed; sharded rounds cannot), or for `n <= 2`;
+    /// - gather where sharded mode cannot run the rule, where the round must be able to end
+    ///   its input step early (`quorum`: a stragglers count above 0 asked for,
+    ///   [`Stragglers::forces_quorum`](crate::Stragglers::forces_quorum); sharded rounds
+    ///   cannot), or for `n <= 2`;
     /// - sharded with `2f + 1` owners where gather would hold more than
     ///   [`AUTO_GATHER_MAX_BYTES`] of inputs;
     /// - otherwise sharded where the vector has at least [`AUTO_SHARDED_MIN_BYTES`] and its

@@ -188,8 +188,8 @@ class Communicator:
 
     def set_stragglers(self, stragglers):
         """How many inputs a robust round (gather policy) may go without for their lateness
-        alone: ``"auto"`` (the largest the rule allows with `f` Byzantine inputs among the
-        rest), a count, or 0 (the default: wait for every input until the deadline). Every rank
+        alone: ``"auto"`` (the default: the largest the rule allows with `f` Byzantine inputs
+        among the rest), a count, or 0 (wait for every input until the deadline). Every rank
         must choose alike. Late inputs are faults of kind ``"late"`` in the report, and no rank
         sets the pace of the others."""
         self._inner.set_stragglers(stragglers)

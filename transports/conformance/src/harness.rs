@@ -26,10 +26,16 @@ pub fn vector(rank: usize, d: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Communicators over `transports` with step deadline `timeout`. They wait for every input
+/// (`Stragglers::Exactly(0)`, not the default `auto`): the bodies compare exact results, which
+/// an honest input left out for its timing on a loaded machine would change. The quorum
+/// bodies (`time.rs`) choose their stragglers themselves.
 pub(crate) fn comms(transports: Vec<Box<dyn Transport>>, timeout: Duration) -> Vec<Communicator> {
+    let mut config = Config::with_step_timeout(timeout);
+    config.stragglers = byzcoll_runtime::Stragglers::Exactly(0);
     transports
         .into_iter()
-        .map(|t| Communicator::new(t, Config::with_step_timeout(timeout)))
+        .map(|t| Communicator::new(t, config.clone()))
         .collect()
 }
 

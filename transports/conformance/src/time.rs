@@ -122,7 +122,8 @@ async fn with_a_straggler(
         comms(transports, Duration::from_secs(10)),
         move |mut c| async move {
             c.set_agreement(agreement);
-            c.set_stragglers(Stragglers::Auto);
+            // The default: `auto`.
+            c.set_stragglers(Stragglers::default());
             // Under Detect a communicator's first collective waits for every rank (they start apart,
             // and none has been seen late yet): the straggler is late in the second.
             c.barrier().await.expect("the barrier");
