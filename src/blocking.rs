@@ -29,6 +29,11 @@ use tokio::sync::Notify;
 
 use crate::{Communicator, Error, Rank};
 
+/// Device vectors the caller owns, lent to the communicator's device entry point (feature
+/// `cuda`).
+#[cfg(feature = "cuda")]
+pub mod device;
+
 /// A call's future, as [`BlockingComm::run_task`] and [`BlockingComm::start`] take it:
 /// `|comm| Box::pin(async move { ... })`.
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;

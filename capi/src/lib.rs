@@ -224,14 +224,17 @@ impl byzcoll_comm_t {
         &self,
         op: impl AsyncFnOnce(&mut Communicator) -> byzcoll_rs::Result<T>,
     ) -> Result<T, Failure> {
-        self.inner.run(op).map_err(|refused| match refused {
-            Refused::Failed(e) => Failure::from(e),
-            // Only an abort or a panic closes a communicator before it is finalized.
-            Refused::Closed | Refused::Aborted => Failure::aborted(),
-            Refused::Panicked(_) => {
-                Failure::new(BYZCOLL_INTERNAL, format!("{refused}: finalize it"))
-            }
-        })
+        self.inner.run(op).map_err(refused)
+    }
+}
+
+/// A call the blocking layer refused, as the C ABI reports it.
+fn refused(refused: Refused) -> Failure {
+    match refused {
+        Refused::Failed(e) => Failure::from(e),
+        // Only an abort or a panic closes a communicator before it is finalized.
+        Refused::Closed | Refused::Aborted => Failure::aborted(),
+        Refused::Panicked(_) => Failure::new(BYZCOLL_INTERNAL, format!("{refused}: finalize it")),
     }
 }
 

@@ -600,6 +600,72 @@ impl PyCommunicator {
         self.inner.size()
     }
 
+    /// The transport's name (`tcp`, `ucx`, `libfabric`, `nccl`, `local`).
+    #[getter]
+    fn transport(&self) -> PyResult<String> {
+        self.with_comm(|c| c.transport().name().to_string())
+    }
+
+    /// Robust all-reduce in place of a vector in CUDA device memory: `count` elements of
+    /// `dtype` (`"float32"`, `"bfloat16"`, `"float16"`) at `ptr`, after the work queued on
+    /// `stream` (a `cudaStream_t` as an integer; 0: the default stream), aggregated by the CUDA
+    /// kernels through the communicator's device entry point: over NCCL device to device, with
+    /// no host copy. The caller keeps the memory alive and untouched during the call (what
+    /// `Communicator.robust_all_reduce` does with a CUDA tensor over NCCL). Returns a `Report`.
+    #[pyo3(signature = (ptr, count, dtype, rule, f, stream, *, policy="gather", replicas=None, m=None, tau=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn _robust_all_reduce_device(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        count: usize,
+        dtype: &str,
+        rule: &str,
+        f: usize,
+        stream: usize,
+        policy: &str,
+        replicas: Option<usize>,
+        m: Option<usize>,
+        tau: Option<f64>,
+    ) -> PyResult<Report> {
+        use byzcoll::blocking::device::{robust_all_reduce_lent, DeviceCall, DeviceType};
+        let dtype = match dtype {
+            "float32" => DeviceType::F32,
+            "bfloat16" => DeviceType::BF16,
+            "float16" => DeviceType::F16,
+            other => {
+                return Err(InvalidUsage::new_err(format!(
+                    "device vectors of {other}: the CUDA rules take float32, bfloat16 or float16"
+                )))
+            }
+        };
+        let params = Params { f, m, tau };
+        let call = DeviceCall {
+            rule,
+            params: &params,
+            policy: crate::policy(policy, replicas)?,
+        };
+        let inner = &self.inner;
+        let report = py.detach(|| {
+            // SAFETY: the caller's word (the Python wrapper holds the tensor and passes its
+            // data pointer, element count and stream); the pointers are checked before use.
+            unsafe {
+                robust_all_reduce_lent(
+                    inner,
+                    ptr as *const std::ffi::c_void,
+                    ptr as *mut std::ffi::c_void,
+                    count,
+                    dtype,
+                    &call,
+                    stream as *mut std::ffi::c_void,
+                )
+            }
+        });
+        report
+            .map(Report::from)
+            .map_err(|refused| refused_to_py(py, refused))
+    }
+
     /// Robust all-reduce in place: `x` (a writable, C-contiguous float32, float64, float16 or
     /// bfloat16 array) is replaced by the robust aggregate of every rank's `x` under `rule` (no
     /// default) tolerating `f` Byzantine ranks. Returns a `Report`.

@@ -21,7 +21,7 @@ import byzcoll.torch as bt  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import torch_worker  # noqa: E402
-from helpers import clean_env, loopback_store  # noqa: E402
+from helpers import clean_env, is_launcher_var, loopback_store  # noqa: E402
 
 
 def run_ddp(n, rule, f, steps, bucket_mb, byzantine, mode="ddp"):
@@ -344,6 +344,36 @@ def test_cuda_tensors_are_staged_through_pinned_host_memory(world_of_one):
         assert torch.equal(x, want)
     with pytest.raises(byzcoll.InvalidUsage, match="contiguous"):
         comm.robust_all_reduce(torch.zeros(4, 4, device="cuda").t(), "median", f=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="SKIPPED: no CUDA device here (CUDA tensors go device to device over NCCL)")
+def test_cuda_tensors_over_nccl_go_device_to_device(monkeypatch):
+    """Over NCCL a CUDA tensor is lent to the CUDA kernels: no host copy (a world of one: the
+    median of one vector is itself, after the work queued on the tensor's stream)."""
+    for k in list(os.environ):
+        if is_launcher_var(k):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("BYZCOLL_RANK", "0")
+    monkeypatch.setenv("BYZCOLL_WORLD_SIZE", "1")
+    monkeypatch.setenv("BYZCOLL_TRANSPORT", "nccl")
+    comm = byzcoll.init()
+    try:
+        assert comm.transport == "nccl"
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            want = torch.arange(1000, device="cuda", dtype=torch.float32).to(dtype)
+            x = torch.empty_like(want)
+            x.copy_(want)  # queued on the stream: the call must wait for it
+            report = comm.robust_all_reduce(x, "median", f=0)
+            assert x.is_cuda and torch.equal(x, want) and report.inputs == 1, dtype
+            assert report.staged_bytes == 0, "no host copy"
+        with pytest.raises(byzcoll.InvalidUsage, match="float32, bfloat16 or float16"):
+            comm.robust_all_reduce(torch.zeros(4, device="cuda", dtype=torch.float64), "median", f=0)
+    finally:
+        comm.close()
+
+
+def test_the_transport_is_named(world_of_one):
+    assert world_of_one.transport in ("tcp", "local"), world_of_one.transport
 
 
 def test_host_tensors_are_not_staged(world_of_one):

@@ -92,6 +92,11 @@ def _array(x):
     return x
 
 
+def _is_cuda(x):
+    """Whether `x` is a torch tensor in CUDA device memory."""
+    return type(x).__module__.startswith("torch") and x.device.type == "cuda"
+
+
 class _Staged:
     """`x` as the host side sees it: :attr:`array`, the numpy view of `x` itself, or for a CUDA
     tensor of a pinned host copy made once the work queued on the tensor's stream is done
@@ -103,7 +108,7 @@ class _Staged:
         self._device, self._host = None, None
         #: Bytes copied between the device and the host copy so far (both ways added).
         self.copied = 0
-        if type(x).__module__.startswith("torch") and x.device.type == "cuda":
+        if _is_cuda(x):
             import torch
 
             if not x.is_contiguous():
@@ -147,6 +152,11 @@ class Communicator:
         """The number of ranks."""
         return self._inner.size
 
+    @property
+    def transport(self):
+        """The transport's name: "tcp", "ucx", "libfabric", "nccl" or "local"."""
+        return self._inner.transport
+
     def robust_all_reduce(self, x, rule, f, *, policy="gather", replicas=None, m=None, tau=None):
         """Replaces `x` in place by the robust aggregate of every rank's `x` under `rule`
         ("median", "trimmed-mean", "krum", "multi-krum", "bulyan", "geometric-median",
@@ -156,13 +166,39 @@ class Communicator:
         world size, the vector's bytes and the rule; the report's ``replicas`` says which ran,
         None for gather). The GIL is released while the ranks talk. Returns a :class:`Report`; raises
         :class:`TooManyFaults`, :class:`PreconditionError`, :class:`DisagreementError`, ...
+
+        A CUDA tensor goes device to device over NCCL (``BYZCOLL_TRANSPORT=nccl``), aggregated
+        by byzcoll's CUDA kernels ("median", "trimmed-mean", "krum", "multi-krum", "bulyan";
+        float32, bfloat16, float16) after the work queued on the tensor's current stream, with
+        no host copy; over a host transport it is staged through pinned host memory (counted in
+        the report's ``staged_bytes``).
         """
+        if _is_cuda(x) and self._inner.transport == "nccl":
+            return self._robust_all_reduce_device(x, rule, f, policy, replicas, m, tau)
         staged = _Staged(x)
         report = self._inner.robust_all_reduce(
             staged.array, rule, f, policy=policy, replicas=replicas, m=m, tau=tau
         )
         staged.write_back()
         return _noted(report, staged)
+
+    def _robust_all_reduce_device(self, x, rule, f, policy, replicas, m, tau):
+        """`robust_all_reduce` of a CUDA tensor over NCCL: its memory lent to the CUDA kernels."""
+        import torch
+
+        if not x.is_contiguous():
+            raise InvalidUsage("the tensor is not contiguous: pass x.contiguous() and copy the result back")
+        names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+        if x.dtype not in names:
+            raise InvalidUsage(
+                f"dtype {x.dtype}: CUDA tensors over NCCL are float32, bfloat16 or float16 "
+                "(the CUDA rules' element types)"
+            )
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        return self._inner._robust_all_reduce_device(
+            x.data_ptr(), x.numel(), names[x.dtype], rule, f, stream,
+            policy=policy, replicas=replicas, m=m, tau=tau,
+        )
 
     def robust_reduce_scatter(self, input, output, rule, f, *, replicas=None, m=None, tau=None):
         """Robust reduce-scatter: `input` (every rank's whole vector) is cut into :attr:`size`
