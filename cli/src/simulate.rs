@@ -59,7 +59,7 @@ pub(crate) struct SimulateArgs {
     #[arg(long)]
     check: bool,
     /// Timing mode: predict gather, sharded r=1, sharded r=2f+1 and ring SUM completion times
-    /// for vectors of 1 MiB to 1 GiB (float32), without faults.
+    /// for vectors of 1 MiB to 1 GiB (of --dtype, float32 by default), without faults.
     #[arg(long, conflicts_with_all = [
         "d", "mode", "replicas", "check", "timeout_ms", "loss", "delay_us", "crash", "stall",
         "byzantine", "attack", "lying_owners", "lie", "seed", "equivocate", "rounds",
@@ -68,7 +68,8 @@ pub(crate) struct SimulateArgs {
     ])]
     predict: bool,
     /// Timing mode: vector sizes in bytes instead of the 1 MiB..1 GiB sweep, comma-separated;
-    /// multiples of 4 from 4 to 2^40 (1 TiB), with n^2 * bytes at most 2^62.
+    /// multiples of the element size (--dtype; 4 for f32) up to 2^40 (1 TiB), with n^2 * bytes
+    /// at most 2^62.
     #[arg(
         long,
         value_name = "BYTES,...",
@@ -157,6 +158,11 @@ pub(crate) struct SimulateArgs {
     /// only (--mode gather), as in the runtime.
     #[arg(long, value_name = "S|auto", default_value = "auto", value_parser = parse_stragglers)]
     stragglers: byzcoll::Stragglers,
+    /// The vectors' element type: f32 (the default), bf16, f16 or f64. Timing mode (--predict)
+    /// times d = bytes / element size elements, and each message carries that width; data and
+    /// rounds modes carry f32 vectors only and refuse the others.
+    #[arg(long, value_enum, default_value_t = SimDType::F32)]
+    dtype: SimDType,
     /// The quorum's grace, as the runtime's Grace::min: a quorum step waits at least this
     /// many virtual milliseconds past its quorum (0 to 86400000; 1 by default).
     #[arg(long, value_name = "MS", default_value_t = 1.0, value_parser = grace_ms)]
@@ -291,6 +297,27 @@ fn probability(s: &str) -> Result<f64, String> {
     })
 }
 
+/// `--dtype`: the element types the simulator times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SimDType {
+    F32,
+    Bf16,
+    F16,
+    F64,
+}
+
+impl From<SimDType> for byzcoll::aggregators::DType {
+    fn from(d: SimDType) -> Self {
+        use byzcoll::aggregators::DType;
+        match d {
+            SimDType::F32 => DType::F32,
+            SimDType::Bf16 => DType::BF16,
+            SimDType::F16 => DType::F16,
+            SimDType::F64 => DType::F64,
+        }
+    }
+}
+
 fn parse_stragglers(s: &str) -> Result<byzcoll::Stragglers, String> {
     byzcoll::Stragglers::parse(s)
 }
@@ -402,6 +429,13 @@ pub(crate) fn simulate(args: &SimulateArgs) -> Result<ExitCode, String> {
         predict(args, &label, &network, rule.as_deref())?;
         return Ok(ExitCode::SUCCESS);
     }
+    if args.dtype != SimDType::F32 {
+        return Err(format!(
+            "--dtype {}: data and rounds modes carry f32 vectors (the 16-bit rules are tested \
+             bitwise against the host rules elsewhere); time other types with --predict",
+            format!("{:?}", args.dtype).to_lowercase()
+        ));
+    }
     let Some(rule) = rule else {
         return Err("data mode needs --rule (there is no default rule)".into());
     };
@@ -481,6 +515,7 @@ fn predict(
     let mut base = Scenario::new(1, *network);
     base.compute = args.compute();
     base.agreement = args.agreement;
+    base.dtype = args.dtype.into();
     let predict_one = |&(n, bytes): &(usize, u64)| {
         byzcoll_sim::predict(label, &base, n, bytes, args.f, rule).map_err(|e| e.to_string())
     };
@@ -581,6 +616,7 @@ fn prepare_data(
         agreement: args.agreement,
         stragglers: args.stragglers,
         grace: args.grace(),
+        dtype: args.dtype.into(),
     };
     scenario.validate().map_err(|e| e.to_string())?;
     rule.check(n).map_err(|e| e.to_string())?;

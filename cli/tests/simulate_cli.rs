@@ -121,9 +121,13 @@ fn lying_owners_beat_one_replica_but_not_2f_plus_1() {
 
 #[test]
 fn check_reports_a_silent_split_and_detect_prevents_it() {
-    // Two Byzantine ranks send every peer another vector: gather-mode results differ.
+    // Two Byzantine ranks send every peer another vector: gather-mode results differ. Every
+    // input is waited for (with stragglers allowed, the default, Detect's move to the common
+    // inputs leaves the forged ones out: `sim/tests/data_mode.rs`).
     let args = |agreement: &'static str| {
         [
+            "--stragglers",
+            "0",
             "--ranks",
             "7",
             "--d",
@@ -483,5 +487,36 @@ fn too_many_faults_fail_clearly() {
         stderr.contains("FAIL: gather: rank 0: failed: median needs n > 2f but has n = 6, f = 3")
             && stderr.contains("rank 6: missing at deadline"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn dtype_sets_the_element_width_in_timing_mode_only() {
+    // 6 bytes are three bf16 elements but no whole number of float32.
+    let out = simulate(&[
+        "--predict",
+        "--ranks",
+        "4",
+        "--bytes",
+        "6",
+        "--dtype",
+        "bf16",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    fails(
+        &["--predict", "--ranks", "4", "--bytes", "6"],
+        1,
+        &["whole number", "F32"],
+    );
+    fails(
+        &["--ranks", "8", "--rule", "median", "--dtype", "bf16"],
+        1,
+        &["--dtype bf16", "--predict"],
+    );
+    fails(
+        &["--ranks", "8", "--rule", "median", "--dtype", "f8"],
+        2,
+        &["--dtype"],
     );
 }

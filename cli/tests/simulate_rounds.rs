@@ -124,6 +124,8 @@ fn a_straggler_ten_times_slower_sets_the_pace_only_without_a_quorum() {
         "1",
         "--slow-delay",
         "fixed:6ms",
+        "--stragglers",
+        "0",
         "--agreement",
         "off",
     ]);
@@ -153,9 +155,10 @@ fn a_straggler_ten_times_slower_sets_the_pace_only_without_a_quorum() {
 
 #[test]
 fn dead_ranks_cost_one_deadline_a_round_and_count_again_after_the_rejoin() {
-    // Ranks 998 and 999 die at round 0 and rejoin at round 1; every input is waited for (the
-    // cross-check off: nothing to tell apart. The quorum over dead ranks, where they are late
-    // and no deadline is waited, is the simulator's own test, at 7 to 11 ranks).
+    // Ranks 998 and 999 die at round 0 and rejoin at round 1; every input is waited for
+    // (`--stragglers 0`; the cross-check off: nothing to tell apart. The quorum over dead
+    // ranks, where they are late and no deadline is waited, is the simulator's own test, at 7
+    // to 11 ranks).
     let deaths = with(&[
         "--f",
         "2",
@@ -167,6 +170,8 @@ fn dead_ranks_cost_one_deadline_a_round_and_count_again_after_the_rejoin() {
         "2",
         "--timeout-ms",
         "5",
+        "--stragglers",
+        "0",
         "--agreement",
         "off",
     ]);

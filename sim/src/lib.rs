@@ -86,7 +86,7 @@ mod rounds;
 use std::fmt;
 use std::sync::Arc;
 
-use byzcoll_aggregators::{AggError, Aggregator};
+use byzcoll_aggregators::{AggError, Aggregator, DType};
 use byzcoll_proto::round::{Shape, Spec};
 use byzcoll_proto::{
     Agreement, AgreementReport, Error, Grace, PeerFault, Rank, Replicas, Stragglers,
@@ -323,6 +323,11 @@ pub struct Scenario {
     /// How long a quorum step waits past its quorum ([`Grace::DEFAULT`]: at least 1 ms, and as
     /// long as the quorum took to form), in virtual time.
     pub grace: Grace,
+    /// The vectors' element type (`f32` by default): the bytes every message carries follow its
+    /// width, so a `bf16` run times half the wire of an `f32` one. Data mode carries real `f32`
+    /// vectors and refuses any other type (the rules' 16-bit paths are tested bitwise against
+    /// the host rules in the conformance suite, not here).
+    pub dtype: DType,
 }
 
 impl Scenario {
@@ -339,6 +344,7 @@ impl Scenario {
             agreement: Agreement::Detect,
             stragglers: Stragglers::Auto,
             grace: Grace::DEFAULT,
+            dtype: DType::F32,
         }
     }
 
@@ -475,6 +481,12 @@ impl Scenario {
 
     /// Whether `data` fits this world and data mode holds it.
     fn check_data(&self, data: &DataSet) -> Result<(), SimError> {
+        if self.dtype != DType::F32 {
+            return Err(SimError::Unsupported(format!(
+                "data mode carries f32 vectors, not {:?}: time a {:?} run in timing mode",
+                self.dtype, self.dtype
+            )));
+        }
         if data.ranks() != self.ranks {
             return Err(SimError::InvalidConfig(format!(
                 "data for {} ranks in a world of {}",
@@ -492,7 +504,8 @@ impl Scenario {
         Ok(())
     }
 
-    /// Runs `algorithm` with vectors of `d` float32 coordinates, carrying sizes only. `rule`,
+    /// Runs `algorithm` with vectors of `d` coordinates of [`Scenario::dtype`], carrying sizes
+    /// only. `rule`,
     /// when given, decides from the number of arrived inputs whether a rank or shard owner can
     /// aggregate, as in data mode.
     ///
@@ -596,13 +609,13 @@ impl Scenario {
         // Timing mode without a rule: the mean's precondition (none) decides nothing.
         let any = byzcoll_aggregators::by_name("mean", 0).map_err(SimError::Precondition)?;
         let stragglers = self.stragglers_in(algorithm, rule.unwrap_or(any.as_ref()))?;
-        let common = Common::new(n, d, plane);
+        let common = Common::new(n, d, self.dtype.size(), plane);
         let robust = |common, shape| {
             let spec = |me| Spec {
                 me,
                 n,
                 d,
-                elem: std::mem::size_of::<f32>(),
+                elem: self.dtype.size(),
                 shape,
                 agreement: self.agreement,
                 // The simulator's deadlines are in units of its own timeout.

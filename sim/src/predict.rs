@@ -29,13 +29,15 @@ pub fn sweep_sizes() -> Vec<u64> {
 }
 
 /// Predicts gather, sharded `r = 1`, sharded `r = 2f + 1` (when different) and ring SUM for
-/// `n` ranks contributing `bytes` of float32 each on `base`'s network and computation,
+/// `n` ranks contributing `bytes` of `base`'s [`Scenario::dtype`] each on its network and
+/// computation,
 /// without faults or deadlines, the robust rounds with `base`'s cross-check (its extra
 /// all-to-all step of `O(n)`-byte messages is what
 /// [`Agreement::Detect`](byzcoll_proto::Agreement) costs).
 ///
 /// # Errors
-/// [`SimError::InvalidConfig`] when `bytes` is not a positive multiple of 4 or `2f + 1 > n`,
+/// [`SimError::InvalidConfig`] when `bytes` is not a positive multiple of the element size or
+/// `2f + 1 > n`,
 /// and the errors of [`Scenario::run_timing`].
 pub fn predict(
     label: &str,
@@ -45,9 +47,11 @@ pub fn predict(
     f: usize,
     rule: Option<&dyn Aggregator>,
 ) -> Result<Vec<Prediction>, SimError> {
-    if bytes == 0 || !bytes.is_multiple_of(4) {
+    let elem = base.dtype.size() as u64;
+    if bytes == 0 || !bytes.is_multiple_of(elem) {
         return Err(SimError::InvalidConfig(format!(
-            "{bytes} bytes is not a positive whole number of float32"
+            "{bytes} bytes is not a positive whole number of {:?}",
+            base.dtype
         )));
     }
     match f.checked_mul(2).and_then(|x| x.checked_add(1)) {
@@ -63,10 +67,11 @@ pub fn predict(
             )))
         }
     }
-    let d = usize::try_from(bytes / 4)
+    let d = usize::try_from(bytes / elem)
         .map_err(|_| SimError::InvalidConfig(format!("{bytes} bytes is too large")))?;
     let mut scenario = Scenario::new(n, base.network);
     scenario.compute = base.compute;
+    scenario.dtype = base.dtype;
     scenario.timeout = f64::INFINITY;
     scenario.agreement = base.agreement;
     let enforce = base.agreement == Agreement::Enforce;

@@ -11,14 +11,14 @@ use byzcoll_proto::{Error, Fault, PeerFault, Rank, Tag};
 use crate::data::{ChunkId, Plane, ABSENT, NO_DATA};
 use crate::engine::{Cut, Out, Posted, Program, Work};
 
-const F32: usize = std::mem::size_of::<f32>();
-
 /// What every program shares: the world, the rule, the data plane (data mode only) and what
 /// each rank ends with.
 #[derive(Debug)]
 pub(crate) struct Common {
     pub n: usize,
     pub d: usize,
+    /// Bytes per element ([`crate::Scenario::dtype`]).
+    pub elem: usize,
     /// `None` in timing mode.
     pub plane: Option<Plane>,
     /// Peers each rank treated as erasures, first fault per peer.
@@ -30,10 +30,11 @@ pub(crate) struct Common {
 }
 
 impl Common {
-    pub(crate) fn new(n: usize, d: usize, plane: Option<Plane>) -> Self {
+    pub(crate) fn new(n: usize, d: usize, elem: usize, plane: Option<Plane>) -> Self {
         Common {
             n,
             d,
+            elem,
             plane,
             faults: vec![Vec::new(); n],
             warnings: vec![Vec::new(); n],
@@ -121,7 +122,7 @@ impl Program for Ring {
 
     fn bytes(&self, from: Rank, step: usize, _tag: Tag, _msg: ChunkId) -> u64 {
         let (st, _) = self.step(from, step);
-        (chunk_range(self.common.d, self.common.n, st.send_chunk).len() * F32) as u64
+        (chunk_range(self.common.d, self.common.n, st.send_chunk).len() * self.common.elem) as u64
     }
 
     fn slot(&self, rank: Rank, step: usize, from: Rank, tag: Tag) -> Option<usize> {
@@ -151,7 +152,7 @@ impl Program for Ring {
         let range = chunk_range(self.common.d, self.common.n, st.recv_chunk);
         let work = Work {
             sum_bytes: if reduce {
-                (2 * range.len() * F32) as f64
+                (2 * range.len() * self.common.elem) as f64
             } else {
                 0.0
             },

@@ -31,8 +31,6 @@ pub(crate) struct SimMsg {
 /// Ids at and above this are blobs (`id - BLOB` indexes [`Robust::blobs`]).
 const BLOB: u32 = 1 << 31;
 
-const F32: usize = std::mem::size_of::<f32>();
-
 /// Every rank's robust round as an engine program.
 pub(crate) struct Robust<'a> {
     pub common: Common,
@@ -162,10 +160,10 @@ impl<'a> Robust<'a> {
 
     /// What `rank` sends as `msg` to `dest`, forged where the adversary says so.
     fn message(&mut self, rank: Rank, msg: &Msg, dest: Rank) -> SimMsg {
-        let (n, d) = (self.common.n, self.common.d);
+        let (n, d, elem) = (self.common.n, self.common.d, self.common.elem);
         let chunk = |id: ChunkId, len: usize| SimMsg {
             id,
-            bytes: (len * F32) as u64,
+            bytes: (len * elem) as u64,
         };
         match msg {
             Msg::Input | Msg::Piece(_) => {

@@ -242,3 +242,35 @@ fn the_cross_check_is_one_more_all_to_all_step() {
         assert!(b.time < a.time * 1.05, "{alg}: {} vs {}", b.time, a.time);
     }
 }
+
+/// A 16-bit element type halves every message of a run, and data mode refuses it.
+#[test]
+fn the_element_type_sets_the_bytes_on_the_wire() {
+    use byzcoll_aggregators::DType;
+    let d = 1 << 12;
+    for algorithm in [
+        Algorithm::Gather,
+        Algorithm::Sharded { replicas: 1 },
+        Algorithm::RingSum,
+    ] {
+        let mut s = model(8, network(1e-6));
+        let f32_run = s.run_timing(algorithm, d, None).unwrap();
+        s.dtype = DType::BF16;
+        let bf16_run = s.run_timing(algorithm, d, None).unwrap();
+        assert_eq!(
+            bf16_run.stats.messages, f32_run.stats.messages,
+            "{algorithm}"
+        );
+        assert_eq!(2 * bf16_run.stats.bytes, f32_run.stats.bytes, "{algorithm}");
+        assert!(bf16_run.time < f32_run.time, "{algorithm}");
+    }
+    let mut s = model(4, network(1e-6));
+    s.dtype = DType::F16;
+    let data = byzcoll_sim::DataSet::generate(&Scenario::new(4, network(1e-6)), 8).unwrap();
+    let median = by_name("median", 1).unwrap();
+    let refused = s.run_data(Algorithm::Gather, &data, median.as_ref());
+    assert!(
+        matches!(&refused, Err(byzcoll_sim::SimError::Unsupported(why)) if why.contains("f32")),
+        "{refused:?}"
+    );
+}
