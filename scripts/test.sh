@@ -41,11 +41,6 @@ export BYZCOLL_REQUIRE_MPI=1
 # Keep UCX and libfabric's socket providers on loopback, and UCX quiet.
 export UCX_NET_DEVICES=lo UCX_LOG_LEVEL=error
 export FI_TCP_IFACE=lo FI_NET_IFACE=lo FI_SOCKETS_IFACE=lo FI_UDP_IFACE=lo
-# The jobs the tests start wait for every input (the library's default, `auto`, lets a robust
-# round go without up to f late ones): they compare exact results, which an honest input left
-# out for its timing on a loaded machine would change. The quorum tests set it themselves, and
-# the conformance bodies choose theirs in code.
-export BYZCOLL_STRAGGLERS=0
 
 # Disk: CI machines have had little free (one run of this suite failed with "No space left on
 # device" while linking). Line tables only (enough for backtraces with file and line) and no

@@ -522,10 +522,15 @@ impl JobConfigBuilder {
             ))
         })?;
         let vars = &self.transport_vars;
-        let get = |var: &str| {
-            vars.iter()
+        // The builder's own transport options stand for their `BYZCOLL_*` variables; the
+        // libraries' variables the transports choose defaults by (`UCX_TLS`, `FI_PROVIDER`,
+        // ...) are the process's, which the libraries read themselves too.
+        let get = |var: &str| match var.starts_with("BYZCOLL_") {
+            true => vars
+                .iter()
                 .find(|(v, _)| *v == var)
-                .map(|(_, value)| value.clone())
+                .map(|(_, value)| value.clone()),
+            false => process_env(var),
         };
         let chosen = transport.choose(&get)?;
         let config = JobConfig {

@@ -174,15 +174,18 @@ pub async fn admit(comm: &mut Communicator, config: &JobConfig) -> Result<Admiss
 }
 
 /// A gather-mode robust all-reduce of `v` under [`Agreement::Enforce`](crate::Agreement),
-/// median with `f = (n - 1) / 3`: every honest member ends with the same vector.
+/// median with `f = (n - 1) / 3`, waiting for every member's vote: every honest member ends
+/// with the same vector.
 async fn agree(comm: &mut Communicator, v: &mut [f64]) -> Result<()> {
     let f = comm.size().saturating_sub(1) / 3;
-    let saved = comm.config().agreement;
+    let saved = (comm.config().agreement, comm.config().stragglers);
     comm.set_agreement(crate::Agreement::Enforce);
+    comm.set_stragglers(crate::Stragglers::Exactly(0));
     let agreed = comm
         .robust_all_reduce(v, &Median::new(f), crate::Policy::Gather)
         .await;
-    comm.set_agreement(saved);
+    comm.set_agreement(saved.0);
+    comm.set_stragglers(saved.1);
     agreed.map(drop)
 }
 

@@ -122,8 +122,8 @@ fn lying_owners_beat_one_replica_but_not_2f_plus_1() {
 #[test]
 fn check_reports_a_silent_split_and_detect_prevents_it() {
     // Two Byzantine ranks send every peer another vector: gather-mode results differ. Every
-    // input is waited for (with stragglers allowed, the default, Detect's move to the common
-    // inputs leaves the forged ones out: `sim/tests/data_mode.rs`).
+    // input is waited for (with stragglers allowed, Detect's move to the common inputs leaves
+    // the forged ones out: `sim/tests/data_mode.rs`).
     let args = |agreement: &'static str| {
         [
             "--stragglers",

@@ -55,7 +55,9 @@ pub use cudarc;
 pub use device::Gpu;
 #[cfg(feature = "nccl")]
 pub use nccl::robust_all_reduce_nccl;
-pub use rules::{robust_all_reduce_device, CudaRule, DeviceCollectives, GpuElement};
+pub use rules::{
+    device_to_device, robust_all_reduce_device, CudaRule, DeviceCollectives, GpuElement, CUDA_RULES,
+};
 
 use byzcoll_aggregators::AggError;
 

@@ -592,6 +592,28 @@ impl DistanceSelection for CudaRule {
     }
 }
 
+/// The rules with CUDA kernels, by the names [`CudaRule::new`] takes.
+pub const CUDA_RULES: &[&str] = &[
+    "median",
+    "trimmed-mean",
+    "trimmed_mean",
+    "krum",
+    "multi-krum",
+    "bulyan",
+];
+
+/// Whether [`robust_all_reduce_device`] moves `comm`'s device vectors device to device: its
+/// transport is NCCL's own (not a communicator split from one), in a build with NCCL.
+pub fn device_to_device(comm: &Communicator) -> bool {
+    #[cfg(feature = "nccl")]
+    return nccl_transport(comm).is_some();
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = comm;
+        false
+    }
+}
+
 /// The communicator's transport when it is NCCL's own (not a split of it).
 #[cfg(feature = "nccl")]
 fn nccl_transport(comm: &Communicator) -> Option<&byzcoll_transport_nccl::NcclTransport> {

@@ -49,6 +49,12 @@ pub enum Replicas {
     Exactly(usize),
 }
 
+impl Default for Stragglers {
+    fn default() -> Self {
+        Stragglers::Exactly(0)
+    }
+}
+
 impl Replicas {
     /// The number of owners per shard for `f` Byzantine ranks in a world of `n`: `2f + 1`
     /// (at most `n`) for [`Replicas::Tolerant`]. The one place the count is computed; a
@@ -162,22 +168,21 @@ impl Agreement {
 /// A peer late round after round (a *laggard*, [`Carry::laggards`](crate::round::Carry)) is
 /// waited for only up to the quorum, not through the grace.
 ///
-/// [`Stragglers::Auto`] by default, so that out of the box one late rank does not set the pace:
-/// `s` is the largest count up to the rule's `f` that its precondition allows at this `n` (0
-/// for a rule with `f = 0`, such as the mean, and in the rounds that cannot end a step early:
-/// sharded rounds, NCCL). An honest rank's input can then be left out of a round for its
-/// timing alone, which a robust rule tolerates as it tolerates `f` faulty inputs; the report
-/// names it `Late`. `Exactly(0)` waits for every input until the deadline.
+/// Off by default (`Exactly(0)`): with `s > 0` an honest rank's input can be left out of a
+/// round for its timing alone, which changes a mean's result; that stays the user's call.
+/// [`Stragglers::Auto`] is the largest count up to the rule's `f` that its precondition allows
+/// at this `n`: 0 for a rule with `f = 0` (the mean), under [`Agreement::Off`] (nothing would
+/// bring ranks that went without different inputs back together), and in the rounds that
+/// cannot end a step early (sharded rounds, NCCL).
 ///
 /// Under `Auto` the schedule is chosen as without stragglers ([`Policy::resolve`]): a vector
 /// large enough for sharded mode goes sharded, with `s = 0`. Only an explicit count above 0
 /// makes [`Policy::Auto`] choose gather mode, the one whose input step is a quorum step.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stragglers {
     /// The largest `s` up to the rule's `f` that keeps its precondition with `n - s` inputs
-    /// ([`stragglers_allowed`](crate::round::stragglers_allowed)); 0 where none does, and on
-    /// transports that cannot end a step early (NCCL). The default.
-    #[default]
+    /// ([`stragglers_allowed`](crate::round::stragglers_allowed)); 0 where none does, under
+    /// [`Agreement::Off`], and on transports that cannot end a step early (NCCL).
     Auto,
     /// Exactly `s`: refused up front where the rule's precondition does not hold with `f`
     /// Byzantine inputs among `n - s`. `Exactly(0)` waits for every input until the deadline.
@@ -209,7 +214,7 @@ impl Stragglers {
 
     /// Whether the count asked for is above 0: then [`Policy::Auto`] runs gather mode, whose
     /// input step can end early. Under [`Stragglers::Auto`] the schedule is chosen first, and
-    /// `s` follows from it.
+    /// `s` follows from it (0 in sharded mode).
     pub fn forces_quorum(self) -> bool {
         matches!(self, Stragglers::Exactly(s) if s > 0)
     }

@@ -606,6 +606,14 @@ impl PyCommunicator {
         self.with_comm(|c| c.transport().name().to_string())
     }
 
+    /// Whether `_robust_all_reduce_device` moves a device vector aggregated by `rule` device to
+    /// device: over NCCL's own transport (not a communicator split from one), by a rule with
+    /// CUDA kernels. Elsewhere a CUDA tensor is staged through host memory.
+    fn _device_to_device(&self, rule: &str) -> PyResult<bool> {
+        let direct = self.with_comm(|c| byzcoll::cuda::device_to_device(c))?;
+        Ok(direct && byzcoll::cuda::CUDA_RULES.contains(&rule))
+    }
+
     /// Robust all-reduce in place of a vector in CUDA device memory: `count` elements of
     /// `dtype` (`"float32"`, `"bfloat16"`, `"float16"`) at `ptr`, after the work queued on
     /// `stream` (a `cudaStream_t` as an integer; 0: the default stream), aggregated by the CUDA

@@ -366,8 +366,13 @@ def test_cuda_tensors_over_nccl_go_device_to_device(monkeypatch):
             report = comm.robust_all_reduce(x, "median", f=0)
             assert x.is_cuda and torch.equal(x, want) and report.inputs == 1, dtype
             assert report.staged_bytes == 0, "no host copy"
-        with pytest.raises(byzcoll.InvalidUsage, match="float32, bfloat16 or float16"):
-            comm.robust_all_reduce(torch.zeros(4, device="cuda", dtype=torch.float64), "median", f=0)
+        # What the CUDA kernels do not take is staged through host memory instead.
+        x = torch.arange(8, device="cuda", dtype=torch.float64)
+        assert comm.robust_all_reduce(x, "median", f=0).staged_bytes == 2 * x.nbytes
+        x = torch.arange(8, device="cuda", dtype=torch.float32)
+        assert comm.robust_all_reduce(x, "mean", f=0).staged_bytes == 2 * x.nbytes
+        with pytest.raises(byzcoll.InvalidUsage, match="requires grad"):
+            comm.robust_all_reduce(torch.zeros(4, device="cuda", requires_grad=True), "median", f=0)
     finally:
         comm.close()
 

@@ -40,9 +40,8 @@ pub struct Config {
     /// `BYZCOLL_DOUBLING_MAX_BYTES`. Job-wide: every call's fingerprint holds the schedule it
     /// chose, so a rank that chose otherwise is out of step, never mixed in.
     pub doubling_max_bytes: usize,
-    /// How many inputs a robust round may go without for their lateness alone (`auto` by
-    /// default: up to the rule's `f`, [`Stragglers`]); `BYZCOLL_STRAGGLERS` (`auto` or a
-    /// count). Job-wide.
+    /// How many inputs a robust round may go without for their lateness alone (none by
+    /// default, [`Stragglers`]); `BYZCOLL_STRAGGLERS` (`auto` or a count). Job-wide.
     pub stragglers: Stragglers,
     /// How long a robust round's input steps wait past their quorum ([`Grace::DEFAULT`]).
     pub grace: Grace,

@@ -316,7 +316,7 @@ pub struct Scenario {
     /// one more step, whose findings land in each rank's [`RankOutcome::agreement`].
     pub agreement: Agreement,
     /// The inputs a gather-mode round may go without for their lateness alone, as the
-    /// runtime's `BYZCOLL_STRAGGLERS` (`auto` by default): its input step ends once all but `s`
+    /// runtime's `BYZCOLL_STRAGGLERS` (none by default): its input step ends once all but `s`
     /// inputs are in plus [`Scenario::grace`], the rest are late. Sharded and ring runs allow
     /// none (`auto` is 0 there, a count is refused), as in the runtime.
     pub stragglers: Stragglers,
@@ -342,7 +342,7 @@ impl Scenario {
             timeout: 30.0,
             seed: 0,
             agreement: Agreement::Detect,
-            stragglers: Stragglers::Auto,
+            stragglers: Stragglers::Exactly(0),
             grace: Grace::DEFAULT,
             dtype: DType::F32,
         }
@@ -547,6 +547,9 @@ impl Scenario {
     ) -> Result<usize, SimError> {
         match (algorithm, self.stragglers.requested()) {
             (_, Some(0)) => Ok(0),
+            // As in the runtime: under Off nothing reconciles ranks that went without
+            // different late inputs, so `auto` allows none.
+            (_, None) if self.agreement == Agreement::Off => Ok(0),
             (Algorithm::Gather, requested) => {
                 byzcoll_proto::round::stragglers_allowed(rule, self.ranks, requested).map_err(|e| {
                     match e {

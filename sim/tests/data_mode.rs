@@ -556,9 +556,10 @@ fn equivocation_toward_one_rank_is_recovered_under_enforce_and_detected_under_de
     };
     let data = DataSet::generate(&s, 2 * n + 1).unwrap();
     let rule = by_name("median", f).unwrap();
-    // Detect with stragglers allowed (the default): the ranks move to the common inputs,
-    // those every rank they heard used, which leaves the forged ones out, and every honest
-    // rank ends with one result inside the honest range.
+    // Detect with stragglers allowed: the ranks move to the common inputs, those every rank
+    // they heard used, which leaves the forged ones out, and every honest rank ends with one
+    // result inside the honest range.
+    s.stragglers = Stragglers::Auto;
     let run = s.run_data(Algorithm::Gather, &data, rule.as_ref()).unwrap();
     assert_eq!(run.silent_split(), None);
     assert_eq!(run.divergence(), None);

@@ -92,6 +92,10 @@ def _array(x):
     return x
 
 
+#: The CUDA rules' element types, by torch's name for them.
+_DEVICE_DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+
+
 def _is_cuda(x):
     """Whether `x` is a torch tensor in CUDA device memory."""
     return type(x).__module__.startswith("torch") and x.device.type == "cuda"
@@ -167,13 +171,14 @@ class Communicator:
         None for gather). The GIL is released while the ranks talk. Returns a :class:`Report`; raises
         :class:`TooManyFaults`, :class:`PreconditionError`, :class:`DisagreementError`, ...
 
-        A CUDA tensor goes device to device over NCCL (``BYZCOLL_TRANSPORT=nccl``), aggregated
-        by byzcoll's CUDA kernels ("median", "trimmed-mean", "krum", "multi-krum", "bulyan";
-        float32, bfloat16, float16) after the work queued on the tensor's current stream, with
-        no host copy; over a host transport it is staged through pinned host memory (counted in
-        the report's ``staged_bytes``).
+        A CUDA tensor (float32, bfloat16, float16) goes device to device over NCCL
+        (``BYZCOLL_TRANSPORT=nccl``, not a communicator split from one), aggregated by
+        byzcoll's CUDA kernels ("median", "trimmed-mean", "krum", "multi-krum", "bulyan") after
+        the work queued on the tensor's current stream, with no host copy; otherwise it is
+        staged through pinned host memory (counted in the report's ``staged_bytes``).
         """
-        if _is_cuda(x) and self._inner.transport == "nccl":
+        if _is_cuda(x) and x.numel() > 0 and _DEVICE_DTYPES.get(str(x.dtype)) is not None \
+                and self._inner._device_to_device(rule):
             return self._robust_all_reduce_device(x, rule, f, policy, replicas, m, tau)
         staged = _Staged(x)
         report = self._inner.robust_all_reduce(
@@ -188,15 +193,14 @@ class Communicator:
 
         if not x.is_contiguous():
             raise InvalidUsage("the tensor is not contiguous: pass x.contiguous() and copy the result back")
-        names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-        if x.dtype not in names:
+        if x.requires_grad:
             raise InvalidUsage(
-                f"dtype {x.dtype}: CUDA tensors over NCCL are float32, bfloat16 or float16 "
-                "(the CUDA rules' element types)"
+                "the tensor requires grad and would be written in place behind autograd: pass "
+                "x.detach() (a gradient, as the DDP hook hands over, does not require grad)"
             )
         stream = torch.cuda.current_stream(x.device).cuda_stream
         return self._inner._robust_all_reduce_device(
-            x.data_ptr(), x.numel(), names[x.dtype], rule, f, stream,
+            x.data_ptr(), x.numel(), _DEVICE_DTYPES[str(x.dtype)], rule, f, stream,
             policy=policy, replicas=replicas, m=m, tau=tau,
         )
 
@@ -224,8 +228,8 @@ class Communicator:
 
     def set_stragglers(self, stragglers):
         """How many inputs a robust round (gather policy) may go without for their lateness
-        alone: ``"auto"`` (the default: the largest the rule allows with `f` Byzantine inputs
-        among the rest), a count, or 0 (wait for every input until the deadline). Every rank
+        alone: ``"auto"`` (the largest the rule allows with `f` Byzantine inputs among the
+        rest), a count, or 0 (the default: wait for every input until the deadline). Every rank
         must choose alike. Late inputs are faults of kind ``"late"`` in the report, and no rank
         sets the pace of the others."""
         self._inner.set_stragglers(stragglers)

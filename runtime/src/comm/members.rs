@@ -149,8 +149,11 @@ impl Communicator {
         }
         heard[n] = self.shared.streams.load(Ordering::Relaxed) as f64;
         let f = n.saturating_sub(1) / 3;
-        let saved = self.config.agreement;
+        // Under Enforce, and waiting for every member's vote whatever this communicator's
+        // stragglers: a slow member is not voted out for its lateness in one round.
+        let saved = (self.config.agreement, self.config.stragglers);
         self.config.agreement = crate::Agreement::Enforce;
+        self.config.stragglers = crate::Stragglers::Exactly(0);
         let agreed = self
             .robust_all_reduce(
                 &mut heard,
@@ -158,7 +161,7 @@ impl Communicator {
                 crate::Policy::Gather,
             )
             .await;
-        self.config.agreement = saved;
+        (self.config.agreement, self.config.stragglers) = saved;
         agreed?;
         let kept: Vec<Rank> = (0..n).filter(|&r| heard[r] >= 0.5).collect();
         if !kept.contains(&me) {

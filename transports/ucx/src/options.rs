@@ -106,10 +106,12 @@ impl UcxOptions {
         let Some(tls) = &self.tls else {
             return true;
         };
+        // `^a,b`: every transport but those, network ones among them.
+        if tls.trim_start().starts_with('^') {
+            return true;
+        }
         let shared_memory = ["sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"];
-        !tls.trim_start_matches('^')
-            .split(',')
-            .all(|t| shared_memory.contains(&t.trim()))
+        !tls.split(',').all(|t| shared_memory.contains(&t.trim()))
     }
 }
 
@@ -133,7 +135,9 @@ mod tests {
         assert!(options(&[]).peer_failure_handling());
         assert!(options(&[("UCX_TLS", "tcp,self")]).peer_failure_handling());
         assert!(!options(&[("UCX_TLS", "sm,self")]).peer_failure_handling());
-        assert!(!options(&[("UCX_TLS", "^posix, cma")]).peer_failure_handling());
+        assert!(!options(&[("UCX_TLS", "sm, cma")]).peer_failure_handling());
+        // Every transport but those named: network ones among them.
+        assert!(options(&[("UCX_TLS", "^posix,cma")]).peer_failure_handling());
         let chosen = [("UCX_TLS", "sm,self"), ("BYZCOLL_UCX_PEER_FAILURE", "on")];
         assert!(options(&chosen).peer_failure_handling());
         let off = [("BYZCOLL_UCX_PEER_FAILURE", "off")];
