@@ -171,9 +171,9 @@ impl Agreement {
 /// Off by default (`Exactly(0)`): with `s > 0` an honest rank's input can be left out of a
 /// round for its timing alone, which changes a mean's result; that stays the user's call.
 /// [`Stragglers::Auto`] is the largest count up to the rule's `f` that its precondition allows
-/// at this `n`: 0 for a rule with `f = 0` (the mean), under [`Agreement::Off`] (nothing would
-/// bring ranks that went without different inputs back together), and in the rounds that
-/// cannot end a step early (sharded rounds, NCCL).
+/// at this `n`: 0 for a rule with `f = 0` (the mean), and in the rounds that cannot end a step
+/// early (sharded rounds, NCCL). Under [`Agreement::Off`] nothing brings ranks that went
+/// without different late inputs back to one result: stragglers there are the user's risk.
 ///
 /// Under `Auto` the schedule is chosen as without stragglers ([`Policy::resolve`]): a vector
 /// large enough for sharded mode goes sharded, with `s = 0`. Only an explicit count above 0
@@ -181,8 +181,8 @@ impl Agreement {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stragglers {
     /// The largest `s` up to the rule's `f` that keeps its precondition with `n - s` inputs
-    /// ([`stragglers_allowed`](crate::round::stragglers_allowed)); 0 where none does, under
-    /// [`Agreement::Off`], and on transports that cannot end a step early (NCCL).
+    /// ([`stragglers_allowed`](crate::round::stragglers_allowed)); 0 where none does, and on
+    /// transports that cannot end a step early (NCCL).
     Auto,
     /// Exactly `s`: refused up front where the rule's precondition does not hold with `f`
     /// Byzantine inputs among `n - s`. `Exactly(0)` waits for every input until the deadline.

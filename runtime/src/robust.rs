@@ -220,10 +220,7 @@ impl Communicator {
         // started apart, and a quorum there would leave inputs out for their start-up alone
         // (Enforce's echo passes late inputs on).
         let first = self.collectives_begun() == 0 && self.agreement() == Agreement::Detect;
-        // Under Off no step brings ranks that went without different late inputs back to one
-        // result: `auto` allows none there (a count is the user's explicit choice).
-        let unreconciled = requested.is_none() && self.agreement() == Agreement::Off;
-        if requested == Some(0) || first || unreconciled {
+        if requested == Some(0) || first {
             return Ok(0);
         }
         let cannot = match shape {

@@ -547,9 +547,6 @@ impl Scenario {
     ) -> Result<usize, SimError> {
         match (algorithm, self.stragglers.requested()) {
             (_, Some(0)) => Ok(0),
-            // As in the runtime: under Off nothing reconciles ranks that went without
-            // different late inputs, so `auto` allows none.
-            (_, None) if self.agreement == Agreement::Off => Ok(0),
             (Algorithm::Gather, requested) => {
                 byzcoll_proto::round::stragglers_allowed(rule, self.ranks, requested).map_err(|e| {
                     match e {
