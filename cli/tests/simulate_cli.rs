@@ -485,7 +485,7 @@ fn too_many_faults_fail_clearly() {
     assert!(stdout.contains("FAILED"), "{stdout}");
     assert!(
         stderr.contains("FAIL: gather: rank 0: failed: median needs n > 2f but has n = 6, f = 3")
-            && stderr.contains("rank 6: missing at deadline"),
+            && stderr.contains("rank 6: missing (nothing by the deadline"),
         "{stderr}"
     );
 }

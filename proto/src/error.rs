@@ -37,7 +37,11 @@ pub struct PeerFault {
 impl fmt::Display for PeerFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.fault {
-            Fault::Missing => write!(f, "rank {}: missing at deadline", self.rank),
+            Fault::Missing => write!(
+                f,
+                "rank {}: missing (nothing by the deadline, or its connection closed)",
+                self.rank
+            ),
             Fault::Malformed(why) => write!(f, "rank {}: malformed ({why})", self.rank),
             Fault::Late => write!(f, "rank {}: late (after the quorum's grace)", self.rank),
             Fault::OutOfStep => write!(
