@@ -35,7 +35,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use byzcoll_aggregators::Median;
 use byzcoll_runtime::bootstrap::{JobSecret, LaunchEnv, StoreClient};
 use tokio::time::Instant;
 
@@ -114,7 +113,7 @@ pub async fn admit(comm: &mut Communicator, config: &JobConfig) -> Result<Admiss
     seen[job] = comm.epoch() as f64;
     let nonce = JobSecret::generate()?.to_bytes();
     seen[job + 1] = (u64::from_le_bytes(nonce[..8].try_into().unwrap_or_default()) >> 12) as f64;
-    agree(comm, &mut seen).await?;
+    comm.agree(&mut seen).await?;
     let admitted: Vec<Rank> = (0..job).filter(|&r| !member[r] && seen[r] >= 0.5).collect();
     if admitted.is_empty() {
         return Ok(Admission::Nobody);
@@ -153,7 +152,7 @@ pub async fn admit(comm: &mut Communicator, config: &JobConfig) -> Result<Admiss
     // Whether every member joined, agreed on the old communicator: members never go on in
     // different communicators (one whose join failed while the others' succeeded, say).
     let mut ok = [f64::from(u8::from(joined.is_ok()))];
-    agree(comm, &mut ok).await?;
+    comm.agree(&mut ok).await?;
     match (joined, ok[0] >= 0.5) {
         (Ok(mut grown), true) => {
             grown.keep_alive_of(comm);
@@ -171,22 +170,6 @@ pub async fn admit(comm: &mut Communicator, config: &JobConfig) -> Result<Admiss
         ))
         .into()),
     }
-}
-
-/// A gather-mode robust all-reduce of `v` under [`Agreement::Enforce`](crate::Agreement),
-/// median with `f = (n - 1) / 3`, waiting for every member's vote: every honest member ends
-/// with the same vector.
-async fn agree(comm: &mut Communicator, v: &mut [f64]) -> Result<()> {
-    let f = comm.size().saturating_sub(1) / 3;
-    let saved = (comm.config().agreement, comm.config().stragglers);
-    comm.set_agreement(crate::Agreement::Enforce);
-    comm.set_stragglers(crate::Stragglers::Exactly(0));
-    let agreed = comm
-        .robust_all_reduce(v, &Median::new(f), crate::Policy::Gather)
-        .await;
-    comm.set_agreement(saved.0);
-    comm.set_stragglers(saved.1);
-    agreed.map(drop)
 }
 
 /// Job rank `r`'s knock, if it has one posted (a failed read is none).

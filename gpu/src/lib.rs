@@ -56,7 +56,8 @@ pub use device::Gpu;
 #[cfg(feature = "nccl")]
 pub use nccl::robust_all_reduce_nccl;
 pub use rules::{
-    device_to_device, robust_all_reduce_device, CudaRule, DeviceCollectives, GpuElement, CUDA_RULES,
+    device_to_device, has_kernels, robust_all_reduce_device, CudaRule, DeviceCollectives,
+    GpuElement,
 };
 
 use byzcoll_aggregators::AggError;

@@ -41,6 +41,19 @@ enum Kind {
     Bulyan,
 }
 
+impl Kind {
+    /// The kernels of the rule named `name`, if it has any.
+    fn of(name: &str) -> Option<Kind> {
+        match name {
+            "median" => Some(Kind::Median),
+            "trimmed-mean" | "trimmed_mean" => Some(Kind::Trimmed),
+            "krum" | "multi-krum" => Some(Kind::MeanOfSelected),
+            "bulyan" => Some(Kind::Bulyan),
+            _ => None,
+        }
+    }
+}
+
 /// "No bad coordinate" in the kernels' `bad` word.
 const NONE_BAD: u64 = u64::MAX;
 
@@ -82,21 +95,15 @@ impl CudaRule {
     /// As [`byzcoll_aggregators::build`] for unknown names and bad parameters;
     /// [`AggError::Unsupported`] for a rule with no CUDA implementation.
     pub fn new(gpu: Arc<Gpu>, name: &str, params: &Params) -> Result<Self, AggError> {
-        let kind = match name {
-            "median" => Kind::Median,
-            "trimmed-mean" | "trimmed_mean" => Kind::Trimmed,
-            "krum" | "multi-krum" => Kind::MeanOfSelected,
-            "bulyan" => Kind::Bulyan,
-            other => {
-                // Let the CPU builder reject unknown names with its list of rules first.
-                build(other, params)?;
-                return Err(AggError::Unsupported {
-                    rule: other.to_string(),
-                    what: "CUDA (GPU rules: median, trimmed-mean, krum, multi-krum, bulyan); \
-                           use the CPU rule"
-                        .to_string(),
-                });
-            }
+        let Some(kind) = Kind::of(name) else {
+            // Let the CPU builder reject unknown names with its list of rules first.
+            build(name, params)?;
+            return Err(AggError::Unsupported {
+                rule: name.to_string(),
+                what: "CUDA (GPU rules: median, trimmed-mean, krum, multi-krum, bulyan); use the \
+                       CPU rule"
+                    .to_string(),
+            });
         };
         let reference = build(name, params)?;
         Ok(CudaRule {
@@ -592,15 +599,11 @@ impl DistanceSelection for CudaRule {
     }
 }
 
-/// The rules with CUDA kernels, by the names [`CudaRule::new`] takes.
-pub const CUDA_RULES: &[&str] = &[
-    "median",
-    "trimmed-mean",
-    "trimmed_mean",
-    "krum",
-    "multi-krum",
-    "bulyan",
-];
+/// Whether `rule` (a name [`CudaRule::new`] takes) has CUDA kernels: median, trimmed-mean,
+/// krum, multi-krum, bulyan.
+pub fn has_kernels(rule: &str) -> bool {
+    Kind::of(rule).is_some()
+}
 
 /// Whether [`robust_all_reduce_device`] moves `comm`'s device vectors device to device: its
 /// transport is NCCL's own (not a communicator split from one), in a build with NCCL.

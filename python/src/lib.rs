@@ -611,7 +611,7 @@ impl PyCommunicator {
     /// CUDA kernels. Elsewhere a CUDA tensor is staged through host memory.
     fn _device_to_device(&self, rule: &str) -> PyResult<bool> {
         let direct = self.with_comm(|c| byzcoll::cuda::device_to_device(c))?;
-        Ok(direct && byzcoll::cuda::CUDA_RULES.contains(&rule))
+        Ok(direct && byzcoll::cuda::has_kernels(rule))
     }
 
     /// Robust all-reduce in place of a vector in CUDA device memory: `count` elements of

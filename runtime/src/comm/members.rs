@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::{recv, send, Communicator};
 use crate::schedule;
-use crate::{Error, Payload, Rank, RecvOutcome, Result, RoundStats, Step, Transport};
+use crate::{Error, Payload, Rank, RecvOutcome, Result, RoundReport, RoundStats, Step, Transport};
 
 impl Communicator {
     /// Splits the ranks into communicators by `color`, MPI's `MPI_Comm_split`: every rank
@@ -99,6 +99,30 @@ impl Communicator {
         }
     }
 
+    /// Agrees on `v` with every member, as [`Communicator::shrink`] and `byzcoll::admit`
+    /// decide membership: a gather-mode robust all-reduce, median with `f = (n - 1) / 3`,
+    /// under [`Agreement::Enforce`](crate::Agreement) and waiting for every member's vector
+    /// whatever this communicator's agreement and stragglers (a slow member is not voted out
+    /// for its lateness in one round). Every honest member ends with the same vector.
+    ///
+    /// # Errors
+    /// As [`Communicator::robust_all_reduce`].
+    pub async fn agree(&mut self, v: &mut [f64]) -> Result<RoundReport> {
+        let f = self.size().saturating_sub(1) / 3;
+        let saved = (self.config.agreement, self.config.stragglers);
+        self.config.agreement = crate::Agreement::Enforce;
+        self.config.stragglers = crate::Stragglers::Exactly(0);
+        let agreed = self
+            .robust_all_reduce(
+                v,
+                &byzcoll_aggregators::Median::new(f),
+                crate::Policy::Gather,
+            )
+            .await;
+        (self.config.agreement, self.config.stragglers) = saved;
+        agreed
+    }
+
     /// Shrinks the communicator to the ranks that are alive, like `MPI_Comm_shrink`: every
     /// live rank calls it, and gets a communicator of the ranks the live ones agreed to keep,
     /// renumbered in their old order, over the same transport (the rules' preconditions are
@@ -148,21 +172,7 @@ impl Communicator {
             }
         }
         heard[n] = self.shared.streams.load(Ordering::Relaxed) as f64;
-        let f = n.saturating_sub(1) / 3;
-        // Under Enforce, and waiting for every member's vote whatever this communicator's
-        // stragglers: a slow member is not voted out for its lateness in one round.
-        let saved = (self.config.agreement, self.config.stragglers);
-        self.config.agreement = crate::Agreement::Enforce;
-        self.config.stragglers = crate::Stragglers::Exactly(0);
-        let agreed = self
-            .robust_all_reduce(
-                &mut heard,
-                &byzcoll_aggregators::Median::new(f),
-                crate::Policy::Gather,
-            )
-            .await;
-        (self.config.agreement, self.config.stragglers) = saved;
-        agreed?;
+        self.agree(&mut heard).await?;
         let kept: Vec<Rank> = (0..n).filter(|&r| heard[r] >= 0.5).collect();
         if !kept.contains(&me) {
             return Err(Error::Excluded { kept });
