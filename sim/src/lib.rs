@@ -505,9 +505,8 @@ impl Scenario {
     }
 
     /// Runs `algorithm` with vectors of `d` coordinates of [`Scenario::dtype`], carrying sizes
-    /// only. `rule`,
-    /// when given, decides from the number of arrived inputs whether a rank or shard owner can
-    /// aggregate, as in data mode.
+    /// only. `rule`, when given, decides from the number of arrived inputs whether a rank or
+    /// shard owner can aggregate, as in data mode.
     ///
     /// # Errors
     /// As [`Scenario::run_data`].
