@@ -220,10 +220,16 @@ async fn main() -> ExitCode {
     let outcome = async {
         let a = <Args as clap::Parser>::parse();
         let mut comm = join().await?;
-        match a.bf16 {
+        // Every input is waited for: the run compares gather mode's result with sharded
+        // mode's bitwise, which an honest input left out of a quorum round for its timing
+        // alone would change (every rank makes the same choice).
+        comm.set_stragglers(byzcoll::Stragglers::Exactly(0));
+        let ran = match a.bf16 {
             true => run::<half::bf16>(&a, &mut comm).await,
             false => run::<f32>(&a, &mut comm).await,
-        }
+        };
+        comm.close().await;
+        ran
     }
     .await;
     match outcome {

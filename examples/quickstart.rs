@@ -102,6 +102,9 @@ async fn main() {
                         rows.push(r);
                     }
                 }
+                // Collective: a rank left behind by a quorum round (stragglers are allowed by
+                // default) still gets what it needs from the others before they go.
+                comm.close().await;
                 (me, rows)
             })
         })

@@ -293,7 +293,7 @@ impl Drop for Runtime {
     }
 }
 
-/// Closes communicators in the background ([`Communicator::close`]): the runtime's own thread
+/// Closes communicators in the background ([`Communicator::close_at_once`]): the runtime's own thread
 /// drives the close while no call does, so that a communicator dropped by an abort or with
 /// its [`BlockingComm`] shuts its connections down (its peers then see this rank as missing
 /// at once) and writes what its last calls left queued, for as long as the runtime lives.
@@ -307,7 +307,7 @@ impl Closer {
     fn close(&self, comm: Communicator) {
         let background = Background::new(self.control.clone());
         self.handle.spawn(async move {
-            comm.close().await;
+            comm.close_at_once().await;
             drop(background);
         });
     }
@@ -547,9 +547,11 @@ impl BlockingComm {
         })
     }
 
-    /// Closes the communicator after the calls made before it: first lets the transport
-    /// finish what the last calls left in flight ([`Communicator::close`]; bounded). Later
-    /// calls are [`Refused::Closed`].
+    /// Closes the communicator after the calls made before it, collectively
+    /// ([`Communicator::close`]; bounded): where its calls ran quorum steps, first waits for
+    /// the others to reach their close, then lets the transport finish what the last calls
+    /// left in flight. Later calls are [`Refused::Closed`]. Dropping it instead closes at
+    /// once, in the background ([`Communicator::close_at_once`]).
     pub fn close(&self) {
         let ticket = self.ticket();
         let shared = &self.shared;

@@ -51,7 +51,7 @@ pub enum Replicas {
 
 impl Default for Stragglers {
     fn default() -> Self {
-        Stragglers::Exactly(0)
+        Stragglers::Auto
     }
 }
 
@@ -168,12 +168,16 @@ impl Agreement {
 /// A peer late round after round (a *laggard*, [`Carry::laggards`](crate::round::Carry)) is
 /// waited for only up to the quorum, not through the grace.
 ///
-/// Off by default (`Exactly(0)`): with `s > 0` an honest rank's input can be left out of a
-/// round for its timing alone, which changes a mean's result; that stays the user's call.
-/// [`Stragglers::Auto`] is the largest count up to the rule's `f` that its precondition allows
-/// at this `n`: 0 for a rule with `f = 0` (the mean), and in the rounds that cannot end a step
-/// early (sharded rounds, NCCL). Under [`Agreement::Off`] nothing brings ranks that went
-/// without different late inputs back to one result: stragglers there are the user's risk.
+/// [`Stragglers::Auto`] by default, so that out of the box one late rank does not set the
+/// pace: the largest count up to the rule's `f` that its precondition allows at this `n`; 0
+/// for a rule with `f = 0` (the mean), in the rounds that cannot end a step early (sharded
+/// rounds, NCCL), and under [`Agreement::Off`], where nothing brings ranks that went without
+/// different late inputs back to one result (a count asked for there is the user's risk). An
+/// honest rank's input can then be left out of a round for its timing alone, which a robust
+/// rule tolerates as it tolerates `f` faulty inputs; the report names it `Late`.
+/// `Exactly(0)` waits for every input until the deadline: for a job that compares exact
+/// results. A rank can be rounds behind the others when they finish: `Communicator::close`
+/// (collective) waits for it before they go.
 ///
 /// Under `Auto` the schedule is chosen as without stragglers ([`Policy::resolve`]): a vector
 /// large enough for sharded mode goes sharded, with `s = 0`. Only an explicit count above 0

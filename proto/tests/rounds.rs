@@ -687,9 +687,9 @@ fn auto_picks_gather_or_tolerant_sharding_by_size_world_and_rule() {
     // Sharded mode cannot run it; a quorum round cannot be sharded.
     assert_eq!(auto(16, big, nnm_krum.as_ref(), false), Policy::Gather);
     assert_eq!(auto(16, big, &median, true), Policy::Gather);
-    // `auto` stragglers choose the schedule first: a vector large enough still goes sharded.
-    // Only a count above 0 asks for a quorum round.
-    assert_eq!(Stragglers::default(), Stragglers::Exactly(0));
+    // Stragglers are allowed by default (`auto`), which chooses the schedule first: a vector
+    // large enough still goes sharded. Only a count above 0 asks for a quorum round.
+    assert_eq!(Stragglers::default(), Stragglers::Auto);
     assert!(!Stragglers::Auto.forces_quorum());
     assert!(!Stragglers::Exactly(0).forces_quorum());
     assert!(Stragglers::Exactly(1).forces_quorum());

@@ -26,6 +26,11 @@ pub fn broadcast(root: usize, bytes: usize, step: Option<u64>) -> u64 {
     call_fingerprint("broadcast", &[&len(root), &len(bytes)], step)
 }
 
+/// `Communicator::close`'s farewell.
+pub fn farewell() -> u64 {
+    call_fingerprint("farewell", &[], None)
+}
+
 /// `Communicator::shrink`'s liveness exchange.
 pub fn shrink(step: Option<u64>) -> u64 {
     call_fingerprint("shrink", &[], step)

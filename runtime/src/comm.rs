@@ -67,6 +67,9 @@ pub struct Communicator {
     job_ranks: Arc<[Rank]>,
     /// The job's membership epoch ([`Communicator::epoch`]).
     epoch: u64,
+    /// Whether a call ran a quorum step: a rank can then still be behind the others when
+    /// this one closes ([`Communicator::close`]).
+    pub(crate) quorum_steps: bool,
 }
 
 /// What every communicator over one transport shares.
@@ -112,6 +115,7 @@ impl Communicator {
             stats: RoundStats::default(),
             job_ranks,
             epoch: 0,
+            quorum_steps: false,
         }
     }
 
@@ -270,17 +274,58 @@ impl Communicator {
             .extend(theirs);
     }
 
-    /// Closes the communicator. When no other communicator shares its transport (those split
-    /// or shrunk from it do), first lets the transport finish what the last calls left in
-    /// flight ([`Transport::close`]: over TCP, frames still queued for a slower peer, for at
-    /// most `TcpOptions::linger`). Call it before the process exits: a call can return
-    /// before its last sends have reached every peer (a quorum step does not wait for them),
-    /// and exiting would cut them. Dropping the communicator instead finishes the same in the
-    /// background while the async runtime runs its tasks (a current-thread runtime runs them
-    /// only while something awaits on it).
-    pub async fn close(self) {
+    /// Closes the communicator, collectively: every member calls it, in the same order as
+    /// its other collectives.
+    ///
+    /// Where a call ran a quorum step (stragglers allowed, [`Config::stragglers`]), a rank
+    /// can still be rounds behind the others, and needs their messages for those rounds: this
+    /// rank first waits, up to the step timeout, until every peer not missing in its last
+    /// round has reached its close too (a *farewell*, one empty message each way), so that a
+    /// fast rank that finishes never cuts a straggler off. Then, when no other communicator
+    /// shares its transport (those split or shrunk from it do), it lets the transport finish
+    /// what the last calls left in flight ([`Transport::close`]: over TCP, frames still
+    /// queued for a slower peer, for at most `TcpOptions::linger`).
+    ///
+    /// Call it before the process exits: a call can return before its last sends have reached
+    /// every peer (a quorum step does not wait for them), and exiting would cut them. Dropping
+    /// the communicator instead is [`Communicator::close_at_once`] in the background while
+    /// the async runtime runs its tasks (a current-thread runtime runs them only while
+    /// something awaits on it).
+    pub async fn close(mut self) {
+        if self.quorum_steps && self.size() > 1 {
+            self.farewell().await;
+        }
+        self.close_at_once().await;
+    }
+
+    /// Closes the communicator without waiting for the others to reach their close (an
+    /// abort, or a rank leaving a job the others go on with): only lets the transport finish
+    /// what the last calls left in flight, as [`Communicator::close`] does last.
+    pub async fn close_at_once(self) {
         if Arc::strong_count(&self.transport) == 1 {
             self.transport.close().await;
+        }
+    }
+
+    /// [`Communicator::close`]'s farewell: an empty message to every peer, and one awaited
+    /// from each peer not missing in this rank's last round, until the step timeout. Its
+    /// outcomes decide nothing: a peer that never comes is one this rank can no longer help.
+    async fn farewell(&mut self) {
+        let (me, n) = (self.rank(), self.size());
+        let gone: Vec<Rank> = self
+            .health()
+            .iter()
+            .filter(|p| matches!(p.streak, Some((crate::Symptom::Missing, _))))
+            .map(|p| p.rank)
+            .collect();
+        let mut seq = self.begin("farewell", crate::calls::farewell());
+        let empty = Payload::Host(Bytes::new());
+        let sends = schedule::direct_peers(me, n).map(|p| send(p, empty.clone()));
+        let recvs = schedule::direct_peers(me, n)
+            .filter(|p| !gone.contains(p))
+            .map(|p| recv(p, 0));
+        if let Err(e) = seq.run(sends.collect(), recvs.collect()).await {
+            tracing::debug!(rank = me, error = %e, "farewell failed");
         }
     }
 

@@ -220,7 +220,10 @@ impl Communicator {
         // started apart, and a quorum there would leave inputs out for their start-up alone
         // (Enforce's echo passes late inputs on).
         let first = self.collectives_begun() == 0 && self.agreement() == Agreement::Detect;
-        if requested == Some(0) || first {
+        // Under Off nothing brings ranks that went without different late inputs back to one
+        // result, so `auto` allows none there: only a count asked for does.
+        let unreconciled = requested.is_none() && self.agreement() == Agreement::Off;
+        if requested == Some(0) || first || unreconciled {
             return Ok(0);
         }
         let cannot = match shape {
@@ -285,6 +288,7 @@ impl Communicator {
             stragglers: self.stragglers(rule, shape)?,
             grace: self.config().grace,
         };
+        self.quorum_steps |= spec.stragglers > 0;
         let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone())
             .measuring(self.config().attribution)
             .keeping_input(agreement == Agreement::Detect && shape == Shape::Gather)

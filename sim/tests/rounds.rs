@@ -10,9 +10,11 @@ use byzcoll_sim::{
 
 const WORLDS: [usize; 3] = [7, 8, 11];
 
-/// `n` ranks, a 10 ms step deadline, a grace of at least 1 us and as long again as the quorum.
+/// `n` ranks, a 10 ms step deadline, a grace of at least 1 us and as long again as the quorum;
+/// every input waited for (the baseline: each test says which stragglers it allows).
 fn scenario(n: usize) -> Scenario {
     let mut s = Scenario::new(n, Network::preset(Preset::Infiniband));
+    s.stragglers = Stragglers::Exactly(0);
     s.timeout = 10e-3;
     s.grace = Grace {
         min: std::time::Duration::from_micros(1),
@@ -293,11 +295,19 @@ fn round_parameters_are_refused_with_what_is_wrong() {
     refused(&t, Algorithm::Gather, 1, "too few for median");
     t.stragglers = Stragglers::Exactly(usize::MAX);
     refused(&t, Algorithm::Gather, 1, "in a world of 8");
-    // Auto: the largest s <= f that keeps the precondition; none in sharded mode.
-    t.stragglers = Stragglers::Auto;
-    let run = |alg| t.run_rounds(alg, 1, &data, rule.as_ref()).unwrap();
-    assert_eq!(run(Algorithm::Gather).stragglers, 1);
-    assert_eq!(run(Algorithm::Sharded { replicas: 3 }).stragglers, 0);
+    // Auto (the default, as in the runtime): the largest s <= f that keeps the precondition;
+    // none in sharded mode, nor under Agreement::Off, where nothing reconciles ranks that
+    // went without different late inputs.
+    let mut t = Scenario::new(8, s.network.clone());
+    t.timeout = s.timeout;
+    assert_eq!(t.stragglers, Stragglers::Auto);
+    let run = |t: &Scenario, alg| t.run_rounds(alg, 1, &data, rule.as_ref()).unwrap();
+    assert_eq!(run(&t, Algorithm::Gather).stragglers, 1);
+    assert_eq!(run(&t, Algorithm::Sharded { replicas: 3 }).stragglers, 0);
+    t.agreement = Agreement::Off;
+    assert_eq!(run(&t, Algorithm::Gather).stragglers, 0);
+    t.stragglers = Stragglers::Exactly(1);
+    assert_eq!(run(&t, Algorithm::Gather).stragglers, 1);
 }
 
 /// Fault memory, as the host communicator keeps it: a rank late round after round is a laggard

@@ -16,8 +16,10 @@ through pinned host memory (one blocking copy each way per call, counted in the 
 ``staged_bytes``; the result is written back only when the call succeeds).
 """
 
+import atexit
 import os
 import sys
+import weakref
 
 from . import _byzcoll
 from ._byzcoll import (
@@ -145,6 +147,10 @@ class Communicator:
 
     def __init__(self, inner):
         self._inner = inner
+        # Closed at exit if the program did not (as mpi4py finalizes MPI): the close is
+        # collective, and a rank left behind by a round that went on without it needs the
+        # others until it is done.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
     def rank(self):
@@ -228,10 +234,10 @@ class Communicator:
 
     def set_stragglers(self, stragglers):
         """How many inputs a robust round (gather policy) may go without for their lateness
-        alone: ``"auto"`` (the largest the rule allows with `f` Byzantine inputs among the
-        rest), a count, or 0 (the default: wait for every input until the deadline). Every rank
-        must choose alike. Late inputs are faults of kind ``"late"`` in the report, and no rank
-        sets the pace of the others."""
+        alone: ``"auto"`` (the default: the largest the rule allows with `f` Byzantine inputs
+        among the rest; none under agreement ``"off"``), a count, or 0 (wait for every input
+        until the deadline). Every rank must choose alike. Late inputs are faults of kind
+        ``"late"`` in the report, and no rank sets the pace of the others."""
         self._inner.set_stragglers(stragglers)
 
     def set_step(self, step):
@@ -293,7 +299,9 @@ class Communicator:
         self._inner.barrier()
 
     def close(self):
-        """Closes the connections; later calls raise :class:`InvalidUsage`."""
+        """Closes the connections, collectively: where a round went on without a late rank,
+        first waits (up to the step timeout) for every live rank to reach its close, so that a
+        rank left behind still gets what it needs. Later calls raise :class:`InvalidUsage`."""
         self._inner.close()
 
     def __enter__(self):
@@ -305,6 +313,15 @@ class Communicator:
 
     def __repr__(self):
         return repr(self._inner)
+
+
+def _close_at_exit(ref):
+    comm = ref()
+    if comm is not None:
+        try:
+            comm.close()
+        except Error:
+            pass
 
 
 def _torch_holds_the_store():

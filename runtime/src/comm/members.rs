@@ -96,6 +96,7 @@ impl Communicator {
             stats: RoundStats::default(),
             job_ranks,
             epoch: self.epoch,
+            quorum_steps: false,
         }
     }
 

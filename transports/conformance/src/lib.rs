@@ -56,6 +56,7 @@ macro_rules! conformance_suite {
             split_communicators_interleave_with_their_parent,
             nonblocking_collectives_run_in_start_order,
             a_straggler_does_not_set_the_pace,
+            closing_waits_for_a_rank_left_behind,
             narrow_types_reduce_bitwise_as_the_local_rule,
         );
     };
@@ -151,4 +152,4 @@ pub use sharded::{
     sharded_matches_gather_bitwise, sharded_sub_rounds_match_one_round_and_erase_a_dead_peer_once,
     sharded_survives_byzantine_owners_only_with_replication,
 };
-pub use time::a_straggler_does_not_set_the_pace;
+pub use time::{a_straggler_does_not_set_the_pace, closing_waits_for_a_rank_left_behind};

@@ -145,3 +145,81 @@ async fn with_a_straggler(
     )
     .await
 }
+
+/// A rank left behind is not cut off when the others finish: rank 3 of 4 (stragglers `auto`,
+/// `s = 1`) calls the job's last robust round 1 s after the others, which end it without
+/// its input and close at once. `Communicator::close` is collective where a call ran a quorum
+/// step: each fast rank waits in it until rank 3 has closed too, so rank 3 still finds their
+/// messages for the round (and their connections) and returns their result, its own input
+/// left out as they did, rather than naming them missing. Without stragglers the close waits
+/// for nobody.
+pub async fn closing_waits_for_a_rank_left_behind<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let delay = Duration::from_millis(1000);
+    for agreement in [Agreement::Detect, Agreement::Enforce] {
+        let results = run_ranks(
+            comms(factory(4).await, Duration::from_secs(10)),
+            move |mut c| async move {
+                c.set_agreement(agreement);
+                c.set_stragglers(Stragglers::Auto);
+                let mut v = vec![(c.rank() + 1) as f32; 8];
+                // Under Detect a communicator's first collective waits for everyone.
+                let first = c
+                    .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                    .await;
+                first.expect("the first round waits for every rank");
+                if c.rank() == 3 {
+                    tokio::time::sleep(delay).await;
+                }
+                let mut v = vec![(c.rank() + 1) as f32; 8];
+                let last = c
+                    .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                    .await
+                    .map(|report| (report, v));
+                let closing = Instant::now();
+                c.close().await;
+                (last, closing.elapsed())
+            },
+        )
+        .await;
+        for (me, (last, closing)) in results.iter().enumerate() {
+            let (report, v) = last
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{agreement:?} rank {me}: {e}"));
+            assert!(
+                v.iter().all(|&x| x == 2.0),
+                "{agreement:?} rank {me}: {v:?}"
+            );
+            match me {
+                3 => assert!(report.erased_self, "{agreement:?}: {report:?}"),
+                _ => {
+                    assert_eq!(report.stragglers, 1, "{agreement:?} rank {me}");
+                    assert!(
+                        *closing >= delay / 2,
+                        "{agreement:?} rank {me} closed after {closing:?}, before rank 3 was done"
+                    );
+                }
+            }
+        }
+    }
+    // Nothing ran a quorum step: nobody is behind, and the close waits for nobody, not even
+    // a rank that never closes.
+    let results = run_ranks(
+        comms(factory(2).await, Duration::from_secs(10)),
+        |mut c| async move {
+            c.barrier().await.expect("the barrier");
+            if c.rank() == 1 {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                return Duration::ZERO;
+            }
+            let closing = Instant::now();
+            c.close().await;
+            closing.elapsed()
+        },
+    )
+    .await;
+    assert!(results[0] < Duration::from_secs(2), "{:?}", results[0]);
+}

@@ -4,7 +4,8 @@
 //! It follows the same matching rules as the network transports (lengths checked against the
 //! posted receive, stale messages dropped, deadlines), so tests written against it exercise the
 //! runtime's real fault handling. Dropping a rank's transport makes it `Missing` for the others,
-//! like a crashed process.
+//! like a crashed process (once what its quorum steps left to deliver is delivered, as a TCP
+//! connection writes its queued frames before it closes).
 //!
 //! ```
 //! # tokio_test_block_on(async {
@@ -32,9 +33,10 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use byzcoll_runtime::bootstrap::{JobAuth, Membership};
 use byzcoll_runtime::{
-    Capabilities, MemoryKind, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
+    Capabilities, MemoryKind, MsgKey, Payload, Rank, RecvOutcome, Step, Transport, TransportError,
 };
 use byzcoll_transport_kit::mailbox::{run_step, Claim, Closed, Mailbox};
 use futures::future::BoxFuture;
@@ -45,6 +47,9 @@ pub struct LocalTransport {
     rank: Rank,
     /// `mailboxes[r]` receives for rank `r`.
     mailboxes: Arc<Vec<Mailbox>>,
+    /// Closes the others' slots for this rank when the last of the transport and its
+    /// deliveries in the background is gone.
+    departure: Arc<Departure>,
     /// The world's identity keys, made for it (audited rounds sign with them); `None` where
     /// the OS gave no randomness for them.
     membership: Option<Arc<Membership>>,
@@ -64,6 +69,10 @@ impl LocalTransport {
             .map(|rank| LocalTransport {
                 rank,
                 mailboxes: mailboxes.clone(),
+                departure: Arc::new(Departure {
+                    rank,
+                    mailboxes: mailboxes.clone(),
+                }),
                 membership: memberships.next().flatten(),
             })
             .collect()
@@ -71,16 +80,41 @@ impl LocalTransport {
 }
 
 impl Drop for LocalTransport {
-    /// The rank is gone, as a process whose connections close: receives from it end at once,
-    /// and so do sends to it (nobody will take them).
+    /// The rank is gone, as a process whose connections close: sends to it end at once
+    /// (nobody will take them), and receives from it once what its quorum steps left to
+    /// deliver is delivered ([`Departure`]).
     fn drop(&mut self) {
         let mine = &self.mailboxes[self.rank];
+        for r in (0..self.mailboxes.len()).filter(|&r| r != self.rank) {
+            mine.close(r, Closed::Gone);
+        }
+    }
+}
+
+/// A rank's leaving, as its peers see it: their receives from it end (`Missing`) when the
+/// transport and every delivery it left in the background are gone, as a TCP connection
+/// closes after its queued frames are written.
+#[derive(Debug)]
+struct Departure {
+    rank: Rank,
+    mailboxes: Arc<Vec<Mailbox>>,
+}
+
+impl Drop for Departure {
+    fn drop(&mut self) {
         for (r, mailbox) in self.mailboxes.iter().enumerate() {
             if r != self.rank {
                 mailbox.close(self.rank, Closed::Gone);
-                mine.close(r, Closed::Gone);
             }
         }
+    }
+}
+
+/// Delivers one message into `target` once its receive is posted; a stale or closed receive
+/// drops it.
+async fn deliver(target: &Mailbox, from: Rank, key: MsgKey, call: u64, payload: Bytes) {
+    if let Claim::Posted(delivery) = target.claim(from, key, call).await {
+        delivery.deliver(Payload::Host(payload));
     }
 }
 
@@ -120,11 +154,24 @@ impl Transport for LocalTransport {
                 "local",
                 || {},
                 |s, key, call, payload| {
-                    let target = &self.mailboxes[s.peer];
+                    let peer = s.peer;
                     async move {
-                        if let Claim::Posted(delivery) = target.claim(self.rank, key, call).await {
-                            delivery.deliver(Payload::Host(payload));
+                        if step.quorum.is_none() {
+                            deliver(&self.mailboxes[peer], self.rank, key, call, payload).await;
+                            return Ok(());
                         }
+                        // A quorum step can end before a straggler posts its receives: the
+                        // message waits for it in the background until the step's deadline,
+                        // as a TCP frame stays queued for a slow reader, rather than being
+                        // dropped with the step.
+                        let (mailboxes, departure) =
+                            (self.mailboxes.clone(), self.departure.clone());
+                        let deadline = step.deadline;
+                        tokio::spawn(async move {
+                            let from = departure.rank;
+                            let delivering = deliver(&mailboxes[peer], from, key, call, payload);
+                            let _ = tokio::time::timeout_at(deadline, delivering).await;
+                        });
                         Ok(())
                     }
                 },
