@@ -17,7 +17,7 @@
 use std::process::ExitCode;
 
 use byzcoll::aggregators::{Median, TrimmedMean};
-use byzcoll::{Policy, ReduceOp, Replicas};
+use byzcoll::{Fault, Policy, ReduceOp, Replicas};
 
 mod common;
 use common::{honest, in_honest_range};
@@ -90,7 +90,8 @@ async fn run(args: Args) -> Result<(), String> {
             .robust_all_reduce(&mut v, rule.as_ref(), Policy::Gather)
             .await
             .map_err(|e| format!("{name}: {e}"))?;
-        // Sharded mode (2f + 1 owners per shard) must give bitwise the gather-mode result.
+        // Sharded mode (2f + 1 owners per shard) must give bitwise the gather-mode result
+        // where gather mode had every input.
         let mut w = mine.clone();
         comm.robust_all_reduce(&mut w, rule.as_ref(), Policy::Sharded(Replicas::Tolerant))
             .await
@@ -99,7 +100,17 @@ async fn run(args: Args) -> Result<(), String> {
             continue;
         }
         in_honest_range(name, &v, &all[..n - k])?;
-        if w != v {
+        // Gather mode may go on without a late input (stragglers are allowed by default),
+        // sharded mode does not yet: their results are comparable where nothing was late.
+        let late = report.erased_self
+            || report.faults.iter().any(|f| f.fault == Fault::Late)
+            || report
+                .agreement
+                .as_ref()
+                .is_some_and(|a| !a.realigned.is_empty());
+        if late {
+            println!("{name:<13} rank {me}: gather mode went without a late input; not compared with sharded mode");
+        } else if w != v {
             return Err(format!("{name}: sharded mode differs from gather mode"));
         }
         if me == 0 {

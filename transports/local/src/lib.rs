@@ -193,6 +193,23 @@ mod tests {
             .collect()
     }
 
+    /// A communicator whose calls ran no quorum step leaves nobody behind: its close waits
+    /// for no peer, not even one that is still busy and never closes.
+    #[tokio::test]
+    async fn a_close_without_quorum_steps_waits_for_nobody() {
+        use byzcoll_runtime::{Communicator, Config};
+        let mut comms = LocalTransport::world(2)
+            .into_iter()
+            .map(|t| Communicator::new(Box::new(t), Config::default()));
+        let (mut a, mut b) = (comms.next().unwrap(), comms.next().unwrap());
+        let (ra, rb) = tokio::join!(a.barrier(), b.barrier());
+        ra.and(rb).unwrap();
+        let started = tokio::time::Instant::now();
+        a.close().await;
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        drop(b);
+    }
+
     byzcoll_conformance::conformance_suite!(world);
     byzcoll_conformance::protocol_suite!(world);
 }
