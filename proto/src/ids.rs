@@ -53,7 +53,8 @@ impl MsgKey {
 /// still open then are *late*: erasures for that step, named apart from the missing ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quorum {
-    /// Receives that must have an outcome before the step may end early.
+    /// Receives whose message must have come before the step may end early (a dead peer's
+    /// receive ends at once but does not count: the dead and the late share the budget).
     pub receives: usize,
     /// How long the step waits past the quorum.
     pub grace: Grace,

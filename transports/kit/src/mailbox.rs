@@ -324,8 +324,12 @@ async fn until_deadline(
 /// Every receive's outcome until `quorum` of them have one (the first `quorum.core` among
 /// them) and its grace has passed (or the deadline, whichever is first), or until the quorum
 /// has formed and the first `quorum.awaited` receives (all but the laggards') have an
-/// outcome; those still open then are late (missing at the deadline). A receive whose peer is
-/// gone counts towards the quorum at once: a dead peer is not waited for.
+/// outcome; those still open then are late (missing at the deadline). Only messages that
+/// came count towards the quorum: a dead peer's receive (or a malformed one) has its outcome
+/// at once and is waited for no more, but it is an erasure like a late one, and the budget of
+/// `s` stragglers covers both, so the quorum still needs the others' messages (with one peer
+/// dead and `s = 1`, a round of 4 that ended at its quorum would otherwise go on with 2
+/// inputs, too few for a median with `f = 1`).
 async fn until_quorum(
     receivers: Vec<oneshot::Receiver<RecvOutcome>>,
     deadline: Instant,
@@ -352,8 +356,10 @@ async fn until_quorum(
         tokio::select! {
             next = open.next() => match next {
                 Some((i, outcome)) => {
+                    if matches!(outcome, RecvOutcome::Received(_)) {
+                        have += 1;
+                    }
                     outcomes[i] = Some(outcome);
-                    have += 1;
                     if i < quorum.awaited {
                         awaited_open -= 1;
                     }
@@ -579,6 +585,17 @@ mod tests {
         core: usize,
         at: [Option<u64>; 3],
     ) -> (Vec<RecvOutcome>, Duration) {
+        dead_step(receives, awaited, core, at, None).await
+    }
+
+    /// [`core_step`] with peer `dead`'s connection gone before the step is posted.
+    async fn dead_step(
+        receives: usize,
+        awaited: usize,
+        core: usize,
+        at: [Option<u64>; 3],
+        dead: Option<Rank>,
+    ) -> (Vec<RecvOutcome>, Duration) {
         use byzcoll_runtime::{Grace, RecvOp};
         let mb = std::sync::Arc::new(Mailbox::new(4));
         let start = Instant::now();
@@ -605,6 +622,9 @@ mod tests {
                 core,
             }),
         };
+        if let Some(dead) = dead {
+            mb.close(dead, Closed::Gone);
+        }
         let posted = mb.post_step(&step);
         for (i, ms) in at.into_iter().enumerate() {
             let Some(ms) = ms else { continue };
@@ -661,6 +681,25 @@ mod tests {
         let (outcomes, took) = core_step(2, 3, 2, [Some(10), Some(20), Some(900)]).await;
         assert_eq!(outcomes, vec![got.clone(), got, RecvOutcome::Late]);
         assert_eq!(took, Duration::from_millis(40));
+    }
+
+    /// A dead peer is an erasure like a late one: its outcome comes at once but does not
+    /// count towards the quorum, so the budget of stragglers covers the dead too.
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_peer_is_not_waited_for_but_does_not_form_the_quorum() {
+        let got = RecvOutcome::Received(Payload::Host(Bytes::from_static(b"x")));
+        // Rank 1 dead, rank 2 in at 5 ms: a quorum of 2 needs rank 3's message too, which a
+        // grace from 5 ms would have cut at 15 ms.
+        let (outcomes, took) = dead_step(2, 3, 0, [None, Some(5), Some(100)], Some(1)).await;
+        assert_eq!(
+            outcomes,
+            vec![RecvOutcome::Missing, got.clone(), got.clone()]
+        );
+        assert_eq!(took, Duration::from_millis(100));
+        // A quorum of 1: rank 2's message forms it, and the grace cuts rank 3.
+        let (outcomes, took) = dead_step(1, 3, 0, [None, Some(5), Some(100)], Some(1)).await;
+        assert_eq!(outcomes, vec![RecvOutcome::Missing, got, RecvOutcome::Late]);
+        assert_eq!(took, Duration::from_millis(15));
     }
 
     #[tokio::test(start_paused = true)]
