@@ -49,12 +49,6 @@ pub enum Replicas {
     Exactly(usize),
 }
 
-impl Default for Stragglers {
-    fn default() -> Self {
-        Stragglers::Auto
-    }
-}
-
 impl Replicas {
     /// The number of owners per shard for `f` Byzantine ranks in a world of `n`: `2f + 1`
     /// (at most `n`) for [`Replicas::Tolerant`]. The one place the count is computed; a
@@ -182,11 +176,12 @@ impl Agreement {
 /// Under `Auto` the schedule is chosen as without stragglers ([`Policy::resolve`]): a vector
 /// large enough for sharded mode goes sharded, with `s = 0`. Only an explicit count above 0
 /// makes [`Policy::Auto`] choose gather mode, the one whose input step is a quorum step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Stragglers {
     /// The largest `s` up to the rule's `f` that keeps its precondition with `n - s` inputs
     /// ([`stragglers_allowed`](crate::round::stragglers_allowed)); 0 where none does, and on
-    /// transports that cannot end a step early (NCCL).
+    /// transports that cannot end a step early (NCCL). The default.
+    #[default]
     Auto,
     /// Exactly `s`: refused up front where the rule's precondition does not hold with `f`
     /// Byzantine inputs among `n - s`. `Exactly(0)` waits for every input until the deadline.

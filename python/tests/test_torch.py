@@ -192,7 +192,8 @@ def test_ddp_hook_errors_keep_their_byzcoll_type_under_torchrun():
         ok1, nan2, ok3 = o["nan_steps"]
         assert "ok" in ok1 and "ok" in ok3, o["nan_steps"]
         refused(nan2, "TooManyFaults", "median: more than f = 1 inputs are non-finite")
-        assert o["inputs"] == 4
+        # Stragglers are allowed by default: the last step may have gone without a late input.
+        assert o["inputs"] in (3, 4), o["inputs"]
     assert all(o["params"] == outs[0]["params"] for o in outs)
     assert all(o["bf16_params"] == outs[0]["bf16_params"] for o in outs)
 
@@ -204,7 +205,8 @@ def test_fsdp2_errors_keep_their_byzcoll_type_under_torchrun():
         ok1, nan2, ok3 = o["nan_steps"]
         assert "ok" in ok1 and "ok" in ok3, o["nan_steps"]
         refused(nan2, "TooManyFaults")
-        assert o["inputs"] == 4
+        # Stragglers are allowed by default: the last step may have gone without a late input.
+        assert o["inputs"] in (3, 4), o["inputs"]
     assert all(o["params"] == outs[0]["params"] for o in outs)
 
 
@@ -218,7 +220,8 @@ def test_whole_vector_rule_bucket_policy_is_decided_at_registration_under_torchr
         refused(o["register_default"], "InvalidUsage", "geometric-median", "(1926404 bytes)",
                 "closing a bucket once it holds 1048576 bytes", "bucket_cap_mb=2")
         assert all("ok" in s for s in o["steps"]), o["steps"]
-        assert o["inputs"] == 4
+        # Stragglers are allowed by default: the last step may have gone without a late input.
+        assert o["inputs"] in (3, 4), o["inputs"]
     assert len({o["params"] for o in outs}) == 1
 
 

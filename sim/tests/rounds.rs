@@ -298,7 +298,7 @@ fn round_parameters_are_refused_with_what_is_wrong() {
     // Auto (the default, as in the runtime): the largest s <= f that keeps the precondition;
     // none in sharded mode, nor under Agreement::Off, where nothing reconciles ranks that
     // went without different late inputs.
-    let mut t = Scenario::new(8, s.network.clone());
+    let mut t = Scenario::new(8, s.network);
     t.timeout = s.timeout;
     assert_eq!(t.stragglers, Stragglers::Auto);
     let run = |t: &Scenario, alg| t.run_rounds(alg, 1, &data, rule.as_ref()).unwrap();

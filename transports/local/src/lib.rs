@@ -82,7 +82,7 @@ impl LocalTransport {
 impl Drop for LocalTransport {
     /// The rank is gone, as a process whose connections close: sends to it end at once
     /// (nobody will take them), and receives from it once what its quorum steps left to
-    /// deliver is delivered ([`Departure`]).
+    /// deliver is delivered (`Departure`).
     fn drop(&mut self) {
         let mine = &self.mailboxes[self.rank];
         for r in (0..self.mailboxes.len()).filter(|&r| r != self.rank) {
