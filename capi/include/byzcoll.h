@@ -561,10 +561,13 @@ enum byzcoll_status_t byzcoll_init_oob(int32_t rank,
                                        struct byzcoll_comm_t **comm);
 
 /**
- * Closes the communicator's connections and frees it. NULL is ignored. First, what the last
- * calls left in flight is delivered (a call can return before its last sends reached a
- * slower peer): over TCP this waits until the peers have read it and closed too, for at most
- * 10 s. Peers still in a collective with this rank then see it as missing.
+ * Closes the communicator's connections and frees it, collectively. NULL is ignored. Where a
+ * robust call went on without a late rank (stragglers allowed, the default), it first waits,
+ * up to the step timeout, for every live rank to reach its close, so that a rank left behind
+ * still gets what it needs. Then what the last calls left in flight is delivered (a call can
+ * return before its last sends reached a slower peer): over TCP this waits until the peers
+ * have read it and closed too, for at most 10 s. Peers still in a collective with this rank
+ * then see it as missing.
  *
  * Thread safety: no other call on `comm` may be in progress or follow.
  *

@@ -152,11 +152,12 @@ pub(crate) struct SimulateArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=byzcoll_sim::MAX_ROUNDS as i64))]
     rounds: Option<u32>,
     /// Inputs a gather-mode round may go without for their lateness alone, as the runtime's
-    /// BYZCOLL_STRAGGLERS: auto (the default: the largest s <= f that keeps the rule's
-    /// precondition; none under --agreement off) or a count s (0: every input is waited for
-    /// until the deadline). The input step ends once all but s inputs are in plus the grace;
-    /// the rest are late. Gather mode only (--mode gather), as in the runtime.
-    #[arg(long, value_name = "S|auto", default_value = "auto", value_parser = parse_stragglers)]
+    /// BYZCOLL_STRAGGLERS: auto (the largest s <= f that keeps the rule's precondition; none
+    /// under --agreement off), a count s (0: every input is waited for until the deadline),
+    /// or default (auto under --agreement enforce, 0 otherwise, as in the runtime). The input
+    /// step ends once all but s inputs are in plus the grace; the rest are late. Gather mode
+    /// only (--mode gather), as in the runtime.
+    #[arg(long, value_name = "S|auto|default", default_value = "default", value_parser = parse_stragglers)]
     stragglers: byzcoll::Stragglers,
     /// The vectors' element type: f32 (the default), bf16, f16 or f64. Timing mode (--predict)
     /// times d = bytes / element size elements, and each message carries that width; data and
@@ -889,10 +890,7 @@ fn describe_rounds(scenario: &Scenario, count: usize) -> String {
     let mut line = format!(
         "{count} round{}; stragglers allowed: {}; grace: at least {} and {}x the quorum's time",
         if count == 1 { "" } else { "s" },
-        match scenario.stragglers.requested() {
-            None => "auto".to_string(),
-            Some(s) => s.to_string(),
-        },
+        scenario.stragglers.name(),
         byzcoll_sim::format_time(scenario.grace.min.as_secs_f64()),
         scenario.grace.factor
     );

@@ -15,7 +15,7 @@ accuracy for every rule and attack as JSON, and a plot with --plot (matplotlib).
 A straggler: `--straggler-ms MS` makes one honest rank (the third from last) sleep MS before
 each step's all-reduce; `--stragglers auto` lets the rounds go on without it (quorum rounds,
 `Communicator.set_stragglers`), `0` waits for it, and without the flag the library's default
-holds (`0`, or `BYZCOLL_STRAGGLERS`). Rank 0 prints each run's steps
+holds (`auto` under `BYZCOLL_AGREEMENT=enforce`, 0 otherwise, or `BYZCOLL_STRAGGLERS`). Rank 0 prints each run's steps
 per second.
 
 Precision and device: `--dtype bfloat16` (or `float16`) trains the model in that type, so the
@@ -140,7 +140,7 @@ def main():
                     help="one honest rank sleeps this long before each step's all-reduce")
     ap.add_argument("--stragglers", default=None,
                     help='inputs a round may go without for lateness: "auto" or a count '
-                         '(default: the library\'s, 0 unless BYZCOLL_STRAGGLERS says)')
+                         '(default: the library\'s, auto under enforce unless BYZCOLL_STRAGGLERS says)')
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                     help="the model's (and so the gradients') element type")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

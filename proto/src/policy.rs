@@ -162,10 +162,17 @@ impl Agreement {
 /// A peer late round after round (a *laggard*, [`Carry::laggards`](crate::round::Carry)) is
 /// waited for only up to the quorum, not through the grace.
 ///
-/// [`Stragglers::Auto`] by default, so that out of the box one late rank does not set the
-/// pace: the largest count up to the rule's `f` that its precondition allows at this `n`; 0
-/// for a rule with `f = 0` (the mean), in the rounds that cannot end a step early (sharded
-/// rounds, NCCL), and under [`Agreement::Off`], where nothing brings ranks that went without
+/// [`Stragglers::UnderEnforce`] by default: [`Stragglers::Auto`] where the agreement keeps
+/// honest ranks together whatever their timing ([`Agreement::Enforce`], whose echo decides
+/// alike for every rank which inputs were in), so that there one late rank does not set the
+/// pace out of the box; none under [`Agreement::Detect`] and [`Agreement::Off`]. Under
+/// `Detect` the ranks reconcile late inputs only through the checks they heard, and on a
+/// loaded machine ranks that heard different checks end apart: loudly (the confirmation
+/// fails the round), but a healthy job's round fails (seen in a 4-rank job's trimmed mean, 2
+/// ranks against 2, on 2 busy cores), so there stragglers are the user's choice. `Auto` is
+/// the largest count up to the rule's `f` that its precondition allows at this `n`; 0 for a
+/// rule with `f = 0` (the mean), in the rounds that cannot end a step early (sharded rounds,
+/// NCCL), and under [`Agreement::Off`], where nothing brings ranks that went without
 /// different late inputs back to one result (a count asked for there is the user's risk). An
 /// honest rank's input can then be left out of a round for its timing alone, which a robust
 /// rule tolerates as it tolerates `f` faulty inputs; the report names it `Late`.
@@ -178,10 +185,13 @@ impl Agreement {
 /// makes [`Policy::Auto`] choose gather mode, the one whose input step is a quorum step.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Stragglers {
-    /// The largest `s` up to the rule's `f` that keeps its precondition with `n - s` inputs
-    /// ([`stragglers_allowed`](crate::round::stragglers_allowed)); 0 where none does, and on
-    /// transports that cannot end a step early (NCCL). The default.
+    /// [`Stragglers::Auto`] under [`Agreement::Enforce`], none under the other agreements
+    /// ([`Stragglers::under`]). The default.
     #[default]
+    UnderEnforce,
+    /// The largest `s` up to the rule's `f` that keeps its precondition with `n - s` inputs
+    /// ([`stragglers_allowed`](crate::round::stragglers_allowed)); 0 where none does, on
+    /// transports that cannot end a step early (NCCL), and under [`Agreement::Off`].
     Auto,
     /// Exactly `s`: refused up front where the rule's precondition does not hold with `f`
     /// Byzantine inputs among `n - s`. `Exactly(0)` waits for every input until the deadline.
@@ -189,25 +199,48 @@ pub enum Stragglers {
 }
 
 impl Stragglers {
-    /// Parses `auto` or a count.
+    /// Parses `auto`, `default` ([`Stragglers::UnderEnforce`]) or a count.
     ///
     /// # Errors
     /// What is accepted, for anything else.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s.trim() {
             "auto" => Ok(Stragglers::Auto),
+            "default" => Ok(Stragglers::UnderEnforce),
             v => v
                 .parse()
                 .map(Stragglers::Exactly)
-                .map_err(|_| format!("{v:?}: expected auto or a number of ranks")),
+                .map_err(|_| format!("{v:?}: expected auto or a number of ranks (or default)")),
         }
     }
 
-    /// The count asked for (`None`: [`Stragglers::Auto`]).
-    pub fn requested(self) -> Option<usize> {
-        match self {
-            Stragglers::Auto => None,
+    /// What this choice means under `agreement`: [`Stragglers::UnderEnforce`] is `Auto` under
+    /// [`Agreement::Enforce`] and `Exactly(0)` otherwise, and `Auto` is `Exactly(0)` under
+    /// [`Agreement::Off`]; a count stays itself.
+    pub fn under(self, agreement: Agreement) -> Stragglers {
+        match (self, agreement) {
+            (Stragglers::UnderEnforce, Agreement::Enforce) => Stragglers::Auto,
+            (Stragglers::UnderEnforce, _) | (Stragglers::Auto, Agreement::Off) => {
+                Stragglers::Exactly(0)
+            }
+            (other, _) => other,
+        }
+    }
+
+    /// The count asked for under `agreement` ([`Stragglers::under`]; `None`: `Auto`).
+    pub fn requested(self, agreement: Agreement) -> Option<usize> {
+        match self.under(agreement) {
             Stragglers::Exactly(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// How a job's configuration names it (`BYZCOLL_STRAGGLERS`).
+    pub fn name(self) -> String {
+        match self {
+            Stragglers::UnderEnforce => "default (auto under enforce, else 0)".to_string(),
+            Stragglers::Auto => "auto".to_string(),
+            Stragglers::Exactly(s) => s.to_string(),
         }
     }
 

@@ -1000,9 +1000,10 @@ impl PyCommunicator {
         })
     }
 
-    /// Closes the connections; later calls raise InvalidUsage. What the last calls left in
-    /// flight is delivered first (over TCP, until the peers have read it and closed too, for
-    /// at most 10 s).
+    /// Closes the connections, collectively; later calls raise InvalidUsage. Where a robust
+    /// call went on without a late rank, first waits (up to the step timeout) for every live
+    /// rank to reach its close; then what the last calls left in flight is delivered (over
+    /// TCP, until the peers have read it and closed too, for at most 10 s).
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.inner.close());
     }

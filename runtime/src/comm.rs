@@ -1,6 +1,6 @@
 //! The async driver: executes schedules from [`crate::schedule`] over a [`Transport`].
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 
 use bytemuck::Pod;
@@ -67,9 +67,6 @@ pub struct Communicator {
     job_ranks: Arc<[Rank]>,
     /// The job's membership epoch ([`Communicator::epoch`]).
     epoch: u64,
-    /// Whether a call ran a quorum step: a rank can then still be behind the others when
-    /// this one closes ([`Communicator::close`]).
-    pub(crate) quorum_steps: bool,
 }
 
 /// What every communicator over one transport shares.
@@ -82,6 +79,9 @@ struct Shared {
     /// Bootstrap resources (such as a rendezvous store hosted by this rank), kept as long as
     /// any communicator over the transport lives.
     keep_alive: StdMutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
+    /// Whether a call of any communicator over the transport ran a quorum step: a rank can
+    /// then still be behind the others when one closes ([`Communicator::close`]).
+    quorum_steps: AtomicBool,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -115,7 +115,6 @@ impl Communicator {
             stats: RoundStats::default(),
             job_ranks,
             epoch: 0,
-            quorum_steps: false,
         }
     }
 
@@ -292,7 +291,7 @@ impl Communicator {
     /// the async runtime runs its tasks (a current-thread runtime runs them only while
     /// something awaits on it).
     pub async fn close(mut self) {
-        if self.quorum_steps && self.size() > 1 {
+        if self.shared.quorum_steps.load(Ordering::Relaxed) && self.size() > 1 {
             self.farewell().await;
         }
         self.close_at_once().await;
@@ -307,9 +306,16 @@ impl Communicator {
         }
     }
 
+    /// Notes that a call ran a quorum step ([`Communicator::close`] then says farewell).
+    pub(crate) fn ran_quorum_steps(&self) {
+        self.shared.quorum_steps.store(true, Ordering::Relaxed);
+    }
+
     /// [`Communicator::close`]'s farewell: an empty message to every peer, and one awaited
     /// from each peer not missing in this rank's last round, until the step timeout. Its
     /// outcomes decide nothing: a peer that never comes is one this rank can no longer help.
+    /// A quorum step that waits for all its receives: its sends never hold it (a rendezvous
+    /// transport would hold a send to a peer that never posts until the deadline).
     async fn farewell(&mut self) {
         let (me, n) = (self.rank(), self.size());
         let gone: Vec<Rank> = self
@@ -318,13 +324,25 @@ impl Communicator {
             .filter(|p| matches!(p.streak, Some((crate::Symptom::Missing, _))))
             .map(|p| p.rank)
             .collect();
+        let timeout = self.config.step_timeout;
         let mut seq = self.begin("farewell", crate::calls::farewell());
         let empty = Payload::Host(Bytes::new());
         let sends = schedule::direct_peers(me, n).map(|p| send(p, empty.clone()));
-        let recvs = schedule::direct_peers(me, n)
+        let recvs: Vec<RecvOp> = schedule::direct_peers(me, n)
             .filter(|p| !gone.contains(p))
-            .map(|p| recv(p, 0));
-        if let Err(e) = seq.run(sends.collect(), recvs.collect()).await {
+            .map(|p| recv(p, 0))
+            .collect();
+        let all = crate::Quorum {
+            receives: recvs.len(),
+            grace: crate::Grace {
+                min: std::time::Duration::ZERO,
+                factor: 0,
+            },
+            awaited: recvs.len(),
+            core: 0,
+        };
+        let farewell = seq.run_as("farewell", timeout, Some(all), sends.collect(), recvs);
+        if let Err(e) = farewell.await {
             tracing::debug!(rank = me, error = %e, "farewell failed");
         }
     }

@@ -40,8 +40,9 @@ pub struct Config {
     /// `BYZCOLL_DOUBLING_MAX_BYTES`. Job-wide: every call's fingerprint holds the schedule it
     /// chose, so a rank that chose otherwise is out of step, never mixed in.
     pub doubling_max_bytes: usize,
-    /// How many inputs a robust round may go without for their lateness alone (none by
-    /// default, [`Stragglers`]); `BYZCOLL_STRAGGLERS` (`auto` or a count). Job-wide.
+    /// How many inputs a robust round may go without for their lateness alone (by default
+    /// `auto` under `Agreement::Enforce`, up to the rule's `f`, and none otherwise;
+    /// [`Stragglers`]); `BYZCOLL_STRAGGLERS` (`auto` or a count). Job-wide.
     pub stragglers: Stragglers,
     /// How long a robust round's input steps wait past their quorum ([`Grace::DEFAULT`]).
     pub grace: Grace,
@@ -77,6 +78,9 @@ pub const JOB_RECORD_LEN: usize = 4 + 1 + 8 + 8 + 8;
 
 /// [`Config::job_record`]'s stragglers for [`Stragglers::Auto`].
 const AUTO: u64 = u64::MAX;
+
+/// [`Config::job_record`]'s stragglers for [`Stragglers::UnderEnforce`].
+const UNDER_ENFORCE: u64 = u64::MAX - 1;
 
 /// What [`Config::job_record`] starts with.
 const JOB_MAGIC: &[u8; 4] = b"BZJ1";
@@ -169,7 +173,11 @@ impl Config {
         r[4] = self.agreement.code();
         r[5..13].copy_from_slice(&(self.sub_round_bytes as u64).to_le_bytes());
         r[13..21].copy_from_slice(&(self.ring_part_bytes as u64).to_le_bytes());
-        let stragglers = self.stragglers.requested().map_or(AUTO, |s| s as u64);
+        let stragglers = match self.stragglers {
+            Stragglers::UnderEnforce => UNDER_ENFORCE,
+            Stragglers::Auto => AUTO,
+            Stragglers::Exactly(s) => s as u64,
+        };
         r[21..29].copy_from_slice(&stragglers.to_le_bytes());
         r
     }
@@ -208,6 +216,7 @@ impl Config {
                         le.copy_from_slice(v);
                         match u64::from_le_bytes(le) {
                             AUTO => "auto".into(),
+                            UNDER_ENFORCE => Stragglers::UnderEnforce.name(),
                             x => x.to_string(),
                         }
                     }

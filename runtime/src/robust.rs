@@ -215,15 +215,12 @@ impl Communicator {
     /// transport that cannot, NCCL; sharded rounds, whose owners' versions are not yet quorum
     /// steps), where asking for some is an error rather than a silent wait for everyone.
     fn stragglers(&self, rule: &dyn Aggregator, shape: Shape) -> Result<usize> {
-        let requested = self.config().stragglers.requested();
+        let requested = self.config().stragglers.requested(self.agreement());
         // Under Detect a communicator's first collective waits for every input: the ranks
         // started apart, and a quorum there would leave inputs out for their start-up alone
         // (Enforce's echo passes late inputs on).
         let first = self.collectives_begun() == 0 && self.agreement() == Agreement::Detect;
-        // Under Off nothing brings ranks that went without different late inputs back to one
-        // result, so `auto` allows none there: only a count asked for does.
-        let unreconciled = requested.is_none() && self.agreement() == Agreement::Off;
-        if requested == Some(0) || first || unreconciled {
+        if requested == Some(0) || first {
             return Ok(0);
         }
         let cannot = match shape {
@@ -288,7 +285,9 @@ impl Communicator {
             stragglers: self.stragglers(rule, shape)?,
             grace: self.config().grace,
         };
-        self.quorum_steps |= spec.stragglers > 0;
+        if spec.stragglers > 0 {
+            self.ran_quorum_steps();
+        }
         let mut plane = HostPlane::new(target, spec.me, spec.n, self.owner_tamper.clone())
             .measuring(self.config().attribution)
             .keeping_input(agreement == Agreement::Detect && shape == Shape::Gather)

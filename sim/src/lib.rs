@@ -316,10 +316,11 @@ pub struct Scenario {
     /// one more step, whose findings land in each rank's [`RankOutcome::agreement`].
     pub agreement: Agreement,
     /// The inputs a gather-mode round may go without for their lateness alone, as the
-    /// runtime's `BYZCOLL_STRAGGLERS` (`auto` by default, as there): its input step ends once
-    /// all but `s` inputs are in plus [`Scenario::grace`], the rest are late. Sharded and ring
-    /// runs allow none (`auto` is 0 there, a count is refused), and so does `auto` under
-    /// [`Agreement::Off`], as in the runtime.
+    /// runtime's `BYZCOLL_STRAGGLERS` (by default `auto` under [`Agreement::Enforce`] and none
+    /// otherwise, as there): its input step ends once all but `s` inputs are in plus
+    /// [`Scenario::grace`], the rest are late. Sharded and ring runs allow none (`auto` is 0
+    /// there, a count is refused), and so does `auto` under [`Agreement::Off`], as in the
+    /// runtime.
     pub stragglers: Stragglers,
     /// How long a quorum step waits past its quorum ([`Grace::DEFAULT`]: at least 1 ms, and as
     /// long as the quorum took to form), in virtual time.
@@ -343,7 +344,7 @@ impl Scenario {
             timeout: 30.0,
             seed: 0,
             agreement: Agreement::Detect,
-            stragglers: Stragglers::Auto,
+            stragglers: Stragglers::default(),
             grace: Grace::DEFAULT,
             dtype: DType::F32,
         }
@@ -545,9 +546,8 @@ impl Scenario {
         algorithm: Algorithm,
         rule: &dyn Aggregator,
     ) -> Result<usize, SimError> {
-        match (algorithm, self.stragglers.requested()) {
+        match (algorithm, self.stragglers.requested(self.agreement)) {
             (_, Some(0)) => Ok(0),
-            (_, None) if self.agreement == Agreement::Off => Ok(0),
             (Algorithm::Gather, requested) => {
                 byzcoll_proto::round::stragglers_allowed(rule, self.ranks, requested).map_err(|e| {
                     match e {

@@ -766,8 +766,12 @@ impl<'r, B> Round<'r, B> {
         if late_ones == 0 {
             return self.post(phase, op, sends, recvs);
         }
+        // The peers in time must all have an outcome (`core`: a dead one's comes at once),
+        // and `at_least` messages must have come, the late peers' among them where the others
+        // are fewer; only messages that came count towards `receives`, so asking there for
+        // every peer in time would wait for a late one's whenever one in time is dead.
         let quorum = Quorum {
-            receives: (recvs.len() - late_ones).max(at_least.min(recvs.len())),
+            receives: at_least.min(recvs.len()),
             grace: self.spec.grace,
             awaited: recvs.len() - recvs.iter().filter(|r| laggard(r.peer)).count(),
             core: recvs.len() - late_ones,

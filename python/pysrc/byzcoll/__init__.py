@@ -150,7 +150,8 @@ class Communicator:
         # Closed at exit if the program did not (as mpi4py finalizes MPI): the close is
         # collective, and a rank left behind by a round that went on without it needs the
         # others until it is done.
-        atexit.register(_close_at_exit, weakref.ref(self))
+        _open[:] = [c for c in _open if c() is not None]
+        _open.append(weakref.ref(self))
 
     @property
     def rank(self):
@@ -234,10 +235,11 @@ class Communicator:
 
     def set_stragglers(self, stragglers):
         """How many inputs a robust round (gather policy) may go without for their lateness
-        alone: ``"auto"`` (the default: the largest the rule allows with `f` Byzantine inputs
-        among the rest; none under agreement ``"off"``), a count, or 0 (wait for every input
-        until the deadline). Every rank must choose alike. Late inputs are faults of kind
-        ``"late"`` in the report, and no rank sets the pace of the others."""
+        alone: ``"auto"`` (the largest the rule allows with `f` Byzantine inputs among the rest;
+        none under agreement ``"off"``), a count, 0 (wait for every input until the deadline),
+        or ``"default"`` (auto under agreement ``"enforce"``, 0 otherwise: the default). Every
+        rank must choose alike. Late inputs are faults of kind ``"late"`` in the report, and no
+        rank sets the pace of the others."""
         self._inner.set_stragglers(stragglers)
 
     def set_step(self, step):
@@ -315,13 +317,20 @@ class Communicator:
         return repr(self._inner)
 
 
-def _close_at_exit(ref):
-    comm = ref()
-    if comm is not None:
-        try:
-            comm.close()
-        except Error:
-            pass
+# The communicators made so far (weakly): those still open at exit are closed then, the newest
+# first.
+_open = []
+
+
+@atexit.register
+def _close_at_exit():
+    for ref in reversed(_open):
+        comm = ref()
+        if comm is not None:
+            try:
+                comm.close()
+            except Error:
+                pass
 
 
 def _torch_holds_the_store():

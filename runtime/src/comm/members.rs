@@ -96,7 +96,6 @@ impl Communicator {
             stats: RoundStats::default(),
             job_ranks,
             epoch: self.epoch,
-            quorum_steps: false,
         }
     }
 

@@ -292,8 +292,9 @@ impl Mailbox {
 
 impl PostedStep<'_> {
     /// Waits for every receive until `deadline`; those still open then are
-    /// [`RecvOutcome::Missing`]. With a `quorum`, stops earlier: once that many receives have
-    /// an outcome and its grace has passed, those still open are [`RecvOutcome::Late`].
+    /// [`RecvOutcome::Missing`]. With a `quorum`, stops earlier: once that many messages have
+    /// come (a dead peer's receive ends at once but does not count) and its grace has passed,
+    /// those still open are [`RecvOutcome::Late`].
     /// Outcomes are in the order of the step's receives.
     ///
     /// # Cancel safety
@@ -451,7 +452,8 @@ where
     // A quorum step ends with its receives: a send still in flight then (to a straggler that
     // has not posted the step) is left to the transport, so that a slow receiver cannot hold
     // the step through back-pressure. TCP's queued frames are still written; the in-process
-    // transport's is dropped, as at a deadline.
+    // transport hands a quorum step's sends to a task of their own, which delivers them until
+    // the deadline.
     // The sends are polled first, each time: when the receives are done, every peer they
     // came from has posted the step, and the sends to those peers go through in that poll.
     tokio::pin!(sends, outcomes);

@@ -47,9 +47,9 @@ pub struct LocalTransport {
     rank: Rank,
     /// `mailboxes[r]` receives for rank `r`.
     mailboxes: Arc<Vec<Mailbox>>,
-    /// Closes the others' slots for this rank when the last of the transport and its
-    /// deliveries in the background is gone.
-    departure: Arc<Departure>,
+    /// `departures[r]` closes rank `r`'s slot for this rank when the last of the transport
+    /// and its deliveries to `r` in the background is gone.
+    departures: Vec<Arc<Departure>>,
     /// The world's identity keys, made for it (audited rounds sign with them); `None` where
     /// the OS gave no randomness for them.
     membership: Option<Arc<Membership>>,
@@ -69,10 +69,15 @@ impl LocalTransport {
             .map(|rank| LocalTransport {
                 rank,
                 mailboxes: mailboxes.clone(),
-                departure: Arc::new(Departure {
-                    rank,
-                    mailboxes: mailboxes.clone(),
-                }),
+                departures: (0..size)
+                    .map(|to| {
+                        Arc::new(Departure {
+                            rank,
+                            to,
+                            mailboxes: mailboxes.clone(),
+                        })
+                    })
+                    .collect(),
                 membership: memberships.next().flatten(),
             })
             .collect()
@@ -91,21 +96,21 @@ impl Drop for LocalTransport {
     }
 }
 
-/// A rank's leaving, as its peers see it: their receives from it end (`Missing`) when the
-/// transport and every delivery it left in the background are gone, as a TCP connection
-/// closes after its queued frames are written.
+/// A rank's leaving, as one peer sees it: the peer's receives from it end (`Missing`) when
+/// the transport and every delivery to that peer it left in the background are gone, as a
+/// TCP connection closes after its queued frames are written (per connection: a straggler
+/// that has not taken its messages yet keeps no other peer waiting).
 #[derive(Debug)]
 struct Departure {
     rank: Rank,
+    to: Rank,
     mailboxes: Arc<Vec<Mailbox>>,
 }
 
 impl Drop for Departure {
     fn drop(&mut self) {
-        for (r, mailbox) in self.mailboxes.iter().enumerate() {
-            if r != self.rank {
-                mailbox.close(self.rank, Closed::Gone);
-            }
+        if self.to != self.rank {
+            self.mailboxes[self.to].close(self.rank, Closed::Gone);
         }
     }
 }
@@ -164,12 +169,11 @@ impl Transport for LocalTransport {
                         // message waits for it in the background until the step's deadline,
                         // as a TCP frame stays queued for a slow reader, rather than being
                         // dropped with the step.
-                        let (mailboxes, departure) =
-                            (self.mailboxes.clone(), self.departure.clone());
+                        let departure = self.departures[peer].clone();
                         let deadline = step.deadline;
                         tokio::spawn(async move {
-                            let from = departure.rank;
-                            let delivering = deliver(&mailboxes[peer], from, key, call, payload);
+                            let (from, target) = (departure.rank, &departure.mailboxes[peer]);
+                            let delivering = deliver(target, from, key, call, payload);
                             let _ = tokio::time::timeout_at(deadline, delivering).await;
                         });
                         Ok(())
