@@ -136,6 +136,32 @@ impl Health {
             .collect()
     }
 
+    /// What this rank has seen of `members` (ranks here, in their order in a communicator made
+    /// of them: a split or a shrink), renumbered as there: a peer's streak and counts carry
+    /// over, so that a laggard kept by a shrink is still one, rather than waited for through
+    /// the grace again as a peer never seen.
+    pub fn of_members(&self, members: &[Rank]) -> Health {
+        let peers = members
+            .iter()
+            .enumerate()
+            .filter_map(|(new, old)| {
+                self.peers.get(old).map(|p| {
+                    (
+                        new,
+                        PeerHealth {
+                            rank: new,
+                            ..p.clone()
+                        },
+                    )
+                })
+            })
+            .collect();
+        Health {
+            size: members.len(),
+            peers,
+        }
+    }
+
     /// Peer `rank`'s entry, made healthy if it had none; `None` outside the communicator.
     fn peer(&mut self, rank: Rank) -> Option<&mut PeerHealth> {
         (rank < self.size).then(|| {
@@ -254,6 +280,28 @@ mod tests {
             }),
             ..RoundReport::default()
         })
+    }
+
+    #[test]
+    fn a_communicator_of_members_keeps_what_was_seen_of_them_renumbered() {
+        let mut h = Health::new(5);
+        for _ in 0..3 {
+            h.record(&report(&[(1, Fault::Late), (3, Fault::Missing)], &[4]));
+        }
+        // Ranks 4, 1 and 0 of the old communicator are ranks 0, 1 and 2 of the new one.
+        let kept = h.of_members(&[4, 1, 0]);
+        let seen = kept.of_peers(2);
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0].rank, 0);
+        assert_eq!(seen[0].streak, Some((Symptom::Disagreeing, 3)));
+        assert_eq!(seen[0].disagreeing, 3);
+        assert_eq!(seen[1].rank, 1);
+        assert_eq!(seen[1].streak, Some((Symptom::Late, 3)));
+        assert_eq!(seen[1].late, 3);
+        // Rank 1 is a laggard here and stays one there; rank 3, dropped, is nowhere.
+        assert_eq!(h.laggards(), [1]);
+        assert_eq!(kept.laggards(), [1]);
+        assert!(kept.of_peers(0).iter().all(|p| p.missing == 0));
     }
 
     #[test]

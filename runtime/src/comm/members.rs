@@ -72,12 +72,13 @@ impl Communicator {
     }
 
     /// The communicator of `members` (ranks here, in their new order) on `stream`, over this
-    /// one's transport, with its configuration and identity mode.
+    /// one's transport, with its configuration, identity mode and what this rank has seen of
+    /// the members ([`Communicator::health`], renumbered).
     fn sub(&self, members: Vec<Rank>, stream: u64) -> Communicator {
         let me = self.rank();
         let rank = members.iter().position(|&r| r == me).unwrap_or_default();
-        let n_members = members.len();
         let job_ranks = members.iter().map(|&m| self.job_ranks[m]).collect();
+        let health = self.health.of_members(&members);
         Communicator {
             transport: Arc::new(SubTransport {
                 parent: self.transport.clone(),
@@ -92,7 +93,7 @@ impl Communicator {
             step_tamper: None,
             identity: self.identity,
             step_id: None,
-            health: byzcoll_proto::Health::new(n_members),
+            health,
             stats: RoundStats::default(),
             job_ranks,
             epoch: self.epoch,
