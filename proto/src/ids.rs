@@ -70,6 +70,23 @@ pub struct Quorum {
     pub core: usize,
 }
 
+impl Quorum {
+    /// A quorum step that waits for all its `receives` (until the deadline), but not for its
+    /// sends: a rendezvous transport would otherwise hold a send to a peer that never posts
+    /// the step until the deadline.
+    pub fn every(receives: usize) -> Quorum {
+        Quorum {
+            receives,
+            grace: Grace {
+                min: std::time::Duration::ZERO,
+                factor: 0,
+            },
+            awaited: receives,
+            core: 0,
+        }
+    }
+}
+
 /// How long a quorum step waits past its quorum. It adapts to what the step sees: at least
 /// [`Grace::min`], and at least [`Grace::factor`] times as long as the quorum took to form,
 /// so that it is never a constant too short on a slow network or too long on a fast one.

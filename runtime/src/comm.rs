@@ -332,16 +332,8 @@ impl Communicator {
             .filter(|p| !gone.contains(p))
             .map(|p| recv(p, 0))
             .collect();
-        let all = crate::Quorum {
-            receives: recvs.len(),
-            grace: crate::Grace {
-                min: std::time::Duration::ZERO,
-                factor: 0,
-            },
-            awaited: recvs.len(),
-            core: 0,
-        };
-        let farewell = seq.run_as("farewell", timeout, Some(all), sends.collect(), recvs);
+        let all = Some(crate::Quorum::every(recvs.len()));
+        let farewell = seq.run_as("farewell", timeout, all, sends.collect(), recvs);
         if let Err(e) = farewell.await {
             tracing::debug!(rank = me, error = %e, "farewell failed");
         }

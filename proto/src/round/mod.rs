@@ -704,15 +704,7 @@ impl<'r, B> Round<'r, B> {
         // With stragglers allowed, no step waits for its sends to a straggler to leave (a
         // rendezvous transport would hold it until the straggler posts the step): each ends
         // with its receives, all of them.
-        let quorum = (self.spec.stragglers > 0).then_some(Quorum {
-            receives: recvs.len(),
-            grace: Grace {
-                min: Duration::ZERO,
-                factor: 0,
-            },
-            awaited: recvs.len(),
-            core: 0,
-        });
+        let quorum = (self.spec.stragglers > 0).then_some(Quorum::every(recvs.len()));
         self.post_quorum(phase, op, sends, recvs, quorum);
     }
 
