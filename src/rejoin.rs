@@ -156,6 +156,7 @@ pub async fn admit(comm: &mut Communicator, config: &JobConfig) -> Result<Admiss
     match (joined, ok[0] >= 0.5) {
         (Ok(mut grown), true) => {
             grown.keep_alive_of(comm);
+            grown.carry_health_of(comm);
             Ok(Admission::Admitted {
                 comm: Box::new(grown),
                 admitted,

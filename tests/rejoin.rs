@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use byzcoll::aggregators::{aggregate_into, Median};
 use byzcoll::bootstrap::{keygen, Credentials, JobAuth, JobSecret, StoreServer};
-use byzcoll::{admit, init_with, rejoin, Admission, Error, JobConfig, Policy, Rank};
+use byzcoll::{admit, init_with, rejoin, Admission, Error, JobConfig, PeerHealth, Policy, Rank};
 
 const N: usize = 4;
 const D: usize = 64;
@@ -109,6 +109,23 @@ async fn kill_shrink_restart_rejoin(
                     }
                 }
                 let mut comm = *grown.expect("rank 3 was admitted");
+                // What each member had seen of the others carries over (same job ranks, same
+                // numbers here); the restarted rank starts with nothing counted.
+                let (before, after) = (small.health(), comm.health());
+                assert!(
+                    before.iter().all(|p| p.score.is_some()),
+                    "rank {r}: the members' rounds measured each other: {before:?}"
+                );
+                for p in &before {
+                    assert!(after.contains(p), "rank {r}: {p:?} not in {after:?}");
+                }
+                let fresh = after
+                    .iter()
+                    .find(|p| p.rank == 3)
+                    .expect("rank 3 is a peer");
+                let mut never_seen = PeerHealth::default();
+                never_seen.rank = 3;
+                assert_eq!(fresh, &never_seen, "rank {r}");
                 let mut v = input(r);
                 let report = comm
                     .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)

@@ -141,23 +141,30 @@ impl Health {
     /// over, so that a laggard kept by a shrink is still one, rather than waited for through
     /// the grace again as a peer never seen.
     pub fn of_members(&self, members: &[Rank]) -> Health {
-        let peers = members
+        let old: Vec<Option<Rank>> = members.iter().copied().map(Some).collect();
+        self.renumbered(&old)
+    }
+
+    /// What this rank has seen of the ranks of another communicator, renumbered: `old[new]`
+    /// is rank `new`'s rank here, `None` for a rank this communicator does not have (one
+    /// admitted after a restart, `byzcoll::admit`, starts healthy with nothing counted).
+    pub fn renumbered(&self, old: &[Option<Rank>]) -> Health {
+        let peers = old
             .iter()
             .enumerate()
             .filter_map(|(new, old)| {
-                self.peers.get(old).map(|p| {
-                    (
-                        new,
-                        PeerHealth {
-                            rank: new,
-                            ..p.clone()
-                        },
-                    )
-                })
+                let p = self.peers.get(old.as_ref()?)?;
+                Some((
+                    new,
+                    PeerHealth {
+                        rank: new,
+                        ..p.clone()
+                    },
+                ))
             })
             .collect();
         Health {
-            size: members.len(),
+            size: old.len(),
             peers,
         }
     }
@@ -302,6 +309,35 @@ mod tests {
         assert_eq!(h.laggards(), [1]);
         assert_eq!(kept.laggards(), [1]);
         assert!(kept.of_peers(0).iter().all(|p| p.missing == 0));
+    }
+
+    #[test]
+    fn a_rank_admitted_after_a_restart_starts_healthy_and_the_members_keep_their_memory() {
+        let mut h = Health::new(3);
+        for _ in 0..2 {
+            h.record(&report(&[(1, Fault::Late), (2, Fault::Missing)], &[]));
+        }
+        // A world of job ranks 0, 1, 2 (members, ranks 0 and 1 here; 2 is gone) and 3
+        // (admitted): the old rank 2 was shrunk away, rank 3 is new.
+        let grown = h.renumbered(&[Some(0), Some(1), None, None]);
+        let seen = grown.of_peers(0);
+        assert_eq!(seen.iter().map(|p| p.rank).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(seen[0].streak, Some((Symptom::Late, 2)));
+        assert_eq!(grown.laggards(), [1]);
+        assert_eq!(
+            seen[1],
+            PeerHealth {
+                rank: 2,
+                ..PeerHealth::default()
+            }
+        );
+        assert_eq!(
+            seen[2],
+            PeerHealth {
+                rank: 3,
+                ..PeerHealth::default()
+            }
+        );
     }
 
     #[test]

@@ -253,6 +253,19 @@ impl Communicator {
             .push(Arc::new(resource));
     }
 
+    /// Takes what this rank had seen of its peers in `other` ([`Communicator::health`]) for
+    /// the same job ranks here ([`Communicator::job_ranks`]): for a communicator that replaces
+    /// `other` over a new transport (a rejoin), so that a laggard among the members is still
+    /// one. A rank that `other` does not have (one admitted after a restart) starts healthy.
+    pub fn carry_health_of(&mut self, other: &Communicator) {
+        let old: Vec<Option<Rank>> = self
+            .job_ranks
+            .iter()
+            .map(|j| other.job_ranks.iter().position(|o| o == j))
+            .collect();
+        self.health = other.health.renumbered(&old);
+    }
+
     /// Ties what keeps `other` alive ([`Communicator::keep_alive`]) to this communicator too:
     /// for a communicator that replaces `other` over a new transport (a rejoin), so that a
     /// store this rank hosts outlives the old one.
