@@ -178,7 +178,9 @@ impl Agreement {
 /// rule tolerates as it tolerates `f` faulty inputs; the report names it `Late`.
 /// `Exactly(0)` waits for every input until the deadline: for a job that compares exact
 /// results. A rank can be rounds behind the others when they finish: `Communicator::close`
-/// (collective) waits for it before they go.
+/// (collective) waits for it before they go. A rank further behind than its peers' send
+/// budgets (a few rounds of a large vector) is cut off by them and fails its later rounds,
+/// loudly (`PROTOCOL.md`, "Not covered yet").
 ///
 /// Under `Auto` the schedule is chosen as without stragglers ([`Policy::resolve`]): a vector
 /// large enough for sharded mode goes sharded, with `s = 0`. Only an explicit count above 0
