@@ -85,6 +85,13 @@ const UNDER_ENFORCE: u64 = u64::MAX - 1;
 /// What [`Config::job_record`] starts with.
 const JOB_MAGIC: &[u8; 4] = b"BZJ1";
 
+/// An 8-byte little-endian field of [`Config::job_record`].
+fn le_u64(v: &[u8]) -> u64 {
+    let mut le = [0u8; 8];
+    le.copy_from_slice(v);
+    u64::from_le_bytes(le)
+}
+
 impl Config {
     /// The defaults with the step deadline `step_timeout`.
     pub fn with_step_timeout(step_timeout: Duration) -> Self {
@@ -199,29 +206,32 @@ impl Config {
                  same byzcoll"
             )));
         }
-        let fields: [(&'static str, std::ops::Range<usize>); 4] = [
-            ("agreement (BYZCOLL_AGREEMENT)", 4..5),
-            ("sub-round bytes (BYZCOLL_SUB_ROUND_BYTES)", 5..13),
-            ("ring part bytes (BYZCOLL_RING_PART_BYTES)", 13..21),
-            ("stragglers allowed (BYZCOLL_STRAGGLERS)", 21..29),
+        // Each parameter: its name, its bytes in the record, and how a value reads.
+        type Field = (&'static str, std::ops::Range<usize>, fn(&[u8]) -> String);
+        let fields: [Field; 4] = [
+            ("agreement (BYZCOLL_AGREEMENT)", 4..5, |v| {
+                let code = v.first().copied().unwrap_or_default();
+                Agreement::from_code(code)
+                    .map_or_else(|| format!("unknown ({code})"), |a| a.name().to_string())
+            }),
+            ("sub-round bytes (BYZCOLL_SUB_ROUND_BYTES)", 5..13, |v| {
+                le_u64(v).to_string()
+            }),
+            ("ring part bytes (BYZCOLL_RING_PART_BYTES)", 13..21, |v| {
+                le_u64(v).to_string()
+            }),
+            (
+                "stragglers allowed (BYZCOLL_STRAGGLERS)",
+                21..29,
+                |v| match le_u64(v) {
+                    AUTO => Stragglers::Auto.name(),
+                    UNDER_ENFORCE => Stragglers::UnderEnforce.name(),
+                    s => s.to_string(),
+                },
+            ),
         ];
-        for (name, at) in fields {
-            let value = |b: &[u8]| -> String {
-                let v = &b[at.clone()];
-                match (v.len(), v.first()) {
-                    (1, Some(&x)) => Agreement::from_code(x)
-                        .map_or_else(|| format!("unknown ({x})"), |a| a.name().to_string()),
-                    _ => {
-                        let mut le = [0u8; 8];
-                        le.copy_from_slice(v);
-                        match u64::from_le_bytes(le) {
-                            AUTO => "auto".into(),
-                            UNDER_ENFORCE => Stragglers::UnderEnforce.name(),
-                            x => x.to_string(),
-                        }
-                    }
-                }
-            };
+        for (name, at, read) in fields {
+            let value = |b: &[u8]| read(&b[at.clone()]);
             let mut groups: Vec<(String, Vec<Rank>)> = Vec::new();
             for (rank, b) in records.iter().enumerate() {
                 let v = value(b.as_ref());
@@ -367,6 +377,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("BYZCOLL_RING_PART_BYTES"), "{e}");
+        let with = |stragglers| Config {
+            stragglers,
+            ..base.clone()
+        };
+        let (auto, one) = (with(Stragglers::Auto), with(Stragglers::Exactly(1)));
+        let e = base
+            .check_job(&records(&[&base, &auto, &one]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("BYZCOLL_STRAGGLERS"), "{e}");
+        assert!(
+            e.contains("default (auto under enforce, else 0) (this rank's) at ranks [0]"),
+            "{e}"
+        );
+        assert!(e.contains("auto at ranks [1], 1 at ranks [2]"), "{e}");
         // Something that is not a record is refused, not read.
         let e = base.check_job(&[&b"junk"[..]]).unwrap_err().to_string();
         assert!(e.contains("rank 0"), "{e}");
