@@ -339,14 +339,9 @@ impl Communicator {
             .collect();
         let timeout = self.config.step_timeout;
         let mut seq = self.begin("farewell", crate::calls::farewell());
-        let empty = Payload::Host(Bytes::new());
-        let sends = schedule::direct_peers(me, n).map(|p| send(p, empty.clone()));
-        let recvs: Vec<RecvOp> = schedule::direct_peers(me, n)
-            .filter(|p| !gone.contains(p))
-            .map(|p| recv(p, 0))
-            .collect();
+        let (sends, recvs) = empty_exchange(me, n, |p| !gone.contains(&p));
         let all = Some(crate::Quorum::every(recvs.len()));
-        let farewell = seq.run_as("farewell", timeout, all, sends.collect(), recvs);
+        let farewell = seq.run_as("farewell", timeout, all, sends, recvs);
         if let Err(e) = farewell.await {
             tracing::debug!(rank = me, error = %e, "farewell failed");
         }
@@ -426,12 +421,8 @@ impl Communicator {
     pub async fn barrier(&mut self) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
         let mut seq = self.begin("barrier", crate::calls::barrier(self.step_id));
-        let empty = Payload::Host(Bytes::new());
-        let sends = schedule::direct_peers(me, n).map(|p| send(p, empty.clone()));
-        let recvs = schedule::direct_peers(me, n).map(|p| recv(p, 0));
-        seq.run_strict("barrier", sends.collect(), recvs.collect())
-            .await
-            .map(drop)
+        let (sends, recvs) = empty_exchange(me, n, |_| true);
+        seq.run_strict("barrier", sends, recvs).await.map(drop)
     }
 
     /// Copies `root`'s `buf` into every other rank's `buf`. Every rank passes a buffer of the
@@ -1066,6 +1057,25 @@ pub(crate) fn send(peer: Rank, payload: Payload) -> SendOp {
 
 pub(crate) fn recv(peer: Rank, len: usize) -> RecvOp {
     RecvOp { peer, tag: 0, len }
+}
+
+/// An empty message to every peer of rank `me` among `n`, and a receive of one from each
+/// peer `hear` names: the one step of a barrier, of shrink's liveness exchange and of close's
+/// farewell.
+pub(crate) fn empty_exchange(
+    me: Rank,
+    n: usize,
+    hear: impl Fn(Rank) -> bool,
+) -> (Vec<SendOp>, Vec<RecvOp>) {
+    let empty = Payload::Host(Bytes::new());
+    let sends = schedule::direct_peers(me, n)
+        .map(|p| send(p, empty.clone()))
+        .collect();
+    let recvs = schedule::direct_peers(me, n)
+        .filter(|&p| hear(p))
+        .map(|p| recv(p, 0))
+        .collect();
+    (sends, recvs)
 }
 
 pub(crate) fn fault(rank: Rank, outcome: RecvOutcome) -> PeerFault {

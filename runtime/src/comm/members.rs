@@ -4,11 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use bytes::Bytes;
-
-use super::{recv, send, Communicator};
-use crate::schedule;
-use crate::{Error, Payload, Rank, RecvOutcome, Result, RoundReport, RoundStats, Step, Transport};
+use super::{empty_exchange, Communicator};
+use crate::{Error, Rank, RecvOutcome, Result, RoundReport, RoundStats, Step, Transport};
 
 impl Communicator {
     /// Splits the ranks into communicators by `color`, MPI's `MPI_Comm_split`: every rank
@@ -154,10 +151,8 @@ impl Communicator {
         heard[me] = 1.0;
         {
             let mut seq = self.begin("shrink", crate::calls::shrink(self.step_id));
-            let empty = Payload::Host(Bytes::new());
-            let peers: Vec<Rank> = schedule::direct_peers(me, n).collect();
-            let sends = peers.iter().map(|&p| send(p, empty.clone())).collect();
-            let recvs = peers.iter().map(|&p| recv(p, 0)).collect();
+            let (sends, recvs) = empty_exchange(me, n, |_| true);
+            let peers: Vec<Rank> = recvs.iter().map(|r| r.peer).collect();
             let outcomes = seq.run(sends, recvs).await?;
             for (&p, o) in peers.iter().zip(&outcomes) {
                 if matches!(o, RecvOutcome::Received(_)) {
