@@ -215,6 +215,17 @@ fn write_keys(ranks: usize, out: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// For commands that only print (`simulate`, `info`): output piped into a reader that stops
+/// early (`| head`) ends the process quietly, as other Unix tools do, instead of a panic from
+/// the next print. Not for commands that use sockets, where a write to a closed peer must stay
+/// an error rather than a signal.
+fn quiet_on_a_closed_pipe() {
+    // SAFETY: setting a standard disposition; no handler of ours is involved.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -226,17 +237,21 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Info => {
+            quiet_on_a_closed_pipe();
             info();
             ExitCode::SUCCESS
         }
-        Cmd::Simulate(args) => match simulate(&args) {
-            Ok(code) => code,
-            Err(e) => {
-                let msg = e.split_whitespace().collect::<Vec<_>>().join(" ");
-                eprintln!("byzcoll simulate: {msg}");
-                ExitCode::from(1)
+        Cmd::Simulate(args) => {
+            quiet_on_a_closed_pipe();
+            match simulate(&args) {
+                Ok(code) => code,
+                Err(e) => {
+                    let msg = e.split_whitespace().collect::<Vec<_>>().join(" ");
+                    eprintln!("byzcoll simulate: {msg}");
+                    ExitCode::from(1)
+                }
             }
-        },
+        }
         Cmd::Aggregate(args) => match aggregate(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -491,7 +491,7 @@ fn too_many_faults_fail_clearly() {
 }
 
 #[test]
-fn dtype_sets_the_element_width_in_timing_mode_only() {
+fn dtype_sets_the_element_width_in_every_mode() {
     // 6 bytes are three bf16 elements but no whole number of float32.
     let out = simulate(&[
         "--predict",
@@ -509,14 +509,70 @@ fn dtype_sets_the_element_width_in_timing_mode_only() {
         1,
         &["whole number", "F32"],
     );
+    // Data mode runs the rule in the narrow type, checked against its gather reference in
+    // it, under faults too; f64 is timed only.
+    for dtype in ["bf16", "f16"] {
+        for faults in [&[][..], &["--byzantine", "2", "--attack", "alie"][..]] {
+            let mut args = vec![
+                "--ranks",
+                "8",
+                "--d",
+                "1000",
+                "--rule",
+                "trimmed-mean",
+                "--f",
+                "2",
+                "--mode",
+                "all",
+                "--check",
+                "--dtype",
+                dtype,
+            ];
+            args.extend_from_slice(faults);
+            let out = simulate(&args);
+            let (stdout, stderr) = text(&out);
+            assert!(out.status.success(), "{args:?}\n{stdout}\n{stderr}");
+            assert!(
+                stdout.contains("OK: results match the gather-mode reference"),
+                "{args:?}\n{stdout}"
+            );
+        }
+    }
     fails(
-        &["--ranks", "8", "--rule", "median", "--dtype", "bf16"],
+        &["--ranks", "8", "--rule", "median", "--dtype", "f64"],
         1,
-        &["--dtype bf16", "--predict"],
+        &["--dtype f64", "--predict"],
     );
     fails(
         &["--ranks", "8", "--rule", "median", "--dtype", "f8"],
         2,
         &["--dtype"],
     );
+}
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let mut child = Command::new(byzcoll())
+        .args([
+            "simulate", "--ranks", "8", "--d", "64", "--rule", "median", "--f", "2", "--check",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes away before the first line: `| head -0`.
+    drop(child.stdout.take());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}\n{stderr}");
 }

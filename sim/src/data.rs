@@ -6,7 +6,9 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use byzcoll_aggregators::{aggregate_into, AggError, Aggregator, Structure};
+use byzcoll_aggregators::{
+    AggError, AggReport, Aggregator, DType, Element, Inputs, Output, Structure,
+};
 use byzcoll_proto::Rank;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -32,19 +34,45 @@ struct View {
 /// Shared, immutable buffers and views into them, addressed by [`ChunkId`]. Messages carry ids,
 /// so sending one vector to `n - 1` peers copies nothing, and an id names one content for the
 /// whole run, which is what lets [`Memo`] reuse results.
-#[derive(Debug, Default)]
+///
+/// Values are `f32`s; in a run of a 16-bit element type ([`Scenario::dtype`]) every value is
+/// one of that type, widened exactly: whatever enters the store (a forged input, a lying
+/// owner's version, a sum) is rounded to it once, as a rank of that type would hold it.
+#[derive(Debug)]
 pub(crate) struct Store {
     bufs: Vec<Option<Arc<[f32]>>>,
     views: Vec<View>,
+    dtype: DType,
 }
 
 impl Store {
-    /// Adds a buffer; returns the id of a view of all of it.
-    pub(crate) fn insert(&mut self, data: Arc<[f32]>) -> ChunkId {
+    /// An empty store of `dtype` values.
+    pub(crate) fn of(dtype: DType) -> Store {
+        Store {
+            bufs: Vec::new(),
+            views: Vec::new(),
+            dtype,
+        }
+    }
+
+    /// Adds a buffer, its values rounded to the store's type; returns the id of a view of all
+    /// of it.
+    pub(crate) fn insert(&mut self, mut data: Arc<[f32]>) -> ChunkId {
+        if self.dtype != DType::F32 && !data.iter().all(|&x| is_of(self.dtype, x)) {
+            let dtype = self.dtype;
+            Arc::make_mut(&mut data)
+                .iter_mut()
+                .for_each(|x| *x = round_to(dtype, f64::from(*x)));
+        }
         let len = data.len() as u32;
         self.bufs.push(Some(data));
         let buf = (self.bufs.len() - 1) as u32;
         self.push_view(View { buf, start: 0, len })
+    }
+
+    /// The element type of its values.
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
     }
 
     /// A view of `range` of chunk `of`.
@@ -107,7 +135,7 @@ pub(crate) struct Plane {
 
 impl Plane {
     pub(crate) fn new(data: &DataSet) -> Plane {
-        let mut store = Store::default();
+        let mut store = Store::of(data.dtype);
         let inputs = data
             .inputs
             .iter()
@@ -154,7 +182,7 @@ impl Plane {
         }
         let refs: Vec<&[f32]> = ids.iter().map(|&i| store.get(i)).collect();
         let mut out = zeroed(len);
-        let result = aggregate_into(rule, &refs, Arc::make_mut(&mut out)).map(|_| ());
+        let result = aggregate_as(store.dtype, rule, &refs, Arc::make_mut(&mut out)).map(|_| ());
         drop(refs);
         let result = result.map(|()| store.insert(out));
         memo.insert(ids.to_vec(), result.clone());
@@ -186,6 +214,90 @@ pub(crate) fn zeroed(len: usize) -> Arc<[f32]> {
     (0..len).map(|_| 0.0).collect()
 }
 
+/// `x` rounded once to `dtype` (to nearest, ties to even: [`Element::from_f64`]), as the
+/// `f32` that holds it exactly; `f32` itself for `f32` (and for `f64`, which data mode
+/// refuses).
+pub(crate) fn round_to(dtype: DType, x: f64) -> f32 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f64(x).to_f64() as f32,
+        DType::F16 => half::f16::from_f64(x).to_f64() as f32,
+        DType::F32 | DType::F64 => x as f32,
+    }
+}
+
+/// Whether `x` is a value of `dtype` (NaN counts as one: its payload is not compared).
+fn is_of(dtype: DType, x: f32) -> bool {
+    x.is_nan() || round_to(dtype, f64::from(x)).to_bits() == x.to_bits()
+}
+
+/// Runs `f` on `inputs` and `out` as vectors of `dtype` (each value converted exactly, the
+/// output widened exactly back): what a rank of that type computes, bitwise.
+pub(crate) fn as_dtype<R>(
+    dtype: DType,
+    inputs: &[&[f32]],
+    out: &mut [f32],
+    f: impl FnOnce(Inputs<'_>, Output<'_>) -> Result<R, AggError>,
+) -> Result<R, AggError> {
+    fn narrow<T: Element, R>(
+        inputs: &[&[f32]],
+        out: &mut [f32],
+        f: impl FnOnce(Inputs<'_>, Output<'_>) -> Result<R, AggError>,
+    ) -> Result<R, AggError> {
+        let held = held::<T>(inputs);
+        let refs: Vec<&[T]> = held.iter().map(Vec::as_slice).collect();
+        let mut o = vec![T::from_f64(0.0); out.len()];
+        let r = f(T::inputs(&refs), T::output(&mut o))?;
+        for (d, s) in out.iter_mut().zip(&o) {
+            *d = s.to_f64() as f32;
+        }
+        Ok(r)
+    }
+    match dtype {
+        DType::BF16 => narrow::<half::bf16, R>(inputs, out, f),
+        DType::F16 => narrow::<half::f16, R>(inputs, out, f),
+        DType::F32 | DType::F64 => f(f32::inputs(inputs), f32::output(out)),
+    }
+}
+
+/// `inputs` as vectors of `T`, each value converted exactly (they are values of `T`).
+fn held<T: Element>(inputs: &[&[f32]]) -> Vec<Vec<T>> {
+    inputs
+        .iter()
+        .map(|v| v.iter().map(|&x| T::from_f64(f64::from(x))).collect())
+        .collect()
+}
+
+/// [`byzcoll_aggregators::mix`] of `inputs` in `dtype` (each mean rounded once to it).
+pub(crate) fn mix_as(
+    dtype: DType,
+    inputs: &[&[f32]],
+    neighbours: &[Option<Vec<usize>>],
+) -> Vec<Vec<f32>> {
+    fn typed<T: Element>(inputs: &[&[f32]], neighbours: &[Option<Vec<usize>>]) -> Vec<Vec<f32>> {
+        let held = held::<T>(inputs);
+        let refs: Vec<&[T]> = held.iter().map(Vec::as_slice).collect();
+        byzcoll_aggregators::mix(&refs, neighbours)
+            .into_iter()
+            .map(|v| v.iter().map(|x| x.to_f64() as f32).collect())
+            .collect()
+    }
+    match dtype {
+        DType::BF16 => typed::<half::bf16>(inputs, neighbours),
+        DType::F16 => typed::<half::f16>(inputs, neighbours),
+        DType::F32 | DType::F64 => byzcoll_aggregators::mix(inputs, neighbours),
+    }
+}
+
+/// `rule` over `inputs` into `out` in `dtype` ([`as_dtype`]).
+pub(crate) fn aggregate_as(
+    dtype: DType,
+    rule: &(impl Aggregator + ?Sized),
+    inputs: &[&[f32]],
+    out: &mut [f32],
+) -> Result<AggReport, AggError> {
+    as_dtype(dtype, inputs, out, |i, o| rule.aggregate(i, o))
+}
+
 /// The vectors of a data-mode run: one per rank, the last
 /// [`Adversary::byzantine_inputs`](crate::Adversary::byzantine_inputs) forged.
 ///
@@ -197,17 +309,24 @@ pub struct DataSet {
     inputs: Vec<Arc<[f32]>>,
     forged: Vec<bool>,
     d: usize,
+    /// The element type every value is one of ([`DataSet::dtype`]).
+    dtype: DType,
 }
 
 impl DataSet {
     /// Honest inputs are integer-valued floats in `[-1000, 1000]` drawn from the scenario's
-    /// seed (so sums are exact in any order); the last `byzantine_inputs` ranks contribute the
-    /// scenario's attack forged from the honest ones.
+    /// seed (so sums are exact in any order), of the scenario's element type
+    /// ([`Scenario::dtype`]: each value rounded to it, so a bf16 run's inputs are the
+    /// integers bf16 holds); the last `byzantine_inputs` ranks contribute the scenario's
+    /// attack forged from the honest ones, rounded alike.
     ///
     /// # Errors
-    /// [`SimError::InvalidConfig`] for `d = 0`, or an invalid scenario.
+    /// [`SimError::InvalidConfig`] for `d = 0`, or an invalid scenario;
+    /// [`SimError::Unsupported`] for `f64` ([`DataSet::typed`]).
     pub fn generate(scenario: &Scenario, d: usize) -> Result<DataSet, SimError> {
         let n = scenario.ranks;
+        let dtype = scenario.dtype;
+        check_dtype(dtype)?;
         scenario.adversary.validate(n)?;
         let mut rng = StdRng::seed_from_u64(scenario.seed ^ 0x6461_7461_7365_7473);
         // Collected straight into the shared buffers: no second copy of the inputs.
@@ -215,13 +334,17 @@ impl DataSet {
             .filter(|&r| !scenario.adversary.forges_input(r, n))
             .map(|_| {
                 (0..d)
-                    .map(|_| rng.gen_range(-1000i32..=1000) as f32)
+                    .map(|_| round_to(dtype, f64::from(rng.gen_range(-1000i32..=1000))))
                     .collect()
             })
             .collect();
         let forged: Arc<[f32]> = if scenario.adversary.byzantine_inputs > 0 {
             let refs: Vec<&[f32]> = honest.iter().map(|v| &v[..]).collect();
-            scenario.adversary.attack.forge(&refs).into()
+            let mut forged = scenario.adversary.attack.forge(&refs);
+            forged
+                .iter_mut()
+                .for_each(|x| *x = round_to(dtype, f64::from(*x)));
+            forged.into()
         } else {
             Arc::from(Vec::new())
         };
@@ -237,7 +360,7 @@ impl DataSet {
                 honest.next().unwrap_or_else(|| Arc::from(Vec::new()))
             });
         }
-        DataSet::from_shared(inputs, flags)
+        DataSet::from_shared(inputs, flags, dtype)
     }
 
     /// Explicit inputs, one per rank, all of one length `d > 0`; `forged[r]` marks the ranks
@@ -247,10 +370,39 @@ impl DataSet {
     /// [`SimError::InvalidConfig`] for no inputs, `d = 0`, different lengths or a `forged` of
     /// another length.
     pub fn new(inputs: Vec<Vec<f32>>, forged: Vec<bool>) -> Result<DataSet, SimError> {
-        DataSet::from_shared(inputs.into_iter().map(Arc::from).collect(), forged)
+        DataSet::from_shared(
+            inputs.into_iter().map(Arc::from).collect(),
+            forged,
+            DType::F32,
+        )
     }
 
-    fn from_shared(inputs: Vec<Arc<[f32]>>, forged: Vec<bool>) -> Result<DataSet, SimError> {
+    /// These inputs as vectors of `dtype` (bf16 or f16, held as the `f32`s that are exactly
+    /// their values), for a scenario of that type: every value must be one of `dtype` (or
+    /// NaN), so nothing is rounded behind the caller's back.
+    ///
+    /// # Errors
+    /// [`SimError::InvalidConfig`] naming the first value `dtype` does not hold;
+    /// [`SimError::Unsupported`] for `f64`.
+    pub fn typed(self, dtype: DType) -> Result<DataSet, SimError> {
+        check_dtype(dtype)?;
+        for (r, v) in self.inputs.iter().enumerate() {
+            if let Some(k) = v.iter().position(|&x| !is_of(dtype, x)) {
+                return Err(SimError::InvalidConfig(format!(
+                    "input of rank {r}, coordinate {k}: {} is not a {} value",
+                    v[k],
+                    dtype.name()
+                )));
+            }
+        }
+        Ok(DataSet { dtype, ..self })
+    }
+
+    fn from_shared(
+        inputs: Vec<Arc<[f32]>>,
+        forged: Vec<bool>,
+        dtype: DType,
+    ) -> Result<DataSet, SimError> {
         let d = inputs.first().map_or(0, |v| v.len());
         if inputs.is_empty() || d == 0 {
             return Err(SimError::InvalidConfig(
@@ -270,7 +422,17 @@ impl DataSet {
                 inputs.len()
             )));
         }
-        Ok(DataSet { inputs, forged, d })
+        Ok(DataSet {
+            inputs,
+            forged,
+            d,
+            dtype,
+        })
+    }
+
+    /// The element type of every value ([`Scenario::dtype`] of the runs it feeds).
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 
     /// Number of ranks.
@@ -298,7 +460,7 @@ impl DataSet {
     pub fn reference<'a>(&'a self, rule: &dyn Aggregator) -> Reference<'a> {
         let refs: Vec<&[f32]> = self.inputs.iter().map(|v| &v[..]).collect();
         let mut out = vec![0.0f32; self.d];
-        let gather = aggregate_into(rule, &refs, &mut out).map(|_| out);
+        let gather = aggregate_as(self.dtype, rule, &refs, &mut out).map(|_| out);
         Reference {
             data: self,
             gather,
@@ -470,7 +632,7 @@ impl Reference<'_> {
     /// (computed in f64, rounded once), [`Verdict::Exact`] when all are bitwise that sum.
     fn check_sum(&self, results: &[(Rank, &[f32])]) -> Result<Verdict, (Rank, String)> {
         let data = self.data;
-        let eps = f64::from(f32::EPSILON) * data.ranks() as f64;
+        let eps = epsilon(data.dtype) * data.ranks() as f64;
         let mut sum = vec![0.0f64; CHECK_BLOCK.min(data.d)];
         let mut abs_sum = sum.clone();
         let mut exact = true;
@@ -491,7 +653,7 @@ impl Reference<'_> {
             }
             for &(r, got) in results {
                 for (k, &x) in got[block.clone()].iter().enumerate() {
-                    let want = sum[k] as f32;
+                    let want = round_to(data.dtype, sum[k]);
                     let ok = x.to_bits() == want.to_bits()
                         || (x.is_nan() && want.is_nan())
                         || (f64::from(x) - f64::from(want)).abs()
@@ -539,7 +701,7 @@ impl Reference<'_> {
             for &(r, got) in results {
                 for (k, &x) in got[block.clone()].iter().enumerate() {
                     let (lo, hi) = (lo[k], hi[k]);
-                    let tol = 4.0 * f32::EPSILON * lo.abs().max(hi.abs());
+                    let tol = 4.0 * epsilon(data.dtype) as f32 * lo.abs().max(hi.abs());
                     if !(x >= lo - tol && x <= hi + tol) {
                         let j = block.start + k;
                         return Err((
@@ -553,6 +715,27 @@ impl Reference<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The gap between 1 and the next value of `dtype`.
+fn epsilon(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => f64::from(half::bf16::EPSILON.to_f32()),
+        DType::F16 => f64::from(half::f16::EPSILON.to_f32()),
+        DType::F32 | DType::F64 => f64::from(f32::EPSILON),
+    }
+}
+
+/// Data mode carries `f32`, bf16 and f16 vectors.
+pub(crate) fn check_dtype(dtype: DType) -> Result<(), SimError> {
+    match dtype {
+        DType::F64 => Err(SimError::Unsupported(
+            "data mode carries f32, bf16 and f16 vectors, not f64: time an f64 run in timing \
+             mode"
+                .into(),
+        )),
+        _ => Ok(()),
     }
 }
 

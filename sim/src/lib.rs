@@ -326,9 +326,10 @@ pub struct Scenario {
     /// long as the quorum took to form), in virtual time.
     pub grace: Grace,
     /// The vectors' element type (`f32` by default): the bytes every message carries follow its
-    /// width, so a `bf16` run times half the wire of an `f32` one. Data mode carries real `f32`
-    /// vectors and refuses any other type (the rules' 16-bit paths are tested bitwise against
-    /// the host rules in the conformance suite, not here).
+    /// width, so a `bf16` run times half the wire of an `f32` one. Data mode carries `f32`, `bf16`
+    /// and `f16` vectors (every value one of the type, held as the `f32` that is exactly it;
+    /// each rule runs in the type, each sum is rounded to it once) and refuses `f64`; its
+    /// [`DataSet`] must be of the same type ([`DataSet::generate`] takes this one).
     pub dtype: DType,
 }
 
@@ -483,10 +484,13 @@ impl Scenario {
 
     /// Whether `data` fits this world and data mode holds it.
     fn check_data(&self, data: &DataSet) -> Result<(), SimError> {
-        if self.dtype != DType::F32 {
-            return Err(SimError::Unsupported(format!(
-                "data mode carries f32 vectors, not {:?}: time a {:?} run in timing mode",
-                self.dtype, self.dtype
+        data::check_dtype(self.dtype)?;
+        if data.dtype() != self.dtype {
+            return Err(SimError::InvalidConfig(format!(
+                "data of {} values for a scenario of {} (DataSet::generate takes the \
+                 scenario's type, DataSet::typed makes explicit inputs one)",
+                data.dtype().name(),
+                self.dtype.name()
             )));
         }
         if data.ranks() != self.ranks {

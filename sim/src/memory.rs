@@ -24,7 +24,7 @@
 
 use std::fmt;
 
-use byzcoll_aggregators::{Aggregator, Structure};
+use byzcoll_aggregators::{Aggregator, DType, Structure};
 
 use crate::{Agreement, Algorithm, Scenario, SimError};
 
@@ -386,9 +386,15 @@ impl Scenario {
             RuleKind::Mix => nd.saturating_add(F64.saturating_mul(d)),
             RuleKind::Iterate { .. } => F64.saturating_mul(3).saturating_mul(d),
         };
+        // A rule of a 16-bit type runs on a copy of its inputs and output in the type.
+        let narrow = match self.dtype {
+            DType::BF16 | DType::F16 => 2u128.saturating_mul(n.saturating_add(1)).saturating_mul(d),
+            DType::F32 | DType::F64 => 0,
+        };
         let common = nd
             .saturating_add(F32.saturating_mul(d))
-            .saturating_add(scratch);
+            .saturating_add(scratch)
+            .saturating_add(narrow);
         largest_of(n, algorithms, self.agreement, kind, Some(data), common)
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use byzcoll_proto::schedule::{self, chunk_range};
 use byzcoll_proto::{Error, Fault, PeerFault, Rank, Tag};
 
-use crate::data::{ChunkId, Plane, ABSENT, NO_DATA};
+use crate::data::{round_to, ChunkId, Plane, ABSENT, NO_DATA};
 use crate::engine::{Cut, Out, Posted, Program, Work};
 
 /// What every program shares: the world, the rule, the data plane (data mode only) and what
@@ -162,9 +162,11 @@ impl Program for Ring {
             let theirs = plane.store.get(id);
             let mine = &mut Arc::make_mut(&mut self.bufs[rank])[range];
             if reduce {
-                // As the real driver: through f64, rounded once (exact for f32 pairs).
+                // As the real driver: through f64, rounded once to the element type (exact
+                // for f32 pairs).
+                let dtype = plane.store.dtype();
                 for (a, &b) in mine.iter_mut().zip(theirs) {
-                    *a = (f64::from(*a) + f64::from(b)) as f32;
+                    *a = round_to(dtype, f64::from(*a) + f64::from(b));
                 }
             } else {
                 mine.copy_from_slice(theirs);

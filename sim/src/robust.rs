@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use bytes::Bytes;
 use byzcoll_aggregators::{
-    aggregate_into, AggError, AggReport, Aggregator, DistanceMixing, DistanceSelection, Median,
+    AggError, AggReport, Aggregator, DType, DistanceMixing, DistanceSelection, Median,
 };
 use byzcoll_proto::round::{
     Arrival, Carry, Dest, Digest, Msg, Plane as RoundPlane, Round, Spec, Src,
@@ -15,7 +15,9 @@ use byzcoll_proto::round::{
 use byzcoll_proto::schedule::chunk_range;
 use byzcoll_proto::{Error, Rank, RoundReport, Tag};
 
-use crate::data::{ChunkId, Plane, ABSENT, EMPTY, NO_DATA};
+use crate::data::{
+    aggregate_as, as_dtype, mix_as, round_to, ChunkId, Plane, ABSENT, EMPTY, NO_DATA,
+};
 use crate::engine::{Cut, Out, Posted, Program, Work};
 use crate::faults::Adversary;
 use crate::programs::Common;
@@ -432,6 +434,11 @@ impl SimPlane<'_> {
         self.rank.pieces + s as ChunkId
     }
 
+    /// The run's element type (data mode).
+    fn dtype(&self) -> DType {
+        self.data.as_deref().map_or(DType::F32, |p| p.store.dtype())
+    }
+
     fn slices<'s>(&'s self, ids: &[ChunkId]) -> Vec<&'s [f32]> {
         let plane = self.data.as_deref().expect("data mode");
         ids.iter().map(|&i| plane.store.get(i)).collect()
@@ -565,11 +572,9 @@ impl RoundPlane for SimPlane<'_> {
         let ids = self.placeholder_ids(inputs);
         let views = self.slices(&ids);
         let mut out = vec![0.0f32; views[0].len()];
-        selection.finish(
-            byzcoll_aggregators::Inputs::F32(&views),
-            selected,
-            byzcoll_aggregators::Output::F32(&mut out),
-        )?;
+        as_dtype(self.dtype(), &views, &mut out, |i, o| {
+            selection.finish(i, selected, o)
+        })?;
         let id = self.insert(out);
         self.set_result(i, id);
         Ok(())
@@ -589,7 +594,8 @@ impl RoundPlane for SimPlane<'_> {
         let ids: Vec<ChunkId> = inputs.iter().flatten().map(|s| self.id(s)).collect();
         let views = self.slices(&ids);
         let mut m = vec![0.0f32; views[0].len()];
-        aggregate_into(&Median::new((views.len() - 1) / 2), &views, &mut m)?;
+        let median = Median::new((views.len() - 1) / 2);
+        aggregate_as(self.dtype(), &median, &views, &mut m)?;
         self.rank.estimates[i] = m.iter().map(|&v| f64::from(v)).collect();
         Ok(())
     }
@@ -635,7 +641,11 @@ impl RoundPlane for SimPlane<'_> {
         if self.data.is_none() {
             return Ok(());
         }
-        let out: Vec<f32> = self.rank.estimates[i].iter().map(|&v| v as f32).collect();
+        let dtype = self.dtype();
+        let out: Vec<f32> = self.rank.estimates[i]
+            .iter()
+            .map(|&v| round_to(dtype, v))
+            .collect();
         if !byzcoll_aggregators::all_finite(&out) {
             return Err("the estimate is not finite".into());
         }
@@ -655,10 +665,10 @@ impl RoundPlane for SimPlane<'_> {
             return Ok(());
         }
         let ids: Vec<ChunkId> = inputs.iter().map(|s| self.id(s)).collect();
-        let mixed = byzcoll_aggregators::mix(&self.slices(&ids), neighbours);
+        let mixed = mix_as(self.dtype(), &self.slices(&ids), neighbours);
         let refs: Vec<&[f32]> = mixed.iter().map(Vec::as_slice).collect();
         let mut out = vec![0.0f32; refs[0].len()];
-        aggregate_into(mixing.inner(), &refs, &mut out)?;
+        aggregate_as(self.dtype(), mixing.inner(), &refs, &mut out)?;
         let id = self.insert(out);
         self.set_result(i, id);
         Ok(())

@@ -660,3 +660,105 @@ fn every_rule_runs_in_every_mode_the_runtime_supports() {
         }
     }
 }
+
+#[test]
+fn sixteen_bit_runs_hold_values_of_their_type_and_match_the_rule_run_in_it() {
+    use byzcoll_aggregators::{aggregate_into, DType, Element};
+    fn of_type(dtype: DType, v: &[f32]) -> bool {
+        v.iter().all(|&x| match dtype {
+            DType::BF16 => half::bf16::from_f32(x).to_f32().to_bits() == x.to_bits(),
+            _ => half::f16::from_f32(x).to_f32().to_bits() == x.to_bits(),
+        })
+    }
+    /// `rule` run directly on `data`'s inputs as vectors of `T`, widened back.
+    fn direct<T: Element>(rule: &dyn Aggregator, data: &DataSet) -> Vec<f32> {
+        let held: Vec<Vec<T>> = (0..data.ranks())
+            .map(|r| {
+                data.input(r)
+                    .iter()
+                    .map(|&x| T::from_f64(x.into()))
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[T]> = held.iter().map(Vec::as_slice).collect();
+        let mut out = vec![T::from_f64(0.0); data.d()];
+        aggregate_into(rule, &refs, &mut out).unwrap();
+        out.iter().map(|x| x.to_f64() as f32).collect()
+    }
+    let (n, f) = (7, 2);
+    for dtype in [DType::BF16, DType::F16] {
+        let mut s = scenario(n);
+        s.dtype = dtype;
+        let d = 4 * n + 3;
+        let data = DataSet::generate(&s, d).unwrap();
+        assert_eq!(data.dtype(), dtype);
+        assert!((0..n).all(|r| of_type(dtype, data.input(r))), "{dtype:?}");
+        for name in ["median", "trimmed-mean", "mean", "krum", "multi-krum"] {
+            let f = if name == "mean" {
+                0
+            } else {
+                f.min((n - 3) / 2)
+            };
+            let rule = by_name(name, f).unwrap();
+            let want = match dtype {
+                DType::BF16 => direct::<half::bf16>(rule.as_ref(), &data),
+                _ => direct::<half::f16>(rule.as_ref(), &data),
+            };
+            assert_eq!(
+                bits(data.reference(rule.as_ref()).gather().unwrap()),
+                bits(&want),
+                "{dtype:?} {name}"
+            );
+            for algorithm in [Algorithm::Gather, Algorithm::tolerant(n, f)] {
+                let run = s.run_data(algorithm, &data, rule.as_ref()).unwrap();
+                for got in results(&run) {
+                    assert_eq!(bits(&got), bits(&want), "{dtype:?} {name} {algorithm}");
+                }
+            }
+        }
+        // The mean of the same inputs rounds differently in f32: the rule ran in the narrow
+        // type, not in f32 with its result rounded afterwards (or not at all).
+        let mean = by_name("mean", 0).unwrap();
+        let f32_mean = {
+            let inputs: Vec<Vec<f32>> = (0..n).map(|r| data.input(r).to_vec()).collect();
+            let refs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+            let mut out = vec![0.0f32; d];
+            aggregate_into(mean.as_ref(), &refs, &mut out).unwrap();
+            out
+        };
+        let narrow = results(&s.run_data(Algorithm::Gather, &data, mean.as_ref()).unwrap());
+        assert_ne!(bits(&narrow[0]), bits(&f32_mean), "{dtype:?}");
+        assert!(of_type(dtype, &narrow[0]), "{dtype:?}");
+        // Ring SUM rounds each partial sum to the type, within the check's bound.
+        let ring = s
+            .run_data(Algorithm::RingSum, &data, mean.as_ref())
+            .unwrap();
+        for got in results(&ring) {
+            assert!(of_type(dtype, &got), "{dtype:?}");
+        }
+        assert!(
+            data.reference(mean.as_ref()).check(&ring).is_ok(),
+            "{dtype:?}"
+        );
+        // Data of another type than the scenario's is refused, as is f64.
+        let f32_data = DataSet::generate(&scenario(n), d).unwrap();
+        assert!(matches!(
+            s.run_data(Algorithm::Gather, &f32_data, mean.as_ref()),
+            Err(SimError::InvalidConfig(_))
+        ));
+    }
+    let mut s = scenario(4);
+    s.dtype = DType::F64;
+    assert!(matches!(
+        DataSet::generate(&s, 8),
+        Err(SimError::Unsupported(why)) if why.contains("f64")
+    ));
+    // Explicit inputs become bf16 ones only where every value is one.
+    let exact = DataSet::new(vec![vec![1.0, 256.0], vec![-3.5, 0.0]], vec![false; 2]).unwrap();
+    assert_eq!(exact.typed(DType::BF16).unwrap().dtype(), DType::BF16);
+    let inexact = DataSet::new(vec![vec![1.0, 257.0], vec![0.0, 0.0]], vec![false; 2]).unwrap();
+    assert!(matches!(
+        inexact.typed(DType::BF16),
+        Err(SimError::InvalidConfig(why)) if why.contains("rank 0, coordinate 1")
+    ));
+}
