@@ -179,8 +179,9 @@ impl Agreement {
 /// `Exactly(0)` waits for every input until the deadline: for a job that compares exact
 /// results. A rank can be rounds behind the others when they finish: `Communicator::close`
 /// (collective) waits for it before they go. A rank further behind than its peers' send
-/// budgets (a few rounds of a large vector) is cut off by them and fails its later rounds,
-/// loudly (`PROTOCOL.md`, "Not covered yet").
+/// budgets (a few rounds of a large vector) has the messages it did not read dropped by them
+/// (over TCP, with a skip notice): it fails those rounds at once, loudly, and takes part in
+/// the later ones (`PROTOCOL.md`, "TCP transport" and "Not covered yet").
 ///
 /// Under `Auto` the schedule is chosen as without stragglers ([`Policy::resolve`]): a vector
 /// large enough for sharded mode goes sharded, with `s = 0`. Only an explicit count above 0

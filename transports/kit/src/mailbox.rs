@@ -53,6 +53,8 @@ struct Slot {
     high: BTreeMap<u64, MsgKey>,
     /// Highest key retired, by stream.
     retired: BTreeMap<u64, MsgKey>,
+    /// Highest key the peer said it dropped unsent, by stream ([`Mailbox::skip_through`]).
+    skipped: BTreeMap<u64, MsgKey>,
     closed: Option<Closed>,
 }
 
@@ -64,7 +66,15 @@ impl Slot {
                 let _ = tx.send(c.outcome());
             }
             None => {
-                self.posted.insert(key, Posted { len, call, tx });
+                if self
+                    .skipped
+                    .get(&key.stream())
+                    .is_some_and(|&last| key <= last)
+                {
+                    let _ = tx.send(RecvOutcome::Missing);
+                } else {
+                    self.posted.insert(key, Posted { len, call, tx });
+                }
                 let high = self.high.entry(key.stream()).or_insert(key);
                 *high = (*high).max(key);
             }
@@ -186,6 +196,26 @@ impl Mailbox {
             }
             let retired = slot.retired.entry(key.stream()).or_insert(key);
             *retired = (*retired).max(key);
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The peer dropped unsent every message to this rank of `last`'s stream up to `last`
+    /// that this rank has not had yet (it fell behind the peer: a TCP skip notice): the
+    /// receives for them, posted or posted later, are [`RecvOutcome::Missing`] at once
+    /// rather than at their deadline, so this rank catches up with the peer.
+    pub fn skip_through(&self, peer: Rank, last: MsgKey) {
+        {
+            let mut slot = self.slot(peer);
+            let start = MsgKey::stream_start(last.stream());
+            let skipped: Vec<MsgKey> = slot.posted.range(start..=last).map(|(&k, _)| k).collect();
+            for k in skipped {
+                if let Some(p) = slot.posted.remove(&k) {
+                    let _ = p.tx.send(RecvOutcome::Missing);
+                }
+            }
+            let mark = slot.skipped.entry(last.stream()).or_insert(last);
+            *mark = (*mark).max(last);
         }
         self.changed.notify_waiters();
     }
@@ -500,6 +530,41 @@ mod tests {
             rx.await.unwrap(),
             RecvOutcome::Malformed("message of 4 bytes, expected 3".into())
         );
+    }
+
+    #[tokio::test]
+    async fn skipped_keys_end_their_receives_at_once_and_only_in_their_stream() {
+        let mb = Mailbox::new(2);
+        let other_stream = MsgKey::stream_start(1);
+        let posted = mb.post(1, key(3, 0), 0, 8);
+        let above = mb.post(1, key(9, 0), 0, 8);
+        let elsewhere = mb.post(1, other_stream, 0, 8);
+        mb.skip_through(1, key(5, 2));
+        assert_eq!(posted.await.unwrap(), RecvOutcome::Missing);
+        // Posted later at or below the notice's key: at once too; above it: waited for.
+        assert_eq!(
+            mb.post(1, key(4, 1), 0, 8).await.unwrap(),
+            RecvOutcome::Missing
+        );
+        assert_eq!(
+            mb.post(1, key(5, 2), 0, 8).await.unwrap(),
+            RecvOutcome::Missing
+        );
+        let next = mb.post(1, key(5, 3), 0, 8);
+        for (rx, k) in [
+            (above, key(9, 0)),
+            (elsewhere, other_stream),
+            (next, key(5, 3)),
+        ] {
+            match mb.claim(1, k, 0).await {
+                Claim::Posted(d) => d.deliver(Payload::Host(Bytes::from_static(b"12345678"))),
+                other => panic!("{k:?}: {other:?}"),
+            }
+            assert!(
+                matches!(rx.await.unwrap(), RecvOutcome::Received(_)),
+                "{k:?}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -143,6 +143,11 @@ impl FrameMac {
         self.seq += 1;
         h
     }
+
+    /// Takes back the numbers of the last `frames` frames begun, which were dropped unsent.
+    fn rewind(&mut self, frames: u64) {
+        self.seq -= frames;
+    }
 }
 
 /// The TCP transport; see the crate docs.
@@ -205,12 +210,14 @@ impl TcpTransport {
         key: byzcoll_runtime::MsgKey,
         call: u64,
         payload: Bytes,
+        patience: Duration,
     ) -> Result<(), SendError> {
         let header = FrameHeader::new(key, call, self.rank, payload.len()).encode();
         let Some(Some(writer)) = self.writers.get(peer) else {
             return Err(SendError::NoConnection);
         };
-        let Some(finished) = writer.start(header, payload, self.budget.bytes())? else {
+        let budget = self.budget.bytes();
+        let Some(finished) = writer.start(key, header, payload, budget, patience)? else {
             return Ok(());
         };
         // Dropped unwritten: the peer failed meanwhile.
@@ -336,7 +343,7 @@ impl TcpTransport {
             };
             stream.set_nodelay(true)?;
             let (rd, wr) = stream.into_split();
-            let writer = Arc::new(Writer::new(peer, wr, send_mac, mailbox.clone()));
+            let writer = Arc::new(Writer::new(rank, peer, wr, send_mac, mailbox.clone()));
             tasks.push(writer.spawn());
             writers.push(Some(writer));
             tasks.push(tokio::spawn(read_loop(
@@ -597,6 +604,19 @@ async fn read_frame(
         }
         None => None,
     };
+    if let Some(notice) = wire::decode_skip(&raw) {
+        let notice = notice.map_err(Closed::Violation)?;
+        if notice.sender as usize != peer {
+            return Err(Closed::Violation(format!(
+                "skip notice claims sender {} on the connection of rank {peer}",
+                notice.sender
+            )));
+        }
+        skip(rd, 0, check).await?;
+        tracing::debug!(peer, up_to = ?notice.key(), "the peer dropped frames this rank had not read");
+        mailbox.skip_through(peer, notice.key());
+        return Ok(true);
+    }
     let header = FrameHeader::decode(&raw).map_err(Closed::Violation)?;
     if header.sender as usize != peer {
         return Err(Closed::Violation(format!(
@@ -736,13 +756,17 @@ impl Transport for TcpTransport {
         Box::pin(async move {
             step.validate(self.rank, self.size, &self.capabilities())?;
             self.budget.note(&step);
+            // A peer over its budget that read nothing for this long is gone (`send`).
+            let patience = step
+                .deadline
+                .saturating_duration_since(tokio::time::Instant::now());
             let step_done = run_step(
                 &self.mailbox,
                 &step,
                 "tcp",
                 || {},
                 |s, key, call, payload| {
-                    let sending = self.send(s.peer, key, call, payload);
+                    let sending = self.send(s.peer, key, call, payload, patience);
                     async move { sending.await.map_err(|e| e.to_string()) }
                 },
             );

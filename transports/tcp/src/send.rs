@@ -18,10 +18,20 @@
 //! counted from this rank's own sends only, never from anything a peer says, and each frame
 //! charged with its header, a MAC's room and [`FRAME_COST`] of bookkeeping (so many small
 //! frames are bounded as well as a few large ones). A frame is always admitted when nothing
-//! is queued for its peer. A frame that would take a peer's queue over the budget fails the
-//! peer instead: its queued frames are dropped, its connection is shut down, its mailbox slot
-//! is closed (its receives are `Missing`, so rounds name it), and every later send to it fails
-//! at once ("peer failed: it left N bytes unread, more than the budget of B").
+//! is queued for its peer. A frame that would take a peer's queue over the budget finds the
+//! peer either behind or gone:
+//! - **Behind**: the peer read something within the last step timeout (the send's step's), so
+//!   it is alive and only slower than this rank (a straggler the quorum rounds left behind, a
+//!   pause). The frames queued for it and not yet started are dropped, and a *skip notice* for
+//!   each stream they belonged to goes in their place ([`crate::wire::SKIP_MAGIC`]: every
+//!   frame of that stream up to the notice's key that the peer has not had by then is
+//!   dropped), then the new frame. The peer's receives for those keys end at once
+//!   (`Missing`) when it reaches them, so it catches up with this rank instead of being cut
+//!   off; the queue stays within the budget.
+//! - **Gone**: it read nothing for a whole step timeout (hung, stopped, or Byzantine). The
+//!   peer fails: its queued frames are dropped, its connection is shut down, its mailbox slot
+//!   is closed (its receives are `Missing`, so rounds name it), and every later send to it
+//!   fails at once ("peer failed: it left N bytes unread, more than the budget of B").
 //!
 //! When the transport drops, the writer task goes on until it has written what is queued
 //! (its `close`), then shuts its direction of the connection down: a rank that ends its
@@ -38,17 +48,18 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use bytes::Bytes;
-use byzcoll_runtime::{Rank, Step};
+use byzcoll_runtime::{MsgKey, Rank, Step};
 use byzcoll_transport_kit::mailbox::{Closed, Mailbox};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{oneshot, Notify};
 use tokio::task::AbortHandle;
+use tokio::time::{Duration, Instant};
 
-use crate::wire::HEADER_LEN;
+use crate::wire::{skip_notice, HEADER_LEN};
 use crate::{FrameMac, MAC_LEN};
 
 /// How many steps' worth of frames (the most one step has sent to one peer) a peer may leave
@@ -110,6 +121,8 @@ pub(crate) enum SendError {
         /// Its budget then.
         budget: usize,
     },
+    /// The peer fell behind: the frame was dropped unread, and the peer told to skip it.
+    Skipped,
     /// Writing to the connection failed (the OS's words).
     Broken(String),
     /// There is no connection to the peer (it is this rank, or out of range).
@@ -123,6 +136,7 @@ impl std::fmt::Display for SendError {
                 f,
                 "peer failed: it left {queued} bytes unread, more than the budget of {budget}"
             ),
+            SendError::Skipped => f.write_str("the peer fell behind: the frame was dropped unread"),
             SendError::Broken(why) => write!(f, "peer failed: the connection broke: {why}"),
             SendError::NoConnection => f.write_str("no connection"),
         }
@@ -147,6 +161,8 @@ struct Outgoing {
     head: Head,
     payload: Bytes,
     offset: usize,
+    /// Its key (a skip notice's: the last key it skips).
+    key: MsgKey,
     done: oneshot::Sender<Result<(), SendError>>,
 }
 
@@ -162,6 +178,8 @@ impl std::fmt::Debug for Outgoing {
 /// The sending side of one connection, to `peer`.
 #[derive(Debug)]
 pub(crate) struct Writer {
+    /// This rank (the sender of its frames).
+    me: Rank,
     peer: Rank,
     half: OwnedWriteHalf,
     state: Mutex<WriterState>,
@@ -171,6 +189,11 @@ pub(crate) struct Writer {
     task: OnceLock<AbortHandle>,
     /// Closed for `peer` when it fails for its budget.
     mailbox: Arc<Mailbox>,
+    /// When the writer was made: [`Writer::progress`] counts from here.
+    born: Instant,
+    /// When a write to the peer last made progress, in milliseconds since `born`: a peer
+    /// over its budget that read nothing for a step timeout is gone, else behind.
+    progress: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -190,12 +213,14 @@ struct WriterState {
 
 impl Writer {
     pub(crate) fn new(
+        me: Rank,
         peer: Rank,
         half: OwnedWriteHalf,
         mac: Option<FrameMac>,
         mailbox: Arc<Mailbox>,
     ) -> Self {
         Writer {
+            me,
             peer,
             half,
             state: Mutex::new(WriterState {
@@ -208,7 +233,22 @@ impl Writer {
             queued: Notify::new(),
             task: OnceLock::new(),
             mailbox,
+            born: Instant::now(),
+            progress: AtomicU64::new(0),
         }
+    }
+
+    /// Notes that a write to the peer made progress.
+    fn progressed(&self) {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.progress.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long since a write to the peer last made progress (since the writer was made, if
+    /// none has yet).
+    fn idle(&self) -> Duration {
+        let since = Duration::from_millis(self.progress.load(Ordering::Relaxed));
+        self.born.elapsed().saturating_sub(since)
     }
 
     /// Starts the writer task on the current runtime; the caller keeps its handle.
@@ -227,18 +267,23 @@ impl Writer {
         self.lock().queued
     }
 
-    /// Sends a frame: writes what the socket takes of it now if nothing is queued before it,
-    /// and queues the rest for the writer task if the peer's queue stays within `budget` bytes
-    /// (or is empty). `None` when the whole frame went, else the channel that reports the
-    /// task's write.
+    /// Sends the frame of `key` (`header`, `payload`): writes what the socket takes of it now
+    /// if nothing is queued before it, and queues the rest for the writer task if the peer's
+    /// queue stays within `budget` bytes (or is empty). Over the budget, a peer that read
+    /// something within `patience` (the step's timeout) is behind: the frames queued for it
+    /// are dropped for skip notices (module docs), and this one queues after them. `None`
+    /// when the whole frame went, else the channel that reports the task's write.
     ///
     /// # Errors
-    /// When the peer has failed, or fails now: it is over its budget, or the write failed.
+    /// When the peer has failed, or fails now: it is over its budget and read nothing within
+    /// `patience`, or the write failed.
     pub(crate) fn start(
         &self,
+        key: MsgKey,
         header: [u8; HEADER_LEN],
         payload: Bytes,
         budget: usize,
+        patience: Duration,
     ) -> Result<Option<oneshot::Receiver<Result<(), SendError>>>, SendError> {
         let mut state = self.lock();
         if let Some(why) = &state.failed {
@@ -246,32 +291,30 @@ impl Writer {
         }
         let charge = charge(payload.len());
         if state.queued != 0 && state.queued.saturating_add(charge) > budget {
-            let why = SendError::Stalled {
-                queued: state.queued,
-                budget,
-            };
-            let dropped = fail(&mut state, why.clone());
-            drop(state);
-            self.stalled(dropped, &why);
-            return Err(why);
+            if self.idle() > patience {
+                let why = SendError::Stalled {
+                    queued: state.queued,
+                    budget,
+                };
+                let dropped = fail(&mut state, why.clone());
+                drop(state);
+                self.stalled(dropped, &why);
+                return Err(why);
+            }
+            self.skip_backlog(&mut state);
         }
-        let mut head = Head {
-            bytes: [0; HEADER_LEN + MAC_LEN],
-            len: HEADER_LEN,
-        };
-        head.bytes[..HEADER_LEN].copy_from_slice(&header);
-        // Under the lock, so frame numbers follow the order frames enter the stream.
-        if let Some(mac) = state.mac.as_mut() {
-            let mut h = mac.begin(&header);
-            h.update(&payload);
-            head.bytes[HEADER_LEN..].copy_from_slice(h.finalize().as_bytes());
-            head.len = HEADER_LEN + MAC_LEN;
-        }
+        let head = seal(&mut state, &header, &payload);
         let mut offset = 0;
         if state.queued == 0 {
             match try_write_from(&self.half, [head.as_slice(), &payload], 0) {
-                Ok(n) if n == head.len + payload.len() => return Ok(None),
-                Ok(n) => offset = n,
+                Ok(n) if n == head.len + payload.len() => {
+                    self.progressed();
+                    return Ok(None);
+                }
+                Ok(n) => {
+                    self.progressed();
+                    offset = n;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => {
                     let why = SendError::Broken(e.to_string());
@@ -287,12 +330,63 @@ impl Writer {
             head,
             payload,
             offset,
+            key,
             done,
         });
         state.queued += charge;
         drop(state);
         self.queued.notify_one();
         Ok(Some(finished))
+    }
+
+    /// Drops the frames queued for the peer that the writer task has not started, and queues
+    /// in their place a skip notice for each stream they belonged to, naming the last key
+    /// dropped. With frame MACs, the dropped frames were the last ones numbered: the count
+    /// goes back by them, so the notices take their numbers.
+    fn skip_backlog(&self, state: &mut WriterState) {
+        // A frame partly written by a sender stays: the stream must not be cut mid-frame.
+        let keep = usize::from(state.queue.front().is_some_and(|f| f.offset > 0));
+        let dropped: Vec<Outgoing> = state.queue.drain(keep..).collect();
+        if dropped.is_empty() {
+            return;
+        }
+        let bytes: usize = dropped.iter().map(|f| charge(f.payload.len())).sum();
+        state.queued -= bytes;
+        if let Some(mac) = state.mac.as_mut() {
+            mac.rewind(dropped.len() as u64);
+        }
+        let mut last: Vec<MsgKey> = Vec::new();
+        for f in &dropped {
+            match last.iter_mut().find(|k| k.stream() == f.key.stream()) {
+                Some(k) => *k = (*k).max(f.key),
+                None => last.push(f.key),
+            }
+        }
+        tracing::warn!(
+            peer = self.peer,
+            frames = dropped.len(),
+            bytes,
+            up_to = ?last,
+            "tcp transport: the peer fell behind; dropping the frames it has not read (it \
+             skips them)"
+        );
+        for key in last {
+            let header = skip_notice(key, self.me);
+            let head = seal(state, &header, &[]);
+            let (done, _) = oneshot::channel();
+            state.queue.push_back(Outgoing {
+                head,
+                payload: Bytes::new(),
+                offset: 0,
+                key,
+                done,
+            });
+            state.queued += charge(0);
+        }
+        // Their senders learn that they were dropped (a quorum step has long stopped waiting).
+        for f in dropped {
+            let _ = f.done.send(Err(SendError::Skipped));
+        }
     }
 
     /// Lets the writer task finish what is queued, then shut this direction of the connection
@@ -328,6 +422,23 @@ fn fail(state: &mut WriterState, why: SendError) -> VecDeque<Outgoing> {
     state.failed.get_or_insert(why);
     state.queued = 0;
     std::mem::take(&mut state.queue)
+}
+
+/// `header` with its MAC behind it where frames carry one (over `header` and `payload`); under
+/// the writer's lock, so frame numbers follow the order frames enter the stream.
+fn seal(state: &mut WriterState, header: &[u8; HEADER_LEN], payload: &[u8]) -> Head {
+    let mut head = Head {
+        bytes: [0; HEADER_LEN + MAC_LEN],
+        len: HEADER_LEN,
+    };
+    head.bytes[..HEADER_LEN].copy_from_slice(header);
+    if let Some(mac) = state.mac.as_mut() {
+        let mut h = mac.begin(header);
+        h.update(payload);
+        head.bytes[HEADER_LEN..].copy_from_slice(h.finalize().as_bytes());
+        head.len = HEADER_LEN + MAC_LEN;
+    }
+    head
 }
 
 /// Shuts the connection down (`how`: one direction or both); the socket is closed when both
@@ -383,12 +494,7 @@ async fn write_loop(writer: Arc<Writer>) {
             writer.queued.notified().await;
             continue;
         };
-        let result = write_rest(
-            &writer.half,
-            [out.head.as_slice(), &out.payload],
-            out.offset,
-        )
-        .await;
+        let result = write_rest(&writer, [out.head.as_slice(), &out.payload], out.offset).await;
         let mut state = writer.lock();
         if state.failed.is_some() {
             // Failed meanwhile: its charge and the queue are gone already.
@@ -412,12 +518,15 @@ async fn write_loop(writer: Arc<Writer>) {
     }
 }
 
-async fn write_rest(wr: &OwnedWriteHalf, parts: [&[u8]; 2], mut offset: usize) -> io::Result<()> {
+async fn write_rest(writer: &Writer, parts: [&[u8]; 2], mut offset: usize) -> io::Result<()> {
     let total = parts[0].len() + parts[1].len();
     while offset < total {
-        wr.writable().await?;
-        match try_write_from(wr, parts, offset) {
-            Ok(n) => offset += n,
+        writer.half.writable().await?;
+        match try_write_from(&writer.half, parts, offset) {
+            Ok(n) => {
+                writer.progressed();
+                offset += n;
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
