@@ -101,6 +101,8 @@ pub fn is_probe(streak: u32) -> bool {
 pub struct Health {
     size: usize,
     peers: BTreeMap<Rank, PeerHealth>,
+    /// [`Health::own_late`].
+    own_late: u32,
 }
 
 impl Health {
@@ -109,6 +111,7 @@ impl Health {
         Health {
             size,
             peers: BTreeMap::new(),
+            own_late: 0,
         }
     }
 
@@ -166,6 +169,7 @@ impl Health {
         Health {
             size: old.len(),
             peers,
+            own_late: self.own_late,
         }
     }
 
@@ -179,8 +183,22 @@ impl Health {
         })
     }
 
-    /// Records what one robust call (all its sub-rounds) showed of the peers.
+    /// How many robust rounds in a row, up to the last, this rank was itself behind: the
+    /// agreement left its own input out ([`RoundReport::erased_self`]), or the round failed
+    /// for want of inputs ([`crate::Error::TooManyFaults`]). Its peers see it late as it sees
+    /// a laggard ([`LAGGARD_ROUNDS`]); `Carry::own_late` takes it into the next round.
+    pub fn own_late(&self) -> u32 {
+        self.own_late
+    }
+
+    /// Records what one robust call (all its sub-rounds) showed of the peers, and of this
+    /// rank ([`Health::own_late`]).
     pub fn record(&mut self, outcome: &Result<RoundReport>) {
+        self.own_late = match outcome {
+            Ok(report) if !report.erased_self => 0,
+            Ok(_) | Err(crate::Error::TooManyFaults { .. }) => self.own_late.saturating_add(1),
+            Err(_) => self.own_late,
+        };
         let (faults, disagreeing): (&[PeerFault], &[Rank]) = match outcome {
             Ok(report) => (
                 &report.faults,
@@ -338,6 +356,39 @@ mod tests {
                 ..PeerHealth::default()
             }
         );
+    }
+
+    #[test]
+    fn this_rank_s_own_lateness_counts_rounds_in_a_row() {
+        let mut h = Health::new(4);
+        let erased = Ok(RoundReport {
+            erased_self: true,
+            ..RoundReport::default()
+        });
+        h.record(&erased);
+        h.record(&erased);
+        assert_eq!(h.own_late(), 2);
+        h.record(&Err(crate::Error::TooManyFaults {
+            source: byzcoll_aggregators::AggError::Precondition {
+                rule: "median".into(),
+                requirement: "n > 2f",
+                n: 1,
+                f: 1,
+            },
+            faults: vec![],
+        }));
+        assert_eq!(h.own_late(), 3);
+        h.record(&Err(crate::Error::InvalidUsage(
+            "a caller's mistake".into(),
+        )));
+        assert_eq!(
+            h.own_late(),
+            3,
+            "an error that says nothing of lateness keeps it"
+        );
+        assert_eq!(h.of_members(&[0, 1]).own_late(), 3);
+        h.record(&report(&[], &[]));
+        assert_eq!(h.own_late(), 0, "a round with its own input in ends it");
     }
 
     #[test]

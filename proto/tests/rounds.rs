@@ -489,6 +489,69 @@ fn nothing_is_passed_on_to_a_late_laggard() {
     }
 }
 
+/// A laggard that lacks an input the echo agreed on (rank 0's input to it dropped, as a
+/// sender drops what a rank far behind has not read) gets nothing passed on (above). Rank 3,
+/// late again after two rounds late ([`Carry::own_late`]), knows it is one and fails at once
+/// for want of inputs; one that does not know waits for a passed-on input until its recovery
+/// step's deadline (1 s here) and fails then. The others return the median of ranks 0 to 2
+/// either way.
+#[test]
+fn a_laggard_that_knows_it_is_one_waits_for_nothing_to_be_passed_on() {
+    use byzcoll_proto::round::{Carry, Round};
+    let (n, d) = (4, 6);
+    let rule = Median::new(1);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let want = bits(&reference(&inputs[..3], &rule));
+    for own_late in [2, 0] {
+        let carry = |me: usize| Carry {
+            laggards: if me != 3 { vec![3] } else { vec![] },
+            own_late: if me == 3 { own_late } else { 0 },
+            ..Carry::default()
+        };
+        let planes = (0..n)
+            .map(|r| harness::TestPlane::new(r, n, inputs[r].clone()))
+            .collect();
+        let mut starts = vec![Duration::ZERO; n];
+        starts[3] = Duration::from_millis(500);
+        let ended = harness::run_rounds(
+            |me| {
+                let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
+                s.stragglers = 1;
+                Round::resuming(s, &rule, &carry(me))
+            },
+            planes,
+            &starts,
+            &|from, to, step, _, _| match (from, to, step) {
+                (0, 3, 0) => Fate::Dropped,
+                _ => Fate::After(MS),
+            },
+        );
+        for (me, e) in ended.iter().enumerate().take(3) {
+            assert!(
+                e.result.is_ok(),
+                "own_late {own_late} rank {me}: {:?}",
+                e.result
+            );
+            assert_eq!(bits(&e.output), want, "own_late {own_late} rank {me}");
+        }
+        let straggler = &ended[3];
+        assert!(
+            matches!(straggler.result, Err(Error::TooManyFaults { .. })),
+            "own_late {own_late}: {:?}",
+            straggler.result
+        );
+        let waited = straggler.at - starts[3];
+        if own_late == 2 {
+            assert!(
+                waited < Duration::from_millis(100),
+                "own_late 2: {waited:?}"
+            );
+        } else {
+            assert!(waited >= Duration::from_secs(1), "own_late 0: {waited:?}");
+        }
+    }
+}
+
 /// The same under `Enforce`, with ranks 1 and 4's cross-checks late to rank 0 as well (after
 /// the gather step, the echo's two relay steps and its recovery step): rank 0 hears only four
 /// checks in time (rank 7 is dead), too few for the `n - f = 6` a result needs, so it waits

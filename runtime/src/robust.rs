@@ -133,6 +133,7 @@ impl Communicator {
             // quorum.
             let mut carry = Carry {
                 laggards: self.health.laggards(),
+                own_late: self.health.own_late(),
                 ..Carry::default()
             };
             self.run_round(Target::All(buf), d, rule, shape, audit, &mut carry)

@@ -1,6 +1,7 @@
 //! [`Agreement::Enforce`]'s echo of the input (or version) digests and its recovery step.
 
 use super::*;
+use crate::{is_probe, LAGGARD_ROUNDS};
 
 impl<'r, B> Round<'r, B> {
     /// The next relay step of the echo ([`eig`]), or the recovery step once none is left.
@@ -107,11 +108,22 @@ impl<'r, B> Round<'r, B> {
     /// were not waited for, so it "said" nothing, yet it got every input that reached it
     /// before it even posted the step. Passing each one on anyway cost a 10x slower rank
     /// about seven inputs per round from every fast rank, until their send budgets cut it off
-    /// some 70 rounds behind. A laggard that does lack an input (its sender silent towards
-    /// it) waits for it until its deadline and fails loudly.
+    /// some 70 rounds behind. So a rank that its peers count as a laggard late this round, as
+    /// far as it can tell (its own input left out again after [`LAGGARD_ROUNDS`] rounds
+    /// behind, [`Carry::own_late`], and not at a probe), waits for nothing to be passed on: it
+    /// fails at once for an agreed input it lacks (its sender's message dropped as it fell
+    /// behind, say) rather than at the step's deadline, and so catches up. Elsewhere a rank
+    /// that lacks an input waits for it until its deadline and fails loudly if none comes.
     pub(super) fn post_recovery(&mut self) {
         let (me, n) = (self.spec.me, self.spec.n);
         let f = self.rule.byzantine();
+        let own_late = self.own_late;
+        let a_laggard_there = |agreed: &[Option<Digest>]| {
+            self.spec.shape == Shape::Gather
+                && agreed[me].is_none()
+                && own_late >= LAGGARD_ROUNDS
+                && !is_probe(own_late)
+        };
         let late_laggard =
             |p: Rank| self.laggards.contains(&p) && self.fault_of(p) == Some(&Fault::Late);
         let mut sends = Vec::new();
@@ -151,7 +163,8 @@ impl<'r, B> Round<'r, B> {
                         }
                     }
                 }
-                for j in (0..n).filter(|&j| j != me && agreed[j].is_some() && !holds(j)) {
+                let waits = !a_laggard_there(&agreed);
+                for j in (0..n).filter(|&j| waits && j != me && agreed[j].is_some() && !holds(j)) {
                     let len = self.slot_len(k, j);
                     for peer in claimants(j).into_iter().take(f + 1) {
                         recvs.push(RecvOp {

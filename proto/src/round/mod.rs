@@ -383,6 +383,8 @@ pub struct Round<'r, B> {
     carried: Vec<Rank>,
     /// [`Carry::laggards`].
     laggards: Vec<Rank>,
+    /// [`Carry::own_late`].
+    own_late: u32,
     /// The step timeouts an honest rank may start this round later than this one
     /// ([`Carry::lag`]).
     lag_in: u32,
@@ -431,6 +433,12 @@ pub struct Carry {
     /// grace waits for the other senders alone, so a rank that is always late does not cost
     /// a grace every round. A laggard whose input comes in time is taken as any other.
     pub laggards: Vec<Rank>,
+    /// How many robust rounds in a row, up to the last, this rank was itself behind: its own
+    /// input left out by the agreement, or its round failed for want of inputs
+    /// ([`Health::own_late`](crate::Health::own_late)). Its peers then count it a laggard, as
+    /// it counts them, and under [`Agreement::Enforce`] pass it nothing it lacks; so where it
+    /// is one again, it waits for nothing to be passed on (module `enforce`).
+    pub own_late: u32,
 }
 
 impl<B> std::fmt::Debug for Round<'_, B> {
@@ -503,6 +511,7 @@ impl<'r, B> Round<'r, B> {
             echo_differs: Vec::new(),
             carried: erased.iter().map(|f| f.rank).collect(),
             laggards: carry.laggards.clone(),
+            own_late: carry.own_late,
             lag_in: carry.lag,
             saw_missing: false,
             measured: None,
