@@ -183,22 +183,26 @@ impl Health {
         })
     }
 
-    /// How many robust rounds in a row, up to the last, this rank was itself behind: the
-    /// agreement left its own input out ([`RoundReport::erased_self`]), or the round failed
-    /// for want of inputs ([`crate::Error::TooManyFaults`]). Its peers see it late as it sees
-    /// a laggard ([`LAGGARD_ROUNDS`]); `Carry::own_late` takes it into the next round.
+    /// How many robust rounds in a row, up to the last, the agreement left this rank's own
+    /// input out ([`RoundReport::erased_self`], whether or not the round then succeeded): it
+    /// was late at its peers, who count it a laggard after [`LAGGARD_ROUNDS`] such rounds as
+    /// it counts them ([`Health::note_own_input`]); `Carry::own_late` takes it into the next
+    /// round.
     pub fn own_late(&self) -> u32 {
         self.own_late
     }
 
-    /// Records what one robust call (all its sub-rounds) showed of the peers, and of this
-    /// rank ([`Health::own_late`]).
-    pub fn record(&mut self, outcome: &Result<RoundReport>) {
-        self.own_late = match outcome {
-            Ok(report) if !report.erased_self => 0,
-            Ok(_) | Err(crate::Error::TooManyFaults { .. }) => self.own_late.saturating_add(1),
-            Err(_) => self.own_late,
+    /// Notes whether the agreement left this rank's own input out of a robust round that ran
+    /// ([`Health::own_late`]).
+    pub fn note_own_input(&mut self, left_out: bool) {
+        self.own_late = match left_out {
+            true => self.own_late.saturating_add(1),
+            false => 0,
         };
+    }
+
+    /// Records what one robust call (all its sub-rounds) showed of the peers.
+    pub fn record(&mut self, outcome: &Result<RoundReport>) {
         let (faults, disagreeing): (&[PeerFault], &[Rank]) = match outcome {
             Ok(report) => (
                 &report.faults,
@@ -361,33 +365,18 @@ mod tests {
     #[test]
     fn this_rank_s_own_lateness_counts_rounds_in_a_row() {
         let mut h = Health::new(4);
-        let erased = Ok(RoundReport {
-            erased_self: true,
-            ..RoundReport::default()
-        });
-        h.record(&erased);
-        h.record(&erased);
+        h.note_own_input(true);
+        h.note_own_input(true);
         assert_eq!(h.own_late(), 2);
-        h.record(&Err(crate::Error::TooManyFaults {
-            source: byzcoll_aggregators::AggError::Precondition {
-                rule: "median".into(),
-                requirement: "n > 2f",
-                n: 1,
-                f: 1,
-            },
-            faults: vec![],
-        }));
-        assert_eq!(h.own_late(), 3);
+        // A round's outcome says nothing of it: a round that failed for other peers' faults
+        // does not make this rank late.
         h.record(&Err(crate::Error::InvalidUsage(
             "a caller's mistake".into(),
         )));
-        assert_eq!(
-            h.own_late(),
-            3,
-            "an error that says nothing of lateness keeps it"
-        );
-        assert_eq!(h.of_members(&[0, 1]).own_late(), 3);
-        h.record(&report(&[], &[]));
+        h.record(&report(&[(1, Fault::Missing)], &[]));
+        assert_eq!(h.own_late(), 2);
+        assert_eq!(h.of_members(&[0, 1]).own_late(), 2);
+        h.note_own_input(false);
         assert_eq!(h.own_late(), 0, "a round with its own input in ends it");
     }
 

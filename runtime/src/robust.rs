@@ -384,6 +384,7 @@ impl Communicator {
             );
         }
         carry.lag = round.lag();
+        self.health.note_own_input(round.erased_self());
         let mut report = round.finish()?;
         if let Some(found) = report.agreement.as_ref().filter(|a| {
             !a.disagreeing.is_empty()

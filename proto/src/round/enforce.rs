@@ -110,9 +110,9 @@ impl<'r, B> Round<'r, B> {
     /// about seven inputs per round from every fast rank, until their send budgets cut it off
     /// some 70 rounds behind. So a rank that its peers count as a laggard late this round, as
     /// far as it can tell (its own input left out again after [`LAGGARD_ROUNDS`] rounds
-    /// behind, [`Carry::own_late`], and not at a probe), waits for nothing to be passed on: it
-    /// fails at once for an agreed input it lacks (its sender's message dropped as it fell
-    /// behind, say) rather than at the step's deadline, and so catches up. Elsewhere a rank
+    /// behind, [`Carry::own_late`], and not at a probe), waits for nothing to be passed on: an
+    /// agreed input it lacks (its sender's message dropped as it fell behind, say) is not
+    /// waited for until the step's deadline, so it catches up. Elsewhere a rank
     /// that lacks an input waits for it until its deadline and fails loudly if none comes.
     pub(super) fn post_recovery(&mut self) {
         let (me, n) = (self.spec.me, self.spec.n);

@@ -433,9 +433,8 @@ pub struct Carry {
     /// grace waits for the other senders alone, so a rank that is always late does not cost
     /// a grace every round. A laggard whose input comes in time is taken as any other.
     pub laggards: Vec<Rank>,
-    /// How many robust rounds in a row, up to the last, this rank was itself behind: its own
-    /// input left out by the agreement, or its round failed for want of inputs
-    /// ([`Health::own_late`](crate::Health::own_late)). Its peers then count it a laggard, as
+    /// How many robust rounds in a row, up to the last, the agreement left this rank's own
+    /// input out ([`Health::own_late`](crate::Health::own_late)). Its peers then count it a laggard, as
     /// it counts them, and under [`Agreement::Enforce`] pass it nothing it lacks; so where it
     /// is one again, it waits for nothing to be passed on (module `enforce`).
     pub own_late: u32,
@@ -658,6 +657,13 @@ impl<'r, B> Round<'r, B> {
             }
             Phase::Done => unreachable!("no step is posted when done"),
         }
+    }
+
+    /// Whether the agreement left this rank's own input (or version) out of the round
+    /// ([`RoundReport::erased_self`]), known even where the round then fails: for the fault
+    /// memory's count of this rank's own rounds behind (`Health::note_own_input`).
+    pub fn erased_self(&self) -> bool {
+        self.report.erased_self
     }
 
     /// The round's report or error, once [`Round::step`] is `None`.

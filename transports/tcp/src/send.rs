@@ -27,7 +27,8 @@
 //!   frame of that stream up to the notice's key that the peer has not had by then is
 //!   dropped), then the new frame. The peer's receives for those keys end at once
 //!   (`Missing`) when it reaches them, so it catches up with this rank instead of being cut
-//!   off; the queue stays within the budget.
+//!   off. The queue then holds the notices and the new frame, besides a frame being written:
+//!   within the budget but for those.
 //! - **Gone**: it read nothing for a whole step timeout (hung, stopped, or Byzantine). The
 //!   peer fails: its queued frames are dropped, its connection is shut down, its mailbox slot
 //!   is closed (its receives are `Missing`, so rounds name it), and every later send to it
@@ -209,6 +210,10 @@ struct WriterState {
     failed: Option<SendError>,
     /// Set when the transport drops: the writer task ends once the queue is empty.
     closing: bool,
+    /// The last key of each stream that a skip notice told the peer to skip: a later send at
+    /// or below it (a step sending its tags out of order) is skipped too, never delivered
+    /// after the notice that covers it.
+    skipped: Vec<MsgKey>,
 }
 
 impl Writer {
@@ -229,6 +234,7 @@ impl Writer {
                 mac,
                 failed: None,
                 closing: false,
+                skipped: Vec::new(),
             }),
             queued: Notify::new(),
             task: OnceLock::new(),
@@ -289,6 +295,9 @@ impl Writer {
         if let Some(why) = &state.failed {
             return Err(why.clone());
         }
+        if skipped(&state, key) {
+            return Err(SendError::Skipped);
+        }
         let charge = charge(payload.len());
         if state.queued != 0 && state.queued.saturating_add(charge) > budget {
             if self.idle() > patience {
@@ -302,6 +311,9 @@ impl Writer {
                 return Err(why);
             }
             self.skip_backlog(&mut state);
+            if skipped(&state, key) {
+                return Err(SendError::Skipped);
+            }
         }
         let head = seal(&mut state, &header, &payload);
         let mut offset = 0;
@@ -370,6 +382,16 @@ impl Writer {
             "tcp transport: the peer fell behind; dropping the frames it has not read (it \
              skips them)"
         );
+        for &key in &last {
+            match state
+                .skipped
+                .iter_mut()
+                .find(|k| k.stream() == key.stream())
+            {
+                Some(k) => *k = (*k).max(key),
+                None => state.skipped.push(key),
+            }
+        }
         for key in last {
             let header = skip_notice(key, self.me);
             let head = seal(state, &header, &[]);
@@ -422,6 +444,14 @@ fn fail(state: &mut WriterState, why: SendError) -> VecDeque<Outgoing> {
     state.failed.get_or_insert(why);
     state.queued = 0;
     std::mem::take(&mut state.queue)
+}
+
+/// Whether `key` is at or below the last key a skip notice named for its stream.
+fn skipped(state: &WriterState, key: MsgKey) -> bool {
+    state
+        .skipped
+        .iter()
+        .any(|k| k.stream() == key.stream() && key <= *k)
 }
 
 /// `header` with its MAC behind it where frames carry one (over `header` and `payload`); under
