@@ -439,30 +439,27 @@ fn late_relays_coming_first_do_not_cut_relays_in_time() {
     });
 }
 
-/// Under `Enforce` nothing is passed on to a laggard late this round: it got the inputs before
-/// it posted its steps, and passing each one on to it, round after round, was what cut a 10x
-/// slower rank off (the fast ranks' send budgets). Rank 3 of 4, a laggard at the others,
-/// starts 500 ms late: the others send it no input in the recovery step, and every rank,
-/// rank 3 included, returns the median of ranks 0 to 2.
-#[test]
-fn nothing_is_passed_on_to_a_late_laggard() {
+/// The start of rank 3 of 4 in [`late_laggard_round`]: 500 ms after the others.
+const LAGGARD_START: Duration = Duration::from_millis(500);
+
+/// One `Enforce` round of 4 ranks (`d = 6`, median with `f = 1`, one straggler allowed) in
+/// which rank 3, a laggard at the others ([`Carry::laggards`]) that counts itself `own_late`
+/// rounds behind, starts [`LAGGARD_START`] late, over `net`.
+fn late_laggard_round(own_late: u32, net: &harness::Network<'_>) -> Vec<harness::Ended> {
     use byzcoll_proto::round::{Carry, Round};
-    use std::cell::Cell;
     let (n, d) = (4, 6);
     let rule = Median::new(1);
-    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
     let carry = |me: usize| Carry {
         laggards: if me != 3 { vec![3] } else { vec![] },
+        own_late: if me == 3 { own_late } else { 0 },
         ..Carry::default()
     };
     let planes = (0..n)
-        .map(|r| harness::TestPlane::new(r, n, inputs[r].clone()))
+        .map(|r| harness::TestPlane::new(r, n, input(r, d)))
         .collect();
     let mut starts = vec![Duration::ZERO; n];
-    starts[3] = Duration::from_millis(500);
-    // Whole inputs sent to rank 3 after the gather step (step 2 is the recovery).
-    let passed_on = Cell::new(0);
-    let ended = harness::run_rounds(
+    starts[3] = LAGGARD_START;
+    harness::run_rounds(
         |me| {
             let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
             s.stragglers = 1;
@@ -470,15 +467,30 @@ fn nothing_is_passed_on_to_a_late_laggard() {
         },
         planes,
         &starts,
-        &|_from, to, step, _, bytes| {
-            if to == 3 && step == 2 && bytes.len() == 4 * d {
-                passed_on.set(passed_on.get() + 1);
-            }
-            Fate::After(MS)
-        },
-    );
+        net,
+    )
+}
+
+/// Under `Enforce` nothing is passed on to a laggard late this round: it got the inputs before
+/// it posted its steps, and passing each one on to it, round after round, was what cut a 10x
+/// slower rank off (the fast ranks' send budgets). Rank 3 of 4, a laggard at the others,
+/// starts 500 ms late: the others send it no input in the recovery step, and every rank,
+/// rank 3 included, returns the median of ranks 0 to 2.
+#[test]
+fn nothing_is_passed_on_to_a_late_laggard() {
+    use std::cell::Cell;
+    let d = 6;
+    // Whole inputs sent to rank 3 after the gather step (step 2 is the recovery).
+    let passed_on = Cell::new(0);
+    let ended = late_laggard_round(0, &|_from, to, step, _, bytes| {
+        if to == 3 && step == 2 && bytes.len() == 4 * d {
+            passed_on.set(passed_on.get() + 1);
+        }
+        Fate::After(MS)
+    });
     assert_eq!(passed_on.get(), 0);
-    let want = bits(&reference(&inputs[..3], &rule));
+    let inputs: Vec<Vec<f32>> = (0..3).map(|r| input(r, d)).collect();
+    let want = bits(&reference(&inputs, &Median::new(1)));
     for (me, e) in ended.iter().enumerate() {
         let report = e
             .result
@@ -497,35 +509,13 @@ fn nothing_is_passed_on_to_a_late_laggard() {
 /// either way.
 #[test]
 fn a_laggard_that_knows_it_is_one_waits_for_nothing_to_be_passed_on() {
-    use byzcoll_proto::round::{Carry, Round};
-    let (n, d) = (4, 6);
-    let rule = Median::new(1);
-    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-    let want = bits(&reference(&inputs[..3], &rule));
+    let inputs: Vec<Vec<f32>> = (0..3).map(|r| input(r, 6)).collect();
+    let want = bits(&reference(&inputs, &Median::new(1)));
     for own_late in [2, 0] {
-        let carry = |me: usize| Carry {
-            laggards: if me != 3 { vec![3] } else { vec![] },
-            own_late: if me == 3 { own_late } else { 0 },
-            ..Carry::default()
-        };
-        let planes = (0..n)
-            .map(|r| harness::TestPlane::new(r, n, inputs[r].clone()))
-            .collect();
-        let mut starts = vec![Duration::ZERO; n];
-        starts[3] = Duration::from_millis(500);
-        let ended = harness::run_rounds(
-            |me| {
-                let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
-                s.stragglers = 1;
-                Round::resuming(s, &rule, &carry(me))
-            },
-            planes,
-            &starts,
-            &|from, to, step, _, _| match (from, to, step) {
-                (0, 3, 0) => Fate::Dropped,
-                _ => Fate::After(MS),
-            },
-        );
+        let ended = late_laggard_round(own_late, &|from, to, step, _, _| match (from, to, step) {
+            (0, 3, 0) => Fate::Dropped,
+            _ => Fate::After(MS),
+        });
         for (me, e) in ended.iter().enumerate().take(3) {
             assert!(
                 e.result.is_ok(),
@@ -540,7 +530,7 @@ fn a_laggard_that_knows_it_is_one_waits_for_nothing_to_be_passed_on() {
             "own_late {own_late}: {:?}",
             straggler.result
         );
-        let waited = straggler.at - starts[3];
+        let waited = straggler.at - LAGGARD_START;
         if own_late == 2 {
             assert!(
                 waited < Duration::from_millis(100),
