@@ -369,10 +369,7 @@ impl Writer {
         }
         let mut last: Vec<MsgKey> = Vec::new();
         for f in &dropped {
-            match last.iter_mut().find(|k| k.stream() == f.key.stream()) {
-                Some(k) => *k = (*k).max(f.key),
-                None => last.push(f.key),
-            }
+            raise_mark(&mut last, f.key);
         }
         tracing::warn!(
             peer = self.peer,
@@ -383,14 +380,7 @@ impl Writer {
              skips them)"
         );
         for &key in &last {
-            match state
-                .skipped
-                .iter_mut()
-                .find(|k| k.stream() == key.stream())
-            {
-                Some(k) => *k = (*k).max(key),
-                None => state.skipped.push(key),
-            }
+            raise_mark(&mut state.skipped, key);
         }
         for key in last {
             let header = skip_notice(key, self.me);
@@ -444,6 +434,14 @@ fn fail(state: &mut WriterState, why: SendError) -> VecDeque<Outgoing> {
     state.failed.get_or_insert(why);
     state.queued = 0;
     std::mem::take(&mut state.queue)
+}
+
+/// Raises the mark of `key`'s stream in `marks` (one key per stream, the highest) to `key`.
+fn raise_mark(marks: &mut Vec<MsgKey>, key: MsgKey) {
+    match marks.iter_mut().find(|k| k.stream() == key.stream()) {
+        Some(k) => *k = (*k).max(key),
+        None => marks.push(key),
+    }
 }
 
 /// Whether `key` is at or below the last key a skip notice named for its stream.
