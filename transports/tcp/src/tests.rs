@@ -1114,8 +1114,8 @@ async fn a_peer_that_falls_behind_skips_what_it_did_not_read_and_catches_up() {
 
 /// A rank paused long enough for the others to run many rounds of large vectors ahead comes
 /// back in step instead of being cut off: 4 ranks with a straggler allowed, under `Enforce`
-/// and `Detect`, 2 MiB vectors; rank 3 sleeps 6 s before round 2 while the others go on (a
-/// pause between their rounds). Past the socket buffers and the budget, the others drop what
+/// and `Detect`, 2 MiB vectors; rank 3 pauses before round 2 until the others have gone 16
+/// rounds on (a pause between their rounds). Past the socket buffers and the budget, the others drop what
 /// rank 3 has not read for skip notices (it read within the step timeout: behind, not gone).
 /// Rank 3 then fails the rounds whose messages were dropped (without waiting a deadline:
 /// under `Enforce` it waits for nothing to be passed on once its peers count it a laggard),
@@ -1131,8 +1131,12 @@ async fn a_rank_far_behind_skips_the_rounds_it_missed_and_comes_back_in_step() {
 
 async fn far_behind_comes_back(agreement: byzcoll_runtime::Agreement) {
     use byzcoll_runtime::Stragglers;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let (n, rounds, d) = (4, 30, 1 << 19);
     let timeout = Duration::from_secs(10);
+    // Rounds rank 0 has ended: rank 3's pause lasts until the others are 16 rounds (32 MiB)
+    // ahead, far past the budget and the socket buffers however loaded the machine is.
+    let ended = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = world(n)
         .await
         .into_iter()
@@ -1152,12 +1156,18 @@ async fn far_behind_comes_back(agreement: byzcoll_runtime::Agreement) {
                 factor: 1,
             };
             let mut c = Communicator::new(t, config);
+            let ended = ended.clone();
             tokio::spawn(async move {
                 let me = c.rank();
                 let mut log = Vec::new();
                 for round in 0..rounds {
                     if me == 3 && round == 2 {
-                        tokio::time::sleep(Duration::from_secs(6)).await;
+                        let paused = std::time::Instant::now();
+                        while ended.load(Ordering::Relaxed) < round + 16
+                            && paused.elapsed() < Duration::from_secs(120)
+                        {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
                     }
                     let mut v = vec![(me * 7 + round) as f32; d];
                     let start = std::time::Instant::now();
@@ -1168,6 +1178,9 @@ async fn far_behind_comes_back(agreement: byzcoll_runtime::Agreement) {
                         start.elapsed(),
                         r.map(|_| (v[0].to_bits(), v[d - 1].to_bits())),
                     ));
+                    if me == 0 {
+                        ended.store(round + 1, Ordering::Relaxed);
+                    }
                     if me != 3 {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
