@@ -92,7 +92,7 @@ use byzcoll_proto::{
     Agreement, AgreementReport, Error, Grace, PeerFault, Rank, Replicas, Stragglers,
 };
 
-pub use audits::{AuditRun, AuditSim, Lying};
+pub use audits::{AuditRound, AuditRun, AuditSim, Lying, ALL_CHECK, CHECKERS};
 pub use data::{DataSet, Mismatch, Reference, Verdict};
 pub use faults::{
     attack_by_name, Adversary, Crash, Deaths, Delay, Faults, Lie, Slow, Stall, ATTACKS, MAX_DELAY,

@@ -75,6 +75,9 @@ pub enum Footprint {
     /// Vectors forged per destination by equivocating ranks and lying owners, `O(K·n·d)` in
     /// gather mode. Grows with the number of Byzantine ranks and the vector size.
     Forged,
+    /// Audited rounds' evidence: every rank's signed piece of the shards being simulated,
+    /// `O(n·(shard + 32·m))` per core, and the round's proofs, `O(n·m)` each.
+    Evidence,
 }
 
 impl fmt::Display for Footprint {
@@ -84,6 +87,7 @@ impl fmt::Display for Footprint {
             Footprint::Vectors => "the vectors, O(n*d)",
             Footprint::Statistics => "the distance statistics of sharded rounds, O(r*n^3)",
             Footprint::Forged => "the vectors forged per destination, O(K*n*d)",
+            Footprint::Evidence => "the audits' signed pieces and proofs, O(n*(shard+32*m))",
         })
     }
 }
