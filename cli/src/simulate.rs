@@ -13,6 +13,8 @@ use clap::{Args, ValueEnum};
 
 use crate::check_f;
 
+mod audited;
+
 /// `byzcoll simulate`: data mode (real vectors, real rules, checked against the gather-mode
 /// reference) or `--predict` (timing table over vector sizes).
 #[derive(Debug, Args)]
@@ -64,7 +66,7 @@ pub(crate) struct SimulateArgs {
         "d", "mode", "replicas", "check", "timeout_ms", "loss", "delay_us", "crash", "stall",
         "byzantine", "attack", "lying_owners", "lie", "seed", "equivocate", "rounds",
         "stragglers", "grace_ms", "grace_factor", "slow_ranks", "slow_delay", "deaths",
-        "rejoin",
+        "rejoin", "framers", "lie_on", "sub_chunks", "audit_samples", "audit_owners", "seeds",
     ])]
     predict: bool,
     /// Timing mode: vector sizes in bytes instead of the 1 MiB..1 GiB sweep, comma-separated;
@@ -197,6 +199,33 @@ pub(crate) struct SimulateArgs {
     /// lower. Parallel predictions share it: larger worlds run on fewer threads.
     #[arg(long, value_name = "GIB", default_value_t = DEFAULT_MAX_MEMORY_GIB, value_parser = clap::value_parser!(u64).range(1..=MAX_MEMORY_GIB))]
     max_memory_gib: u64,
+    /// Audited mode: K ranks (those just below the --lying-owners) send a forged accusation
+    /// against a random honest owner every round; liars and framers together at most f.
+    #[arg(long, value_name = "K", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    framers: u32,
+    /// Audited mode: where the --lying-owners lie: everywhere (every sub-chunk of their shard,
+    /// every round), sub-chunks:L (L random sub-chunks each round), rounds:Q (everywhere, in
+    /// each round with probability Q) or unwatched:L (L sub-chunks, first those no auditor
+    /// asked for the round before).
+    #[arg(long, value_name = "WHERE", default_value = "everywhere", value_parser = audited::parse_lying)]
+    lie_on: byzcoll_sim::Lying,
+    /// Audited mode: the sub-chunks a shard is cut into for commitments, 1 to 4096 (the
+    /// runtime's 64 by default).
+    #[arg(long, value_name = "M", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    sub_chunks: u32,
+    /// Audited mode: the sub-chunks an auditor replays of each owner it audits, 1 to
+    /// --sub-chunks (1 by default, the runtime's).
+    #[arg(long, value_name = "S", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    audit_samples: u32,
+    /// Audited mode: the owners each rank audits per round, 1 to n - 1 (by default the fewest
+    /// that catch an owner lying everywhere in its first round with probability 1 - 10^-6, as
+    /// the runtime).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    audit_owners: Option<u32>,
+    /// Audited mode: run seeds --seed to --seed + N - 1, 1 to 1000 (each round's lines are
+    /// printed for one seed only).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    seeds: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -209,6 +238,10 @@ enum SimMode {
     Sharded,
     /// Ring SUM all-reduce only (not robust).
     Ring,
+    /// Audited sharded rounds (one owner per shard, PROTOCOL.md "Audited sharding") with the
+    /// real evidence: every piece and claim signed with Ed25519, audits drawn after the claims,
+    /// every proof checked; --rounds rounds (10 by default) per --seeds seed.
+    Audited,
 }
 
 impl SimMode {
@@ -219,6 +252,7 @@ impl SimMode {
             SimMode::Gather => "gather",
             SimMode::Sharded => "sharded",
             SimMode::Ring => "ring",
+            SimMode::Audited => "audited",
         }
     }
 }
@@ -380,6 +414,20 @@ impl SimulateArgs {
         self.rounds.is_some() || self.slow_ranks.is_some() || self.deaths.is_some()
     }
 
+    /// The first flag of audited mode given to another mode, if any.
+    fn audit_flag(&self) -> Option<&'static str> {
+        [
+            (self.framers != 0, "--framers"),
+            (self.lie_on != byzcoll_sim::Lying::Everywhere, "--lie-on"),
+            (self.sub_chunks != 64, "--sub-chunks"),
+            (self.audit_samples != 1, "--audit-samples"),
+            (self.audit_owners.is_some(), "--audit-owners"),
+            (self.seeds != 1, "--seeds"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+
     /// The quorum's grace.
     fn grace(&self) -> byzcoll::Grace {
         byzcoll::Grace {
@@ -449,6 +497,12 @@ pub(crate) fn simulate(args: &SimulateArgs) -> Result<ExitCode, String> {
     if args.predict {
         predict(args, &label, &network, rule.as_deref())?;
         return Ok(ExitCode::SUCCESS);
+    }
+    if args.mode == SimMode::Audited {
+        return audited::simulate_audited(args);
+    }
+    if let Some(flag) = args.audit_flag() {
+        return Err(format!("{flag} applies to --mode audited"));
     }
     if args.dtype == SimDType::F64 {
         return Err(

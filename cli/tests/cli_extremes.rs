@@ -282,6 +282,34 @@ fn no_numeric_flag_of_any_subcommand_panics() {
         }
     }
 
+    // Audited mode, one round: the audits' own flags and the liars.
+    let audited = [
+        "simulate", "--ranks", "4", "--d", "256", "--rule", "median", "--f", "1", "--mode",
+        "audited", "--rounds", "1",
+    ];
+    for flag in [
+        "--framers",
+        "--sub-chunks",
+        "--audit-samples",
+        "--audit-owners",
+        "--seeds",
+        "--lying-owners",
+    ] {
+        runs += sweep(&audited, flag, &[]);
+    }
+    for value in EXTREMES {
+        for spec in [
+            format!("--lie-on=sub-chunks:{value}"),
+            format!("--lie-on=unwatched:{value}"),
+            format!("--lie-on=rounds:{value}"),
+        ] {
+            let mut args = strings(&audited);
+            args.extend([spec, "--lying-owners".into(), "1".into()]);
+            no_panic(&args);
+            runs += 1;
+        }
+    }
+
     // simulate --predict.
     let predict = ["simulate", "--predict", "--ranks", "4", "--bytes", "4096"];
     for flag in [

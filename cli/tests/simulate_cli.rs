@@ -576,3 +576,156 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}\n{stderr}");
 }
+
+#[test]
+fn audited_mode_convicts_every_liar_in_time_and_refutes_every_framer_over_seeds() {
+    // Two owners lying on 8 of 64 sub-chunks where they were not asked the round before, one
+    // framer; the odds predict conviction within 3 rounds at 8 samples per audit.
+    let args = [
+        "--mode",
+        "audited",
+        "--ranks",
+        "8",
+        "--d",
+        "512",
+        "--rule",
+        "median",
+        "--f",
+        "3",
+        "--lying-owners",
+        "2",
+        "--lie-on",
+        "unwatched:8",
+        "--lie",
+        "nan",
+        "--framers",
+        "1",
+        "--audit-samples",
+        "8",
+        "--rounds",
+        "6",
+        "--seeds",
+        "3",
+        "--seed",
+        "40",
+        "--check",
+    ];
+    let out = simulate(&args);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    for needle in [
+        "audited rounds: n = 8, d = 512 (shards of 64 elements in 64 sub-chunks), rule median",
+        "each rank audits 7 owners, 8 sub-chunks each",
+        "2 lying owners (on 8 sub-chunks its auditors did not ask for before, nan), 1 framers",
+        "seeds 40 to 42",
+        "OK: every liar convicted within its predicted rounds",
+    ] {
+        assert!(stdout.contains(needle), "{needle:?} not in\n{stdout}");
+    }
+    let seeds: Vec<&str> = stdout.lines().filter(|l| l.starts_with("seed ")).collect();
+    assert_eq!(seeds.len(), 3, "{stdout}");
+    for line in seeds {
+        for needle in [
+            "liar 6 convicted in round",
+            "liar 7 convicted in round",
+            "predicted by round 3",
+            "honest owners convicted: 0",
+            "forged proofs refuted: 6, standing: 0",
+            "rounds with split verdicts: 0",
+        ] {
+            assert!(line.contains(needle), "{needle:?} not in {line}");
+        }
+    }
+    // Rounds are printed for one seed only.
+    assert!(!stdout.contains("round 1:"), "{stdout}");
+    let one = simulate(&args[..args.len() - 5]);
+    let (stdout, _) = text(&one);
+    assert!(one.status.success(), "{stdout}");
+    assert_eq!(stdout.matches("  round ").count(), 6, "{stdout}");
+}
+
+#[test]
+fn audited_mode_refuses_what_it_does_not_model_in_one_line() {
+    let world = [
+        "--mode", "audited", "--ranks", "8", "--d", "512", "--rule", "median", "--f", "3",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        world.iter().chain(extra).copied().collect()
+    };
+    fails(&with(&["--loss", "0.1"]), 1, &["does not model --loss"]);
+    fails(
+        &with(&["--agreement", "enforce"]),
+        1,
+        &["audited rounds run under detect"],
+    );
+    fails(&with(&["--dtype", "bf16"]), 1, &["carries f32"]);
+    fails(
+        &with(&["--byzantine", "1"]),
+        1,
+        &["--lying-owners and --framers"],
+    );
+    fails(
+        &[
+            "--mode", "audited", "--ranks", "8", "--d", "500", "--rule", "median", "--f", "3",
+        ],
+        1,
+        &["must be a multiple of 8 and at least 512"],
+    );
+    fails(
+        &with(&["--audit-samples", "65"]),
+        1,
+        &["more than the 64 sub-chunks"],
+    );
+    fails(
+        &with(&["--audit-owners", "8"]),
+        1,
+        &["at most the 7 other owners"],
+    );
+    fails(
+        &with(&["--lying-owners", "3", "--framers", "1"]),
+        1,
+        &["4 Byzantine ranks (liars and framers) but f = 3"],
+    );
+    fails(
+        &with(&["--lying-owners", "9"]),
+        1,
+        &["more ranks than n = 8"],
+    );
+    fails(
+        &[
+            "--mode", "audited", "--ranks", "8", "--d", "512", "--rule", "krum", "--f", "1",
+        ],
+        1,
+        &["coordinate-wise"],
+    );
+    fails(
+        &with(&["--lying-owners", "1", "--lie", "equivocate"]),
+        1,
+        &["cannot equivocate"],
+    );
+    fails(
+        &with(&["--lying-owners", "1", "--lie-on", "sub-chunks:65"]),
+        1,
+        &["1 to 64"],
+    );
+    fails(
+        &[
+            "--ranks",
+            "8",
+            "--rule",
+            "median",
+            "--f",
+            "3",
+            "--framers",
+            "1",
+        ],
+        1,
+        &["--framers applies to --mode audited"],
+    );
+    fails(
+        &with(&["--lie-on", "sometimes"]),
+        2,
+        &["everywhere, sub-chunks:L, rounds:Q or unwatched:L"],
+    );
+}

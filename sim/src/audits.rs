@@ -34,7 +34,7 @@ use rand::rngs::StdRng;
 use rand::seq::index::sample;
 use rand::{Rng, SeedableRng};
 
-use crate::SimError;
+use crate::{Lie, SimError};
 
 /// Worlds of at most this many ranks have every honest rank check every proof.
 pub const ALL_CHECK: usize = 16;
@@ -113,6 +113,9 @@ pub struct AuditSim {
     pub seed: u64,
     /// The lying owners.
     pub liars: Vec<(Rank, Lying)>,
+    /// What a liar puts in the sub-chunks it lies on: the negated values ([`Lie::SignFlip`])
+    /// or NaN ([`Lie::Nan`]). An owner signs one claim, so [`Lie::Equivocate`] is refused.
+    pub lie: Lie,
     /// Ranks that send a forged accusation against a random honest owner every round.
     pub framers: Vec<Rank>,
 }
@@ -309,8 +312,13 @@ impl RoundCtx<'_> {
         let inputs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
         let mut result = replayed(self.rule, &inputs)?;
         for &j in lies {
-            let at = sub_range(sim.shard, m, j).start * 4;
-            result[at + 3] ^= 0x40; // a different value at the sub-chunk's first element
+            let r = sub_range(sim.shard, m, j);
+            for value in result[r.start * 4..r.end * 4].chunks_exact_mut(4) {
+                match sim.lie {
+                    Lie::Nan => value.copy_from_slice(&f32::NAN.to_le_bytes()),
+                    _ => value[3] ^= 0x80, // the sign bit
+                }
+            }
         }
         let signed = (0..sim.n)
             .map(|p| SignedPiece::sign(&self.keys[p], &self.call, p, o, &pieces[p], 4, m))
@@ -399,6 +407,13 @@ impl AuditSim {
                 "audits replay sub-chunks, which only a coordinate-wise rule allows, not {}",
                 self.rule
             )));
+        }
+        if self.lie == Lie::Equivocate {
+            return Err(SimError::Unsupported(
+                "an audited owner signs one claim, which its takers check: it lies with \
+                 signflip or nan, it cannot equivocate"
+                    .into(),
+            ));
         }
         if m == 0 || self.audit.samples == 0 {
             return invalid("an audit needs at least 1 sub-chunk and 1 sample".into());
@@ -632,6 +647,7 @@ mod tests {
             rounds,
             seed,
             liars,
+            lie: Lie::SignFlip,
             framers: vec![3],
         }
     }
@@ -703,6 +719,7 @@ mod tests {
             rounds: 2,
             seed: 3,
             liars: vec![(17, Lying::Everywhere), (900, Lying::Unwatched(32))],
+            lie: Lie::Nan,
             framers: vec![18],
         }
         .run()
@@ -714,6 +731,38 @@ mod tests {
         assert_eq!(run.rounds[0].checkers, CHECKERS);
         // Every honest rank (all but the three Byzantine ones) audits 21 owners a round.
         assert_eq!(run.audits, 2 * 1021 * 21, "{run:?}");
+    }
+
+    #[test]
+    fn check_names_the_first_guarantee_that_does_not_hold() {
+        let late = AuditRun {
+            convicted: vec![(4, Some(3)), (5, None)],
+            predicted: vec![(4, Some(2)), (5, None)],
+            ..AuditRun::default()
+        };
+        assert!(late
+            .check()
+            .unwrap_err()
+            .contains("liar 4 convicted in round Some(3)"));
+        let framed = AuditRun {
+            honest_convicted: vec![2],
+            ..AuditRun::default()
+        };
+        assert!(framed
+            .check()
+            .unwrap_err()
+            .contains("honest owners convicted: [2]"));
+        let standing = AuditRun {
+            framings_standing: 1,
+            ..AuditRun::default()
+        };
+        assert!(standing.check().unwrap_err().contains("not refuted"));
+        let split = AuditRun {
+            split_rounds: 1,
+            ..AuditRun::default()
+        };
+        assert!(split.check().unwrap_err().contains("split verdicts"));
+        assert_eq!(AuditRun::default().check(), Ok(()));
     }
 
     #[test]
@@ -744,6 +793,13 @@ mod tests {
         s.f = 4;
         s.framers = vec![];
         assert!(matches!(s.run(), Err(SimError::Precondition(_))));
+        s.f = 1;
+        s.lie = Lie::Equivocate;
+        assert!(
+            bad(s.clone()).contains("cannot equivocate"),
+            "{}",
+            bad(s.clone())
+        );
         s.n = 1;
         s.f = 0;
         assert!(bad(s.clone()).contains("at least 2"), "{}", bad(s));
