@@ -263,7 +263,13 @@ typedef enum byzcoll_status_t {
   /**
    * The other ranks shrank the communicator without this rank (`byzcoll_comm_shrink`).
    */
-  BYZCOLL_EXCLUDED = 13
+  BYZCOLL_EXCLUDED = 13,
+  /**
+   * This rank fell behind its peers, which dropped this call's messages to it and went on:
+   * the call has no result here, and the peers are not at fault. Later calls take part as
+   * usual.
+   */
+  BYZCOLL_FELL_BEHIND = 14
 } byzcoll_status_t;
 
 /**

@@ -267,6 +267,12 @@ impl Out {
                  rank went without it as they did; ",
             );
         }
+        if !round.skipped_by.is_empty() {
+            text.push_str(&format!(
+                "ranks {:?} went on without this rank (it fell behind them); ",
+                round.skipped_by
+            ));
+        }
         if round.unauthenticated {
             text.push_str("UNAUTHENTICATED job; ");
         }

@@ -40,6 +40,10 @@ pub enum byzcoll_status_t {
     BYZCOLL_DEVICE = 12,
     /// The other ranks shrank the communicator without this rank (`byzcoll_comm_shrink`).
     BYZCOLL_EXCLUDED = 13,
+    /// This rank fell behind its peers, which dropped this call's messages to it and went on:
+    /// the call has no result here, and the peers are not at fault. Later calls take part as
+    /// usual.
+    BYZCOLL_FELL_BEHIND = 14,
 }
 
 use byzcoll_status_t::*;
@@ -79,6 +83,7 @@ impl From<Error> for Failure {
             ErrorKind::TooManyFaults => BYZCOLL_TOO_MANY_FAULTS,
             ErrorKind::Disagreement => BYZCOLL_DISAGREEMENT,
             ErrorKind::Excluded => BYZCOLL_EXCLUDED,
+            ErrorKind::FellBehind => BYZCOLL_FELL_BEHIND,
             ErrorKind::Timeout => BYZCOLL_TIMEOUT,
             ErrorKind::Transport => BYZCOLL_TRANSPORT,
             ErrorKind::Unauthenticated => BYZCOLL_UNAUTHENTICATED,
@@ -96,7 +101,7 @@ impl From<Error> for Failure {
 
 /// A static description of a status value.
 pub(crate) fn describe(status: c_int) -> &'static CStr {
-    const ALL: [(byzcoll_status_t, &CStr); 14] = [
+    const ALL: [(byzcoll_status_t, &CStr); 15] = [
         (BYZCOLL_OK, c"success"),
         (BYZCOLL_INVALID_ARGUMENT, c"invalid argument"),
         (
@@ -128,6 +133,10 @@ pub(crate) fn describe(status: c_int) -> &'static CStr {
         (
             BYZCOLL_EXCLUDED,
             c"the other ranks shrank the communicator without this rank",
+        ),
+        (
+            BYZCOLL_FELL_BEHIND,
+            c"this rank fell behind its peers, which went on without it",
         ),
     ];
     ALL.iter()

@@ -265,6 +265,22 @@ pub enum Error {
         /// The ranks kept (in the old communicator's numbering).
         kept: Vec<Rank>,
     },
+    /// This rank fell behind its peers: `skipped_by` dropped this call's messages to it
+    /// unsent and went on (TCP skip notices, `PROTOCOL.md` "TCP transport"), so the call has
+    /// no result here; `cause` is how it failed for want of them. Those peers are not at
+    /// fault ([`Error::faults`] names none of them, and the communicator's health does not
+    /// count them): this rank is the one late. Its later calls take part as usual, and the
+    /// skipped ones are not retried.
+    #[error(
+        "this rank fell behind: ranks {skipped_by:?} dropped this call's messages to it and went \
+         on ({cause})"
+    )]
+    FellBehind {
+        /// The peers that skipped this rank, ascending.
+        skipped_by: Vec<Rank>,
+        /// How the call failed without their messages; its faults leave them out.
+        cause: Box<Error>,
+    },
     /// A collective started through a `CommHandle` did not run: the
     /// communicator's task ended first.
     #[error("background task: {0}")]
@@ -291,6 +307,8 @@ pub enum ErrorKind {
     Excluded,
     /// Peers were missing at the deadline and nothing else went wrong.
     Timeout,
+    /// This rank fell behind its peers, which went on without it ([`Error::FellBehind`]).
+    FellBehind,
     /// Peers misbehaved, or the transport failed.
     Transport,
     /// The job's secret was missing or a peer failed authentication.
@@ -320,6 +338,7 @@ impl Error {
             Error::TooManyFaults { .. } | Error::ShardLost { .. } => ErrorKind::TooManyFaults,
             Error::Disagreement { .. } => ErrorKind::Disagreement,
             Error::Excluded { .. } => ErrorKind::Excluded,
+            Error::FellBehind { .. } => ErrorKind::FellBehind,
             Error::Aggregation(AggError::Precondition { .. }) => ErrorKind::Precondition,
             Error::Aggregation(AggError::InvalidSpec(_) | AggError::LengthMismatch { .. }) => {
                 ErrorKind::InvalidUsage
@@ -343,7 +362,25 @@ impl Error {
             Error::PeerFaults { faults, .. }
             | Error::TooManyFaults { faults, .. }
             | Error::ShardLost { faults, .. } => faults,
+            Error::FellBehind { cause, .. } => cause.faults(),
             _ => &[],
+        }
+    }
+
+    /// [`Error::FellBehind`]: `cause`, with the faults it names of the peers in `skipped_by`
+    /// (erasures of this rank's own lateness) left out.
+    pub fn fell_behind(mut skipped_by: Vec<Rank>, mut cause: Error) -> Error {
+        skipped_by.sort_unstable();
+        skipped_by.dedup();
+        if let Error::PeerFaults { faults, .. }
+        | Error::TooManyFaults { faults, .. }
+        | Error::ShardLost { faults, .. } = &mut cause
+        {
+            faults.retain(|f| skipped_by.binary_search(&f.rank).is_err());
+        }
+        Error::FellBehind {
+            skipped_by,
+            cause: Box::new(cause),
         }
     }
 }
@@ -398,5 +435,36 @@ mod tests {
         for (e, kind) in cases {
             assert_eq!(e.kind(), kind, "{e}");
         }
+    }
+
+    /// A call that failed because peers went on without this rank names them as the ones it
+    /// fell behind, and its cause no longer counts them at fault.
+    #[test]
+    fn falling_behind_names_the_peers_that_went_on_and_blames_none_of_them() {
+        let cause = Error::TooManyFaults {
+            source: AggError::Precondition {
+                rule: "median".into(),
+                n: 2,
+                f: 1,
+                requirement: "n > 2f",
+            },
+            faults: vec![
+                peer(2, Fault::Missing),
+                peer(3, Fault::Malformed("x".into())),
+            ],
+        };
+        let e = Error::fell_behind(vec![2, 0, 2], cause);
+        assert_eq!(e.kind(), ErrorKind::FellBehind);
+        assert_eq!(e.faults(), [peer(3, Fault::Malformed("x".into()))]);
+        let Error::FellBehind { skipped_by, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(skipped_by, &[0, 2]);
+        let text = e.to_string();
+        assert!(
+            text.starts_with("this rank fell behind: ranks [0, 2]"),
+            "{text}"
+        );
+        assert!(text.contains("rank 3"), "{text}");
     }
 }

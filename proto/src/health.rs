@@ -203,18 +203,19 @@ impl Health {
 
     /// Records what one robust call (all its sub-rounds) showed of the peers.
     pub fn record(&mut self, outcome: &Result<RoundReport>) {
-        let (faults, disagreeing): (&[PeerFault], &[Rank]) = match outcome {
+        let (faults, disagreeing, skipped_by): (&[PeerFault], &[Rank], &[Rank]) = match outcome {
             Ok(report) => (
                 &report.faults,
                 report
                     .agreement
                     .as_ref()
                     .map_or(&[][..], |a| &a.disagreeing[..]),
+                &report.skipped_by,
             ),
             Err(crate::Error::TooManyFaults { faults, .. })
-            | Err(crate::Error::ShardLost { faults, .. }) => (faults, &[]),
+            | Err(crate::Error::ShardLost { faults, .. }) => (faults, &[], &[]),
             // The round failed before any peer could be at fault, or this rank is the one
-            // out of step: nothing is learnt of the others.
+            // out of step or behind: nothing is learnt of the others.
             Err(_) => return,
         };
         if let Ok(RoundReport {
@@ -239,7 +240,12 @@ impl Health {
         for &r in disagreeing {
             symptoms.insert(r, Symptom::Disagreeing);
         }
-        for f in faults.iter().rev() {
+        // A peer that skipped this rank is no more at fault than one that answered.
+        for f in faults
+            .iter()
+            .rev()
+            .filter(|f| !skipped_by.contains(&f.rank))
+        {
             let symptom = match f.fault {
                 Fault::Late => Symptom::Late,
                 Fault::Missing => Symptom::Missing,
@@ -360,6 +366,35 @@ mod tests {
                 ..PeerHealth::default()
             }
         );
+    }
+
+    /// Peers that went on without this rank (it fell behind them) are not at fault: a round
+    /// that ended without their messages counts nothing against them, and neither does a call
+    /// that failed for want of them.
+    #[test]
+    fn peers_that_went_on_without_this_rank_are_not_counted_at_fault() {
+        let mut h = Health::new(4);
+        let mut behind = report(&[(1, Fault::Missing), (2, Fault::Missing)], &[]);
+        if let Ok(r) = &mut behind {
+            r.skipped_by = vec![1];
+        }
+        h.record(&behind);
+        let failed = crate::Error::fell_behind(
+            vec![1, 2, 3],
+            crate::Error::ShardLost {
+                shard: 0,
+                owners: vec![1],
+                faults: vec![PeerFault {
+                    rank: 1,
+                    fault: Fault::Missing,
+                }],
+            },
+        );
+        h.record(&Err(failed));
+        let peers = h.of_peers(0);
+        assert_eq!(peers[0].missing, 0, "{peers:?}");
+        assert_eq!(peers[1].missing, 1, "{peers:?}");
+        assert_eq!(peers[2].missing, 0, "{peers:?}");
     }
 
     #[test]

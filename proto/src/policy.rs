@@ -344,6 +344,12 @@ pub struct RoundReport {
     /// not reach them in time (this rank stalled past a deadline, say), and this rank left it
     /// out as they did, so that its result is theirs.
     pub erased_self: bool,
+    /// Peers that dropped some of this round's messages to this rank unsent because it fell
+    /// behind them (TCP skip notices), ascending: the round ended without those messages,
+    /// and their erasures in `faults` are this rank's lateness, not theirs (the
+    /// communicator's health does not count them). Where the round cannot end without them
+    /// it fails with [`Error::FellBehind`](crate::Error::FellBehind) instead.
+    pub skipped_by: Vec<Rank>,
     /// Ranks whose contribution seen by this rank held NaN or infinities (it still entered the
     /// aggregation, where the rule's non-finite policy applies).
     pub non_finite: Vec<Rank>,

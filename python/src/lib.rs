@@ -55,6 +55,13 @@ create_exception!(
 );
 create_exception!(
     _byzcoll,
+    FellBehindError,
+    Error,
+    "This rank fell behind its peers, which went on without it: the call has no result here; \
+     `skipped_by` lists them (not at fault). Later calls take part as usual."
+);
+create_exception!(
+    _byzcoll,
     TransportError,
     Error,
     "The transport failed, or a peer failed a non-robust collective."
@@ -97,6 +104,7 @@ fn to_py(py: Python<'_>, e: byzcoll::Error) -> PyErr {
         K::TooManyFaults => TooManyFaults::new_err(message),
         K::Disagreement => DisagreementError::new_err(message),
         K::Excluded => ExcludedError::new_err(message),
+        K::FellBehind => FellBehindError::new_err(message),
         K::Timeout | K::Transport => TransportError::new_err(message),
         K::Unauthenticated | K::Bootstrap => BootstrapError::new_err(message),
         K::Unsupported => UnsupportedError::new_err(message),
@@ -106,6 +114,9 @@ fn to_py(py: Python<'_>, e: byzcoll::Error) -> PyErr {
     let value = err.value(py);
     if let E::Excluded { kept } = &e {
         let _ = value.setattr("kept", kept.clone());
+    }
+    if let E::FellBehind { skipped_by, .. } = &e {
+        let _ = value.setattr("skipped_by", skipped_by.clone());
     }
     let _ = value.setattr("faults", faults_list(&faults));
     if let E::Disagreement {
@@ -156,6 +167,10 @@ struct Report {
     /// as they did.
     #[pyo3(get)]
     erased_self: bool,
+    /// Ranks that dropped some of this round's messages to this rank because it fell behind
+    /// them: their erasures in `faults` are this rank's lateness, not theirs.
+    #[pyo3(get)]
+    skipped_by: Vec<usize>,
     /// The inputs the round could go without for their lateness alone (0: every input was
     /// waited for until the deadline); see `Communicator.set_stragglers`.
     #[pyo3(get)]
@@ -327,6 +342,7 @@ impl From<RoundReport> for Report {
             unauthenticated: r.unauthenticated,
             identity: r.identity.name(),
             erased_self: r.erased_self,
+            skipped_by: r.skipped_by,
             stragglers: r.stragglers,
             agreement: r.agreement.map(|a| {
                 [
@@ -1094,6 +1110,7 @@ fn _byzcoll(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DisagreementError", py.get_type::<DisagreementError>())?;
     m.add("TransportError", py.get_type::<TransportError>())?;
     m.add("ExcludedError", py.get_type::<ExcludedError>())?;
+    m.add("FellBehindError", py.get_type::<FellBehindError>())?;
     m.add("BootstrapError", py.get_type::<BootstrapError>())?;
     m.add("UnsupportedError", py.get_type::<UnsupportedError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

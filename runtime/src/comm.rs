@@ -941,6 +941,9 @@ impl<'a> Sequence<'a> {
                         RecvOutcome::Late => tracing::debug!(peer, "late"),
                         RecvOutcome::Malformed(why) => tracing::debug!(peer, why, "malformed"),
                         RecvOutcome::OutOfStep => tracing::debug!(peer, "out of step"),
+                        RecvOutcome::Skipped => {
+                            tracing::debug!(peer, "skipped: this rank is behind")
+                        }
                     }
                 }
             }
@@ -995,22 +998,28 @@ fn strict(
     outcomes: Vec<RecvOutcome>,
 ) -> Result<Vec<Payload>> {
     let mut faults = Vec::new();
+    let mut skipped_by = Vec::new();
     let mut payloads = Vec::with_capacity(outcomes.len());
     for (p, outcome) in peers.into_iter().zip(outcomes) {
         match outcome {
             RecvOutcome::Received(payload) => payloads.push(payload),
+            RecvOutcome::Skipped => skipped_by.push(p),
             other => faults.push(fault(p, other)),
         }
     }
-    if faults.is_empty() {
-        Ok(payloads)
-    } else {
-        Err(Error::PeerFaults {
-            collective,
-            step,
-            faults,
-        })
+    if faults.is_empty() && skipped_by.is_empty() {
+        return Ok(payloads);
     }
+    let failed = Error::PeerFaults {
+        collective,
+        step,
+        faults,
+    };
+    Err(if skipped_by.is_empty() {
+        failed
+    } else {
+        Error::fell_behind(skipped_by, failed)
+    })
 }
 
 /// A step made by [`Sequence::post`], in flight until its exchange completes.
@@ -1080,7 +1089,7 @@ pub(crate) fn empty_exchange(
 
 pub(crate) fn fault(rank: Rank, outcome: RecvOutcome) -> PeerFault {
     let fault = match outcome {
-        RecvOutcome::Received(_) | RecvOutcome::Missing => Fault::Missing,
+        RecvOutcome::Received(_) | RecvOutcome::Missing | RecvOutcome::Skipped => Fault::Missing,
         RecvOutcome::Late => Fault::Late,
         RecvOutcome::Malformed(why) => Fault::Malformed(why),
         RecvOutcome::OutOfStep => Fault::OutOfStep,

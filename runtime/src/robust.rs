@@ -27,6 +27,7 @@ fn merge_reports(merged: &mut RoundReport, next: RoundReport) {
         }
     }
     merged.erased_self |= next.erased_self;
+    union(&mut merged.skipped_by, next.skipped_by);
     union(&mut merged.non_finite, next.non_finite);
     merged.peak_bytes = merged.peak_bytes.max(next.peak_bytes);
     merged.unauthenticated |= next.unauthenticated;
@@ -325,6 +326,8 @@ impl Communicator {
             }
             _ => Round::resuming(spec, rule, carry),
         };
+        // Peers that dropped this call's messages to this rank: it fell behind them.
+        let mut skipped_by: Vec<crate::Rank> = Vec::new();
         while let Some(plan) = round.step() {
             let sends: Vec<SendOp> = plan
                 .sends
@@ -356,12 +359,18 @@ impl Communicator {
             plane.release_sent();
             let arrivals = outcomes
                 .into_iter()
-                .map(|o| match o {
+                .zip(&plan.recvs)
+                .map(|(o, recv)| match o {
                     RecvOutcome::Received(p) => Arrival::Received(p),
                     RecvOutcome::Missing => Arrival::Missing,
                     RecvOutcome::Late => Arrival::Late,
                     RecvOutcome::Malformed(why) => Arrival::Malformed(why),
                     RecvOutcome::OutOfStep => Arrival::OutOfStep,
+                    // An erasure to the round, which goes on as for a missing input.
+                    RecvOutcome::Skipped => {
+                        skipped_by.push(recv.peer);
+                        Arrival::Missing
+                    }
                 })
                 .collect();
             round.handle(&mut plane, arrivals);
@@ -385,7 +394,15 @@ impl Communicator {
         }
         carry.lag = round.lag();
         self.health.note_own_input(round.erased_self());
-        let mut report = round.finish()?;
+        skipped_by.sort_unstable();
+        skipped_by.dedup();
+        let mut report = match round.finish() {
+            Ok(report) => report,
+            Err(e) if !skipped_by.is_empty() => return Err(Error::fell_behind(skipped_by, e)),
+            Err(e) => return Err(e),
+        };
+        // The round ended without them: their erasures are this rank's lateness.
+        report.skipped_by = skipped_by;
         if let Some(found) = report.agreement.as_ref().filter(|a| {
             !a.disagreeing.is_empty()
                 || !a.differing_inputs.is_empty()

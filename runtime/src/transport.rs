@@ -136,6 +136,9 @@ pub enum RecvOutcome {
     Malformed(String),
     /// A message for another call arrived: its [`Step::call`] fingerprint is not this step's.
     OutOfStep,
+    /// The peer dropped the message unsent because this rank fell behind it (a TCP skip
+    /// notice, `PROTOCOL.md` "TCP transport"): this rank is the one late, not the peer.
+    Skipped,
 }
 
 /// What a transport can do, declared rather than discovered by trial.

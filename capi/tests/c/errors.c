@@ -267,7 +267,9 @@ int main(void) {
     if (strcmp(byzcoll_status_string(BYZCOLL_OK), "success") || strcmp(byzcoll_status_string(1234), "unknown status") ||
         strcmp(byzcoll_status_string(-1), "unknown status") ||
         strcmp(byzcoll_status_string(BYZCOLL_DEVICE), "a CUDA call failed") ||
-        strcmp(byzcoll_status_string(BYZCOLL_EXCLUDED), "the other ranks shrank the communicator without this rank") || byzcoll_version()[0] == 0 ||
+        strcmp(byzcoll_status_string(BYZCOLL_EXCLUDED), "the other ranks shrank the communicator without this rank") ||
+        strcmp(byzcoll_status_string(BYZCOLL_FELL_BEHIND), "this rank fell behind its peers, which went on without it") ||
+        byzcoll_version()[0] == 0 ||
         byzcoll_comm_rank(NULL) != -1 || byzcoll_comm_size(NULL) != -1 ||
         strcmp(byzcoll_comm_last_error(NULL), "comm is NULL")) {
         fprintf(stderr, "FAILED: strings or NULL getters\n");

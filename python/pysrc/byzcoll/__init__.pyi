@@ -18,6 +18,8 @@ class DisagreementError(Error):
 class TransportError(Error): ...
 class ExcludedError(Error):
     kept: list[int]
+class FellBehindError(Error):
+    skipped_by: list[int]
 class BootstrapError(Error): ...
 class UnsupportedError(Error): ...
 
@@ -32,6 +34,7 @@ class Report:
     unauthenticated: bool
     identity: str
     erased_self: bool
+    skipped_by: list[int]
     stragglers: int
     agreement: Optional[dict[str, list[int]]]
     peak_bytes: int

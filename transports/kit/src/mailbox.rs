@@ -71,7 +71,7 @@ impl Slot {
                     .get(&key.stream())
                     .is_some_and(|&last| key <= last)
                 {
-                    let _ = tx.send(RecvOutcome::Missing);
+                    let _ = tx.send(RecvOutcome::Skipped);
                 } else {
                     self.posted.insert(key, Posted { len, call, tx });
                 }
@@ -202,8 +202,9 @@ impl Mailbox {
 
     /// The peer dropped unsent every message to this rank of `last`'s stream up to `last`
     /// that this rank has not had yet (it fell behind the peer: a TCP skip notice): the
-    /// receives for them, posted or posted later, are [`RecvOutcome::Missing`] at once
-    /// rather than at their deadline, so this rank catches up with the peer.
+    /// receives for them, posted or posted later, are [`RecvOutcome::Skipped`] at once
+    /// rather than [`RecvOutcome::Missing`] at their deadline, so this rank catches up with
+    /// the peer, and knows that it is the one behind.
     pub fn skip_through(&self, peer: Rank, last: MsgKey) {
         {
             let mut slot = self.slot(peer);
@@ -211,7 +212,7 @@ impl Mailbox {
             let skipped: Vec<MsgKey> = slot.posted.range(start..=last).map(|(&k, _)| k).collect();
             for k in skipped {
                 if let Some(p) = slot.posted.remove(&k) {
-                    let _ = p.tx.send(RecvOutcome::Missing);
+                    let _ = p.tx.send(RecvOutcome::Skipped);
                 }
             }
             let mark = slot.skipped.entry(last.stream()).or_insert(last);
@@ -540,15 +541,15 @@ mod tests {
         let above = mb.post(1, key(9, 0), 0, 8);
         let elsewhere = mb.post(1, other_stream, 0, 8);
         mb.skip_through(1, key(5, 2));
-        assert_eq!(posted.await.unwrap(), RecvOutcome::Missing);
+        assert_eq!(posted.await.unwrap(), RecvOutcome::Skipped);
         // Posted later at or below the notice's key: at once too; above it: waited for.
         assert_eq!(
             mb.post(1, key(4, 1), 0, 8).await.unwrap(),
-            RecvOutcome::Missing
+            RecvOutcome::Skipped
         );
         assert_eq!(
             mb.post(1, key(5, 2), 0, 8).await.unwrap(),
-            RecvOutcome::Missing
+            RecvOutcome::Skipped
         );
         let next = mb.post(1, key(5, 3), 0, 8);
         for (rx, k) in [

@@ -1091,7 +1091,7 @@ async fn a_peer_that_falls_behind_skips_what_it_did_not_read_and_catches_up() {
                     );
                     'r'
                 }
-                RecvOutcome::Missing => 'm',
+                RecvOutcome::Skipped => 's',
                 other => panic!("macs {macs}: step {step}: {other:?}"),
             });
         }
@@ -1105,7 +1105,7 @@ async fn a_peer_that_falls_behind_skips_what_it_did_not_read_and_catches_up() {
         // later notice still comes between them), then those after the last notice.
         assert!(seen.starts_with('r'), "macs {macs}: {seen}");
         assert!(
-            seen.contains('m'),
+            seen.contains('s'),
             "macs {macs}: nothing was skipped: {seen}"
         );
         assert!(seen.ends_with('r'), "macs {macs}: {seen}");
@@ -1159,7 +1159,7 @@ async fn far_behind_comes_back(agreement: byzcoll_runtime::Agreement) {
             let ended = ended.clone();
             tokio::spawn(async move {
                 let me = c.rank();
-                let mut log = Vec::new();
+                let (mut log, mut health) = (Vec::new(), Vec::new());
                 for round in 0..rounds {
                     if me == 3 && round == 2 {
                         let paused = std::time::Instant::now();
@@ -1178,6 +1178,9 @@ async fn far_behind_comes_back(agreement: byzcoll_runtime::Agreement) {
                         start.elapsed(),
                         r.map(|_| (v[0].to_bits(), v[d - 1].to_bits())),
                     ));
+                    if round + 1 == rounds {
+                        health.extend(c.health());
+                    }
                     if me == 0 {
                         ended.store(round + 1, Ordering::Relaxed);
                     }
@@ -1186,13 +1189,15 @@ async fn far_behind_comes_back(agreement: byzcoll_runtime::Agreement) {
                     }
                 }
                 c.close().await;
-                log
+                (log, health)
             })
         })
         .collect();
-    let mut logs = Vec::new();
+    let (mut logs, mut healths) = (Vec::new(), Vec::new());
     for t in tasks {
-        logs.push(t.await.unwrap());
+        let (log, health) = t.await.unwrap();
+        logs.push(log);
+        healths.push(health);
     }
     for round in 0..rounds {
         let want = match &logs[0][round].1 {
@@ -1220,6 +1225,26 @@ async fn far_behind_comes_back(agreement: byzcoll_runtime::Agreement) {
         straggler.contains('e'),
         "{agreement:?}: rank 3 skipped nothing: {straggler}"
     );
+    // It learns that it fell behind, from the ranks that went on: they are not at fault,
+    // and its fault memory does not count them missing.
+    let behind = logs[3]
+        .iter()
+        .filter(|(_, r)| {
+            matches!(r, Err(byzcoll_runtime::Error::FellBehind { skipped_by, .. })
+                if !skipped_by.is_empty() && skipped_by.iter().all(|&p| p < 3))
+        })
+        .count();
+    assert!(
+        behind > 0,
+        "{agreement:?}: no call said it fell behind: {:?}",
+        logs[3]
+            .iter()
+            .map(|(_, r)| r.as_ref().err())
+            .collect::<Vec<_>>()
+    );
+    for peer in &healths[3] {
+        assert_eq!(peer.missing, 0, "{agreement:?}: rank 3's view of {peer:?}");
+    }
     // Back in step after the skipped rounds: a round it ends with the others' result (cut
     // off, as before skip notices, it failed every round from its first failure on). How
     // many rounds it keeps up depends on the load: it may fall behind again.
