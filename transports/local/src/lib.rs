@@ -168,13 +168,18 @@ impl Transport for LocalTransport {
                         // A quorum step can end before a straggler posts its receives: the
                         // message waits for it in the background until the step's deadline,
                         // as a TCP frame stays queued for a slow reader, rather than being
-                        // dropped with the step.
+                        // dropped with the step. Not taken by then, it is dropped for a skip
+                        // notice, as TCP drops what a peer far behind has not read: the
+                        // straggler's receive of it ends at once as `Skipped`, rather than at
+                        // its own deadline, and it catches up.
                         let departure = self.departures[peer].clone();
                         let deadline = step.deadline;
                         tokio::spawn(async move {
                             let (from, target) = (departure.rank, &departure.mailboxes[peer]);
                             let delivering = deliver(target, from, key, call, payload);
-                            let _ = tokio::time::timeout_at(deadline, delivering).await;
+                            if tokio::time::timeout_at(deadline, delivering).await.is_err() {
+                                target.skip_through(from, key);
+                            }
                         });
                         Ok(())
                     }
@@ -212,6 +217,98 @@ mod tests {
         a.close().await;
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
         drop(b);
+    }
+
+    /// A rank left more than a step timeout behind by quorum rounds finds the messages it did
+    /// not take in time dropped for skip notices: its calls for them fail at once with
+    /// `FellBehind` (naming the ranks that went on, none of them counted at fault), not at
+    /// their deadlines, and it comes back in step with the others' results. Under `Enforce`
+    /// and `Detect`, 4 ranks, rank 3 paused 1.5 s (three step timeouts) before round 2, while
+    /// the others run a round every 150 ms or so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rank_left_behind_longer_than_a_step_timeout_fails_what_it_missed_at_once() {
+        use byzcoll_aggregators::Median;
+        use byzcoll_runtime::{Agreement, Communicator, Config, Error, Grace, Policy, Stragglers};
+        use std::time::{Duration, Instant};
+        // The others take about 3.4 s for their rounds: rank 3 resumes among them.
+        let (rounds, timeout) = (20, Duration::from_millis(500));
+        for agreement in [Agreement::Enforce, Agreement::Detect] {
+            let tasks: Vec<_> = LocalTransport::world(4)
+                .into_iter()
+                .map(|t| {
+                    let mut config = Config::with_step_timeout(timeout);
+                    config.agreement = agreement;
+                    config.stragglers = Stragglers::Exactly(1);
+                    config.grace = Grace {
+                        min: Duration::from_millis(50),
+                        factor: 1,
+                    };
+                    let mut c = Communicator::new(Box::new(t), config);
+                    tokio::spawn(async move {
+                        let me = c.rank();
+                        let mut log = Vec::new();
+                        for round in 0..rounds {
+                            if me == 3 && round == 2 {
+                                tokio::time::sleep(3 * timeout).await;
+                            }
+                            let mut v = vec![(me * 7 + round) as f32; 16];
+                            let start = Instant::now();
+                            let r = c
+                                .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                                .await;
+                            log.push((start.elapsed(), r.map(|_| v[0])));
+                            if me != 3 {
+                                tokio::time::sleep(Duration::from_millis(150)).await;
+                            }
+                        }
+                        let health = c.health();
+                        c.close().await;
+                        (log, health)
+                    })
+                })
+                .collect();
+            let mut logs = Vec::new();
+            for t in tasks {
+                logs.push(t.await.unwrap());
+            }
+            let (straggler, health) = &logs[3];
+            let shown: Vec<String> = straggler
+                .iter()
+                .map(|(took, r)| format!("{took:?} {r:?}"))
+                .collect();
+            let behind: Vec<usize> = (0..rounds)
+                .filter(|&r| {
+                    matches!(&straggler[r].1, Err(Error::FellBehind { skipped_by, .. })
+                        if skipped_by == &[0, 1, 2])
+                })
+                .collect();
+            assert!(!behind.is_empty(), "{agreement:?}: {shown:#?}");
+            for &r in &behind {
+                assert!(
+                    straggler[r].0 < timeout / 2,
+                    "{agreement:?} round {r}: a skipped call waits no deadline: {shown:#?}"
+                );
+            }
+            // Back in step: its last round is the others' result.
+            let last = rounds - 1;
+            assert_eq!(
+                straggler[last].1.as_ref().ok(),
+                logs[0].0[last].1.as_ref().ok(),
+                "{agreement:?}: {shown:#?}"
+            );
+            for peer in health {
+                assert_eq!(peer.missing, 0, "{agreement:?}: {peer:?}");
+            }
+            for (me, (log, _)) in logs.iter().enumerate().take(3) {
+                for (round, (took, r)) in log.iter().enumerate() {
+                    assert!(r.is_ok(), "{agreement:?} rank {me} round {round}: {r:?}");
+                    assert!(
+                        *took < timeout,
+                        "{agreement:?} rank {me} round {round}: {took:?}"
+                    );
+                }
+            }
+        }
     }
 
     byzcoll_conformance::conformance_suite!(world);
