@@ -110,6 +110,12 @@ def run(comm, rule, attack, steps, lr, train, test, byzantine, straggler_ms=0.0)
         try:
             # The mean is the non-robust baseline: it tolerates no faulty rank (f = 0).
             comm.robust_all_reduce(g, rule, 0 if rule == "mean" else f)
+        except byzcoll.FellBehindError:
+            # This rank fell so far behind that the others went on without it: the step has
+            # no aggregate here, so it is skipped (this rank's model then lags the others';
+            # bringing it back in line, e.g. from a peer's state, is the application's call).
+            history["fell_behind"] = history.get("fell_behind", 0) + 1
+            continue
         except byzcoll.Error as e:
             # Every rank refuses alike (e.g. the mean of a NaN vector): the run stops here.
             history["error"] = str(e)
@@ -170,6 +176,9 @@ def main():
         for attack in attacks:
             h = run(comm, rule, attack, args.steps, args.lr, train, test, byzantine, args.straggler_ms)
             results.setdefault(rule, {})[attack] = h
+            if h.get("fell_behind"):
+                print(f"rank {comm.rank}, {rule} {attack}: fell behind, {h['fell_behind']} steps "
+                      f"skipped of {args.steps}", flush=True)
             if comm.rank == 0:
                 if "error" in h:
                     print(f"{rule:>13} {attack:>9}: refused after {len(h['loss'])} steps: {h['error']}", flush=True)
