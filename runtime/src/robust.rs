@@ -269,8 +269,7 @@ impl Communicator {
             Some(_) => Some(self.transport().membership().ok_or_else(|| {
                 Error::Unsupported(format!(
                     "an audited round needs every rank's identity key, and this communicator \
-                     over {} has none (a communicator split or shrunk from another, or a \
-                     transport that keeps no membership)",
+                     over {} has none (a transport that keeps no membership)",
                     self.transport().name()
                 ))
             })?),

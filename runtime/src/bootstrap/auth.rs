@@ -414,6 +414,29 @@ impl Roster {
         self.digest
     }
 
+    /// The roster of a communicator of `members` (ranks here, in their new order; each
+    /// below this roster's size) on `stream`, made from this one by a split or a shrink:
+    /// rank `i` there holds the key of rank `members[i]` here. Its digest covers this
+    /// roster's, the stream and the members, so that a statement signed for one
+    /// communicator counts in no other (not this one, nor another of the same members).
+    ///
+    /// # Panics
+    /// If a member is not a rank of this roster.
+    pub fn subset(&self, members: &[usize], stream: u64) -> Roster {
+        let mut h = Sha256::new();
+        h.update(b"byzcoll-v2 sub-roster");
+        h.update(self.digest);
+        h.update(stream.to_le_bytes());
+        h.update((members.len() as u64).to_le_bytes());
+        for &m in members {
+            h.update((m as u64).to_le_bytes());
+        }
+        Roster {
+            keys: members.iter().map(|&m| self.keys[m]).collect(),
+            digest: h.finalize().into(),
+        }
+    }
+
     pub(super) fn key(&self, rank: usize) -> Option<&VerifyingKey> {
         self.keys.get(rank)
     }
@@ -432,6 +455,19 @@ pub struct Membership {
 }
 
 impl Membership {
+    /// This rank's membership of a communicator of `members` on `stream` made from this one
+    /// ([`Roster::subset`]): the same secret and identity, the members' keys renumbered.
+    ///
+    /// # Panics
+    /// If a member is not a rank of the roster.
+    pub fn subset(&self, members: &[usize], stream: u64) -> Membership {
+        Membership {
+            auth: self.auth.clone(),
+            identity: self.identity.clone(),
+            roster: self.roster.subset(members, stream),
+        }
+    }
+
     /// The membership of the rank holding `identity`, from `entries[r]` = (rank `r`'s
     /// registered key, the rest of what it published). Under per-rank keys every registered
     /// key must be the one the roster binds to its rank.

@@ -58,4 +58,38 @@ mod tests {
         bad[10] ^= 1;
         assert!(!roster.verify(1, message, &bad));
     }
+
+    /// A communicator made of some ranks checks each member's statements with its key under
+    /// its new number, and names its calls apart from the parent's and from any other
+    /// communicator's (another stream, other members or another order).
+    #[test]
+    fn a_sub_roster_renumbers_the_keys_and_names_its_calls_apart() {
+        let ids: Vec<Identity> = (0..4u8).map(|r| Identity::from_seed([r + 3; 32])).collect();
+        let entries: Vec<([u8; 32], &[u8])> =
+            ids.iter().map(|i| (i.public(), &b"addr"[..])).collect();
+        let roster = Roster::new(&entries).expect("valid keys");
+        let sub = roster.subset(&[3, 1], 7);
+        let message = b"statement";
+        assert!(sub.verify(0, message, &ids[3].sign(message)));
+        assert!(sub.verify(1, message, &ids[1].sign(message)));
+        assert!(!sub.verify(1, message, &ids[3].sign(message)));
+        assert!(
+            !sub.verify(2, message, &ids[0].sign(message)),
+            "not a member"
+        );
+        let digests = [
+            roster.digest(),
+            sub.digest(),
+            roster.subset(&[3, 1], 8).digest(),
+            roster.subset(&[1, 3], 7).digest(),
+            roster.subset(&[3, 1, 0], 7).digest(),
+        ];
+        for (i, a) in digests.iter().enumerate() {
+            assert!(
+                digests[i + 1..].iter().all(|b| a != b),
+                "digest {i} repeats"
+            );
+        }
+        assert_eq!(roster.subset(&[3, 1], 7).digest(), sub.digest());
+    }
 }

@@ -76,11 +76,16 @@ impl Communicator {
         let rank = members.iter().position(|&r| r == me).unwrap_or_default();
         let job_ranks = members.iter().map(|&m| self.job_ranks[m]).collect();
         let health = self.health.of_members(&members);
+        let membership = self
+            .transport
+            .membership()
+            .map(|m| Arc::new(m.subset(&members, stream)));
         Communicator {
             transport: Arc::new(SubTransport {
                 parent: self.transport.clone(),
                 members,
                 rank,
+                membership,
             }),
             config: self.config.clone(),
             stream,
@@ -193,6 +198,10 @@ struct SubTransport {
     parent: Arc<dyn Transport>,
     members: Vec<Rank>,
     rank: Rank,
+    /// The parent's membership, its roster renumbered as the members are
+    /// ([`Membership::subset`](crate::bootstrap::Membership::subset)): audited rounds sign
+    /// and check with it.
+    membership: Option<Arc<crate::bootstrap::Membership>>,
 }
 
 impl Transport for SubTransport {
@@ -210,6 +219,10 @@ impl Transport for SubTransport {
 
     fn capabilities(&self) -> crate::Capabilities {
         self.parent.capabilities()
+    }
+
+    fn membership(&self) -> Option<Arc<crate::bootstrap::Membership>> {
+        self.membership.clone()
     }
 
     fn exchange(

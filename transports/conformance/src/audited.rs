@@ -109,9 +109,9 @@ where
 }
 
 /// After a round that convicts owner 5 (as above), a shrink ejects it: the other six ranks
-/// keep each other and renumber, rank 5 learns it was excluded, and an audited round of the
-/// six (whose own membership is the shrunk communicator's) is refused with a typed error, not
-/// run with the wrong keys.
+/// keep each other and renumber, rank 5 learns it was excluded, and the six go on auditing:
+/// their communicator's roster is the parent's renumbered as they are, so an audited round of
+/// theirs returns the gather-mode median of their six vectors bitwise and convicts nobody.
 pub async fn a_convicted_owner_is_ejected_by_a_shrink<F, Fut>(factory: F)
 where
     F: Fn(usize) -> Fut,
@@ -140,13 +140,18 @@ where
                 let audited = s
                     .robust_all_reduce(&mut v, &Median::new(1), Policy::Audited(Audit::default()))
                     .await;
-                Ok((s.size(), audited.map(|_| ()).map_err(|e| e.to_string())))
+                Ok((
+                    s.size(),
+                    audited.map(|r| (r, bits(&v))).map_err(|e| e.to_string()),
+                ))
             }
             Err(e) => Err(e.to_string()),
         };
         (c.rank(), convicted, after)
     })
     .await;
+    let six: Vec<Vec<f32>> = (0..6).map(|r| vector(r, d)).collect();
+    let want = bits(&reference(&Median::new(1), &six));
     for (r, convicted, after) in results {
         if r == 5 {
             assert!(
@@ -158,9 +163,12 @@ where
         assert_eq!(convicted, vec![5], "rank {r}");
         let (size, audited) = after.unwrap_or_else(|e| panic!("rank {r}: {e}"));
         assert_eq!(size, 6, "rank {r}");
+        let (report, got) = audited.unwrap_or_else(|e| panic!("rank {r} after the shrink: {e}"));
+        assert_eq!(got, want, "rank {r}: the six's median");
+        let audit = report.audit.unwrap();
         assert!(
-            audited.is_err_and(|e| e.contains("identity key")),
-            "rank {r}"
+            audit.convicted.is_empty() && audit.refused.is_empty() && !audit.audited.is_empty(),
+            "rank {r}: {audit:?}"
         );
     }
 }
