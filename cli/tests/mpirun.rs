@@ -3,21 +3,29 @@
 
 mod common;
 
-use std::process::Command;
-use std::time::Duration;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
-use common::{example, free_port, run_with_limit, text};
+use common::{example, free_port, run_with_limit, text, wait_at_most};
+
+/// Whether `mpirun` is here; a visible skip otherwise (unless `BYZCOLL_REQUIRE_MPI` is set).
+fn have_mpirun(test: &str) -> bool {
+    if Command::new("mpirun").arg("--version").output().is_ok() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("BYZCOLL_REQUIRE_MPI").is_none(),
+        "BYZCOLL_REQUIRE_MPI is set but mpirun is not installed (apt-get install openmpi-bin)"
+    );
+    eprintln!("SKIPPED {test}: mpirun not found (apt-get install openmpi-bin)");
+    false
+}
 
 #[test]
 fn tcp_example_runs_under_mpirun() {
-    if Command::new("mpirun").arg("--version").output().is_err() {
-        assert!(
-            std::env::var_os("BYZCOLL_REQUIRE_MPI").is_none(),
-            "BYZCOLL_REQUIRE_MPI is set but mpirun is not installed (apt-get install openmpi-bin)"
-        );
-        eprintln!(
-            "SKIPPED tcp_example_runs_under_mpirun: mpirun not found (apt-get install openmpi-bin)"
-        );
+    if !have_mpirun("tcp_example_runs_under_mpirun") {
         return;
     }
     let store = format!("127.0.0.1:{}", free_port());
@@ -62,6 +70,131 @@ fn tcp_example_runs_under_mpirun() {
     assert!(
         stderr.contains("no job secret") && stderr.contains("mpirun -x BYZCOLL_SECRET"),
         "{stdout}\n{stderr}"
+    );
+}
+
+/// Kill a rank, shrink, restart it, rejoin, in a job `mpirun` started: the example `rejoin`
+/// on 4 ranks, rank 3 exiting at round 7. Open MPI keeps the others running
+/// (`orte_enable_recovery`) but does not start a process again (its `orte_max_restarts` does
+/// nothing in 4.1), so the test starts rank 3 again beside the job, as a user's script would,
+/// with `BYZCOLL_REJOIN=1` and the job's store and secret: the others shrink, admit it at a
+/// boundary, and every rank ends the 30 rounds in a world of four.
+#[test]
+fn a_rank_killed_under_mpirun_rejoins_when_started_again() {
+    if !have_mpirun("a_rank_killed_under_mpirun_rejoins_when_started_again") {
+        return;
+    }
+    let store = format!("127.0.0.1:{}", free_port());
+    let secret = byzcoll::bootstrap::JobSecret::generate().unwrap().to_hex();
+    let flags = [
+        "--rounds",
+        "30",
+        "--every",
+        "5",
+        "--kill-at",
+        "7",
+        "--round-ms",
+        "20",
+        "--final-wait-ms",
+        "30000",
+    ];
+    let mut mpirun = Command::new("mpirun")
+        .env("BYZCOLL_SECRET", &secret)
+        .args(MCA)
+        .args(["--tag-output", "--mca", "orte_enable_recovery", "1"])
+        .args(["-n", "4", "-x", "BYZCOLL_SECRET", "-x"])
+        .arg(format!("BYZCOLL_STORE={store}"))
+        .args(["-x", "BYZCOLL_TIMEOUT_MS=5000"])
+        .arg(example("rejoin"))
+        .args(flags)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mpirun");
+    // Its lines as they come; the rank's exit is the cue to start it again.
+    let (exited, cue) = mpsc::channel();
+    let stdout = BufReader::new(mpirun.stdout.take().expect("piped"));
+    let lines = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in stdout.lines().map_while(Result::ok) {
+            if line.contains("[1,3]<stdout>:round 7: exiting (status 3)") {
+                let _ = exited.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let mut stderr = mpirun.stderr.take().expect("piped");
+    let errors = std::thread::spawn(move || {
+        let mut all = String::new();
+        let _ = stderr.read_to_string(&mut all);
+        all
+    });
+    let started = Instant::now();
+    if cue.recv_timeout(Duration::from_secs(60)).is_err() {
+        let _ = mpirun.kill();
+        panic!(
+            "rank 3 never exited:\n{}\n{}",
+            lines.join().unwrap(),
+            errors.join().unwrap()
+        );
+    }
+    let again = Command::new(example("rejoin"))
+        .env("BYZCOLL_SECRET", &secret)
+        .env("BYZCOLL_STORE", &store)
+        .env("BYZCOLL_RANK", "3")
+        .env("BYZCOLL_WORLD_SIZE", "4")
+        .env("BYZCOLL_REJOIN", "1")
+        .env("BYZCOLL_TIMEOUT_MS", "5000")
+        .args(flags)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rank 3 again");
+    let again = wait_at_most(again, Duration::from_secs(120));
+    while mpirun.try_wait().expect("wait").is_none() {
+        if started.elapsed() > Duration::from_secs(150) {
+            let _ = mpirun.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (job, job_err) = (lines.join().unwrap(), errors.join().unwrap());
+    let (rank3, rank3_err) = text(&again);
+    assert!(again.status.success(), "{rank3}\n{rank3_err}\n{job}");
+    let admitted = |r: usize| {
+        job.lines()
+            .find(|l| {
+                l.starts_with(&format!("[1,{r}]<stdout>:boundary "))
+                    && l.contains("admitted [3] at epoch 1")
+            })
+            .and_then(|l| l.split_whitespace().nth(1))
+            .map(|round| round.trim_end_matches(':').to_string())
+    };
+    let at = admitted(0).unwrap_or_else(|| panic!("rank 3 never admitted:\n{job}\n{job_err}"));
+    for r in 0..3 {
+        // The dead rank left at a boundary, then came back at one.
+        assert!(
+            job.lines()
+                .any(|l| l.starts_with(&format!("[1,{r}]<stdout>:boundary "))
+                    && l.ends_with("kept [0, 1, 2]")),
+            "rank {r}:\n{job}"
+        );
+        assert_eq!(admitted(r).as_deref(), Some(&at[..]), "rank {r}:\n{job}");
+        assert!(
+            job.contains(&format!(
+                "[1,{r}]<stdout>:done: 30 rounds, world [0, 1, 2, 3]"
+            )),
+            "rank {r}:\n{job}\n{job_err}"
+        );
+    }
+    assert!(
+        rank3.contains(&format!("rejoined at round {at} as rank 3 of 4 (epoch 1)")),
+        "{rank3}"
+    );
+    assert!(
+        rank3.contains("done: 30 rounds, world [0, 1, 2, 3]"),
+        "{rank3}"
     );
 }
 
