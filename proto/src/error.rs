@@ -270,7 +270,9 @@ pub enum Error {
     /// no result here; `cause` is how it failed for want of them. Those peers are not at
     /// fault ([`Error::faults`] names none of them, and the communicator's health does not
     /// count them): this rank is the one late. Its later calls take part as usual, and the
-    /// skipped ones are not retried.
+    /// skipped ones are not retried. A robust round says so only where more than its `f`
+    /// peers skipped this rank (not all of them can be Byzantine); fewer are erasures at
+    /// fault, as missing peers are.
     #[error(
         "this rank fell behind: ranks {skipped_by:?} dropped this call's messages to it and went \
          on ({cause})"

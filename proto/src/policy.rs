@@ -345,10 +345,12 @@ pub struct RoundReport {
     /// out as they did, so that its result is theirs.
     pub erased_self: bool,
     /// Peers that dropped some of this round's messages to this rank unsent because it fell
-    /// behind them (TCP skip notices), ascending: the round ended without those messages,
-    /// and their erasures in `faults` are this rank's lateness, not theirs (the
-    /// communicator's health does not count them). Where the round cannot end without them
-    /// it fails with [`Error::FellBehind`](crate::Error::FellBehind) instead.
+    /// behind them (TCP skip notices), ascending, where more than the rule's `f` did (not
+    /// all of them can be Byzantine): the round ended without those messages, and their
+    /// erasures in `faults` are this rank's lateness, not theirs (the communicator's health
+    /// does not count them). Where the round cannot end without them it fails with
+    /// [`Error::FellBehind`](crate::Error::FellBehind) instead. `f` or fewer skips are
+    /// erasures at fault like missing peers, and leave this empty.
     pub skipped_by: Vec<Rank>,
     /// Ranks whose contribution seen by this rank held NaN or infinities (it still entered the
     /// aggregation, where the rule's non-finite policy applies).

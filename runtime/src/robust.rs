@@ -395,13 +395,20 @@ impl Communicator {
         self.health.note_own_input(round.erased_self());
         skipped_by.sort_unstable();
         skipped_by.dedup();
+        // Only a rank behind its peers is skipped, but a Byzantine peer may send notices
+        // instead of data: more than `f` peers that skipped this rank cannot all be
+        // Byzantine, so an honest one went on without it and it is the one behind; `f` or
+        // fewer are erasures at fault like any missing peer.
+        let behind = skipped_by.len() > rule.byzantine();
         let mut report = match round.finish() {
             Ok(report) => report,
-            Err(e) if !skipped_by.is_empty() => return Err(Error::fell_behind(skipped_by, e)),
+            Err(e) if behind => return Err(Error::fell_behind(skipped_by, e)),
             Err(e) => return Err(e),
         };
         // The round ended without them: their erasures are this rank's lateness.
-        report.skipped_by = skipped_by;
+        if behind {
+            report.skipped_by = skipped_by;
+        }
         if let Some(found) = report.agreement.as_ref().filter(|a| {
             !a.disagreeing.is_empty()
                 || !a.differing_inputs.is_empty()

@@ -311,6 +311,94 @@ mod tests {
         }
     }
 
+    /// Rank 0's transport as if `peer` sent it skip notices instead of its messages (a
+    /// Byzantine peer can): its receives from `peer` end as `Skipped`.
+    #[derive(Debug)]
+    struct SkippedBy {
+        inner: LocalTransport,
+        peer: Rank,
+    }
+
+    impl Transport for SkippedBy {
+        fn name(&self) -> &'static str {
+            "local"
+        }
+        fn rank(&self) -> Rank {
+            self.inner.rank()
+        }
+        fn size(&self) -> usize {
+            self.inner.size()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        fn exchange(&self, step: Step) -> BoxFuture<'_, Result<Vec<RecvOutcome>, TransportError>> {
+            let from: Vec<Rank> = step.recvs.iter().map(|r| r.peer).collect();
+            Box::pin(async move {
+                let mut outcomes = self.inner.exchange(step).await?;
+                for (o, &p) in outcomes.iter_mut().zip(&from) {
+                    if p == self.peer {
+                        *o = RecvOutcome::Skipped;
+                    }
+                }
+                Ok(outcomes)
+            })
+        }
+    }
+
+    /// One peer's skip notices (at most the rule's `f`) do not make a rank think itself
+    /// behind: the skipper is an erasure at fault, named missing and counted in the rank's
+    /// health, and under `Enforce` the rank still ends the round with the others' result
+    /// (its input passed on by the others). A notice cannot excuse a Byzantine rank nor make
+    /// an honest one drop a round it can end.
+    #[tokio::test]
+    async fn a_single_peer_s_skip_notices_are_its_fault_not_this_rank_s_lateness() {
+        use byzcoll_aggregators::Median;
+        use byzcoll_runtime::{Agreement, Communicator, Config, Fault, Policy};
+        let tasks: Vec<_> = LocalTransport::world(4)
+            .into_iter()
+            .map(|t| {
+                let t: Box<dyn Transport> = if t.rank == 0 {
+                    Box::new(SkippedBy { inner: t, peer: 3 })
+                } else {
+                    Box::new(t)
+                };
+                let mut config = Config::with_step_timeout(std::time::Duration::from_secs(10));
+                config.agreement = Agreement::Enforce;
+                let mut c = Communicator::new(t, config);
+                tokio::spawn(async move {
+                    let mut v = vec![c.rank() as f32; 8];
+                    let r = c
+                        .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                        .await;
+                    let health = c.health();
+                    c.close().await;
+                    (r, v, health)
+                })
+            })
+            .collect();
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.unwrap());
+        }
+        let (report, v, health) = &results[0];
+        let report = report.as_ref().unwrap_or_else(|e| panic!("{e}"));
+        assert!(report.skipped_by.is_empty(), "{report:?}");
+        assert!(
+            report
+                .faults
+                .iter()
+                .any(|f| f.rank == 3 && f.fault == Fault::Missing),
+            "{report:?}"
+        );
+        assert_eq!(health[2].rank, 3);
+        assert_eq!(health[2].missing, 1, "{health:?}");
+        for (r, (other, w, _)) in results.iter().enumerate().skip(1) {
+            assert!(other.is_ok(), "rank {r}: {other:?}");
+            assert_eq!(w, v, "rank {r} ends with rank 0's result");
+        }
+    }
+
     byzcoll_conformance::conformance_suite!(world);
     byzcoll_conformance::protocol_suite!(world);
 }
