@@ -369,8 +369,8 @@ impl Error {
         }
     }
 
-    /// [`Error::FellBehind`]: `cause`, with the faults it names of the peers in `skipped_by`
-    /// (erasures of this rank's own lateness) left out.
+    /// [`Error::FellBehind`]: `cause`, with the peers in `skipped_by` no longer named
+    /// missing (their erasures are this rank's lateness); any other fault of theirs stays.
     pub fn fell_behind(mut skipped_by: Vec<Rank>, mut cause: Error) -> Error {
         skipped_by.sort_unstable();
         skipped_by.dedup();
@@ -378,7 +378,9 @@ impl Error {
         | Error::TooManyFaults { faults, .. }
         | Error::ShardLost { faults, .. } = &mut cause
         {
-            faults.retain(|f| skipped_by.binary_search(&f.rank).is_err());
+            faults.retain(|f| {
+                f.fault != Fault::Missing || skipped_by.binary_search(&f.rank).is_err()
+            });
         }
         Error::FellBehind {
             skipped_by,
@@ -453,11 +455,19 @@ mod tests {
             faults: vec![
                 peer(2, Fault::Missing),
                 peer(3, Fault::Malformed("x".into())),
+                peer(0, Fault::Malformed("y".into())),
             ],
         };
         let e = Error::fell_behind(vec![2, 0, 2], cause);
         assert_eq!(e.kind(), ErrorKind::FellBehind);
-        assert_eq!(e.faults(), [peer(3, Fault::Malformed("x".into()))]);
+        // A skipper is excused its missing messages only: what else it did stays its fault.
+        assert_eq!(
+            e.faults(),
+            [
+                peer(3, Fault::Malformed("x".into())),
+                peer(0, Fault::Malformed("y".into()))
+            ]
+        );
         let Error::FellBehind { skipped_by, .. } = &e else {
             panic!("{e}")
         };

@@ -215,7 +215,9 @@ impl Health {
             Err(crate::Error::TooManyFaults { faults, .. })
             | Err(crate::Error::ShardLost { faults, .. }) => (faults, &[], &[]),
             // The round failed before any peer could be at fault, or this rank is the one
-            // out of step or behind: nothing is learnt of the others.
+            // out of step or behind (more than `f` peers went on without it: what it saw of
+            // the others' timing and steps then tells of its own lateness): nothing is learnt
+            // of the others.
             Err(_) => return,
         };
         if let Ok(RoundReport {
@@ -240,11 +242,11 @@ impl Health {
         for &r in disagreeing {
             symptoms.insert(r, Symptom::Disagreeing);
         }
-        // A peer that skipped this rank is no more at fault than one that answered.
+        // A peer that skipped this rank is not missing: this rank is behind it.
         for f in faults
             .iter()
             .rev()
-            .filter(|f| !skipped_by.contains(&f.rank))
+            .filter(|f| f.fault != Fault::Missing || !skipped_by.contains(&f.rank))
         {
             let symptom = match f.fault {
                 Fault::Late => Symptom::Late,
@@ -368,9 +370,9 @@ mod tests {
         );
     }
 
-    /// Peers that went on without this rank (it fell behind them) are not at fault: a round
-    /// that ended without their messages counts nothing against them, and neither does a call
-    /// that failed for want of them.
+    /// Peers that went on without this rank (it fell behind them) are not missing: a round
+    /// that ended without their messages counts no miss against them (what the others did
+    /// still counts), and a call that failed for want of them counts nothing against anyone.
     #[test]
     fn peers_that_went_on_without_this_rank_are_not_counted_at_fault() {
         let mut h = Health::new(4);
@@ -379,22 +381,26 @@ mod tests {
             r.skipped_by = vec![1];
         }
         h.record(&behind);
+        // A call that failed because the peers went on: this rank is the one behind, and
+        // learns nothing of them.
+        let fault = |rank, fault| PeerFault { rank, fault };
         let failed = crate::Error::fell_behind(
-            vec![1, 2, 3],
+            vec![1],
             crate::Error::ShardLost {
                 shard: 0,
                 owners: vec![1],
-                faults: vec![PeerFault {
-                    rank: 1,
-                    fault: Fault::Missing,
-                }],
+                faults: vec![
+                    fault(1, Fault::Missing),
+                    fault(2, Fault::Missing),
+                    fault(3, Fault::Malformed("x".into())),
+                ],
             },
         );
         h.record(&Err(failed));
         let peers = h.of_peers(0);
         assert_eq!(peers[0].missing, 0, "{peers:?}");
         assert_eq!(peers[1].missing, 1, "{peers:?}");
-        assert_eq!(peers[2].missing, 0, "{peers:?}");
+        assert_eq!(peers[2].malformed, 0, "{peers:?}");
     }
 
     #[test]

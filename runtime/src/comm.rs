@@ -997,29 +997,25 @@ fn strict(
     peers: Vec<Rank>,
     outcomes: Vec<RecvOutcome>,
 ) -> Result<Vec<Payload>> {
+    // A skip notice here is a missing peer's: plain collectives never leave a rank behind
+    // (no quorum steps), so only a faulty peer sends one that covers their messages.
     let mut faults = Vec::new();
-    let mut skipped_by = Vec::new();
     let mut payloads = Vec::with_capacity(outcomes.len());
     for (p, outcome) in peers.into_iter().zip(outcomes) {
         match outcome {
             RecvOutcome::Received(payload) => payloads.push(payload),
-            RecvOutcome::Skipped => skipped_by.push(p),
             other => faults.push(fault(p, other)),
         }
     }
-    if faults.is_empty() && skipped_by.is_empty() {
-        return Ok(payloads);
-    }
-    let failed = Error::PeerFaults {
-        collective,
-        step,
-        faults,
-    };
-    Err(if skipped_by.is_empty() {
-        failed
+    if faults.is_empty() {
+        Ok(payloads)
     } else {
-        Error::fell_behind(skipped_by, failed)
-    })
+        Err(Error::PeerFaults {
+            collective,
+            step,
+            faults,
+        })
+    }
 }
 
 /// A step made by [`Sequence::post`], in flight until its exchange completes.

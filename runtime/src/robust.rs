@@ -185,10 +185,7 @@ impl Communicator {
                 .await;
             let faults = match &outcome {
                 Ok(report) => &report.faults[..],
-                Err(Error::TooManyFaults { faults, .. } | Error::ShardLost { faults, .. }) => {
-                    &faults[..]
-                }
-                Err(_) => &[],
+                Err(e) => e.faults(),
             };
             for f in faults {
                 if !carry.erased.iter().any(|g| g.rank == f.rank) {
@@ -402,7 +399,13 @@ impl Communicator {
         let behind = skipped_by.len() > rule.byzantine();
         let mut report = match round.finish() {
             Ok(report) => report,
-            Err(e) if behind => return Err(Error::fell_behind(skipped_by, e)),
+            // Failed for want of inputs or of agreement: what the skipped messages held. A
+            // refusal every rank meets alike (a non-finite input, say) stays what it is.
+            Err(
+                e @ (Error::TooManyFaults { .. }
+                | Error::ShardLost { .. }
+                | Error::Disagreement { .. }),
+            ) if behind => return Err(Error::fell_behind(skipped_by, e)),
             Err(e) => return Err(e),
         };
         // The round ended without them: their erasures are this rank's lateness.

@@ -454,15 +454,19 @@ impl AuditSim {
 
     /// The most memory a run holds at a time, in bytes, with `threads` threads: each owner
     /// simulated holds every rank's piece and signed piece (`n·(4·shard + 96 + 32·m)`, twice
-    /// over for copies), and the round's proofs (at most `m` per lying owner, one per
-    /// framer) hold `n` signed pieces each. The part that weighs most is
+    /// over for copies), the round's proofs (at most `m` per lying owner, one per framer)
+    /// hold `n` signed pieces each, and the audit schedule holds `k·s` entries per rank. The part that weighs most is
     /// [`Footprint::Evidence`](crate::Footprint::Evidence).
     pub fn memory(&self, threads: usize) -> u64 {
         let (n, m) = (self.n as u64, self.audit.sub_chunks as u64);
         let per_owner = 2 * n * (4 * self.shard as u64 + 96 + 32 * m);
         let proof = n * (1 + 64 + 32 * m + 4 * self.shard as u64) + 32 * m + 4096;
         let proofs = self.liars.len() as u64 * m + self.framers.len() as u64;
-        per_owner * threads.max(1) as u64 + proofs * proof
+        // The round's audit schedule (auditor, sub-chunk: 16 bytes each) and what each owner
+        // was asked for.
+        let k = self.audit.owners_per_rank(self.n, self.f) as u64;
+        let schedule = n * k * self.audit.samples.min(self.audit.sub_chunks) as u64 * 16 + n * m;
+        per_owner * threads.max(1) as u64 + proofs * proof + schedule
     }
 
     /// Runs the rounds on the machine's cores.

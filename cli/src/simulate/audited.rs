@@ -287,9 +287,21 @@ pub(super) fn simulate_audited(args: &SimulateArgs) -> Result<ExitCode, String> 
     }
     let seeds: usize = worlds.iter().map(Vec::len).sum();
     if failed == 0 {
+        let (held, liars) = worlds.iter().flatten().fold((0, 0), |(held, all), sim| {
+            let within = sim
+                .liars
+                .iter()
+                .filter(|(_, how)| {
+                    how.predicted(&sim.audit, sim.n, sim.f, sim.rounds)
+                        .is_some()
+                })
+                .count();
+            (held + within, all + sim.liars.len())
+        });
         println!(
-            "OK: every liar convicted within its predicted rounds, no honest owner convicted, \
-             every forgery refuted, no split verdict; runs: {seeds}"
+            "OK: every liar convicted within its predicted rounds ({held} of {liars} liars had a \
+             prediction within the rounds run), no honest owner convicted, every forgery \
+             refuted, the checks of every proof agreed; runs: {seeds}"
         );
         Ok(ExitCode::SUCCESS)
     } else {
