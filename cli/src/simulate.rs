@@ -1,4 +1,4 @@
-//! `byzcoll simulate`: its arguments, data mode and `--predict`.
+//! `byzcoll simulate`: its arguments, data mode and `--predict` (audited mode in `audited`).
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -16,7 +16,8 @@ use crate::check_f;
 mod audited;
 
 /// `byzcoll simulate`: data mode (real vectors, real rules, checked against the gather-mode
-/// reference) or `--predict` (timing table over vector sizes).
+/// reference), audited mode (`--mode audited`: audits with the real evidence, checked against
+/// their odds) or `--predict` (timing table over vector sizes).
 #[derive(Debug, Args)]
 pub(crate) struct SimulateArgs {
     /// World sizes to simulate, comma-separated (e.g. 64,256,1024): 1 to 10^6, and within
@@ -122,8 +123,8 @@ pub(crate) struct SimulateArgs {
         byzcoll_sim::ATTACKS.iter().map(|(name, _)| *name)
     ))]
     attack: String,
-    /// In sharded mode, the last K ranks lie about their shard results (see --lie); K at
-    /// most n.
+    /// In sharded and audited modes, the last K ranks lie about their shard results (see
+    /// --lie, and --lie-on in audited mode); K at most n.
     #[arg(long, value_name = "K", default_value_t = 0)]
     lying_owners: usize,
     /// What lying owners send.
