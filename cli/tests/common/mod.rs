@@ -128,3 +128,47 @@ pub(crate) fn free_port() -> u16 {
         .expect("bind")
         .port()
 }
+
+/// The lines of `out` that start with `prefix` (a launcher's rank tag), without it.
+pub(crate) fn tagged<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
+    out.lines().filter_map(|l| l.strip_prefix(prefix)).collect()
+}
+
+/// Checks the transitions `examples/rejoin --rounds 30` printed on 4 ranks whose rank 3 died
+/// and came back (`lines[r]`: rank `r`'s lines, both lives of rank 3 included): each survivor
+/// dropped it at a boundary (`kept [0, 1, 2]`) and admitted it at one, the same on every
+/// survivor, where rank 3 says it rejoined, and every rank ended the 30 rounds in a world of
+/// four. Returns the boundary it was admitted at.
+pub(crate) fn check_rejoined(lines: &[Vec<&str>]) -> u64 {
+    let all = |r: usize| lines[r].join("\n");
+    let admitted = |r: usize| {
+        lines[r]
+            .iter()
+            .find(|l| l.starts_with("boundary ") && l.contains("admitted [3] at epoch 1"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|round| round.trim_end_matches(':').parse::<u64>().ok())
+    };
+    let at = admitted(0).unwrap_or_else(|| panic!("rank 3 never admitted:\n{}", all(0)));
+    for (r, rank) in lines.iter().enumerate().take(3) {
+        assert!(
+            rank.iter()
+                .any(|l| l.starts_with("boundary ") && l.ends_with("kept [0, 1, 2]")),
+            "rank {r} never dropped rank 3:\n{}",
+            all(r)
+        );
+        assert_eq!(admitted(r), Some(at), "rank {r}:\n{}", all(r));
+    }
+    assert!(
+        lines[3].contains(&format!("rejoined at round {at} as rank 3 of 4 (epoch 1)").as_str()),
+        "{}",
+        all(3)
+    );
+    for (r, rank) in lines.iter().enumerate() {
+        assert!(
+            rank.contains(&"done: 30 rounds, world [0, 1, 2, 3]"),
+            "rank {r}:\n{}",
+            all(r)
+        );
+    }
+    at
+}
