@@ -8,7 +8,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{check_rejoined, example, free_port, run_with_limit, tagged, text, wait_at_most};
+use common::{
+    check_rejoined, example, free_port, run_with_limit, tagged, text, wait_at_most, REJOIN_FLAGS,
+};
 
 /// Whether `mpirun` is here; a visible skip otherwise (unless `BYZCOLL_REQUIRE_MPI` is set).
 fn have_mpirun(test: &str) -> bool {
@@ -86,18 +88,7 @@ fn a_rank_killed_under_mpirun_rejoins_when_started_again() {
     }
     let store = format!("127.0.0.1:{}", free_port());
     let secret = byzcoll::bootstrap::JobSecret::generate().unwrap().to_hex();
-    let flags = [
-        "--rounds",
-        "30",
-        "--every",
-        "5",
-        "--kill-at",
-        "7",
-        "--round-ms",
-        "20",
-        "--final-wait-ms",
-        "30000",
-    ];
+    let flags = REJOIN_FLAGS;
     let mut mpirun = Command::new("mpirun")
         .env("BYZCOLL_SECRET", &secret)
         .args(MCA)

@@ -8,23 +8,13 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{byzcoll, check_rejoined, example, run_with_limit, tagged, text};
+use common::{byzcoll, check_rejoined, example, run_with_limit, tagged, text, REJOIN_FLAGS};
 
 fn launch(restarts: &str) -> (bool, String, String) {
     let mut cmd = Command::new(byzcoll());
     cmd.args(["launch", "-n", "4", "--restarts", restarts, "--"])
         .arg(example("rejoin"))
-        .args([
-            "--rounds",
-            "30",
-            "--every",
-            "5",
-            "--kill-at",
-            "7",
-            "--round-ms",
-            "20",
-        ])
-        .args(["--final-wait-ms", "30000"])
+        .args(REJOIN_FLAGS)
         .env("BYZCOLL_TIMEOUT_MS", "5000");
     let (out, _) = run_with_limit(&mut cmd, Duration::from_secs(180));
     let (stdout, stderr) = text(&out);

@@ -134,7 +134,23 @@ pub(crate) fn tagged<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
     out.lines().filter_map(|l| l.strip_prefix(prefix)).collect()
 }
 
-/// Checks the transitions `examples/rejoin --rounds 30` printed on 4 ranks whose rank 3 died
+/// The flags of `examples/rejoin` that [`check_rejoined`] expects: 30 rounds, a boundary
+/// every 5, rank 3 exiting at round 7, 20 ms between rounds, and up to 30 s at the end for a
+/// rank restarted late.
+pub(crate) const REJOIN_FLAGS: [&str; 10] = [
+    "--rounds",
+    "30",
+    "--every",
+    "5",
+    "--kill-at",
+    "7",
+    "--round-ms",
+    "20",
+    "--final-wait-ms",
+    "30000",
+];
+
+/// Checks the transitions `examples/rejoin` ([`REJOIN_FLAGS`]) printed on 4 ranks whose rank 3 died
 /// and came back (`lines[r]`: rank `r`'s lines, both lives of rank 3 included): each survivor
 /// dropped it at a boundary (`kept [0, 1, 2]`) and admitted it at one, the same on every
 /// survivor, where rank 3 says it rejoined, and every rank ended the 30 rounds in a world of
