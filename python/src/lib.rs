@@ -551,6 +551,44 @@ impl PyCommunicator {
     }
 }
 
+/// A device vector's element type by its Python name.
+fn device_type(name: &str) -> PyResult<byzcoll::blocking::device::DeviceType> {
+    use byzcoll::blocking::device::DeviceType;
+    match name {
+        "float32" => Ok(DeviceType::F32),
+        "bfloat16" => Ok(DeviceType::BF16),
+        "float16" => Ok(DeviceType::F16),
+        other => Err(InvalidUsage::new_err(format!(
+            "device vectors of {other}: the CUDA rules take float32, bfloat16 or float16"
+        ))),
+    }
+}
+
+/// What a started call does with its outcome: calls `done(report, None)` or
+/// `done(None, exception)` on a thread of byzcoll's, under the interpreter's lock, then
+/// releases `kept` (the caller's array, kept alive for the call) there.
+fn call_back(
+    done: Py<PyAny>,
+    kept: Option<Py<PyAny>>,
+) -> impl FnOnce(Result<RoundReport, Refused>) + Send + 'static {
+    move |result| {
+        Python::attach(|py| {
+            let args = match result {
+                Ok(report) => Py::new(py, Report::from(report)).map(|r| (r.into_any(), py.None())),
+                Err(refused) => Ok((
+                    py.None(),
+                    refused_to_py(py, refused).into_value(py).into_any(),
+                )),
+            };
+            let called = args.and_then(|args| done.call1(py, args));
+            if let Err(e) = called {
+                e.write_unraisable(py, None);
+            }
+            drop(kept);
+        });
+    }
+}
+
 /// A refused call as the Python exception: the collective's own error, or `InvalidUsage` for a
 /// closed communicator (Python has no abort), `Error` for a panic.
 fn refused_to_py(py: Python<'_>, refused: Refused) -> PyErr {
@@ -652,17 +690,8 @@ impl PyCommunicator {
         m: Option<usize>,
         tau: Option<f64>,
     ) -> PyResult<Report> {
-        use byzcoll::blocking::device::{robust_all_reduce_lent, DeviceCall, DeviceType};
-        let dtype = match dtype {
-            "float32" => DeviceType::F32,
-            "bfloat16" => DeviceType::BF16,
-            "float16" => DeviceType::F16,
-            other => {
-                return Err(InvalidUsage::new_err(format!(
-                    "device vectors of {other}: the CUDA rules take float32, bfloat16 or float16"
-                )))
-            }
-        };
+        use byzcoll::blocking::device::{robust_all_reduce_lent, DeviceCall};
+        let dtype = device_type(dtype)?;
         let params = Params { f, m, tau };
         let call = DeviceCall {
             rule,
@@ -740,26 +769,7 @@ impl PyCommunicator {
     ) -> PyResult<()> {
         let rule = crate::rule(rule, f, m, tau)?;
         let policy = crate::policy(policy, replicas)?;
-        let kept = x.clone().unbind();
-        let finish = move |result: Result<RoundReport, Refused>| {
-            Python::attach(|py| {
-                let args = match result {
-                    Ok(report) => {
-                        Py::new(py, Report::from(report)).map(|r| (r.into_any(), py.None()))
-                    }
-                    Err(refused) => Ok((
-                        py.None(),
-                        refused_to_py(py, refused).into_value(py).into_any(),
-                    )),
-                };
-                let called = args.and_then(|args| done.call1(py, args));
-                if let Err(e) = called {
-                    e.write_unraisable(py, None);
-                }
-                // The array is released with the interpreter's lock held.
-                drop(kept);
-            });
-        };
+        let finish = call_back(done, Some(x.clone().unbind()));
         let Array { ptr, len, dtype } = array(x, true)?;
         with_element!(dtype, T => self.inner.start(
             move |c| {
@@ -773,6 +783,58 @@ impl PyCommunicator {
             finish,
         ));
         Ok(())
+    }
+
+    /// Starts `_robust_all_reduce_device(ptr, ...)` after the calls made before it: the
+    /// checks, the wait for the work queued on `stream` and the rule's making happen now (a
+    /// refusal raises here); the round runs in its turn, and `done(report, error)` is called
+    /// as for `_start_robust_all_reduce` once the result is on the device. The caller keeps the
+    /// memory alive and untouched until then (what `byzcoll.torch`'s DDP hook does with a CUDA
+    /// bucket over NCCL).
+    #[pyo3(signature = (ptr, count, dtype, rule, f, stream, done, *, policy="gather", replicas=None, m=None, tau=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn _start_robust_all_reduce_device(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        count: usize,
+        dtype: &str,
+        rule: &str,
+        f: usize,
+        stream: usize,
+        done: Py<PyAny>,
+        policy: &str,
+        replicas: Option<usize>,
+        m: Option<usize>,
+        tau: Option<f64>,
+    ) -> PyResult<()> {
+        use byzcoll::blocking::device::{start_robust_all_reduce_lent, DeviceCall};
+        let dtype = device_type(dtype)?;
+        let params = Params { f, m, tau };
+        let call = DeviceCall {
+            rule,
+            params: &params,
+            policy: crate::policy(policy, replicas)?,
+        };
+        let inner = &self.inner;
+        let finish = call_back(done, None);
+        py.detach(|| {
+            // SAFETY: the caller's word (the Python wrapper holds the tensor until `done` has
+            // run and passes its data pointer, element count and stream); the pointers are
+            // checked before use.
+            unsafe {
+                start_robust_all_reduce_lent(
+                    inner,
+                    ptr as *mut std::ffi::c_void,
+                    count,
+                    dtype,
+                    &call,
+                    stream as *mut std::ffi::c_void,
+                    finish,
+                )
+            }
+        })
+        .map_err(|refused| refused_to_py(py, refused))
     }
 
     /// Robust reduce-scatter: `input` (every rank's whole vector, float32, float64, float16 or
@@ -877,8 +939,8 @@ impl PyCommunicator {
 
     /// How many inputs a robust round (gather policy) may go without for their lateness
     /// alone: `"auto"` (the largest the rule allows with `f` Byzantine inputs among the rest),
-    /// a count, or 0 (the default: wait for every input until the deadline). Every rank must
-    /// choose alike. Late inputs are faults of kind `"late"` in the report.
+    /// a count (0: wait for every input until the deadline), or `"default"` (auto under
+    /// agreement enforce, 0 otherwise). Every rank must choose alike. Late inputs are faults of kind `"late"` in the report.
     fn set_stragglers(&self, stragglers: &Bound<'_, PyAny>) -> PyResult<()> {
         let s = if let Ok(text) = stragglers.extract::<String>() {
             Stragglers::parse(&text).map_err(InvalidUsage::new_err)?

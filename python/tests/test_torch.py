@@ -323,6 +323,37 @@ def test_torchft_manager_trains_over_byzcoll_through_a_replica_killed_and_restar
             assert r["loss"] < r["initial_loss"] / 5, r
 
 
+class Foreign:
+    """An array of another library (CuPy, JAX, ...) as byzcoll sees it: DLPack and nothing else."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __dlpack__(self, **kwargs):
+        return self.tensor.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.tensor.__dlpack_device__()
+
+
+def test_arrays_of_other_libraries_are_taken_through_dlpack_in_place(world_of_one):
+    """An array that speaks only DLPack is read and written in place, with no copy: a
+    reduce-scatter's output and an all-reduce's vector hold the results afterwards."""
+    comm = world_of_one
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        want = torch.arange(6, dtype=dtype)
+        out = Foreign(torch.zeros(6, dtype=dtype))
+        report = comm.robust_reduce_scatter(Foreign(want.clone()), out, "median", 0)
+        assert torch.equal(out.tensor, want) and report.inputs == 1, dtype
+        x = Foreign(want.clone())
+        comm.all_reduce(x, "sum")
+        assert torch.equal(x.tensor, want), dtype
+    x = Foreign(torch.arange(4.0))
+    assert comm.robust_all_reduce(x, "median", f=0).staged_bytes == 0
+    with pytest.raises(byzcoll.InvalidUsage, match="float32"):
+        comm.robust_all_reduce(Foreign(torch.arange(4)), "median", f=0)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="SKIPPED: no CUDA device here (CUDA tensors are staged through pinned host memory)")
 def test_cuda_tensors_are_staged_through_pinned_host_memory(world_of_one):
     """A CUDA tensor in every entry point: the call works on a pinned host copy and writes the
@@ -374,8 +405,58 @@ def test_cuda_tensors_over_nccl_go_device_to_device(monkeypatch):
         assert comm.robust_all_reduce(x, "mean", f=0).staged_bytes == 2 * x.nbytes
         with pytest.raises(byzcoll.InvalidUsage, match="requires grad"):
             comm.robust_all_reduce(torch.zeros(4, device="cuda", requires_grad=True), "median", f=0)
+        # The async call (the DDP hook's) and the reduce-scatter (FSDP2's) stay on the device.
+        for dtype in (torch.float32, torch.bfloat16):
+            want = torch.arange(1000, device="cuda", dtype=torch.float32).to(dtype)
+            x = want.clone()
+            assert bt.robust_all_reduce_async(comm, x, "median", 0).wait() is x
+            assert torch.equal(x, want), dtype
+            out = torch.zeros(1000, device="cuda", dtype=dtype)
+            report = comm.robust_reduce_scatter(want, out, "median", 0)
+            assert torch.equal(out, want) and report.staged_bytes == 0, dtype
     finally:
         comm.close()
+
+
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="SKIPPED: no CUDA device here (a CUDA model's DDP hook over NCCL)"
+    )),
+])
+def test_ddp_hook_in_a_world_of_one_trains_as_the_model_alone_on_cpu_and_cuda(monkeypatch, device):
+    """DDP in float32 and bfloat16 with the median hook, in a world of one: the model trains
+    exactly as it does alone, and no bucket crosses to the host. On a CUDA model the hook runs
+    over NCCL, device to device."""
+    import torch.distributed as dist
+
+    for k in list(os.environ):
+        if is_launcher_var(k):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("BYZCOLL_RANK", "0")
+    monkeypatch.setenv("BYZCOLL_WORLD_SIZE", "1")
+    if device == "cuda":
+        monkeypatch.setenv("BYZCOLL_TRANSPORT", "nccl")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    comm = byzcoll.init()
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            alone = torch_worker.net().to(device, dtype)  # the same seeded weights each time
+            model = torch.nn.parallel.DistributedDataParallel(torch_worker.net().to(device, dtype))
+            state = bt.register_ddp_comm_hook(model, comm, "median", f=0)
+            x, y = (t.to(device, dtype) for t in torch_worker.data(0))
+            for net in (alone, model):
+                opt = torch.optim.SGD(net.parameters(), lr=0.05)
+                for _ in range(5):
+                    opt.zero_grad()
+                    ((net(x) - y) ** 2).mean().backward()
+                    opt.step()
+            assert state.last_report is not None and state.last_report.staged_bytes == 0, dtype
+            for a, b in zip(alone.parameters(), model.module.parameters()):
+                assert torch.equal(a, b), dtype
+    finally:
+        comm.close()
+        dist.destroy_process_group()
 
 
 def test_the_transport_is_named(world_of_one):

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use byzcoll_aggregators::{AggError, Params};
+use byzcoll_aggregators::{AggError, Aggregator, Params};
 use byzcoll_cuda::cudarc::driver::{result, sys, CudaSlice, DriverError};
 use byzcoll_cuda::{CudaRule, DeviceCollectives, Gpu, GpuElement, GpuError};
 
@@ -61,12 +61,16 @@ fn unsupported(why: impl Into<String>) -> Refused {
 }
 
 /// A failed CUDA driver call, as the device error it is ([`crate::ErrorKind::Device`]).
-fn driver(rule: &str, what: &str, e: DriverError) -> Refused {
-    failed(Error::Aggregation(AggError::Backend {
+fn driver_error(rule: &str, what: &str, e: DriverError) -> Error {
+    Error::Aggregation(AggError::Backend {
         rule: rule.to_string(),
         backend: "CUDA",
         message: format!("{what}: {e}"),
-    }))
+    })
+}
+
+fn driver(rule: &str, what: &str, e: DriverError) -> Refused {
+    failed(driver_error(rule, what, e))
 }
 
 fn gpu_error(rule: &str, e: GpuError) -> Refused {
@@ -142,59 +146,50 @@ impl<E: GpuElement> Drop for Borrowed<E> {
     }
 }
 
-/// `buf` (`count` elements of `E` on `gpu`'s device) all-reduced through the communicator's
-/// device entry point.
+/// `buf` (`count` elements of `E` on `gpu`'s device) as a borrowed slice.
 ///
 /// # Safety
 /// `buf` is device memory of `gpu`'s device, valid for `count` elements of `E`, and nothing
-/// else uses it during the call.
-unsafe fn lent<E: GpuElement>(
-    comm: &BlockingComm,
-    gpu: &Arc<Gpu>,
-    buf: *mut c_void,
-    count: usize,
-    rule: &CudaRule,
-    call: &DeviceCall<'_>,
-) -> Result<RoundReport, Refused> {
+/// else uses it while the slice lives.
+unsafe fn borrow<E: GpuElement>(gpu: &Gpu, buf: *mut c_void, count: usize) -> Borrowed<E> {
     // SAFETY: the caller's word; `Borrowed` never frees it.
-    let mut borrowed = Borrowed(std::mem::ManuallyDrop::new(unsafe {
+    Borrowed(std::mem::ManuallyDrop::new(unsafe {
         gpu.stream()
             .upgrade_device_ptr::<E>(buf as sys::CUdeviceptr, count)
-    }));
-    let slice: &mut CudaSlice<E> = &mut borrowed.0;
-    let policy = call.policy;
-    let report = comm.run(async |c| c.robust_all_reduce_device(slice, rule, policy).await)?;
+    }))
+}
+
+/// The lent vector's round on the communicator `c`, then the wait for the result on the GPU.
+async fn lent_round<E: GpuElement>(
+    c: &mut crate::Communicator,
+    gpu: &Gpu,
+    borrowed: &mut Borrowed<E>,
+    rule: &CudaRule,
+    policy: Policy,
+) -> crate::Result<RoundReport> {
+    let report = c
+        .robust_all_reduce_device(&mut borrowed.0, rule, policy)
+        .await?;
     gpu.stream()
         .synchronize()
-        .map_err(|e| driver(call.rule, "waiting for the result", e))?;
+        .map_err(|e| driver_error(rule.name(), "waiting for the result", e))?;
     Ok(report)
 }
 
-/// Robust all-reduce of the caller's device vector: `recvbuf` becomes `call.rule` applied to
-/// every rank's `sendbuf` (`count` elements of `dtype`, on one device; the same buffer, or two
-/// that do not overlap), after the work queued on `stream` (a `CUstream`; null: the default
-/// stream). Over NCCL the vectors go device to device; over a host transport an `F32` vector
-/// crosses from host memory and other types are refused ([`DeviceCollectives`]).
-///
-/// # Errors
-/// [`Refused::Failed`] with [`Error::InvalidUsage`] for null, overlapping or non-device
-/// pointers, or buffers on two devices; [`Error::Unsupported`] where no CUDA driver or device
-/// is there; a failed driver call as [`Error::Aggregation`] (kind `Device`); otherwise as the
-/// communicator's device entry point.
+/// What [`robust_all_reduce_lent`] and [`start_robust_all_reduce_lent`] check and do before
+/// the call: the pointers, the devices, the caller's stream waited for, `sendbuf` copied to
+/// `recvbuf`. Returns the device's [`Gpu`] and the rule made for it.
 ///
 /// # Safety
-/// `sendbuf` and `recvbuf` are device memory valid for `count` elements of `dtype` that nothing
-/// else uses during the call; `stream` is null or a live stream of their device.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn robust_all_reduce_lent(
-    comm: &BlockingComm,
+/// As [`robust_all_reduce_lent`].
+unsafe fn prepare(
     sendbuf: *const c_void,
     recvbuf: *mut c_void,
     count: usize,
     dtype: DeviceType,
     call: &DeviceCall<'_>,
     stream: *mut c_void,
-) -> Result<RoundReport, Refused> {
+) -> Result<(Arc<Gpu>, CudaRule), Refused> {
     let name = call.rule;
     let bytes = count
         .checked_mul(dtype.size())
@@ -249,13 +244,94 @@ pub unsafe fn robust_all_reduce_lent(
                 .map_err(|e| driver(name, "waiting for the copy to recvbuf", e))?;
         }
     }
-    // SAFETY: `recvbuf` is the caller's device memory of `bytes` bytes on `gpu`'s device
-    // (checked above), the caller's to lend for the call.
-    unsafe {
-        match dtype {
-            DeviceType::F32 => lent::<f32>(comm, &gpu, recvbuf, count, &rule, call),
-            DeviceType::BF16 => lent::<half::bf16>(comm, &gpu, recvbuf, count, &rule, call),
-            DeviceType::F16 => lent::<half::f16>(comm, &gpu, recvbuf, count, &rule, call),
-        }
+    Ok((gpu, rule))
+}
+
+/// Robust all-reduce of the caller's device vector: `recvbuf` becomes `call.rule` applied to
+/// every rank's `sendbuf` (`count` elements of `dtype`, on one device; the same buffer, or two
+/// that do not overlap), after the work queued on `stream` (a `CUstream`; null: the default
+/// stream). Over NCCL the vectors go device to device; over a host transport an `F32` vector
+/// crosses from host memory and other types are refused ([`DeviceCollectives`]).
+///
+/// # Errors
+/// [`Refused::Failed`] with [`Error::InvalidUsage`] for null, overlapping or non-device
+/// pointers, or buffers on two devices; [`Error::Unsupported`] where no CUDA driver or device
+/// is there; a failed driver call as [`Error::Aggregation`] (kind `Device`); otherwise as the
+/// communicator's device entry point.
+///
+/// # Safety
+/// `sendbuf` and `recvbuf` are device memory valid for `count` elements of `dtype` that nothing
+/// else uses during the call; `stream` is null or a live stream of their device.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn robust_all_reduce_lent(
+    comm: &BlockingComm,
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: usize,
+    dtype: DeviceType,
+    call: &DeviceCall<'_>,
+    stream: *mut c_void,
+) -> Result<RoundReport, Refused> {
+    // SAFETY: the caller's word, passed on.
+    let (gpu, rule) = unsafe { prepare(sendbuf, recvbuf, count, dtype, call, stream)? };
+    let policy = call.policy;
+    macro_rules! run {
+        ($e:ty) => {{
+            // SAFETY: `recvbuf` is the caller's device memory of `count` elements on `gpu`'s
+            // device (checked in `prepare`), the caller's to lend for the call.
+            let mut borrowed = unsafe { borrow::<$e>(&gpu, recvbuf, count) };
+            comm.run(async |c| lent_round(c, &gpu, &mut borrowed, &rule, policy).await)
+        }};
     }
+    match dtype {
+        DeviceType::F32 => run!(f32),
+        DeviceType::BF16 => run!(half::bf16),
+        DeviceType::F16 => run!(half::f16),
+    }
+}
+
+/// [`robust_all_reduce_lent`] of one buffer in place, started after the calls made before it
+/// ([`BlockingComm::start`]): the checks, the wait for the work queued on `stream` and the
+/// rule's making happen now, on the calling thread (a refusal is returned here, and `done` is
+/// not called); the round runs in its turn, and `done` gets its outcome once the result is on
+/// the device. What an asynchronous binding (Python's DDP hook) runs on.
+///
+/// # Errors
+/// As [`robust_all_reduce_lent`], for what is checked before the call starts.
+///
+/// # Safety
+/// `buf` is device memory valid for `count` elements of `dtype` that nothing else uses until
+/// `done` has been called; `stream` is null or a live stream of its device.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn start_robust_all_reduce_lent(
+    comm: &BlockingComm,
+    buf: *mut c_void,
+    count: usize,
+    dtype: DeviceType,
+    call: &DeviceCall<'_>,
+    stream: *mut c_void,
+    done: impl FnOnce(Result<RoundReport, Refused>) + Send + 'static,
+) -> Result<(), Refused> {
+    // SAFETY: the caller's word, passed on.
+    let (gpu, rule) = unsafe { prepare(buf, buf, count, dtype, call, stream)? };
+    let policy = call.policy;
+    macro_rules! start {
+        ($e:ty) => {{
+            // SAFETY: `buf` is the caller's device memory of `count` elements on `gpu`'s
+            // device (checked in `prepare`), the caller's to lend until `done` is called.
+            let mut borrowed = unsafe { borrow::<$e>(&gpu, buf, count) };
+            comm.start(
+                move |c| {
+                    Box::pin(async move { lent_round(c, &gpu, &mut borrowed, &rule, policy).await })
+                },
+                done,
+            )
+        }};
+    }
+    match dtype {
+        DeviceType::F32 => start!(f32),
+        DeviceType::BF16 => start!(half::bf16),
+        DeviceType::F16 => start!(half::f16),
+    }
+    Ok(())
 }

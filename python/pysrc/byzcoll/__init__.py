@@ -11,9 +11,12 @@ or stall::
     print(report.faults)
 
 There is no default rule. Arrays are numpy arrays (float32/float64, float16, C-contiguous,
-writable) or torch CPU tensors, updated in place without a copy; torch CUDA tensors are staged
-through pinned host memory (one blocking copy each way per call, counted in the report's
-``staged_bytes``; the result is written back only when the call succeeds).
+writable) or torch CPU tensors, updated in place without a copy, or arrays of any library that
+speaks DLPack (``__dlpack__``: CuPy, JAX, ...; read through torch, no copy). CUDA tensors go
+device to device over NCCL (``BYZCOLL_TRANSPORT=nccl``) where the rule has CUDA kernels;
+elsewhere they are staged through pinned host memory (one blocking copy each way per call,
+counted in the report's ``staged_bytes``; the result is written back only when the call
+succeeds).
 """
 
 import atexit
@@ -105,6 +108,52 @@ def _is_cuda(x):
     return type(x).__module__.startswith("torch") and x.device.type == "cuda"
 
 
+def _from_dlpack(x):
+    """`x` itself, or for an array of another library that speaks DLPack (``__dlpack__``:
+    CuPy, JAX, ...) a torch tensor over the same memory, host or CUDA (``torch.from_dlpack``,
+    no copy), so that a call writes its result into the caller's array."""
+    if hasattr(x, "__array_interface__") or type(x).__module__.startswith(("numpy", "torch")):
+        return x
+    if not hasattr(x, "__dlpack__"):
+        return x  # the extension refuses it, saying what it takes
+    try:
+        import torch
+    except ImportError:
+        raise InvalidUsage(
+            f"{type(x).__name__} arrays are taken through DLPack, which byzcoll reads with torch: "
+            "install torch, or pass a numpy array"
+        ) from None
+    return torch.from_dlpack(x)
+
+
+def _goes_device_to_device(inner, x, rule):
+    """Whether the CUDA tensor `x` goes device to device, aggregated by `rule`'s CUDA kernels:
+    over NCCL's own transport, by a rule with kernels, float32, bfloat16 or float16, not empty."""
+    return (
+        _is_cuda(x)
+        and x.numel() > 0
+        and _DEVICE_DTYPES.get(str(x.dtype)) is not None
+        and inner._device_to_device(rule)
+    )
+
+
+def _lent(x):
+    """What the device entry points take of the CUDA tensor `x`: its data pointer, element
+    count, dtype name and current stream; refuses a tensor that is not contiguous or that
+    requires grad (it would be written in place behind autograd)."""
+    import torch
+
+    if not x.is_contiguous():
+        raise InvalidUsage("the tensor is not contiguous: pass x.contiguous() and copy the result back")
+    if x.requires_grad:
+        raise InvalidUsage(
+            "the tensor requires grad and would be written in place behind autograd: pass "
+            "x.detach() (a gradient, as the DDP hook hands over, does not require grad)"
+        )
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    return x.data_ptr(), x.numel(), _DEVICE_DTYPES[str(x.dtype)], stream
+
+
 class _Staged:
     """`x` as the host side sees it: :attr:`array`, the numpy view of `x` itself, or for a CUDA
     tensor of a pinned host copy made once the work queued on the tensor's stream is done
@@ -186,32 +235,17 @@ class Communicator:
         the work queued on the tensor's current stream, with no host copy; otherwise it is
         staged through pinned host memory (counted in the report's ``staged_bytes``).
         """
-        if _is_cuda(x) and x.numel() > 0 and _DEVICE_DTYPES.get(str(x.dtype)) is not None \
-                and self._inner._device_to_device(rule):
-            return self._robust_all_reduce_device(x, rule, f, policy, replicas, m, tau)
+        x = _from_dlpack(x)
+        if _goes_device_to_device(self._inner, x, rule):
+            return self._inner._robust_all_reduce_device(
+                *_lent(x), rule, f, policy=policy, replicas=replicas, m=m, tau=tau
+            )
         staged = _Staged(x)
         report = self._inner.robust_all_reduce(
             staged.array, rule, f, policy=policy, replicas=replicas, m=m, tau=tau
         )
         staged.write_back()
         return _noted(report, staged)
-
-    def _robust_all_reduce_device(self, x, rule, f, policy, replicas, m, tau):
-        """`robust_all_reduce` of a CUDA tensor over NCCL: its memory lent to the CUDA kernels."""
-        import torch
-
-        if not x.is_contiguous():
-            raise InvalidUsage("the tensor is not contiguous: pass x.contiguous() and copy the result back")
-        if x.requires_grad:
-            raise InvalidUsage(
-                "the tensor requires grad and would be written in place behind autograd: pass "
-                "x.detach() (a gradient, as the DDP hook hands over, does not require grad)"
-            )
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        return self._inner._robust_all_reduce_device(
-            x.data_ptr(), x.numel(), _DEVICE_DTYPES[str(x.dtype)], rule, f, stream,
-            policy=policy, replicas=replicas, m=m, tau=tau,
-        )
 
     def robust_reduce_scatter(self, input, output, rule, f, *, replicas=None, m=None, tau=None):
         """Robust reduce-scatter: `input` (every rank's whole vector) is cut into :attr:`size`
@@ -220,7 +254,16 @@ class Communicator:
         :attr:`rank`, tolerating `f` Byzantine ranks. Each shard is aggregated by `replicas`
         owners (default 2f + 1) and combined by the median of their versions, as in the sharded
         all-reduce: bitwise its shard of ``robust_all_reduce(..., policy="sharded")``. `output`
-        is written in place; `input` is not modified. Returns a :class:`Report`."""
+        is written in place; `input` is not modified. Returns a :class:`Report`.
+
+        CUDA tensors over NCCL (as :meth:`robust_all_reduce` takes them device to device) run
+        the device all-reduce in sharded mode on a device copy of `input` and keep this rank's
+        shard: no host copy, at the traffic of the sharded all-reduce (each shard's result goes
+        to every rank, not only to its own), and the report is that all-reduce's. Other CUDA
+        tensors are staged through pinned host memory."""
+        input, output = _from_dlpack(input), _from_dlpack(output)
+        if _is_cuda(output) and _goes_device_to_device(self._inner, input, rule):
+            return self._robust_reduce_scatter_device(input, output, rule, f, replicas, m, tau)
         source, target = _Staged(input), _Staged(output, read=False)
         report = self._inner.robust_reduce_scatter(
             source.array, target.array, rule, f, replicas=replicas, m=m, tau=tau
@@ -228,10 +271,33 @@ class Communicator:
         target.write_back()
         return _noted(report, source, target)
 
+    def _robust_reduce_scatter_device(self, input, output, rule, f, replicas, m, tau):
+        """:meth:`robust_reduce_scatter` of CUDA tensors over NCCL: the sharded device
+        all-reduce of a copy of `input`, then this rank's shard of it into `output`."""
+        if input.dtype != output.dtype or input.device != output.device:
+            raise InvalidUsage(
+                f"input is {input.dtype} on {input.device}, output {output.dtype} on "
+                f"{output.device}: a reduce-scatter takes one dtype on one device"
+            )
+        whole = input.detach().reshape(-1).clone()
+        base, extra = divmod(whole.numel(), self.size)
+        start = self.rank * base + min(self.rank, extra)
+        shard = whole[start : start + base + (self.rank < extra)]
+        if output.numel() != shard.numel():
+            raise InvalidUsage(
+                f"output holds {output.numel()} elements, this rank's shard of {whole.numel()} "
+                f"over {self.size} ranks {shard.numel()}"
+            )
+        report = self._inner._robust_all_reduce_device(
+            *_lent(whole), rule, f, policy="sharded", replicas=replicas, m=m, tau=tau
+        )
+        output.copy_(shard.reshape(output.shape))
+        return report
+
     def all_reduce(self, x, op="sum"):
         """Non-robust all-reduce in place ("sum", "min", "max"): one faulty rank corrupts every
         result. For comparison with :meth:`robust_all_reduce`."""
-        staged = _Staged(x)
+        staged = _Staged(_from_dlpack(x))
         self._inner.all_reduce(staged.array, op)
         staged.write_back()
 

@@ -60,11 +60,14 @@ replica (torchft's checkpoint transport)::
 ``examples/python/torchft_train.py`` trains this way with a replica killed and restarted.
 
 Tensors are float32, float64, float16 or bfloat16 (the 16-bit ones travel as two bytes per
-element; sums and distances are taken in f64 and rounded once), on the CPU or on a CUDA device:
-a CUDA tensor (a CUDA model's DDP bucket, say) is staged through pinned host memory, one
-blocking copy each way per call, after the work queued on its stream; its result is written
-back before the call (or the future) completes. Other dtypes and devices are refused with
-:class:`byzcoll.InvalidUsage`.
+element; sums and distances are taken in f64 and rounded once), on the CPU or on a CUDA device.
+A CUDA tensor (a CUDA model's DDP bucket or FSDP2 gradient, say) goes device to device over
+NCCL (``BYZCOLL_TRANSPORT=nccl``) when the rule has CUDA kernels (median, trimmed mean, Krum,
+Multi-Krum, Bulyan) and the dtype is float32, bfloat16 or float16: no host copy, after the work
+queued on its stream. Otherwise it is staged through pinned host memory, one blocking copy each
+way per call, after the work queued on its stream; its result is written back before the call
+(or the future) completes (the report's ``staged_bytes``). Other dtypes and devices are refused
+with :class:`byzcoll.InvalidUsage`.
 """
 
 import math
@@ -72,7 +75,16 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import Communicator, InvalidUsage, UnsupportedError, _noted, _Staged, init_with_allgather
+from . import (
+    Communicator,
+    InvalidUsage,
+    UnsupportedError,
+    _goes_device_to_device,
+    _lent,
+    _noted,
+    _Staged,
+    init_with_allgather,
+)
 from ._process_group import ProcessGroupByzcoll, register as _register_backend
 
 try:  # FSDP2's custom-collective interface (PyTorch >= 2.8), not re-exported publicly
@@ -102,8 +114,10 @@ def _start(comm: Communicator, tensor, rule, f, kwargs, on_report):
     """Starts ``comm.robust_all_reduce(tensor, rule, f, **kwargs)`` after the calls made on
     `comm` before it (the communicator's own queue, in Rust: no thread of ours) and returns a
     ``torch.futures.Future`` that completes with ``on_report(report)``, or with the exception.
-    A CUDA tensor is staged through pinned host memory, its result copied back before the
-    future completes."""
+    A CUDA tensor goes device to device over NCCL where the rule has CUDA kernels (the work
+    queued on its stream is waited for now, and the result is on the device when the future
+    completes); any other CUDA tensor is staged through pinned host memory, its result copied
+    back before the future completes."""
     fut = torch.futures.Future()
     staged = None
 
@@ -112,14 +126,22 @@ def _start(comm: Communicator, tensor, rule, f, kwargs, on_report):
             fut.set_exception(error)
             return
         try:
-            staged.write_back()
-            fut.set_result(on_report(_noted(report, staged)))
+            if staged is not None:
+                staged.write_back()
+                report = _noted(report, staged)
+            fut.set_result(on_report(report))
         except BaseException as e:  # the future carries it to the waiter
             fut.set_exception(e)
 
     try:
-        staged = _Staged(tensor)
-        comm._inner._start_robust_all_reduce(staged.array, rule, f, done, **kwargs)
+        if _goes_device_to_device(comm._inner, tensor, rule):
+            # The callback holds `tensor`, and so its memory, until the call has run.
+            comm._inner._start_robust_all_reduce_device(
+                *_lent(tensor), rule, f, lambda report, error, _kept=tensor: done(report, error), **kwargs
+            )
+        else:
+            staged = _Staged(tensor)
+            comm._inner._start_robust_all_reduce(staged.array, rule, f, done, **kwargs)
     except BaseException as e:  # refused before it started: the future says so
         fut.set_exception(e)
     return fut
@@ -335,7 +357,8 @@ class RobustReduceScatter(_ReduceScatter):
         self.last_report = None
 
     def allocate(self, size, *, dtype, device):
-        """A plain tensor: byzcoll reads and writes host memory in place."""
+        """A plain tensor on FSDP's device: byzcoll reads and writes it in place (host memory), device
+        to device over NCCL, or staged through pinned host memory."""
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
@@ -378,7 +401,7 @@ def fsdp_robust_reduce_scatter(module, comm: Communicator, rule, f, *, replicas=
     :class:`RobustReduceScatter` (returned, with its ``last_report``). Every rank calls it: it
     runs one robust reduce-scatter of zeros per parameter dtype, so that what the rounds would
     refuse (unknown rule, invalid parameters, a precondition the world does not meet, a dtype
-    other than float32 and float64) is refused here, with the same typed error. Refuses a
+    other than float32, float64, float16 and bfloat16) is refused here, with the same typed error. Refuses a
     whole-vector rule (Krum family, geometric median, centered clipping, NNM) when ``module``
     holds more than one group: each group's reduce-scatter sees only its own parameters'
     gradients. A round's error is raised by ``backward()`` with its byzcoll type."""
