@@ -57,6 +57,7 @@ macro_rules! conformance_suite {
             nonblocking_collectives_run_in_start_order,
             a_straggler_does_not_set_the_pace,
             closing_waits_for_a_rank_left_behind,
+            a_rank_far_behind_comes_back_in_step,
             narrow_types_reduce_bitwise_as_the_local_rule,
         );
     };
@@ -152,4 +153,7 @@ pub use sharded::{
     sharded_matches_gather_bitwise, sharded_sub_rounds_match_one_round_and_erase_a_dead_peer_once,
     sharded_survives_byzantine_owners_only_with_replication,
 };
-pub use time::{a_straggler_does_not_set_the_pace, closing_waits_for_a_rank_left_behind};
+pub use time::{
+    a_rank_far_behind_comes_back_in_step, a_straggler_does_not_set_the_pace,
+    closing_waits_for_a_rank_left_behind,
+};

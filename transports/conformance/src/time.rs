@@ -205,3 +205,116 @@ where
         }
     }
 }
+
+/// A rank paused while the others run many quorum rounds ahead comes back in step, whatever
+/// the transport does with the messages it has not read (TCP and the in-process transport drop
+/// them for skip notices past a budget; UCX and libfabric keep them in the library): 4 ranks,
+/// stragglers allowed (`s = 1`), under `Enforce` and `Detect`, 2 MiB vectors; rank 3 pauses
+/// before its round 2 until the others have gone 10 rounds on (20 MiB to it from each). The
+/// others' rounds all succeed alike and never wait a deadline; rank 3 never returns another
+/// result as success (a round it ends well has the others' result for that round), every call
+/// it makes ends (with the others' result or a typed error), and it ends a round after its
+/// pause with the others' result.
+pub async fn a_rank_far_behind_comes_back_in_step<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    for agreement in [Agreement::Enforce, Agreement::Detect] {
+        far_behind(agreement, factory(4).await).await;
+    }
+}
+
+async fn far_behind(agreement: Agreement, transports: Vec<Box<dyn Transport>>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let (rounds, ahead, d) = (18, 10, 1 << 19);
+    let timeout = Duration::from_secs(10);
+    // Rounds rank 0 has ended: rank 3 waits on it, between the others' rounds.
+    let ended = Arc::new(AtomicUsize::new(0));
+    let mut comms = comms(transports, timeout);
+    for c in &mut comms {
+        c.set_agreement(agreement);
+        c.set_stragglers(Stragglers::Exactly(1));
+    }
+    let logs = run_ranks(comms, move |mut c| {
+        let ended = ended.clone();
+        async move {
+            let me = c.rank();
+            let mut log = Vec::new();
+            for round in 0..rounds {
+                if me == 3 && round == 2 {
+                    let paused = Instant::now();
+                    while ended.load(Ordering::Relaxed) < round + ahead
+                        && paused.elapsed() < Duration::from_secs(120)
+                    {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                let mut v = vec![(me * 7 + round) as f32; d];
+                let started = Instant::now();
+                let r = c
+                    .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                    .await;
+                log.push((started.elapsed(), r.map(|_| (v[0], v[d - 1]))));
+                if me == 0 {
+                    ended.store(round + 1, Ordering::Relaxed);
+                }
+                if me != 3 {
+                    // Rounds apart, as a training step's computation keeps them: under
+                    // `Detect` ranks that heard different checks fail a round, and back to
+                    // back on a loaded machine an honest rank would now and then be late.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            c.close().await;
+            log
+        }
+    })
+    .await;
+    for round in 0..rounds {
+        let want = logs[0][round]
+            .1
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{agreement:?} rank 0 round {round}: {e}"));
+        for (me, log) in logs.iter().enumerate().take(3) {
+            let (took, got) = &log[round];
+            assert_eq!(
+                got.as_ref().ok(),
+                Some(want),
+                "{agreement:?} rank {me} round {round}: {got:?}"
+            );
+            assert!(
+                *took < timeout / 2,
+                "{agreement:?} rank {me} round {round} took {took:?}"
+            );
+        }
+        match &logs[3][round].1 {
+            Ok(got) => assert_eq!(got, want, "{agreement:?} rank 3 round {round}: a split"),
+            Err(
+                Error::FellBehind { .. } | Error::Disagreement { .. } | Error::TooManyFaults { .. },
+            ) => {}
+            Err(e) => panic!("{agreement:?} rank 3 round {round}: {e}"),
+        }
+    }
+    let outcomes: String = logs[3]
+        .iter()
+        .map(|(_, r)| if r.is_ok() { 'o' } else { 'e' })
+        .collect();
+    eprintln!(
+        "DEBUG {agreement:?} {outcomes} {:?}",
+        logs[3]
+            .iter()
+            .map(|(t, r)| (
+                t.as_millis(),
+                r.as_ref()
+                    .err()
+                    .map(|e| e.to_string().chars().take(60).collect::<String>())
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        outcomes[3..].contains('o'),
+        "{agreement:?}: rank 3 never came back in step: {outcomes}"
+    );
+}

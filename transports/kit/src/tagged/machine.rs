@@ -13,7 +13,7 @@ use super::{
 };
 use crate::mailbox::{Claim, Closed, Delivery, Mailbox};
 use crate::pool::{BufferPool, PoolBuf};
-use crate::progress::{SendCommand, SendCredit, SendDone};
+use crate::progress::{SendCommand, SendCredit, SendDone, SEND_BUDGET};
 use crate::wire::{FrameHeader, FrameKeys, Opened, Unsealed, SEALED_LEN};
 use byzcoll_runtime::bootstrap::gate::LOG_INTERVAL;
 
@@ -134,6 +134,8 @@ pub struct Core<N: TaggedNet> {
     /// (at most one a peer per [`LOG_INTERVAL`]: a peer, or whoever forges its frames, cannot
     /// flood the log).
     warned: Vec<(Option<std::time::Instant>, u64)>,
+    /// The same for sends refused past [`SEND_BUDGET`], by receiving peer.
+    over_budget: Vec<(Option<std::time::Instant>, u64)>,
     /// The peer's slot is closed: nothing more is received from it.
     closed: Vec<bool>,
     /// The peer failed: nothing more is sent to it, and its slot closes once what did arrive
@@ -178,6 +180,7 @@ impl<N: TaggedNet> Core<N> {
             pool: BufferPool::new(config.pool_bytes),
             rx: (0..size).map(|_| PeerRx::default()).collect(),
             warned: vec![(None, 0); size],
+            over_budget: vec![(None, 0); size],
             closed: vec![false; size],
             failed: vec![false; size],
             next_seq: vec![0; size],
@@ -252,6 +255,20 @@ impl<N: TaggedNet> Core<N> {
             let _ = done.send(Err(format!("rank {peer} is unreachable")));
             return;
         }
+        let outstanding = self.outstanding(peer);
+        if outstanding > 0 && outstanding + payload.len() > SEND_BUDGET {
+            let why = format!(
+                "rank {peer} has not taken the {outstanding} bytes in flight to it: past the \
+                 send budget of {SEND_BUDGET} bytes, this message is dropped (the receiver finds \
+                 it missing)"
+            );
+            if let Some(held_back) = may_warn(&mut self.over_budget, peer) {
+                tracing::warn!(transport = self.config.name, peer, held_back, "{why}");
+            }
+            let _ = done.send(Err(why));
+            return;
+        }
+        // Refused before `seq` is taken: a dropped message leaves no gap.
         let seq = self.next_seq[peer];
         let header = FrameHeader::new(key, call, self.config.me, payload.len());
         // Sealed before `seq` is taken: a frame that cannot be sealed leaves no gap.
@@ -290,6 +307,15 @@ impl<N: TaggedNet> Core<N> {
                 self.credit(peer);
             }
         }
+    }
+
+    /// Bytes of the sends to `peer` the network has not finished with.
+    pub fn outstanding(&self, peer: Rank) -> usize {
+        self.sends
+            .values()
+            .filter(|o| o.peer == peer)
+            .map(|o| o.len)
+            .sum()
     }
 
     /// Reports done the sends to `peer` that are in flight and fit in its credit, oldest first.

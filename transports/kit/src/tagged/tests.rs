@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::*;
 use crate::mailbox::Mailbox;
-use crate::progress::{SendCommand, SEND_CREDIT};
+use crate::progress::{SendCommand, SEND_BUDGET, SEND_CREDIT};
 use crate::wire::{FrameHeader, FrameKeys, SEALED_LEN};
 
 const TAGS: TagLayout = TagLayout::new(38);
@@ -384,6 +384,55 @@ fn sends_are_done_within_the_credit_and_wait_beyond_it() {
         None,
         "the transport is gone"
     );
+}
+
+/// A peer that takes nothing holds at most [`SEND_BUDGET`] of this rank's memory: sends past
+/// it fail at once without a sequence number (no gap: the next message after the peer has
+/// taken some goes out in sequence), and a message larger than the budget still goes alone.
+#[test]
+fn sends_to_a_peer_that_takes_nothing_stop_at_the_budget() {
+    let mut r = rig();
+    let quarter = Bytes::from(vec![0u8; SEND_BUDGET / 4]);
+    let send = |r: &mut Rig, step: u32, payload: Bytes| {
+        let (done, finished) = oneshot::channel();
+        r.commands
+            .try_send(SendCommand {
+                peer: FROM,
+                key: key(step),
+                call: 0,
+                payload,
+                done,
+            })
+            .unwrap();
+        r.core.take_commands(&mut r.net);
+        finished
+    };
+    let mut dones: Vec<_> = (0..6)
+        .map(|step| send(&mut r, step, quarter.clone()))
+        .collect();
+    let seqs: Vec<u64> = r.net.sent.iter().map(|f| f.seq).collect();
+    assert_eq!(seqs, vec![0, 1, 2, 3], "four quarters fill the budget");
+    assert_eq!(r.core.outstanding(FROM), SEND_BUDGET);
+    for refused in &mut dones[4..] {
+        match refused.try_recv() {
+            Ok(Err(why)) => assert!(why.contains("send budget"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // The peer takes the first: the next send goes out with the next sequence number.
+    let first = r.net.sent[0].id;
+    r.core.finish_send(first);
+    let _next = send(&mut r, 6, quarter.clone());
+    assert_eq!(r.net.sent.last().map(|f| f.seq), Some(4), "no gap");
+    assert_eq!(r.core.outstanding(FROM), SEND_BUDGET);
+    // Once it has taken everything, a message larger than the budget goes, alone.
+    let ids: Vec<u64> = r.net.sent.iter().map(|f| f.id).collect();
+    for id in ids {
+        r.core.finish_send(id);
+    }
+    assert_eq!(r.core.outstanding(FROM), 0);
+    let _huge = send(&mut r, 7, Bytes::from(vec![0u8; SEND_BUDGET + 1]));
+    assert_eq!(r.net.sent.last().map(|f| f.seq), Some(5));
 }
 
 #[test]
