@@ -12,8 +12,8 @@ honest gradient and send, by attack, the sign-flipped sum scaled by 10, ALIE (th
 minus z standard deviations, coordinate-wise), or NaN. Rank 0 writes per-step loss and test
 accuracy for every rule and attack as JSON, and a plot with --plot (matplotlib).
 
-A straggler: `--straggler-ms MS` makes one honest rank (the third from last) sleep MS before
-each step's all-reduce; `--stragglers auto` lets the rounds go on without it (quorum rounds,
+A straggler: `--straggler-ms MS` makes one honest rank (the third from last; `--slow-ranks K`:
+the K honest ranks below the Byzantine ones) sleep MS before each step's all-reduce; `--stragglers auto` lets the rounds go on without it (quorum rounds,
 `Communicator.set_stragglers`), `0` waits for it, and without the flag the library's default
 holds (`auto` under `BYZCOLL_AGREEMENT=enforce`, 0 otherwise, or `BYZCOLL_STRAGGLERS`). Rank 0 prints each run's steps
 per second.
@@ -82,9 +82,9 @@ def alie_z(n, f):
     return lo
 
 
-def run(comm, rule, attack, steps, lr, train, test, byzantine, straggler_ms=0.0):
+def run(comm, rule, attack, steps, lr, train, test, byzantine, straggler_ms=0.0, slow_ranks=1):
     n, r = comm.size, comm.rank
-    straggler = n - len(byzantine) - 1
+    stragglers = range(n - len(byzantine) - slow_ranks, n - len(byzantine))
     x0 = train[0]
     net = model(x0.dtype, x0.device)
     (x, y), (xt, yt) = train, test
@@ -105,7 +105,7 @@ def run(comm, rule, attack, steps, lr, train, test, byzantine, straggler_ms=0.0)
         else:
             g = flat_grad(net, *shards[r])
         g = g.contiguous()
-        if r == straggler and straggler_ms > 0:
+        if r in stragglers and straggler_ms > 0:
             time.sleep(straggler_ms / 1000)
         try:
             # The mean is the non-robust baseline: it tolerates no faulty rank (f = 0).
@@ -144,6 +144,8 @@ def main():
     ap.add_argument("--plot", default=None, help="write a PNG of accuracy vs step per rule")
     ap.add_argument("--straggler-ms", type=float, default=0.0,
                     help="one honest rank sleeps this long before each step's all-reduce")
+    ap.add_argument("--slow-ranks", type=int, default=1,
+                    help="how many honest ranks (those just below the Byzantine ones) sleep --straggler-ms")
     ap.add_argument("--stragglers", default=None,
                     help='inputs a round may go without for lateness: "auto" or a count '
                          '(default: the library\'s, auto under enforce unless BYZCOLL_STRAGGLERS says)')
@@ -165,6 +167,8 @@ def main():
     comm = byzcoll.init()
     if comm.size < 4:
         sys.exit("run with at least 4 ranks (8 by default: byzcoll launch -n 8)")
+    if not 1 <= args.slow_ranks <= comm.size - 3:
+        sys.exit(f"--slow-ranks must be 1..{comm.size - 3} (the honest ranks but rank 0) in a world of {comm.size}")
     if args.stragglers is not None:
         comm.set_stragglers(args.stragglers)
     byzantine = {comm.size - 2, comm.size - 1}
@@ -174,7 +178,8 @@ def main():
     results = {}
     for rule in rules:
         for attack in attacks:
-            h = run(comm, rule, attack, args.steps, args.lr, train, test, byzantine, args.straggler_ms)
+            h = run(comm, rule, attack, args.steps, args.lr, train, test, byzantine, args.straggler_ms,
+                    args.slow_ranks)
             results.setdefault(rule, {})[attack] = h
             if h.get("fell_behind"):
                 print(f"rank {comm.rank}, {rule} {attack}: fell behind, {h['fell_behind']} steps "
