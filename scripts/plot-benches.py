@@ -3,6 +3,7 @@
 table) as PNG plots in docs/bench/, with an index (docs/bench/README.md) that shows them.
 
     cargo bench --bench collectives; cargo bench --bench aggregators     # any subset
+    cp target/bench/collectives.json target/bench/collectives-8.json    # keep a run (8 ranks)
     scripts/bench-aggregate.sh; python/bench/overhead.sh
     target/pyvenv/bin/python scripts/plot-benches.py [--from target/bench] [--to docs/bench]
 
@@ -30,11 +31,19 @@ HOW = {
 
 
 def load(src, name):
-    path = os.path.join(src, f"{name}.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    """The bench's rows: ``NAME.json``, and for the collectives also every ``NAME-*.json``
+    (a run kept under another name, say ``collectives-8.json`` for 8 ranks); a list of
+    documents, empty where there is none."""
+    names = [f"{name}.json"]
+    if name == "collectives":
+        names += sorted(f for f in os.listdir(src) if f.startswith(f"{name}-") and f.endswith(".json"))
+    docs = []
+    for n in names:
+        path = os.path.join(src, n)
+        if os.path.exists(path):
+            with open(path) as f:
+                docs.append(json.load(f))
+    return docs
 
 
 def human(nbytes):
@@ -58,6 +67,7 @@ def collectives(doc, dst):
                 "robust_all_reduce gather",
                 "robust_all_reduce sharded r=1",
                 f"robust_all_reduce sharded r={2 * ((ranks - 1) // 2) + 1}",
+                "robust_all_reduce audited r=1",
             ],
             ["MPI Allreduce", "MPI Allgather + numpy.median"],
         ),
@@ -73,15 +83,15 @@ def collectives(doc, dst):
                 continue
             points.sort()
             sizes = [p[0] for p in points]
-            times = [p[1] * 1e3 for p in points]
+            times = [p[1] * 1e6 for p in points]
             # Bytes each rank moves, as nccl-tests counts them for a ring all-reduce: the
             # same yardstick for every line, so lines compare as times do.
-            busbw = [s * 2 * (ranks - 1) / ranks / t / 1e6 for s, t in zip(sizes, times)]
+            busbw = [s * 2 * (ranks - 1) / ranks / t / 1e3 for s, t in zip(sizes, times)]
             style = dict(marker="o", linestyle="--" if who == "Open MPI" else "-")
             axes[0][col].plot(sizes, times, label=label, **style)
             axes[1][col].plot(sizes, busbw, label=label, **style)
         axes[0][col].set_title(title, fontsize=10)
-        axes[0][col].set_ylabel("time (ms), slowest rank, median of reps")
+        axes[0][col].set_ylabel("time (µs), slowest rank, median of reps")
         axes[1][col].set_ylabel("GB/s (bytes/rank x 2(n-1)/n / time)")
         for ax in (axes[0][col], axes[1][col]):
             ax.set_xscale("log", base=2)
@@ -91,10 +101,10 @@ def collectives(doc, dst):
         axes[0][col].legend(fontsize=7)
     fig.suptitle(f"collectives, {ranks} ranks on one host (loopback), same run")
     fig.tight_layout()
-    out = os.path.join(dst, "collectives.png")
-    fig.savefig(out, dpi=90)
+    png = f"collectives-{ranks}.png"
+    fig.savefig(os.path.join(dst, png), dpi=90)
     plt.close(fig)
-    return [("collectives.png", f"Collectives, {ranks} ranks: time and bandwidth against size, byzcoll per transport and Open MPI")]
+    return [(png, f"Collectives, {ranks} ranks: time and bandwidth against size, byzcoll per transport and Open MPI")]
 
 
 # Each byzcoll configuration of the p2p bench and the anchor that runs the same library with the
@@ -240,11 +250,17 @@ def main():
              ""]
     for name, draw in [("collectives", collectives), ("p2p", p2p), ("aggregators", aggregators),
                        ("aggregate_e2e", aggregate_e2e), ("python_overhead", python_overhead)]:
-        doc = load(args.src, name)
-        if doc is None:
+        docs = load(args.src, name)
+        if not docs:
             index += [f"- {name}: no rows yet (`{HOW[name]}`)", ""]
             continue
-        for png, caption in draw(doc, args.dst):
+        # One plot per document; of documents that would draw the same file (two collectives
+        # runs at one world size) the last in name order wins.
+        drawn = {}
+        for doc in docs:
+            for png, caption in draw(doc, args.dst):
+                drawn[png] = caption
+        for png, caption in sorted(drawn.items()):
             index += [f"## {caption}", "", f"`{HOW[name]}`", "", f"![{caption}]({png})", ""]
     with open(os.path.join(args.dst, "README.md"), "w") as f:
         f.write("\n".join(index))
