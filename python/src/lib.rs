@@ -499,6 +499,9 @@ struct PyCommunicator {
     /// The job configuration it joined with (`init`; kept by the communicators made from it),
     /// which `admit` admits through; `None` for an all-gather join, which has no store.
     job: Option<std::sync::Arc<JobConfig>>,
+    /// Whether its device vectors go device to device (its transport is NCCL's own), found
+    /// once when it was made: asking the communicator would wait for the calls made before.
+    device_to_device: bool,
 }
 
 impl Drop for PyCommunicator {
@@ -517,6 +520,7 @@ impl Drop for PyCommunicator {
 impl PyCommunicator {
     fn new(runtime: std::sync::Arc<byzcoll::blocking::Runtime>, comm: Communicator) -> Self {
         PyCommunicator {
+            device_to_device: byzcoll::cuda::device_to_device(&comm),
             inner: ManuallyDrop::new(BlockingComm::new(runtime, comm)),
             job: None,
         }
@@ -566,22 +570,26 @@ fn device_type(name: &str) -> PyResult<byzcoll::blocking::device::DeviceType> {
 
 /// What a started call does with its outcome: calls `done(report, None)` or
 /// `done(None, exception)` on a thread of byzcoll's, under the interpreter's lock, then
-/// releases `kept` (the caller's array, kept alive for the call) there.
+/// releases `kept` (the caller's array, kept alive for the call) there. (`done` itself, which
+/// may hold the caller's tensor, is released after the lock; pyo3 defers that release to the
+/// next time a thread holds it.)
 fn call_back(
     done: Py<PyAny>,
     kept: Option<Py<PyAny>>,
 ) -> impl FnOnce(Result<RoundReport, Refused>) + Send + 'static {
     move |result| {
         Python::attach(|py| {
-            let args = match result {
-                Ok(report) => Py::new(py, Report::from(report)).map(|r| (r.into_any(), py.None())),
-                Err(refused) => Ok((
+            let args = match result.map(|report| Py::new(py, Report::from(report))) {
+                Ok(Ok(report)) => (report.into_any(), py.None()),
+                // The report could not be made (out of memory): the call still completes, with
+                // that error, so that nothing waits for it for ever.
+                Ok(Err(e)) => (py.None(), e.into_value(py).into_any()),
+                Err(refused) => (
                     py.None(),
                     refused_to_py(py, refused).into_value(py).into_any(),
-                )),
+                ),
             };
-            let called = args.and_then(|args| done.call1(py, args));
-            if let Err(e) = called {
+            if let Err(e) = done.call1(py, args) {
                 e.write_unraisable(py, None);
             }
             drop(kept);
@@ -660,12 +668,18 @@ impl PyCommunicator {
         self.with_comm(|c| c.transport().name().to_string())
     }
 
+    /// The agreement policy's name: "off", "detect" or "enforce" (after the calls made before).
+    #[getter]
+    fn agreement(&self) -> PyResult<&'static str> {
+        self.with_comm(|c| c.agreement().name())
+    }
+
     /// Whether `_robust_all_reduce_device` moves a device vector aggregated by `rule` device to
     /// device: over NCCL's own transport (not a communicator split from one), by a rule with
-    /// CUDA kernels. Elsewhere a CUDA tensor is staged through host memory.
-    fn _device_to_device(&self, rule: &str) -> PyResult<bool> {
-        let direct = self.with_comm(|c| byzcoll::cuda::device_to_device(c))?;
-        Ok(direct && byzcoll::cuda::has_kernels(rule))
+    /// CUDA kernels. Elsewhere a CUDA tensor is staged through host memory. Answered at once,
+    /// without waiting for the calls made before (the DDP hook asks for every bucket).
+    fn _device_to_device(&self, rule: &str) -> bool {
+        self.device_to_device && byzcoll::cuda::has_kernels(rule)
     }
 
     /// Robust all-reduce in place of a vector in CUDA device memory: `count` elements of

@@ -353,6 +353,13 @@ def test_arrays_of_other_libraries_are_taken_through_dlpack_in_place(world_of_on
     with pytest.raises(byzcoll.InvalidUsage, match="float32"):
         comm.robust_all_reduce(Foreign(torch.arange(4)), "median", f=0)
 
+    class JaxArray(Foreign):
+        """What byzcoll sees of a JAX array: immutable, so never written in place."""
+
+    JaxArray.__module__ = "jaxlib.xla_extension"
+    with pytest.raises(byzcoll.InvalidUsage, match="immutable"):
+        comm.robust_all_reduce(JaxArray(torch.arange(4.0)), "median", f=0)
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="SKIPPED: no CUDA device here (CUDA tensors are staged through pinned host memory)")
 def test_cuda_tensors_are_staged_through_pinned_host_memory(world_of_one):

@@ -12,7 +12,8 @@ or stall::
 
 There is no default rule. Arrays are numpy arrays (float32/float64, float16, C-contiguous,
 writable) or torch CPU tensors, updated in place without a copy, or arrays of any library that
-speaks DLPack (``__dlpack__``: CuPy, JAX, ...; read through torch, no copy). CUDA tensors go
+speaks DLPack (``__dlpack__``: CuPy, ...; read through torch, no copy; JAX's immutable arrays
+are refused). CUDA tensors go
 device to device over NCCL (``BYZCOLL_TRANSPORT=nccl``) where the rule has CUDA kernels;
 elsewhere they are staged through pinned host memory (one blocking copy each way per call,
 counted in the report's ``staged_bytes``; the result is written back only when the call
@@ -109,13 +110,19 @@ def _is_cuda(x):
 
 
 def _from_dlpack(x):
-    """`x` itself, or for an array of another library that speaks DLPack (``__dlpack__``:
-    CuPy, JAX, ...) a torch tensor over the same memory, host or CUDA (``torch.from_dlpack``,
-    no copy), so that a call writes its result into the caller's array."""
+    """`x` itself, or for an array of another library that speaks DLPack (``__dlpack__``: CuPy,
+    ...) a torch tensor over the same memory, host or CUDA (``torch.from_dlpack``, no copy), so
+    that a call writes its result into the caller's array. JAX arrays are refused: they are
+    immutable, and a result written into one would break JAX's own assumptions."""
     if hasattr(x, "__array_interface__") or type(x).__module__.startswith(("numpy", "torch")):
         return x
     if not hasattr(x, "__dlpack__"):
         return x  # the extension refuses it, saying what it takes
+    if type(x).__module__.startswith(("jax", "jaxlib")):
+        raise InvalidUsage(
+            "JAX arrays are immutable, and byzcoll writes its result in place: pass a numpy copy "
+            "(numpy.array(x)) and read the result from it"
+        )
     try:
         import torch
     except ImportError:
@@ -259,8 +266,11 @@ class Communicator:
         CUDA tensors over NCCL (as :meth:`robust_all_reduce` takes them device to device) run
         the device all-reduce in sharded mode on a device copy of `input` and keep this rank's
         shard: no host copy, at the traffic of the sharded all-reduce (each shard's result goes
-        to every rank, not only to its own), and the report is that all-reduce's. Other CUDA
-        tensors are staged through pinned host memory."""
+        to every rank, not only to its own), aggregated by the CUDA kernels rather than the CPU
+        rules, without stragglers, and the report is that all-reduce's. Every rank must
+        pass its tensors on the same device type (the calls differ otherwise, and the ranks that
+        differ are named out of step). Other CUDA tensors are staged through pinned host
+        memory."""
         input, output = _from_dlpack(input), _from_dlpack(output)
         if _is_cuda(output) and _goes_device_to_device(self._inner, input, rule):
             return self._robust_reduce_scatter_device(input, output, rule, f, replicas, m, tau)
@@ -273,7 +283,14 @@ class Communicator:
 
     def _robust_reduce_scatter_device(self, input, output, rule, f, replicas, m, tau):
         """:meth:`robust_reduce_scatter` of CUDA tensors over NCCL: the sharded device
-        all-reduce of a copy of `input`, then this rank's shard of it into `output`."""
+        all-reduce of a copy of `input`, then this rank's shard of it into `output`. Refuses
+        what the host reduce-scatter refuses that the all-reduce would take (agreement
+        "enforce")."""
+        if self._inner.agreement == "enforce":
+            raise UnsupportedError(
+                "Agreement::Enforce in a reduce-scatter: each rank takes a shard of its own, so "
+                "there is no common result to agree on; reduce-scatter runs Agreement::Detect"
+            )
         if input.dtype != output.dtype or input.device != output.device:
             raise InvalidUsage(
                 f"input is {input.dtype} on {input.device}, output {output.dtype} on "

@@ -81,14 +81,16 @@ impl std::fmt::Debug for SendCommand {
 /// messages holds back at most this much of the sender's memory before its sends wait again.
 pub const SEND_CREDIT: usize = 64 << 20;
 
-/// Bytes of sends in flight to one peer, done or not, past which a transport whose network
-/// keeps every send until the receiver takes it (UCX's and libfabric's rendezvous, a full
-/// socket under them) starts no more to that peer: a quorum step goes on without its sends to
-/// a straggler, so a peer that stops reading (stalled, or Byzantine) would otherwise make every
-/// other rank hold each round's messages to it for as long as the job runs. A send past the
-/// budget fails at once (the receiver, if it ever catches up, finds that message missing at its
-/// deadline); a message larger than the budget still goes, alone. Twice [`SEND_CREDIT`], so
-/// that a peer that merely reads slowly is never refused before its sends make steps wait.
+/// The least a peer's send budget can be: bytes of sends in flight to one peer, done or not,
+/// past which a transport whose network keeps every send until the receiver takes it (UCX's
+/// and libfabric's rendezvous, a full socket under them) starts no more to that peer. A quorum
+/// step goes on without its sends to a straggler, so a peer that stops reading (stalled, or
+/// Byzantine) would otherwise make every other rank hold each round's messages to it for as
+/// long as the job runs. A peer's budget is three of the largest message sent to it, at least
+/// this (`tagged::Core::budget`), so that a round's small messages always fit beside its
+/// vector in flight; a send past it fails at once (the receiver, if it ever catches up, finds
+/// that message missing at its deadline), and a message larger than the budget still goes,
+/// alone.
 pub const SEND_BUDGET: usize = 2 * SEND_CREDIT;
 
 /// Bytes of sends reported done while still in flight, per peer, against [`SEND_CREDIT`].

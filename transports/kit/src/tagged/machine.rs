@@ -134,8 +134,11 @@ pub struct Core<N: TaggedNet> {
     /// (at most one a peer per [`LOG_INTERVAL`]: a peer, or whoever forges its frames, cannot
     /// flood the log).
     warned: Vec<(Option<std::time::Instant>, u64)>,
-    /// The same for sends refused past [`SEND_BUDGET`], by receiving peer.
+    /// The same for sends refused past a peer's budget ([`Core::budget`]), by receiving peer.
     over_budget: Vec<(Option<std::time::Instant>, u64)>,
+    /// The largest message started to each peer (its budget is three of them, at least
+    /// [`SEND_BUDGET`]).
+    largest: Vec<usize>,
     /// The peer's slot is closed: nothing more is received from it.
     closed: Vec<bool>,
     /// The peer failed: nothing more is sent to it, and its slot closes once what did arrive
@@ -181,6 +184,7 @@ impl<N: TaggedNet> Core<N> {
             rx: (0..size).map(|_| PeerRx::default()).collect(),
             warned: vec![(None, 0); size],
             over_budget: vec![(None, 0); size],
+            largest: vec![0; size],
             closed: vec![false; size],
             failed: vec![false; size],
             next_seq: vec![0; size],
@@ -255,12 +259,12 @@ impl<N: TaggedNet> Core<N> {
             let _ = done.send(Err(format!("rank {peer} is unreachable")));
             return;
         }
-        let outstanding = self.outstanding(peer);
-        if outstanding > 0 && outstanding + payload.len() > SEND_BUDGET {
+        let (outstanding, budget) = (self.outstanding(peer), self.budget(peer));
+        if outstanding > 0 && outstanding + payload.len() > budget {
             let why = format!(
-                "rank {peer} has not taken the {outstanding} bytes in flight to it: past the \
-                 send budget of {SEND_BUDGET} bytes, this message is dropped (the receiver finds \
-                 it missing)"
+                "rank {peer} has not taken the {outstanding} bytes in flight to it: past its \
+                 send budget of {budget} bytes, this message is dropped (the receiver finds it \
+                 missing)"
             );
             if let Some(held_back) = may_warn(&mut self.over_budget, peer) {
                 tracing::warn!(transport = self.config.name, peer, held_back, "{why}");
@@ -280,6 +284,7 @@ impl<N: TaggedNet> Core<N> {
             }
         };
         self.next_seq[peer] += 1;
+        self.largest[peer] = self.largest[peer].max(payload.len());
         let id = self.next_send;
         self.next_send += 1;
         let len = payload.len();
@@ -307,6 +312,13 @@ impl<N: TaggedNet> Core<N> {
                 self.credit(peer);
             }
         }
+    }
+
+    /// The most bytes in flight to `peer` before its sends are refused: three of the largest
+    /// message sent to it (a step's vector, then the small messages of the same round, while
+    /// the vector is still in flight), at least [`SEND_BUDGET`].
+    pub fn budget(&self, peer: Rank) -> usize {
+        self.largest[peer].saturating_mul(3).max(SEND_BUDGET)
     }
 
     /// Bytes of the sends to `peer` the network has not finished with.

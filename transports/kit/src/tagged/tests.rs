@@ -386,9 +386,10 @@ fn sends_are_done_within_the_credit_and_wait_beyond_it() {
     );
 }
 
-/// A peer that takes nothing holds at most [`SEND_BUDGET`] of this rank's memory: sends past
-/// it fail at once without a sequence number (no gap: the next message after the peer has
-/// taken some goes out in sequence), and a message larger than the budget still goes alone.
+/// A peer that takes nothing holds at most its budget of this rank's memory ([`SEND_BUDGET`]
+/// where its messages are small): sends past it fail at once without a sequence number (no
+/// gap: the next message after the peer has taken some goes out in sequence); a message larger
+/// than the budget still goes alone, and raises the budget to three of it.
 #[test]
 fn sends_to_a_peer_that_takes_nothing_stop_at_the_budget() {
     let mut r = rig();
@@ -425,7 +426,8 @@ fn sends_to_a_peer_that_takes_nothing_stop_at_the_budget() {
     let _next = send(&mut r, 6, quarter.clone());
     assert_eq!(r.net.sent.last().map(|f| f.seq), Some(4), "no gap");
     assert_eq!(r.core.outstanding(FROM), SEND_BUDGET);
-    // Once it has taken everything, a message larger than the budget goes, alone.
+    // Once it has taken everything, a message larger than the budget goes, alone; the budget
+    // is then three of it, so the round's small messages still go beside it in flight.
     let ids: Vec<u64> = r.net.sent.iter().map(|f| f.id).collect();
     for id in ids {
         r.core.finish_send(id);
@@ -433,6 +435,13 @@ fn sends_to_a_peer_that_takes_nothing_stop_at_the_budget() {
     assert_eq!(r.core.outstanding(FROM), 0);
     let _huge = send(&mut r, 7, Bytes::from(vec![0u8; SEND_BUDGET + 1]));
     assert_eq!(r.net.sent.last().map(|f| f.seq), Some(5));
+    assert_eq!(r.core.budget(FROM), 3 * (SEND_BUDGET + 1));
+    let _digest = send(&mut r, 8, Bytes::from_static(&[0u8; 32]));
+    assert_eq!(
+        r.net.sent.last().map(|f| f.seq),
+        Some(6),
+        "a small message beside it"
+    );
 }
 
 #[test]
