@@ -161,6 +161,14 @@ def _lent(x):
     return x.data_ptr(), x.numel(), _DEVICE_DTYPES[str(x.dtype)], stream
 
 
+def _own_shard(tensor, rank, size):
+    """This rank's shard of the torch tensor `tensor` (a view), cut as robust_reduce_scatter
+    cuts it."""
+    base, extra = divmod(tensor.numel(), size)
+    start = rank * base + min(rank, extra)
+    return tensor.reshape(-1)[start : start + base + (rank < extra)]
+
+
 class _Staged:
     """`x` as the host side sees it: :attr:`array`, the numpy view of `x` itself, or for a CUDA
     tensor of a pinned host copy made once the work queued on the tensor's stream is done
@@ -297,9 +305,7 @@ class Communicator:
                 f"{output.device}: a reduce-scatter takes one dtype on one device"
             )
         whole = input.detach().reshape(-1).clone()
-        base, extra = divmod(whole.numel(), self.size)
-        start = self.rank * base + min(self.rank, extra)
-        shard = whole[start : start + base + (self.rank < extra)]
+        shard = _own_shard(whole, self.rank, self.size)
         if output.numel() != shard.numel():
             raise InvalidUsage(
                 f"output holds {output.numel()} elements, this rank's shard of {whole.numel()} "

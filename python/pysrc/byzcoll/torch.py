@@ -82,6 +82,7 @@ from . import (
     _goes_device_to_device,
     _lent,
     _noted,
+    _own_shard,
     _Staged,
     init_with_allgather,
 )
@@ -329,13 +330,6 @@ def register_ddp_comm_hook(
     )
     ddp.register_comm_hook(state, hook)
     return state
-
-
-def _own_shard(input_tensor, rank, size):
-    """This rank's shard of `input_tensor`, cut as robust_reduce_scatter cuts it."""
-    base, extra = divmod(input_tensor.numel(), size)
-    start = rank * base + min(rank, extra)
-    return input_tensor.reshape(-1)[start : start + base + (rank < extra)]
 
 
 class RobustReduceScatter(_ReduceScatter):
