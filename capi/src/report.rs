@@ -244,6 +244,12 @@ impl Out {
                     a.realigned
                 ));
             }
+            if !a.recovered.is_empty() {
+                text.push_str(&format!(
+                    "recovered: the inputs of {:?} came late and were passed on by ranks that                      had them in time; ",
+                    a.recovered
+                ));
+            }
         }
         if let Some(a) = &round.audit {
             if !a.convicted.is_empty() {

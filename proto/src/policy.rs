@@ -154,7 +154,10 @@ impl Agreement {
 /// Under [`Agreement::Detect`] a straggler's input can reach some honest ranks before their
 /// quorum and others after it: every rank moves to the *common inputs*, those every rank it
 /// heard in the cross-check used, and names the inputs it left out
-/// ([`AgreementReport::realigned`](crate::AgreementReport::realigned)); a confirmation step
+/// ([`AgreementReport::realigned`](crate::AgreementReport::realigned)), or, where those are too
+/// few for the rule, to the inputs `f + 1` of them used, which the ranks holding them pass on
+/// to those they were late for
+/// ([`AgreementReport::recovered`](crate::AgreementReport::recovered)); a confirmation step
 /// turns ranks that still end apart into an error, never a silent split.
 /// [`Agreement::Enforce`] agrees on the inputs and keeps them all in step (`PROTOCOL.md`,
 /// "Quorum rounds", "Common inputs").
@@ -329,6 +332,11 @@ pub struct AgreementReport {
     /// reached that rank late or not at all; "Common inputs"). Gather mode under
     /// [`Agreement::Detect`].
     pub realigned: Vec<Rank>,
+    /// Senders whose input reached this rank late but which at least `f + 1` of the ranks
+    /// it heard used: another rank passed it on, and it is in the result (not counted
+    /// [`Fault::Late`](crate::Fault::Late)). Gather mode under [`Agreement::Detect`] with
+    /// stragglers allowed (`PROTOCOL.md`, "Named inputs").
+    pub recovered: Vec<Rank>,
 }
 
 /// What happened in one robust round.

@@ -7,14 +7,14 @@ mod harness;
 
 use std::time::Duration;
 
-use byzcoll_aggregators::{aggregate_into, Median};
+use byzcoll_aggregators::{aggregate_into, Aggregator, Median, TrimmedMean};
 use byzcoll_proto::round::Shape;
 use byzcoll_proto::{Agreement, Error, Fault, PeerFault, Replicas, RoundReport, Stragglers};
 use harness::{input, run, spec, Fate, Network, WORLD_SIZES};
 
 const MS: Duration = Duration::from_millis(1);
 
-fn reference(inputs: &[Vec<f32>], rule: &Median) -> Vec<f32> {
+fn reference(inputs: &[Vec<f32>], rule: &dyn Aggregator) -> Vec<f32> {
     let refs: Vec<&[f32]> = inputs.iter().map(|v| &v[..]).collect();
     let mut out = vec![0f32; inputs[0].len()];
     aggregate_into(rule, &refs, &mut out).unwrap();
@@ -596,6 +596,119 @@ fn a_stragglers_view_of_another_straggler_does_not_split_the_others() {
                 assert_eq!(report.inputs, 7, "rank {me}");
             }
             (_, Err(err)) => panic!("rank {me}: {err}"),
+        }
+        assert!(e.at < Duration::from_millis(100), "rank {me}: {:?}", e.at);
+    }
+}
+
+/// Two stragglers of 4 (`f = 1`, `s = 1`), each late to another rank: rank 3's input is late
+/// for rank 0, rank 2's for rank 1. The inputs every rank used are ranks 0 and 1's alone, too
+/// few for the median, and before named inputs ranks 0 and 1 each kept their own result and
+/// the round failed, two ranks against two (seen on two busy cores). Now each late input,
+/// named by the two other ranks, is passed on to the rank it was late for: every rank ends
+/// with the result of all four inputs, at once, and counts no one late.
+#[test]
+fn stragglers_late_to_different_ranks_of_four_are_passed_on_not_a_split() {
+    let (n, d) = (4, 6);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    for rule in [&Median::new(1) as &dyn Aggregator, &TrimmedMean::new(1)] {
+        let spec = |me| {
+            let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
+            s.stragglers = 1;
+            s
+        };
+        let ended = run(
+            spec,
+            rule,
+            &inputs,
+            &vec![Duration::ZERO; n],
+            &|from, to, step, _, _| match (from, to, step) {
+                (3, 0, 0) | (2, 1, 0) => Fate::After(Duration::from_millis(200)),
+                _ => Fate::After(MS),
+            },
+        );
+        let want = bits(&reference(&inputs, rule));
+        for (me, e) in ended.iter().enumerate() {
+            let what = format!("{} rank {me}", rule.name());
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+            assert_eq!(bits(&e.output), want, "{what}");
+            assert_eq!(report.inputs, n, "{what}");
+            let recovered: &[usize] = match me {
+                0 => &[3],
+                1 => &[2],
+                _ => &[],
+            };
+            let found = report.agreement.as_ref().unwrap();
+            assert_eq!(found.recovered, recovered, "{what}");
+            assert_eq!(found.realigned, [], "{what}");
+            assert_eq!(report.faults, [], "{what}");
+            assert!(e.at < Duration::from_millis(100), "{what}: {:?}", e.at);
+        }
+    }
+}
+
+/// Passing a late input on cannot be abused. Of 8 ranks (`f = 2`, `s = 2`), rank 0 gets the
+/// inputs of ranks 4 and 5 late and rank 1 those of 6 and 7: the inputs every rank used are
+/// four, too few for the median, so each late input is passed on by the ranks that name it.
+/// Rank 2 passes on forged copies and rank 3 none: ranks 0 and 1 take the copies of honest
+/// namers, name rank 2 malformed, do not wait for rank 3's copies past the grace, and every
+/// rank ends with the result of every input.
+#[test]
+fn a_forged_or_withheld_copy_of_a_late_input_neither_gets_in_nor_stalls() {
+    let (n, d) = (8, 5);
+    let rule = Median::new(2);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let spec = |me| {
+        let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
+        s.stragglers = 2;
+        s
+    };
+    // Steps: 0 the inputs, 1 the cross-check, 2 the recovery, 3 the confirmation.
+    let ended = run(
+        spec,
+        &rule,
+        &inputs,
+        &vec![Duration::ZERO; n],
+        &|from, to, step, _, bytes| match (from, to, step) {
+            (4 | 5, 0, 0) | (6 | 7, 1, 0) => Fate::After(Duration::from_millis(200)),
+            (2, _, 2) => {
+                let mut forged = bytes.to_vec();
+                forged[0] ^= 1;
+                Fate::Rewritten(MS, forged.into())
+            }
+            (3, _, 2) => Fate::Dropped,
+            _ => Fate::After(MS),
+        },
+    );
+    let want = bits(&reference(&inputs, &rule));
+    for (me, e) in ended.iter().enumerate() {
+        let report = e
+            .result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), want, "rank {me}");
+        let found = report.agreement.as_ref().unwrap();
+        let recovered: &[usize] = match me {
+            0 => &[4, 5],
+            1 => &[6, 7],
+            _ => &[],
+        };
+        assert_eq!(found.recovered, recovered, "rank {me}");
+        if me <= 1 {
+            assert!(
+                matches!(
+                    report.faults[..],
+                    [PeerFault {
+                        rank: 2,
+                        fault: Fault::Malformed(_)
+                    }]
+                ),
+                "rank {me}: {:?}",
+                report.faults
+            );
         }
         assert!(e.at < Duration::from_millis(100), "rank {me}: {:?}", e.at);
     }

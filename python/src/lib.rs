@@ -177,8 +177,9 @@ struct Report {
     stragglers: usize,
     /// The agreement cross-check's findings (None when agreement is off): a dict of rank lists
     /// `disagreeing`, `unconfirmed`, `differing_inputs`, `differing_versions`, `realigned`
-    /// (inputs this rank held but left out to take the result the others hold).
-    agreement: Option<[Vec<usize>; 5]>,
+    /// (inputs this rank held but left out to take the result the others hold), `recovered`
+    /// (inputs late here that others passed on).
+    agreement: Option<[Vec<usize>; 6]>,
     /// Peak bytes the collective held at once.
     #[pyo3(get)]
     peak_bytes: usize,
@@ -217,6 +218,7 @@ impl Report {
             "differing_inputs",
             "differing_versions",
             "realigned",
+            "recovered",
         ]
         .iter()
         .zip(a)
@@ -351,6 +353,7 @@ impl From<RoundReport> for Report {
                     a.differing_inputs,
                     a.differing_versions,
                     a.realigned,
+                    a.recovered,
                 ]
             }),
             peak_bytes: r.peak_bytes,

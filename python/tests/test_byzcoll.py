@@ -81,6 +81,7 @@ def test_every_rank_gets_the_median(n, dtype):
                 "differing_inputs": [],
                 "differing_versions": [],
                 "realigned": [],
+                "recovered": [],
             }
 
 

@@ -39,6 +39,7 @@ fn merge_reports(merged: &mut RoundReport, next: RoundReport) {
             union(&mut a.differing_inputs, b.differing_inputs);
             union(&mut a.differing_versions, b.differing_versions);
             union(&mut a.realigned, b.realigned);
+            union(&mut a.recovered, b.recovered);
         }
         (a @ None, b) => *a = b,
         (Some(_), None) => {}

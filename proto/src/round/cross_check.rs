@@ -48,7 +48,10 @@ impl<'r, B> Round<'r, B> {
         // Under `Enforce` a peer that was only late is waited for through a quorum
         // ([`Round::post_awaiting_late`]): the echo agreed on its input, and the check may
         // need it among its `n - f`.
-        let enforce = self.spec.agreement == Agreement::Enforce && self.failed.is_none();
+        // So is it where the cross-check may move to the named inputs ([`Round::converge`]):
+        // a straggler's list can be the one naming an input that went late elsewhere.
+        let enforce =
+            (self.spec.agreement == Agreement::Enforce || self.confirms()) && self.failed.is_none();
         let erased: Vec<Rank> = self
             .carried
             .iter()
@@ -78,9 +81,14 @@ impl<'r, B> Round<'r, B> {
                 len: Check::len_between(me, peer, n, r),
             })
             .collect();
-        // A result stands with `n - f` ranks agreeing (this one among them): a check waits
-        // for the late peers until it has heard that many, where the others are too few.
-        let needed = n.saturating_sub(self.rule.byzantine() + 1);
+        // A result stands with `n - f` ranks agreeing (this one among them): under `Enforce`
+        // a check waits for the late peers until it has heard that many, where the others
+        // are too few. Under `Detect` their checks are waited for through the grace only: a
+        // round that needs a straggler's agreement fails rather than take its pace.
+        let needed = match self.spec.agreement {
+            Agreement::Enforce => n.saturating_sub(self.rule.byzantine() + 1),
+            _ => 0,
+        };
         let phase = Phase::Check { mine, encoded };
         self.post_awaiting_late(phase, "cross_check", sends, recvs, needed);
     }
@@ -111,13 +119,13 @@ impl<'r, B> Round<'r, B> {
         }
         if self.failed.is_some() {
             if self.confirms() {
-                self.post_confirm(None, AgreementReport::default(), heard);
+                self.post_mend(Mend::failed(heard), Vec::new(), Vec::new());
             }
             return;
         }
         let f = self.rule.byzantine();
         if self.confirms() {
-            return self.converge(plane, mine, &theirs, &same, heard);
+            return self.converge(mine, &theirs, &same, heard);
         }
         let outcome = match check::evaluate(me, n, f, &mine, &theirs, &same) {
             Ok(mut found) => {
@@ -138,18 +146,16 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// With the confirmation step: every rank moves to the aggregate of the *common inputs*,
-    /// those that every rank it heard used (each with the digest this rank's copy has), and
-    /// the confirmation decides (`PROTOCOL.md`, "Common inputs"). The common inputs are a
-    /// subset of what this rank used, so it never lacks one; ranks that heard the same checks
-    /// compute the same set, whichever late inputs reached each of them in time.
-    fn converge<P: Plane<Buf = B>>(
-        &mut self,
-        plane: &mut P,
-        mine: Check,
-        theirs: &[Option<Check>],
-        same: &[bool],
-        heard: Vec<Rank>,
-    ) {
+    /// those that every rank it heard used (each with the digest this rank's copy has), where
+    /// they are enough for the rule; otherwise (stragglers late to different ranks left too
+    /// few) to the *named inputs*, those that at least `f + 1` ranks it heard (itself among
+    /// them, the sender not) used with one digest, recovering in one more step those it lacks
+    /// from the ranks that named them. Then the confirmation decides (`PROTOCOL.md`, "Common
+    /// inputs", "Named inputs"). At least one of `f + 1` namers is honest and holds the
+    /// input, so a Byzantine rank can neither bring in an input nobody honest has nor make a
+    /// rank wait for one past the grace; ranks that heard the same checks compute the same
+    /// sets, whichever late inputs reached each of them in time.
+    fn converge(&mut self, mine: Check, theirs: &[Option<Check>], same: &[bool], heard: Vec<Rank>) {
         let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
         let mut found = match check::evaluate(me, n, f, &mine, theirs, same) {
             Ok(found) => found,
@@ -166,32 +172,163 @@ impl<'r, B> Round<'r, B> {
             },
             Err(e) => {
                 self.failed = Some(e);
-                return self.post_confirm(None, AgreementReport::default(), heard);
+                return self.post_mend(Mend::failed(heard), Vec::new(), Vec::new());
             }
         };
         found.differing_inputs.append(&mut self.echo_differs);
+        let used: Vec<Rank> = (0..n).filter(|&j| mine.seen.inputs[j].is_some()).collect();
+        // Every list heard with a result, this rank's own among them.
+        let lists: Vec<(Rank, &[Option<Digest>])> = (0..n)
+            .filter_map(|p| match (&theirs[p], same[p] || p == me) {
+                (_, true) => Some((p, &mine.seen.inputs[..])),
+                (Some(c), false) if c.result.is_some() => Some((p, &c.seen.inputs[..])),
+                _ => None,
+            })
+            .collect();
+        // The common inputs where they are enough for the rule (nothing to pass on), the
+        // named inputs otherwise.
+        let common = self.common_inputs(&mine, theirs);
+        let enough = self.rule.check(common.len()).is_ok();
+        let named = match enough {
+            true => (0..n)
+                .map(|j| mine.seen.inputs[j].filter(|_| common.contains(&j)))
+                .collect(),
+            false => named_inputs(n, f, &lists, &mut found.differing_inputs),
+        };
         found.differing_inputs.sort_unstable();
         found.differing_inputs.dedup();
-        let used: Vec<Rank> = (0..n).filter(|&j| mine.seen.inputs[j].is_some()).collect();
-        let common = self.common_inputs(&mine, theirs);
-        // Where this rank cannot aggregate them (no copy of its inputs kept, or too few for
-        // the rule), it keeps its result and the confirmation decides.
-        if common == used || self.kept.is_empty() || self.rule.check(common.len()).is_err() {
-            return self.post_confirm(mine.result, found, heard);
+        let set: Vec<Rank> = (0..n).filter(|&j| named[j].is_some()).collect();
+        let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+        // A plane that keeps no copy of the inputs can neither pass one on nor aggregate
+        // again: it keeps its result, and the confirmation decides.
+        if !enough && !self.kept.is_empty() {
+            let len = self.bytes(self.spec.d);
+            for &j in &set {
+                let namers = namers_of(j, &lists, named[j]);
+                let first = &namers[..namers.len().min(2 * f + 1)];
+                if mine.seen.inputs[j].is_none() {
+                    recvs.extend(first.iter().map(|&peer| RecvOp {
+                        peer,
+                        tag: j as Tag,
+                        len,
+                    }));
+                } else if j != me && first.contains(&me) {
+                    // Every rank heard without it, but the sender (it has its own).
+                    sends.extend(
+                        lists
+                            .iter()
+                            .filter(|(p, l)| *p != me && *p != j && l[j].is_none())
+                            .map(|&(peer, _)| Send {
+                                peer,
+                                tag: j as Tag,
+                                msg: Msg::Forward(j),
+                            }),
+                    );
+                }
+            }
+        }
+        let mend = Mend {
+            result: mine.result,
+            found,
+            heard,
+            used,
+            named,
+            lacking: set
+                .iter()
+                .filter(|&&j| mine.seen.inputs[j].is_none())
+                .count(),
+        };
+        self.post_mend(mend, sends, recvs);
+    }
+
+    /// The recovery step of [`Round::converge`]: `sends` pass inputs on, and `recvs` (from
+    /// up to `2f + 1` namers of each input this rank lacks) end once one copy per input
+    /// lacking has come and the grace has passed, or all have come. Every rank posts it,
+    /// empty where it has nothing to pass on or recover, so that steps stay numbered alike.
+    fn post_mend(&mut self, mend: Mend, sends: Vec<Send>, recvs: Vec<RecvOp>) {
+        if recvs.is_empty() {
+            return self.post(Phase::Mend(Box::new(mend)), "mend", sends, recvs);
+        }
+        let quorum = Quorum {
+            receives: mend.lacking,
+            grace: self.spec.grace,
+            awaited: recvs.len(),
+            core: 0,
+        };
+        self.post_quorum(
+            Phase::Mend(Box::new(mend)),
+            "mend",
+            sends,
+            recvs,
+            Some(quorum),
+        );
+    }
+
+    /// The end of the recovery step: the copies passed on are checked against the digest the
+    /// namers gave, and where this rank then holds every named input and the set is not the
+    /// one it used, it aggregates again over exactly the named inputs.
+    pub(super) fn mended<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+        mend: Mend,
+    ) {
+        let Mend {
+            result,
+            mut found,
+            heard,
+            used,
+            named,
+            ..
+        } = mend;
+        let me = self.spec.me;
+        if self.failed.is_some() {
+            return self.post_confirm(None, AgreementReport::default(), heard);
+        }
+        let mut recovered = Vec::new();
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            let j = op.tag as usize;
+            let Arrival::Received(b) = a else { continue };
+            // Every copy is checked, so that a rank passing on a forged one is named even
+            // where an honest copy came first.
+            let digest = plane.digest(Src::Got(&b));
+            if named[j].is_some_and(|d| d[..16] == digest[..16]) {
+                if self.kept[j].is_none() {
+                    self.kept[j] = Some(b);
+                    self.seen.inputs[j] = Some(digest);
+                    recovered.push(j);
+                }
+            } else {
+                self.add_fault(
+                    op.peer,
+                    Fault::Malformed(format!("passed on another input as rank {j}'s")),
+                );
+            }
+        }
+        let set: Vec<Rank> = (0..self.spec.n).filter(|&j| named[j].is_some()).collect();
+        let holds = |j: &Rank| *j == me || self.kept[*j].is_some();
+        // Where it cannot aggregate them (an input no namer passed on, too few for the
+        // rule), it keeps its result and the confirmation decides.
+        if set == used || !set.iter().all(holds) || self.rule.check(set.len()).is_err() {
+            return self.post_confirm(result, found, heard);
         }
         let kept = std::mem::take(&mut self.kept);
-        let again = self.aggregate_set(plane, &kept, &common);
+        let again = self.aggregate_set(plane, &kept, &set);
         self.kept = kept;
         if let Err(e) = again {
             self.failed = Some(e);
             return self.post_confirm(None, AgreementReport::default(), heard);
         }
-        found.realigned = used
-            .iter()
-            .copied()
-            .filter(|j| !common.contains(j))
-            .collect();
-        self.report.erased_self = !common.contains(&me);
+        found.realigned = used.iter().copied().filter(|j| !set.contains(j)).collect();
+        recovered.sort_unstable();
+        // An input late here that the others named and this rank then recovered is in the
+        // aggregate: no erasure, so not a fault (nor, through the fault memory, a laggard's).
+        self.report
+            .faults
+            .retain(|f| !(f.fault == Fault::Late && recovered.contains(&f.rank)));
+        found.recovered = recovered;
+        self.report.erased_self = !set.contains(&me);
         let result = plane.result_digest();
         self.post_confirm(Some(result), found, heard)
     }
@@ -413,4 +550,76 @@ impl<'r, B> Round<'r, B> {
         // The output holds an attempt's result: the round fails, and its output is not read.
         None
     }
+}
+
+/// What the recovery step after the cross-check carries to its end ([`Round::mended`]).
+pub(super) struct Mend {
+    /// This rank's result before the step (none where the round failed).
+    result: Option<Digest>,
+    /// What the cross-check found.
+    found: AgreementReport,
+    /// The ranks whose check this rank heard (the confirmation waits for them).
+    heard: Vec<Rank>,
+    /// The inputs this rank aggregated.
+    used: Vec<Rank>,
+    /// By sender, the digest of its input where it is named ([`named_inputs`]).
+    named: Vec<Option<Digest>>,
+    /// How many named inputs this rank lacks.
+    lacking: usize,
+}
+
+impl Mend {
+    /// The step of a rank whose round failed: it passes nothing on and recovers nothing.
+    fn failed(heard: Vec<Rank>) -> Mend {
+        Mend {
+            result: None,
+            found: AgreementReport::default(),
+            heard,
+            used: Vec::new(),
+            named: Vec::new(),
+            lacking: 0,
+        }
+    }
+}
+
+/// By sender `j`, the digest of its input where at least `f + 1` of `lists` other than
+/// `j`'s own name it, all with that digest (XXH3-128, the digests' first 16 bytes); a sender
+/// named with two digests is named by none, and added to `differing`. With `f + 1` namers at
+/// least one is honest: the input exists, and an honest rank holds it.
+fn named_inputs(
+    n: usize,
+    f: usize,
+    lists: &[(Rank, &[Option<Digest>])],
+    differing: &mut Vec<Rank>,
+) -> Vec<Option<Digest>> {
+    (0..n)
+        .map(|j| {
+            let mut names = lists
+                .iter()
+                .filter(|(p, _)| *p != j)
+                .filter_map(|(_, l)| l[j]);
+            let first = names.next()?;
+            let mut count = 1;
+            for d in names {
+                if d[..16] != first[..16] {
+                    differing.push(j);
+                    return None;
+                }
+                count += 1;
+            }
+            (count > f).then_some(first)
+        })
+        .collect()
+}
+
+/// The ranks whose list names `j` with `digest`, in rank order, `j` itself not.
+fn namers_of(j: Rank, lists: &[(Rank, &[Option<Digest>])], digest: Option<Digest>) -> Vec<Rank> {
+    let Some(digest) = digest else {
+        return Vec::new();
+    };
+    lists
+        .iter()
+        .filter(|(p, l)| *p != j && l[j].is_some_and(|d| d[..16] == digest[..16]))
+        .map(|&(p, _)| p)
+        .collect()
 }

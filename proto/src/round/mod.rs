@@ -304,6 +304,10 @@ enum Phase<'r, B> {
     Verdicts(Box<audited::Auditing<'r>>),
     Proofs(Box<audited::Auditing<'r>>),
     Recompute(Box<audited::Auditing<'r>>),
+    /// The recovery step after the cross-check (gather mode, `Detect`, stragglers allowed):
+    /// inputs the ranks named that this rank lacks come from ranks that hold them
+    /// (`cross_check`, "Named inputs" in `PROTOCOL.md`).
+    Mend(Box<cross_check::Mend>),
     /// The confirmation step after the cross-check (gather mode, `Detect`, stragglers
     /// allowed): the result this rank ends with (none where the round failed), and what the
     /// cross-check found.
@@ -331,6 +335,7 @@ impl<B> Phase<'_, B> {
             Phase::Proofs(_) => "proofs",
             Phase::Recompute(_) => "recompute",
             Phase::Check { .. } => "check",
+            Phase::Mend(_) => "mend",
             Phase::Confirm { .. } => "confirm",
             Phase::Done => "done",
         }
@@ -614,11 +619,15 @@ impl<'r, B> Round<'r, B> {
         std::mem::take(&mut self.warnings)
     }
 
-    /// The message this rank received for slot `j` while the round holds it
-    /// ([`Agreement::Enforce`]; what [`Msg::Forward`] sends): rank `j`'s input in gather mode;
-    /// in sharded mode, for `j = k·n + o`, owner `o`'s result for its `k`-th owned shard.
+    /// The message this rank received for slot `j` while the round holds it (what
+    /// [`Msg::Forward`] sends): rank `j`'s input in gather mode ([`Agreement::Enforce`], and
+    /// [`Agreement::Detect`] where it recovers late inputs); in sharded mode, for
+    /// `j = k·n + o`, owner `o`'s result for its `k`-th owned shard.
     pub fn held(&self, j: usize) -> Option<&B> {
-        self.held.get(j)?.as_ref()
+        match self.held.get(j) {
+            Some(Some(b)) => Some(b),
+            _ => self.kept.get(j)?.as_ref(),
+        }
     }
 
     /// Whether the round has failed (the cross-check may still run).
@@ -652,6 +661,7 @@ impl<'r, B> Round<'r, B> {
             Phase::Proofs(a) => self.proofs_in(a, plane, &plan, outcomes),
             Phase::Recompute(a) => self.recomputed(a, plane, &plan, outcomes),
             Phase::Check { mine, encoded } => self.checked(plane, &plan, outcomes, mine, encoded),
+            Phase::Mend(m) => self.mended(plane, &plan, outcomes, *m),
             Phase::Confirm { result, found } => {
                 self.confirmed(plane, &plan, outcomes, result, found)
             }
