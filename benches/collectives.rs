@@ -103,7 +103,8 @@ fn default_transports() -> Vec<&'static str> {
 /// Parses `--transports a,b,c`: each name must be a transport this build has; one it lacks is
 /// an error that says which feature to build with. A name may carry variants: `+mac` (TCP
 /// frame MACs, `BYZCOLL_FRAME_MAC=1`), `+off` and `+enforce` (`BYZCOLL_AGREEMENT`), `+ring`
-/// (`all_reduce` by the ring at every size, `BYZCOLL_DOUBLING_MAX_BYTES=0`), e.g.
+/// (`all_reduce` by the ring at every size, `BYZCOLL_DOUBLING_MAX_BYTES=0`), `+quorum`
+/// (stragglers `auto` whatever the agreement, `BYZCOLL_STRAGGLERS=auto`), e.g.
 /// `tcp,tcp+mac,tcp+off` compares them in one run. Under `+enforce` the robust rows are gather
 /// mode only, with `f = (n − 1)/3` (Enforce needs `n > 3f`).
 fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
@@ -124,11 +125,11 @@ fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
         for variant in parts {
             match variant {
                 "mac" if name == "tcp" => {}
-                "off" | "enforce" | "ring" | "mt" => {}
+                "off" | "enforce" | "ring" | "mt" | "quorum" => {}
                 _ => {
                     return Err(format!(
                         "--transports {spec}: unknown variant {variant:?} (tcp+mac, NAME+off, \
-                         NAME+enforce, NAME+ring, NAME+mt)"
+                         NAME+enforce, NAME+ring, NAME+mt, NAME+quorum)"
                     ))
                 }
             }
@@ -166,6 +167,7 @@ fn transport_env(spec: &str) -> Vec<(String, String)> {
             "off" => env.push(("BYZCOLL_AGREEMENT".into(), "off".into())),
             "enforce" => env.push(("BYZCOLL_AGREEMENT".into(), "enforce".into())),
             "ring" => env.push(("BYZCOLL_DOUBLING_MAX_BYTES".into(), "0".into())),
+            "quorum" => env.push(("BYZCOLL_STRAGGLERS".into(), "auto".into())),
             // `mt` is the bench's own: see `rank_runtime`.
             _ => {}
         }
