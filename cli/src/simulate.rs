@@ -58,7 +58,8 @@ pub(crate) struct SimulateArgs {
     /// rounds mode, check instead that in every round the honest ranks that set the pace
     /// completed, no honest ranks ended with different results silently, and the round took
     /// at most the healthy round (run too) plus the grace when --stragglers covers the slow and
-    /// dead ranks, or plus the last start's lag and one step deadline otherwise.
+    /// dead ranks, or plus the last start's lag and one step deadline otherwise (and, where
+    /// late inputs were passed on, one healthy round and grace more).
     #[arg(long)]
     check: bool,
     /// Timing mode: predict gather, sharded r=1, sharded r=2f+1 and ring SUM completion times

@@ -152,11 +152,11 @@ impl Agreement {
 /// whatever `s` (the ranks start apart, and none has been seen late yet).
 ///
 /// Under [`Agreement::Detect`] a straggler's input can reach some honest ranks before their
-/// quorum and others after it: every rank moves to the *common inputs*, those every rank it
-/// heard in the cross-check used, and names the inputs it left out
-/// ([`AgreementReport::realigned`](crate::AgreementReport::realigned)), or, where those are too
-/// few for the rule, to the inputs `f + 1` of them used, which the ranks holding them pass on
-/// to those they were late for
+/// quorum and others after it: every rank moves to the *common inputs*, those every timely
+/// rank it heard in the cross-check used, or, where those are too few for the rule, to the
+/// inputs `f + 1` of them used; it names the inputs it left out
+/// ([`AgreementReport::realigned`](crate::AgreementReport::realigned)), and the ranks holding
+/// an input pass it on to those it was late for
 /// ([`AgreementReport::recovered`](crate::AgreementReport::recovered)); a confirmation step
 /// turns ranks that still end apart into an error, never a silent split.
 /// [`Agreement::Enforce`] agrees on the inputs and keeps them all in step (`PROTOCOL.md`,

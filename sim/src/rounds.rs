@@ -101,6 +101,10 @@ pub struct RoundOutcome {
     /// Honest ranks off the pace (slow ones) whose round failed and said so: out of step,
     /// typically ([`byzcoll_proto::Error::Disagreement`] under [`Agreement::Detect`]).
     pub out_of_step: Named,
+    /// Honest ranks that had inputs late to them passed on by others and took them
+    /// ([`AgreementReport::recovered`](byzcoll_proto::AgreementReport::recovered)): the round
+    /// had one more step with data in it.
+    pub recovered: Named,
     /// Honest ranks that set the pace and did not complete the round, with the first one's
     /// error. `None`: every one of them completed.
     pub incomplete: Option<String>,
@@ -142,15 +146,22 @@ impl Rounds {
     /// `healthy`: none of them is waited for. Otherwise the round waits for them, at most
     /// until the last one started ([`RoundOutcome::lag`]) plus one step deadline: a rank
     /// waits for a silent one until its own input step's deadline, counted from its own
-    /// start, and the cross-check does not wait for a rank the round erased.
+    /// start, and the cross-check does not wait for a rank the round erased. A round in which
+    /// late inputs were passed on ([`RoundOutcome::recovered`]) may take one more step with
+    /// data and its grace: counted as a healthy round and the grace after it.
     pub fn bound(&self, round: &RoundOutcome, healthy: f64) -> f64 {
+        let grace = std::time::Duration::try_from_secs_f64(healthy)
+            .map_or(f64::INFINITY, |h| self.grace.after(h).as_secs_f64());
         let extra = if self.covered(round) {
-            std::time::Duration::try_from_secs_f64(healthy)
-                .map_or(f64::INFINITY, |h| self.grace.after(h).as_secs_f64())
+            grace
         } else {
             round.lag + self.timeout
         };
-        healthy * (1.0 + TIME_TOLERANCE) + extra
+        let recovery = match round.recovered.count {
+            0 => 0.0,
+            _ => healthy * (1.0 + TIME_TOLERANCE) + grace,
+        };
+        healthy * (1.0 + TIME_TOLERANCE) + extra + recovery
     }
 
     /// Whether in every round the honest ranks that set the pace completed, no honest ranks
@@ -415,6 +426,13 @@ impl Scenario {
         let failed = |r: Rank| matches!(run.ranks[r].result, RankResult::Failed(_));
         let out_of_step = Named::of((0..n).filter(|&r| honest(r) && !pace(r) && failed(r)));
         let dead = (0..n).filter(|&r| !alive(r)).count();
+        let recovered = Named::of((0..n).filter(|&r| {
+            honest(r)
+                && run.ranks[r]
+                    .agreement
+                    .as_ref()
+                    .is_some_and(|a| !a.recovered.is_empty())
+        }));
         RoundOutcome {
             round,
             start,
@@ -426,6 +444,7 @@ impl Scenario {
             dead,
             inputs,
             out_of_step,
+            recovered,
             incomplete: incomplete(run, &pace),
             split: self.split(run),
             stats: run.stats,

@@ -343,3 +343,39 @@ fn a_laggard_costs_no_grace_but_at_the_probes() {
         }
     }
 }
+
+/// Inputs late to random ranks every round under `Detect`: two slow ranks (exponential delays
+/// of 4 us) and up to 8 us of jitter on every message, with no grace floor (0 and 1x the
+/// quorum's time). Stragglers late to different ranks used to leave the ranks too few common
+/// inputs, or a straggler without one the others kept, and such rounds failed (loudly): 58 of
+/// 1000 at 8 ranks, 143 of 1000 at 4 with one slow rank. Now the set is alike on every rank
+/// that heard the same checks, and whoever lacks part of it has it passed on: no round splits
+/// silently, every one ends in time, and at most 1 % fail (loudly: a rank whose grace cut a
+/// straggler's check computes the set without its list, 2 rounds of 300 at 7 ranks).
+#[test]
+fn inputs_late_to_random_ranks_every_round_still_end_alike_under_detect() {
+    for (n, f, slow_ranks) in [(8, 2, 2), (7, 2, 1), (16, 5, 3)] {
+        let mut s = scenario(n);
+        s.stragglers = Stragglers::Auto;
+        s.grace = Grace {
+            min: std::time::Duration::ZERO,
+            factor: 1,
+        };
+        s.faults.max_delay = 8e-6;
+        s.faults.slow = Some(Slow {
+            ranks: slow_ranks,
+            delay: Delay::Exp(4e-6),
+        });
+        let (rounds, healthy) = run(&s, f, 300);
+        let mut failed = 0;
+        for r in &rounds.rounds {
+            assert_eq!(r.split, None, "{n}: {r:?}");
+            assert!(r.time <= rounds.bound(r, healthy), "{n}: {r:?}");
+            failed += usize::from(r.incomplete.is_some());
+        }
+        assert!(failed <= 3, "{n}: {failed} of 300 rounds failed");
+        // Late inputs were passed on in some rounds: the case is exercised.
+        let recovered = rounds.rounds.iter().filter(|r| r.recovered.count > 0);
+        assert!(recovered.count() > 0, "{n}");
+    }
+}

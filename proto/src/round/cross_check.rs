@@ -145,16 +145,16 @@ impl<'r, B> Round<'r, B> {
         }
     }
 
-    /// With the confirmation step: every rank moves to the aggregate of the *common inputs*,
-    /// those that every rank it heard used (each with the digest this rank's copy has), where
-    /// they are enough for the rule; otherwise (stragglers late to different ranks left too
-    /// few) to the *named inputs*, those that at least `f + 1` ranks it heard (itself among
-    /// them, the sender not) used with one digest, recovering in one more step those it lacks
-    /// from the ranks that named them. Then the confirmation decides (`PROTOCOL.md`, "Common
-    /// inputs", "Named inputs"). At least one of `f + 1` namers is honest and holds the
-    /// input, so a Byzantine rank can neither bring in an input nobody honest has nor make a
-    /// rank wait for one past the grace; ranks that heard the same checks compute the same
-    /// sets, whichever late inputs reached each of them in time.
+    /// With the confirmation step: every rank moves to the aggregate of the *common inputs*
+    /// (those the timely ranks it heard all used, [`Round::common_inputs`]) where they are
+    /// enough for the rule, and otherwise of the *named inputs* (those at least `f + 1` ranks
+    /// it heard used, the sender aside, [`named_inputs`]); the inputs of that set it lacks
+    /// (late here) are passed on in one more step by the ranks that hold them, and then the
+    /// confirmation decides (`PROTOCOL.md`, "Common inputs", "Named inputs"). At least one of
+    /// `f + 1` namers is honest and holds the input, so a Byzantine rank can neither bring in
+    /// an input nobody honest has nor make a rank wait for one past the grace; ranks that
+    /// heard the same checks compute the same set, whichever late inputs reached each of them
+    /// in time.
     fn converge(&mut self, mine: Check, theirs: &[Option<Check>], same: &[bool], heard: Vec<Rank>) {
         let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
         let mut found = match check::evaluate(me, n, f, &mine, theirs, same) {
@@ -185,45 +185,69 @@ impl<'r, B> Round<'r, B> {
                 _ => None,
             })
             .collect();
-        // The common inputs where they are enough for the rule (nothing to pass on), the
-        // named inputs otherwise.
-        let common = self.common_inputs(&mine, theirs);
-        let enough = self.rule.check(common.len()).is_ok();
-        let named = match enough {
-            true => (0..n)
-                .map(|j| mine.seen.inputs[j].filter(|_| common.contains(&j)))
-                .collect(),
-            false => named_inputs(n, f, &lists, &mut found.differing_inputs),
+        // The common inputs where they are enough for the rule, the named inputs otherwise.
+        let common = self.common_inputs(&lists);
+        let named = match self.rule.check(common.iter().flatten().count()) {
+            Ok(()) => common,
+            Err(_) => named_inputs(n, f, &lists, &mut found.differing_inputs),
         };
         found.differing_inputs.sort_unstable();
         found.differing_inputs.dedup();
         let set: Vec<Rank> = (0..n).filter(|&j| named[j].is_some()).collect();
+        let holds = |j: Rank| match (mine.seen.inputs[j], named[j]) {
+            (Some(d), Some(e)) => d[..16] == e[..16],
+            _ => false,
+        };
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+        let mut waited = 0;
         // A plane that keeps no copy of the inputs can neither pass one on nor aggregate
         // again: it keeps its result, and the confirmation decides.
-        if !enough && !self.kept.is_empty() {
+        if !self.kept.is_empty() {
             let len = self.bytes(self.spec.d);
+            // The ranks that pass `j`'s input on to `r`: the first `2f + 1` namers of `j`
+            // whose list names `r`'s own input. Those got it in time, so they waited for `r`'s
+            // check until the deadline and heard whether `r` lacks `j`; a namer that erased
+            // `r` may not have, and `r` must not wait for it.
+            let passers = |j: Rank, r: Rank| -> Vec<Rank> {
+                namers_of(j, &lists, named[j])
+                    .into_iter()
+                    .filter(|p| lists.iter().any(|(q, l)| q == p && l[r].is_some()))
+                    .take(2 * f + 1)
+                    .collect()
+            };
             for &j in &set {
-                let namers = namers_of(j, &lists, named[j]);
-                let first = &namers[..namers.len().min(2 * f + 1)];
-                if mine.seen.inputs[j].is_none() {
-                    recvs.extend(first.iter().map(|&peer| RecvOp {
-                        peer,
-                        tag: j as Tag,
-                        len,
-                    }));
-                } else if j != me && first.contains(&me) {
-                    // Every rank heard without it, but the sender (it has its own).
-                    sends.extend(
-                        lists
-                            .iter()
-                            .filter(|(p, l)| *p != me && *p != j && l[j].is_none())
-                            .map(|&(peer, _)| Send {
-                                peer,
-                                tag: j as Tag,
-                                msg: Msg::Forward(j),
-                            }),
-                    );
+                if j == me {
+                    continue;
+                }
+                if !holds(j) {
+                    // Fewer than `f + 1` could all be Byzantine and hold the step to its
+                    // deadline: then this rank goes without (the confirmation decides). A
+                    // copy with another digest than the named one is not this input.
+                    self.kept[j] = None;
+                    let from = passers(j, me);
+                    if from.len() > f {
+                        waited += from.len() - f;
+                        recvs.extend(from.into_iter().map(|peer| RecvOp {
+                            peer,
+                            tag: j as Tag,
+                            len,
+                        }));
+                    }
+                    continue;
+                }
+                // Every rank heard without it (or with another copy), but the sender.
+                let lacks = |l: &[Option<Digest>]| !matches!(l[j], Some(e) if named[j].is_some_and(|d| d[..16] == e[..16]));
+                for &(peer, _) in lists
+                    .iter()
+                    .filter(|(p, l)| *p != me && *p != j && lacks(l))
+                {
+                    if passers(j, peer).contains(&me) {
+                        sends.push(Send {
+                            peer,
+                            tag: j as Tag,
+                            msg: Msg::Forward(j),
+                        });
+                    }
                 }
             }
         }
@@ -233,17 +257,14 @@ impl<'r, B> Round<'r, B> {
             heard,
             used,
             named,
-            lacking: set
-                .iter()
-                .filter(|&&j| mine.seen.inputs[j].is_none())
-                .count(),
+            lacking: waited,
         };
         self.post_mend(mend, sends, recvs);
     }
 
     /// The recovery step of [`Round::converge`]: `sends` pass inputs on, and `recvs` (from
-    /// up to `2f + 1` namers of each input this rank lacks) end once one copy per input
-    /// lacking has come and the grace has passed, or all have come. Every rank posts it,
+    /// up to `2f + 1` namers of each input this rank lacks) end once all but `f` copies of
+    /// each input lacking have come (in number) and the grace has passed, or all have come. Every rank posts it,
     /// empty where it has nothing to pass on or recover, so that steps stay numbered alike.
     fn post_mend(&mut self, mend: Mend, sends: Vec<Send>, recvs: Vec<RecvOp>) {
         if recvs.is_empty() {
@@ -333,39 +354,44 @@ impl<'r, B> Round<'r, B> {
         self.post_confirm(Some(result), found, heard)
     }
 
-    /// The inputs this rank used that every rank whose check it heard with a result used
-    /// too, with the same digest; where a rank's own input is not among them (it was late
-    /// for some rank), its list is then left out and the set taken again, so that a slow
-    /// rank's view (which may miss another slow rank's input) counts for none of the ranks
-    /// that heard it, as for those that erased it and never did. This rank's own list always
-    /// counts: it never lacks a common input. A check naming fewer than this rank's inputs
-    /// less `s` is left out: no honest rank's quorum misses more than `s` of the inputs
-    /// another's got (a Byzantine rank cannot erase every input by claiming it got none).
-    fn common_inputs(&self, mine: &Check, theirs: &[Option<Check>]) -> Vec<Rank> {
-        let n = self.spec.n;
-        let count = |c: &Check| c.seen.inputs.iter().flatten().count();
-        let floor = count(mine).saturating_sub(self.spec.stragglers);
-        let lists: Vec<(Rank, &[Option<Digest>])> = theirs
+    /// By sender, the digest of its input where it is *common*: named, with one digest, by
+    /// the list of every *timely* rank among `lists` (those heard with a result, this rank's
+    /// own among them), a timely rank being one whose own input every list names. A rank
+    /// whose input was late for some rank is a straggler, and its view (which may miss
+    /// another straggler's input) counts for none of the ranks that heard it, as for those
+    /// that erased it and never did; that holds for this rank's own list too, so that a
+    /// straggler computes the set the others do, and may lack some of it (it recovers them,
+    /// [`Round::converge`]). A list naming fewer than this rank's inputs less `s` is left out:
+    /// no honest rank's quorum misses more than `s` of the inputs another's got (a Byzantine
+    /// rank cannot erase every input by claiming it got none).
+    fn common_inputs(&self, lists: &[(Rank, &[Option<Digest>])]) -> Vec<Option<Digest>> {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let count = |l: &[Option<Digest>]| l.iter().flatten().count();
+        let own = lists
             .iter()
-            .enumerate()
-            .filter_map(|(p, c)| c.as_ref().map(|c| (p, c)))
-            .filter(|(_, c)| c.result.is_some() && count(c) >= floor)
-            .map(|(p, c)| (p, &c.seen.inputs[..]))
+            .find(|(p, _)| *p == me)
+            .map_or(0, |(_, l)| count(l));
+        let floor = own.saturating_sub(self.spec.stragglers);
+        let lists: Vec<(Rank, &[Option<Digest>])> = lists
+            .iter()
+            .copied()
+            .filter(|(p, l)| *p == me || count(l) >= floor)
             .collect();
-        let named_by = |lists: &[(Rank, &[Option<Digest>])]| -> Vec<Rank> {
+        let named_by = |lists: &[(Rank, &[Option<Digest>])]| -> Vec<Option<Digest>> {
             (0..n)
-                .filter(|&j| match mine.seen.inputs[j] {
-                    Some(d) => lists
+                .map(|j| {
+                    let first = lists.first()?.1[j]?;
+                    lists
                         .iter()
-                        .all(|(_, l)| matches!(l[j], Some(e) if e[..16] == d[..16])),
-                    None => false,
+                        .all(|(_, l)| matches!(l[j], Some(e) if e[..16] == first[..16]))
+                        .then_some(first)
                 })
                 .collect()
         };
         let everyone = named_by(&lists);
         let timely: Vec<(Rank, &[Option<Digest>])> = lists
             .into_iter()
-            .filter(|(p, _)| everyone.contains(p))
+            .filter(|(p, _)| everyone[*p].is_some())
             .collect();
         named_by(&timely)
     }
@@ -564,7 +590,9 @@ pub(super) struct Mend {
     used: Vec<Rank>,
     /// By sender, the digest of its input where it is named ([`named_inputs`]).
     named: Vec<Option<Digest>>,
-    /// How many named inputs this rank lacks.
+    /// How many copies the step's quorum needs: for each named input this rank lacks and
+    /// waits for, all but `f` of the ranks it waits for (as many as the honest ones there
+    /// surely are), so that one input's copies alone rarely form it.
     lacking: usize,
 }
 
