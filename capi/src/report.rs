@@ -246,7 +246,8 @@ impl Out {
             }
             if !a.recovered.is_empty() {
                 text.push_str(&format!(
-                    "recovered: the inputs of {:?} came late and were passed on by ranks that                      had them in time; ",
+                    "recovered: the inputs of {:?} came late and were passed on by ranks that \
+                     had them in time; ",
                     a.recovered
                 ));
             }

@@ -332,10 +332,10 @@ pub struct AgreementReport {
     /// reached that rank late or not at all; "Common inputs"). Gather mode under
     /// [`Agreement::Detect`].
     pub realigned: Vec<Rank>,
-    /// Senders whose input reached this rank late but which at least `f + 1` of the ranks
-    /// it heard used: another rank passed it on, and it is in the result (not counted
-    /// [`Fault::Late`](crate::Fault::Late)). Gather mode under [`Agreement::Detect`] with
-    /// stragglers allowed (`PROTOCOL.md`, "Named inputs").
+    /// Senders whose input the ranks moved to but this rank lacked (it came late here, or
+    /// with another digest than the others used): `f + 1` ranks passed it on alike, and it
+    /// is in the result (not counted [`Fault::Late`](crate::Fault::Late)). Gather mode under
+    /// [`Agreement::Detect`] with stragglers allowed (`PROTOCOL.md`, "Common inputs").
     pub recovered: Vec<Rank>,
 }
 

@@ -194,39 +194,49 @@ impl<'r, B> Round<'r, B> {
         found.differing_inputs.sort_unstable();
         found.differing_inputs.dedup();
         let set: Vec<Rank> = (0..n).filter(|&j| named[j].is_some()).collect();
-        let holds = |j: Rank| match (mine.seen.inputs[j], named[j]) {
-            (Some(d), Some(e)) => d[..16] == e[..16],
+        let same_digest = |a: Option<Digest>, b: Option<Digest>| match (a, b) {
+            (Some(a), Some(b)) => a[..16] == b[..16],
             _ => false,
         };
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
-        let mut waited = 0;
+        let mut needed = 0;
         // A plane that keeps no copy of the inputs can neither pass one on nor aggregate
         // again: it keeps its result, and the confirmation decides.
         if !self.kept.is_empty() {
             let len = self.bytes(self.spec.d);
-            // The ranks that pass `j`'s input on to `r`: the first `2f + 1` namers of `j`
-            // whose list names `r`'s own input. Those got it in time, so they waited for `r`'s
-            // check until the deadline and heard whether `r` lacks `j`; a namer that erased
-            // `r` may not have, and `r` must not wait for it.
+            let list_of: Vec<Option<&[Option<Digest>]>> = (0..n)
+                .map(|p| lists.iter().find(|(q, _)| *q == p).map(|&(_, l)| l))
+                .collect();
+            // The ranks that pass `j`'s input on to `r`: the first `2f + 1` of those whose
+            // list names `j` with the set's digest and names `r`'s own input. Those got `r`'s
+            // input in time, so they waited for its check until the deadline and know whether
+            // it lacks `j`; a namer that erased `r` may not, and `r` does not wait for it.
+            let namers: Vec<Vec<Rank>> = (0..n)
+                .map(|j| {
+                    lists
+                        .iter()
+                        .filter(|(p, l)| *p != j && same_digest(l[j], named[j]))
+                        .map(|&(p, _)| p)
+                        .collect()
+                })
+                .collect();
             let passers = |j: Rank, r: Rank| -> Vec<Rank> {
-                namers_of(j, &lists, named[j])
-                    .into_iter()
-                    .filter(|p| lists.iter().any(|(q, l)| q == p && l[r].is_some()))
+                namers[j]
+                    .iter()
+                    .copied()
+                    .filter(|&p| list_of[p].is_some_and(|l| l[r].is_some()))
                     .take(2 * f + 1)
                     .collect()
             };
-            for &j in &set {
-                if j == me {
-                    continue;
-                }
-                if !holds(j) {
-                    // Fewer than `f + 1` could all be Byzantine and hold the step to its
-                    // deadline: then this rank goes without (the confirmation decides). A
-                    // copy with another digest than the named one is not this input.
+            for &j in set.iter().filter(|&&j| j != me) {
+                if !same_digest(mine.seen.inputs[j], named[j]) {
+                    // It takes the bytes `f + 1` passers sent alike: with fewer passers
+                    // (all could be Byzantine) it goes without (the confirmation decides). A
+                    // copy of its own with another digest than the set's is not this input.
                     self.kept[j] = None;
                     let from = passers(j, me);
                     if from.len() > f {
-                        waited += from.len() - f;
+                        needed += f + 1;
                         recvs.extend(from.into_iter().map(|peer| RecvOp {
                             peer,
                             tag: j as Tag,
@@ -236,12 +246,9 @@ impl<'r, B> Round<'r, B> {
                     continue;
                 }
                 // Every rank heard without it (or with another copy), but the sender.
-                let lacks = |l: &[Option<Digest>]| !matches!(l[j], Some(e) if named[j].is_some_and(|d| d[..16] == e[..16]));
-                for &(peer, _) in lists
-                    .iter()
-                    .filter(|(p, l)| *p != me && *p != j && lacks(l))
-                {
-                    if passers(j, peer).contains(&me) {
+                for &(peer, l) in &lists {
+                    let lacks = !same_digest(l[j], named[j]);
+                    if peer != me && peer != j && lacks && passers(j, peer).contains(&me) {
                         sends.push(Send {
                             peer,
                             tag: j as Tag,
@@ -257,37 +264,35 @@ impl<'r, B> Round<'r, B> {
             heard,
             used,
             named,
-            lacking: waited,
+            needed,
         };
         self.post_mend(mend, sends, recvs);
     }
 
     /// The recovery step of [`Round::converge`]: `sends` pass inputs on, and `recvs` (from
-    /// up to `2f + 1` namers of each input this rank lacks) end once all but `f` copies of
-    /// each input lacking have come (in number) and the grace has passed, or all have come. Every rank posts it,
-    /// empty where it has nothing to pass on or recover, so that steps stay numbered alike.
+    /// up to `2f + 1` passers of each input this rank lacks) end once `f + 1` copies of each
+    /// (in number, over all of them) have come and the grace has passed, or all have come.
+    /// Every rank posts it, empty where it has nothing to pass on or recover, so that steps
+    /// stay numbered alike.
     fn post_mend(&mut self, mend: Mend, sends: Vec<Send>, recvs: Vec<RecvOp>) {
         if recvs.is_empty() {
             return self.post(Phase::Mend(Box::new(mend)), "mend", sends, recvs);
         }
         let quorum = Quorum {
-            receives: mend.lacking,
+            receives: mend.needed,
             grace: self.spec.grace,
             awaited: recvs.len(),
             core: 0,
         };
-        self.post_quorum(
-            Phase::Mend(Box::new(mend)),
-            "mend",
-            sends,
-            recvs,
-            Some(quorum),
-        );
+        let phase = Phase::Mend(Box::new(mend));
+        self.post_quorum(phase, "mend", sends, recvs, Some(quorum));
     }
 
-    /// The end of the recovery step: the copies passed on are checked against the digest the
-    /// namers gave, and where this rank then holds every named input and the set is not the
-    /// one it used, it aggregates again over exactly the named inputs.
+    /// The end of the recovery step: of the copies passed on, this rank takes for each input
+    /// the bytes that `f + 1` passers sent alike, with the set's digest (so no `f` ranks can
+    /// pass on another input, even one with that XXH3 digest); where it then holds every
+    /// input of the set and the set is not the one it used, it aggregates again over exactly
+    /// them.
     pub(super) fn mended<P: Plane<Buf = B>>(
         &mut self,
         plane: &mut P,
@@ -303,55 +308,78 @@ impl<'r, B> Round<'r, B> {
             named,
             ..
         } = mend;
-        let me = self.spec.me;
+        let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
         if self.failed.is_some() {
             return self.post_confirm(None, AgreementReport::default(), heard);
         }
-        let mut recovered = Vec::new();
+        // By input, the copies with the set's digest, and who sent each.
+        let mut copies: Vec<Vec<(Rank, B)>> = (0..n).map(|_| Vec::new()).collect();
+        let mut forgers = Vec::new();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             let j = op.tag as usize;
             let Arrival::Received(b) = a else { continue };
-            // Every copy is checked, so that a rank passing on a forged one is named even
-            // where an honest copy came first.
             let digest = plane.digest(Src::Got(&b));
-            if named[j].is_some_and(|d| d[..16] == digest[..16]) {
-                if self.kept[j].is_none() {
-                    self.kept[j] = Some(b);
-                    self.seen.inputs[j] = Some(digest);
-                    recovered.push(j);
-                }
-            } else {
-                self.add_fault(
-                    op.peer,
-                    Fault::Malformed(format!("passed on another input as rank {j}'s")),
-                );
+            match named[j] {
+                Some(d) if d[..16] == digest[..16] => copies[j].push((op.peer, b)),
+                _ => forgers.push((op.peer, j)),
             }
         }
-        let set: Vec<Rank> = (0..self.spec.n).filter(|&j| named[j].is_some()).collect();
-        let holds = |j: &Rank| *j == me || self.kept[*j].is_some();
-        // Where it cannot aggregate them (an input no namer passed on, too few for the
-        // rule), it keeps its result and the confirmation decides.
-        if set == used || !set.iter().all(holds) || self.rule.check(set.len()).is_err() {
-            return self.post_confirm(result, found, heard);
+        let mut recovered = Vec::new();
+        for (j, copies) in copies.into_iter().enumerate() {
+            if copies.is_empty() {
+                continue;
+            }
+            let hosts: Vec<Cow<'_, [u8]>> = copies.iter().map(|(_, b)| plane.host(b)).collect();
+            let alike = |i: usize| hosts.iter().filter(|h| h[..] == hosts[i][..]).count();
+            let Some(taken) = (0..hosts.len()).find(|&i| alike(i) > f) else {
+                continue;
+            };
+            forgers.extend(
+                copies
+                    .iter()
+                    .zip(&hosts)
+                    .filter(|(_, h)| h[..] != hosts[taken][..])
+                    .map(|((p, _), _)| (*p, j)),
+            );
+            drop(hosts);
+            let (_, b) = copies.into_iter().nth(taken).expect("a copy taken");
+            self.seen.inputs[j] = named[j];
+            self.kept[j] = Some(b);
+            recovered.push(j);
         }
-        let kept = std::mem::take(&mut self.kept);
-        let again = self.aggregate_set(plane, &kept, &set);
-        self.kept = kept;
-        if let Err(e) = again {
-            self.failed = Some(e);
-            return self.post_confirm(None, AgreementReport::default(), heard);
+        let set: Vec<Rank> = (0..n).filter(|&j| named[j].is_some()).collect();
+        let holds = |j: &Rank| *j == me || self.kept.get(*j).is_some_and(Option::is_some);
+        // Where it cannot aggregate them (an input not passed on, too few for the rule, a
+        // plane that keeps no inputs), it keeps its result and the confirmation decides.
+        let again = set != used && set.iter().all(holds) && self.rule.check(set.len()).is_ok();
+        if again {
+            let kept = std::mem::take(&mut self.kept);
+            let aggregated = self.aggregate_set(plane, &kept, &set);
+            self.kept = kept;
+            if let Err(e) = aggregated {
+                self.failed = Some(e);
+                return self.post_confirm(None, AgreementReport::default(), heard);
+            }
+            found.realigned = used.iter().copied().filter(|j| !set.contains(j)).collect();
+            // An input late here that this rank then recovered is in the aggregate: no
+            // erasure, so not a fault (nor, through the fault memory, a laggard's).
+            self.report
+                .faults
+                .retain(|f| !(f.fault == Fault::Late && recovered.contains(&f.rank)));
+            found.recovered = recovered;
+            self.report.erased_self = !set.contains(&me);
         }
-        found.realigned = used.iter().copied().filter(|j| !set.contains(j)).collect();
-        recovered.sort_unstable();
-        // An input late here that the others named and this rank then recovered is in the
-        // aggregate: no erasure, so not a fault (nor, through the fault memory, a laggard's).
-        self.report
-            .faults
-            .retain(|f| !(f.fault == Fault::Late && recovered.contains(&f.rank)));
-        found.recovered = recovered;
-        self.report.erased_self = !set.contains(&me);
-        let result = plane.result_digest();
-        self.post_confirm(Some(result), found, heard)
+        for (p, j) in forgers {
+            self.add_fault(
+                p,
+                Fault::Malformed(format!("passed on another input as rank {j}'s")),
+            );
+        }
+        let result = match again {
+            true => Some(plane.result_digest()),
+            false => result,
+        };
+        self.post_confirm(result, found, heard)
     }
 
     /// By sender, the digest of its input where it is *common*: named, with one digest, by
@@ -396,17 +424,18 @@ impl<'r, B> Round<'r, B> {
         named_by(&timely)
     }
 
-    /// Whether the cross-check is followed by the confirmation step: under
+    /// Whether the cross-check is followed by the recovery and confirmation steps: under
     /// [`Agreement::Detect`] in gather mode with stragglers allowed, where an input late to
-    /// some ranks and not others splits them until they move to the common inputs
+    /// some ranks and not others splits them until they move to one set of inputs
     /// (`PROTOCOL.md`, "Common inputs"). Alike on every rank (the spec's).
     pub(super) fn confirms(&self) -> bool {
         self.spec.agreement == Agreement::Detect && self.r == 0 && self.spec.stragglers > 0
     }
 
-    /// The confirmation step: every rank sends every other the digest of the result it
-    /// ends with (after moving to the common inputs; none where its round failed), and waits
-    /// for those whose cross-check it heard. `found`: what the cross-check found.
+    /// The confirmation step, after the recovery step: every rank sends every other the
+    /// digest of the result it ends with (after moving to the round's set of inputs; none
+    /// where its round failed), and waits for those whose cross-check it heard. `found`: what
+    /// the cross-check found.
     fn post_confirm(&mut self, result: Option<Digest>, found: AgreementReport, heard: Vec<Rank>) {
         let (me, n) = (self.spec.me, self.spec.n);
         let mut bytes = Vec::with_capacity(CONFIRM_LEN);
@@ -590,10 +619,8 @@ pub(super) struct Mend {
     used: Vec<Rank>,
     /// By sender, the digest of its input where it is named ([`named_inputs`]).
     named: Vec<Option<Digest>>,
-    /// How many copies the step's quorum needs: for each named input this rank lacks and
-    /// waits for, all but `f` of the ranks it waits for (as many as the honest ones there
-    /// surely are), so that one input's copies alone rarely form it.
-    lacking: usize,
+    /// How many copies the step's quorum needs: `f + 1` for each input this rank waits for.
+    needed: usize,
 }
 
 impl Mend {
@@ -605,7 +632,7 @@ impl Mend {
             heard,
             used: Vec::new(),
             named: Vec::new(),
-            lacking: 0,
+            needed: 0,
         }
     }
 }
@@ -637,17 +664,5 @@ fn named_inputs(
             }
             (count > f).then_some(first)
         })
-        .collect()
-}
-
-/// The ranks whose list names `j` with `digest`, in rank order, `j` itself not.
-fn namers_of(j: Rank, lists: &[(Rank, &[Option<Digest>])], digest: Option<Digest>) -> Vec<Rank> {
-    let Some(digest) = digest else {
-        return Vec::new();
-    };
-    lists
-        .iter()
-        .filter(|(p, l)| *p != j && l[j].is_some_and(|d| d[..16] == digest[..16]))
-        .map(|&(p, _)| p)
         .collect()
 }

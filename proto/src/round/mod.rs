@@ -305,10 +305,10 @@ enum Phase<'r, B> {
     Proofs(Box<audited::Auditing<'r>>),
     Recompute(Box<audited::Auditing<'r>>),
     /// The recovery step after the cross-check (gather mode, `Detect`, stragglers allowed):
-    /// inputs the ranks named that this rank lacks come from ranks that hold them
-    /// (`cross_check`, "Named inputs" in `PROTOCOL.md`).
+    /// the inputs of the round's set that this rank lacks come from ranks that hold them
+    /// (`cross_check`; "Common inputs" in `PROTOCOL.md`).
     Mend(Box<cross_check::Mend>),
-    /// The confirmation step after the cross-check (gather mode, `Detect`, stragglers
+    /// The confirmation step after the recovery step (gather mode, `Detect`, stragglers
     /// allowed): the result this rank ends with (none where the round failed), and what the
     /// cross-check found.
     Confirm {
@@ -376,8 +376,9 @@ pub struct Round<'r, B> {
     /// per `k`, and the decisions.
     held: Vec<Option<B>>,
     /// Gather mode under [`Agreement::Detect`], where the plane [keeps its
-    /// input](Plane::keeps_input): the inputs received, kept for the cross-check, which may
-    /// aggregate again over the inputs the ranks holding the common result used.
+    /// input](Plane::keeps_input): the inputs received (and those passed on to it in the
+    /// recovery step), kept for the cross-check, which may aggregate again over another set
+    /// of inputs, and for passing them on ([`Round::held`]).
     kept: Vec<Option<B>>,
     echo: Vec<eig::Eig>,
     agreed: Vec<Option<Digest>>,
