@@ -350,8 +350,8 @@ fn a_laggard_costs_no_grace_but_at_the_probes() {
 /// inputs, or a straggler without one the others kept, and such rounds failed (loudly): 58 of
 /// 1000 at 8 ranks, 143 of 1000 at 4 with one slow rank. Now the set is alike on every rank
 /// that heard the same checks, and whoever lacks part of it has it passed on: no round splits
-/// silently, every one ends in time, and at most 1 % fail (loudly: a rank whose grace cut a
-/// straggler's check computes the set without its list, 2 rounds of 300 at 7 ranks).
+/// silently, every one ends in time, and at most 1 % fail (loudly: a rank that did not hear a
+/// straggler's check in time computes the set without its list).
 #[test]
 fn inputs_late_to_random_ranks_every_round_still_end_alike_under_detect() {
     for (n, f, slow_ranks) in [(8, 2, 2), (7, 2, 1), (16, 5, 3)] {

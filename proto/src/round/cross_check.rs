@@ -48,10 +48,14 @@ impl<'r, B> Round<'r, B> {
         // Under `Enforce` a peer that was only late is waited for through a quorum
         // ([`Round::post_awaiting_late`]): the echo agreed on its input, and the check may
         // need it among its `n - f`.
-        // So is it where the cross-check may move to the named inputs ([`Round::converge`]):
-        // a straggler's list can be the one naming an input that went late elsewhere.
+        // Under `Detect` with the confirmation, a late peer's check is waited for too, but
+        // only the grace's floor past the others' ([`Round::converge`]): a straggler's list
+        // may be the one that shows another input late to it, and a rank that did not hear it
+        // would take another set; waiting as long again as the others took would double
+        // the cross-check of every round in which a rank is late but not yet a laggard.
+        let detect_late = self.confirms() && self.failed.is_none();
         let enforce =
-            (self.spec.agreement == Agreement::Enforce || self.confirms()) && self.failed.is_none();
+            (self.spec.agreement == Agreement::Enforce || detect_late) && self.failed.is_none();
         let erased: Vec<Rank> = self
             .carried
             .iter()
@@ -81,16 +85,20 @@ impl<'r, B> Round<'r, B> {
                 len: Check::len_between(me, peer, n, r),
             })
             .collect();
-        // A result stands with `n - f` ranks agreeing (this one among them): under `Enforce`
-        // a check waits for the late peers until it has heard that many, where the others
-        // are too few. Under `Detect` their checks are waited for through the grace only: a
-        // round that needs a straggler's agreement fails rather than take its pace.
-        let needed = match self.spec.agreement {
-            Agreement::Enforce => n.saturating_sub(self.rule.byzantine() + 1),
-            _ => 0,
+        // A result stands with `n - f` ranks agreeing (this one among them): a check waits
+        // for the late peers until it has heard that many, where the others are too few.
+        let (needed, grace) = match detect_late {
+            true => (
+                0,
+                Grace {
+                    min: self.spec.grace.min,
+                    factor: 0,
+                },
+            ),
+            false => (n.saturating_sub(self.rule.byzantine() + 1), self.spec.grace),
         };
         let phase = Phase::Check { mine, encoded };
-        self.post_awaiting_late(phase, "cross_check", sends, recvs, needed);
+        self.post_awaiting_late(phase, "cross_check", sends, recvs, needed, grace);
     }
 
     pub(super) fn checked<P: Plane<Buf = B>>(
@@ -208,9 +216,11 @@ impl<'r, B> Round<'r, B> {
                 .map(|p| lists.iter().find(|(q, _)| *q == p).map(|&(_, l)| l))
                 .collect();
             // The ranks that pass `j`'s input on to `r`: the first `2f + 1` of those whose
-            // list names `j` with the set's digest and names `r`'s own input. Those got `r`'s
-            // input in time, so they waited for its check until the deadline and know whether
-            // it lacks `j`; a namer that erased `r` may not, and `r` does not wait for it.
+            // list names `j` with the set's digest, whose list names `r`'s input, and whose
+            // input `r`'s list names. Those got `r`'s input in time, so they waited for its
+            // check until the deadline and know that it lacks `j`; and `r` had theirs, so it
+            // heard their checks: a passer places itself no later among them than `r` does,
+            // whichever checks of ranks late to one of them the other heard.
             let namers: Vec<Vec<Rank>> = (0..n)
                 .map(|j| {
                     lists
@@ -224,7 +234,10 @@ impl<'r, B> Round<'r, B> {
                 namers[j]
                     .iter()
                     .copied()
-                    .filter(|&p| list_of[p].is_some_and(|l| l[r].is_some()))
+                    .filter(|&p| {
+                        list_of[p].is_some_and(|l| l[r].is_some())
+                            && list_of[r].is_some_and(|l| l[p].is_some())
+                    })
                     .take(2 * f + 1)
                     .collect()
             };
@@ -637,10 +650,11 @@ impl Mend {
     }
 }
 
-/// By sender `j`, the digest of its input where at least `f + 1` of `lists` other than
-/// `j`'s own name it, all with that digest (XXH3-128, the digests' first 16 bytes); a sender
-/// named with two digests is named by none, and added to `differing`. With `f + 1` namers at
-/// least one is honest: the input exists, and an honest rank holds it.
+/// By sender `j`, the digest of its input where at least `f + 1` of `lists` name it (`j`'s
+/// own among them), all with that digest (XXH3-128, the digests' first 16 bytes); a sender
+/// named with two digests is named by none, and added to `differing`. Of `f + 1` namers at
+/// most `f` are Byzantine, `j` among them if it is: the input exists, and where `j` is
+/// Byzantine an honest rank other than `j` holds it.
 fn named_inputs(
     n: usize,
     f: usize,
@@ -649,10 +663,7 @@ fn named_inputs(
 ) -> Vec<Option<Digest>> {
     (0..n)
         .map(|j| {
-            let mut names = lists
-                .iter()
-                .filter(|(p, _)| *p != j)
-                .filter_map(|(_, l)| l[j]);
+            let mut names = lists.iter().filter_map(|(_, l)| l[j]);
             let first = names.next()?;
             let mut count = 1;
             for d in names {

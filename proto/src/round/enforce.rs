@@ -35,7 +35,8 @@ impl<'r, B> Round<'r, B> {
             })
             .map(|peer| RecvOp { peer, tag: 0, len })
             .collect();
-        self.post_awaiting_late(Phase::Echo, "enforce_echo", sends, recvs, 0);
+        let grace = self.spec.grace;
+        self.post_awaiting_late(Phase::Echo, "enforce_echo", sends, recvs, 0, grace);
     }
 
     pub(super) fn echoed<P: Plane<Buf = B>>(

@@ -775,6 +775,7 @@ impl<'r, B> Round<'r, B> {
         sends: Vec<Send>,
         mut recvs: Vec<RecvOp>,
         at_least: usize,
+        grace: Grace,
     ) {
         let late = |p: Rank| self.fault_of(p) == Some(&Fault::Late);
         let laggard = |p: Rank| late(p) && self.laggards.contains(&p);
@@ -790,7 +791,7 @@ impl<'r, B> Round<'r, B> {
         // every peer in time would wait for a late one's whenever one in time is dead.
         let quorum = Quorum {
             receives: at_least.min(recvs.len()),
-            grace: self.spec.grace,
+            grace,
             awaited: recvs.len() - recvs.iter().filter(|r| laggard(r.peer)).count(),
             core: recvs.len() - late_ones,
         };
