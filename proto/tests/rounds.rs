@@ -21,6 +21,20 @@ fn reference(inputs: &[Vec<f32>], rule: &dyn Aggregator) -> Vec<f32> {
     out
 }
 
+/// Gather-mode specs of `n` ranks and `d` elements under `agreement`, with `stragglers` allowed.
+fn quorum_spec(
+    n: usize,
+    d: usize,
+    agreement: Agreement,
+    stragglers: usize,
+) -> impl Fn(usize) -> byzcoll_proto::round::Spec + Copy {
+    move |me| {
+        let mut s = spec(me, n, d, Shape::Gather, agreement);
+        s.stragglers = stragglers;
+        s
+    }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -271,11 +285,7 @@ fn an_input_late_to_some_ranks_is_left_out_by_every_rank() {
     let (n, d) = (4, 6);
     let rule = Median::new(1);
     let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-    let spec = |me| {
-        let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
-        s.stragglers = 1;
-        s
-    };
+    let spec = quorum_spec(n, d, Agreement::Detect, 1);
     let starts = vec![Duration::ZERO; n];
     // Rank 3's input reaches rank 0 in time, ranks 1 and 2 late: two ranks hold each result
     // (ranks 1 and 2 do not even hear rank 3, late to them), and every rank takes the one made
@@ -345,11 +355,7 @@ fn two_stragglers_late_to_different_ranks_leave_every_rank_with_one_result() {
     let (n, d) = (8, 5);
     let rule = Median::new(2);
     let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-    let spec = |me| {
-        let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
-        s.stragglers = 2;
-        s
-    };
+    let spec = quorum_spec(n, d, Agreement::Detect, 2);
     let ended = run(
         spec,
         &rule,
@@ -380,11 +386,7 @@ fn enforce_round_with_rank_7_dead(net: &Network<'_>) -> Vec<RoundReport> {
     let (n, d) = (8, 5);
     let rule = Median::new(2);
     let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-    let spec = |me| {
-        let mut s = spec(me, n, d, Shape::Gather, Agreement::Enforce);
-        s.stragglers = 2;
-        s
-    };
+    let spec = quorum_spec(n, d, Agreement::Enforce, 2);
     let dead = |from, to, step, tag, bytes: &bytes::Bytes| match from {
         7 => Fate::Closed,
         _ => net(from, to, step, tag, bytes),
@@ -569,11 +571,7 @@ fn a_stragglers_view_of_another_straggler_does_not_split_the_others() {
     let (n, d) = (8, 5);
     let rule = Median::new(2);
     let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-    let spec = |me| {
-        let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
-        s.stragglers = 2;
-        s
-    };
+    let spec = quorum_spec(n, d, Agreement::Detect, 2);
     let ended = run(
         spec,
         &rule,
@@ -615,11 +613,7 @@ fn stragglers_late_to_different_ranks_of_four_are_passed_on_not_a_split() {
     let (n, d) = (4, 6);
     let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
     for rule in [&Median::new(1) as &dyn Aggregator, &TrimmedMean::new(1)] {
-        let spec = |me| {
-            let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
-            s.stragglers = 1;
-            s
-        };
+        let spec = quorum_spec(n, d, Agreement::Detect, 1);
         let ended = run(
             spec,
             rule,
@@ -664,11 +658,7 @@ fn a_forged_or_withheld_copy_of_a_late_input_neither_gets_in_nor_stalls() {
     let (n, d) = (8, 5);
     let rule = Median::new(2);
     let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
-    let spec = |me| {
-        let mut s = spec(me, n, d, Shape::Gather, Agreement::Detect);
-        s.stragglers = 2;
-        s
-    };
+    let spec = quorum_spec(n, d, Agreement::Detect, 2);
     // Steps: 0 the inputs, 1 the cross-check, 2 the recovery, 3 the confirmation.
     let ended = run(
         spec,

@@ -21,6 +21,12 @@ pub fn input_digest<T: bytemuck::Pod>(v: &[T]) -> Digest {
     d
 }
 
+/// Whether two digests of the cross-check name one input (their XXH3-128 halves are equal);
+/// `false` where either is missing.
+pub(super) fn same_input(a: Option<Digest>, b: Option<Digest>) -> bool {
+    matches!((a, b), (Some(a), Some(b)) if a[..16] == b[..16])
+}
+
 /// The commitment to an input under [`Agreement::Enforce`](crate::Agreement): BLAKE3 of its
 /// bytes (hashed across threads past 1 MiB).
 pub fn commitment<T: bytemuck::Pod>(v: &[T]) -> Digest {

@@ -156,7 +156,7 @@ impl<'r, B> Round<'r, B> {
     /// With the confirmation step: every rank moves to the aggregate of the *common inputs*
     /// (those the timely ranks it heard all used, [`Round::common_inputs`]) where they are
     /// enough for the rule, and otherwise of the *named inputs* (those at least `f + 1` ranks
-    /// it heard used, the sender aside, [`named_inputs`]); the inputs of that set it lacks
+    /// it heard used, the sender's own among them, [`named_inputs`]); the inputs of that set it lacks
     /// (late here) are passed on in one more step by the ranks that hold them, and then the
     /// confirmation decides (`PROTOCOL.md`, "Common inputs", "Named inputs"). At least one of
     /// `f + 1` namers is honest and holds the input, so a Byzantine rank can neither bring in
@@ -202,10 +202,6 @@ impl<'r, B> Round<'r, B> {
         found.differing_inputs.sort_unstable();
         found.differing_inputs.dedup();
         let set: Vec<Rank> = (0..n).filter(|&j| named[j].is_some()).collect();
-        let same_digest = |a: Option<Digest>, b: Option<Digest>| match (a, b) {
-            (Some(a), Some(b)) => a[..16] == b[..16],
-            _ => false,
-        };
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
         let mut needed = 0;
         // A plane that keeps no copy of the inputs can neither pass one on nor aggregate
@@ -225,7 +221,7 @@ impl<'r, B> Round<'r, B> {
                 .map(|j| {
                     lists
                         .iter()
-                        .filter(|(p, l)| *p != j && same_digest(l[j], named[j]))
+                        .filter(|(p, l)| *p != j && same_input(l[j], named[j]))
                         .map(|&(p, _)| p)
                         .collect()
                 })
@@ -242,7 +238,7 @@ impl<'r, B> Round<'r, B> {
                     .collect()
             };
             for &j in set.iter().filter(|&&j| j != me) {
-                if !same_digest(mine.seen.inputs[j], named[j]) {
+                if !same_input(mine.seen.inputs[j], named[j]) {
                     // It takes the bytes `f + 1` passers sent alike: with fewer passers
                     // (all could be Byzantine) it goes without (the confirmation decides). A
                     // copy of its own with another digest than the set's is not this input.
@@ -260,7 +256,7 @@ impl<'r, B> Round<'r, B> {
                 }
                 // Every rank heard without it (or with another copy), but the sender.
                 for &(peer, l) in &lists {
-                    let lacks = !same_digest(l[j], named[j]);
+                    let lacks = !same_input(l[j], named[j]);
                     if peer != me && peer != j && lacks && passers(j, peer).contains(&me) {
                         sends.push(Send {
                             peer,
@@ -332,9 +328,10 @@ impl<'r, B> Round<'r, B> {
             let j = op.tag as usize;
             let Arrival::Received(b) = a else { continue };
             let digest = plane.digest(Src::Got(&b));
-            match named[j] {
-                Some(d) if d[..16] == digest[..16] => copies[j].push((op.peer, b)),
-                _ => forgers.push((op.peer, j)),
+            if same_input(named[j], Some(digest)) {
+                copies[j].push((op.peer, b));
+            } else {
+                forgers.push((op.peer, j));
             }
         }
         let mut recovered = Vec::new();
@@ -424,7 +421,7 @@ impl<'r, B> Round<'r, B> {
                     let first = lists.first()?.1[j]?;
                     lists
                         .iter()
-                        .all(|(_, l)| matches!(l[j], Some(e) if e[..16] == first[..16]))
+                        .all(|(_, l)| same_input(l[j], Some(first)))
                         .then_some(first)
                 })
                 .collect()
@@ -578,11 +575,11 @@ impl<'r, B> Round<'r, B> {
             tried.push(list);
             // Every input of theirs is one this rank holds, with the same digest.
             let set: Vec<Rank> = (0..n).filter(|&j| list[j].is_some()).collect();
-            let held = |j: Rank| match (list[j], mine.seen.inputs[j]) {
-                (Some(a), Some(b)) => a[..16] == b[..16],
-                _ => false,
-            };
-            if set.len() >= used.len() || !set.iter().all(|&j| held(j)) {
+            if set.len() >= used.len()
+                || !set
+                    .iter()
+                    .all(|&j| same_input(list[j], mine.seen.inputs[j]))
+            {
                 continue;
             }
             let kept = std::mem::take(&mut self.kept);
@@ -630,7 +627,7 @@ pub(super) struct Mend {
     heard: Vec<Rank>,
     /// The inputs this rank aggregated.
     used: Vec<Rank>,
-    /// By sender, the digest of its input where it is named ([`named_inputs`]).
+    /// By sender, the digest of its input where it is in the round's set (common or named).
     named: Vec<Option<Digest>>,
     /// How many copies the step's quorum needs: `f + 1` for each input this rank waits for.
     needed: usize,
@@ -667,7 +664,7 @@ fn named_inputs(
             let first = names.next()?;
             let mut count = 1;
             for d in names {
-                if d[..16] != first[..16] {
+                if !same_input(Some(d), Some(first)) {
                     differing.push(j);
                     return None;
                 }

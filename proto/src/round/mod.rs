@@ -58,7 +58,7 @@ use crate::{
 
 pub use audited::{sign_pieces, AuditCtx};
 pub use check::{commitment, input_digest, result_digest, Digest};
-use check::{Check, Seen};
+use check::{same_input, Check, Seen};
 pub use plane::{Dest, Plane};
 
 /// What a step's message carries, named so that each driver makes the bytes where its data
