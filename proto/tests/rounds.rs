@@ -647,6 +647,65 @@ fn stragglers_late_to_different_ranks_of_four_are_passed_on_not_a_split() {
     }
 }
 
+/// A late input that only its sender can pass on. Of 4 ranks (`f = 1`, `s = 1`), rank 3's
+/// input is late for ranks 1 and 2, and rank 0's for rank 3. The round's set is the inputs of
+/// ranks 0 to 2 (those the timely ranks 1 and 2 used), and rank 3 lacks rank 0's: ranks 1 and
+/// 2 name it but did not get rank 3's input, so neither knows rank 3 lacks it. Rank 0 does
+/// (it had rank 3's input and heard its check), and passes its own input on; rank 3 takes
+/// that one copy (before, with no `f + 1` passers, it went without and failed the round, 3
+/// ranks against 1; seen in simulated rounds with a slow rank on a jittery network). A copy
+/// that rank 0 withholds or alters cannot give rank 3 another result silently: rank 3 waits
+/// for it only through the grace and then fails loudly, as it did before, and the others
+/// keep their result.
+#[test]
+fn a_late_input_only_its_sender_can_pass_on_comes_from_the_sender() {
+    let (n, d) = (4, 6);
+    let rule = Median::new(1);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let want = bits(&reference(&inputs[..3], &rule));
+    for sender in ["honest", "withholds", "alters"] {
+        // Steps: 0 the inputs, 1 the cross-check, 2 the recovery, 3 the confirmation.
+        let ended = run(
+            quorum_spec(n, d, Agreement::Detect, 1),
+            &rule,
+            &inputs,
+            &vec![Duration::ZERO; n],
+            &|from, to, step, _, bytes| match (from, to, step) {
+                (3, 1 | 2, 0) | (0, 3, 0) => Fate::After(Duration::from_millis(200)),
+                (0, 3, 2) if sender == "withholds" => Fate::Dropped,
+                (0, 3, 2) if sender == "alters" => {
+                    let mut altered = bytes.to_vec();
+                    altered[0] ^= 1;
+                    Fate::Rewritten(MS, altered.into())
+                }
+                _ => Fate::After(MS),
+            },
+        );
+        for (me, e) in ended.iter().enumerate() {
+            let what = format!("sender {sender}, rank {me}");
+            assert!(e.at < Duration::from_millis(100), "{what}: {:?}", e.at);
+            if me == 3 && sender != "honest" {
+                assert!(
+                    matches!(e.result, Err(Error::Disagreement { .. })),
+                    "{what}: {:?}",
+                    e.result
+                );
+                continue;
+            }
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+            assert_eq!(bits(&e.output), want, "{what}");
+            assert_eq!(report.inputs, 3, "{what}");
+            assert_eq!(report.erased_self, me == 3, "{what}");
+            let found = report.agreement.as_ref().unwrap();
+            let recovered: &[usize] = if me == 3 { &[0] } else { &[] };
+            assert_eq!(found.recovered, recovered, "{what}");
+        }
+    }
+}
+
 /// Passing a late input on cannot be abused. Of 8 ranks (`f = 2`, `s = 2`), rank 0 gets the
 /// inputs of ranks 4 and 5 late and rank 1 those of 6 and 7: the inputs every rank used are
 /// four, too few for the median, so each late input is passed on by the ranks that name it.

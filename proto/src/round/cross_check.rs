@@ -204,6 +204,7 @@ impl<'r, B> Round<'r, B> {
         let set: Vec<Rank> = (0..n).filter(|&j| named[j].is_some()).collect();
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
         let mut needed = 0;
+        let mut alike = vec![0; n];
         // A plane that keeps no copy of the inputs can neither pass one on nor aggregate
         // again: it keeps its result, and the confirmation decides.
         if !self.kept.is_empty() {
@@ -237,21 +238,47 @@ impl<'r, B> Round<'r, B> {
                     .take(2 * f + 1)
                     .collect()
             };
+            // Its own input, to every rank heard without it whose input it had (that rank
+            // then heard its check, and waits for this copy).
+            if named[me].is_some() {
+                for &(peer, l) in &lists {
+                    let had = list_of[me].is_some_and(|mine| mine[peer].is_some());
+                    if peer != me && had && !same_input(l[me], named[me]) {
+                        sends.push(Send {
+                            peer,
+                            tag: me as Tag,
+                            msg: Msg::Input,
+                        });
+                    }
+                }
+            }
             for &j in set.iter().filter(|&&j| j != me) {
                 if !same_input(mine.seen.inputs[j], named[j]) {
-                    // It takes the bytes `f + 1` passers sent alike: with fewer passers
-                    // (all could be Byzantine) it goes without (the confirmation decides). A
-                    // copy of its own with another digest than the set's is not this input.
+                    // It takes the bytes `f + 1` passers sent alike, or, with fewer
+                    // passers (all could be Byzantine), the bytes every copy that came has:
+                    // a copy that matches the XXH3 digest but is not the input the others
+                    // hold gives this rank another result, and the confirmation (BLAKE3
+                    // digests) fails its round, loudly. A copy of its own with another
+                    // digest than the set's is not this input.
                     self.kept[j] = None;
-                    let from = passers(j, me);
-                    if from.len() > f {
-                        needed += f + 1;
-                        recvs.extend(from.into_iter().map(|peer| RecvOp {
-                            peer,
-                            tag: j as Tag,
-                            len,
-                        }));
+                    let mut from = passers(j, me);
+                    alike[j] = match from.len() > f {
+                        true => f + 1,
+                        false => 1,
+                    };
+                    needed += alike[j].min(from.len());
+                    // Its sender too, where its list names this rank (then it heard this
+                    // rank's check, and passes its own input on): waited for through the
+                    // grace only, so that a Byzantine sender that names this rank and sends
+                    // nothing holds the step no longer.
+                    if list_of[j].is_some_and(|l| l[me].is_some()) {
+                        from.push(j);
                     }
+                    recvs.extend(from.into_iter().map(|peer| RecvOp {
+                        peer,
+                        tag: j as Tag,
+                        len,
+                    }));
                     continue;
                 }
                 // Every rank heard without it (or with another copy), but the sender.
@@ -274,6 +301,7 @@ impl<'r, B> Round<'r, B> {
             used,
             named,
             needed,
+            alike,
         };
         self.post_mend(mend, sends, recvs);
     }
@@ -315,6 +343,7 @@ impl<'r, B> Round<'r, B> {
             heard,
             used,
             named,
+            alike: taking,
             ..
         } = mend;
         let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
@@ -341,7 +370,12 @@ impl<'r, B> Round<'r, B> {
             }
             let hosts: Vec<Cow<'_, [u8]>> = copies.iter().map(|(_, b)| plane.host(b)).collect();
             let alike = |i: usize| hosts.iter().filter(|h| h[..] == hosts[i][..]).count();
-            let Some(taken) = (0..hosts.len()).find(|&i| alike(i) > f) else {
+            // `f + 1` alike, or, where all could be Byzantine, every copy that came alike.
+            let enough = |i: usize| match taking[j] > f {
+                true => alike(i) > f,
+                false => alike(i) == hosts.len(),
+            };
+            let Some(taken) = (0..hosts.len()).find(|&i| enough(i)) else {
                 continue;
             };
             forgers.extend(
@@ -629,8 +663,12 @@ pub(super) struct Mend {
     used: Vec<Rank>,
     /// By sender, the digest of its input where it is in the round's set (common or named).
     named: Vec<Option<Digest>>,
-    /// How many copies the step's quorum needs: `f + 1` for each input this rank waits for.
+    /// How many copies the step's quorum needs: `f + 1` for each input this rank waits for,
+    /// one where it has `f` passers or fewer (none where it has none).
     needed: usize,
+    /// By input, how many copies alike this rank takes: `f + 1`, or, with `f` passers or
+    /// fewer, one where every copy that came is alike.
+    alike: Vec<usize>,
 }
 
 impl Mend {
@@ -643,6 +681,7 @@ impl Mend {
             used: Vec::new(),
             named: Vec::new(),
             needed: 0,
+            alike: Vec::new(),
         }
     }
 }
