@@ -158,7 +158,7 @@ pub(crate) struct SimulateArgs {
     /// Inputs a gather-mode round may go without for their lateness alone, as the runtime's
     /// BYZCOLL_STRAGGLERS: auto (the largest s <= f that keeps the rule's precondition; none
     /// under --agreement off), a count s (0: every input is waited for until the deadline),
-    /// or default (auto under --agreement enforce, 0 otherwise, as in the runtime). The input
+    /// or default (auto, as in the runtime). The input
     /// step ends once all but s inputs are in plus the grace; the rest are late. Gather mode
     /// only (--mode gather), as in the runtime.
     #[arg(long, value_name = "S|auto|default", default_value = "default", value_parser = parse_stragglers)]

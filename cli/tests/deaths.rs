@@ -199,7 +199,12 @@ fn a_killed_rank_costs_no_deadline_after_it_is_gone() {
     let timeout = 2000;
     let t = timeout.to_string();
     let rounds = 12;
-    let env = [("BYZCOLL_TIMEOUT_MS", t.as_str())];
+    // Every input waited for while rank 2 lives (stragglers are allowed by default, and on a
+    // loaded machine a live rank 2 can be late, and erased, before the kill).
+    let env = [
+        ("BYZCOLL_TIMEOUT_MS", t.as_str()),
+        ("BYZCOLL_STRAGGLERS", "0"),
+    ];
     let outcomes = run(&env, rounds, 2, libc::SIGKILL, Duration::ZERO);
     let mut gone_from = None;
     for (k, _, erased) in the_others_rounds(&outcomes, rounds, timeout) {

@@ -15,7 +15,7 @@ accuracy for every rule and attack as JSON, and a plot with --plot (matplotlib).
 A straggler: `--straggler-ms MS` makes one honest rank (the third from last; `--slow-ranks K`:
 the K honest ranks below the Byzantine ones) sleep MS before each step's all-reduce; `--stragglers auto` lets the rounds go on without it (quorum rounds,
 `Communicator.set_stragglers`), `0` waits for it, and without the flag the library's default
-holds (`auto` under `BYZCOLL_AGREEMENT=enforce`, 0 otherwise, or `BYZCOLL_STRAGGLERS`). Rank 0 prints each run's steps
+holds (`auto`, none under `BYZCOLL_AGREEMENT=off`, or `BYZCOLL_STRAGGLERS`). Rank 0 prints each run's steps
 per second.
 
 Precision and device: `--dtype bfloat16` (or `float16`) trains the model in that type, so the
@@ -148,7 +148,7 @@ def main():
                     help="how many honest ranks (those just below the Byzantine ones) sleep --straggler-ms")
     ap.add_argument("--stragglers", default=None,
                     help='inputs a round may go without for lateness: "auto" or a count '
-                         '(default: the library\'s, auto under enforce unless BYZCOLL_STRAGGLERS says)')
+                         '(default: the library\'s, auto unless BYZCOLL_STRAGGLERS says)')
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                     help="the model's (and so the gradients') element type")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

@@ -165,20 +165,19 @@ impl Agreement {
 /// A peer late round after round (a *laggard*, [`Carry::laggards`](crate::round::Carry)) is
 /// waited for only up to the quorum, not through the grace.
 ///
-/// [`Stragglers::UnderEnforce`] by default: [`Stragglers::Auto`] where the agreement keeps
-/// honest ranks together whatever their timing ([`Agreement::Enforce`], whose echo decides
-/// alike for every rank which inputs were in), so that there one late rank does not set the
-/// pace out of the box; none under [`Agreement::Detect`] and [`Agreement::Off`]. Under
-/// `Detect` the ranks reconcile late inputs only through the checks they heard, and on a
-/// loaded machine ranks that heard different checks end apart: loudly (the confirmation
-/// fails the round), but a healthy job's round fails (seen in a 4-rank job's trimmed mean, 2
-/// ranks against 2, on 2 busy cores), so there stragglers are the user's choice. `Auto` is
-/// the largest count up to the rule's `f` that its precondition allows at this `n`; 0 for a
-/// rule with `f = 0` (the mean), in the rounds that cannot end a step early (sharded rounds,
-/// NCCL), and under [`Agreement::Off`], where nothing brings ranks that went without
-/// different late inputs back to one result (a count asked for there is the user's risk). An
-/// honest rank's input can then be left out of a round for its timing alone, which a robust
-/// rule tolerates as it tolerates `f` faulty inputs; the report names it `Late`.
+/// [`Stragglers::Auto`] by default, so that out of the box one late rank does not set the
+/// pace: the largest count up to the rule's `f` that its precondition allows at this `n`; 0
+/// for a rule with `f = 0` (the mean), in the rounds that cannot end a step early (sharded
+/// rounds, NCCL), and under [`Agreement::Off`], where nothing brings ranks that went without
+/// different late inputs back to one result (a count asked for there is the user's risk).
+/// Under [`Agreement::Enforce`] the echo decides alike for every rank which inputs were in;
+/// under [`Agreement::Detect`] the ranks move to one set of inputs after the cross-check and
+/// pass late inputs on to the ranks that lack them, and a confirmation step turns ranks that
+/// still end apart into an error (on a jittery network at the default grace, a few rounds in
+/// a thousand of a 4-rank job; `PROTOCOL.md`, "Common inputs"). That costs `Detect` one
+/// small all-to-all step per gather round. An honest rank's input can be left out of a round
+/// for its timing alone, which a robust rule tolerates as it tolerates `f` faulty inputs; the
+/// report names it `Late`.
 /// `Exactly(0)` waits for every input until the deadline: for a job that compares exact
 /// results. A rank can be rounds behind the others when they finish: `Communicator::close`
 /// (collective) waits for it before they go. A rank further behind than its peers' send
@@ -191,13 +190,11 @@ impl Agreement {
 /// makes [`Policy::Auto`] choose gather mode, the one whose input step is a quorum step.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Stragglers {
-    /// [`Stragglers::Auto`] under [`Agreement::Enforce`], none under the other agreements
-    /// ([`Stragglers::under`]). The default.
-    #[default]
-    UnderEnforce,
     /// The largest `s` up to the rule's `f` that keeps its precondition with `n - s` inputs
     /// ([`stragglers_allowed`](crate::round::stragglers_allowed)); 0 where none does, on
-    /// transports that cannot end a step early (NCCL), and under [`Agreement::Off`].
+    /// transports that cannot end a step early (NCCL), and under [`Agreement::Off`]. The
+    /// default.
+    #[default]
     Auto,
     /// Exactly `s`: refused up front where the rule's precondition does not hold with `f`
     /// Byzantine inputs among `n - s`. `Exactly(0)` waits for every input until the deadline.
@@ -205,30 +202,25 @@ pub enum Stragglers {
 }
 
 impl Stragglers {
-    /// Parses `auto`, `default` ([`Stragglers::UnderEnforce`]) or a count.
+    /// Parses `auto` (or `default`, the same) or a count.
     ///
     /// # Errors
     /// What is accepted, for anything else.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s.trim() {
-            "auto" => Ok(Stragglers::Auto),
-            "default" => Ok(Stragglers::UnderEnforce),
+            "auto" | "default" => Ok(Stragglers::Auto),
             v => v
                 .parse()
                 .map(Stragglers::Exactly)
-                .map_err(|_| format!("{v:?}: expected auto or a number of ranks (or default)")),
+                .map_err(|_| format!("{v:?}: expected auto or a number of ranks")),
         }
     }
 
-    /// What this choice means under `agreement`: [`Stragglers::UnderEnforce`] is `Auto` under
-    /// [`Agreement::Enforce`] and `Exactly(0)` otherwise, and `Auto` is `Exactly(0)` under
-    /// [`Agreement::Off`]; a count stays itself.
+    /// What this choice means under `agreement`: `Auto` is `Exactly(0)` under
+    /// [`Agreement::Off`]; everything else stays itself.
     pub fn under(self, agreement: Agreement) -> Stragglers {
         match (self, agreement) {
-            (Stragglers::UnderEnforce, Agreement::Enforce) => Stragglers::Auto,
-            (Stragglers::UnderEnforce, _) | (Stragglers::Auto, Agreement::Off) => {
-                Stragglers::Exactly(0)
-            }
+            (Stragglers::Auto, Agreement::Off) => Stragglers::Exactly(0),
             (other, _) => other,
         }
     }
@@ -244,7 +236,6 @@ impl Stragglers {
     /// How a job's configuration names it (`BYZCOLL_STRAGGLERS`).
     pub fn name(self) -> String {
         match self {
-            Stragglers::UnderEnforce => "default (auto under enforce, else 0)".to_string(),
             Stragglers::Auto => "auto".to_string(),
             Stragglers::Exactly(s) => s.to_string(),
         }

@@ -905,15 +905,15 @@ fn auto_picks_gather_or_tolerant_sharding_by_size_world_and_rule() {
     // Sharded mode cannot run it; a quorum round cannot be sharded.
     assert_eq!(auto(16, big, nnm_krum.as_ref(), false), Policy::Gather);
     assert_eq!(auto(16, big, &median, true), Policy::Gather);
-    // Stragglers are allowed by default under Enforce (`auto` there), which chooses the
-    // schedule first: a vector large enough still goes sharded. Only a count above 0 asks
-    // for a quorum round.
-    assert_eq!(Stragglers::default(), Stragglers::UnderEnforce);
+    // Stragglers are allowed by default (`auto`, none under Off), which chooses the schedule
+    // first: a vector large enough still goes sharded. Only a count above 0 asks for a
+    // quorum round.
     let default = Stragglers::default();
+    assert_eq!(default, Stragglers::Auto);
+    assert_eq!(Stragglers::parse("default"), Ok(Stragglers::Auto));
     assert_eq!(default.under(Agreement::Enforce), Stragglers::Auto);
-    assert_eq!(default.under(Agreement::Detect), Stragglers::Exactly(0));
+    assert_eq!(default.under(Agreement::Detect), Stragglers::Auto);
     assert_eq!(default.under(Agreement::Off), Stragglers::Exactly(0));
-    assert_eq!(Stragglers::Auto.under(Agreement::Detect), Stragglers::Auto);
     assert_eq!(
         Stragglers::Auto.under(Agreement::Off),
         Stragglers::Exactly(0)

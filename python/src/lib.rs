@@ -956,8 +956,8 @@ impl PyCommunicator {
 
     /// How many inputs a robust round (gather policy) may go without for their lateness
     /// alone: `"auto"` (the largest the rule allows with `f` Byzantine inputs among the rest),
-    /// a count (0: wait for every input until the deadline), or `"default"` (auto under
-    /// agreement enforce, 0 otherwise). Every rank must choose alike. Late inputs are faults of kind `"late"` in the report.
+    /// a count (0: wait for every input until the deadline), or `"default"` (the same as
+    /// `"auto"`, the default; none under agreement off). Every rank must choose alike. Late inputs are faults of kind `"late"` in the report.
     fn set_stragglers(&self, stragglers: &Bound<'_, PyAny>) -> PyResult<()> {
         let s = if let Ok(text) = stragglers.extract::<String>() {
             Stragglers::parse(&text).map_err(InvalidUsage::new_err)?

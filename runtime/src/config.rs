@@ -41,8 +41,8 @@ pub struct Config {
     /// chose, so a rank that chose otherwise is out of step, never mixed in.
     pub doubling_max_bytes: usize,
     /// How many inputs a robust round may go without for their lateness alone (by default
-    /// `auto` under `Agreement::Enforce`, up to the rule's `f`, and none otherwise;
-    /// [`Stragglers`]); `BYZCOLL_STRAGGLERS` (`auto` or a count). Job-wide.
+    /// `auto`: up to the rule's `f`, none under `Agreement::Off`; [`Stragglers`]);
+    /// `BYZCOLL_STRAGGLERS` (`auto` or a count). Job-wide.
     pub stragglers: Stragglers,
     /// How long a robust round's input steps wait past their quorum ([`Grace::DEFAULT`]).
     pub grace: Grace,
@@ -78,9 +78,6 @@ pub const JOB_RECORD_LEN: usize = 4 + 1 + 8 + 8 + 8;
 
 /// [`Config::job_record`]'s stragglers for [`Stragglers::Auto`].
 const AUTO: u64 = u64::MAX;
-
-/// [`Config::job_record`]'s stragglers for [`Stragglers::UnderEnforce`].
-const UNDER_ENFORCE: u64 = u64::MAX - 1;
 
 /// What [`Config::job_record`] starts with.
 const JOB_MAGIC: &[u8; 4] = b"BZJ1";
@@ -181,7 +178,6 @@ impl Config {
         r[5..13].copy_from_slice(&(self.sub_round_bytes as u64).to_le_bytes());
         r[13..21].copy_from_slice(&(self.ring_part_bytes as u64).to_le_bytes());
         let stragglers = match self.stragglers {
-            Stragglers::UnderEnforce => UNDER_ENFORCE,
             Stragglers::Auto => AUTO,
             Stragglers::Exactly(s) => s as u64,
         };
@@ -225,7 +221,6 @@ impl Config {
                 21..29,
                 |v| match le_u64(v) {
                     AUTO => Stragglers::Auto.name(),
-                    UNDER_ENFORCE => Stragglers::UnderEnforce.name(),
                     s => s.to_string(),
                 },
             ),
@@ -381,17 +376,14 @@ mod tests {
             stragglers,
             ..base.clone()
         };
-        let (auto, one) = (with(Stragglers::Auto), with(Stragglers::Exactly(1)));
+        let (none, one) = (with(Stragglers::Exactly(0)), with(Stragglers::Exactly(1)));
         let e = base
-            .check_job(&records(&[&base, &auto, &one]))
+            .check_job(&records(&[&base, &none, &one]))
             .unwrap_err()
             .to_string();
         assert!(e.contains("BYZCOLL_STRAGGLERS"), "{e}");
-        assert!(
-            e.contains("default (auto under enforce, else 0) (this rank's) at ranks [0]"),
-            "{e}"
-        );
-        assert!(e.contains("auto at ranks [1], 1 at ranks [2]"), "{e}");
+        assert!(e.contains("auto (this rank's) at ranks [0]"), "{e}");
+        assert!(e.contains("0 at ranks [1], 1 at ranks [2]"), "{e}");
         // Something that is not a record is refused, not read.
         let e = base.check_job(&[&b"junk"[..]]).unwrap_err().to_string();
         assert!(e.contains("rank 0"), "{e}");

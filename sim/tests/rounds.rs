@@ -297,17 +297,15 @@ fn round_parameters_are_refused_with_what_is_wrong() {
     refused(&t, Algorithm::Gather, 1, "in a world of 8");
     // Auto: the largest s <= f that keeps the precondition; none in sharded mode, nor under
     // Agreement::Off, where nothing reconciles ranks that went without different late inputs.
-    // The default, as in the runtime: auto under Enforce, none otherwise.
+    // The default, as in the runtime: auto under Detect and Enforce, none under Off.
     let mut t = Scenario::new(8, s.network);
     t.timeout = s.timeout;
-    assert_eq!(t.stragglers, Stragglers::UnderEnforce);
+    assert_eq!(t.stragglers, Stragglers::Auto);
     let run = |t: &Scenario, alg| t.run_rounds(alg, 1, &data, rule.as_ref()).unwrap();
-    assert_eq!(run(&t, Algorithm::Gather).stragglers, 0);
+    assert_eq!(run(&t, Algorithm::Gather).stragglers, 1);
     t.agreement = Agreement::Enforce;
     assert_eq!(run(&t, Algorithm::Gather).stragglers, 1);
     t.agreement = Agreement::Detect;
-    t.stragglers = Stragglers::Auto;
-    assert_eq!(run(&t, Algorithm::Gather).stragglers, 1);
     assert_eq!(run(&t, Algorithm::Sharded { replicas: 3 }).stragglers, 0);
     t.agreement = Agreement::Off;
     assert_eq!(run(&t, Algorithm::Gather).stragglers, 0);

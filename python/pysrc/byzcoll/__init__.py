@@ -328,7 +328,7 @@ class Communicator:
         """How many inputs a robust round (gather policy) may go without for their lateness
         alone: ``"auto"`` (the largest the rule allows with `f` Byzantine inputs among the rest;
         none under agreement ``"off"``), a count, 0 (wait for every input until the deadline),
-        or ``"default"`` (auto under agreement ``"enforce"``, 0 otherwise: the default). Every
+        or ``"default"`` (the same as ``"auto"``, the default). Every
         rank must choose alike. Late inputs are faults of kind ``"late"`` in the report, and no
         rank sets the pace of the others."""
         self._inner.set_stragglers(stragglers)
