@@ -104,7 +104,8 @@ fn default_transports() -> Vec<&'static str> {
 /// an error that says which feature to build with. A name may carry variants: `+mac` (TCP
 /// frame MACs, `BYZCOLL_FRAME_MAC=1`), `+off` and `+enforce` (`BYZCOLL_AGREEMENT`), `+ring`
 /// (`all_reduce` by the ring at every size, `BYZCOLL_DOUBLING_MAX_BYTES=0`), `+quorum`
-/// (stragglers `auto` whatever the agreement, `BYZCOLL_STRAGGLERS=auto`), e.g.
+/// (stragglers `auto`, the default, `BYZCOLL_STRAGGLERS=auto`), `+s0` (every input waited
+/// for, `BYZCOLL_STRAGGLERS=0`: what `Detect` did by default before), e.g.
 /// `tcp,tcp+mac,tcp+off` compares them in one run. Under `+enforce` the robust rows are gather
 /// mode only, with `f = (n − 1)/3` (Enforce needs `n > 3f`).
 fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
@@ -125,11 +126,11 @@ fn parse_transports(list: &str) -> Result<Vec<&'static str>, String> {
         for variant in parts {
             match variant {
                 "mac" if name == "tcp" => {}
-                "off" | "enforce" | "ring" | "mt" | "quorum" => {}
+                "off" | "enforce" | "ring" | "mt" | "quorum" | "s0" => {}
                 _ => {
                     return Err(format!(
                         "--transports {spec}: unknown variant {variant:?} (tcp+mac, NAME+off, \
-                         NAME+enforce, NAME+ring, NAME+mt, NAME+quorum)"
+                         NAME+enforce, NAME+ring, NAME+mt, NAME+quorum, NAME+s0)"
                     ))
                 }
             }
@@ -168,6 +169,7 @@ fn transport_env(spec: &str) -> Vec<(String, String)> {
             "enforce" => env.push(("BYZCOLL_AGREEMENT".into(), "enforce".into())),
             "ring" => env.push(("BYZCOLL_DOUBLING_MAX_BYTES".into(), "0".into())),
             "quorum" => env.push(("BYZCOLL_STRAGGLERS".into(), "auto".into())),
+            "s0" => env.push(("BYZCOLL_STRAGGLERS".into(), "0".into())),
             // `mt` is the bench's own: see `rank_runtime`.
             _ => {}
         }

@@ -96,6 +96,9 @@ fn a_rank_killed_under_mpirun_rejoins_when_started_again() {
         .args(["-n", "4", "-x", "BYZCOLL_SECRET", "-x"])
         .arg(format!("BYZCOLL_STORE={store}"))
         .args(["-x", "BYZCOLL_TIMEOUT_MS=5000"])
+        // Every input waited for, as the launcher's rejoin test: check_rejoined reads exact
+        // rounds (stragglers are allowed by default). Job-wide: rank 3 says it again below.
+        .args(["-x", "BYZCOLL_STRAGGLERS=0"])
         .arg(example("rejoin"))
         .args(flags)
         .stdout(Stdio::piped())
@@ -138,6 +141,7 @@ fn a_rank_killed_under_mpirun_rejoins_when_started_again() {
         .env("BYZCOLL_WORLD_SIZE", "4")
         .env("BYZCOLL_REJOIN", "1")
         .env("BYZCOLL_TIMEOUT_MS", "5000")
+        .env("BYZCOLL_STRAGGLERS", "0")
         .args(flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -173,8 +173,8 @@ impl Agreement {
 /// Under [`Agreement::Enforce`] the echo decides alike for every rank which inputs were in;
 /// under [`Agreement::Detect`] the ranks move to one set of inputs after the cross-check and
 /// pass late inputs on to the ranks that lack them, and a confirmation step turns ranks that
-/// still end apart into an error (on a jittery network at the default grace, a few rounds in
-/// a thousand of a 4-rank job; `PROTOCOL.md`, "Common inputs"). That costs `Detect` one
+/// still end apart into an error (on a simulated jittery network at the default grace, about
+/// one round in a hundred of a 4-rank job; `PROTOCOL.md`, "Common inputs"). That costs `Detect` one
 /// small all-to-all step per gather round. An honest rank's input can be left out of a round
 /// for its timing alone, which a robust rule tolerates as it tolerates `f` faulty inputs; the
 /// report names it `Late`.

@@ -316,8 +316,7 @@ pub struct Scenario {
     /// one more step, whose findings land in each rank's [`RankOutcome::agreement`].
     pub agreement: Agreement,
     /// The inputs a gather-mode round may go without for their lateness alone, as the
-    /// runtime's `BYZCOLL_STRAGGLERS` (by default `auto` under [`Agreement::Enforce`] and none
-    /// otherwise, as there): its input step ends once all but `s` inputs are in plus
+    /// runtime's `BYZCOLL_STRAGGLERS` (by default `auto`, as there): its input step ends once all but `s` inputs are in plus
     /// [`Scenario::grace`], the rest are late. Sharded and ring runs allow none (`auto` is 0
     /// there, a count is refused), and so does `auto` under [`Agreement::Off`], as in the
     /// runtime.

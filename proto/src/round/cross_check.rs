@@ -204,7 +204,6 @@ impl<'r, B> Round<'r, B> {
         let set: Vec<Rank> = (0..n).filter(|&j| named[j].is_some()).collect();
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
         let mut needed = 0;
-        let mut alike = vec![0; n];
         // A plane that keeps no copy of the inputs can neither pass one on nor aggregate
         // again: it keeps its result, and the confirmation decides.
         if !self.kept.is_empty() {
@@ -238,8 +237,9 @@ impl<'r, B> Round<'r, B> {
                     .take(2 * f + 1)
                     .collect()
             };
-            // Its own input, to every rank heard without it whose input it had (that rank
-            // then heard its check, and waits for this copy).
+            // Its own input, to every rank heard without it whose input it had (where that
+            // rank heard this rank's check it waits for this copy through the grace; where
+            // it did not, the copy is stale there and dropped).
             if named[me].is_some() {
                 for &(peer, l) in &lists {
                     let had = list_of[me].is_some_and(|mine| mine[peer].is_some());
@@ -254,23 +254,22 @@ impl<'r, B> Round<'r, B> {
             }
             for &j in set.iter().filter(|&&j| j != me) {
                 if !same_input(mine.seen.inputs[j], named[j]) {
-                    // It takes the bytes `f + 1` passers sent alike, or, with fewer
-                    // passers (all could be Byzantine), the bytes every copy that came has:
-                    // a copy that matches the XXH3 digest but is not the input the others
-                    // hold gives this rank another result, and the confirmation (BLAKE3
-                    // digests) fails its round, loudly. A copy of its own with another
-                    // digest than the set's is not this input.
+                    // It takes the bytes `f + 1` passers sent alike (with fewer passers,
+                    // all could be Byzantine, and it waits for none of them), or else the
+                    // copy its sender sent: a Byzantine sender's own copy is still one
+                    // Byzantine input. A copy of its own with another digest than the set's
+                    // is not this input.
                     self.kept[j] = None;
                     let mut from = passers(j, me);
-                    alike[j] = match from.len() > f {
-                        true => f + 1,
-                        false => 1,
-                    };
-                    needed += alike[j].min(from.len());
-                    // Its sender too, where its list names this rank (then it heard this
-                    // rank's check, and passes its own input on): waited for through the
-                    // grace only, so that a Byzantine sender that names this rank and sends
-                    // nothing holds the step no longer.
+                    if from.len() > f {
+                        needed += f + 1;
+                    } else {
+                        from.clear();
+                    }
+                    // Its sender too, where its list names this rank (it had this rank's
+                    // input, so it heard this rank's check and passes its own input on):
+                    // waited for through the grace only, so that a Byzantine sender that
+                    // names this rank and sends nothing holds the step no longer.
                     if list_of[j].is_some_and(|l| l[me].is_some()) {
                         from.push(j);
                     }
@@ -301,13 +300,13 @@ impl<'r, B> Round<'r, B> {
             used,
             named,
             needed,
-            alike,
         };
         self.post_mend(mend, sends, recvs);
     }
 
     /// The recovery step of [`Round::converge`]: `sends` pass inputs on, and `recvs` (from
-    /// up to `2f + 1` passers of each input this rank lacks) end once `f + 1` copies of each
+    /// up to `2f + 1` passers of each input this rank lacks, where it has more than `f`, and
+    /// from its sender where that named this rank) end once `f + 1` passers' copies of each
     /// (in number, over all of them) have come and the grace has passed, or all have come.
     /// Every rank posts it, empty where it has nothing to pass on or recover, so that steps
     /// stay numbered alike.
@@ -327,9 +326,9 @@ impl<'r, B> Round<'r, B> {
 
     /// The end of the recovery step: of the copies passed on, this rank takes for each input
     /// the bytes that `f + 1` passers sent alike, with the set's digest (so no `f` ranks can
-    /// pass on another input, even one with that XXH3 digest); where it then holds every
-    /// input of the set and the set is not the one it used, it aggregates again over exactly
-    /// them.
+    /// pass on another input, even one with that XXH3 digest), or else its sender's own copy
+    /// with that digest; where it then holds every input of the set and the set is not the
+    /// one it used, it aggregates again over exactly them.
     pub(super) fn mended<P: Plane<Buf = B>>(
         &mut self,
         plane: &mut P,
@@ -343,7 +342,6 @@ impl<'r, B> Round<'r, B> {
             heard,
             used,
             named,
-            alike: taking,
             ..
         } = mend;
         let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
@@ -369,13 +367,15 @@ impl<'r, B> Round<'r, B> {
                 continue;
             }
             let hosts: Vec<Cow<'_, [u8]>> = copies.iter().map(|(_, b)| plane.host(b)).collect();
-            let alike = |i: usize| hosts.iter().filter(|h| h[..] == hosts[i][..]).count();
-            // `f + 1` alike, or, where all could be Byzantine, every copy that came alike.
-            let enough = |i: usize| match taking[j] > f {
-                true => alike(i) > f,
-                false => alike(i) == hosts.len(),
+            // The passers' copies (all but the sender's own).
+            let passed = |i: usize| copies[i].0 != j;
+            let alike = |i: usize| {
+                (0..hosts.len())
+                    .filter(|&k| passed(k) && hosts[k][..] == hosts[i][..])
+                    .count()
             };
-            let Some(taken) = (0..hosts.len()).find(|&i| enough(i)) else {
+            let by_passers = (0..hosts.len()).find(|&i| passed(i) && alike(i) > f);
+            let Some(taken) = by_passers.or_else(|| (0..hosts.len()).find(|&i| !passed(i))) else {
                 continue;
             };
             forgers.extend(
@@ -663,12 +663,9 @@ pub(super) struct Mend {
     used: Vec<Rank>,
     /// By sender, the digest of its input where it is in the round's set (common or named).
     named: Vec<Option<Digest>>,
-    /// How many copies the step's quorum needs: `f + 1` for each input this rank waits for,
-    /// one where it has `f` passers or fewer (none where it has none).
+    /// How many copies the step's quorum needs: `f + 1` for each input this rank waits for
+    /// from more than `f` passers (a sender's own copy is waited for through the grace only).
     needed: usize,
-    /// By input, how many copies alike this rank takes: `f + 1`, or, with `f` passers or
-    /// fewer, one where every copy that came is alike.
-    alike: Vec<usize>,
 }
 
 impl Mend {
@@ -681,7 +678,6 @@ impl Mend {
             used: Vec::new(),
             named: Vec::new(),
             needed: 0,
-            alike: Vec::new(),
         }
     }
 }
