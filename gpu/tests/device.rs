@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use byzcoll_aggregators::{aggregate_into, build, AggError, Params};
 use byzcoll_cuda::{robust_all_reduce_device, CudaRule, Gpu};
-use byzcoll_runtime::{Communicator, Config, Policy, Replicas};
+use byzcoll_runtime::{Communicator, Config, Policy, Replicas, Stragglers};
 use byzcoll_transport_local::LocalTransport;
 use cudarc::driver::CudaSlice;
 mod common;
@@ -198,7 +198,12 @@ async fn robust_all_reduce_with_the_gpu_rule_matches_the_cpu_rule() {
             for (r, t) in LocalTransport::world(n).into_iter().enumerate() {
                 let (gpu, mine, params) = (gpu.clone(), x[r].clone(), params.clone());
                 tasks.push(tokio::spawn(async move {
-                    let mut comm = Communicator::new(Box::new(t), Config::default());
+                    // Every input waited for: the three rounds compared must aggregate the same
+                    // inputs (stragglers are allowed by default, and seven ranks sharing the
+                    // GPU can be late).
+                    let mut config = Config::default();
+                    config.stragglers = Stragglers::Exactly(0);
+                    let mut comm = Communicator::new(Box::new(t), config);
                     let cuda = CudaRule::new(gpu.clone(), rule, &params).expect("rule");
                     let reference = build(rule, &params).expect("rule");
                     let mut on_gpu = mine.clone();
