@@ -242,7 +242,7 @@ impl<'r, B> Round<'r, B> {
             // it did not, the copy is stale there and dropped).
             if named[me].is_some() {
                 for &(peer, l) in &lists {
-                    let had = list_of[me].is_some_and(|mine| mine[peer].is_some());
+                    let had = mine.seen.inputs[peer].is_some();
                     if peer != me && had && !same_input(l[me], named[me]) {
                         sends.push(Send {
                             peer,
@@ -378,13 +378,18 @@ impl<'r, B> Round<'r, B> {
             let Some(taken) = by_passers.or_else(|| (0..hosts.len()).find(|&i| !passed(i))) else {
                 continue;
             };
-            forgers.extend(
-                copies
-                    .iter()
-                    .zip(&hosts)
-                    .filter(|(_, h)| h[..] != hosts[taken][..])
-                    .map(|((p, _), _)| (*p, j)),
-            );
+            // Against `f + 1` passers alike, another copy is its sender's fault; against the
+            // sender's own copy alone it is not known whose (the sender may have sent the
+            // ranks two vectors), so no one is named.
+            if by_passers.is_some() {
+                forgers.extend(
+                    copies
+                        .iter()
+                        .zip(&hosts)
+                        .filter(|(_, h)| h[..] != hosts[taken][..])
+                        .map(|((p, _), _)| (*p, j)),
+                );
+            }
             drop(hosts);
             let (_, b) = copies.into_iter().nth(taken).expect("a copy taken");
             self.seen.inputs[j] = named[j];
