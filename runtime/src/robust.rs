@@ -344,6 +344,7 @@ impl Communicator {
                     },
                 })
                 .collect();
+            let posted = tokio::time::Instant::now();
             let outcomes = seq
                 .run_as(
                     plan.op,
@@ -353,6 +354,7 @@ impl Communicator {
                     plan.recvs.clone(),
                 )
                 .await?;
+            let took = posted.elapsed();
             plane.release_sent();
             let arrivals = outcomes
                 .into_iter()
@@ -370,6 +372,7 @@ impl Communicator {
                     }
                 })
                 .collect();
+            round.took(took);
             round.handle(&mut plane, arrivals);
             for why in round.take_warnings() {
                 tracing::warn!(

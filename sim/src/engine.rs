@@ -147,6 +147,11 @@ pub(crate) trait Program {
         false
     }
 
+    /// How long `rank`'s step `step` took, from its post to its end, in seconds of virtual
+    /// time: told just before [`Program::complete`], as a driver tells a round
+    /// (`Round::took`).
+    fn took(&mut self, _rank: Rank, _step: usize, _seconds: f64) {}
+
     /// `rank`'s step `step` ended (every receive arrived, the deadline passed or the quorum's
     /// grace did, as `cut` says): `got[slot]` is [`Program::ABSENT`] for what did not arrive.
     /// Returns the local work before the next step, or the error that ends this rank's part in
@@ -225,8 +230,10 @@ struct RankSim<M> {
     early: Vec<Early<M>>,
     crash_at: Option<usize>,
     crashed_at: Option<f64>,
-    /// Whether a [`Kind::Deadline`] of this rank is in the heap.
-    deadline_armed: bool,
+    /// When the earliest [`Kind::Deadline`] of this rank still in the heap fires (a step's
+    /// deadline can come before an earlier step's: a recovery step's is bounded by the
+    /// round so far, `Round::took`).
+    armed: Option<f64>,
     /// When the current step was posted.
     posted: f64,
     /// The current step's quorum, and what `pending` is once it has formed.
@@ -374,7 +381,7 @@ pub(crate) fn run<P: Program>(
             early: Vec::new(),
             crash_at: start.crash_at,
             crashed_at: None,
-            deadline_armed: false,
+            armed: None,
             posted: 0.0,
             quorum: None,
             cut: f64::INFINITY,
@@ -537,9 +544,10 @@ impl<P: Program> Engine<'_, '_, P> {
             let rs = &mut self.ranks[rank];
             if rs.pending > 0 {
                 let (deadline, alpha) = (rs.deadline, self.params.network.alpha);
-                if deadline.is_finite() && !rs.deadline_armed {
-                    rs.deadline_armed = true;
-                    self.push(deadline - alpha, Kind::Deadline(rank as u32));
+                let key = (deadline - alpha).max(t);
+                if deadline.is_finite() && rs.armed.is_none_or(|a| key < a) {
+                    rs.armed = Some(key);
+                    self.push(key, Kind::Deadline(rank as u32));
                 }
                 return Ok(());
             }
@@ -627,6 +635,7 @@ impl<P: Program> Engine<'_, '_, P> {
         rs.by_quorum = false;
         self.stats.erasures += missing as u64;
         let got = std::mem::take(&mut rs.got);
+        self.prog.took(rank, step, t - rs.posted);
         let result = self.prog.complete(rank, step, &got, cut);
         self.ranks[rank].got = got;
         match result {
@@ -794,14 +803,18 @@ impl<P: Program> Engine<'_, '_, P> {
     fn deadline(&mut self, rank: Rank) -> Result<(), SimError> {
         let alpha = self.params.network.alpha;
         let rs = &mut self.ranks[rank];
-        rs.deadline_armed = false;
+        if rs.armed != Some(self.now) {
+            // A later one, armed before an earlier one was: that one has fired.
+            return Ok(());
+        }
+        rs.armed = None;
         if rs.state != State::Running || rs.pending == 0 {
             return Ok(());
         }
-        let (t, key) = (rs.deadline, rs.deadline - alpha);
+        let (t, key) = (rs.deadline, (rs.deadline - alpha).max(rs.posted));
         if key > self.now {
             // Armed for an earlier step that completed in time: wait for this step's deadline.
-            rs.deadline_armed = true;
+            rs.armed = Some(key);
             self.push(key, Kind::Deadline(rank as u32));
             return Ok(());
         }

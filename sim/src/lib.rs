@@ -622,8 +622,9 @@ impl Scenario {
                 elem: self.dtype.size(),
                 shape,
                 agreement: self.agreement,
-                // The simulator's deadlines are in units of its own timeout.
-                timeout: std::time::Duration::from_secs(1),
+                // In virtual time, as the grace is (the engine counts deadlines in it).
+                timeout: std::time::Duration::try_from_secs_f64(self.timeout)
+                    .unwrap_or(std::time::Duration::MAX),
                 stragglers,
                 grace: self.grace,
             };

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::time::Duration;
 
 use bytes::Bytes;
 use byzcoll_aggregators::{
@@ -57,6 +58,8 @@ pub(crate) struct Robust<'a> {
     forgeries: HashMap<(Rank, Rank, usize, usize), ChunkId>,
     /// Per rank, the reports of rounds that ended well.
     pub reports: Vec<Option<RoundReport>>,
+    /// The step timeout of the ranks' specs, in seconds (the engine counts deadlines in it).
+    unit: f64,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +106,7 @@ impl<'a> Robust<'a> {
         laggards: &[Vec<Rank>],
     ) -> Self {
         let n = common.n;
+        let unit = spec(0).timeout.as_secs_f64();
         let round = |r: Rank| match laggards.get(r).filter(|l| !l.is_empty()) {
             Some(l) => Round::resuming(
                 spec(r),
@@ -127,6 +131,7 @@ impl<'a> Robust<'a> {
             lies: HashMap::new(),
             forgeries: HashMap::new(),
             reports: (0..n).map(|_| None).collect(),
+            unit,
             common,
             adversary,
         }
@@ -305,7 +310,8 @@ impl Program for Robust<'_> {
         self.slots[rank] = slots;
         self.lens[rank] = plan.recvs.iter().map(|op| op.len as u64).collect();
         let mut posted = Posted::new(plan.recvs.len(), plan.recvs.len());
-        posted.timeouts = plan.timeout.as_secs_f64();
+        // In units of the simulator's step timeout, as the engine counts deadlines.
+        posted.timeouts = plan.timeout.as_secs_f64() / self.unit;
         posted.quorum = plan.quorum;
         posted
     }
@@ -325,6 +331,12 @@ impl Program for Robust<'_> {
 
     fn ignores(&self, rank: Rank, _step: usize, from: Rank, _tag: Tag) -> bool {
         from != rank && from < self.common.n
+    }
+
+    fn took(&mut self, rank: Rank, _step: usize, seconds: f64) {
+        if let Some(round) = self.rounds[rank].as_mut() {
+            round.took(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX));
+        }
     }
 
     fn complete(

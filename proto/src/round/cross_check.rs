@@ -310,6 +310,13 @@ impl<'r, B> Round<'r, B> {
     /// (in number, over all of them) have come and the grace has passed, or all have come.
     /// Every rank posts it, empty where it has nothing to pass on or recover, so that steps
     /// stay numbered alike.
+    ///
+    /// Its wait is bounded by the round so far, where the driver measures it
+    /// ([`Round::took`]): at most as long again as the round's steps took until now, and
+    /// one grace more ([`Grace::after`] of that time). Passers that heard other checks than
+    /// this rank may have moved to another set and pass nothing on, and this rank cannot
+    /// tell; without the bound it would wait for their copies until the deadline. What has
+    /// not come by then is not recovered, and the confirmation decides.
     fn post_mend(&mut self, mend: Mend, sends: Vec<Send>, recvs: Vec<RecvOp>) {
         if recvs.is_empty() {
             return self.post(Phase::Mend(Box::new(mend)), "mend", sends, recvs);
@@ -322,6 +329,10 @@ impl<'r, B> Round<'r, B> {
         };
         let phase = Phase::Mend(Box::new(mend));
         self.post_quorum(phase, "mend", sends, recvs, Some(quorum));
+        if let (Some(plan), Some(elapsed)) = (&mut self.plan, self.elapsed) {
+            let bound = elapsed.saturating_add(self.spec.grace.after(elapsed));
+            plan.timeout = plan.timeout.min(bound);
+        }
     }
 
     /// The end of the recovery step: of the copies passed on, this rank takes for each input

@@ -396,6 +396,9 @@ pub struct Round<'r, B> {
     lag_in: u32,
     /// Whether a receive came back missing ([`Round::lag`]).
     saw_missing: bool,
+    /// How long the round's steps have taken so far, as the driver measured them
+    /// ([`Round::took`]); `None` where it measures nothing.
+    elapsed: Option<Duration>,
     /// The plane's measurements of the inputs against the results this rank made, summed
     /// over its owned shards ([`RoundReport::attribution`]).
     measured: Option<Measure>,
@@ -519,6 +522,7 @@ impl<'r, B> Round<'r, B> {
             own_late: carry.own_late,
             lag_in: carry.lag,
             saw_missing: false,
+            elapsed: None,
             measured: None,
             audit: None,
         };
@@ -634,6 +638,14 @@ impl<'r, B> Round<'r, B> {
     /// Whether the round has failed (the cross-check may still run).
     pub fn has_failed(&self) -> bool {
         self.failed.is_some()
+    }
+
+    /// The driver's measure of the step it is about to [`Round::handle`]: how long it took
+    /// from its post to its end. Optional; where given, it bounds the recovery step of
+    /// [`Agreement::Detect`] with stragglers, which otherwise waits until its deadline for
+    /// copies that may never come (`PROTOCOL.md`, "Recovery step").
+    pub fn took(&mut self, step: Duration) {
+        self.elapsed = Some(self.elapsed.unwrap_or_default().saturating_add(step));
     }
 
     /// The outcomes of [`Round::step`]'s receives, in its order, one each.

@@ -337,6 +337,7 @@ pub fn run_rounds<'a>(
                     _ => Arrival::Missing,
                 })
                 .collect();
+            rounds[r].took(now.saturating_sub(at));
             rounds[r].handle(&mut planes[r], outcomes);
         }
         started[r] = true;
