@@ -311,19 +311,30 @@ impl<'r, B> Round<'r, B> {
     /// Every rank posts it, empty where it has nothing to pass on or recover, so that steps
     /// stay numbered alike.
     ///
-    /// Its wait is bounded by the round so far, where the driver measures it
-    /// ([`Round::took`]): at most as long again as the round's steps took until now, and
-    /// one grace more ([`Grace::after`] of that time). Passers that heard other checks than
-    /// this rank may have moved to another set and pass nothing on, and this rank cannot
-    /// tell; without the bound it would wait for their copies until the deadline. What has
-    /// not come by then is not recovered, and the confirmation decides.
+    /// Its wait follows the round so far, where the driver measures it ([`Round::took`]):
+    /// its grace is at least as long as the round's steps took until now ([`Grace::after`]
+    /// of that time), and it ends at the latest that long again plus one grace of it after
+    /// its post. Passers that heard other checks than this rank may have moved to another
+    /// set and pass nothing on, and this rank cannot tell; without the bound it would wait
+    /// for their copies until the deadline. What has not come by then is not recovered, and
+    /// the confirmation decides.
     fn post_mend(&mut self, mend: Mend, sends: Vec<Send>, recvs: Vec<RecvOp>) {
         if recvs.is_empty() {
             return self.post(Phase::Mend(Box::new(mend)), "mend", sends, recvs);
         }
+        // A copy leaves when its passer ends its cross-check, which can be as late as this
+        // rank's round so far: the grace is at least that long, before the quorum (a sender's
+        // own copy, a lone passer's) and after it.
+        let grace = match self.elapsed {
+            Some(elapsed) => Grace {
+                min: self.spec.grace.after(elapsed),
+                factor: self.spec.grace.factor,
+            },
+            None => self.spec.grace,
+        };
         let quorum = Quorum {
             receives: mend.needed,
-            grace: self.spec.grace,
+            grace,
             awaited: recvs.len(),
             core: 0,
         };
