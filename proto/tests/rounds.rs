@@ -706,6 +706,71 @@ fn a_late_input_only_its_sender_can_pass_on_comes_from_the_sender() {
     }
 }
 
+/// A late input with one passer, checked against its sender's commitment. Of 4 ranks
+/// (`f = 1`, `s = 1`), rank 0's input is late for rank 3, and rank 3's for ranks 0 and 2. The
+/// round's set is the inputs of ranks 0 to 2, and rank 3 lacks rank 0's: its one passer is
+/// rank 1 (rank 2 did not get rank 3's input), and rank 0, which did not get it either, does
+/// not know that rank 3 lacks its input. Rank 1's copy is taken because it is the vector rank
+/// 0's check committed to (BLAKE3) at rank 3; before, with `f` or fewer passers, rank 3 went
+/// without and failed the round. Where the passer withholds its copy, or rank 0 commits at
+/// rank 3 to another vector than it sent the others, rank 3 takes nothing, fails loudly
+/// within the round's time and names no one, and the others keep their result.
+#[test]
+fn a_late_input_with_one_passer_is_checked_against_its_senders_commitment() {
+    let (n, d) = (4, 6);
+    let rule = Median::new(1);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let want = bits(&reference(&inputs[..3], &rule));
+    for case in ["honest", "passer withholds", "sender commits to another"] {
+        // Steps: 0 the inputs, 1 the cross-check, 2 the recovery, 3 the confirmation.
+        let ended = run(
+            quorum_spec(n, d, Agreement::Detect, 1),
+            &rule,
+            &inputs,
+            &vec![Duration::ZERO; n],
+            &|from, to, step, _, bytes| match (from, to, step) {
+                (0, 3, 0) | (3, 0 | 2, 0) => Fate::After(Duration::from_millis(200)),
+                (1, 3, 2) if case == "passer withholds" => Fate::Dropped,
+                (0, 3, 1) if case == "sender commits to another" => {
+                    // The commitment is the check's last 32 bytes.
+                    let mut other = bytes.to_vec();
+                    let last = other.len() - 1;
+                    other[last] ^= 1;
+                    Fate::Rewritten(MS, other.into())
+                }
+                _ => Fate::After(MS),
+            },
+        );
+        for (me, e) in ended.iter().enumerate() {
+            let what = format!("{case}, rank {me}");
+            assert!(e.at < Duration::from_millis(100), "{what}: {:?}", e.at);
+            if me == 3 && case != "honest" {
+                assert!(
+                    matches!(e.result, Err(Error::Disagreement { .. })),
+                    "{what}: {:?}",
+                    e.result
+                );
+                continue;
+            }
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+            assert_eq!(bits(&e.output), want, "{what}");
+            assert_eq!(report.inputs, 3, "{what}");
+            assert_eq!(report.erased_self, me == 3, "{what}");
+            let found = report.agreement.as_ref().unwrap();
+            let recovered: &[usize] = if me == 3 { &[0] } else { &[] };
+            assert_eq!(found.recovered, recovered, "{what}");
+            assert!(
+                report.faults.iter().all(|f| f.fault == Fault::Late),
+                "{what}: {:?}",
+                report.faults
+            );
+        }
+    }
+}
+
 /// Passing a late input on cannot be abused. Of 8 ranks (`f = 2`, `s = 2`), rank 0 gets the
 /// inputs of ranks 4 and 5 late and rank 1 those of 6 and 7: the inputs every rank used are
 /// four, too few for the median, so each late input is passed on by the ranks that name it.

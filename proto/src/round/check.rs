@@ -93,6 +93,9 @@ impl Seen {
 /// - for each shard both own, in ascending order: each sender's piece of it (`n` each);
 /// - when `a` and `b` are neighbours on the ring (`b = a ± 1 mod n`): every owner's version of
 ///   every shard as `a` received it (`n · r`).
+///
+/// Where the recovery step follows, the round appends `a`'s commitment to its own input
+/// (`Round::post_check`, `OWN_LEN`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Check {
     pub(crate) result: Option<Digest>,

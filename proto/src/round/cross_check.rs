@@ -7,6 +7,11 @@ use crate::AgreementReport;
 /// The confirmation step's message: status (1: a result), then its BLAKE3 digest.
 const CONFIRM_LEN: usize = 33;
 
+/// What a check carries after its digests where the recovery step follows
+/// ([`Round::confirms`]): `present u8` (1: a commitment), then BLAKE3 of the sender's own
+/// input (zeros where absent).
+const OWN_LEN: usize = 33;
+
 impl<'r, B> Round<'r, B> {
     /// The cross-check step of [`Agreement::Detect`] (or the end under `Off`): every rank,
     /// whether its round succeeded or not (so that collectives stay numbered alike), sends
@@ -69,7 +74,19 @@ impl<'r, B> Round<'r, B> {
             )
             .chain(failed_faults.iter().map(|f| f.rank))
             .collect();
-        let encoded = mine.encode_for_all(me);
+        let mut encoded = mine.encode_for_all(me);
+        let own_len = if self.confirms() { OWN_LEN } else { 0 };
+        if own_len > 0 {
+            let mut tail = vec![u8::from(self.own_commit.is_some())];
+            tail.extend_from_slice(&self.own_commit.unwrap_or([0; 32]));
+            // Every peer gets the same check in gather mode: one buffer for all of them.
+            let mut shared: Option<Bytes> = None;
+            for b in encoded.iter_mut().filter(|b| !b.is_empty()) {
+                *b = shared
+                    .get_or_insert_with(|| [&b[..], &tail[..]].concat().into())
+                    .clone();
+            }
+        }
         let sends = schedule::direct_peers(me, n)
             .map(|peer| Send {
                 peer,
@@ -82,7 +99,7 @@ impl<'r, B> Round<'r, B> {
             .map(|peer| RecvOp {
                 peer,
                 tag: 0,
-                len: Check::len_between(me, peer, n, r),
+                len: Check::len_between(me, peer, n, r) + own_len,
             })
             .collect();
         // A result stands with `n - f` ranks agreeing (this one among them): a check waits
@@ -113,15 +130,27 @@ impl<'r, B> Round<'r, B> {
         let mut theirs: Vec<Option<Check>> = vec![None; n];
         let mut same = vec![false; n];
         let mut heard = Vec::new();
+        // By sender, the commitment to its own input its check carried.
+        let mut owns: Vec<Option<Digest>> = vec![None; n];
+        let own_len = if self.confirms() { OWN_LEN } else { 0 };
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             if let Arrival::Received(b) = a {
-                heard.push(op.peer);
                 let bytes = plane.host(&b);
+                // The transport checked the length: at least the commitment's.
+                let (body, own) = bytes.split_at(bytes.len() - own_len);
+                let mine_body = &encoded[op.peer][..encoded[op.peer].len() - own_len];
+                match own {
+                    [] | [0, ..] => {}
+                    [1, commit @ ..] => owns[op.peer] = commit.try_into().ok(),
+                    // Not a check: counted unconfirmed, as one that fails to decode.
+                    _ => continue,
+                }
+                heard.push(op.peer);
                 // The common case, a rank that saw what this one saw, costs one comparison.
-                if bytes[..] == encoded[op.peer][..] {
+                if body == mine_body {
                     same[op.peer] = true;
                 } else {
-                    theirs[op.peer] = Check::decode_from(&bytes, op.peer, me, n, mine.seen.r);
+                    theirs[op.peer] = Check::decode_from(body, op.peer, me, n, mine.seen.r);
                 }
             }
         }
@@ -133,7 +162,7 @@ impl<'r, B> Round<'r, B> {
         }
         let f = self.rule.byzantine();
         if self.confirms() {
-            return self.converge(mine, &theirs, &same, heard);
+            return self.converge(mine, &theirs, &same, heard, owns);
         }
         let outcome = match check::evaluate(me, n, f, &mine, &theirs, &same) {
             Ok(mut found) => {
@@ -163,7 +192,14 @@ impl<'r, B> Round<'r, B> {
     /// an input nobody honest has nor make a rank wait for one past the grace; ranks that
     /// heard the same checks compute the same set, whichever late inputs reached each of them
     /// in time.
-    fn converge(&mut self, mine: Check, theirs: &[Option<Check>], same: &[bool], heard: Vec<Rank>) {
+    fn converge(
+        &mut self,
+        mine: Check,
+        theirs: &[Option<Check>],
+        same: &[bool],
+        heard: Vec<Rank>,
+        owns: Vec<Option<Digest>>,
+    ) {
         let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
         let mut found = match check::evaluate(me, n, f, &mine, theirs, same) {
             Ok(found) => found,
@@ -254,16 +290,19 @@ impl<'r, B> Round<'r, B> {
             }
             for &j in set.iter().filter(|&&j| j != me) {
                 if !same_input(mine.seen.inputs[j], named[j]) {
-                    // It takes the bytes `f + 1` passers sent alike (with fewer passers,
-                    // all could be Byzantine, and it waits for none of them), or else the
-                    // copy its sender sent: a Byzantine sender's own copy is still one
-                    // Byzantine input. A copy of its own with another digest than the set's
-                    // is not this input.
+                    // It takes the bytes `f + 1` passers sent alike, or else the copy its
+                    // sender sent (a Byzantine sender's own copy is still one Byzantine
+                    // input), or else a passer's copy with the commitment (BLAKE3) the
+                    // sender's check carried here: the vector the sender committed to here,
+                    // as its own copy would be. With `f` or fewer passers (all could be
+                    // Byzantine) and no commitment it waits for none of them; with one,
+                    // for theirs through the grace only. A copy of its own with another
+                    // digest than the set's is not this input.
                     self.kept[j] = None;
                     let mut from = passers(j, me);
                     if from.len() > f {
                         needed += f + 1;
-                    } else {
+                    } else if owns[j].is_none() {
                         from.clear();
                     }
                     // Its sender too, where its list names this rank (it had this rank's
@@ -299,6 +338,7 @@ impl<'r, B> Round<'r, B> {
             heard,
             used,
             named,
+            owns,
             needed,
         };
         self.post_mend(mend, sends, recvs);
@@ -349,8 +389,9 @@ impl<'r, B> Round<'r, B> {
     /// The end of the recovery step: of the copies passed on, this rank takes for each input
     /// the bytes that `f + 1` passers sent alike, with the set's digest (so no `f` ranks can
     /// pass on another input, even one with that XXH3 digest), or else its sender's own copy
-    /// with that digest; where it then holds every input of the set and the set is not the
-    /// one it used, it aggregates again over exactly them.
+    /// with that digest, or else a passer's copy with the commitment the sender's check
+    /// carried here; where it then holds every input of the set and the set is not the one
+    /// it used, it aggregates again over exactly them.
     pub(super) fn mended<P: Plane<Buf = B>>(
         &mut self,
         plane: &mut P,
@@ -364,6 +405,7 @@ impl<'r, B> Round<'r, B> {
             heard,
             used,
             named,
+            owns,
             ..
         } = mend;
         let (me, n, f) = (self.spec.me, self.spec.n, self.rule.byzantine());
@@ -388,31 +430,43 @@ impl<'r, B> Round<'r, B> {
             if copies.is_empty() {
                 continue;
             }
-            let hosts: Vec<Cow<'_, [u8]>> = copies.iter().map(|(_, b)| plane.host(b)).collect();
             // The passers' copies (all but the sender's own).
             let passed = |i: usize| copies[i].0 != j;
-            let alike = |i: usize| {
-                (0..hosts.len())
-                    .filter(|&k| passed(k) && hosts[k][..] == hosts[i][..])
-                    .count()
+            let by_passers = {
+                let hosts: Vec<Cow<'_, [u8]>> = copies.iter().map(|(_, b)| plane.host(b)).collect();
+                let alike = |i: usize| {
+                    (0..hosts.len())
+                        .filter(|&k| passed(k) && hosts[k][..] == hosts[i][..])
+                        .count()
+                };
+                let taken = (0..hosts.len()).find(|&i| passed(i) && alike(i) > f);
+                // Against `f + 1` passers alike, another copy is its sender's fault; against
+                // one copy alone it is not known whose (the sender may have sent the ranks
+                // two vectors, or committed here to another one), so no one is named.
+                if let Some(t) = taken {
+                    forgers.extend(
+                        copies
+                            .iter()
+                            .zip(&hosts)
+                            .filter(|(_, h)| h[..] != hosts[t][..])
+                            .map(|((p, _), _)| (*p, j)),
+                    );
+                }
+                taken
             };
-            let by_passers = (0..hosts.len()).find(|&i| passed(i) && alike(i) > f);
-            let Some(taken) = by_passers.or_else(|| (0..hosts.len()).find(|&i| !passed(i))) else {
+            // Failing those, its sender's own copy; failing that, a passer's copy with the
+            // commitment its sender's check carried here: the input the sender committed to
+            // here, as its own copy would be, so no passer can bring in another.
+            let commit = owns.get(j).copied().flatten();
+            let Some(taken) = by_passers
+                .or_else(|| (0..copies.len()).find(|&i| !passed(i)))
+                .or_else(|| {
+                    let c = commit?;
+                    (0..copies.len()).find(|&i| plane.commitment(Src::Got(&copies[i].1)) == c)
+                })
+            else {
                 continue;
             };
-            // Against `f + 1` passers alike, another copy is its sender's fault; against the
-            // sender's own copy alone it is not known whose (the sender may have sent the
-            // ranks two vectors), so no one is named.
-            if by_passers.is_some() {
-                forgers.extend(
-                    copies
-                        .iter()
-                        .zip(&hosts)
-                        .filter(|(_, h)| h[..] != hosts[taken][..])
-                        .map(|((p, _), _)| (*p, j)),
-                );
-            }
-            drop(hosts);
             let (_, b) = copies.into_iter().nth(taken).expect("a copy taken");
             self.seen.inputs[j] = named[j];
             self.kept[j] = Some(b);
@@ -690,6 +744,8 @@ pub(super) struct Mend {
     used: Vec<Rank>,
     /// By sender, the digest of its input where it is in the round's set (common or named).
     named: Vec<Option<Digest>>,
+    /// By sender, the commitment to its own input (BLAKE3) its check carried here.
+    owns: Vec<Option<Digest>>,
     /// How many copies the step's quorum needs: `f + 1` for each input this rank waits for
     /// from more than `f` passers (a sender's own copy is waited for through the grace only).
     needed: usize,
@@ -704,6 +760,7 @@ impl Mend {
             heard,
             used: Vec::new(),
             named: Vec::new(),
+            owns: Vec::new(),
             needed: 0,
         }
     }

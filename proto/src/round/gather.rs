@@ -46,6 +46,11 @@ impl<'r, B> Round<'r, B> {
             return self.post_echo();
         }
         let ranks: Vec<Rank> = (0..n).filter(|&p| p == me || got[p].is_some()).collect();
+        // With the recovery step, the check carries this rank's commitment to its own input,
+        // so that a copy one passer sends can be checked exactly ([`Round::converge`]).
+        if self.confirms() && plane.keeps_input() {
+            self.own_commit = Some(plane.commitment(Src::Mine(0..d)));
+        }
         self.aggregate_inputs(plane, &got, ranks);
         if self.spec.agreement == Agreement::Detect && plane.keeps_input() {
             self.kept = got;

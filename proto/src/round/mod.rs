@@ -396,6 +396,9 @@ pub struct Round<'r, B> {
     lag_in: u32,
     /// Whether a receive came back missing ([`Round::lag`]).
     saw_missing: bool,
+    /// BLAKE3 of this rank's own input, which its check carries where the recovery step
+    /// follows ([`Round::confirms`]; `None` where the plane keeps no inputs).
+    own_commit: Option<Digest>,
     /// How long the round's steps have taken so far, as the driver measured them
     /// ([`Round::took`]); `None` where it measures nothing.
     elapsed: Option<Duration>,
@@ -522,6 +525,7 @@ impl<'r, B> Round<'r, B> {
             own_late: carry.own_late,
             lag_in: carry.lag,
             saw_missing: false,
+            own_commit: None,
             elapsed: None,
             measured: None,
             audit: None,
