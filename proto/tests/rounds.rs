@@ -706,6 +706,43 @@ fn a_late_input_only_its_sender_can_pass_on_comes_from_the_sender() {
     }
 }
 
+/// A rank that did not hear a straggler's check waits for no copies past the round's own
+/// time. Of 4 ranks (`f = 1`, `s = 1`), rank 0's input is late for rank 1, rank 2's for rank
+/// 0 and rank 3's for rank 2, and rank 0's check is late for rank 1 too. Ranks 0, 2 and 3 hear
+/// every list and move to the inputs of ranks 1 to 3 (rank 1's list is the one timely one);
+/// rank 1, without rank 0's list, finds too few common inputs, takes the named ones (all
+/// four), and lacks rank 0's, which its passers 2 and 3 do not send (their set leaves it
+/// out). Rank 1 cannot tell: it waits for their copies at most as long again as its round
+/// so far, plus one grace (`Round::took`), not the step timeout (1 s here), and then keeps
+/// its result, the others' (found by the simulator: 4 ranks, one slow rank, 2 ms of jitter;
+/// the round took three step timeouts).
+#[test]
+fn a_rank_whose_passers_moved_to_another_set_waits_no_step_timeout_for_their_copies() {
+    let (n, d) = (4, 6);
+    let rule = Median::new(1);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let want = bits(&reference(&inputs[1..], &rule));
+    let ended = run(
+        quorum_spec(n, d, Agreement::Detect, 1),
+        &rule,
+        &inputs,
+        &vec![Duration::ZERO; n],
+        &|from, to, step, _, _| match (from, to, step) {
+            (0, 1, 0 | 1) | (2, 0, 0) | (3, 2, 0) => Fate::After(Duration::from_millis(300)),
+            _ => Fate::After(MS),
+        },
+    );
+    for (me, e) in ended.iter().enumerate() {
+        assert!(e.at < Duration::from_millis(100), "rank {me}: {:?}", e.at);
+        let report = e
+            .result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), want, "rank {me}");
+        assert_eq!(report.inputs, 3, "rank {me}");
+    }
+}
+
 /// A late input with one passer, checked against its sender's commitment. Of 4 ranks
 /// (`f = 1`, `s = 1`), rank 0's input is late for rank 3, and rank 3's for ranks 0 and 2. The
 /// round's set is the inputs of ranks 0 to 2, and rank 3 lacks rank 0's: its one passer is

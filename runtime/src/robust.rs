@@ -325,6 +325,7 @@ impl Communicator {
         };
         // Peers that dropped this call's messages to this rank: it fell behind them.
         let mut skipped_by: Vec<crate::Rank> = Vec::new();
+        let mut since = tokio::time::Instant::now();
         while let Some(plan) = round.step() {
             let sends: Vec<SendOp> = plan
                 .sends
@@ -344,7 +345,6 @@ impl Communicator {
                     },
                 })
                 .collect();
-            let posted = tokio::time::Instant::now();
             let outcomes = seq
                 .run_as(
                     plan.op,
@@ -354,7 +354,10 @@ impl Communicator {
                     plan.recvs.clone(),
                 )
                 .await?;
-            let took = posted.elapsed();
+            // Since the step before ended (the round's start for the first), so that the work
+            // between steps counts too.
+            let took = since.elapsed();
+            since = tokio::time::Instant::now();
             plane.release_sent();
             let arrivals = outcomes
                 .into_iter()

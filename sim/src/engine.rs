@@ -80,6 +80,10 @@ pub(crate) struct Posted {
     /// The step's deadline in units of the scenario's timeout (a robust round's cross-check
     /// waits as many timeouts as the round had steps).
     pub timeouts: f64,
+    /// The step's deadline in virtual seconds after its post instead, where it has one of its
+    /// own (a robust round's steps: their plan's timeout; the recovery step's is bounded by
+    /// the round so far).
+    pub seconds: Option<f64>,
     /// When the step may end before then, its grace in virtual seconds (see the module docs).
     pub quorum: Option<Quorum>,
 }
@@ -91,6 +95,7 @@ impl Posted {
             slots,
             expected,
             timeouts: 1.0,
+            seconds: None,
             quorum: None,
         }
     }
@@ -147,9 +152,9 @@ pub(crate) trait Program {
         false
     }
 
-    /// How long `rank`'s step `step` took, from its post to its end, in seconds of virtual
-    /// time: told just before [`Program::complete`], as a driver tells a round
-    /// (`Round::took`).
+    /// How long `rank`'s step `step` took, from the end of its step before (or its post, for
+    /// its first) to its own end, in seconds of virtual time: told just before
+    /// [`Program::complete`], as a driver tells a round (`Round::took`).
     fn took(&mut self, _rank: Rank, _step: usize, _seconds: f64) {}
 
     /// `rank`'s step `step` ended (every receive arrived, the deadline passed or the quorum's
@@ -236,6 +241,8 @@ struct RankSim<M> {
     armed: Option<f64>,
     /// When the current step was posted.
     posted: f64,
+    /// When the rank's last step ended (`None` before its first).
+    since: Option<f64>,
     /// The current step's quorum, and what `pending` is once it has formed.
     quorum: Option<(Quorum, usize)>,
     /// When the current step ends if receives are still open: its deadline, or the end of
@@ -383,6 +390,7 @@ pub(crate) fn run<P: Program>(
             crashed_at: None,
             armed: None,
             posted: 0.0,
+            since: None,
             quorum: None,
             cut: f64::INFINITY,
             by_quorum: false,
@@ -518,7 +526,9 @@ impl<P: Program> Engine<'_, '_, P> {
             rs.pending = posted.expected;
             rs.last = t;
             rs.posted = t;
-            rs.deadline = t + self.params.timeout * posted.timeouts;
+            rs.deadline = t + posted
+                .seconds
+                .unwrap_or(self.params.timeout * posted.timeouts);
             rs.cut = rs.deadline;
             rs.by_quorum = false;
             rs.quorum = posted
@@ -635,7 +645,11 @@ impl<P: Program> Engine<'_, '_, P> {
         rs.by_quorum = false;
         self.stats.erasures += missing as u64;
         let got = std::mem::take(&mut rs.got);
-        self.prog.took(rank, step, t - rs.posted);
+        // From the end of the step before (the round's start for the first), so that the
+        // work between steps counts too, as a driver's clock would count it.
+        let since = rs.since.unwrap_or(rs.posted);
+        rs.since = Some(t);
+        self.prog.took(rank, step, t - since);
         let result = self.prog.complete(rank, step, &got, cut);
         self.ranks[rank].got = got;
         match result {

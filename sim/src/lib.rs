@@ -622,7 +622,7 @@ impl Scenario {
                 elem: self.dtype.size(),
                 shape,
                 agreement: self.agreement,
-                // In virtual time, as the grace is (the engine counts deadlines in it).
+                // In virtual time, as the grace is (`Duration::MAX`: none).
                 timeout: std::time::Duration::try_from_secs_f64(self.timeout)
                     .unwrap_or(std::time::Duration::MAX),
                 stragglers,

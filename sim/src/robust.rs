@@ -58,8 +58,6 @@ pub(crate) struct Robust<'a> {
     forgeries: HashMap<(Rank, Rank, usize, usize), ChunkId>,
     /// Per rank, the reports of rounds that ended well.
     pub reports: Vec<Option<RoundReport>>,
-    /// The step timeout of the ranks' specs, in seconds (the engine counts deadlines in it).
-    unit: f64,
 }
 
 #[derive(Debug, Default)]
@@ -106,7 +104,6 @@ impl<'a> Robust<'a> {
         laggards: &[Vec<Rank>],
     ) -> Self {
         let n = common.n;
-        let unit = spec(0).timeout.as_secs_f64();
         let round = |r: Rank| match laggards.get(r).filter(|l| !l.is_empty()) {
             Some(l) => Round::resuming(
                 spec(r),
@@ -131,7 +128,6 @@ impl<'a> Robust<'a> {
             lies: HashMap::new(),
             forgeries: HashMap::new(),
             reports: (0..n).map(|_| None).collect(),
-            unit,
             common,
             adversary,
         }
@@ -310,8 +306,8 @@ impl Program for Robust<'_> {
         self.slots[rank] = slots;
         self.lens[rank] = plan.recvs.iter().map(|op| op.len as u64).collect();
         let mut posted = Posted::new(plan.recvs.len(), plan.recvs.len());
-        // In units of the simulator's step timeout, as the engine counts deadlines.
-        posted.timeouts = plan.timeout.as_secs_f64() / self.unit;
+        // In virtual seconds, as the spec's timeout is (none where that is infinite).
+        posted.seconds = (plan.timeout != Duration::MAX).then_some(plan.timeout.as_secs_f64());
         posted.quorum = plan.quorum;
         posted
     }
@@ -335,7 +331,7 @@ impl Program for Robust<'_> {
 
     fn took(&mut self, rank: Rank, _step: usize, seconds: f64) {
         if let Some(round) = self.rounds[rank].as_mut() {
-            round.took(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX));
+            round.took(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::ZERO));
         }
     }
 

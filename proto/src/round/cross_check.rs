@@ -135,9 +135,13 @@ impl<'r, B> Round<'r, B> {
         let own_len = if self.confirms() { OWN_LEN } else { 0 };
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             if let Arrival::Received(b) = a {
+                heard.push(op.peer);
                 let bytes = plane.host(&b);
-                // The transport checked the length: at least the commitment's.
-                let (body, own) = bytes.split_at(bytes.len() - own_len);
+                // (The transport checked the length: the commitment's is within it.)
+                let Some(split) = bytes.len().checked_sub(own_len) else {
+                    continue;
+                };
+                let (body, own) = bytes.split_at(split);
                 let mine_body = &encoded[op.peer][..encoded[op.peer].len() - own_len];
                 match own {
                     [] | [0, ..] => {}
@@ -145,7 +149,6 @@ impl<'r, B> Round<'r, B> {
                     // Not a check: counted unconfirmed, as one that fails to decode.
                     _ => continue,
                 }
-                heard.push(op.peer);
                 // The common case, a rank that saw what this one saw, costs one comparison.
                 if body == mine_body {
                     same[op.peer] = true;
@@ -345,16 +348,17 @@ impl<'r, B> Round<'r, B> {
     }
 
     /// The recovery step of [`Round::converge`]: `sends` pass inputs on, and `recvs` (from
-    /// up to `2f + 1` passers of each input this rank lacks, where it has more than `f`, and
-    /// from its sender where that named this rank) end once `f + 1` passers' copies of each
-    /// (in number, over all of them) have come and the grace has passed, or all have come.
+    /// up to `2f + 1` passers of each input this rank lacks, where it has more than `f` or its
+    /// sender's commitment, and from its sender where that named this rank) end once `f + 1`
+    /// passers' copies of each (in number, over the inputs with more than `f` passers) have
+    /// come and the grace has passed, or all have come.
     /// Every rank posts it, empty where it has nothing to pass on or recover, so that steps
     /// stay numbered alike.
     ///
     /// Its wait follows the round so far, where the driver measures it ([`Round::took`]):
-    /// its grace is at least as long as the round's steps took until now ([`Grace::after`]
-    /// of that time), and it ends at the latest that long again plus one grace of it after
-    /// its post. Passers that heard other checks than this rank may have moved to another
+    /// its grace is at least [`Grace::after`] of the round's time until now (the time itself
+    /// with the default factor of 1), and it ends at the latest that long again plus one
+    /// grace of it after its post, within the step timeout. Passers that heard other checks than this rank may have moved to another
     /// set and pass nothing on, and this rank cannot tell; without the bound it would wait
     /// for their copies until the deadline. What has not come by then is not recovered, and
     /// the confirmation decides.
@@ -440,30 +444,35 @@ impl<'r, B> Round<'r, B> {
                         .count()
                 };
                 let taken = (0..hosts.len()).find(|&i| passed(i) && alike(i) > f);
-                // Against `f + 1` passers alike, another copy is its sender's fault; against
-                // one copy alone it is not known whose (the sender may have sent the ranks
-                // two vectors, or committed here to another one), so no one is named.
-                if let Some(t) = taken {
-                    forgers.extend(
-                        copies
-                            .iter()
-                            .zip(&hosts)
-                            .filter(|(_, h)| h[..] != hosts[t][..])
-                            .map(|((p, _), _)| (*p, j)),
-                    );
-                }
-                taken
+                let differing: Vec<usize> = match taken {
+                    Some(t) => (0..hosts.len())
+                        .filter(|&i| hosts[i][..] != hosts[t][..])
+                        .collect(),
+                    None => Vec::new(),
+                };
+                (taken, differing)
             };
-            // Failing those, its sender's own copy; failing that, a passer's copy with the
-            // commitment its sender's check carried here: the input the sender committed to
-            // here, as its own copy would be, so no passer can bring in another.
+            let (by_passers, differing) = by_passers;
             let commit = owns.get(j).copied().flatten();
+            let committed = |i: usize, plane: &mut P| {
+                commit.is_some_and(|c| plane.commitment(Src::Got(&copies[i].1)) == c)
+            };
+            // Against `f + 1` passers alike, another copy is its sender's fault, unless it is
+            // the vector the input's sender committed to here (then the sender sent the ranks
+            // two vectors, and this copy's sender passed on the one it got); against one copy
+            // alone it is not known whose, so no one is named.
+            forgers.extend(
+                differing
+                    .into_iter()
+                    .filter(|&i| !committed(i, plane))
+                    .map(|i| (copies[i].0, j)),
+            );
+            // Failing those, the copy (its sender's own, or a passer's) with the commitment
+            // the sender's check carried here: the vector the sender committed to here, so no
+            // passer can bring in another; failing that, its sender's own copy.
             let Some(taken) = by_passers
+                .or_else(|| (0..copies.len()).find(|&i| committed(i, plane)))
                 .or_else(|| (0..copies.len()).find(|&i| !passed(i)))
-                .or_else(|| {
-                    let c = commit?;
-                    (0..copies.len()).find(|&i| plane.commitment(Src::Got(&copies[i].1)) == c)
-                })
             else {
                 continue;
             };
@@ -747,7 +756,9 @@ pub(super) struct Mend {
     /// By sender, the commitment to its own input (BLAKE3) its check carried here.
     owns: Vec<Option<Digest>>,
     /// How many copies the step's quorum needs: `f + 1` for each input this rank waits for
-    /// from more than `f` passers (a sender's own copy is waited for through the grace only).
+    /// from more than `f` passers (a sender's own copy, and the copies of `f` or fewer
+    /// passers checked against the sender's commitment, are waited for through the grace
+    /// only).
     needed: usize,
 }
 

@@ -644,10 +644,12 @@ impl<'r, B> Round<'r, B> {
         self.failed.is_some()
     }
 
-    /// The driver's measure of the step it is about to [`Round::handle`]: how long it took
-    /// from its post to its end. Optional; where given, it bounds the recovery step of
-    /// [`Agreement::Detect`] with stragglers, which otherwise waits until its deadline for
-    /// copies that may never come (`PROTOCOL.md`, "Recovery step").
+    /// The driver's measure of the step it is about to [`Round::handle`]: how long passed
+    /// from the end of the step before (the round's start, for the first) to its end, so that
+    /// the sum is the round's time so far, the work between steps included. Optional; where
+    /// given, it bounds the recovery step of [`Agreement::Detect`] with stragglers, which
+    /// otherwise waits until its deadline for copies that may never come (`PROTOCOL.md`,
+    /// "Recovery step").
     pub fn took(&mut self, step: Duration) {
         self.elapsed = Some(self.elapsed.unwrap_or_default().saturating_add(step));
     }
