@@ -681,28 +681,41 @@ fn a_late_input_only_its_sender_can_pass_on_comes_from_the_sender() {
                 _ => Fate::After(MS),
             },
         );
-        for (me, e) in ended.iter().enumerate() {
-            let what = format!("sender {sender}, rank {me}");
-            assert!(e.at < Duration::from_millis(100), "{what}: {:?}", e.at);
-            if me == 3 && sender != "honest" {
-                assert!(
-                    matches!(e.result, Err(Error::Disagreement { .. })),
-                    "{what}: {:?}",
-                    e.result
-                );
-                continue;
-            }
-            let report = e
-                .result
-                .as_ref()
-                .unwrap_or_else(|err| panic!("{what}: {err}"));
-            assert_eq!(bits(&e.output), want, "{what}");
-            assert_eq!(report.inputs, 3, "{what}");
-            assert_eq!(report.erased_self, me == 3, "{what}");
-            let found = report.agreement.as_ref().unwrap();
-            let recovered: &[usize] = if me == 3 { &[0] } else { &[] };
-            assert_eq!(found.recovered, recovered, "{what}");
+        rank_3_recovers_rank_0s_input(&ended, &want, sender == "honest", &sender);
+    }
+}
+
+/// The end of a 4-rank round in which rank 3 lacks rank 0's input and the others move to the
+/// inputs of ranks 0 to 2: every rank ends within the round's time; with an `honest` copy
+/// rank 3 recovers rank 0's input and every rank ends with `want`, otherwise rank 3 fails
+/// loudly and the others keep `want`; no rank names another for more than lateness.
+fn rank_3_recovers_rank_0s_input(ended: &[harness::Ended], want: &[u32], honest: bool, case: &str) {
+    for (me, e) in ended.iter().enumerate() {
+        let what = format!("{case}, rank {me}");
+        assert!(e.at < Duration::from_millis(100), "{what}: {:?}", e.at);
+        if me == 3 && !honest {
+            assert!(
+                matches!(e.result, Err(Error::Disagreement { .. })),
+                "{what}: {:?}",
+                e.result
+            );
+            continue;
         }
+        let report = e
+            .result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("{what}: {err}"));
+        assert_eq!(bits(&e.output), want, "{what}");
+        assert_eq!(report.inputs, 3, "{what}");
+        assert_eq!(report.erased_self, me == 3, "{what}");
+        let found = report.agreement.as_ref().unwrap();
+        let recovered: &[usize] = if me == 3 { &[0] } else { &[] };
+        assert_eq!(found.recovered, recovered, "{what}");
+        assert!(
+            report.faults.iter().all(|f| f.fault == Fault::Late),
+            "{what}: {:?}",
+            report.faults
+        );
     }
 }
 
@@ -778,33 +791,7 @@ fn a_late_input_with_one_passer_is_checked_against_its_senders_commitment() {
                 _ => Fate::After(MS),
             },
         );
-        for (me, e) in ended.iter().enumerate() {
-            let what = format!("{case}, rank {me}");
-            assert!(e.at < Duration::from_millis(100), "{what}: {:?}", e.at);
-            if me == 3 && case != "honest" {
-                assert!(
-                    matches!(e.result, Err(Error::Disagreement { .. })),
-                    "{what}: {:?}",
-                    e.result
-                );
-                continue;
-            }
-            let report = e
-                .result
-                .as_ref()
-                .unwrap_or_else(|err| panic!("{what}: {err}"));
-            assert_eq!(bits(&e.output), want, "{what}");
-            assert_eq!(report.inputs, 3, "{what}");
-            assert_eq!(report.erased_self, me == 3, "{what}");
-            let found = report.agreement.as_ref().unwrap();
-            let recovered: &[usize] = if me == 3 { &[0] } else { &[] };
-            assert_eq!(found.recovered, recovered, "{what}");
-            assert!(
-                report.faults.iter().all(|f| f.fault == Fault::Late),
-                "{what}: {:?}",
-                report.faults
-            );
-        }
+        rank_3_recovers_rank_0s_input(&ended, &want, case == "honest", case);
     }
 }
 
