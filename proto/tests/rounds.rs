@@ -681,7 +681,7 @@ fn a_late_input_only_its_sender_can_pass_on_comes_from_the_sender() {
                 _ => Fate::After(MS),
             },
         );
-        rank_3_recovers_rank_0s_input(&ended, &want, sender == "honest", &sender);
+        rank_3_recovers_rank_0s_input(&ended, &want, sender == "honest", sender);
     }
 }
 
