@@ -75,7 +75,7 @@ impl<'r, B> Round<'r, B> {
             .chain(failed_faults.iter().map(|f| f.rank))
             .collect();
         let mut encoded = mine.encode_for_all(me);
-        let own_len = if self.confirms() { OWN_LEN } else { 0 };
+        let own_len = self.own_len();
         if own_len > 0 {
             let mut tail = vec![u8::from(self.own_commit.is_some())];
             tail.extend_from_slice(&self.own_commit.unwrap_or([0; 32]));
@@ -132,7 +132,7 @@ impl<'r, B> Round<'r, B> {
         let mut heard = Vec::new();
         // By sender, the commitment to its own input its check carried.
         let mut owns: Vec<Option<Digest>> = vec![None; n];
-        let own_len = if self.confirms() { OWN_LEN } else { 0 };
+        let own_len = self.own_len();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
             if let Arrival::Received(b) = a {
                 heard.push(op.peer);
@@ -358,10 +358,10 @@ impl<'r, B> Round<'r, B> {
     /// Its wait follows the round so far, where the driver measures it ([`Round::took`]):
     /// its grace is at least [`Grace::after`] of the round's time until now (the time itself
     /// with the default factor of 1), and it ends at the latest that long again plus one
-    /// grace of it after its post, within the step timeout. Passers that heard other checks than this rank may have moved to another
-    /// set and pass nothing on, and this rank cannot tell; without the bound it would wait
-    /// for their copies until the deadline. What has not come by then is not recovered, and
-    /// the confirmation decides.
+    /// grace of it after its post, within the step timeout. Passers that heard other checks
+    /// than this rank may have moved to another set and pass nothing on, and this rank
+    /// cannot tell; without the bound it would wait for their copies until the deadline.
+    /// What has not come by then is not recovered, and the confirmation decides.
     fn post_mend(&mut self, mend: Mend, sends: Vec<Send>, recvs: Vec<RecvOp>) {
         if recvs.is_empty() {
             return self.post(Phase::Mend(Box::new(mend)), "mend", sends, recvs);
@@ -436,7 +436,7 @@ impl<'r, B> Round<'r, B> {
             }
             // The passers' copies (all but the sender's own).
             let passed = |i: usize| copies[i].0 != j;
-            let by_passers = {
+            let (by_passers, differing) = {
                 let hosts: Vec<Cow<'_, [u8]>> = copies.iter().map(|(_, b)| plane.host(b)).collect();
                 let alike = |i: usize| {
                     (0..hosts.len())
@@ -452,7 +452,6 @@ impl<'r, B> Round<'r, B> {
                 };
                 (taken, differing)
             };
-            let (by_passers, differing) = by_passers;
             let commit = owns.get(j).copied().flatten();
             let committed = |i: usize, plane: &mut P| {
                 commit.is_some_and(|c| plane.commitment(Src::Got(&copies[i].1)) == c)
@@ -556,6 +555,16 @@ impl<'r, B> Round<'r, B> {
             .filter(|(p, _)| everyone[*p].is_some())
             .collect();
         named_by(&timely)
+    }
+
+    /// How many bytes a check carries after its digests: [`OWN_LEN`] where the recovery step
+    /// follows, none otherwise. Alike on every rank (the spec's).
+    fn own_len(&self) -> usize {
+        if self.confirms() {
+            OWN_LEN
+        } else {
+            0
+        }
     }
 
     /// Whether the cross-check is followed by the recovery and confirmation steps: under
