@@ -105,8 +105,8 @@ pub(crate) struct SimulateArgs {
     /// Probability that a message is lost, 0 to 1.
     #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = probability)]
     loss: f64,
-    /// Maximum extra latency per message in microseconds (uniform in [0, X], seeded); finite
-    /// and >= 0.
+    /// Maximum extra latency per message in microseconds (uniform in [0, X], seeded; the
+    /// messages one step sends one peer share a draw); finite and >= 0.
     #[arg(long, value_name = "X", default_value_t = 0.0, value_parser = non_negative)]
     delay_us: f64,
     /// Crashed ranks, comma-separated: R (never takes part) or R@STEP (sends nothing from
@@ -155,12 +155,14 @@ pub(crate) struct SimulateArgs {
     /// before, on the same inputs; crashed ranks stay crashed, --stall delays round 0.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=byzcoll_sim::MAX_ROUNDS as i64))]
     rounds: Option<u32>,
-    /// Inputs a gather-mode round may go without for their lateness alone, as the runtime's
+    /// Inputs a robust round may go without for their lateness alone, as the runtime's
     /// BYZCOLL_STRAGGLERS: auto (the largest s <= f that keeps the rule's precondition; none
-    /// under --agreement off), a count s (0: every input is waited for until the deadline),
-    /// or default (auto, as in the runtime). The input
-    /// step ends once all but s inputs are in plus the grace; the rest are late. Gather mode
-    /// only (--mode gather), as in the runtime.
+    /// under --agreement off, none in sharded mode), a count s (0: every input is waited for
+    /// until the deadline), or default (auto, as in the runtime). The input step ends once
+    /// all but s inputs are in plus the grace; the rest are late. In sharded mode (a count
+    /// only) a late owner is handled like a missing one, which needs r >= f + 1 + s owners
+    /// per shard, versions by digest (not --agreement enforce) and a coordinate-wise rule;
+    /// ring SUM has none, as in the runtime.
     #[arg(long, value_name = "S|auto|default", default_value = "default", value_parser = parse_stragglers)]
     stragglers: byzcoll::Stragglers,
     /// The vectors' element type: f32 (the default), bf16, f16 or f64. Timing mode (--predict)

@@ -272,7 +272,11 @@ fn bad_round_flags_are_refused_with_what_is_wrong() {
         ),
         (
             &["--stragglers", "1", "--mode", "all"],
-            &["gather mode only", "--mode gather"],
+            &[
+                "1 stragglers allowed in sharded rounds",
+                "one owner per shard",
+                "--mode gather",
+            ],
         ),
         (
             &["--slow-ranks", "9", "--slow-delay", "fixed:1ms"],

@@ -5,12 +5,12 @@ use byzcoll_aggregators::{Aggregator, Element, Structure};
 use crate::audit::Audit;
 use crate::round::host::{HostPlane, Target};
 use crate::round::{
-    check_agreement, sign_pieces, stragglers_allowed, Arrival, AuditCtx, Carry, Msg, Round, Shape,
-    Spec,
+    check_agreement, sign_pieces, stragglers_in, Arrival, AuditCtx, Carry, Msg, Round, Shape, Spec,
 };
 use crate::schedule::chunk_range;
 use crate::{
-    Agreement, Communicator, Error, Policy, RecvOutcome, Replicas, Result, RoundReport, SendOp,
+    Agreement, Communicator, Error, Fault, Policy, RecvOutcome, Replicas, Result, RoundReport,
+    SendOp,
 };
 
 /// Folds a later sub-round's report into the reports merged so far.
@@ -169,8 +169,12 @@ impl Communicator {
         let mut merged: Option<RoundReport> = None;
         let mut first_error = None;
         // The peers erased so far, by a sub-round that succeeded or failed, and the lag the
-        // last one left.
-        let mut carry = Carry::default();
+        // last one left; the laggards as for one round.
+        let mut carry = Carry {
+            laggards: self.health.laggards(),
+            own_late: self.health.own_late(),
+            ..Carry::default()
+        };
         for k in 0..parts {
             let range = chunk_range(d, parts, k);
             let part = &mut buf[range.clone()];
@@ -189,7 +193,14 @@ impl Communicator {
                 Err(e) => e.faults(),
             };
             for f in faults {
-                if !carry.erased.iter().any(|g| g.rank == f.rank) {
+                // A peer only late (stragglers allowed) is still sent to, and waited for up
+                // to the quorum, as a laggard: erased, it would get nothing from the later
+                // sub-rounds and wait out their deadlines.
+                if f.fault == Fault::Late {
+                    if !carry.laggards.contains(&f.rank) {
+                        carry.laggards.push(f.rank);
+                    }
+                } else if !carry.erased.iter().any(|g| g.rank == f.rank) {
                     carry.erased.push(f.clone());
                 }
             }
@@ -212,30 +223,25 @@ impl Communicator {
 
     /// `s` for a robust round of `rule` in `shape` here ([`Config::stragglers`](crate::Config),
     /// said in [`RoundReport::stragglers`]): none where the round cannot end a step early (a
-    /// transport that cannot, NCCL; sharded rounds, whose owners' versions are not yet quorum
-    /// steps), where asking for some is an error rather than a silent wait for everyone.
+    /// transport that cannot, NCCL; sharded rounds that cannot, [`stragglers_in`]), where
+    /// asking for some is an error rather than a silent wait for everyone.
     fn stragglers(&self, rule: &dyn Aggregator, shape: Shape) -> Result<usize> {
-        let requested = self.config().stragglers.requested(self.agreement());
+        let agreement = self.agreement();
+        let requested = self.config().stragglers.requested(agreement);
         // Under Detect a communicator's first collective waits for every input: the ranks
         // started apart, and a quorum there would leave inputs out for their start-up alone
         // (Enforce's echo passes late inputs on).
-        let first = self.collectives_begun() == 0 && self.agreement() == Agreement::Detect;
+        let first = self.collectives_begun() == 0 && agreement == Agreement::Detect;
         if requested == Some(0) || first {
             return Ok(0);
         }
-        let cannot = match shape {
-            _ if !self.transport().capabilities().quorum => Some(format!(
-                "the {} transport, which cannot end a step before its deadline",
+        match (self.transport().capabilities().quorum, requested) {
+            (true, requested) => stragglers_in(rule, self.size(), shape, agreement, requested),
+            (false, None | Some(0)) => Ok(0),
+            (false, Some(s)) => Err(Error::Unsupported(format!(
+                "{s} stragglers allowed in the {} transport, which cannot end a step before its \
+                 deadline; allow none (BYZCOLL_STRAGGLERS=0) or auto",
                 self.transport().name()
-            )),
-            Shape::Gather => None,
-            _ => Some("sharded rounds (gather mode only, for now)".to_string()),
-        };
-        match (cannot, requested) {
-            (None, requested) => stragglers_allowed(rule, self.size(), requested),
-            (Some(_), None | Some(0)) => Ok(0),
-            (Some(why), Some(s)) => Err(Error::Unsupported(format!(
-                "{s} stragglers allowed in {why}; allow none (BYZCOLL_STRAGGLERS=0) or auto"
             ))),
         }
     }

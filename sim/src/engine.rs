@@ -207,6 +207,11 @@ struct Batch<M> {
     ready: f64,
     sends: Vec<Out<M>>,
     next: usize,
+    /// The injected delay of each receiver's burst ([`crate::Faults::max_delay`]): the messages one
+    /// step sends one peer leave back to back on one connection, which delivers them in
+    /// order, so they share one draw (a step that sends each peer one message draws once
+    /// per message).
+    delays: std::collections::HashMap<u32, f64>,
 }
 
 #[derive(Debug)]
@@ -518,6 +523,7 @@ impl<P: Program> Engine<'_, '_, P> {
                     ready: t,
                     sends,
                     next: 0,
+                    delays: std::collections::HashMap::new(),
                 });
                 rs.tx_busy = true;
             }
@@ -682,6 +688,7 @@ impl<P: Program> Engine<'_, '_, P> {
         }
         let (step, out) = (batch.step, batch.sends[batch.next]);
         batch.next += 1;
+        let burst = batch.delays.get(&out.to).copied();
         if batch.next == batch.sends.len() {
             rs.outbox.pop_front();
         }
@@ -699,10 +706,20 @@ impl<P: Program> Engine<'_, '_, P> {
             self.stats.lost += 1;
             return Ok(());
         }
-        let delay = if faults.max_delay > 0.0 {
-            self.rng.gen::<f64>() * faults.max_delay
-        } else {
-            0.0
+        let delay = match burst {
+            Some(delay) => delay,
+            None if faults.max_delay > 0.0 => {
+                let delay = self.rng.gen::<f64>() * faults.max_delay;
+                if let Some(batch) = self.ranks[rank]
+                    .outbox
+                    .front_mut()
+                    .filter(|b| b.step == step)
+                {
+                    batch.delays.insert(out.to, delay);
+                }
+                delay
+            }
+            None => 0.0,
         };
         let m = InFlight {
             from: rank,

@@ -17,7 +17,9 @@ pub struct Faults {
     /// Probability that a message is lost (it still occupies the sender's NIC). A lost message
     /// is `Missing` at the receiver's deadline.
     pub loss: f64,
-    /// Each message gets an extra latency drawn uniformly from `[0, max_delay]` seconds.
+    /// Each message gets an extra latency drawn uniformly from `[0, max_delay]` seconds; the
+    /// messages one step sends one peer (back to back, on one connection that delivers them
+    /// in order) share one draw.
     pub max_delay: f64,
     /// Ranks that stop sending (and stop taking part) from some step on.
     pub crashes: Vec<Crash>,

@@ -538,34 +538,38 @@ impl Scenario {
     }
 
     /// `s` for `algorithm` of `rule` in this world ([`Scenario::stragglers`]), as the runtime
-    /// resolves it: `auto` or a count checked against the rule's precondition in gather mode;
-    /// `auto` is 0 in sharded and ring runs.
+    /// resolves it ([`byzcoll_proto::round::stragglers_in`]): `auto` or a count checked
+    /// against the rule's precondition, and in sharded mode against the owners per shard;
+    /// `auto` is 0 in ring runs.
     ///
     /// # Errors
-    /// [`SimError::InvalidConfig`] for a count the rule's precondition refuses (or of `n` or
-    /// more), [`SimError::Unsupported`] for a count above 0 in sharded or ring runs.
+    /// [`SimError::InvalidConfig`] for a count the rule's precondition or the owners refuse
+    /// (or of `n` or more), [`SimError::Unsupported`] for a count above 0 where the round
+    /// cannot end a step early (ring runs; sharded runs under `Enforce` or of a global rule).
     pub fn stragglers_in(
         &self,
         algorithm: Algorithm,
         rule: &dyn Aggregator,
     ) -> Result<usize, SimError> {
-        match (algorithm, self.stragglers.requested(self.agreement)) {
-            (_, Some(0)) => Ok(0),
-            (Algorithm::Gather, requested) => {
-                byzcoll_proto::round::stragglers_allowed(rule, self.ranks, requested).map_err(|e| {
-                    match e {
-                        Error::InvalidUsage(why) => SimError::InvalidConfig(why),
-                        other => SimError::Unsupported(other.to_string()),
-                    }
-                })
+        let shape = match algorithm {
+            Algorithm::Gather => Shape::Gather,
+            Algorithm::Sharded { replicas } => Shape::Sharded(Replicas::Exactly(replicas)),
+            other => {
+                return match self.stragglers.requested(self.agreement) {
+                    None | Some(0) => Ok(0),
+                    Some(s) => Err(SimError::Unsupported(format!(
+                        "{s} stragglers allowed in {other}: ring SUM is not robust and has no \
+                         quorum steps; allow none or auto, or run gather or sharded mode"
+                    ))),
+                };
             }
-            (_, None) => Ok(0),
-            (other, Some(s)) => Err(SimError::Unsupported(format!(
-                "{s} stragglers allowed in {other}: quorum steps are gather mode only, as in \
-                 the runtime (sharded rounds' owner versions are not quorum steps; ring SUM is \
-                 not robust); allow none or auto, or run gather mode"
-            ))),
-        }
+        };
+        let requested = self.stragglers.requested(self.agreement);
+        byzcoll_proto::round::stragglers_in(rule, self.ranks, shape, self.agreement, requested)
+            .map_err(|e| match e {
+                Error::InvalidUsage(why) => SimError::InvalidConfig(why),
+                other => SimError::Unsupported(other.to_string()),
+            })
     }
 
     /// One round of `algorithm`, rank `r` starting as `starts[r]` says; round `round` of a

@@ -148,7 +148,10 @@ impl Rounds {
     /// waits for a silent one until its own input step's deadline, counted from its own
     /// start, and the cross-check does not wait for a rank the round erased. A round in which
     /// late inputs were passed on ([`RoundOutcome::recovered`]) may take one more step with
-    /// data and its grace: counted as a healthy round and the grace after it.
+    /// data and its grace: counted as a healthy round and the grace after it. So may a sharded
+    /// round with a late owner: a taker whose version came from it asks another owner in the
+    /// steps after the versions (counted as a healthy round), and an owner waits for the late
+    /// rank's sync and request up to the grace's floor ([`Grace::min`]) each.
     pub fn bound(&self, round: &RoundOutcome, healthy: f64) -> f64 {
         let grace = std::time::Duration::try_from_secs_f64(healthy)
             .map_or(f64::INFINITY, |h| self.grace.after(h).as_secs_f64());
@@ -161,7 +164,13 @@ impl Rounds {
             0 => 0.0,
             _ => healthy * (1.0 + TIME_TOLERANCE) + grace,
         };
-        healthy * (1.0 + TIME_TOLERANCE) + extra + recovery
+        let resend = match self.algorithm {
+            Algorithm::Sharded { .. } if self.stragglers > 0 && self.slow + round.dead > 0 => {
+                healthy * (1.0 + TIME_TOLERANCE) + 2.0 * self.grace.min.as_secs_f64()
+            }
+            _ => 0.0,
+        };
+        healthy * (1.0 + TIME_TOLERANCE) + extra + recovery + resend
     }
 
     /// Whether in every round the honest ranks that set the pace completed, no honest ranks

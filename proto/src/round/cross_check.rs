@@ -58,7 +58,11 @@ impl<'r, B> Round<'r, B> {
         // may be the one that shows another input late to it, and a rank that did not hear it
         // would take another set; waiting as long again as the others took would double
         // the cross-check of every round in which a rank is late but not yet a laggard.
-        let detect_late = self.confirms() && self.failed.is_none();
+        // So is a sharded round's with stragglers allowed: its result needs `n - f` ranks
+        // agreeing, and a rank whose piece or version was cut by jitter alone must not fail
+        // the others' round (a laggard's check is not waited for).
+        let detect_late =
+            (self.confirms() || (self.r > 0 && self.spec.stragglers > 0)) && self.failed.is_none();
         let enforce =
             (self.spec.agreement == Agreement::Enforce || detect_late) && self.failed.is_none();
         let erased: Vec<Rank> = self
@@ -104,15 +108,24 @@ impl<'r, B> Round<'r, B> {
             .collect();
         // A result stands with `n - f` ranks agreeing (this one among them): a check waits
         // for the late peers until it has heard that many, where the others are too few.
-        let (needed, grace) = match detect_late {
-            true => (
-                0,
-                Grace {
-                    min: self.spec.grace.min,
-                    factor: 0,
-                },
-            ),
-            false => (n.saturating_sub(self.rule.byzantine() + 1), self.spec.grace),
+        // Under `Detect` with stragglers, past the others' the grace is only its floor (none
+        // in sharded mode): the round waited one grace for the late peers' inputs already.
+        let needed = match detect_late && self.r == 0 {
+            true => 0,
+            false => n.saturating_sub(self.rule.byzantine() + 1),
+        };
+        // A sharded round's check waits for a late peer only where the others in time are
+        // fewer than its `n - f - 1`: the late peer's request was waited for already.
+        let grace = match (detect_late, self.r) {
+            (true, 0) => Grace {
+                min: self.spec.grace.min,
+                factor: 0,
+            },
+            (true, _) => Grace {
+                min: Duration::ZERO,
+                factor: 0,
+            },
+            (false, _) => self.spec.grace,
         };
         let phase = Phase::Check { mine, encoded };
         self.post_awaiting_late(phase, "cross_check", sends, recvs, needed, grace);

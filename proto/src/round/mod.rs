@@ -282,6 +282,9 @@ enum Phase<'r, B> {
         k: usize,
     },
     Versions,
+    /// Sharded mode with stragglers allowed: the owners tell each other which senders' pieces
+    /// they hold ([`Round::post_sync`]).
+    Sync,
     /// Versions by digest: each taker asks for the versions whose digest differs from the
     /// one it holds.
     Request(Pending<B>),
@@ -325,6 +328,7 @@ impl<B> Phase<'_, B> {
             Phase::Scatter => "scatter",
             Phase::Statistic { .. } => "statistic",
             Phase::Versions => "versions",
+            Phase::Sync => "sync",
             Phase::Request(_) => "request",
             Phase::Resend(_) => "resend",
             Phase::Echo => "echo",
@@ -389,6 +393,10 @@ pub struct Round<'r, B> {
     carried: Vec<Rank>,
     /// [`Carry::laggards`].
     laggards: Vec<Rank>,
+    /// Sharded mode with stragglers allowed, by owned shard: the senders left out of it after
+    /// the owners' sync, because a co-owner of it lacked their pieces (`synced`); this rank
+    /// among them where its own piece was late for one.
+    dropped: Vec<Vec<Rank>>,
     /// [`Carry::own_late`].
     own_late: u32,
     /// The step timeouts an honest rank may start this round later than this one
@@ -522,6 +530,7 @@ impl<'r, B> Round<'r, B> {
             echo_differs: Vec::new(),
             carried: erased.iter().map(|f| f.rank).collect(),
             laggards: carry.laggards.clone(),
+            dropped: Vec::new(),
             own_late: carry.own_late,
             lag_in: carry.lag,
             saw_missing: false,
@@ -555,7 +564,9 @@ impl<'r, B> Round<'r, B> {
                 round.seen = Seen::new(n, round.r);
                 check_agreement(spec.agreement, spec.shape, n, f)
                     .and_then(|()| rule.check(n).map_err(Error::Aggregation))
-                    .and_then(|()| stragglers_allowed(rule, n, Some(spec.stragglers)))
+                    .and_then(|()| {
+                        stragglers_in(rule, n, spec.shape, spec.agreement, Some(spec.stragglers))
+                    })
                     .and_then(|_| statistics_of(rule))
                     .and_then(|s| {
                         round.statistics = s;
@@ -670,6 +681,7 @@ impl<'r, B> Round<'r, B> {
             Phase::Scatter => self.scattered(plane, &plan, outcomes),
             Phase::Statistic { k } => self.statistic_done(plane, &plan, outcomes, k),
             Phase::Versions => self.versions_done(plane, &plan, outcomes),
+            Phase::Sync => self.synced(plane, &plan, outcomes),
             Phase::Request(pending) => self.requests_arrived(plane, &plan, outcomes, pending),
             Phase::Resend(pending) => self.resent(plane, &plan, outcomes, pending),
             Phase::Echo => self.echoed(plane, &plan, outcomes),
@@ -979,6 +991,68 @@ pub fn stragglers_allowed(
                 rule.byzantine()
             ))
         }),
+    }
+}
+
+/// `s` for a round of `shape` ([`stragglers_allowed`] in gather mode). In sharded mode a late
+/// owner is handled like a missing one: its versions are not waited for past the quorum, and a
+/// taker takes a shard's result where `2f + 1` versions are in (their median holds `f`
+/// Byzantine ones) or `f + 1` alike are (at least one honest owner computed it). So one shard
+/// needs `f + 1 + s` owners, `r >= f + 1 + s` (the `2f + 1` of [`Replicas::Tolerant`] allow
+/// `s = f`); only versions by digest (`r > 1` outside [`Agreement::Enforce`], whose echo of
+/// the versions waits for every owner) of a coordinate-wise rule (a global rule's statistic
+/// steps wait for every owner) can end early. `None` asks for the largest `s` all that allows
+/// (0 where nothing does).
+///
+/// # Errors
+/// As [`stragglers_allowed`]; [`Error::InvalidUsage`] for a requested `s` above `r - f - 1`
+/// in sharded mode; [`Error::Unsupported`] for one above 0 where sharded mode cannot end its
+/// versions step early.
+pub fn stragglers_in(
+    rule: &dyn Aggregator,
+    n: usize,
+    shape: Shape,
+    agreement: Agreement,
+    requested: Option<usize>,
+) -> Result<usize, Error> {
+    let replicas = match shape {
+        Shape::Gather => return stragglers_allowed(rule, n, requested),
+        Shape::Sharded(replicas) | Shape::ReduceScatter(replicas) => replicas,
+    };
+    if requested == Some(0) {
+        return Ok(0);
+    }
+    let f = rule.byzantine();
+    // A replica count or a rule sharded mode refuses is the round's own error, where auto
+    // asks (the round still runs its cross-check, so that ranks stay in step).
+    let r = match (replicas.count(f, n), requested) {
+        (Ok(r), _) => r,
+        (Err(_), None) => return Ok(0),
+        (Err(e), Some(_)) => return Err(e),
+    };
+    let cannot = if agreement == Agreement::Enforce {
+        Some("under Agreement::Enforce, whose echo of the owners' versions waits for every owner")
+    } else if !matches!(statistics_of(rule), Ok(Statistics::None)) {
+        Some("of a rule that is not coordinate-wise, whose statistic steps wait for every owner")
+    } else if r < 2 {
+        Some("with one owner per shard, where a late owner's shard would be lost")
+    } else {
+        None
+    };
+    let room = r.saturating_sub(f + 1);
+    match (cannot, requested) {
+        (Some(_), None) => Ok(0),
+        (Some(why), Some(s)) => Err(Error::Unsupported(format!(
+            "{s} stragglers allowed in sharded rounds {why}; allow none or auto, or run gather mode"
+        ))),
+        (None, Some(s)) if s > room => Err(Error::InvalidUsage(format!(
+            "{s} stragglers allowed in sharded rounds with r = {r} owners per shard and f = {f}: a \
+             shard's result needs f + 1 alike versions from owners in time, so r >= f + 1 + s = \
+             {}; ask for more owners per shard or fewer stragglers (0 waits for every input)",
+            f + 1 + s
+        ))),
+        (None, None) => Ok(stragglers_allowed(rule, n, None)?.min(room)),
+        (None, requested) => stragglers_allowed(rule, n, requested),
     }
 }
 

@@ -68,7 +68,9 @@ impl<'r, B> Round<'r, B> {
     pub(super) fn shard_inputs(&self, i: usize, s: usize) -> Vec<Option<Src<'_, B>>> {
         (0..self.spec.n)
             .map(|p| {
-                if p == self.spec.me {
+                if p == self.spec.me && self.dropped.get(i).is_some_and(|d| d.contains(&p)) {
+                    None
+                } else if p == self.spec.me {
                     Some(Src::Mine(self.shard(s)))
                 } else {
                     self.arrived[i][p].as_ref().map(Src::Got)
@@ -84,7 +86,6 @@ impl<'r, B> Round<'r, B> {
         outcomes: Vec<Arrival<B>>,
     ) {
         let (me, n) = (self.spec.me, self.spec.n);
-        let owned = self.owned();
         // An audited round's state, out of the round while the pieces are taken in.
         let mut audit = self.audit.take();
         for (op, a) in plan.recvs.iter().zip(outcomes) {
@@ -103,6 +104,164 @@ impl<'r, B> Round<'r, B> {
             self.check_pieces(audit, plane);
         }
         self.audit = audit;
+        if self.syncs() {
+            return self.post_sync();
+        }
+        self.pieces_settled(plane);
+    }
+
+    /// Whether the owners tell each other which senders' pieces they hold before they
+    /// aggregate ([`Round::post_sync`]): with stragglers allowed, where versions go by digest
+    /// under a coordinate-wise rule (the rounds [`stragglers_in`] lets end early).
+    pub(super) fn syncs(&self) -> bool {
+        self.spec.stragglers > 0
+            && self.by_digest()
+            && matches!(self.statistics, Statistics::None)
+            && self.audit.is_none()
+    }
+
+    /// The ranks that own a shard this rank owns, but this rank.
+    fn co_owners(&self) -> Vec<Rank> {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let mut co: Vec<Rank> = self
+            .owned()
+            .into_iter()
+            .flat_map(|s| sharded::owners(s, n, r))
+            .filter(|&o| o != me)
+            .collect();
+        co.sort_unstable();
+        co.dedup();
+        co
+    }
+
+    /// The owners' sync, with stragglers allowed: each owner sends its co-owners one byte per
+    /// rank, 1 where every piece that rank sent it arrived in time, and leaves out of each
+    /// shard every sender a co-owner of that shard lacks. Owners in time that heard each other then
+    /// aggregate the same inputs, whichever pieces came within their own grace, and hold
+    /// the same versions: a piece late at one owner and in time at another no longer splits
+    /// their versions (`PROTOCOL.md`, "Sharded rounds with stragglers").
+    fn post_sync(&mut self) {
+        let n = self.spec.n;
+        let held: Vec<u8> = (0..n).map(|p| u8::from(self.holds_all_of(p))).collect();
+        let held = Bytes::from(held);
+        let co = self.co_owners();
+        let sends = co
+            .iter()
+            .map(|&peer| Send {
+                peer,
+                tag: 0,
+                msg: Msg::Bytes(held.clone()),
+            })
+            .collect();
+        // Every co-owner in time is waited for (its sync says which pieces its version will
+        // lack); one whose pieces were late here only up to the grace's floor past the others
+        // (a straggler's sync comes as late as its pieces, but a co-owner cut by jitter alone
+        // may lack a piece this rank holds), and a laggard not at all.
+        let late = |p: Rank| self.fault_of(p) == Some(&Fault::Late);
+        let laggard = |p: Rank| late(p) && self.laggards.contains(&p);
+        let mut recvs: Vec<RecvOp> = co
+            .iter()
+            .filter(|&&p| (self.fault_of(p).is_none() || late(p)) && !self.carried.contains(&p))
+            .map(|&peer| RecvOp {
+                peer,
+                tag: 0,
+                len: n,
+            })
+            .collect();
+        recvs.sort_by_key(|op| (late(op.peer), laggard(op.peer)));
+        let timely = recvs.iter().filter(|op| !late(op.peer)).count();
+        let quorum = Quorum {
+            receives: timely,
+            grace: Grace {
+                min: self.spec.grace.min,
+                factor: 0,
+            },
+            awaited: recvs.iter().filter(|op| !laggard(op.peer)).count(),
+            core: timely,
+        };
+        self.post_quorum(
+            Phase::Sync,
+            "robust_sharded_sync",
+            sends,
+            recvs,
+            Some(quorum),
+        );
+    }
+
+    /// Whether every piece `p` sent this rank arrived (its own always did).
+    fn holds_all_of(&self, p: Rank) -> bool {
+        p == self.spec.me || self.arrived.iter().all(|by| by[p].is_some())
+    }
+
+    /// The owners' sync is in: every sender whose pieces a co-owner lacks (by a sync that
+    /// names at most `s` senders apart from what this rank lacks itself; a longer one is
+    /// malformed) leaves the shards this rank owns with that co-owner (`dropped`), its own
+    /// piece among them where the co-owners went without it; then the shards are aggregated.
+    pub(super) fn synced<P: Plane<Buf = B>>(
+        &mut self,
+        plane: &mut P,
+        plan: &StepPlan,
+        outcomes: Vec<Arrival<B>>,
+    ) {
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let s = self.spec.stragglers;
+        let owned = self.owned();
+        let mut dropped: Vec<Vec<Rank>> = vec![Vec::new(); owned.len()];
+        for (op, a) in plan.recvs.iter().zip(outcomes) {
+            let Arrival::Received(b) = a else {
+                self.arrival_fault(op.peer, &a);
+                continue;
+            };
+            let flags = plane.host(&b);
+            if flags.len() != n || flags.iter().any(|&f| f > 1) {
+                self.add_fault(
+                    op.peer,
+                    Fault::Malformed(format!("an owners' sync that is not {n} flags of 0 or 1")),
+                );
+                continue;
+            }
+            let lacks: Vec<Rank> = (0..n)
+                .filter(|&p| flags[p] == 0 && self.holds_all_of(p))
+                .collect();
+            if lacks.len() > s {
+                self.add_fault(
+                    op.peer,
+                    Fault::Malformed(format!(
+                        "an owners' sync that lacks {} senders this rank holds, more than the \
+                         {s} stragglers allowed",
+                        lacks.len()
+                    )),
+                );
+                continue;
+            }
+            // Only from the shards this co-owner owns too: the others' owners did not hear
+            // its sync, and keep what they hold.
+            for (i, &t) in owned.iter().enumerate() {
+                if sharded::owns(op.peer, t, n, r) {
+                    dropped[i].extend(&lacks);
+                }
+            }
+        }
+        for (i, d) in dropped.iter_mut().enumerate() {
+            d.sort_unstable();
+            d.dedup();
+            for &p in d.iter() {
+                self.arrived[i][p] = None;
+            }
+        }
+        if dropped.iter().any(|d| d.contains(&me)) {
+            self.report.erased_self = true;
+        }
+        self.dropped = dropped;
+        self.pieces_settled(plane);
+    }
+
+    /// The pieces are settled (arrived, and with stragglers allowed, synced with the
+    /// co-owners): their digests for the cross-check, and each owned shard's aggregate (or a
+    /// global rule's statistic rounds).
+    fn pieces_settled<P: Plane<Buf = B>>(&mut self, plane: &mut P) {
+        let (me, n) = (self.spec.me, self.spec.n);
+        let owned = self.owned();
         let mut digests = Vec::new();
         let mut non_finite = Vec::new();
         let mut inputs = n;
@@ -138,7 +297,10 @@ impl<'r, B> Round<'r, B> {
             Statistics::None => {
                 for (i, &s) in owned.iter().enumerate() {
                     let ranks: Vec<Rank> = (0..n)
-                        .filter(|&p| p == me || self.arrived[i][p].is_some())
+                        .filter(|&p| {
+                            (p == me && !self.dropped.get(i).is_some_and(|d| d.contains(&p)))
+                                || self.arrived[i][p].is_some()
+                        })
                         .collect();
                     let srcs: Vec<Src<'_, B>> =
                         self.shard_inputs(i, s).into_iter().flatten().collect();

@@ -52,7 +52,52 @@ impl<'r, B> Round<'r, B> {
         if let Some(audit) = &self.audit {
             self.audit_versions(audit, &mut sends, &mut recvs);
         }
+        if self.spec.stragglers > 0 && by_digest {
+            return self.post_owner_quorum(Phase::Versions, "robust_sharded", sends, recvs, r);
+        }
         self.post(Phase::Versions, "robust_sharded", sends, recvs);
+    }
+
+    /// A step among owners with stragglers allowed ([`stragglers_in`]; the versions, the
+    /// owners' sync): a late owner is handled like a missing one. The step ends once all but
+    /// `s` owners' messages are in (`per_sender` each: an owner sends a taker one version
+    /// per shard it owns) and the grace has passed, the grace waiting for no laggard
+    /// ([`Carry::laggards`]).
+    pub(super) fn post_owner_quorum(
+        &mut self,
+        phase: Phase<'r, B>,
+        op: &'static str,
+        sends: Vec<Send>,
+        mut recvs: Vec<RecvOp>,
+        per_sender: usize,
+    ) {
+        let late_now = |p: Rank| self.fault_of(p) == Some(&Fault::Late);
+        let laggard = |p: Rank| self.laggards.contains(&p);
+        recvs.sort_by_key(|op| (late_now(op.peer) || laggard(op.peer), laggard(op.peer)));
+        // The owners already erased this round for their lateness (not posted here) spent
+        // their part of the budget.
+        let spent = self
+            .report
+            .faults
+            .iter()
+            .filter(|f| f.fault == Fault::Late)
+            .count();
+        let budget = self.spec.stragglers.saturating_sub(spent);
+        // An owner in time sends when its own scatter ended, which may have waited a grace
+        // for a piece this rank had in time: the grace is at least the round so far.
+        let grace = Grace {
+            min: self.spec.grace.after(self.elapsed.unwrap_or_default()),
+            factor: self.spec.grace.factor,
+        };
+        let quorum = Quorum {
+            receives: recvs
+                .len()
+                .saturating_sub(budget.saturating_mul(per_sender)),
+            grace,
+            awaited: recvs.iter().filter(|op| !laggard(op.peer)).count(),
+            core: 0,
+        };
+        self.post_quorum(phase, op, sends, recvs, Some(quorum));
     }
 
     pub(super) fn versions_done<P: Plane<Buf = B>>(
@@ -272,7 +317,6 @@ impl<'r, B> Round<'r, B> {
     pub(super) fn post_requests(&mut self, pending: Pending<B>) {
         let (me, n, r) = (self.spec.me, self.spec.n, self.r);
         let wanted = &pending.wanted;
-        let erased: Vec<Rank> = self.report.faults.iter().map(|f| f.rank).collect();
         // Owners this rank erased get their (small) request too: one that is merely late
         // waits for it, and without it would wait out the deadline in every later round.
         let sends = (0..n)
@@ -290,8 +334,16 @@ impl<'r, B> Round<'r, B> {
             })
             .collect();
         let owned = self.owned();
+        // With stragglers allowed, a taker that was only late this round may still ask for a
+        // version (one it got by digest from an owner in time): its request is waited for,
+        // past the others', up to the grace's floor.
+        let quorum = self.spec.stragglers > 0;
+        let waited = |t: Rank| match self.fault_of(t) {
+            None => true,
+            Some(fault) => quorum && *fault == Fault::Late && !self.carried.contains(&t),
+        };
         let recvs = (0..n)
-            .filter(|&t| t != me && !erased.contains(&t))
+            .filter(|&t| t != me && waited(t))
             .filter(|&t| owned.iter().any(|&s| self.takes(t, s)))
             .map(|t| RecvOp {
                 peer: t,
@@ -299,12 +351,17 @@ impl<'r, B> Round<'r, B> {
                 len: r,
             })
             .collect();
-        self.post(
-            Phase::Request(pending),
-            "robust_sharded_requests",
-            sends,
-            recvs,
-        );
+        let phase = Phase::Request(pending);
+        match quorum {
+            true => {
+                let grace = Grace {
+                    min: self.spec.grace.min,
+                    factor: 0,
+                };
+                self.post_awaiting_late(phase, "robust_sharded_requests", sends, recvs, 0, grace);
+            }
+            false => self.post(phase, "robust_sharded_requests", sends, recvs),
+        }
     }
 
     /// Versions by digest: the requests are in; this rank sends the versions asked of it and
@@ -365,6 +422,16 @@ impl<'r, B> Round<'r, B> {
             sends,
             recvs,
         );
+        // With stragglers allowed, an owner that counted this rank late answers its request
+        // only where it came within its grace: the versions asked for are waited for about as
+        // long as the round so far, and then the shard stands or falls on those in hand
+        // ([`Round::unsupported_shard`]), loudly.
+        if let (true, Some(plan), Some(elapsed)) =
+            (self.spec.stragglers > 0, &mut self.plan, self.elapsed)
+        {
+            let bound = elapsed.saturating_add(self.spec.grace.after(elapsed));
+            plan.timeout = plan.timeout.min(bound);
+        }
     }
 
     /// Versions by digest, the end: each taken shard's versions are the one held, once for
@@ -441,17 +508,70 @@ impl<'r, B> Round<'r, B> {
             versions[s].extend(others.map(|(o, _, b)| (*o, Src::Got(b))));
         }
         let peak = self.versions_peak(version_bytes);
-        let (lost, combined, _) = self.combine_versions(plane, &mut versions);
+        let (lost, combined) = match self.unsupported_shard(&held, &announced, &fetched) {
+            Some(e) => (None, Err(e)),
+            None => {
+                let (lost, combined, _) = self.combine_versions(plane, &mut versions);
+                (lost, combined)
+            }
+        };
         drop(versions);
         self.report.peak_bytes = peak;
         self.end_versions(plane, lost, combined, Some(shards));
     }
 
+    /// With stragglers allowed, the first taken shard whose versions in hand are too few to
+    /// stand, as the round's error: fewer than `2f + 1` owners' versions (the held one counts
+    /// for every owner that announced its digest, a fetched one for its owner), none of them
+    /// `f + 1` alike. A late owner is handled like a missing one ([`stragglers_in`]), so the
+    /// median of the versions that came must hold `f` Byzantine ones, or `f + 1` alike must
+    /// vouch for one (and the median of versions `f + 1` of which are alike is that one).
+    fn unsupported_shard(
+        &self,
+        held: &[Option<Digest>],
+        announced: &[Vec<Option<Digest>>],
+        fetched: &[(Rank, usize, B)],
+    ) -> Option<Error> {
+        if self.spec.stragglers == 0 {
+            return None;
+        }
+        let (me, n, r) = (self.spec.me, self.spec.n, self.r);
+        let f = self.rule.byzantine();
+        (0..n)
+            .filter(|&s| self.takes(me, s) && !self.shard(s).is_empty())
+            .find_map(|s| {
+                let mut versions: Vec<Digest> = (0..r)
+                    .filter_map(|k| announced[s][k].filter(|d| held[s] == Some(*d)))
+                    .collect();
+                versions.extend(
+                    fetched
+                        .iter()
+                        .filter(|(_, t, _)| *t == s)
+                        .filter_map(|(o, _, _)| announced[s][owned_index(*o, s, n)]),
+                );
+                let alike = versions
+                    .iter()
+                    .map(|d| versions.iter().filter(|e| *e == d).count())
+                    .max()
+                    .unwrap_or(0);
+                (versions.len() < 2 * f + 1 && alike < f + 1).then(|| Error::TooManyFaults {
+                    source: AggError::Precondition {
+                        rule: format!("the versions of shard {s}"),
+                        requirement: "2f + 1 owners' versions, or f + 1 alike",
+                        n: versions.len(),
+                        f,
+                    },
+                    faults: self.report.faults.clone(),
+                })
+            })
+    }
+
     /// Whether an owner may try an owned shard again without its own piece
     /// ([`Round::rejoin_shard`]): under a coordinate-wise rule, with co-owners to compare
-    /// with.
+    /// with, where the owners' sync did not already leave its piece out ([`Round::syncs`]:
+    /// there its announced version is the one it keeps, and resends).
     pub(super) fn rejoins(&self) -> bool {
-        matches!(self.statistics, Statistics::None) && self.r > 1
+        matches!(self.statistics, Statistics::None) && self.r > 1 && !self.syncs()
     }
 
     /// Owned shard `i` (`s`) again without this rank's own piece, kept where its digest is
