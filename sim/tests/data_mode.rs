@@ -237,15 +237,11 @@ fn loss_and_crashes_within_f_stay_in_the_honest_range() {
         match (&run.ranks[2].result, &run.ranks[0].result) {
             // Gather: it aggregated every input, the cross-check shows that the others went
             // without its own, and it aggregates again without it (realignment): their
-            // result, bitwise.
-            (RankResult::Done(Some(v)), RankResult::Done(Some(w))) if alg == Algorithm::Gather => {
+            // result, bitwise. Sharded, with stragglers allowed by default: its co-owners'
+            // syncs say its pieces were late, it leaves them out as they did, and takes
+            // their versions: their result, bitwise (before, it failed the round).
+            (RankResult::Done(Some(v)), RankResult::Done(Some(w))) => {
                 assert_eq!(bits(v), bits(w), "{alg}")
-            }
-            // Sharded: the others erased it, and none of their cross-checks reaches it.
-            (RankResult::Failed(Error::Disagreement { agreeing, .. }), _)
-                if alg != Algorithm::Gather =>
-            {
-                assert_eq!(agreeing, &[2], "{alg}")
             }
             (other, _) => panic!("{alg}: the stalled rank got {other:?}"),
         }
