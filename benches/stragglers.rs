@@ -1,7 +1,8 @@
 //! Stragglers benchmark: how much one slow or malicious rank slows the honest ranks' robust
 //! rounds, with every input waited for (`s = 0`) and with quorum rounds (`s = auto`), against
 //! the all-healthy round in the same run. `n` ranks in this process over TCP on 127.0.0.1,
-//! gather-mode median (f = 1), `--agreement enforce` (the default: honest ranks stay bitwise
+//! median (f = 1) in gather mode or `--policy sharded` (3 owners per shard), `--agreement
+//! enforce` (the default: honest ranks stay bitwise
 //! alike by the echo) or `detect` (the cross-check, realignment and, with `s > 0`, the
 //! confirmation step),
 //! `--d` elements per rank, `--rounds` rounds per scenario; the honest ranks' median round time
@@ -25,7 +26,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use byzcoll::aggregators::Median;
-use byzcoll::{init_with, Agreement, Fault, Policy, Stragglers};
+use byzcoll::{init_with, Agreement, Fault, Policy, Replicas, Stragglers};
 use clap::Parser;
 use serde_json::json;
 
@@ -52,6 +53,10 @@ struct Args {
     /// the honest ranks ended alike).
     #[arg(long, default_value = "enforce", value_parser = parse_agreement)]
     agreement: Agreement,
+    /// The schedule: `gather` or `sharded` (`2f + 1` owners per shard; stragglers there
+    /// need `--agreement detect`).
+    #[arg(long, default_value = "gather", value_parser = parse_policy)]
+    policy: Policy,
     /// Ignored (cargo bench passes it).
     #[arg(long, hide = true)]
     bench: bool,
@@ -73,6 +78,14 @@ struct Outcome {
     rounds: usize,
 }
 
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    match s {
+        "gather" => Ok(Policy::Gather),
+        "sharded" => Ok(Policy::Sharded(Replicas::Tolerant)),
+        other => Err(format!("{other:?}: expected gather or sharded")),
+    }
+}
+
 fn parse_agreement(s: &str) -> Result<Agreement, String> {
     match Agreement::parse(s)? {
         Agreement::Off => Err("--agreement off: the bench compares agreed rounds".to_string()),
@@ -88,7 +101,7 @@ async fn run(
 ) -> Result<Outcome, String> {
     let n = args.ranks;
     let timeout = Duration::from_millis(args.timeout_ms);
-    let (d, rounds, agreement) = (args.d, args.rounds, args.agreement);
+    let (d, rounds, agreement, policy) = (args.d, args.rounds, args.agreement, args.policy);
     let tasks: Vec<_> = world::tcp_job(n, timeout)?
         .into_iter()
         .enumerate()
@@ -116,7 +129,7 @@ async fn run(
                         .for_each(|(i, x)| *x = (rank * 7 + i + round) as f32);
                     let start = Instant::now();
                     let report = comm
-                        .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                        .robust_all_reduce(&mut v, &Median::new(1), policy)
                         .await;
                     times.push(start.elapsed());
                     match report {
@@ -175,15 +188,17 @@ fn main() -> ExitCode {
         "stragglers",
         json!({ "ranks": args.ranks, "d": args.d, "rounds": args.rounds,
                 "timeout_ms": args.timeout_ms, "rule": "median f=1",
-                "agreement": args.agreement.name() }),
+                "agreement": args.agreement.name(),
+                "policy": format!("{:?}", args.policy) }),
     );
     println!(
-        "# {} ranks, d = {}, {} rounds, step deadline {} ms, agreement {}; honest ranks' median \
-         round time (the first round of each rank not counted)",
+        "# {} ranks, d = {}, {} rounds, step deadline {} ms, {:?}, agreement {}; honest ranks' \
+         median round time (the first round of each rank not counted)",
         args.ranks,
         args.d,
         args.rounds,
         args.timeout_ms,
+        args.policy,
         args.agreement.name()
     );
     println!("scenario    s     round      x healthy  late rounds  errors");

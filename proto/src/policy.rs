@@ -166,10 +166,15 @@ impl Agreement {
 /// waited for only up to the quorum, not through the grace.
 ///
 /// [`Stragglers::Auto`] by default, so that out of the box one late rank does not set the
-/// pace: the largest count up to the rule's `f` that its precondition allows at this `n`; 0
-/// for a rule with `f = 0` (the mean), in the rounds that cannot end a step early (sharded
-/// rounds, NCCL), and under [`Agreement::Off`], where nothing brings ranks that went without
-/// different late inputs back to one result (a count asked for there is the user's risk).
+/// pace: the largest count up to the rule's `f` that its precondition allows at this `n`
+/// (in sharded mode also at most `r − f − 1`, so that a shard's `f + 1` alike versions come
+/// from owners in time: [`stragglers_in`](crate::round::stragglers_in)); 0 for a rule with
+/// `f = 0` (the mean), in the rounds that cannot end a step early (sharded rounds under
+/// `Enforce`, of a global rule or with one owner per shard; NCCL), and under
+/// [`Agreement::Off`], where nothing brings ranks that went without different late inputs
+/// back to one result (a count asked for there is the user's risk). In sharded mode the
+/// owners tell each other which senders' pieces they hold before they aggregate, and a late
+/// owner is handled like a missing one (`PROTOCOL.md`, "Sharded rounds with stragglers").
 /// Under [`Agreement::Enforce`] the echo decides alike for every rank which inputs were in;
 /// under [`Agreement::Detect`] the ranks move to one set of inputs after the cross-check and
 /// pass late inputs on to the ranks that lack them, and a confirmation step turns ranks that
@@ -186,8 +191,8 @@ impl Agreement {
 /// the later ones (`PROTOCOL.md`, "TCP transport" and "Not covered yet").
 ///
 /// Under `Auto` the schedule is chosen as without stragglers ([`Policy::resolve`]): a vector
-/// large enough for sharded mode goes sharded, with `s = 0`. Only an explicit count above 0
-/// makes [`Policy::Auto`] choose gather mode, the one whose input step is a quorum step.
+/// large enough for sharded mode goes sharded, where `s` then follows from the owners. Only an
+/// explicit count above 0 makes [`Policy::Auto`] choose gather mode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Stragglers {
     /// The largest `s` up to the rule's `f` that keeps its precondition with `n - s` inputs
