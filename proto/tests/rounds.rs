@@ -1141,3 +1141,162 @@ fn a_reduce_scatter_gives_each_rank_its_shard_of_the_reference() {
         }
     }
 }
+
+/// Sharded specs (`2f + 1` owners) of `n` ranks and `d` elements under `Detect`, with one
+/// straggler allowed.
+fn sharded_quorum_spec(n: usize, d: usize) -> impl Fn(usize) -> byzcoll_proto::round::Spec + Copy {
+    move |me| {
+        let mut s = spec(
+            me,
+            n,
+            d,
+            Shape::Sharded(Replicas::Tolerant),
+            Agreement::Detect,
+        );
+        s.stragglers = 1;
+        s
+    }
+}
+
+/// Sharded rounds are quorum steps (`s = 1`, `2f + 1` owners, `Detect`): a rank that starts
+/// 500 ms late sets no pace. The others end within 100 ms with the median of their own inputs
+/// bitwise, naming it late; it hears its co-owners' syncs, leaves its own late piece out as
+/// they did, and ends with their result (`erased_self`), asking nobody for a version.
+#[test]
+fn a_sharded_straggler_sets_no_pace_and_ends_with_the_others_result() {
+    for n in [4, 7, 8] {
+        let f = (n - 1) / 3;
+        let rule = Median::new(f);
+        let d = 3 * n + 1;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+        let mut starts = vec![Duration::ZERO; n];
+        starts[n - 1] = Duration::from_millis(500);
+        let ended = run(
+            sharded_quorum_spec(n, d),
+            &rule,
+            &inputs,
+            &starts,
+            &|from, to, _, _, _| Fate::After(MS * (1 + ((from + to) % 3) as u32)),
+        );
+        let want = bits(&reference(&inputs[..n - 1], &rule));
+        for (me, e) in ended.iter().enumerate() {
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|err| panic!("n = {n} rank {me}: {err}"));
+            assert_eq!(bits(&e.output), want, "n = {n} rank {me}");
+            assert_eq!(report.stragglers, 1, "n = {n} rank {me}");
+            assert_eq!(report.erased_self, me == n - 1, "n = {n} rank {me}");
+            if me == n - 1 {
+                assert!(
+                    e.at < starts[me] + Duration::from_millis(100),
+                    "n = {n}: the straggler took {:?}",
+                    e.at
+                );
+                continue;
+            }
+            let late = PeerFault {
+                rank: n - 1,
+                fault: Fault::Late,
+            };
+            assert_eq!(report.faults, [late], "n = {n} rank {me}");
+            assert!(
+                e.at < Duration::from_millis(100),
+                "n = {n} rank {me}: {:?}",
+                e.at
+            );
+        }
+    }
+}
+
+/// A piece late at one owner and in time at its co-owners (rank 3's pieces reach rank 0 after
+/// the grace): the owners' sync has every owner of rank 0's shards leave rank 3's input out of
+/// them, so the owners of each shard hold one version and every rank ends at once with one
+/// result, bitwise: each coordinate the median without rank 3's input (rank 0's shards) or
+/// with it (the others). Without the sync, rank 0's co-owners keep the piece and outvote its
+/// version (with 3 owners of 4 ranks, the same split leaves two versions, neither `f + 1`
+/// alike, and the round fails: `sim/tests/rounds.rs`).
+#[test]
+fn a_piece_late_at_one_owner_is_left_out_by_its_co_owners_alike() {
+    let (n, d) = (7, 22);
+    let rule = Median::new(2);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let starts = vec![Duration::ZERO; n];
+    let ended = run(
+        |me| {
+            // 2f + 1 = 5 owners keep f + 1 = 3 alike with one late owner.
+            let mut s = sharded_quorum_spec(n, d)(me);
+            s.shape = Shape::Sharded(Replicas::Exactly(5));
+            s
+        },
+        &rule,
+        &inputs,
+        &starts,
+        &|from, to, step, _, _| match (from, to, step) {
+            (3, 0, 0) => Fate::After(Duration::from_millis(200)),
+            _ => Fate::After(MS),
+        },
+    );
+    let with = bits(&reference(&inputs, &rule));
+    let others: Vec<Vec<f32>> = (0..n)
+        .filter(|&r| r != 3)
+        .map(|r| inputs[r].clone())
+        .collect();
+    let without = bits(&reference(&others, &rule));
+    let first = bits(&ended[0].output);
+    assert!(
+        first
+            .iter()
+            .zip(with.iter().zip(&without))
+            .all(|(x, (a, b))| x == a || x == b),
+        "{first:?}"
+    );
+    assert_ne!(first, with, "rank 3's input left out somewhere");
+    for (me, e) in ended.iter().enumerate() {
+        e.result
+            .as_ref()
+            .unwrap_or_else(|err| panic!("rank {me}: {err}"));
+        assert_eq!(bits(&e.output), first, "rank {me}");
+        assert!(e.at < Duration::from_millis(100), "rank {me}: {:?}", e.at);
+    }
+}
+
+/// A Byzantine co-owner's sync that names more senders than the stragglers allowed (all of
+/// them, to strip the shards of their inputs) is malformed: its co-owners ignore it and name
+/// it, keep every input, and no rank ends with another result as success.
+#[test]
+fn an_owners_sync_naming_more_than_s_senders_is_malformed_and_ignored() {
+    let (n, d) = (7, 22);
+    let rule = Median::new(2);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let starts = vec![Duration::ZERO; n];
+    let ended = run(
+        |me| {
+            let mut s = sharded_quorum_spec(n, d)(me);
+            s.shape = Shape::Sharded(Replicas::Exactly(5));
+            s
+        },
+        &rule,
+        &inputs,
+        &starts,
+        // Step 1 is the owners' sync: rank 1 says it holds nobody's pieces.
+        &|from, _, step, _, bytes| match (from, step) {
+            (1, 1) => Fate::Rewritten(MS, vec![0u8; bytes.len()].into()),
+            _ => Fate::After(MS),
+        },
+    );
+    let want = bits(&reference(&inputs, &rule));
+    let mut named = 0;
+    for (me, e) in ended.iter().enumerate() {
+        match &e.result {
+            Ok(report) => {
+                assert_eq!(bits(&e.output), want, "rank {me}");
+                named += usize::from(report.faults.iter().any(|f| {
+                    f.rank == 1 && matches!(&f.fault, Fault::Malformed(why) if why.contains("sync"))
+                }));
+            }
+            Err(err) => panic!("rank {me}: {err}"),
+        }
+    }
+    assert!(named > 0, "no rank named rank 1's sync malformed");
+}
