@@ -1215,7 +1215,7 @@ fn a_sharded_straggler_sets_no_pace_and_ends_with_the_others_result() {
 /// result, bitwise: each coordinate the median without rank 3's input (rank 0's shards) or
 /// with it (the others). Without the sync, rank 0's co-owners keep the piece and outvote its
 /// version (with 3 owners of 4 ranks, the same split leaves two versions, neither `f + 1`
-/// alike, and the round fails: `sim/tests/rounds.rs`).
+/// alike, and the round failed in the simulator before the sync).
 #[test]
 fn a_piece_late_at_one_owner_is_left_out_by_its_co_owners_alike() {
     let (n, d) = (7, 22);
