@@ -58,11 +58,11 @@ impl<'r, B> Round<'r, B> {
         self.post(Phase::Versions, "robust_sharded", sends, recvs);
     }
 
-    /// A step among owners with stragglers allowed ([`stragglers_in`]; the versions, the
-    /// owners' sync): a late owner is handled like a missing one. The step ends once all but
-    /// `s` owners' messages are in (`per_sender` each: an owner sends a taker one version
-    /// per shard it owns) and the grace has passed, the grace waiting for no laggard
-    /// ([`Carry::laggards`]).
+    /// The versions step with stragglers allowed ([`stragglers_in`]): a late owner is handled
+    /// like a missing one. The step ends once all but `s` owners' messages are in
+    /// (`per_sender` each: an owner sends a taker one version per shard it owns; the owners
+    /// already late this round are not posted, and spent their part of `s`) and the grace
+    /// has passed, the grace waiting for no laggard ([`Carry::laggards`]).
     pub(super) fn post_owner_quorum(
         &mut self,
         phase: Phase<'r, B>,
