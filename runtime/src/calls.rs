@@ -62,11 +62,13 @@ pub fn all_reduce<T: Element>(op: &str, elements: usize, step: Option<u64>) -> u
 
 /// One robust round (a whole robust all-reduce or reduce-scatter, or one sub-round of a
 /// longer one) of `d` elements of `T` under `rule`, moved as `shape` says (the element
-/// type by its `DType` name, as in [`all_reduce`]).
+/// type by its `DType` name, as in [`all_reduce`]); `synced`: a sharded round with
+/// stragglers allowed, which takes the owners' sync step.
 pub fn robust<T: Element>(
     rule: &dyn Aggregator,
     shape: Shape,
     audit: Option<&crate::audit::Audit>,
+    synced: bool,
     d: usize,
     step: Option<u64>,
 ) -> u64 {
@@ -82,6 +84,11 @@ pub fn robust<T: Element>(
     let audit = audit.map(|a| format!("{a:?}"));
     if let Some(a) = &audit {
         parts.push(a.as_bytes());
+    }
+    // So does a sharded round with stragglers allowed (the owners' sync): ranks configured
+    // apart are told, not left out of step.
+    if synced {
+        parts.push(b"owners' sync");
     }
     call_fingerprint("robust", &parts, step)
 }

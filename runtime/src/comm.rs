@@ -49,6 +49,9 @@ pub struct Communicator {
     stream: u64,
     /// Calls made so far in this communicator's stream.
     next_collective: u64,
+    /// Whether the robust call under way is this communicator's first collective (its
+    /// sub-rounds then all wait for every input under `Detect`).
+    pub(crate) first_call: bool,
     /// What the communicators over one transport share: the turn lock and the highest stream
     /// in use.
     shared: Arc<Shared>,
@@ -106,6 +109,7 @@ impl Communicator {
             config,
             stream: 0,
             next_collective: 0,
+            first_call: false,
             shared: Arc::default(),
             owner_tamper: None,
             step_tamper: None,

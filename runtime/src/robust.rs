@@ -117,6 +117,7 @@ impl Communicator {
         policy: Policy,
     ) -> Result<RoundReport> {
         let d = buf.len();
+        self.first_call = self.collectives_begun() == 0;
         let quorum =
             self.config().stragglers.forces_quorum() && self.transport().capabilities().quorum;
         let shape = Shape::all_reduce(policy, self.size(), d, size_of::<T>(), rule, quorum);
@@ -231,7 +232,7 @@ impl Communicator {
         // Under Detect a communicator's first collective waits for every input: the ranks
         // started apart, and a quorum there would leave inputs out for their start-up alone
         // (Enforce's echo passes late inputs on).
-        let first = self.collectives_begun() == 0 && agreement == Agreement::Detect;
+        let first = self.first_call && agreement == Agreement::Detect;
         if requested == Some(0) || first {
             return Ok(0);
         }
@@ -297,7 +298,14 @@ impl Communicator {
             .measuring(self.config().attribution)
             .keeping_input(agreement == Agreement::Detect && shape == Shape::Gather)
             .auditing(audit.is_some());
-        let call = crate::calls::robust::<T>(rule, shape, audit.as_ref(), d, self.step());
+        let call = crate::calls::robust::<T>(
+            rule,
+            shape,
+            audit.as_ref(),
+            spec.stragglers > 0 && shape != Shape::Gather,
+            d,
+            self.step(),
+        );
         let step_tamper = self.step_tamper.clone();
         let mut seq = self.begin("robust", call);
         let mut round = match (audit, &membership) {
@@ -485,6 +493,7 @@ impl Communicator {
             )));
         }
         let d = input.len();
+        self.first_call = self.collectives_begun() == 0;
         let outcome = self
             .run_round(
                 Target::OwnShard { input, output },

@@ -397,6 +397,8 @@ pub struct Round<'r, B> {
     /// the owners' sync, because a co-owner of it lacked their pieces (`synced`); this rank
     /// among them where its own piece was late for one.
     dropped: Vec<Vec<Rank>>,
+    /// This rank's own piece was left out on a co-owner's sync (`synced`).
+    erased_by_sync: bool,
     /// [`Carry::own_late`].
     own_late: u32,
     /// The step timeouts an honest rank may start this round later than this one
@@ -531,6 +533,7 @@ impl<'r, B> Round<'r, B> {
             carried: erased.iter().map(|f| f.rank).collect(),
             laggards: carry.laggards.clone(),
             dropped: Vec::new(),
+            erased_by_sync: false,
             own_late: carry.own_late,
             lag_in: carry.lag,
             saw_missing: false,
@@ -703,8 +706,11 @@ impl<'r, B> Round<'r, B> {
     /// Whether the agreement left this rank's own input (or version) out of the round
     /// ([`RoundReport::erased_self`]), known even where the round then fails: for the fault
     /// memory's count of this rank's own rounds behind (`Health::note_own_input`).
+    ///
+    /// Not where only an owners' sync left it out (sharded mode with stragglers): that is a
+    /// co-owner's word, and nothing a peer says moves this rank's own fault memory.
     pub fn erased_self(&self) -> bool {
-        self.report.erased_self
+        self.report.erased_self && !self.erased_by_sync
     }
 
     /// The round's report or error, once [`Round::step`] is `None`.
@@ -1017,7 +1023,17 @@ pub fn stragglers_in(
 ) -> Result<usize, Error> {
     let replicas = match shape {
         Shape::Gather => return stragglers_allowed(rule, n, requested),
-        Shape::Sharded(replicas) | Shape::ReduceScatter(replicas) => replicas,
+        Shape::Sharded(replicas) => replicas,
+        // Its cross-check compares the input sets, which the owners' sync may leave apart.
+        Shape::ReduceScatter(_) => {
+            return match requested {
+                None | Some(0) => Ok(0),
+                Some(s) => Err(Error::Unsupported(format!(
+                    "{s} stragglers allowed in a sharded reduce-scatter, whose cross-check \
+                     compares the input sets; allow none or auto"
+                ))),
+            }
+        }
     };
     if requested == Some(0) {
         return Ok(0);

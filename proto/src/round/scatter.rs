@@ -142,6 +142,14 @@ impl<'r, B> Round<'r, B> {
     /// their versions (`PROTOCOL.md`, "Sharded rounds with stragglers").
     fn post_sync(&mut self) {
         let n = self.spec.n;
+        // A sender whose pieces came in part (a quorum counts pieces, not senders) is left
+        // out of every owned shard here, as this rank's sync tells its co-owners to do.
+        let partial: Vec<Rank> = (0..n).filter(|&p| !self.holds_all_of(p)).collect();
+        for p in partial {
+            for by in &mut self.arrived {
+                by[p] = None;
+            }
+        }
         let held: Vec<u8> = (0..n).map(|p| u8::from(self.holds_all_of(p))).collect();
         let held = Bytes::from(held);
         let co = self.co_owners();
@@ -156,10 +164,10 @@ impl<'r, B> Round<'r, B> {
         // Every co-owner in time is waited for (its sync says which pieces its version will
         // lack); one whose pieces were late here only up to the grace's floor past the others
         // (a straggler's sync comes as late as its pieces, but a co-owner cut by jitter alone
-        // may lack a piece this rank holds), and a laggard not at all.
+        // may lack a piece this rank holds), and a laggard not at all. A co-owner in time that
+        // stays silent (a Byzantine one) is waited for about as long as the round so far.
         let late = |p: Rank| self.fault_of(p) == Some(&Fault::Late);
-        let laggard = |p: Rank| late(p) && self.laggards.contains(&p);
-        let mut recvs: Vec<RecvOp> = co
+        let recvs: Vec<RecvOp> = co
             .iter()
             .filter(|&&p| (self.fault_of(p).is_none() || late(p)) && !self.carried.contains(&p))
             .map(|&peer| RecvOp {
@@ -168,24 +176,15 @@ impl<'r, B> Round<'r, B> {
                 len: n,
             })
             .collect();
-        recvs.sort_by_key(|op| (late(op.peer), laggard(op.peer)));
-        let timely = recvs.iter().filter(|op| !late(op.peer)).count();
-        let quorum = Quorum {
-            receives: timely,
-            grace: Grace {
-                min: self.spec.grace.min,
-                factor: 0,
-            },
-            awaited: recvs.iter().filter(|op| !laggard(op.peer)).count(),
-            core: timely,
+        let floor = Grace {
+            min: self.spec.grace.min,
+            factor: 0,
         };
-        self.post_quorum(
-            Phase::Sync,
-            "robust_sharded_sync",
-            sends,
-            recvs,
-            Some(quorum),
-        );
+        self.post_awaiting_late(Phase::Sync, "robust_sharded_sync", sends, recvs, 0, floor);
+        if let (Some(plan), Some(elapsed)) = (&mut self.plan, self.elapsed) {
+            let bound = elapsed.saturating_add(self.spec.grace.after(elapsed));
+            plan.timeout = plan.timeout.min(bound);
+        }
     }
 
     /// Whether every piece `p` sent this rank arrived (its own always did).
@@ -195,7 +194,7 @@ impl<'r, B> Round<'r, B> {
 
     /// The owners' sync is in: every sender whose pieces a co-owner lacks (by a sync that
     /// names at most `s` senders apart from what this rank lacks itself; a longer one is
-    /// malformed) leaves the shards this rank owns with that co-owner (`dropped`), its own
+    /// ignored) leaves the shards this rank owns with that co-owner (`dropped`), its own
     /// piece among them where the co-owners went without it; then the shards are aggregated.
     pub(super) fn synced<P: Plane<Buf = B>>(
         &mut self,
@@ -223,15 +222,16 @@ impl<'r, B> Round<'r, B> {
             let lacks: Vec<Rank> = (0..n)
                 .filter(|&p| flags[p] == 0 && self.holds_all_of(p))
                 .collect();
+            // More than `s`: ignored, so that no co-owner strips a shard of its inputs (not
+            // named malformed: a quorum counts pieces, and an honest owner cut in the middle
+            // of several senders' pieces may lack more than `s` of them).
             if lacks.len() > s {
-                self.add_fault(
+                self.warnings.push(format!(
+                    "rank {}'s owners' sync lacks {} senders this rank holds, more than the {s} \
+                     stragglers allowed: ignored",
                     op.peer,
-                    Fault::Malformed(format!(
-                        "an owners' sync that lacks {} senders this rank holds, more than the \
-                         {s} stragglers allowed",
-                        lacks.len()
-                    )),
-                );
+                    lacks.len()
+                ));
                 continue;
             }
             // Only from the shards this co-owner owns too: the others' owners did not hear
@@ -250,7 +250,10 @@ impl<'r, B> Round<'r, B> {
             }
         }
         if dropped.iter().any(|d| d.contains(&me)) {
+            // Said in the report, but on a co-owner's word: not counted in this rank's own
+            // fault memory (`Round::erased_self`).
             self.report.erased_self = true;
+            self.erased_by_sync = true;
         }
         self.dropped = dropped;
         self.pieces_settled(plane);

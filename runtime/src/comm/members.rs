@@ -90,6 +90,7 @@ impl Communicator {
             config: self.config.clone(),
             stream,
             next_collective: 0,
+            first_call: false,
             shared: self.shared.clone(),
             owner_tamper: None,
             step_tamper: None,

@@ -77,7 +77,14 @@ where
         let step = Step {
             collective: 0,
             step: 0,
-            call: byzcoll_runtime::calls::robust::<f32>(&Median::new(f), shape, None, d, None),
+            call: byzcoll_runtime::calls::robust::<f32>(
+                &Median::new(f),
+                shape,
+                None,
+                false,
+                d,
+                None,
+            ),
             sends,
             recvs: vec![],
             deadline: tokio::time::Instant::now() + timeout,

@@ -95,7 +95,7 @@ where
         let step = Step {
             collective: 0,
             step: 0,
-            call: calls::robust::<f32>(&Median::new(1), Shape::Gather, None, d, None),
+            call: calls::robust::<f32>(&Median::new(1), Shape::Gather, None, false, d, None),
             sends: [0, 1, 3]
                 .into_iter()
                 .map(|peer| SendOp {
