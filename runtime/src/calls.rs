@@ -128,10 +128,10 @@ mod tests {
     #[test]
     fn element_types_have_their_own_fingerprints() {
         let robust = [
-            robust::<f32>(&Median::new(1), Shape::Gather, None, 8, None),
-            robust::<f64>(&Median::new(1), Shape::Gather, None, 8, None),
-            robust::<half::bf16>(&Median::new(1), Shape::Gather, None, 8, None),
-            robust::<half::f16>(&Median::new(1), Shape::Gather, None, 8, None),
+            robust::<f32>(&Median::new(1), Shape::Gather, None, false, 8, None),
+            robust::<f64>(&Median::new(1), Shape::Gather, None, false, 8, None),
+            robust::<half::bf16>(&Median::new(1), Shape::Gather, None, false, 8, None),
+            robust::<half::f16>(&Median::new(1), Shape::Gather, None, false, 8, None),
         ];
         let plain = [
             all_reduce::<f32>("Sum ring", 8, None),
@@ -139,6 +139,12 @@ mod tests {
             all_reduce::<half::bf16>("Sum ring", 8, None),
             all_reduce::<half::f16>("Sum ring", 8, None),
         ];
+        // And a sharded round that takes the owners' sync is told from one that does not.
+        let sharded = Shape::Sharded(crate::Replicas::Tolerant);
+        assert_ne!(
+            super::robust::<f32>(&Median::new(1), sharded, None, false, 8, None),
+            super::robust::<f32>(&Median::new(1), sharded, None, true, 8, None)
+        );
         for set in [robust, plain] {
             for (i, a) in set.iter().enumerate() {
                 assert!(set[i + 1..].iter().all(|b| a != b), "{set:?}");
