@@ -162,7 +162,11 @@ where
             c.set_ring_part_bytes(part_bytes);
             let start = tokio::time::Instant::now();
             let r = c.all_reduce(&mut vec![1.0f32; d], ReduceOp::Sum).await;
-            (me, Some(r), start.elapsed())
+            let elapsed = start.elapsed();
+            // A rank that gave up stays open as long as rank 1: closed, it would be a dead peer
+            // to the rank waiting on it, which then rightly stops waiting before its deadline.
+            tokio::time::sleep_until(start + timeout * 2).await;
+            (me, Some(r), elapsed)
         })
         .await;
         for (me, r, elapsed) in results {
