@@ -756,6 +756,46 @@ fn a_rank_whose_passers_moved_to_another_set_waits_no_step_timeout_for_their_cop
     }
 }
 
+/// A rank silent after its input holds no step until the deadline (issue #36): a Byzantine
+/// rank that sends its input in time and then withholds its check or its confirmation, or an
+/// honest one stopped between steps. Of 4 ranks (`f = 1`, `s = 1`), rank 3's input reaches
+/// every rank in time; then it sends nothing from the cross-check on, or nothing in the
+/// confirmation only. The others wait for it about as long again as their round so far, not
+/// the step timeout (1 s), return the median of the four inputs, and name it unconfirmed.
+#[test]
+fn a_rank_silent_after_its_input_holds_no_step_to_its_deadline() {
+    let (n, d) = (4, 6);
+    let rule = Median::new(1);
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+    let want = bits(&reference(&inputs, &rule));
+    // Steps: 0 the inputs, 1 the cross-check, 2 the recovery, 3 the confirmation.
+    for silent_from in [1, 3] {
+        let ended = run(
+            quorum_spec(n, d, Agreement::Detect, 1),
+            &rule,
+            &inputs,
+            &vec![Duration::ZERO; n],
+            &|from, _, step, _, _| match from == 3 && step >= silent_from {
+                true => Fate::Dropped,
+                false => Fate::After(MS),
+            },
+        );
+        for (me, e) in ended.iter().enumerate().take(3) {
+            let case = format!("silent from step {silent_from}, rank {me}");
+            assert!(e.at < Duration::from_millis(100), "{case}: {:?}", e.at);
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|err| panic!("{case}: {err}"));
+            assert_eq!(bits(&e.output), want, "{case}");
+            assert_eq!(report.inputs, n, "{case}");
+            assert!(report.faults.is_empty(), "{case}: {:?}", report.faults);
+            let found = report.agreement.as_ref().expect("a cross-checked round");
+            assert_eq!(found.unconfirmed, [3], "{case}");
+        }
+    }
+}
+
 /// A late input with one passer, checked against its sender's commitment. Of 4 ranks
 /// (`f = 1`, `s = 1`), rank 0's input is late for rank 3, and rank 3's for ranks 0 and 2. The
 /// round's set is the inputs of ranks 0 to 2, and rank 3 lacks rank 0's: its one passer is

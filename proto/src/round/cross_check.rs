@@ -98,7 +98,7 @@ impl<'r, B> Round<'r, B> {
                 msg: Msg::Bytes(encoded[peer].clone()),
             })
             .collect();
-        let recvs = schedule::direct_peers(me, n)
+        let recvs: Vec<RecvOp> = schedule::direct_peers(me, n)
             .filter(|p| !erased.contains(p))
             .map(|peer| RecvOp {
                 peer,
@@ -128,7 +128,19 @@ impl<'r, B> Round<'r, B> {
             (false, _) => self.spec.grace,
         };
         let phase = Phase::Check { mine, encoded };
-        self.post_awaiting_late(phase, "cross_check", sends, recvs, needed, grace);
+        // A peer silent after its input (a Byzantine rank, or one stopped between steps)
+        // holds the check no longer than a grace past `n - f - 1` others, at least the round
+        // so far: a result stands only with `n - f` ranks agreeing (here, or in the
+        // confirmation), so a check cut then leaves the ranks apart loudly at worst. Where a
+        // peer was late this round, the peers in time are waited for as before, and the late
+        // ones past them.
+        let late_here = recvs
+            .iter()
+            .any(|r| self.fault_of(r.peer) == Some(&Fault::Late));
+        match detect_late && !late_here {
+            true => self.post_past_quorum(phase, "cross_check", sends, recvs),
+            false => self.post_awaiting_late(phase, "cross_check", sends, recvs, needed, grace),
+        }
     }
 
     pub(super) fn checked<P: Plane<Buf = B>>(
@@ -397,10 +409,7 @@ impl<'r, B> Round<'r, B> {
         };
         let phase = Phase::Mend(Box::new(mend));
         self.post_quorum(phase, "mend", sends, recvs, Some(quorum));
-        if let (Some(plan), Some(elapsed)) = (&mut self.plan, self.elapsed) {
-            let bound = elapsed.saturating_add(self.spec.grace.after(elapsed));
-            plan.timeout = plan.timeout.min(bound);
-        }
+        self.bound_by_the_round_so_far();
     }
 
     /// The end of the recovery step: of the copies passed on, this rank takes for each input
@@ -607,7 +616,11 @@ impl<'r, B> Round<'r, B> {
                 len: CONFIRM_LEN,
             })
             .collect();
-        self.post(Phase::Confirm { result, found }, "confirm", sends, recvs);
+        let phase = Phase::Confirm { result, found };
+        // A rank whose check came and whose confirmation does not (a Byzantine one, or one
+        // stopped between steps) holds the step no longer than a grace past `n - f - 1`
+        // others' confirmations.
+        self.post_past_quorum(phase, "confirm", sends, recvs);
     }
 
     /// The end of the confirmation step: this rank's result stands where at least `n − f`

@@ -834,6 +834,50 @@ impl<'r, B> Round<'r, B> {
         self.post_quorum(phase, op, sends, recvs, Some(quorum));
     }
 
+    /// Bounds the step just posted, where the driver measures the round ([`Round::took`]):
+    /// it waits at most as long again as the round so far, plus one grace of it
+    /// ([`Grace::after`]), within its step timeout. For the steps after a quorum step whose
+    /// messages only some peers may send: what has not come by then is missing, and the
+    /// step's rule decides on what came, loudly where that is too little.
+    fn bound_by_the_round_so_far(&mut self) {
+        if let (Some(elapsed), Some(plan)) = (self.elapsed, &mut self.plan) {
+            let bound = elapsed.saturating_add(self.spec.grace.after(elapsed));
+            plan.timeout = plan.timeout.min(bound);
+        }
+    }
+
+    /// [`Round::post`] of a step after the inputs whose messages a rank silent after its
+    /// input (a Byzantine rank, or one stopped between steps) would hold until the deadline:
+    /// it waits for every receive, but once `n − f − 1` messages have come (as many as a
+    /// result needs besides this rank's own), for the rest only a grace at least as long as
+    /// the round so far ([`Grace::after`] of it). Measured from those messages rather than
+    /// from this rank's post, the wait follows the other ranks' pace: a peer whose input step
+    /// lasted longer (a late input it waited for) sends later. Receives still open then are
+    /// late; sends live until the step timeout, as any step's. Where the driver does not
+    /// measure the round ([`Round::took`]), a plain step.
+    fn post_past_quorum(
+        &mut self,
+        phase: Phase<'r, B>,
+        op: &'static str,
+        sends: Vec<Send>,
+        recvs: Vec<RecvOp>,
+    ) {
+        let Some(elapsed) = self.elapsed else {
+            return self.post(phase, op, sends, recvs);
+        };
+        let needed = self.spec.n.saturating_sub(self.rule.byzantine() + 1);
+        let quorum = Quorum {
+            receives: needed.min(recvs.len()),
+            grace: Grace {
+                min: self.spec.grace.after(elapsed),
+                factor: self.spec.grace.factor,
+            },
+            awaited: recvs.len(),
+            core: 0,
+        };
+        self.post_quorum(phase, op, sends, recvs, Some(quorum));
+    }
+
     /// The fault this round has counted `rank` at, if any.
     fn fault_of(&self, rank: Rank) -> Option<&Fault> {
         self.report

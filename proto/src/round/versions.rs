@@ -426,11 +426,8 @@ impl<'r, B> Round<'r, B> {
         // only where it came within its grace: the versions asked for are waited for about as
         // long as the round so far, and then the shard stands or falls on those in hand
         // ([`Round::unsupported_shard`]), loudly.
-        if let (true, Some(plan), Some(elapsed)) =
-            (self.spec.stragglers > 0, &mut self.plan, self.elapsed)
-        {
-            let bound = elapsed.saturating_add(self.spec.grace.after(elapsed));
-            plan.timeout = plan.timeout.min(bound);
+        if self.spec.stragglers > 0 {
+            self.bound_by_the_round_so_far();
         }
     }
 

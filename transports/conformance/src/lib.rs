@@ -56,6 +56,7 @@ macro_rules! conformance_suite {
             split_communicators_interleave_with_their_parent,
             nonblocking_collectives_run_in_start_order,
             a_straggler_does_not_set_the_pace,
+            a_rank_silent_after_its_input_sets_no_pace,
             closing_waits_for_a_rank_left_behind,
             a_rank_far_behind_comes_back_in_step,
             narrow_types_reduce_bitwise_as_the_local_rule,
@@ -154,6 +155,6 @@ pub use sharded::{
     sharded_survives_byzantine_owners_only_with_replication,
 };
 pub use time::{
-    a_rank_far_behind_comes_back_in_step, a_straggler_does_not_set_the_pace,
-    closing_waits_for_a_rank_left_behind,
+    a_rank_far_behind_comes_back_in_step, a_rank_silent_after_its_input_sets_no_pace,
+    a_straggler_does_not_set_the_pace, closing_waits_for_a_rank_left_behind,
 };

@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use byzcoll_aggregators::Median;
 use byzcoll_runtime::{
-    Agreement, Error, Fault, PeerFault, PeerHealth, Policy, Replicas, RoundReport, Stragglers,
-    Symptom, Transport,
+    Agreement, Error, Fault, PeerFault, PeerHealth, Policy, RecvOutcome, Replicas, RoundReport,
+    Step, Stragglers, Symptom, Transport,
 };
 
-use crate::harness::{comms, run_ranks};
+use crate::harness::{comms, reference, run_ranks};
 
 /// A straggler does not set the pace: after a barrier (under `Detect` a communicator's first collective
 /// waits for every rank), rank 3 of 4 (f = 1, stragglers `auto`: s = 1, since the median
@@ -108,6 +108,104 @@ where
             matches!(one, Err(Error::Unsupported(_))),
             "rank {me}: {one:?}"
         );
+    }
+}
+
+/// A rank silent after its input sets no pace: rank 3 of 4 sends its input of a robust round
+/// in time and then nothing (a Byzantine rank that withholds its check and its confirmation,
+/// or an honest one stopped between steps), and stays up. Under `Detect` with stragglers
+/// `auto`, after a barrier (a communicator's first collective waits for every rank), the
+/// others wait for its check and its confirmation about as long again as their round so far,
+/// not the step timeout (10 s), and return the median of all four inputs, naming it
+/// unconfirmed. Before, each of those steps waited the timeout (here, until rank 3 closed).
+pub async fn a_rank_silent_after_its_input_sets_no_pace<F, Fut>(factory: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Vec<Box<dyn Transport>>>,
+{
+    let (n, d) = (4, 8);
+    let stays_up = Duration::from_secs(2);
+    let mut transports = factory(n).await;
+    let inner = transports.pop().unwrap();
+    transports.push(Box::new(SilentAfterItsInput {
+        inner,
+        first: std::sync::Mutex::new(None),
+    }));
+    let results = run_ranks(
+        comms(transports, Duration::from_secs(10)),
+        move |mut c| async move {
+            c.set_agreement(Agreement::Detect);
+            c.set_stragglers(Stragglers::Auto);
+            c.barrier().await.expect("the barrier");
+            let started = Instant::now();
+            let mut v = vec![(c.rank() + 1) as f32; d];
+            let result = c
+                .robust_all_reduce(&mut v, &Median::new(1), Policy::Gather)
+                .await
+                .map(|report| (report, v));
+            let took = started.elapsed();
+            if c.rank() == n - 1 {
+                tokio::time::sleep(stays_up).await;
+            }
+            (result, took)
+        },
+    )
+    .await;
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| vec![(r + 1) as f32; d]).collect();
+    let want = reference(&Median::new(1), &inputs);
+    for (me, (result, took)) in results.iter().enumerate().take(n - 1) {
+        let (report, v) = result.as_ref().unwrap_or_else(|e| panic!("rank {me}: {e}"));
+        assert!(
+            *took < stays_up / 2,
+            "rank {me} waited {took:?} for the silent rank (steps: {:?})",
+            report.stats.step_times
+        );
+        assert_eq!(v, &want, "rank {me}");
+        assert_eq!(report.inputs, n, "rank {me}");
+        assert!(report.faults.is_empty(), "rank {me}: {:?}", report.faults);
+        let found = report.agreement.as_ref().expect("a cross-check");
+        assert_eq!(found.unconfirmed, [n - 1], "rank {me}: {found:?}");
+    }
+}
+
+/// Rank 3's transport in [`a_rank_silent_after_its_input_sets_no_pace`]: from the second
+/// collective on (the first is the barrier), it sends nothing after a collective's first
+/// step, and its receives there come back missing at once.
+#[derive(Debug)]
+struct SilentAfterItsInput {
+    inner: Box<dyn Transport>,
+    /// The first collective's number.
+    first: std::sync::Mutex<Option<u64>>,
+}
+
+impl Transport for SilentAfterItsInput {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    fn capabilities(&self) -> byzcoll_runtime::Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn exchange(
+        &self,
+        step: Step,
+    ) -> futures::future::BoxFuture<'_, Result<Vec<RecvOutcome>, byzcoll_runtime::TransportError>>
+    {
+        let first = *self.first.lock().unwrap().get_or_insert(step.collective);
+        if step.collective != first && step.step > 0 {
+            let missing = vec![RecvOutcome::Missing; step.recvs.len()];
+            return Box::pin(async move { Ok(missing) });
+        }
+        self.inner.exchange(step)
     }
 }
 
