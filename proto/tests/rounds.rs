@@ -1198,6 +1198,62 @@ fn sharded_quorum_spec(n: usize, d: usize) -> impl Fn(usize) -> byzcoll_proto::r
     }
 }
 
+/// A co-owner silent after its pieces holds no step of a sharded round (issue #36). Of 4 and
+/// 7 ranks (`2f + 1` owners per shard, `s = 1`, `Detect`), the last scatters its pieces in
+/// time and then, from step 1, 2, 3 or 4 on (the owners' sync, the versions, the requests,
+/// the steps after them), sends nothing (a Byzantine owner, or one stopped between steps).
+/// The others wait for its messages only a grace of the round so far (plus one grace of it)
+/// past their other peers', take each shard it owns from the other owners' alike versions,
+/// and end in milliseconds (1 s step timeout) with the median of all the inputs, naming it
+/// unconfirmed (and late where its versions did not come). Before, the sync and the requests
+/// waited for it until the deadline (2 s and 4 s, stretched).
+#[test]
+fn a_co_owner_silent_after_its_pieces_holds_no_step() {
+    for (n, silent_from) in [(4, 1), (7, 1), (4, 2), (4, 3), (4, 4), (7, 4)] {
+        let f = (n - 1) / 3;
+        let rule = Median::new(f);
+        let d = 3 * n + 1;
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| input(r, d)).collect();
+        let want = bits(&reference(&inputs, &rule));
+        let silent = n - 1;
+        let ended = run(
+            sharded_quorum_spec(n, d),
+            &rule,
+            &inputs,
+            &vec![Duration::ZERO; n],
+            &|from, _, step, _, _| match from == silent && step >= silent_from {
+                true => Fate::Dropped,
+                false => Fate::After(MS),
+            },
+        );
+        for (me, e) in ended.iter().enumerate().take(silent) {
+            assert!(
+                e.at < Duration::from_millis(100),
+                "n = {n} rank {me}: {:?}",
+                e.at
+            );
+            let report = e
+                .result
+                .as_ref()
+                .unwrap_or_else(|err| panic!("n = {n} rank {me}: {err}"));
+            assert_eq!(bits(&e.output), want, "n = {n} rank {me}");
+            // Counted late where its versions were cut (they are from step 2 on); its sync
+            // cut alone is not a fault.
+            let late = PeerFault {
+                rank: silent,
+                fault: Fault::Late,
+            };
+            let faults = if silent_from <= 3 { vec![late] } else { vec![] };
+            assert_eq!(
+                report.faults, faults,
+                "n = {n} from {silent_from} rank {me}"
+            );
+            let found = report.agreement.as_ref().expect("a cross-checked round");
+            assert_eq!(found.unconfirmed, [silent], "n = {n} from {silent_from}");
+        }
+    }
+}
+
 /// Sharded rounds are quorum steps (`s = 1`, `2f + 1` owners, `Detect`): a rank that starts
 /// 500 ms late sets no pace. The others end within 100 ms with the median of their own inputs
 /// bitwise, naming it late; it hears its co-owners' syncs, leaves its own late piece out as

@@ -601,7 +601,9 @@ impl<P: Program> Engine<'_, '_, P> {
         if end < rs.deadline {
             rs.cut = end;
             rs.by_quorum = true;
-            self.push(end - alpha, Kind::Quorum(rank as u32));
+            // Not before now: a quorum formed by messages that came before the post (their
+            // times are earlier) ends as the step is posted.
+            self.push((end - alpha).max(self.now), Kind::Quorum(rank as u32));
         }
     }
 
@@ -619,7 +621,7 @@ impl<P: Program> Engine<'_, '_, P> {
         }
         if rs.awaited_in(quorum.awaited, P::ABSENT) {
             rs.cut = at;
-            self.push(at - alpha, Kind::Quorum(rank as u32));
+            self.push((at - alpha).max(self.now), Kind::Quorum(rank as u32));
         }
     }
 

@@ -406,8 +406,11 @@ fn inputs_late_to_random_ranks_every_round_still_end_alike_under_detect() {
 /// so far took (`Round::took`) rather than the grace's 1 ms floor; now 14, a lone passer's
 /// copy checked against the commitment in its sender's check (what is left: mostly a rank
 /// that did not hear a straggler's check in time, which computes the set without its list,
-/// or a lacking rank that did not hear the sender's check and has one passer). None splits
-/// silently. The simulator is deterministic: the bound is the count now, with room.
+/// or a lacking rank that did not hear the sender's check and has one passer); 16 since a
+/// peer silent after its input holds neither the cross-check nor the confirmation (an honest
+/// check later than the round so far plus a grace past the others' is cut; over seeds 1 to 15
+/// of 1000 rounds, `byzcoll simulate`, 67 failed against 72 before). None splits silently.
+/// The simulator is deterministic: the bound is the count now, with room.
 ///
 /// No round waits for a step deadline either. Before the recovery step was bounded by the
 /// round so far, round 210 of seed 1 took three: rank 1 did not hear the slow rank's check, so
@@ -434,7 +437,7 @@ fn a_jittery_network_at_the_default_grace_fails_few_rounds_under_detect() {
             failed += usize::from(r.incomplete.is_some());
         }
     }
-    assert!(failed <= 16, "{failed} of 2400 rounds failed");
+    assert!(failed <= 20, "{failed} of 2400 rounds failed");
 }
 
 /// Sharded mode with a stragglers count asked for: a late owner is handled like a missing one,

@@ -125,8 +125,7 @@ impl<'r, B> Round<'r, B> {
                 && own_late >= LAGGARD_ROUNDS
                 && !is_probe(own_late)
         };
-        let late_laggard =
-            |p: Rank| self.laggards.contains(&p) && self.fault_of(p) == Some(&Fault::Late);
+        let late_laggard = |p: Rank| self.laggards.contains(&p) && self.is_late(p);
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
         let mut agreed_all = Vec::with_capacity(self.echo.len() * n);

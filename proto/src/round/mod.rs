@@ -813,7 +813,7 @@ impl<'r, B> Round<'r, B> {
         at_least: usize,
         grace: Grace,
     ) {
-        let late = |p: Rank| self.fault_of(p) == Some(&Fault::Late);
+        let late = |p: Rank| self.is_late(p);
         let laggard = |p: Rank| late(p) && self.laggards.contains(&p);
         // The peers in time first, then the late ones, the laggards last.
         recvs.sort_by_key(|r| (late(r.peer), laggard(r.peer)));
@@ -840,36 +840,61 @@ impl<'r, B> Round<'r, B> {
     /// messages only some peers may send: what has not come by then is missing, and the
     /// step's rule decides on what came, loudly where that is too little.
     fn bound_by_the_round_so_far(&mut self) {
-        if let (Some(elapsed), Some(plan)) = (self.elapsed, &mut self.plan) {
-            let bound = elapsed.saturating_add(self.spec.grace.after(elapsed));
+        if let (Some(bound), Some(plan)) = (self.so_far_and_a_grace(), &mut self.plan) {
             plan.timeout = plan.timeout.min(bound);
         }
     }
 
+    /// The round so far plus one grace of it ([`Grace::after`]), where the driver measures
+    /// the round ([`Round::took`]).
+    fn so_far_and_a_grace(&self) -> Option<Duration> {
+        self.elapsed
+            .map(|elapsed| elapsed.saturating_add(self.spec.grace.after(elapsed)))
+    }
+
+    /// How many other ranks a result needs besides this one's own: `n − f − 1`.
+    fn others_needed(&self) -> usize {
+        self.spec.n.saturating_sub(self.rule.byzantine() + 1)
+    }
+
+    /// Whether this round counted `rank` late ([`Fault::Late`]).
+    fn is_late(&self, rank: Rank) -> bool {
+        self.fault_of(rank) == Some(&Fault::Late)
+    }
+
     /// [`Round::post`] of a step after the inputs whose messages a rank silent after its
     /// input (a Byzantine rank, or one stopped between steps) would hold until the deadline:
-    /// it waits for every receive, but once `n − f − 1` messages have come (as many as a
-    /// result needs besides this rank's own), for the rest only a grace at least as long as
-    /// the round so far ([`Grace::after`] of it). Measured from those messages rather than
-    /// from this rank's post, the wait follows the other ranks' pace: a peer whose input step
-    /// lasted longer (a late input it waited for) sends later. Receives still open then are
-    /// late; sends live until the step timeout, as any step's. Where the driver does not
-    /// measure the round ([`Round::took`]), a plain step.
+    /// it waits for every receive, but once `needed` messages have come (as many as the step
+    /// needs from others where the rest are Byzantine), for the rest only a grace of the
+    /// round so far plus one grace of it ([`Grace::after`]). Measured from those messages
+    /// rather than from this rank's post, the wait follows the other ranks' pace: a peer
+    /// whose input step lasted longer (a late input it waited for, up to a grace of its
+    /// quorum) sends later. (A grace of the round so far alone cut such honest checks:
+    /// simulated, 4 ranks, a straggler late by an exponential 3 ms, 2 ms of jitter, seeds 1
+    /// to 15 of 1000 rounds, 105 rounds failed loudly against 72 with every check waited
+    /// for; with this grace 67.) Receives still open then are late; sends live until the
+    /// step timeout, as any step's. A plain step where the driver does not measure the round
+    /// ([`Round::took`]) or nothing is needed before the grace (its grace would run from the
+    /// post, and cut honest peers still in their own input step's grace).
     fn post_past_quorum(
         &mut self,
         phase: Phase<'r, B>,
         op: &'static str,
         sends: Vec<Send>,
         recvs: Vec<RecvOp>,
+        needed: usize,
     ) {
-        let Some(elapsed) = self.elapsed else {
+        // A step needing every receive but one waits for the last only the grace too: a
+        // silent peer would otherwise hold it to the deadline, and its rule fails it loudly
+        // without that message either way.
+        let receives = needed.min(recvs.len().saturating_sub(1));
+        let (Some(grace), true) = (self.so_far_and_a_grace(), receives > 0) else {
             return self.post(phase, op, sends, recvs);
         };
-        let needed = self.spec.n.saturating_sub(self.rule.byzantine() + 1);
         let quorum = Quorum {
-            receives: needed.min(recvs.len()),
+            receives,
             grace: Grace {
-                min: self.spec.grace.after(elapsed),
+                min: grace,
                 factor: self.spec.grace.factor,
             },
             awaited: recvs.len(),

@@ -71,7 +71,7 @@ impl<'r, B> Round<'r, B> {
         mut recvs: Vec<RecvOp>,
         per_sender: usize,
     ) {
-        let late_now = |p: Rank| self.fault_of(p) == Some(&Fault::Late);
+        let late_now = |p: Rank| self.is_late(p);
         let laggard = |p: Rank| self.laggards.contains(&p);
         recvs.sort_by_key(|op| (late_now(op.peer) || laggard(op.peer), laggard(op.peer)));
         // The owners already erased this round for their lateness (not posted here) spent
@@ -342,7 +342,7 @@ impl<'r, B> Round<'r, B> {
             None => true,
             Some(fault) => quorum && *fault == Fault::Late && !self.carried.contains(&t),
         };
-        let recvs = (0..n)
+        let recvs: Vec<RecvOp> = (0..n)
             .filter(|&t| t != me && waited(t))
             .filter(|&t| owned.iter().any(|&s| self.takes(t, s)))
             .map(|t| RecvOp {
@@ -352,6 +352,14 @@ impl<'r, B> Round<'r, B> {
             })
             .collect();
         let phase = Phase::Request(pending);
+        // Where no taker was late, one silent after its pieces (a Byzantine rank, or one
+        // stopped) is waited for only a grace past all but `f` others' requests (a grace of
+        // the round so far plus one of it): an honest taker whose request is cut so gets no
+        // version resent, and its resend wait is bounded the same way.
+        if quorum && !recvs.iter().any(|r: &RecvOp| self.is_late(r.peer)) {
+            let needed = recvs.len().saturating_sub(self.rule.byzantine());
+            return self.post_past_quorum(phase, "robust_sharded_requests", sends, recvs, needed);
+        }
         match quorum {
             true => {
                 let grace = Grace {
