@@ -602,8 +602,9 @@ fn short(outcome: &RecvOutcome) -> String {
 /// stalls for three and a half step timeouts before round 3 of 12. The others erase it while
 /// it is away and, once it is back, wait for it no more than one round; rank 2 never returns
 /// another result than theirs, and ends rounds with theirs again (under `Detect` it stays
-/// their straggler, and on a loaded machine fails some rounds loudly: 6 of 10 runs with three
-/// busy loops on two cores, before and after the owners' sync waited past the others'), and
+/// their straggler, and on a loaded machine a rank fails some rounds loudly: 6 of 10 runs
+/// with three busy loops on two cores, before and after the owners' sync waited past the
+/// others'), and
 /// from two rounds after its return every round of every rank takes a fraction of a timeout
 /// again. Under `Detect` and `Off`.
 ///
@@ -650,8 +651,11 @@ async fn a_sharded_stall_heals_and_the_stalled_rank_comes_back_in_step() {
         for round in 0..rounds {
             // Rank 2, behind its peers since the stall, is their straggler: its pieces come
             // late, its co-owners' syncs have it leave them out, and it ends with their
-            // result, or (on a loaded machine, where a version it needs was not sent it in
-            // time: PROTOCOL.md, "Not covered yet") fails loudly. Never another result.
+            // result. On a loaded machine any rank can be late in a round, and under `Detect`
+            // (stragglers allowed) a shard whose owners lack different senders' pieces, or a
+            // version not sent a straggler in time, fails that round loudly at 4 ranks
+            // (`PROTOCOL.md`, "Not covered yet"; seen in CI at rank 0, round 2, and at rank 2
+            // under three busy loops on two cores). Never another result.
             let bits: Vec<_> = logs
                 .iter()
                 .enumerate()
@@ -661,7 +665,7 @@ async fn a_sharded_stall_heals_and_the_stalled_rank_comes_back_in_step() {
                         Error::TooManyFaults { .. }
                         | Error::ShardLost { .. }
                         | Error::Disagreement { .. },
-                    ) if me == 2 && agreement == Agreement::Detect => None,
+                    ) if agreement == Agreement::Detect => None,
                     Err(e) => panic!("{agreement:?} round {round} rank {me}: {e}"),
                 })
                 .collect();
@@ -684,8 +688,13 @@ async fn a_sharded_stall_heals_and_the_stalled_rank_comes_back_in_step() {
                 }
             }
         }
-        // It came back: rounds after the stall that every rank ended with the same result.
-        assert!(back > 0, "{agreement:?}: rank 2 never came back");
+        // It came back: at least half of the rounds after the stall ended with every rank's
+        // result, alike.
+        let after = rounds - stall_before - 1;
+        assert!(
+            back * 2 >= after,
+            "{agreement:?}: {back} of {after} rounds after the stall ended well at every rank"
+        );
     }
 }
 
