@@ -75,3 +75,26 @@ pub(crate) fn filled(x: f32, elements: usize) -> Vec<u8> {
 pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
+
+/// The [`Transport`] methods a test's wrapping transport passes on to its `inner` one (the
+/// wrapper writes only its `exchange`).
+macro_rules! passed_to_inner {
+    () => {
+        fn name(&self) -> &'static str {
+            self.inner.name()
+        }
+
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+
+        fn size(&self) -> usize {
+            self.inner.size()
+        }
+
+        fn capabilities(&self) -> byzcoll_runtime::Capabilities {
+            self.inner.capabilities()
+        }
+    };
+}
+pub(crate) use passed_to_inner;

@@ -13,7 +13,7 @@ use byzcoll_runtime::{
     Error, Fault, OwnerTamper, Policy, RecvOutcome, Replicas, RoundReport, Step, Transport,
 };
 
-use crate::harness::{bits, comms, filled, reference, run_ranks, vector};
+use crate::harness::{bits, comms, filled, passed_to_inner, reference, run_ranks, vector};
 use crate::WORLD_SIZES;
 
 /// A sharded all-reduce of a coordinate-wise rule longer than a sub-round runs as sub-rounds
@@ -164,21 +164,7 @@ struct SeesDeadAtOnce {
 }
 
 impl Transport for SeesDeadAtOnce {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-
-    fn capabilities(&self) -> byzcoll_runtime::Capabilities {
-        self.inner.capabilities()
-    }
+    passed_to_inner!();
 
     fn exchange(
         &self,

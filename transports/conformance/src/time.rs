@@ -9,7 +9,7 @@ use byzcoll_runtime::{
     Step, Stragglers, Symptom, Transport,
 };
 
-use crate::harness::{comms, reference, run_ranks};
+use crate::harness::{comms, passed_to_inner, reference, run_ranks};
 
 /// A straggler does not set the pace: after a barrier (under `Detect` a communicator's first collective
 /// waits for every rank), rank 3 of 4 (f = 1, stragglers `auto`: s = 1, since the median
@@ -186,21 +186,7 @@ struct SilentAfterItsInput {
 }
 
 impl Transport for SilentAfterItsInput {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-
-    fn capabilities(&self) -> byzcoll_runtime::Capabilities {
-        self.inner.capabilities()
-    }
+    passed_to_inner!();
 
     fn exchange(
         &self,
