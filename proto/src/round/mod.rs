@@ -872,10 +872,11 @@ impl<'r, B> Round<'r, B> {
     /// quorum) sends later. (A grace of the round so far alone cut such honest checks:
     /// simulated, 4 ranks, a straggler late by an exponential 3 ms, 2 ms of jitter, seeds 1
     /// to 15 of 1000 rounds, 105 rounds failed loudly against 72 with every check waited
-    /// for; with this grace 76, and 91 rounds over the simulator's bound against 107.) Receives still open then are late; sends live until the
-    /// step timeout, as any step's. A plain step where the driver does not measure the round
-    /// ([`Round::took`]) or nothing is needed before the grace (its grace would run from the
-    /// post, and cut honest peers still in their own input step's grace).
+    /// for; with this grace 76, and 91 rounds over the simulator's bound against 107.)
+    /// Receives still open then are late; sends live until the step timeout, as any step's.
+    /// A plain step where the driver does not measure the round ([`Round::took`]) or nothing
+    /// is needed before the grace (its grace would run from the post, and cut honest peers
+    /// still in their own input step's grace).
     fn post_past_quorum(
         &mut self,
         phase: Phase<'r, B>,

@@ -176,8 +176,8 @@ impl<'r, B> Round<'r, B> {
             })
             .collect();
         // Where none was late, a co-owner in time that stays silent (a Byzantine one, or one
-        // stopped after its pieces) is waited for only a grace of at least the round so far
-        // past all but `f` of the others' syncs. It is then not synced with, nor counted late
+        // stopped after its pieces) is waited for only the round so far plus one grace of it
+        // past all but `f` of the others' syncs ([`Round::post_past_quorum`]). It is then not synced with, nor counted late
         // (its pieces came in time: [`Round::synced`]); its version, if any comes, is one of
         // the shard's owners', and `f + 1` alike ones do without it. (Bounding the wait by
         // the round so far from this rank's post instead cut honest co-owners still in their
